@@ -1,0 +1,95 @@
+"""The in-process pipeline: StageRunners chained through real wire bytes.
+
+Every boundary, forward and backward, goes encode -> msgpack bytes -> decode (with the
+receiver's validation) -> the next runner, exactly as it would between processes. It is the
+oracle the networked swarm is compared against, and it counts the bytes it moved.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from protocol.codecs import WirePacker
+from protocol.spec import RunSpec
+from protocol.subspace import SubspaceBasis
+from protocol.model import spec_basis
+from protocol.wire import (ActivationMessage, GradientMessage, Header, WireLimits, decode_message,
+                           encode_message, tokens_for_wire)
+
+from .stage import StageRunner
+
+BatchFn = Callable[[int, int], torch.Tensor]  # (step, microbatch index) -> tokens [B, T+1]
+
+
+@dataclass
+class WireCount:
+    forward_bytes: int = 0
+    backward_bytes: int = 0
+    forward_messages: int = 0
+    backward_messages: int = 0
+    tokens: int = 0  # tokens that crossed one boundary, summed over boundaries
+
+    def per_token(self) -> dict[str, float]:
+        n = max(1, self.tokens)
+        return {"forward_bytes_per_token": self.forward_bytes / n, "backward_bytes_per_token": self.backward_bytes / n}
+
+
+@dataclass
+class StepResult:
+    step: int
+    loss: float
+    tokens: int
+    microbatch_losses: list[float] = field(default_factory=list)
+
+
+class InProcessPipeline:
+    def __init__(self, spec: RunSpec, device: str = "cpu", basis: SubspaceBasis | None = None) -> None:
+        self.spec = spec
+        basis = basis if basis is not None else spec_basis(spec)
+        self.runners = [StageRunner(spec, s, device, basis) for s in range(spec.n_stages)]
+        self.packer = WirePacker.for_spec(spec)
+        self.wire = WireCount()
+
+    def _limits(self, stage: int) -> WireLimits:
+        return WireLimits.for_spec(self.spec, self.runners[stage].basis_version)
+
+    def _header(self, step: int, mb: int, to_stage: int) -> Header:
+        return Header(self.spec.run_hash, step, mb, self.runners[to_stage].basis_version, self.spec.codec, to_stage)
+
+    def train_step(self, step: int, batch: BatchFn) -> StepResult:
+        losses = []
+        for mb in range(self.spec.n_microbatches):
+            tokens = batch(step, mb)
+            losses.append(self._microbatch(step, mb, tokens))
+        for r in self.runners:
+            r.optimizer_step()
+        return StepResult(step, sum(losses) / len(losses), tokens.shape[0] * self.spec.seq_len * len(losses), losses)
+
+    def _microbatch(self, step: int, mb: int, tokens: torch.Tensor) -> float:
+        z = None
+        for s, runner in enumerate(self.runners[:-1]):
+            out = runner.forward(step, mb, tokens, z)
+            buf = encode_message(ActivationMessage(self._header(step, mb, s + 1),
+                                                   tokens_for_wire(tokens, self.spec.vocab), self.packer.pack(out)))
+            self.wire.forward_bytes += len(buf)
+            self.wire.forward_messages += 1
+            self.wire.tokens += tokens.shape[0] * self.spec.seq_len
+            msg = decode_message(buf, self._limits(s + 1))
+            assert isinstance(msg, ActivationMessage)
+            tokens = msg.tokens
+            z = self.packer.unpack(msg.payload, runner.dtype)
+        loss, g = self.runners[-1].forward_backward(step, mb, tokens, z)
+        for s in range(len(self.runners) - 2, -1, -1):
+            assert g is not None
+            buf = encode_message(GradientMessage(self._header(step, mb, s), self.packer.pack(g), loss))
+            self.wire.backward_bytes += len(buf)
+            self.wire.backward_messages += 1
+            msg = decode_message(buf, self._limits(s))
+            assert isinstance(msg, GradientMessage)
+            g = self.runners[s].backward(step, mb, self.packer.unpack(msg.payload, self.runners[s].dtype))
+        return loss
+
+    def switch_basis(self, basis: SubspaceBasis) -> list[float]:
+        return [r.switch_basis(basis) for r in self.runners]

@@ -1,0 +1,189 @@
+"""Boundary codecs: how a stage's output becomes a few numbers per token, and back.
+
+One interface, three codecs. The sending stage owns a `BoundaryEncoder`
+(activation h [B,T,d] -> boundary tensor z [B,T,w]); the receiving stage owns a
+`BoundaryDecoder` (z -> h). Both are differentiable modules, so the backward gradient
+that travels is dL/dz, of the same small width w as the forward payload:
+
+- dense:      w = d, identity both ways.
+- subspace:   z = (h - T_fixed[tok]) U (w = k); h = z U^T + T_fixed[tok]. Exact when
+              h - T_fixed[tok] lies in span(U), and then dL/dz = g U is the exact
+              projected gradient (ALGORITHMS 1.3-1.4).
+- bottleneck: z = Enc(h) + h[..., :b]; h = Dec(z) + pad(z) (ALGORITHMS 2), lossy, trained.
+
+Under any codec a `WirePacker` turns z (or dL/dz) into wire tensors: fp32, bf16 or fp64,
+optionally int8 with one absmax scale per token stacked under it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .bottleneck import ResBMDecoder, ResBMEncoder
+from .spec import RunSpec
+from .subspace import SubspaceBasis
+
+
+class BoundaryEncoder(nn.Module):
+    width: int
+
+    def forward(self, h: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:  # pragma: no cover
+        raise NotImplementedError
+
+
+class BoundaryDecoder(nn.Module):
+    width: int
+
+    def forward(self, z: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:  # pragma: no cover
+        raise NotImplementedError
+
+
+class DenseEncoder(BoundaryEncoder):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.width = d
+
+    def forward(self, h: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        return h
+
+
+class DenseDecoder(BoundaryDecoder):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.width = d
+
+    def forward(self, z: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        return z
+
+
+class _BasisHolder(nn.Module):
+    """Holds U and T_fixed as non-persistent buffers: they come from seeds, never from checkpoints."""
+
+    def __init__(self, basis: SubspaceBasis) -> None:
+        super().__init__()
+        self.register_buffer("U", basis.U.clone(), persistent=False)
+        self.register_buffer("T_fixed", basis.T_fixed.clone(), persistent=False)
+        self.width = basis.rank
+        self.version = basis.version
+
+    def set_basis(self, basis: SubspaceBasis) -> None:
+        self.U = basis.U.to(self.U)
+        self.version = basis.version
+
+
+class SubspaceEncoder(_BasisHolder, BoundaryEncoder):
+    def forward(self, h: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        return (h - self.T_fixed[tokens]) @ self.U
+
+
+class SubspaceDecoder(_BasisHolder, BoundaryDecoder):
+    def forward(self, z: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        return z @ self.U.T + self.T_fixed[tokens]
+
+
+class BottleneckEncoder(BoundaryEncoder):
+    def __init__(self, d: int, b: int) -> None:
+        super().__init__()
+        self.width = b
+        self.enc = ResBMEncoder(d, b)
+
+    def forward(self, h: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        return self.enc(h)
+
+
+class BottleneckDecoder(BoundaryDecoder):
+    def __init__(self, d: int, b: int) -> None:
+        super().__init__()
+        self.width = b
+        self.dec = ResBMDecoder(d, b)
+
+    def forward(self, z: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        return self.dec(z)
+
+
+def make_encoder(spec: RunSpec, basis: SubspaceBasis | None) -> BoundaryEncoder:
+    if spec.codec == "subspace":
+        assert basis is not None, "the subspace codec needs a basis"
+        return SubspaceEncoder(basis)
+    if spec.codec == "bottleneck":
+        return BottleneckEncoder(spec.d_model, spec.rank)
+    return DenseEncoder(spec.d_model)
+
+
+def make_decoder(spec: RunSpec, basis: SubspaceBasis | None) -> BoundaryDecoder:
+    if spec.codec == "subspace":
+        assert basis is not None, "the subspace codec needs a basis"
+        return SubspaceDecoder(basis)
+    if spec.codec == "bottleneck":
+        return BottleneckDecoder(spec.d_model, spec.rank)
+    return DenseDecoder(spec.d_model)
+
+
+# ---------------------------------------------------------------- bytes side
+
+WIRE_TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp64": torch.float64}
+
+
+@dataclass
+class WireTensors:
+    """What a boundary tensor becomes on the wire: values, plus per-token scales for int8."""
+
+    values: torch.Tensor
+    scale: torch.Tensor | None = None
+
+
+class WirePacker:
+    """Casts (and optionally int8-quantizes) boundary tensors for the wire, and back.
+
+    Projection and encoding run in the compute dtype; only the result is cast (ALGORITHMS 1.3).
+    int8 uses a symmetric absmax scale per token (last axis), the scale in the wire dtype.
+    """
+
+    def __init__(self, wire_dtype: str, quant: str = "none") -> None:
+        self.dtype = WIRE_TORCH_DTYPES[wire_dtype]
+        self.quant = quant
+
+    @classmethod
+    def for_spec(cls, spec: RunSpec) -> "WirePacker":
+        return cls(spec.wire_dtype, spec.quant)
+
+    @property
+    def value_dtype(self) -> torch.dtype:
+        return torch.int8 if self.quant == "int8" else self.dtype
+
+    def bytes_per_number(self) -> int:
+        return torch.tensor([], dtype=self.value_dtype).element_size()
+
+    def pack(self, z: torch.Tensor) -> WireTensors:
+        z = z.detach()
+        if self.quant == "int8":
+            scale = z.abs().amax(dim=-1, keepdim=True).clamp_min(1e-30) / 127.0
+            scale = scale.to(self.dtype)
+            q = torch.round(z / scale.to(z.dtype)).clamp_(-127, 127).to(torch.int8)
+            return WireTensors(q, scale)
+        return WireTensors(z.to(self.dtype))
+
+    def unpack(self, w: WireTensors, like: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:
+        if self.quant == "int8":
+            assert w.scale is not None, "int8 wire tensors carry a scale"
+            return (w.values.to(device=device, dtype=like) * w.scale.to(device=device, dtype=like))
+        return w.values.to(device=device, dtype=like)
+
+    def roundtrip(self, z: torch.Tensor) -> torch.Tensor:
+        """pack then unpack, in place of a real transfer (the one-process reference uses this)."""
+        return self.unpack(self.pack(z), like=z.dtype, device=z.device)
+
+
+class WireRoundtrip(torch.autograd.Function):
+    """Applies the wire's precision loss to the activation forward and the gradient backward."""
+
+    @staticmethod
+    def forward(ctx, z: torch.Tensor, packer: WirePacker) -> torch.Tensor:  # type: ignore[override]
+        ctx.packer = packer
+        return packer.roundtrip(z)
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):  # type: ignore[override]
+        return ctx.packer.roundtrip(g), None

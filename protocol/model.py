@@ -1,0 +1,267 @@
+"""The LLaMA-style decoder (RMSNorm pre-norm, RoPE, SwiGLU), cut into pipeline stages.
+
+`build_stage(spec, s)` builds stage s alone, from the spec's seeds, so each peer holds
+bit-identical initial weights without seeing the others. With the subspace codec, every
+layer that writes into the residual stream of a non-last stage (attention output, MLP down
+projection, the trainable embedding T_S) keeps its output side inside span(U), either by
+the optimizer ("project", ALGORITHMS 1.5a) or by construction ("reparam", 1.5c).
+The last stage (its blocks, final norm and LM head) is free (1.2 rule 2).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .bottleneck import RMSNorm, zero_init_outputs
+from .codecs import BottleneckDecoder, BottleneckEncoder, make_decoder, make_encoder
+from .spec import RunSpec
+from .subspace import SubspaceBasis, make_basis, project_cols, project_rows
+
+COMPUTE_DTYPES = {"fp32": torch.float32, "fp64": torch.float64}
+
+
+def compute_dtype(spec: RunSpec) -> torch.dtype:
+    return COMPUTE_DTYPES[spec.dtype]
+
+
+def spec_basis(spec: RunSpec) -> SubspaceBasis | None:
+    """The run's shared U and T_fixed (None unless the codec is subspace)."""
+    if spec.codec != "subspace":
+        return None
+    return make_basis(spec.d_model, spec.rank, spec.vocab, spec.seed, compute_dtype(spec))
+
+
+class SubspaceLinear(nn.Module):
+    """A d_in -> d map whose output (column) space stays in span(U).
+
+    "project": a plain weight W [d, d_in] that the subspace AdamW keeps in span(U).
+    "reparam": W = U A with trainable A [k, d_in]; any optimizer keeps the invariant.
+    """
+
+    def __init__(self, d_in: int, U: torch.Tensor, mode: str) -> None:
+        super().__init__()
+        self.mode = mode
+        self.register_buffer("U", U.clone(), persistent=False)
+        d, k = U.shape
+        if mode == "reparam":
+            self.A = nn.Parameter(torch.empty(k, d_in, dtype=U.dtype))
+        else:
+            self.weight = nn.Parameter(torch.empty(d, d_in, dtype=U.dtype))
+
+    def init_from(self, W: torch.Tensor) -> None:
+        with torch.no_grad():
+            if self.mode == "reparam":
+                self.A.copy_(self.U.T @ W)
+            else:
+                self.weight.copy_(project_cols(W, self.U))
+
+    def effective_weight(self) -> torch.Tensor:
+        return self.U @ self.A if self.mode == "reparam" else self.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.effective_weight())
+
+    def switch_basis(self, U_new: torch.Tensor) -> None:
+        """Map the weights into span(U_new): W <- P_new W, or A <- (U_new^T U_old) A."""
+        with torch.no_grad():
+            if self.mode == "reparam":
+                self.A.copy_((U_new.T @ self.U) @ self.A)
+            else:
+                self.weight.copy_(project_cols(self.weight, U_new))
+        self.U = U_new.to(self.U).clone()
+
+
+def _linear(d_in: int, d_out: int, U: torch.Tensor | None, mode: str) -> nn.Module:
+    if U is None:
+        return nn.Linear(d_in, d_out, bias=False)
+    return SubspaceLinear(d_in, U, mode)
+
+
+def rope_tables(seq_len: int, head_dim: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    inv = 1.0 / (10000 ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    ang = torch.outer(torch.arange(seq_len, dtype=torch.float64), inv)
+    return ang.cos().to(dtype), ang.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    T = x.shape[-2]
+    c, s = cos[:T], sin[:T]
+    return torch.stack((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1).flatten(-2)
+
+
+class Block(nn.Module):
+    def __init__(self, spec: RunSpec, U: torch.Tensor | None) -> None:
+        super().__init__()
+        d, mode = spec.d_model, spec.subspace_mode
+        self.n_heads = spec.n_heads
+        self.attn_norm = RMSNorm(d)
+        self.wq = nn.Linear(d, d, bias=False)
+        self.wk = nn.Linear(d, d, bias=False)
+        self.wv = nn.Linear(d, d, bias=False)
+        self.wo = _linear(d, d, U, mode)
+        self.mlp_norm = RMSNorm(d)
+        self.w_gate = nn.Linear(d, spec.d_ff, bias=False)
+        self.w_up = nn.Linear(d, spec.d_ff, bias=False)
+        self.w_down = _linear(spec.d_ff, d, U, mode)
+
+    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        B, T, d = h.shape
+        x = self.attn_norm(h)
+        q, k, v = (w(x).view(B, T, self.n_heads, -1).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        h = h + self.wo(a.transpose(1, 2).reshape(B, T, d))
+        x = self.mlp_norm(h)
+        return h + self.w_down(F.silu(self.w_gate(x)) * self.w_up(x))
+
+
+class SubspaceEmbedding(nn.Module):
+    """E = T_fixed + T_S with the rows of T_S in span(U) (stored as T_S, or as E' with T_S = E' U^T)."""
+
+    def __init__(self, basis: SubspaceBasis, mode: str) -> None:
+        super().__init__()
+        self.mode = mode
+        self.register_buffer("U", basis.U.clone(), persistent=False)
+        self.register_buffer("T_fixed", basis.T_fixed.clone(), persistent=False)
+        V, d = basis.T_fixed.shape
+        shape = (V, basis.rank) if mode == "reparam" else (V, d)
+        self.weight = nn.Parameter(torch.empty(shape, dtype=basis.U.dtype))
+
+    def init_from(self, T: torch.Tensor) -> None:
+        with torch.no_grad():
+            self.weight.copy_(T @ self.U if self.mode == "reparam" else project_rows(T, self.U))
+
+    def trainable_table(self) -> torch.Tensor:
+        return self.weight @ self.U.T if self.mode == "reparam" else self.weight
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        if self.mode == "reparam":
+            return self.T_fixed[tokens] + self.weight[tokens] @ self.U.T
+        return self.T_fixed[tokens] + self.weight[tokens]
+
+    def switch_basis(self, U_new: torch.Tensor) -> None:
+        with torch.no_grad():
+            if self.mode == "reparam":
+                self.weight.copy_(self.weight @ (self.U.T @ U_new))
+            else:
+                self.weight.copy_(project_rows(self.weight, U_new))
+        self.U = U_new.to(self.U).clone()
+
+
+class StageModule(nn.Module):
+    """Stage s of the pipeline: (embed | decode boundary) -> blocks -> (encode boundary | norm + LM head).
+
+    `forward(tokens, z_in)` returns the boundary tensor for a non-last stage and the logits
+    for the last one. `tokens` are the microbatch's input ids [B, T].
+    """
+
+    def __init__(self, spec: RunSpec, stage: int, basis: SubspaceBasis | None = None) -> None:
+        super().__init__()
+        self.spec, self.stage = spec, stage
+        self.is_first, self.is_last = stage == 0, stage == spec.n_stages - 1
+        dtype = compute_dtype(spec)
+        if spec.codec == "subspace" and basis is None:
+            basis = spec_basis(spec)
+        self.basis_version = basis.version if basis is not None else 0
+        U = basis.U if (basis is not None and not self.is_last) else None
+        if self.is_first:
+            self.embed = SubspaceEmbedding(basis, spec.subspace_mode) if spec.codec == "subspace" \
+                else nn.Embedding(spec.vocab, spec.d_model)
+        else:
+            self.decoder = make_decoder(spec, basis)
+        self.blocks = nn.ModuleList(Block(spec, U) for _ in spec.layer_range(stage))
+        if self.is_last:
+            self.norm = RMSNorm(spec.d_model)
+            self.head = nn.Linear(spec.d_model, spec.vocab, bias=False)
+        else:
+            self.encoder = make_encoder(spec, basis)
+        cos, sin = rope_tables(spec.seq_len, spec.head_dim, dtype)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.to(dtype)
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        """Seeded per stage, in a fixed order: any process builds the same stage."""
+        g = torch.Generator().manual_seed(self.spec.seed * 7919 + 1000 + self.stage)
+        std, out_std = 0.02, 0.02 / math.sqrt(2 * self.spec.n_layers)
+        dtype = compute_dtype(self.spec)
+
+        def normal(shape: torch.Size, s: float) -> torch.Tensor:
+            return (torch.randn(shape, generator=g, dtype=torch.float64) * s).to(dtype)
+
+        for name, mod in self.named_modules():
+            if isinstance(mod, SubspaceLinear):
+                mod.init_from(normal(torch.Size((mod.U.shape[0], mod.A.shape[1] if mod.mode == "reparam"
+                                                 else mod.weight.shape[1])), out_std))
+            elif isinstance(mod, SubspaceEmbedding):
+                mod.init_from(normal(mod.T_fixed.shape, std))
+            elif isinstance(mod, (nn.Linear, nn.Embedding)):
+                s = out_std if name.endswith(("wo", "w_down")) else std
+                with torch.no_grad():
+                    mod.weight.copy_(normal(mod.weight.shape, s))
+        for mod in self.modules():
+            if isinstance(mod, (BottleneckEncoder, BottleneckDecoder)):
+                zero_init_outputs(getattr(mod, "enc", None), getattr(mod, "dec", None))
+
+    # -------- pieces, so the reference can also run the stages without any boundary
+    def enter(self, tokens: torch.Tensor, z_in: torch.Tensor | None) -> torch.Tensor:
+        if self.is_first:
+            return self.embed(tokens)
+        assert z_in is not None, "a non-first stage needs the boundary tensor"
+        return self.decoder(z_in, tokens)
+
+    def body(self, h: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            h = block(h, self.rope_cos, self.rope_sin)
+        return h
+
+    def leave(self, h: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        if self.is_last:
+            return self.head(self.norm(h))
+        return self.encoder(h, tokens)
+
+    def forward(self, tokens: torch.Tensor, z_in: torch.Tensor | None = None) -> torch.Tensor:
+        return self.leave(self.body(self.enter(tokens, z_in)), tokens)
+
+    # -------- the subspace constraint, for the optimizer and the checks
+    def constrained_parameters(self) -> list[tuple[str, nn.Parameter, str]]:
+        """(name, parameter, "col" | "row") for every weight the subspace AdamW must keep in span(U)."""
+        out = []
+        for name, mod in self.named_modules():
+            if isinstance(mod, SubspaceLinear) and mod.mode == "project":
+                out.append((f"{name}.weight", mod.weight, "col"))
+            elif isinstance(mod, SubspaceEmbedding) and mod.mode == "project":
+                out.append((f"{name}.weight", mod.weight, "row"))
+        return out
+
+    def constrained_weights(self) -> list[tuple[str, torch.Tensor, bool]]:
+        """(name, effective weight, rows?) of every constrained map, whatever the mode."""
+        out = []
+        for name, mod in self.named_modules():
+            if isinstance(mod, SubspaceLinear):
+                out.append((name, mod.effective_weight(), False))
+            elif isinstance(mod, SubspaceEmbedding):
+                out.append((name, mod.trainable_table(), True))
+        return out
+
+    def switch_basis(self, basis: SubspaceBasis) -> None:
+        """Re-project constrained weights and re-point every codec at the new basis version."""
+        for mod in self.modules():
+            if isinstance(mod, (SubspaceLinear, SubspaceEmbedding)):
+                mod.switch_basis(basis.U)
+            elif hasattr(mod, "set_basis"):
+                mod.set_basis(basis)
+        self.basis_version = basis.version
+
+
+def build_stage(spec: RunSpec, stage: int, basis: SubspaceBasis | None = None) -> StageModule:
+    return StageModule(spec, stage, basis)
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))

@@ -1,0 +1,136 @@
+"""The subspace-preserving AdamW (ALGORITHMS.md 1.5a) and the learning-rate schedule.
+
+For a weight W [d, n] whose columns must stay in span(U) the optimizer consumes only the
+projected gradient P G and shares the adaptive rate along each input column, so every
+update is (something in span(U)) times a diagonal on the right and W never leaves the
+subspace. For T_S [V, d] (rows in span(U)) it uses G P and one rate per row. Everything
+else gets plain decoupled AdamW. In "reparam" mode there is nothing to constrain and this is
+plain AdamW.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from .spec import RunSpec
+
+
+class SubspaceAdamW(torch.optim.Optimizer):
+    """AdamW with per-group `constraint` in {None, "col", "row"} and a shared basis U."""
+
+    def __init__(self, groups: list[dict], U: torch.Tensor | None, lr: float, betas: tuple[float, float],
+                 eps: float, weight_decay: float, v_scale: float = 1.0) -> None:
+        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, constraint=None)
+        super().__init__(groups, defaults)
+        self.U = U
+        self.v_scale = v_scale
+
+    def set_basis(self, U: torch.Tensor) -> None:
+        """Map first moments into span(U_new); second moments are kept (they are per column/row
+        scalars, which a rotation of the subspace does not invalidate to first order)."""
+        for group in self.param_groups:
+            kind = group["constraint"]
+            for p in group["params"]:
+                st = self.state.get(p)
+                if not st or kind is None:
+                    continue
+                m = st["exp_avg"]
+                m.copy_(U @ (U.T @ m) if kind == "col" else (m @ U) @ U.T)
+        self.U = U
+
+    @torch.no_grad()
+    def step(self, closure=None):  # type: ignore[override]
+        for group in self.param_groups:
+            b1, b2 = group["betas"]
+            lr, eps, wd, kind = group["lr"], group["eps"], group["weight_decay"], group["constraint"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                g = p.grad
+                st = self.state[p]
+                if not st:
+                    st["step"] = 0
+                    st["exp_avg"] = torch.zeros_like(p)
+                    if kind == "col":
+                        st["exp_avg_sq"] = torch.zeros(1, p.shape[1], dtype=p.dtype, device=p.device)
+                    elif kind == "row":
+                        st["exp_avg_sq"] = torch.zeros(p.shape[0], 1, dtype=p.dtype, device=p.device)
+                    else:
+                        st["exp_avg_sq"] = torch.zeros_like(p)
+                st["step"] += 1
+                t = st["step"]
+                if kind == "col":
+                    g = self.U @ (self.U.T @ g)
+                    sq = g.pow(2).mean(dim=0, keepdim=True) * self.v_scale
+                elif kind == "row":
+                    g = (g @ self.U) @ self.U.T
+                    sq = g.pow(2).mean(dim=1, keepdim=True) * self.v_scale
+                else:
+                    sq = g * g
+                m, v = st["exp_avg"], st["exp_avg_sq"]
+                m.mul_(b1).add_(g, alpha=1 - b1)
+                v.mul_(b2).add_(sq, alpha=1 - b2)
+                denom = (v / (1 - b2 ** t)).sqrt_().add_(eps)
+                if wd:
+                    p.mul_(1 - lr * wd)
+                p.addcdiv_(m, denom, value=-lr / (1 - b1 ** t))
+        return None
+
+
+def make_optimizer(spec: RunSpec, module: nn.Module) -> SubspaceAdamW:
+    """Groups: constrained (col/row), decayed matrices, undecayed vectors (norm gains)."""
+    constrained = getattr(module, "constrained_parameters", lambda: [])()
+    special = {id(p) for _, p, _ in constrained}
+    decay, no_decay = [], []
+    for p in module.parameters():
+        if id(p) in special or not p.requires_grad:
+            continue
+        (decay if p.ndim >= 2 else no_decay).append(p)
+    groups = [dict(params=decay), dict(params=no_decay, weight_decay=0.0)]
+    for kind in ("col", "row"):
+        ps = [p for _, p, k in constrained if k == kind]
+        if ps:
+            groups.append(dict(params=ps, constraint=kind))
+    U = None
+    for mod in module.modules():
+        if hasattr(mod, "U") and isinstance(mod.U, torch.Tensor):
+            U = mod.U
+            break
+    v_scale = spec.d_model / spec.rank if (spec.codec == "subspace" and spec.v_scale_by_rank) else 1.0
+    groups = [g for g in groups if g["params"]]
+    return SubspaceAdamW(groups, U, spec.lr, spec.betas, spec.eps, spec.weight_decay, v_scale)
+
+
+def lr_at(spec: RunSpec, step: int) -> float:
+    """Linear warmup over warmup_steps, then cosine to min_lr_ratio*lr at total_steps (or constant)."""
+    if spec.warmup_steps and step < spec.warmup_steps:
+        return spec.lr * (step + 1) / spec.warmup_steps
+    if spec.total_steps <= spec.warmup_steps:
+        return spec.lr
+    frac = min(1.0, (step - spec.warmup_steps) / max(1, spec.total_steps - spec.warmup_steps))
+    return spec.lr * (spec.min_lr_ratio + (1 - spec.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
+def clip_grad_norm(params: list[torch.Tensor], max_norm: float, project=None) -> float:
+    """Clip by the global norm of the gradients the optimizer will consume.
+
+    `project(p, g)` maps a raw gradient to its projected form for constrained weights, so the
+    norm (and the clip) is the same whether or not the out-of-subspace part is present.
+    """
+    grads = [(p, p.grad) for p in params if p.grad is not None]
+    if not grads:
+        return 0.0
+    sq = sum(float((project(p, g) if project else g).pow(2).sum()) for p, g in grads)
+    total = math.sqrt(sq)
+    if max_norm > 0 and total > max_norm:
+        scale = max_norm / (total + 1e-6)
+        for _, g in grads:
+            g.mul_(scale)
+    return total

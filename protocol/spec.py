@@ -1,0 +1,230 @@
+"""`RunSpec`: the frozen description of one training run.
+
+Every peer builds its stage from the spec alone (model shape, layer ranges, codec, seeds,
+optimizer, schedule), so two peers with the same spec hold bit-identical initial weights
+and shared constants. The spec's hash names the run; messages carry it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+CODECS = ("dense", "subspace", "bottleneck")
+WIRE_DTYPES = ("fp32", "bf16", "fp64")
+QUANTS = ("none", "int8")
+COMPUTE_DTYPES = ("fp32", "fp64")
+SUBSPACE_MODES = ("project", "reparam")
+
+
+class SpecError(ValueError):
+    """A run spec that cannot describe a valid run; the message says which field to fix."""
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    name: str = "tiny"
+    # model
+    vocab: int = 256
+    d_model: int = 128
+    n_layers: int = 6
+    n_heads: int = 4
+    d_ff: int = 256
+    seq_len: int = 64
+    stage_layers: tuple[int, ...] = (2, 2, 2)
+    # boundary compression
+    codec: str = "subspace"
+    rank: int = 16  # k for subspace, b for bottleneck; ignored by dense
+    wire_dtype: str = "fp32"
+    quant: str = "none"
+    subspace_mode: str = "project"  # ALGORITHMS 1.5(a) "project" or 1.5(c) "reparam"
+    v_scale_by_rank: bool = True  # ALGORITHMS 1.5(a) finding (i): scale v by d/k
+    dtype: str = "fp32"  # compute dtype of every stage
+    # seeds
+    seed: int = 0  # weights, U and T_fixed
+    data_seed: int = 1234
+    # optimizer and schedule
+    lr: float = 3e-3
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0  # per-stage global norm; 0 disables
+    warmup_steps: int = 20
+    total_steps: int = 0  # cosine decay to min_lr_ratio*lr over this many steps; 0 = constant
+    min_lr_ratio: float = 0.1
+    # batch
+    batch_size: int = 16  # sequences per optimizer step
+    microbatch_size: int = 8
+    # Grassmann basis updates (ALGORITHMS 1.7)
+    basis_interval: int = 500
+    # the coordinator's public key (hex); empty until a coordinator signs the spec
+    coordinator_key: str = ""
+    extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "stage_layers", tuple(int(x) for x in self.stage_layers))
+        object.__setattr__(self, "betas", tuple(float(x) for x in self.betas))
+        self.validate()
+
+    # ----- derived quantities
+    @property
+    def n_stages(self) -> int:
+        return len(self.stage_layers)
+
+    @property
+    def n_microbatches(self) -> int:
+        return self.batch_size // self.microbatch_size
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def boundary_width(self) -> int:
+        """Numbers per token that cross a stage boundary (before wire dtype)."""
+        return self.d_model if self.codec == "dense" else self.rank
+
+    def layer_range(self, stage: int) -> range:
+        if not 0 <= stage < self.n_stages:
+            raise SpecError(f"stage {stage} does not exist: this run has stages 0..{self.n_stages - 1}.")
+        start = sum(self.stage_layers[:stage])
+        return range(start, start + self.stage_layers[stage])
+
+    # ----- validation
+    def validate(self) -> None:
+        def need(cond: bool, msg: str) -> None:
+            if not cond:
+                raise SpecError(msg)
+
+        need(self.codec in CODECS, f"codec must be one of {', '.join(CODECS)}, not {self.codec!r}.")
+        need(self.wire_dtype in WIRE_DTYPES, f"wire_dtype must be one of {', '.join(WIRE_DTYPES)}.")
+        need(self.quant in QUANTS, f"quant must be one of {', '.join(QUANTS)}.")
+        need(self.dtype in COMPUTE_DTYPES, f"dtype must be one of {', '.join(COMPUTE_DTYPES)}.")
+        need(self.subspace_mode in SUBSPACE_MODES, f"subspace_mode must be one of {SUBSPACE_MODES}.")
+        need(2 <= self.vocab <= 2**31 - 1, "vocab must be between 2 and 2^31-1.")
+        need(self.d_model > 0 and self.n_heads > 0, "d_model and n_heads must be positive.")
+        need(self.d_model % self.n_heads == 0, f"d_model {self.d_model} must divide by n_heads {self.n_heads}.")
+        need(self.head_dim % 2 == 0, "d_model / n_heads must be even for RoPE.")
+        need(self.d_ff > 0 and self.seq_len > 0, "d_ff and seq_len must be positive.")
+        need(len(self.stage_layers) >= 1 and all(n >= 1 for n in self.stage_layers),
+             "every stage needs at least one layer.")
+        need(sum(self.stage_layers) == self.n_layers,
+             f"stage_layers {list(self.stage_layers)} must add up to n_layers {self.n_layers}.")
+        if self.codec != "dense":
+            need(1 <= self.rank <= self.d_model, f"rank must be in 1..d_model ({self.d_model}), not {self.rank}.")
+        need(self.microbatch_size >= 1 and self.batch_size >= self.microbatch_size
+             and self.batch_size % self.microbatch_size == 0,
+             "batch_size must be a positive multiple of microbatch_size.")
+        need(self.lr > 0 and 0 <= self.betas[0] < 1 and 0 <= self.betas[1] < 1, "lr > 0 and betas in [0, 1).")
+        need(self.basis_interval >= 1, "basis_interval must be at least 1 step.")
+        need(self.warmup_steps >= 0 and self.total_steps >= 0, "warmup_steps and total_steps must be >= 0.")
+
+    # ----- identity
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["stage_layers"] = list(self.stage_layers)
+        d["betas"] = list(self.betas)
+        return d
+
+    def to_json(self) -> str:
+        """Canonical JSON (sorted keys, no spaces): what is hashed and what travels."""
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+
+    @property
+    def run_hash(self) -> str:
+        return hashlib.sha256(self.to_json().encode()).hexdigest()[:16]
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "RunSpec":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise SpecError(f"unknown run spec fields: {', '.join(unknown)}; remove them or check the spelling.")
+        try:
+            return cls(**data)
+        except TypeError as e:
+            raise SpecError(f"bad run spec: {e}.") from e
+
+    @classmethod
+    def from_json(cls, text: str) -> "RunSpec":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise SpecError(f"run spec is not valid JSON ({e}).") from e
+        if not isinstance(data, dict):
+            raise SpecError("run spec JSON must be an object.")
+        return cls.from_dict(data)
+
+    def replace(self, **changes: Any) -> "RunSpec":
+        return dataclasses.replace(self, **changes)
+
+    def save(self, path: str | Path) -> None:
+        path = Path(path)
+        if path.suffix == ".toml":
+            path.write_text(_to_toml(self.to_dict()))
+        else:
+            path.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> "RunSpec":
+        path = Path(path)
+        if not path.is_file():
+            raise SpecError(f"run spec file {path} does not exist.")
+        if path.suffix == ".toml":
+            try:
+                return cls.from_dict(tomllib.loads(path.read_text()))
+            except tomllib.TOMLDecodeError as e:
+                raise SpecError(f"run spec {path} is not valid TOML ({e}).") from e
+        return cls.from_json(path.read_text())
+
+
+def _to_toml(d: dict[str, Any]) -> str:
+    lines, tables = [], []
+    for k, v in sorted(d.items()):
+        if isinstance(v, dict):
+            tables.append((k, v))
+        else:
+            lines.append(f"{k} = {json.dumps(v)}")
+    for k, v in tables:
+        lines.append(f"\n[{k}]")
+        lines.extend(f"{kk} = {json.dumps(vv)}" for kk, vv in sorted(v.items()))
+    return "\n".join(lines) + "\n"
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # CPU tests and the laptop demo: seconds per hundred steps.
+    "tiny": dict(name="tiny", d_model=128, n_layers=6, n_heads=4, d_ff=256, seq_len=64,
+                 stage_layers=(2, 2, 2), rank=16, batch_size=16, microbatch_size=8, lr=3e-3),
+    # A real-sized boundary on a CPU box or a small GPU: d=512 (k=32: 16x, bf16 wire).
+    "small": dict(name="small", d_model=512, n_layers=8, n_heads=8, d_ff=1376, seq_len=256,
+                  stage_layers=(3, 3, 2), rank=32, wire_dtype="bf16", batch_size=32,
+                  microbatch_size=8, lr=1e-3, warmup_steps=100),
+    # GPU-sized: d=2048, k=20 (~100x), one stage per GPU.
+    "large": dict(name="large", d_model=2048, n_layers=16, n_heads=16, d_ff=5504, seq_len=1024,
+                  stage_layers=(4, 4, 4, 4), rank=20, wire_dtype="bf16", batch_size=32,
+                  microbatch_size=4, lr=3e-4, warmup_steps=200),
+}
+
+
+def split_layers(n_layers: int, n_stages: int) -> tuple[int, ...]:
+    """Layers per stage, as even as possible, earlier stages taking the remainder."""
+    if not 1 <= n_stages <= n_layers:
+        raise SpecError(f"cannot cut {n_layers} layers into {n_stages} stages; use 1..{n_layers} stages.")
+    base, extra = divmod(n_layers, n_stages)
+    return tuple(base + (1 if i < extra else 0) for i in range(n_stages))
+
+
+def preset(name: str, **overrides: Any) -> RunSpec:
+    """A named preset with overrides; `stages=N` re-cuts the layers into N stages."""
+    if name not in PRESETS:
+        raise SpecError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}.")
+    fields = dict(PRESETS[name])
+    stages = overrides.pop("stages", None)
+    fields.update({k: v for k, v in overrides.items() if v is not None})
+    if stages is not None:
+        fields["stage_layers"] = split_layers(fields.get("n_layers", RunSpec.n_layers), stages)
+    return RunSpec(**fields)

@@ -1,0 +1,276 @@
+"""Messages on the wire: msgpack maps with tensors as an ExtType, validated on the way in.
+
+Layout of a tensor (ExtType code 1): one byte dtype code, one byte ndim, ndim little-endian
+uint32 dims, then the raw little-endian bytes. bf16 travels as its own two bytes.
+
+An activation message is a msgpack map with one-letter keys:
+    k kind  r run hash  s step  m microbatch index  v basis version  c codec  g target stage
+    t tokens [B, T+1] (uint8 / uint16 / int32 by vocab)  p payload [B, T, w]  x int8 scale [B, T, 1]
+A gradient message has the same header without tokens (the sender kept them) and `l`, the
+tail's loss on that microbatch, so the head learns the loss with no extra round trip.
+
+Bytes per activation message = B*T*w*e + B*(T+1)*tb (+ B*T*e' for int8 scales) + H, where
+e is the wire dtype's size, tb the token id size, and H the header: the map keys, the small
+integers and the strings, and the two tensor headers (2 + 4*ndim bytes each). H depends only
+on the run hash and codec strings and the integers' magnitudes (msgpack packs small ints
+smaller), and is at most HEADER_MAX_BYTES. `header_bytes()` computes it exactly.
+
+Every inbound buffer is untrusted: `decode_message` checks the size limit before parsing,
+then schema, kinds, dtypes, shapes against the run spec, run hash, basis version, token
+range and finiteness, and raises `WireError` (one clear sentence) and nothing else.
+"""
+from __future__ import annotations
+
+import math
+import struct
+from dataclasses import dataclass, field
+
+import msgpack
+import torch
+
+from .codecs import WIRE_TORCH_DTYPES, WirePacker, WireTensors
+from .spec import RunSpec
+
+TENSOR_EXT = 1
+HEADER_MAX_BYTES = 160
+DTYPE_CODES: dict[torch.dtype, int] = {
+    torch.float32: 1, torch.bfloat16: 2, torch.float64: 3, torch.int8: 4,
+    torch.uint8: 5, torch.int16: 6, torch.int32: 7, torch.int64: 8, torch.float16: 9,
+}
+CODE_DTYPES = {v: k for k, v in DTYPE_CODES.items()}
+# uint16 is not a first-class torch dtype on every supported version; it travels as int16 bits.
+UINT16_CODE = 10
+
+KIND_ACTIVATION, KIND_GRADIENT, KIND_ERROR = "act", "grad", "err"
+
+
+class WireError(ValueError):
+    """An inbound message that must be refused; the text says why in one sentence."""
+
+
+def token_dtype(vocab: int) -> str:
+    return "uint8" if vocab <= 256 else ("uint16" if vocab <= 65536 else "int32")
+
+
+def token_bytes(vocab: int) -> int:
+    return {"uint8": 1, "uint16": 2, "int32": 4}[token_dtype(vocab)]
+
+
+# ---------------------------------------------------------------- tensors <-> ExtType
+
+def _pack_tensor(t: torch.Tensor, uint16: bool = False) -> msgpack.ExtType:
+    t = t.detach().to("cpu").contiguous()
+    code = UINT16_CODE if uint16 else DTYPE_CODES[t.dtype]
+    if uint16:
+        t = t.to(torch.int32).to(torch.int16)  # same low 16 bits; decoded as unsigned
+    head = struct.pack(f"<BB{t.ndim}I", code, t.ndim, *t.shape)
+    raw = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+    return msgpack.ExtType(TENSOR_EXT, head + raw)
+
+
+def _unpack_tensor(data: bytes) -> torch.Tensor:
+    if len(data) < 2:
+        raise WireError("a tensor field is truncated (no dtype/ndim header).")
+    code, ndim = data[0], data[1]
+    if code not in CODE_DTYPES and code != UINT16_CODE:
+        raise WireError(f"a tensor field has unknown dtype code {code}.")
+    if ndim > 4:
+        raise WireError(f"a tensor field has {ndim} dimensions; at most 4 are allowed.")
+    off = 2 + 4 * ndim
+    if len(data) < off:
+        raise WireError("a tensor field's shape header is truncated.")
+    shape = struct.unpack(f"<{ndim}I", data[2:off])
+    dtype = torch.int16 if code == UINT16_CODE else CODE_DTYPES[code]
+    itemsize = torch.tensor([], dtype=dtype).element_size()
+    n = math.prod(shape)
+    if len(data) - off != n * itemsize:
+        raise WireError(f"a tensor field of shape {list(shape)} has {len(data) - off} bytes, "
+                        f"expected {n * itemsize}.")
+    if n == 0:
+        t = torch.empty(shape, dtype=dtype)
+    else:
+        t = torch.frombuffer(bytearray(data[off:]), dtype=torch.uint8).view(dtype).reshape(shape)
+    if code == UINT16_CODE:
+        t = t.to(torch.int32) & 0xFFFF
+    return t
+
+
+def _ext_hook(code: int, data: bytes):
+    if code != TENSOR_EXT:
+        raise WireError(f"unknown msgpack extension type {code}.")
+    return _unpack_tensor(data)
+
+
+# ---------------------------------------------------------------- messages
+
+@dataclass
+class Header:
+    run: str
+    step: int
+    microbatch: int
+    basis_version: int
+    codec: str
+    stage: int  # the stage this message is addressed to
+
+
+@dataclass
+class ActivationMessage:
+    header: Header
+    tokens: torch.Tensor  # [B, T+1] integer ids
+    payload: WireTensors
+
+
+@dataclass
+class GradientMessage:
+    header: Header
+    payload: WireTensors
+    loss: float = float("nan")
+
+
+@dataclass
+class ErrorReply:
+    reason: str
+    code: str = "refused"  # refused | retry (e.g. a future step or a basis switch in progress)
+    detail: dict = field(default_factory=dict)
+
+
+Message = ActivationMessage | GradientMessage | ErrorReply
+
+
+def _header_map(kind: str, h: Header) -> dict:
+    return {"k": kind, "r": h.run, "s": h.step, "m": h.microbatch, "v": h.basis_version, "c": h.codec, "g": h.stage}
+
+
+def encode_message(msg: Message) -> bytes:
+    if isinstance(msg, ErrorReply):
+        return msgpack.packb({"k": KIND_ERROR, "e": msg.reason, "o": msg.code, "d": msg.detail})
+    if isinstance(msg, ActivationMessage):
+        d = _header_map(KIND_ACTIVATION, msg.header)
+        d["t"] = _pack_tensor(msg.tokens, uint16=msg.tokens.dtype == torch.int32 and msg.header.codec != "")
+    else:
+        d = _header_map(KIND_GRADIENT, msg.header)
+        d["l"] = float(msg.loss)
+    d["p"] = _pack_tensor(msg.payload.values)
+    if msg.payload.scale is not None:
+        d["x"] = _pack_tensor(msg.payload.scale)
+    return msgpack.packb(d)
+
+
+def tokens_for_wire(tokens: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Token ids in the smallest integer type that holds the vocab (uint16 travels as int32 here)."""
+    kind = token_dtype(vocab)
+    return tokens.to(torch.uint8 if kind == "uint8" else torch.int32)
+
+
+@dataclass(frozen=True)
+class WireLimits:
+    """What a receiving stage accepts: derived from the run spec and its current basis version."""
+
+    run: str
+    codec: str
+    vocab: int
+    seq_len: int
+    width: int
+    max_microbatch: int
+    value_dtype: torch.dtype
+    scale_dtype: torch.dtype | None
+    basis_version: int
+    max_bytes: int
+
+    @classmethod
+    def for_spec(cls, spec: RunSpec, basis_version: int = 0, max_bytes: int | None = None) -> "WireLimits":
+        packer = WirePacker.for_spec(spec)
+        scale = WIRE_TORCH_DTYPES[spec.wire_dtype] if spec.quant == "int8" else None
+        per_token = spec.boundary_width * packer.bytes_per_number() + token_bytes(spec.vocab) + 8
+        limit = max_bytes or (spec.microbatch_size * (spec.seq_len + 1) * per_token + 4096)
+        return cls(spec.run_hash, spec.codec, spec.vocab, spec.seq_len, spec.boundary_width,
+                   spec.microbatch_size, packer.value_dtype, scale, basis_version, limit)
+
+
+def _need(cond: bool, msg: str) -> None:
+    if not cond:
+        raise WireError(msg)
+
+
+def _check_header(d: dict, lim: WireLimits) -> Header:
+    for key, typ, name in (("r", str, "run hash"), ("s", int, "step"), ("m", int, "microbatch"),
+                           ("v", int, "basis version"), ("c", str, "codec"), ("g", int, "stage")):
+        _need(isinstance(d.get(key), typ) and not isinstance(d.get(key), bool),
+              f"message field '{name}' is missing or not a {typ.__name__}.")
+    _need(d["r"] == lim.run, f"message is for run {d['r'][:16]!r}, this peer serves run {lim.run!r}.")
+    _need(d["c"] == lim.codec, f"message uses codec {d['c'][:16]!r}, the run uses {lim.codec!r}.")
+    _need(d["v"] == lim.basis_version,
+          f"message uses basis version {d['v']}, this peer is on version {lim.basis_version}.")
+    _need(0 <= d["s"] < 2**53 and 0 <= d["m"] < 2**31 and 0 <= d["g"] < 2**16,
+          "message step, microbatch or stage is out of range.")
+    return Header(d["r"], d["s"], d["m"], d["v"], d["c"], d["g"])
+
+
+def _check_payload(d: dict, lim: WireLimits, batch: int | None) -> WireTensors:
+    p = d.get("p")
+    _need(isinstance(p, torch.Tensor), "message has no payload tensor.")
+    _need(p.dtype == lim.value_dtype, f"payload dtype {p.dtype} is not the run's wire dtype {lim.value_dtype}.")
+    _need(p.ndim == 3 and p.shape[1] == lim.seq_len and p.shape[2] == lim.width
+          and 1 <= p.shape[0] <= lim.max_microbatch and (batch is None or p.shape[0] == batch),
+          f"payload shape {list(p.shape)} does not match [B<={lim.max_microbatch}, {lim.seq_len}, {lim.width}].")
+    scale = d.get("x")
+    if lim.scale_dtype is not None:
+        _need(isinstance(scale, torch.Tensor) and scale.dtype == lim.scale_dtype
+              and tuple(scale.shape) == (p.shape[0], p.shape[1], 1),
+              "int8 payload needs a scale tensor of shape [B, T, 1] in the wire dtype.")
+        _need(bool(torch.isfinite(scale.float()).all()), "payload scale has NaN or infinite values.")
+    else:
+        _need(scale is None, "payload carries a scale but the run does not quantize.")
+    if p.is_floating_point():
+        _need(bool(torch.isfinite(p.float()).all()), "payload has NaN or infinite values.")
+    return WireTensors(p, scale)
+
+
+def decode_message(data: bytes, lim: WireLimits) -> Message:
+    """Parse and validate one inbound message; raises WireError and nothing else."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise WireError("message is not a byte string.")
+    if len(data) > lim.max_bytes:
+        raise WireError(f"message of {len(data)} bytes is over the limit of {lim.max_bytes}.")
+    try:
+        d = msgpack.unpackb(bytes(data), ext_hook=_ext_hook, raw=False, strict_map_key=True,
+                            max_str_len=4096, max_bin_len=0, max_array_len=64, max_map_len=32)
+    except WireError:
+        raise
+    except Exception as e:  # msgpack raises many types for bad bytes: all mean the same to the sender
+        raise WireError(f"message is not valid msgpack ({type(e).__name__}).") from None
+    _need(isinstance(d, dict), "message is not a msgpack map.")
+    kind = d.get("k")
+    if kind == KIND_ERROR:
+        _need(isinstance(d.get("e"), str), "error reply has no reason.")
+        return ErrorReply(d["e"][:1000], str(d.get("o", "refused"))[:32],
+                          d.get("d") if isinstance(d.get("d"), dict) else {})
+    _need(kind in (KIND_ACTIVATION, KIND_GRADIENT), f"unknown message kind {str(kind)[:16]!r}.")
+    header = _check_header(d, lim)
+    if kind == KIND_GRADIENT:
+        loss = d.get("l", float("nan"))
+        _need(isinstance(loss, float), "gradient message loss must be a float.")
+        return GradientMessage(header, _check_payload(d, lim, None), loss)
+    t = d.get("t")
+    _need(isinstance(t, torch.Tensor), "activation message has no token tensor.")
+    _need(not t.is_floating_point() and t.dtype != torch.int64 or t.dtype == torch.int32,
+          f"token ids must travel as uint8/uint16/int32, not {t.dtype}.")
+    _need(t.ndim == 2 and t.shape[1] == lim.seq_len + 1 and 1 <= t.shape[0] <= lim.max_microbatch,
+          f"token shape {list(t.shape)} does not match [B, {lim.seq_len + 1}].")
+    t = t.long()
+    _need(bool(((t >= 0) & (t < lim.vocab)).all()), f"token ids must be in [0, {lim.vocab}).")
+    return ActivationMessage(header, t, _check_payload(d, lim, t.shape[0]))
+
+
+def header_bytes(msg: Message) -> int:
+    """Bytes of `msg` that are not tensor data: keys, scalars, strings and tensor headers."""
+    n = len(encode_message(msg))
+    if isinstance(msg, ErrorReply):
+        return n
+    data = msg.payload.values.numel() * msg.payload.values.element_size()
+    if msg.payload.scale is not None:
+        data += msg.payload.scale.numel() * msg.payload.scale.element_size()
+    if isinstance(msg, ActivationMessage):
+        tb = 1 if msg.tokens.dtype == torch.uint8 else 2 if msg.tokens.dtype == torch.int32 else 4
+        data += msg.tokens.numel() * tb
+    return n - data

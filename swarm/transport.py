@@ -1,0 +1,363 @@
+"""Framed request/response messages between peers over hivemind's libp2p streams.
+
+This room moves opaque bodies (msgpack made by `protocol/wire.py`) from one peer to another
+and counts every byte it puts on or takes off the wire. It knows nothing about what the
+bodies mean: validation is the handler's job.
+
+One libp2p protocol id per message kind: f"/{namespace}/{kind}/1". One stream per request:
+the client opens it, writes one request frame, reads one reply frame and closes it.
+
+Framing (all integers big-endian):
+
+    request frame = length (4 bytes) + body                      -> body + 4 bytes
+    reply frame   = status (1 byte) + length (4 bytes) + body    -> body + 5 bytes
+    status 0 = ok (body is the handler's reply); status 1 = error (body is one UTF-8 sentence)
+
+So a round trip of a request body q and a reply body r costs (q + 4) + (r + 5) bytes on the
+wire, and that is what the counters record: requests as "out" at the sender and "in" at the
+receiver, replies the other way round, per (remote peer, kind, direction). (libp2p's own
+stream headers, noise/TLS and yamux framing are below us and are not counted.)
+
+Bandwidth emulation: with a `shaper_factory`, each remote peer gets its own `LinkShaper`
+(created on first use) and every frame this side writes to that peer, request or reply,
+waits on it before being written. Return the same shaper from the factory every time to
+model one shared uplink instead of one link per destination.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from hivemind.p2p import P2P, PeerID
+
+from swarm.shaper import LinkShaper
+
+__all__ = ["Handler", "TransportError", "LinkCounter", "Transport", "REQUEST_OVERHEAD", "REPLY_OVERHEAD"]
+
+logger = logging.getLogger(__name__)
+
+Handler = Callable[[bytes, str], Awaitable[bytes]]
+
+_LENGTH = struct.Struct(">I")
+_REPLY_HEADER = struct.Struct(">BI")
+REQUEST_OVERHEAD = _LENGTH.size
+REPLY_OVERHEAD = _REPLY_HEADER.size
+STATUS_OK = 0
+STATUS_ERROR = 1
+MAX_LENGTH_FIELD = 2**32 - 1
+
+
+class TransportError(RuntimeError):
+    """A request that did not get a good reply; the message is one sentence for a log or a user.
+
+    `kind` is the message kind, `peer` the remote peer id, and `reason` one of "remote" (the
+    other side replied with an error), "timeout", "connection", "limit" or "protocol".
+    """
+
+    def __init__(self, message: str, *, kind: str, peer: str, reason: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.peer = peer
+        self.reason = reason
+
+
+@dataclass
+class LinkCounter:
+    peer: str
+    kind: str
+    direction: str  # "out" | "in"
+    bytes: int = 0
+    messages: int = 0
+
+
+class _FrameError(Exception):
+    """A request frame the server could not accept; its text is the error reply."""
+
+    def __init__(self, message: str, *, sender_busy: bool = False) -> None:
+        super().__init__(message)
+        self.sender_busy = sender_busy  # the client is probably still writing the body
+
+
+# p2pd turns our close of a stream into a reset, which drops a reply the client has not read
+# yet; after refusing an oversized frame we therefore discard (never buffer) what the client
+# is still sending, for at most this long, so that it can read why it was refused.
+REFUSAL_LINGER_S = 2.0
+
+
+def _check_name(what: str, name: str) -> str:
+    if not name or any(c in name for c in "/ \t\r\n"):
+        raise ValueError(f"{what} {name!r} must be non-empty and contain no '/' or whitespace.")
+    return name
+
+
+class Transport:
+    """Serves and sends framed messages over one `hivemind.p2p.P2P` (usually `dht.replicate_p2p()`)."""
+
+    def __init__(
+        self,
+        p2p: P2P,
+        namespace: str,
+        *,
+        max_frame_bytes: int = 64 << 20,
+        timeout: float = 60.0,
+        shaper_factory: Callable[[], LinkShaper] | None = None,
+    ) -> None:
+        if not 0 < max_frame_bytes <= MAX_LENGTH_FIELD:
+            raise ValueError(f"max_frame_bytes must be between 1 and {MAX_LENGTH_FIELD}, not {max_frame_bytes}.")
+        self.p2p = p2p
+        self.namespace = _check_name("namespace", namespace)
+        self.max_frame_bytes = max_frame_bytes
+        self.timeout = timeout
+        self._shaper_factory = shaper_factory
+        self._shapers: dict[str, LinkShaper] = {}
+        self._counters: dict[tuple[str, str, str], LinkCounter] = {}
+        self._served: dict[str, str] = {}  # kind -> protocol id
+        self._inflight: set[asyncio.Task] = set()
+        self._closed = False
+
+    def protocol_id(self, kind: str) -> str:
+        return f"/{self.namespace}/{_check_name('kind', kind)}/1"
+
+    # ---- bookkeeping -------------------------------------------------------------------
+
+    def _count(self, peer: str, kind: str, direction: str, nbytes: int) -> None:
+        key = (peer, kind, direction)
+        counter = self._counters.get(key)
+        if counter is None:
+            counter = self._counters[key] = LinkCounter(peer, kind, direction)
+        counter.bytes += nbytes
+        counter.messages += 1
+
+    def counters(self) -> list[LinkCounter]:
+        return [LinkCounter(c.peer, c.kind, c.direction, c.bytes, c.messages) for c in self._counters.values()]
+
+    def _total(self, direction: str, kind: str | None) -> int:
+        return sum(c.bytes for c in self._counters.values() if c.direction == direction and kind in (None, c.kind))
+
+    def bytes_sent(self, kind: str | None = None) -> int:
+        return self._total("out", kind)
+
+    def bytes_received(self, kind: str | None = None) -> int:
+        return self._total("in", kind)
+
+    def shaper_for(self, peer: str) -> LinkShaper | None:
+        if self._shaper_factory is None:
+            return None
+        shaper = self._shapers.get(peer)
+        if shaper is None:
+            shaper = self._shapers[peer] = self._shaper_factory()
+        return shaper
+
+    async def _shaped_write(self, writer: asyncio.StreamWriter, peer: str, frame: bytes) -> None:
+        shaper = self.shaper_for(peer)
+        if shaper is not None:
+            await shaper.transmit(len(frame))
+        writer.write(frame)
+        await writer.drain()
+
+    # ---- server side -------------------------------------------------------------------
+
+    async def serve(self, kind: str, handler: Handler) -> None:
+        """Answer requests of `kind` with `handler(body, remote_peer_id)`."""
+        if self._closed:
+            raise RuntimeError("this transport is closed.")
+        proto = self.protocol_id(kind)
+        if kind in self._served:
+            raise ValueError(f"this transport already serves the kind {kind!r}.")
+
+        async def on_stream(info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await self._handle_stream(kind, handler, info.peer_id.to_base58(), reader, writer)
+
+        await self.p2p.add_binary_stream_handler(proto, on_stream)
+        self._served[kind] = proto
+
+    async def _read_request(self, peer: str, kind: str, reader: asyncio.StreamReader) -> bytes:
+        try:
+            header = await reader.readexactly(REQUEST_OVERHEAD)
+        except asyncio.IncompleteReadError as e:
+            if e.partial:
+                self._count(peer, kind, "in", len(e.partial))
+            raise _FrameError(f"the request ended after {len(e.partial)} of {REQUEST_OVERHEAD} header bytes.")
+        (length,) = _LENGTH.unpack(header)
+        if length > self.max_frame_bytes:
+            self._count(peer, kind, "in", len(header))
+            raise _FrameError(
+                f"frame of {length} bytes is over the limit of {self.max_frame_bytes}.", sender_busy=True
+            )
+        try:
+            body = await reader.readexactly(length)
+        except asyncio.IncompleteReadError as e:
+            self._count(peer, kind, "in", len(header) + len(e.partial))
+            raise _FrameError(f"the request frame was truncated: {len(e.partial)} of {length} body bytes arrived.")
+        self._count(peer, kind, "in", len(header) + length)
+        return body
+
+    async def _handle_stream(
+        self, kind: str, handler: Handler, peer: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        # Every failure ends here as one log line and, if the stream still takes it, an error
+        # reply: a bad or hostile request must never take the serving peer down.
+        task = asyncio.current_task()
+        if task is not None:
+            self._inflight.add(task)
+        try:
+            try:
+                body = await asyncio.wait_for(self._read_request(peer, kind, reader), self.timeout)
+            except asyncio.TimeoutError:
+                raise _FrameError(f"the request was not received within {self.timeout:g} s.") from None
+            try:
+                reply = await handler(body, peer)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                raise _FrameError(f"the {kind} handler failed: {type(e).__name__}: {e}".rstrip(".") + ".") from e
+            if not isinstance(reply, (bytes, bytearray, memoryview)):
+                raise _FrameError(f"the {kind} handler returned {type(reply).__name__}, not bytes.")
+            await self._send_reply(writer, peer, kind, STATUS_OK, bytes(reply))
+        except _FrameError as e:
+            logger.warning("refused a %s request from %s: %s", kind, peer, e)
+            await self._send_reply(writer, peer, kind, STATUS_ERROR, str(e).encode("utf-8"))
+            if e.sender_busy:
+                await _discard(reader, min(self.timeout, REFUSAL_LINGER_S))
+        except asyncio.CancelledError:
+            pass  # close() is tearing the server down; the client sees the stream close
+        except Exception as e:  # a broken stream while reading or writing
+            logger.warning("dropped a %s stream from %s: %s: %s", kind, peer, type(e).__name__, e)
+        finally:
+            writer.close()
+            if task is not None:
+                self._inflight.discard(task)
+
+    async def _send_reply(self, writer: asyncio.StreamWriter, peer: str, kind: str, status: int, body: bytes) -> None:
+        if status == STATUS_OK and len(body) > self.max_frame_bytes:
+            status, body = STATUS_ERROR, f"reply of {len(body)} bytes is over the limit of {self.max_frame_bytes}.".encode()
+        frame = _REPLY_HEADER.pack(status, len(body)) + body
+        try:
+            await asyncio.wait_for(self._shaped_write(writer, peer, frame), self.timeout)
+        except (ConnectionError, OSError, asyncio.TimeoutError) as e:
+            logger.warning("could not reply to a %s request from %s: %s", kind, peer, type(e).__name__)
+            return
+        self._count(peer, kind, "out", len(frame))
+
+    # ---- client side -------------------------------------------------------------------
+
+    async def request(self, peer_id: str, kind: str, body: bytes, timeout: float | None = None) -> bytes:
+        """Send `body` to `peer_id`'s `kind` handler and return its reply body."""
+        if self._closed:
+            raise RuntimeError("this transport is closed.")
+        proto = self.protocol_id(kind)
+        limit = self.timeout if timeout is None else timeout
+        if len(body) > self.max_frame_bytes:
+            raise TransportError(
+                f"request of {len(body)} bytes is over the limit of {self.max_frame_bytes}.",
+                kind=kind, peer=peer_id, reason="limit",
+            )
+        try:
+            remote = PeerID.from_base58(peer_id)
+        except Exception:
+            raise TransportError(f"{peer_id!r} is not a valid peer id.", kind=kind, peer=peer_id, reason="connection")
+        try:
+            return await asyncio.wait_for(self._exchange(remote, peer_id, kind, proto, bytes(body)), limit)
+        except asyncio.TimeoutError:
+            raise TransportError(
+                f"{kind} request to {peer_id} got no reply within {limit:g} s.", kind=kind, peer=peer_id, reason="timeout"
+            ) from None
+
+    async def _exchange(self, remote: PeerID, peer: str, kind: str, proto: str, body: bytes) -> bytes:
+        try:
+            _, reader, writer = await self.p2p.call_binary_stream_handler(remote, proto)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            raise TransportError(
+                f"could not open a {kind} stream to {peer}: {_short(e)}.", kind=kind, peer=peer, reason="connection"
+            ) from e
+        try:
+            frame = _LENGTH.pack(len(body)) + body
+            try:
+                await self._shaped_write(writer, peer, frame)
+            except (ConnectionError, OSError) as e:
+                # The server may have refused from the header alone (frame too large) and
+                # closed; its one-sentence reason, if it got through, beats "reset by peer".
+                refusal = await self._late_refusal(reader, peer, kind)
+                if refusal is not None:
+                    raise refusal from e
+                raise TransportError(
+                    f"the stream to {peer} broke while sending a '{kind}' request: {_short(e)}.",
+                    kind=kind, peer=peer, reason="connection",
+                ) from e
+            self._count(peer, kind, "out", len(frame))
+            return await self._read_reply(reader, peer, kind)
+        finally:
+            writer.close()
+
+    async def _late_refusal(self, reader: asyncio.StreamReader, peer: str, kind: str) -> TransportError | None:
+        try:
+            await asyncio.wait_for(self._read_reply(reader, peer, kind), 1.0)
+        except TransportError as refusal:
+            return refusal if refusal.reason == "remote" else None
+        except (asyncio.TimeoutError, ConnectionError, OSError):
+            return None
+        return None
+
+    async def _read_reply(self, reader: asyncio.StreamReader, peer: str, kind: str) -> bytes:
+        def fail(message: str, reason: str = "protocol") -> TransportError:
+            return TransportError(message, kind=kind, peer=peer, reason=reason)
+
+        try:
+            header = await reader.readexactly(REPLY_OVERHEAD)
+        except asyncio.IncompleteReadError:
+            raise fail(f"{peer} closed the {kind} stream without replying.", "connection") from None
+        except (ConnectionError, OSError) as e:
+            raise fail(f"the stream to {peer} broke while waiting for a {kind} reply: {_short(e)}.", "connection")
+        status, length = _REPLY_HEADER.unpack(header)
+        if status not in (STATUS_OK, STATUS_ERROR):
+            raise fail(f"{peer} sent a {kind} reply with unknown status {status}.")
+        if length > self.max_frame_bytes:
+            raise fail(f"{peer} sent a {kind} reply of {length} bytes, over the limit of {self.max_frame_bytes}.")
+        try:
+            reply = await reader.readexactly(length)
+        except asyncio.IncompleteReadError as e:
+            raise fail(f"{peer}'s {kind} reply was truncated at {len(e.partial)} of {length} bytes.") from None
+        self._count(peer, kind, "in", REPLY_OVERHEAD + length)
+        if status == STATUS_ERROR:
+            text = reply.decode("utf-8", errors="replace")
+            raise fail(f"{peer} refused the {kind} request: {text}", "remote")
+        return reply
+
+    # ---- teardown ----------------------------------------------------------------------
+
+    async def close(self) -> None:
+        """Stop serving: unregister every handler and end requests still being handled."""
+        self._closed = True
+        served, self._served = self._served, {}
+        for kind, proto in served.items():
+            try:
+                await self.p2p.remove_binary_stream_handler(proto)
+            except Exception as e:  # the daemon may already be gone; nothing left to remove then
+                logger.debug("could not remove the %s handler: %s", kind, _short(e))
+        tasks = [t for t in self._inflight if t is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _discard(reader: asyncio.StreamReader, seconds: float) -> None:
+    async def drain() -> None:
+        while await reader.read(1 << 16):
+            pass
+
+    try:
+        await asyncio.wait_for(drain(), seconds)
+    except (asyncio.TimeoutError, ConnectionError, OSError):
+        pass
+
+
+def _short(error: BaseException) -> str:
+    text = str(error).strip().rstrip(".") or type(error).__name__
+    return text if len(text) <= 200 else text[:197] + "..."

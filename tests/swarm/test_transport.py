@@ -1,0 +1,216 @@
+"""Transport over two real p2pd daemons on 127.0.0.1: framing, counters, refusals, recovery."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from dataclasses import dataclass
+
+import pytest
+from hivemind.p2p import P2P, PeerID
+
+from swarm.shaper import LinkShaper
+from swarm.transport import REPLY_OVERHEAD, REQUEST_OVERHEAD, Transport, TransportError
+
+LOCAL = ["/ip4/127.0.0.1/tcp/0"]
+SERVER_LIMIT = 2 << 20
+
+
+@dataclass
+class Pair:
+    server_p2p: P2P
+    client_p2p: P2P
+    server: Transport
+    client: Transport
+
+    @property
+    def server_id(self) -> str:
+        return self.server_p2p.peer_id.to_base58()
+
+    @property
+    def client_id(self) -> str:
+        return self.client_p2p.peer_id.to_base58()
+
+
+async def echo(body: bytes, peer: str) -> bytes:
+    return body
+
+
+async def boom(body: bytes, peer: str) -> bytes:
+    raise RuntimeError("the stage is on fire")
+
+
+@pytest.fixture
+async def pair():
+    daemons: list[P2P] = []
+    transports: list[Transport] = []
+    release = asyncio.Event()
+
+    async def stall(body: bytes, peer: str) -> bytes:
+        await release.wait()
+        return b"late"
+
+    try:
+        server_p2p = await P2P.create(host_maddrs=LOCAL)
+        daemons.append(server_p2p)
+        maddrs = [str(m) for m in await server_p2p.get_visible_maddrs()]
+        client_p2p = await P2P.create(initial_peers=maddrs, host_maddrs=LOCAL)
+        daemons.append(client_p2p)
+        server = Transport(server_p2p, "test", max_frame_bytes=SERVER_LIMIT, timeout=5.0)
+        client = Transport(client_p2p, "test", max_frame_bytes=8 << 20, timeout=10.0)
+        transports += [server, client]
+        await server.serve("echo", echo)
+        await server.serve("boom", boom)
+        await server.serve("stall", stall)
+        yield Pair(server_p2p, client_p2p, server, client)
+    finally:
+        release.set()
+        for transport in transports:
+            await transport.close()
+        for p2p in daemons:
+            await p2p.shutdown()
+
+
+async def assert_still_serving(pair: Pair) -> None:
+    assert await pair.client.request(pair.server_id, "echo", b"still here") == b"still here"
+
+
+def counter(transport: Transport, peer: str, kind: str, direction: str):
+    (match,) = [c for c in transport.counters() if (c.peer, c.kind, c.direction) == (peer, kind, direction)]
+    return match
+
+
+async def test_echo_one_mebibyte_and_exact_counters(pair):
+    body = bytes(range(256)) * 4096
+    assert len(body) == 1 << 20
+    assert await pair.client.request(pair.server_id, "echo", body) == body
+
+    request_wire, reply_wire = len(body) + REQUEST_OVERHEAD, len(body) + REPLY_OVERHEAD
+    assert (REQUEST_OVERHEAD, REPLY_OVERHEAD) == (4, 5)
+    assert counter(pair.client, pair.server_id, "echo", "out").bytes == request_wire
+    assert counter(pair.client, pair.server_id, "echo", "in").bytes == reply_wire
+    assert counter(pair.server, pair.client_id, "echo", "in").bytes == request_wire
+    assert counter(pair.server, pair.client_id, "echo", "out").bytes == reply_wire
+    assert all(c.messages == 1 for c in pair.client.counters() + pair.server.counters())
+    assert pair.client.bytes_sent() == pair.server.bytes_received("echo") == request_wire
+    assert pair.client.bytes_received("echo") == pair.server.bytes_sent() == reply_wire
+    assert pair.client.bytes_sent("boom") == 0
+
+
+async def test_empty_body_round_trip(pair):
+    assert await pair.client.request(pair.server_id, "echo", b"") == b""
+    assert pair.client.bytes_sent() == REQUEST_OVERHEAD
+    assert pair.client.bytes_received() == REPLY_OVERHEAD
+
+
+async def test_handler_exception_is_a_transport_error(pair):
+    with pytest.raises(TransportError) as info:
+        await pair.client.request(pair.server_id, "boom", b"x")
+    err = info.value
+    assert (err.kind, err.peer, err.reason) == ("boom", pair.server_id, "remote")
+    assert "the stage is on fire" in str(err)
+    await assert_still_serving(pair)
+
+
+async def test_timeout_is_a_transport_error(pair):
+    with pytest.raises(TransportError) as info:
+        await pair.client.request(pair.server_id, "stall", b"x", timeout=0.5)
+    assert info.value.reason == "timeout" and "0.5 s" in str(info.value)
+    await assert_still_serving(pair)
+
+
+async def test_unknown_peer_and_unknown_kind(pair):
+    ghost = await P2P.create(host_maddrs=LOCAL)
+    ghost_id = ghost.peer_id.to_base58()
+    await ghost.shutdown()
+    with pytest.raises(TransportError) as info:
+        await pair.client.request(ghost_id, "echo", b"x", timeout=10.0)
+    assert info.value.peer == ghost_id and info.value.reason in ("connection", "timeout")
+    with pytest.raises(TransportError) as info:
+        await pair.client.request("not-a-peer-id!", "echo", b"x")
+    assert info.value.reason == "connection"
+    with pytest.raises(TransportError) as info:
+        await pair.client.request(pair.server_id, "nobody-serves-this", b"x")
+    assert info.value.reason == "connection"
+    await assert_still_serving(pair)
+
+
+async def raw_exchange(pair: Pair, payload: bytes, *, eof: bool) -> bytes:
+    """Write raw bytes on a fresh echo stream and return whatever comes back before EOF."""
+    proto = pair.client.protocol_id("echo")
+    _, reader, writer = await pair.client_p2p.call_binary_stream_handler(PeerID.from_base58(pair.server_id), proto)
+    try:
+        writer.write(payload)
+        await writer.drain()
+        if eof:
+            writer.write_eof()
+        return await asyncio.wait_for(reader.read(), 5.0)
+    finally:
+        writer.close()
+
+
+def parse_error_reply(raw: bytes) -> str:
+    status, length = struct.unpack(">BI", raw[:REPLY_OVERHEAD])
+    assert status == 1 and len(raw) == REPLY_OVERHEAD + length
+    return raw[REPLY_OVERHEAD:].decode()
+
+
+async def test_garbage_gets_an_error_reply(pair):
+    raw = await raw_exchange(pair, b"\xde\xad\xbe\xef garbage garbage", eof=False)
+    assert "over the limit" in parse_error_reply(raw)
+    await assert_still_serving(pair)
+
+
+@pytest.mark.parametrize("payload", [b"\x00\x00", b"\x00\x00\x00\x10abc"])
+async def test_truncated_frame_gets_an_error_reply_or_close(pair, payload):
+    raw = await raw_exchange(pair, payload, eof=True)
+    if raw:  # the stream allowed a reply: it must be a well-formed refusal
+        assert "ended" in parse_error_reply(raw) or "truncated" in parse_error_reply(raw)
+    await assert_still_serving(pair)
+
+
+async def test_oversized_frame_is_refused_before_its_body_is_read(pair):
+    # Only the header is sent and the stream stays open: a reply can only come if the server
+    # refused from the header alone instead of waiting for 10 MiB that will never arrive.
+    raw = await raw_exchange(pair, struct.pack(">I", 10 << 20), eof=False)
+    assert parse_error_reply(raw) == f"frame of {10 << 20} bytes is over the limit of {SERVER_LIMIT}."
+    assert counter(pair.server, pair.client_id, "echo", "in").bytes == REQUEST_OVERHEAD
+    await assert_still_serving(pair)
+
+
+async def test_oversized_request_through_the_api(pair):
+    with pytest.raises(TransportError) as info:  # the client's own limit, checked before sending
+        await pair.client.request(pair.server_id, "echo", bytes(9 << 20))
+    assert info.value.reason == "limit"
+    with pytest.raises(TransportError) as info:  # under the client's limit, over the server's
+        await pair.client.request(pair.server_id, "echo", bytes(3 << 20))
+    assert info.value.reason in ("remote", "connection")
+    await assert_still_serving(pair)
+
+
+async def test_concurrent_requests_and_shaping(pair):
+    shaped = Transport(pair.client_p2p, "test", shaper_factory=lambda: LinkShaper(8e6, 0.05))
+    bodies = [bytes([i]) * 100_000 for i in range(4)]
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    replies = await asyncio.gather(*(shaped.request(pair.server_id, "echo", b) for b in bodies))
+    elapsed = loop.time() - start
+    assert replies == bodies
+    # 4 x 100 kB at 1 MB/s queue on one link: >= 0.4 s of serialization plus 50 ms latency.
+    assert elapsed >= 0.4 + 0.05 - 0.01
+    assert shaped.shaper_for(pair.server_id) is shaped.shaper_for(pair.server_id)
+    await shaped.close()
+
+
+async def test_close_removes_handlers_and_ends_inflight(pair):
+    pending = asyncio.create_task(pair.client.request(pair.server_id, "stall", b"x", timeout=10))
+    await asyncio.sleep(0.3)
+    await pair.server.close()
+    with pytest.raises(TransportError):
+        await pending
+    with pytest.raises(TransportError) as info:
+        await pair.client.request(pair.server_id, "echo", b"x", timeout=5)
+    assert info.value.reason in ("connection", "remote")
+    assert not pair.server._inflight
+    with pytest.raises(ValueError):
+        pair.client.protocol_id("bad/kind")
