@@ -118,6 +118,11 @@ class StageRunner:
         self._backward_done.add(microbatch)
         return pending.z_in.grad.detach() if pending.z_in is not None else None
 
+    def pending_shape(self, microbatch: int) -> tuple[int, ...] | None:
+        """Shape of the boundary output waiting for its gradient, or None if none waits."""
+        p = self._pending.get(microbatch)
+        return tuple(p.out.shape) if p is not None else None
+
     def step_ready(self) -> bool:
         return len(self._backward_done) == self.spec.n_microbatches
 

@@ -143,13 +143,14 @@ class LinkShaper:
     def from_strings(
         cls,
         bandwidth: str | None,
-        latency: str = "0",
+        latency: str | None = "0",
         *,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
     ) -> LinkShaper:
-        """Build a shaper from CLI-style strings such as ("80mbit", "20ms")."""
-        return cls(parse_bandwidth(bandwidth), parse_latency(latency), clock=clock, sleep=sleep)
+        """Build a shaper from CLI-style strings such as ("80mbit", "20ms"); None means none of it."""
+        delay = 0.0 if latency is None else parse_latency(latency)
+        return cls(parse_bandwidth(bandwidth), delay, clock=clock, sleep=sleep)
 
     @property
     def unlimited(self) -> bool:

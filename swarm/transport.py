@@ -122,7 +122,6 @@ class Transport:
     def protocol_id(self, kind: str) -> str:
         return f"/{self.namespace}/{_check_name('kind', kind)}/1"
 
-    # ---- bookkeeping -------------------------------------------------------------------
 
     def _count(self, peer: str, kind: str, direction: str, nbytes: int) -> None:
         key = (peer, kind, direction)
@@ -159,7 +158,6 @@ class Transport:
         writer.write(frame)
         await writer.drain()
 
-    # ---- server side -------------------------------------------------------------------
 
     async def serve(self, kind: str, handler: Handler) -> None:
         """Answer requests of `kind` with `handler(body, remote_peer_id)`."""
@@ -214,19 +212,19 @@ class Transport:
             except asyncio.CancelledError:
                 raise
             except Exception as e:
-                raise _FrameError(f"the {kind} handler failed: {type(e).__name__}: {e}".rstrip(".") + ".") from e
+                raise _FrameError(f"the '{kind}' handler failed: {type(e).__name__}: {e}".rstrip(".") + ".") from e
             if not isinstance(reply, (bytes, bytearray, memoryview)):
-                raise _FrameError(f"the {kind} handler returned {type(reply).__name__}, not bytes.")
+                raise _FrameError(f"the '{kind}' handler returned {type(reply).__name__}, not bytes.")
             await self._send_reply(writer, peer, kind, STATUS_OK, bytes(reply))
         except _FrameError as e:
-            logger.warning("refused a %s request from %s: %s", kind, peer, e)
+            logger.warning("refused a '%s' request from %s: %s", kind, peer, e)
             await self._send_reply(writer, peer, kind, STATUS_ERROR, str(e).encode("utf-8"))
             if e.sender_busy:
                 await _discard(reader, min(self.timeout, REFUSAL_LINGER_S))
         except asyncio.CancelledError:
             pass  # close() is tearing the server down; the client sees the stream close
         except Exception as e:  # a broken stream while reading or writing
-            logger.warning("dropped a %s stream from %s: %s: %s", kind, peer, type(e).__name__, e)
+            logger.warning("dropped a '%s' stream from %s: %s: %s", kind, peer, type(e).__name__, e)
         finally:
             writer.close()
             if task is not None:
@@ -234,16 +232,18 @@ class Transport:
 
     async def _send_reply(self, writer: asyncio.StreamWriter, peer: str, kind: str, status: int, body: bytes) -> None:
         if status == STATUS_OK and len(body) > self.max_frame_bytes:
-            status, body = STATUS_ERROR, f"reply of {len(body)} bytes is over the limit of {self.max_frame_bytes}.".encode()
+            status = STATUS_ERROR
+            body = f"reply of {len(body)} bytes is over the limit of {self.max_frame_bytes}.".encode()
         frame = _REPLY_HEADER.pack(status, len(body)) + body
         try:
             await asyncio.wait_for(self._shaped_write(writer, peer, frame), self.timeout)
         except (ConnectionError, OSError, asyncio.TimeoutError) as e:
-            logger.warning("could not reply to a %s request from %s: %s", kind, peer, type(e).__name__)
+            # debug only: the caller already logged why this stream went wrong, or the client
+            # gave up (and logs that on its side).
+            logger.debug("could not reply to a '%s' request from %s: %s", kind, peer, type(e).__name__)
             return
         self._count(peer, kind, "out", len(frame))
 
-    # ---- client side -------------------------------------------------------------------
 
     async def request(self, peer_id: str, kind: str, body: bytes, timeout: float | None = None) -> bytes:
         """Send `body` to `peer_id`'s `kind` handler and return its reply body."""
@@ -264,7 +264,8 @@ class Transport:
             return await asyncio.wait_for(self._exchange(remote, peer_id, kind, proto, bytes(body)), limit)
         except asyncio.TimeoutError:
             raise TransportError(
-                f"{kind} request to {peer_id} got no reply within {limit:g} s.", kind=kind, peer=peer_id, reason="timeout"
+                f"'{kind}' request to {peer_id} got no reply within {limit:g} s.",
+                kind=kind, peer=peer_id, reason="timeout",
             ) from None
 
     async def _exchange(self, remote: PeerID, peer: str, kind: str, proto: str, body: bytes) -> bytes:
@@ -274,18 +275,13 @@ class Transport:
             raise
         except Exception as e:
             raise TransportError(
-                f"could not open a {kind} stream to {peer}: {_short(e)}.", kind=kind, peer=peer, reason="connection"
+                f"could not open a '{kind}' stream to {peer}: {_short(e)}.", kind=kind, peer=peer, reason="connection"
             ) from e
         try:
             frame = _LENGTH.pack(len(body)) + body
             try:
                 await self._shaped_write(writer, peer, frame)
             except (ConnectionError, OSError) as e:
-                # The server may have refused from the header alone (frame too large) and
-                # closed; its one-sentence reason, if it got through, beats "reset by peer".
-                refusal = await self._late_refusal(reader, peer, kind)
-                if refusal is not None:
-                    raise refusal from e
                 raise TransportError(
                     f"the stream to {peer} broke while sending a '{kind}' request: {_short(e)}.",
                     kind=kind, peer=peer, reason="connection",
@@ -295,15 +291,6 @@ class Transport:
         finally:
             writer.close()
 
-    async def _late_refusal(self, reader: asyncio.StreamReader, peer: str, kind: str) -> TransportError | None:
-        try:
-            await asyncio.wait_for(self._read_reply(reader, peer, kind), 1.0)
-        except TransportError as refusal:
-            return refusal if refusal.reason == "remote" else None
-        except (asyncio.TimeoutError, ConnectionError, OSError):
-            return None
-        return None
-
     async def _read_reply(self, reader: asyncio.StreamReader, peer: str, kind: str) -> bytes:
         def fail(message: str, reason: str = "protocol") -> TransportError:
             return TransportError(message, kind=kind, peer=peer, reason=reason)
@@ -311,25 +298,24 @@ class Transport:
         try:
             header = await reader.readexactly(REPLY_OVERHEAD)
         except asyncio.IncompleteReadError:
-            raise fail(f"{peer} closed the {kind} stream without replying.", "connection") from None
+            raise fail(f"{peer} closed the '{kind}' stream without replying.", "connection") from None
         except (ConnectionError, OSError) as e:
-            raise fail(f"the stream to {peer} broke while waiting for a {kind} reply: {_short(e)}.", "connection")
+            raise fail(f"the stream to {peer} broke while waiting for a '{kind}' reply: {_short(e)}.", "connection")
         status, length = _REPLY_HEADER.unpack(header)
         if status not in (STATUS_OK, STATUS_ERROR):
-            raise fail(f"{peer} sent a {kind} reply with unknown status {status}.")
+            raise fail(f"{peer} sent a '{kind}' reply with unknown status {status}.")
         if length > self.max_frame_bytes:
-            raise fail(f"{peer} sent a {kind} reply of {length} bytes, over the limit of {self.max_frame_bytes}.")
+            raise fail(f"{peer} sent a '{kind}' reply of {length} bytes, over the limit of {self.max_frame_bytes}.")
         try:
             reply = await reader.readexactly(length)
         except asyncio.IncompleteReadError as e:
-            raise fail(f"{peer}'s {kind} reply was truncated at {len(e.partial)} of {length} bytes.") from None
+            raise fail(f"{peer}'s '{kind}' reply was truncated at {len(e.partial)} of {length} bytes.") from None
         self._count(peer, kind, "in", REPLY_OVERHEAD + length)
         if status == STATUS_ERROR:
-            text = reply.decode("utf-8", errors="replace")
-            raise fail(f"{peer} refused the {kind} request: {text}", "remote")
+            text = _short(reply.decode("utf-8", errors="replace"), 500)
+            raise fail(f"{peer} refused the '{kind}' request: {text}", "remote")
         return reply
 
-    # ---- teardown ----------------------------------------------------------------------
 
     async def close(self) -> None:
         """Stop serving: unregister every handler and end requests still being handled."""
@@ -339,7 +325,7 @@ class Transport:
             try:
                 await self.p2p.remove_binary_stream_handler(proto)
             except Exception as e:  # the daemon may already be gone; nothing left to remove then
-                logger.debug("could not remove the %s handler: %s", kind, _short(e))
+                logger.debug("could not remove the '%s' handler: %s", kind, _short(e))
         tasks = [t for t in self._inflight if t is not asyncio.current_task()]
         for task in tasks:
             task.cancel()
@@ -358,6 +344,8 @@ async def _discard(reader: asyncio.StreamReader, seconds: float) -> None:
         pass
 
 
-def _short(error: BaseException) -> str:
-    text = str(error).strip().rstrip(".") or type(error).__name__
-    return text if len(text) <= 200 else text[:197] + "..."
+def _short(error: BaseException | str, limit: int = 200) -> str:
+    # Remote text is untrusted and may be huge: keep log lines and exception messages short.
+    text = (error if isinstance(error, str) else str(error) or type(error).__name__).strip()
+    text = text if len(text) <= limit else text[: limit - 3] + "..."
+    return text if isinstance(error, str) else text.rstrip(".")

@@ -97,6 +97,8 @@ async def test_unlimited_link_has_zero_delay():
     assert clock.sleeps == []
     assert shaper.unlimited
     assert LinkShaper.from_strings("unlimited", "0").unlimited
+    assert LinkShaper.from_strings(None, None).unlimited
+    assert not LinkShaper.from_strings("80mbit", None).unlimited
 
 
 async def test_unlimited_bandwidth_still_has_latency():

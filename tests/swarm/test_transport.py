@@ -135,16 +135,21 @@ async def test_unknown_peer_and_unknown_kind(pair):
     await assert_still_serving(pair)
 
 
-async def raw_exchange(pair: Pair, payload: bytes, *, eof: bool) -> bytes:
-    """Write raw bytes on a fresh echo stream and return whatever comes back before EOF."""
-    proto = pair.client.protocol_id("echo")
+async def raw_exchange(pair: Pair, payload: bytes, *, eof: bool, proto: str | None = None) -> bytes:
+    """Write raw bytes on a fresh stream; return the reply frame, or b"" if the stream closed."""
+    proto = proto or pair.client.protocol_id("echo")
     _, reader, writer = await pair.client_p2p.call_binary_stream_handler(PeerID.from_base58(pair.server_id), proto)
     try:
         writer.write(payload)
         await writer.drain()
         if eof:
-            writer.write_eof()
-        return await asyncio.wait_for(reader.read(), 5.0)
+            writer.write_eof()  # p2pd turns this into a reset of the whole stream
+        try:
+            header = await asyncio.wait_for(reader.readexactly(REPLY_OVERHEAD), 5.0)
+            (length,) = struct.unpack(">I", header[1:])
+            return header + await asyncio.wait_for(reader.readexactly(length), 5.0)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            return b""
     finally:
         writer.close()
 
@@ -184,7 +189,19 @@ async def test_oversized_request_through_the_api(pair):
     assert info.value.reason == "limit"
     with pytest.raises(TransportError) as info:  # under the client's limit, over the server's
         await pair.client.request(pair.server_id, "echo", bytes(3 << 20))
-    assert info.value.reason in ("remote", "connection")
+    assert info.value.reason == "remote"
+    assert str(info.value).endswith(f"frame of {3 << 20} bytes is over the limit of {SERVER_LIMIT}.")
+    await assert_still_serving(pair)
+
+
+async def test_stalled_sender_is_refused_after_the_server_timeout(pair):
+    impatient = Transport(pair.server_p2p, "impatient", timeout=0.5)
+    await impatient.serve("echo", echo)
+    try:
+        raw = await raw_exchange(pair, b"\x00\x00\x00\x10abc", eof=False, proto=impatient.protocol_id("echo"))
+        assert parse_error_reply(raw) == "the request was not received within 0.5 s."
+    finally:
+        await impatient.close()
     await assert_still_serving(pair)
 
 

@@ -1,0 +1,210 @@
+"""The `swarm` command line: one console script, one subcommand per thing people do.
+
+    swarm local        a whole swarm on this machine (the quick start)
+    swarm coordinator  start a swarm: bootstrap node, run spec, signing key
+    swarm peer         host one pipeline stage of a swarm
+    swarm status       a table of a swarm's stages and peers
+    swarm bench        benchmarks that write JSON and a PNG
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+import warnings
+
+warnings.filterwarnings("ignore", message=".*torch.jit.script.*")  # hivemind's import warns about its own use
+
+from protocol.spec import PRESETS, RunSpec, SpecError, preset  # noqa: E402
+
+log = logging.getLogger("swarm")
+
+
+def _setup_logging(verbose: bool) -> None:
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    for noisy in ("hivemind", "asyncio"):
+        logging.getLogger(noisy).setLevel(logging.WARNING if not verbose else logging.INFO)
+
+
+def _run_async(coro_factory) -> int:
+    """Run a coroutine with uvloop if present; SIGTERM and SIGINT cancel it so `finally` blocks clean up."""
+    async def main() -> int:
+        task = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, task.cancel)
+        try:
+            return await coro_factory()
+        except asyncio.CancelledError:
+            log.info("stopped")
+            return 0
+
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(main())
+    return uvloop.run(main())
+
+
+# ------------------------------------------------------------------ spec from flags
+
+def _add_spec_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("run spec (ignored with --run-spec)")
+    g.add_argument("--preset", default="tiny", choices=sorted(PRESETS), help="model size (default: tiny)")
+    g.add_argument("--run-spec", metavar="FILE", help="a run spec as JSON or TOML instead of a preset")
+    g.add_argument("--stages", type=int, help="number of pipeline stages (default: the preset's)")
+    g.add_argument("--codec", choices=["dense", "subspace", "bottleneck"], help="boundary compression (default: subspace)")
+    g.add_argument("--rank", type=int, help="subspace rank k or bottleneck width b")
+    g.add_argument("--wire-dtype", choices=["fp32", "bf16"], help="dtype of numbers on the wire")
+    g.add_argument("--quant", choices=["none", "int8"], help="int8 quantization under the codec")
+    g.add_argument("--basis-interval", type=int, help="steps between basis re-fits (default: 500)")
+    g.add_argument("--seed", type=int, help="seed of weights and shared constants")
+
+
+def _spec_from_args(a: argparse.Namespace) -> RunSpec:
+    if a.run_spec:
+        return RunSpec.load(a.run_spec)
+    return preset(a.preset, stages=a.stages, codec=a.codec, rank=a.rank, wire_dtype=a.wire_dtype, quant=a.quant,
+                  basis_interval=a.basis_interval, seed=a.seed)
+
+
+# ------------------------------------------------------------------ subcommands
+
+def cmd_local(a: argparse.Namespace) -> int:
+    from .local import LocalOptions, LocalSwarmError, run_local
+    spec = _spec_from_args(a)
+    print(f"swarm local: {spec.name} preset, {spec.n_stages} stages, codec {spec.codec}"
+          f"{'' if spec.codec == 'dense' else f' (rank {spec.rank})'}, {a.steps} steps, wire {spec.wire_dtype}"
+          f"{', link ' + a.bandwidth if a.bandwidth else ''}{', latency ' + a.latency if a.latency != '0' else ''}")
+    try:
+        result = run_local(LocalOptions(spec, steps=a.steps, bandwidth=a.bandwidth, latency=a.latency, data=a.data,
+                                        device=a.device, metrics_out=a.metrics_out, workdir=a.workdir,
+                                        threads=a.threads, quiet=a.quiet))
+    except KeyboardInterrupt:
+        print("interrupted; every process this run started has been stopped.", file=sys.stderr)
+        return 130
+    except LocalSwarmError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    steps, wire = result["steps"], result["wire"]
+    print(f"done: {len(steps)} steps, loss {steps[0]['loss']:.3f} -> {steps[-1]['loss']:.3f}, "
+          f"{result['tokens_per_second']:.0f} tokens/s, wire {wire['forward_bytes_per_token']:.1f} B/token forward "
+          f"(dense would be {wire['dense_forward_bytes_per_token']:.1f}: "
+          f"{wire['dense_forward_bytes_per_token'] / max(wire['forward_bytes_per_token'], 1e-9):.1f}x smaller)")
+    if a.metrics_out:
+        print(f"metrics written to {a.metrics_out}")
+    return 0
+
+
+def cmd_coordinator(a: argparse.Namespace) -> int:
+    from .coordinator import CoordinatorOptions, run_coordinator
+    opts = CoordinatorOptions(_spec_from_args(a), host_maddrs=a.host_maddrs, identity=a.identity, key=a.key,
+                              maddrs_file=a.maddrs_file)
+    return _run_async(lambda: run_coordinator(opts))
+
+
+def cmd_peer(a: argparse.Namespace) -> int:
+    from .node import PeerOptions, configure_torch, run_peer
+    configure_torch(a.threads or int(os.environ.get("SWARM_TORCH_THREADS", "0")) or None)
+    opts = PeerOptions(initial_peers=a.initial_peers, stage=a.stage, device=a.device, steps=a.steps, data=a.data,
+                       host_maddrs=a.host_maddrs, identity=a.identity, checkpoint_dir=a.checkpoint_dir,
+                       resume=a.resume, bandwidth=a.bandwidth, latency=a.latency, report=a.report,
+                       trusted_key=a.swarm_key)
+    return _run_async(lambda: run_peer(opts))
+
+
+def cmd_status(a: argparse.Namespace) -> int:
+    from .status import print_status
+    return _run_async(lambda: print_status(a.initial_peers, as_json=a.json))
+
+
+def cmd_bench(a: argparse.Namespace) -> int:
+    from .bench import run_bench
+    return run_bench(a.which, a.out, smoke=a.smoke)
+
+
+# ------------------------------------------------------------------ parser
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="swarm", description="Train one transformer across many peers over the "
+                                "internet, with compressed pipeline boundaries (subspace ~100x, bottleneck ~128x).")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    lo = sub.add_parser("local", help="run a whole swarm on this machine (coordinator + one peer per stage)",
+                        description="Run a coordinator and one peer per stage as separate processes on loopback, "
+                        "train on the embedded corpus (or --data), show progress, and stop everything at the end.")
+    _add_spec_flags(lo)
+    lo.add_argument("--steps", type=int, default=200, help="optimizer steps to train (default: 200)")
+    lo.add_argument("--bandwidth", help="emulated uplink per link, e.g. 80mbit (default: unlimited)")
+    lo.add_argument("--latency", default="0", help="emulated one-way latency per link, e.g. 20ms (default: 0)")
+    lo.add_argument("--data", metavar="PATH", help="a text file or folder to train on (default: embedded corpus)")
+    lo.add_argument("--device", default="cpu", help="torch device for every peer, e.g. cuda (default: cpu)")
+    lo.add_argument("--metrics-out", metavar="FILE.json", help="write per-step loss, wire bytes and tokens/s")
+    lo.add_argument("--workdir", metavar="DIR", help="keep logs and reports here (default: a temporary folder)")
+    lo.add_argument("--threads", type=int, help="torch threads per peer (default: cores / processes)")
+    lo.add_argument("--quiet", action="store_true", help="no progress bar")
+    lo.set_defaults(func=cmd_local)
+
+    co = sub.add_parser("coordinator", help="start a swarm: bootstrap DHT node, signed run spec",
+                        description="Start a swarm's bootstrap node, sign its run spec with the swarm key and keep "
+                        "it published. Prints the address that peers pass to --initial-peers.")
+    _add_spec_flags(co)
+    co.add_argument("--host-maddrs", nargs="+", default=["/ip4/0.0.0.0/tcp/0"],
+                    help="libp2p listen addresses (default: all interfaces, random port)")
+    co.add_argument("--identity", metavar="FILE", help="libp2p identity file for a stable peer id and address")
+    co.add_argument("--key", metavar="FILE", help="swarm signing key file (created if missing; default: a new key)")
+    co.add_argument("--maddrs-file", metavar="FILE", help="write the coordinator's addresses here as JSON")
+    co.set_defaults(func=cmd_coordinator)
+
+    pe = sub.add_parser("peer", help="host one pipeline stage of a swarm",
+                        description="Join a swarm, host one pipeline stage and serve it until stopped. A stage-0 "
+                        "peer (head) reads the data and drives the training steps.")
+    pe.add_argument("--initial-peers", nargs="+", required=True, metavar="MADDR",
+                    help="address of the coordinator or any peer of the swarm")
+    pe.add_argument("--stage", default="auto", help="stage to host, or auto (the least covered) (default: auto)")
+    pe.add_argument("--device", default="cpu", help="torch device, e.g. cuda:0 (default: cpu)")
+    pe.add_argument("--steps", type=int, help="head only: stop after this many steps (default: run until stopped)")
+    pe.add_argument("--data", metavar="PATH", help="head only: text file or folder (default: embedded corpus)")
+    pe.add_argument("--host-maddrs", nargs="+", default=["/ip4/0.0.0.0/tcp/0"], help="libp2p listen addresses")
+    pe.add_argument("--identity", metavar="FILE", help="libp2p identity file for a stable peer id")
+    pe.add_argument("--checkpoint-dir", metavar="DIR", help="save this stage's state here when stopping")
+    pe.add_argument("--resume", action="store_true", help="resume from the checkpoint in --checkpoint-dir")
+    pe.add_argument("--bandwidth", help="emulated uplink, e.g. 80mbit (benchmarks)")
+    pe.add_argument("--latency", default="0", help="emulated one-way latency, e.g. 20ms (benchmarks)")
+    pe.add_argument("--report", metavar="FILE", help="append JSON-lines events (steps, wire counters) here")
+    pe.add_argument("--swarm-key", metavar="HEX", help="only trust a run spec signed by this public key")
+    pe.add_argument("--threads", type=int, help="torch intra-op threads")
+    pe.set_defaults(func=cmd_peer)
+
+    st = sub.add_parser("status", help="a table of a swarm's stages and peers")
+    st.add_argument("--initial-peers", nargs="+", required=True, metavar="MADDR")
+    st.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    st.set_defaults(func=cmd_status)
+
+    be = sub.add_parser("bench", help="benchmarks: JSON + PNG, ratios measured side by side")
+    be.add_argument("which", choices=["codecs", "throughput"], help="codecs: bytes/token and encode/decode time; "
+                    "throughput: tokens/s of local swarms per codec, unlimited vs 80mbit")
+    be.add_argument("--out", default="bench-out", help="output folder (default: bench-out)")
+    be.add_argument("--smoke", action="store_true", help="tiny sizes, for CI")
+    be.set_defaults(func=cmd_bench)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    _setup_logging(args.verbose)
+    try:
+        return args.func(args)
+    except SpecError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,63 @@
+"""The coordinator: the swarm's bootstrap DHT node and the holder of its signing key.
+
+It names the run: it stamps its public key and the hash of the shared constants into the
+run spec, signs it, and keeps it published in the DHT (re-stored well before it expires),
+so peers that join can verify what they are training and who decided it.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from dataclasses import dataclass, field
+
+from protocol.model import spec_basis
+from protocol.spec import RunSpec
+
+from .dht import SwarmDHT, start_dht, stop_dht
+from .keys import SigningKey
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class CoordinatorOptions:
+    spec: RunSpec
+    host_maddrs: list[str] = field(default_factory=lambda: ["/ip4/0.0.0.0/tcp/0"])
+    identity: str | None = None  # libp2p identity file: a stable peer id (and address) across restarts
+    key: str | None = None  # the swarm's Ed25519 signing key file; a fresh key if None
+    maddrs_file: str | None = None  # where to write {"maddrs": [...], "run": ...} once serving
+    ttl: float = 60.0
+
+
+def sealed_spec(spec: RunSpec, key: SigningKey) -> RunSpec:
+    """The spec as the swarm sees it: with the coordinator's key and the shared-constant hash."""
+    extra = dict(spec.extra)
+    basis = spec_basis(spec)
+    if basis is not None:
+        extra["basis_hash"] = basis.hash()
+    return spec.replace(coordinator_key=key.public_bytes().hex(), extra=extra)
+
+
+async def run_coordinator(opts: CoordinatorOptions) -> int:
+    key = SigningKey.load_or_create(opts.key) if opts.key else SigningKey.generate()
+    spec = sealed_spec(opts.spec, key)
+    dht = await asyncio.to_thread(start_dht, [], opts.host_maddrs, opts.identity)
+    try:
+        sdht = SwarmDHT(dht)
+        await sdht.publish_run_spec(spec.to_json(), key, opts.ttl)
+        maddrs = [str(m) for m in dht.get_visible_maddrs()]
+        if opts.maddrs_file:
+            with open(opts.maddrs_file, "w") as f:
+                json.dump({"maddrs": maddrs, "run": spec.run_hash, "key": key.fingerprint()}, f)
+        log.info("coordinator of run %s (%s), key %s", spec.run_hash, spec.name, key.fingerprint())
+        for m in maddrs:
+            log.info("peers join with: swarm peer --initial-peers %s", m)
+        while True:
+            await asyncio.sleep(opts.ttl / 3)
+            try:
+                await sdht.publish_run_spec(spec.to_json(), key, opts.ttl)
+            except Exception as e:  # keep coordinating; the next round retries
+                log.warning("could not re-publish the run spec: %s", e)
+    finally:
+        await asyncio.to_thread(stop_dht, dht)

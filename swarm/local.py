@@ -1,0 +1,222 @@
+"""`swarm local`: a whole swarm on one machine, as separate OS processes on loopback.
+
+It starts a coordinator and one peer per stage (each in its own process group, so that it
+and its p2pd can be stopped together), shows a progress bar fed by the head's report,
+writes the metrics JSON, and on finish, error or Ctrl+C stops everything it started.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from protocol.codecs import WirePacker
+from protocol.spec import RunSpec
+from protocol.wire import ActivationMessage, Header, encode_message, tokens_for_wire
+
+from .transport import REPLY_OVERHEAD, REQUEST_OVERHEAD
+
+log = logging.getLogger(__name__)
+
+
+class LocalSwarmError(RuntimeError):
+    """The local swarm could not run; the message says what failed and where its logs are."""
+
+
+@dataclass
+class LocalOptions:
+    spec: RunSpec
+    steps: int = 200
+    bandwidth: str | None = None
+    latency: str = "0"
+    data: str | None = None
+    device: str = "cpu"
+    metrics_out: str | None = None
+    workdir: str | None = None  # logs and reports; a temporary folder if None
+    threads: int | None = None  # torch threads per peer; default: cores / processes
+    quiet: bool = False
+    extra_peer_args: list[str] = field(default_factory=list)
+
+
+def dense_bytes_per_token(spec: RunSpec) -> float:
+    """Bytes per token a dense boundary would put on the wire: a real dense message, framed and acked."""
+    dense = spec.replace(codec="dense", quant="none")
+    B, T = spec.microbatch_size, spec.seq_len
+    tokens = torch.zeros(B, T + 1, dtype=torch.long)
+    msg = ActivationMessage(Header(dense.run_hash, 0, 0, 0, "dense", 1), tokens_for_wire(tokens, spec.vocab),
+                            WirePacker.for_spec(dense).pack(torch.zeros(B, T, spec.d_model)))
+    return (len(encode_message(msg)) + REQUEST_OVERHEAD + REPLY_OVERHEAD) / (B * T)
+
+
+def _python_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "swarm.cli", *args]
+
+
+class LocalSwarm:
+    def __init__(self, opts: LocalOptions) -> None:
+        self.opts = opts
+        self.procs: list[tuple[str, subprocess.Popen]] = []
+        self._tmp = None
+        if opts.workdir:
+            self.dir = Path(opts.workdir)
+            self.dir.mkdir(parents=True, exist_ok=True)
+        else:
+            self._tmp = tempfile.TemporaryDirectory(prefix="swarm-local-")
+            self.dir = Path(self._tmp.name)
+
+    # ---------------------------------------------------------------- processes
+    def _env(self) -> dict[str, str]:
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        n_procs = self.opts.spec.n_stages + 1
+        threads = self.opts.threads or max(1, (os.cpu_count() or 1) // n_procs)
+        env["OMP_NUM_THREADS"] = str(threads)
+        env["SWARM_TORCH_THREADS"] = str(threads)
+        root = str(Path(__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+        return env
+
+    def _start(self, name: str, args: list[str]) -> subprocess.Popen:
+        logf = open(self.dir / f"{name}.log", "w")
+        proc = subprocess.Popen(_python_cmd(*args), stdout=logf, stderr=subprocess.STDOUT, env=self._env(),
+                                start_new_session=True)
+        logf.close()
+        self.procs.append((name, proc))
+        return proc
+
+    def _check_alive(self) -> None:
+        for name, proc in self.procs:
+            if proc.poll() is not None:
+                tail = (self.dir / f"{name}.log").read_text()[-2000:]
+                raise LocalSwarmError(f"{name} exited with code {proc.returncode}; its log ({self.dir}/{name}.log) "
+                                      f"ends with:\n{tail}")
+
+    def _wait_for(self, path: Path, what: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not (path.exists() and path.stat().st_size > 0):
+            self._check_alive()
+            if time.monotonic() > deadline:
+                raise LocalSwarmError(f"{what} did not come up within {timeout:g} s; see the logs in {self.dir}.")
+            time.sleep(0.1)  # poll interval for a file another process writes
+
+    def start(self) -> list[str]:
+        spec_path = self.dir / "run.json"
+        self.opts.spec.save(spec_path)
+        maddrs_file = self.dir / "coordinator.json"
+        self._start("coordinator", ["coordinator", "--run-spec", str(spec_path), "--host-maddrs",
+                                    "/ip4/127.0.0.1/tcp/0", "--maddrs-file", str(maddrs_file)])
+        self._wait_for(maddrs_file, "the coordinator", 90)
+        maddrs = json.loads(maddrs_file.read_text())["maddrs"]
+        for s in range(self.opts.spec.n_stages):
+            args = ["peer", "--initial-peers", maddrs[0], "--stage", str(s), "--host-maddrs", "/ip4/127.0.0.1/tcp/0",
+                    "--device", self.opts.device, "--report", str(self.dir / f"stage{s}.jsonl"),
+                    "--latency", self.opts.latency]
+            if self.opts.bandwidth:
+                args += ["--bandwidth", self.opts.bandwidth]
+            if s == 0:
+                args += ["--steps", str(self.opts.steps)]
+                if self.opts.data:
+                    args += ["--data", self.opts.data]
+            self._start(f"stage{s}", args + self.opts.extra_peer_args)
+        return maddrs
+
+    def stop(self, grace: float = 15.0) -> None:
+        """SIGTERM every process group, wait, then SIGKILL what is left (p2pd included)."""
+        for _, proc in self.procs:
+            if proc.poll() is None:
+                _signal_group(proc, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for _, proc in self.procs:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        for _, proc in self.procs:
+            _signal_group(proc, signal.SIGKILL)  # also reaps any p2pd its peer failed to stop
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                log.error("process %d did not exit after SIGKILL", proc.pid)
+
+    def cleanup(self) -> None:
+        if self._tmp is not None:
+            self._tmp.cleanup()
+
+    # ---------------------------------------------------------------- the run
+    def events(self, stage: int) -> list[dict]:
+        path = self.dir / f"stage{stage}.jsonl"
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    def follow(self, timeout_per_step: float = 300.0) -> list[dict]:
+        """Feed the progress bar from the head's report until it says done; returns the step records."""
+        bar = tqdm(total=self.opts.steps, unit="step", disable=self.opts.quiet, dynamic_ncols=True)
+        seen, last_progress = 0, time.monotonic()
+        try:
+            while True:
+                evs = self.events(0)
+                steps = [e for e in evs if e["event"] == "step"]
+                for rec in steps[seen:]:
+                    bar.update(1)
+                    bar.set_postfix(loss=f"{rec['loss']:.3f}", tok_s=f"{rec['tokens'] / max(rec['seconds'], 1e-9):.0f}")
+                if len(steps) > seen:
+                    seen, last_progress = len(steps), time.monotonic()
+                if any(e["event"] == "done" for e in evs):
+                    return steps
+                self._check_alive()
+                if time.monotonic() - last_progress > timeout_per_step:
+                    raise LocalSwarmError(f"no step finished in {timeout_per_step:g} s; see the logs in {self.dir}.")
+                time.sleep(0.2)  # poll interval of the head's report file
+        finally:
+            bar.close()
+
+    def metrics(self, steps: list[dict]) -> dict:
+        wire = [e for s in range(self.opts.spec.n_stages) for e in self.events(s) if e["event"] == "wire"]
+        fwd = sum(w["bytes_out"]["act"] for w in wire)
+        bwd = sum(w["bytes_out"]["grad"] for w in wire)
+        ftok = sum(w["tokens_out"]["act"] for w in wire)
+        btok = sum(w["tokens_out"]["grad"] for w in wire)
+        timed = steps[1:] or steps  # the first step includes warm-up (allocations, first connections)
+        tps = sum(s["tokens"] for s in timed) / max(1e-9, sum(s["seconds"] for s in timed))
+        return {
+            "run": {**self.opts.spec.to_dict(), "run_hash": self.opts.spec.run_hash},
+            "steps": [{k: s[k] for k in ("step", "loss", "tokens", "seconds", "basis_version")} for s in steps],
+            "wire": {"forward_bytes_per_token": fwd / max(1, ftok), "backward_bytes_per_token": bwd / max(1, btok),
+                     "dense_forward_bytes_per_token": dense_bytes_per_token(self.opts.spec),
+                     "forward_bytes": fwd, "backward_bytes": bwd, "forward_tokens": ftok, "backward_tokens": btok},
+            "tokens_per_second": tps,
+            "link": {"bandwidth": self.opts.bandwidth, "latency": self.opts.latency},
+        }
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def run_local(opts: LocalOptions) -> dict:
+    """Run a local swarm to completion; always stops every process it started."""
+    swarm = LocalSwarm(opts)
+    try:
+        swarm.start()
+        steps = swarm.follow()
+        swarm.stop()  # peers write their wire counters as they leave
+        result = swarm.metrics(steps)
+        if opts.metrics_out:
+            Path(opts.metrics_out).write_text(json.dumps(result, indent=1) + "\n")
+        return result
+    finally:
+        swarm.stop(grace=5.0)
+        swarm.cleanup()

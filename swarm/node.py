@@ -1,0 +1,225 @@
+"""One peer process, wired together: DHT + libp2p transport + router around a StageDaemon.
+
+`run_peer(options)` joins the swarm, reads and verifies the run spec, refuses to join if its
+shared constants (U, T_fixed) hash differently from the coordinator's, builds its stage,
+announces itself by heartbeat, serves, and (as a head) drives the steps. Whatever happens,
+it leaves the swarm cleanly: announcement "leaving", handlers removed, p2pd stopped.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from peer.daemon import StageDaemon, StepLog
+from peer.data import BatchSource, load_corpus
+from peer.interfaces import LinkError
+from peer.stage import StageRunner
+from protocol.model import spec_basis
+from protocol.spec import RunSpec
+from protocol.wire import WireLimits
+
+from .dht import SwarmDHT, start_dht, stop_dht
+from .router import Router
+from .shaper import LinkShaper
+from .transport import Transport, TransportError
+
+log = logging.getLogger(__name__)
+
+
+class JoinError(RuntimeError):
+    """This peer cannot join the swarm; the message says what to do."""
+
+
+@dataclass
+class PeerOptions:
+    initial_peers: list[str]
+    stage: str = "auto"  # "auto" or a stage index
+    device: str = "cpu"
+    steps: int | None = None  # head only: stop after this many steps (None: until interrupted)
+    data: str | None = None
+    host_maddrs: list[str] = field(default_factory=lambda: ["/ip4/0.0.0.0/tcp/0"])
+    identity: str | None = None
+    checkpoint_dir: str | None = None
+    resume: bool = False
+    bandwidth: str | None = None
+    latency: str = "0"
+    report: str | None = None  # JSON-lines file of events (steps, wire counters)
+    trusted_key: str | None = None  # hex public key of the coordinator to pin
+    join_timeout: float = 60.0
+    step_timeout: float = 120.0
+    ttl: float = 15.0
+
+
+class LinkAdapter:
+    """The daemon's MessageLink over our Transport: transport failures become LinkError."""
+
+    def __init__(self, transport: Transport, peer_id: str) -> None:
+        self.transport, self.peer_id = transport, peer_id
+
+    async def serve(self, kind, handler) -> None:
+        await self.transport.serve(kind, handler)
+
+    async def request(self, peer: str, kind: str, body: bytes, timeout: float | None = None) -> bytes:
+        try:
+            return await self.transport.request(peer, kind, body, timeout)
+        except TransportError as e:
+            raise LinkError(str(e)) from e
+
+
+class Reporter:
+    """Appends one JSON object per line to the report file (if any) and flushes it at once."""
+
+    def __init__(self, path: str | None) -> None:
+        self.path = path
+
+    def write(self, event: str, **fields) -> None:
+        if not self.path:
+            return
+        with open(self.path, "a") as f:
+            f.write(json.dumps({"event": event, "time": time.time(), **fields}) + "\n")
+
+
+async def fetch_spec(sdht: SwarmDHT, trusted_key: str | None, timeout: float) -> RunSpec:
+    deadline = time.monotonic() + timeout
+    key = bytes.fromhex(trusted_key) if trusted_key else None
+    while True:
+        signed = await sdht.fetch_run_spec(key)
+        if signed is not None:
+            spec = RunSpec.from_json(signed.spec_json)
+            if spec.coordinator_key and spec.coordinator_key != signed.public_key.hex():
+                raise JoinError("the run spec names a coordinator key other than the one that signed it; "
+                                "this swarm is misconfigured or under attack.")
+            log.info("joined run %s (%s), signed by %s", spec.run_hash, spec.name, signed.fingerprint)
+            return spec
+        if time.monotonic() > deadline:
+            raise JoinError(f"no run spec found in the DHT after {timeout:g} s; check --initial-peers "
+                            f"(the coordinator's address) and that the coordinator is running.")
+        await asyncio.sleep(0.5)  # poll the DHT for the spec while the coordinator comes up
+
+
+def check_shared_constants(spec: RunSpec) -> None:
+    want = spec.extra.get("basis_hash")
+    if spec.codec != "subspace" or not want:
+        return
+    have = spec_basis(spec).hash()
+    if have != want:
+        raise JoinError(f"this machine generates shared constants with hash {have}, the swarm has {want}; "
+                        f"install the same torch version as the coordinator (torch {torch.__version__} here).")
+
+
+async def choose_stage(router: Router, spec: RunSpec, requested: str) -> int:
+    if requested != "auto":
+        stage = int(requested)
+        if not 0 <= stage < spec.n_stages:
+            raise JoinError(f"--stage {stage} does not exist: this run has stages 0..{spec.n_stages - 1}.")
+        return stage
+    counts = [len(await router.live_peers(s, fresh=True)) for s in range(spec.n_stages)]
+    return min(range(spec.n_stages), key=lambda s: (counts[s], s))
+
+
+def _checkpoint_path(opts: PeerOptions, spec: RunSpec, stage: int) -> Path | None:
+    if not opts.checkpoint_dir:
+        return None
+    return Path(opts.checkpoint_dir) / f"{spec.run_hash}-stage{stage}.pt"
+
+
+def _wire_summary(transport: Transport, daemon: StageDaemon) -> dict:
+    out = {kind: transport.bytes_sent(kind) for kind in ("act", "grad")}
+    return {"bytes_out": out, "tokens_out": dict(daemon.sent_tokens), "refused": daemon.refused}
+
+
+async def run_peer(opts: PeerOptions) -> int:
+    """Run one peer until its steps are done (head) or it is cancelled; returns an exit code."""
+    reporter = Reporter(opts.report)
+    dht = await asyncio.to_thread(start_dht, opts.initial_peers, opts.host_maddrs, opts.identity)
+    p2p = transport = daemon = router = None
+    tasks: list[asyncio.Task] = []
+    try:
+        sdht = SwarmDHT(dht)
+        spec = await fetch_spec(sdht, opts.trusted_key, opts.join_timeout)
+        check_shared_constants(spec)
+        p2p = await dht.replicate_p2p()
+        peer_id = p2p.peer_id.to_base58()
+        limits = WireLimits.for_spec(spec)
+        shaper = (lambda: LinkShaper.from_strings(opts.bandwidth, opts.latency)) if (opts.bandwidth or opts.latency
+                                                                                     not in ("0", "", None)) else None
+        transport = Transport(p2p, f"subspace-swarm-{spec.run_hash}", max_frame_bytes=limits.max_bytes,
+                              timeout=opts.step_timeout, shaper_factory=shaper)
+        maddrs = [str(m) for m in dht.get_visible_maddrs()]
+        router = Router(sdht, spec.run_hash, peer_id, maddrs, ttl=opts.ttl)
+        stage = await choose_stage(router, spec, opts.stage)
+        runner = await asyncio.to_thread(StageRunner, spec, stage, opts.device)
+        ckpt = _checkpoint_path(opts, spec, stage)
+        if opts.resume and ckpt and ckpt.exists():
+            runner.load_state_dict(torch.load(ckpt, map_location=opts.device, weights_only=False))
+            log.info("resumed stage %d at step %d from %s", stage, runner.step, ckpt)
+        batches = None
+        if stage == 0:
+            corpus = load_corpus(opts.data, seq_len=spec.seq_len)
+            batches = BatchSource(corpus, spec.seq_len, spec.microbatch_size, spec.data_seed).microbatch
+        daemon = StageDaemon(runner, LinkAdapter(transport, peer_id), router, batches=batches,
+                             step_timeout=opts.step_timeout)
+        await daemon.start()
+        tasks.append(asyncio.create_task(_heartbeat(router, daemon, opts.ttl)))
+        log.info("peer %s serves stage %d of run %s at %s", peer_id, stage, spec.run_hash, maddrs[0] if maddrs else "?")
+        reporter.write("ready", stage=stage, peer_id=peer_id, run=spec.run_hash, maddrs=maddrs)
+        if stage == 0:
+            await _drive(daemon, router, spec, opts, reporter)
+        else:
+            await asyncio.Event().wait()  # serve until cancelled
+        return 0
+    finally:
+        for t in tasks:
+            t.cancel()
+        if router is not None and daemon is not None:
+            try:
+                await asyncio.wait_for(router.announce(daemon.status("leaving")), 3.0)
+            except Exception:  # leaving is best effort: the record expires anyway
+                pass
+        if daemon is not None:
+            await daemon.stop()
+            reporter.write("wire", stage=daemon.stage, **_wire_summary(transport, daemon))
+            ckpt = _checkpoint_path(opts, daemon.spec, daemon.stage)
+            if ckpt is not None:
+                ckpt.parent.mkdir(parents=True, exist_ok=True)
+                torch.save(daemon.runner.state_dict(), ckpt)
+        if transport is not None:
+            await transport.close()
+        if p2p is not None:
+            await p2p.shutdown()
+        await asyncio.to_thread(stop_dht, dht)
+
+
+async def _heartbeat(router: Router, daemon: StageDaemon, ttl: float) -> None:
+    while True:
+        await asyncio.sleep(ttl / 3)
+        try:
+            await router.announce(daemon.status("online"))
+        except Exception as e:  # a DHT hiccup must not kill the peer; the next beat retries
+            log.warning("heartbeat failed: %s", e)
+
+
+async def _drive(daemon: StageDaemon, router: Router, spec: RunSpec, opts: PeerOptions, reporter: Reporter) -> None:
+    counts = await router.wait_for_coverage(spec.n_stages, opts.join_timeout)
+    log.info("every stage is covered (%s); training", counts)
+    reporter.write("start", peers_per_stage=counts)
+    done = 0
+    while opts.steps is None or done < opts.steps:
+        record: StepLog = await daemon.train_step()
+        done += 1
+        reporter.write("step", **asdict(record))
+        log.info("step %d loss %.4f %.0f tok/s", record.step, record.loss, record.tokens / max(record.seconds, 1e-9))
+    reporter.write("done", steps=done)
+
+
+def configure_torch(threads: int | None) -> None:
+    if threads:
+        torch.set_num_threads(threads)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -1,0 +1,56 @@
+"""`swarm status`: a table of a swarm's stages and the peers that serve them, read from the DHT."""
+from __future__ import annotations
+
+import asyncio
+import json
+
+from hivemind.utils import get_dht_time
+
+from protocol.spec import RunSpec
+
+from .dht import SwarmDHT, start_dht, stop_dht
+
+
+async def swarm_state(initial_peers: list[str]) -> dict:
+    """The run spec and every live announcement, as plain data."""
+    dht = await asyncio.to_thread(start_dht, initial_peers, ["/ip4/127.0.0.1/tcp/0"], None, True)
+    try:
+        sdht = SwarmDHT(dht)
+        signed = await sdht.fetch_run_spec()
+        if signed is None:
+            return {"run": None, "stages": {}}
+        spec = RunSpec.from_json(signed.spec_json)
+        peers = await sdht.all_stage_peers(spec.run_hash, spec.n_stages)
+        now = get_dht_time()
+        return {
+            "run": {"hash": spec.run_hash, "name": spec.name, "codec": spec.codec, "rank": spec.rank,
+                    "stages": spec.n_stages, "key": signed.fingerprint},
+            "stages": {s: [{"peer": a.peer_id, "state": a.state, "throughput": a.throughput, "queue": a.queue,
+                            "basis_version": a.basis_version, "age_s": round(now - a.timestamp, 1)} for a in anns]
+                       for s, anns in peers.items()},
+        }
+    finally:
+        await asyncio.to_thread(stop_dht, dht)
+
+
+def format_table(state: dict) -> str:
+    run = state["run"]
+    if run is None:
+        return "no run spec found: is the coordinator running, and is --initial-peers its address?"
+    lines = [f"run {run['hash']} ({run['name']}), codec {run['codec']} rank {run['rank']}, "
+             f"{run['stages']} stages, coordinator key {run['key']}",
+             f"{'stage':>5}  {'peer':<12} {'state':<8} {'tok/s':>8} {'queue':>5} {'basis':>5} {'age s':>6}"]
+    for s in range(run["stages"]):
+        peers = state["stages"].get(s, [])
+        if not peers:
+            lines.append(f"{s:>5}  {'(none)':<12} {'MISSING':<8}")
+        for p in peers:
+            lines.append(f"{s:>5}  {'…' + p['peer'][-10:]:<12} {p['state']:<8} {p['throughput']:>8.0f} "
+                         f"{p['queue']:>5} {p['basis_version']:>5} {p['age_s']:>6}")
+    return "\n".join(lines)
+
+
+async def print_status(initial_peers: list[str], as_json: bool = False) -> int:
+    state = await swarm_state(initial_peers)
+    print(json.dumps(state, indent=1) if as_json else format_table(state))
+    return 0 if state["run"] is not None else 1

@@ -1,0 +1,82 @@
+"""The central test of the product: a real swarm of OS processes over libp2p trains exactly
+like the in-process oracle, and the bytes its transport counts are the protocol's formula.
+
+coordinator + 3 peers (3 stages) on 127.0.0.1, `tiny` preset, fp32, 20 steps, per codec.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from peer.data import BatchSource, load_corpus
+from peer.pipeline import InProcessPipeline
+from protocol.codecs import WirePacker
+from protocol.spec import preset
+from protocol.wire import ActivationMessage, GradientMessage, Header, encode_message, tokens_for_wire
+from swarm.local import LocalOptions, run_local
+from swarm.transport import REPLY_OVERHEAD, REQUEST_OVERHEAD
+
+STEPS = 20
+
+
+def oracle_losses(spec, steps: int) -> list[float]:
+    """Per-step losses of the in-process pipeline, with one torch thread like the swarm's peers
+    (fp32 sums in another order differ in the last bits, and 20 steps of training amplify that)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _oracle_losses(spec, steps)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _oracle_losses(spec, steps: int) -> list[float]:
+    src = BatchSource(load_corpus(None, seq_len=spec.seq_len), spec.seq_len, spec.microbatch_size, spec.data_seed)
+    pipe = InProcessPipeline(spec)
+    return [pipe.train_step(s, src.microbatch).loss for s in range(steps)]
+
+
+def framed_bytes_per_token(spec, kind: str) -> float:
+    """The formula: one message of B x T tokens, plus request framing and the 'accepted' reply frame."""
+    B, T, w = spec.microbatch_size, spec.seq_len, spec.boundary_width
+    packer = WirePacker.for_spec(spec)
+    z = packer.pack(torch.zeros(B, T, w))
+    h = Header(spec.run_hash, 1, 1, 0, spec.codec, 1)
+    if kind == "act":
+        msg = ActivationMessage(h, tokens_for_wire(torch.zeros(B, T + 1, dtype=torch.long), spec.vocab), z)
+    else:
+        msg = GradientMessage(h, z, 1.5)
+    return (len(encode_message(msg)) + REQUEST_OVERHEAD + REPLY_OVERHEAD) / (B * T)
+
+
+@pytest.mark.parametrize("codec", ["subspace", "bottleneck", "dense"])
+def test_swarm_matches_oracle_and_counts_bytes(codec, tmp_path):
+    spec = preset("tiny", codec=codec, stages=3)
+    metrics_file = tmp_path / "metrics.json"
+    result = run_local(LocalOptions(spec, steps=STEPS, workdir=str(tmp_path / "run"), metrics_out=str(metrics_file),
+                                    quiet=True, threads=1))
+
+    # the metrics file is what the user gets
+    written = json.loads(metrics_file.read_text())
+    assert [s["step"] for s in written["steps"]] == list(range(1, STEPS + 1))
+    assert written["run"]["codec"] == codec
+
+    swarm = [s["loss"] for s in result["steps"]]
+    oracle = oracle_losses(spec, STEPS)
+    for step, (a, b) in enumerate(zip(swarm, oracle), start=1):
+        assert abs(a - b) / abs(b) < 1e-5, f"step {step}: swarm loss {a} vs oracle {b}"
+    assert swarm[-1] < swarm[0] - 0.5, "the swarm did not learn"
+
+    wire = result["wire"]
+    n_boundaries = spec.n_stages - 1
+    tokens_per_step = spec.batch_size * spec.seq_len
+    assert wire["forward_tokens"] == wire["backward_tokens"] == STEPS * tokens_per_step * n_boundaries
+    assert wire["forward_bytes_per_token"] == pytest.approx(framed_bytes_per_token(spec, "act"), rel=1e-9)
+    assert wire["backward_bytes_per_token"] == pytest.approx(framed_bytes_per_token(spec, "grad"), rel=1e-9)
+    per_number = 4  # fp32 wire
+    assert wire["forward_bytes_per_token"] >= spec.boundary_width * per_number
+    if codec != "dense":
+        ratio = wire["dense_forward_bytes_per_token"] / wire["forward_bytes_per_token"]
+        assert ratio > 0.9 * spec.d_model / spec.rank

@@ -1,0 +1,67 @@
+"""Guards for tests/swarm: no p2pd started by a test module may outlive that module.
+
+Every p2pd this session starts inherits an environment marker (hivemind copies os.environ
+into the daemon's environment), so the check sees our daemons, orphans included, and never
+those of another test session that happens to run on the same machine.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import uuid
+
+import pytest
+
+MARKER = "SUBSPACE_SWARM_TEST_SESSION"
+
+
+def marked_p2pd(token: str) -> set[int]:
+    """Live (non-zombie) p2pd processes carrying this session's marker."""
+    needle = f"{MARKER}={token}".encode()
+    found: set[int] = set()
+    if not os.path.isdir("/proc"):
+        return found
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+            if stat[stat.index("(") + 1 : stat.rindex(")")] != "p2pd" or stat[stat.rindex(")") + 2] in "ZX":
+                continue
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    found.add(int(entry))
+        except (OSError, ValueError):
+            continue  # the process ended while we looked, or is not ours to read
+    return found
+
+
+@pytest.fixture(scope="session", autouse=True)
+def p2pd_marker():
+    token = uuid.uuid4().hex
+    previous = os.environ.get(MARKER)
+    os.environ[MARKER] = token
+    yield token
+    if previous is None:
+        os.environ.pop(MARKER, None)
+    else:
+        os.environ[MARKER] = previous
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_leftover_p2pd(p2pd_marker):
+    before = marked_p2pd(p2pd_marker)
+    yield
+    deadline = time.monotonic() + 10.0
+    while (left := marked_p2pd(p2pd_marker) - before) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if left:
+        for pid in left:  # ours, and leaked: end them so later modules start clean
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        pytest.fail(f"p2pd processes {sorted(left)} outlived the test module that started them.")

@@ -1,0 +1,210 @@
+"""Swarm records over two real hivemind DHT nodes on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from dataclasses import dataclass, replace
+
+import pytest
+
+from swarm.dht import (
+    RUN_KEY, RecordError, SignedRunSpec, StageAnnouncement, SwarmDHT, _p2pd_children, run_hash_of, stage_key,
+    start_dht, stop_dht,
+)
+from swarm.keys import SigningKey
+from hivemind.utils import get_dht_time
+
+LOCAL = ["/ip4/127.0.0.1/tcp/0"]
+SPEC = json.dumps({"model": {"d": 64, "layers": 4}, "stages": 2, "codec": "subspace"}, sort_keys=True)
+
+
+@dataclass
+class Swarm:
+    first: SwarmDHT
+    second: SwarmDHT
+
+
+@pytest.fixture
+def swarm():
+    dhts = []
+    try:
+        dhts.append(start_dht([], host_maddrs=LOCAL))
+        first = SwarmDHT(dhts[0])
+        maddrs = [str(m) for m in dhts[0].get_visible_maddrs()]
+        dhts.append(start_dht(maddrs, host_maddrs=LOCAL))
+        yield Swarm(first, SwarmDHT(dhts[1]))
+    finally:
+        for dht in dhts:
+            stop_dht(dht)
+
+
+async def eventually(check, timeout: float = 15.0, interval: float = 0.2):
+    """Poll `check()` (async) until it returns something truthy, or fail at the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = await check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            pytest.fail(f"condition not met within {timeout} s (last result: {result!r})")
+        await asyncio.sleep(interval)
+
+
+def announcement(peer_id: str, stage: int = 1, run_hash: str | None = None, **overrides) -> StageAnnouncement:
+    base = StageAnnouncement(
+        peer_id=peer_id, run_hash=run_hash or run_hash_of(SPEC), stage=stage, maddrs=["/ip4/127.0.0.1/tcp/1"],
+        throughput=1234.5, queue=2, basis_version=3, state="online", version="0.1.0",
+    )
+    return replace(base, **overrides)
+
+
+async def test_publish_and_fetch_run_spec(swarm):
+    key = SigningKey.generate()
+    assert await swarm.second.fetch_run_spec() is None
+    published = await swarm.first.publish_run_spec(SPEC, key, ttl=60)
+    assert published.run_hash == run_hash_of(SPEC) and len(published.run_hash) == 16
+    fetched = await eventually(lambda: swarm.second.fetch_run_spec(trusted_key=key.public_bytes()))
+    assert fetched == published
+    assert json.loads(fetched.spec_json) == json.loads(SPEC)
+    assert await swarm.second.fetch_run_spec() == published
+
+
+async def test_run_spec_by_another_key_is_refused_when_pinned(swarm):
+    real, impostor = SigningKey.generate(), SigningKey.generate()
+    await swarm.first.publish_run_spec(SPEC.replace("subspace", "dense"), impostor, ttl=60)
+    with pytest.raises(RecordError, match="not by the trusted key"):
+        await swarm.second.fetch_run_spec(trusted_key=real.public_bytes())
+    # Once the real coordinator publishes too, pinning picks it; without a pin it is ambiguous.
+    await swarm.first.publish_run_spec(SPEC, real, ttl=60)
+    fetched = await swarm.second.fetch_run_spec(trusted_key=real.public_bytes())
+    assert fetched.public_key == real.public_bytes() and fetched.spec_json == SPEC
+    with pytest.raises(RecordError, match="several keys"):
+        await swarm.second.fetch_run_spec()
+
+
+@pytest.mark.parametrize("tamper", ["signature", "spec", "spec_and_hash"])
+async def test_run_spec_that_does_not_verify_is_refused(swarm, tamper):
+    key = SigningKey.generate()
+    good = SignedRunSpec.create(SPEC, key)
+    other = SPEC.replace("64", "65")
+    bad = {
+        "signature": replace(good, signature=bytes([good.signature[0] ^ 1]) + good.signature[1:]),
+        "spec": replace(good, spec_json=other),
+        "spec_and_hash": replace(good, spec_json=other, run_hash=run_hash_of(other)),
+    }[tamper]
+    stored = await swarm.first.dht.store(
+        RUN_KEY, bad.to_record(), get_dht_time() + 60, subkey=key.fingerprint(), return_future=True
+    )
+    assert stored
+    with pytest.raises(RecordError, match="does not verify|does not match"):
+        await swarm.second.fetch_run_spec(trusted_key=key.public_bytes())
+    with pytest.raises(RecordError):
+        await swarm.second.fetch_run_spec()
+    assert swarm.second.skipped_records >= 1
+
+
+async def test_announcements_appear_and_vanish_after_ttl(swarm):
+    run_hash = run_hash_of(SPEC)
+    ann = announcement("12D3KooWpeerA", stage=1)
+    assert await swarm.first.announce(ann, ttl=2.0)
+    seen = await eventually(lambda: swarm.second.stage_peers(run_hash, 1))
+    assert seen == [ann]
+    assert await swarm.second.stage_peers(run_hash, 0) == []
+    everything = await swarm.second.all_stage_peers(run_hash, 3)
+    assert everything == {0: [], 1: [ann], 2: []}
+    announced_at = time.monotonic()
+
+    async def gone():
+        return await swarm.second.stage_peers(run_hash, 1) == []
+
+    await eventually(gone, timeout=15.0)
+    assert time.monotonic() - announced_at > 1.0  # it did live for about its ttl, not less
+
+
+async def test_heartbeat_keeps_a_peer_alive_until_cancelled(swarm):
+    run_hash = run_hash_of(SPEC)
+    beats = []
+
+    def make():
+        beats.append(time.monotonic())
+        return announcement("12D3KooWpeerB", stage=0, queue=len(beats))
+
+    task = asyncio.create_task(swarm.first.heartbeat(make, ttl=1.5, period=0.3))
+    try:
+        await eventually(lambda: swarm.second.stage_peers(run_hash, 0))
+        # Stays visible for well over one ttl, because each beat extends the expiration.
+        end = time.monotonic() + 2.5
+        while time.monotonic() < end:
+            assert [a.peer_id for a in await swarm.second.stage_peers(run_hash, 0)] == ["12D3KooWpeerB"]
+            await asyncio.sleep(0.25)
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    assert len(beats) >= 5
+
+    async def gone():
+        return await swarm.second.stage_peers(run_hash, 0) == []
+
+    await eventually(gone)
+    with pytest.raises(ValueError, match="shorter than the ttl"):
+        await swarm.first.heartbeat(make, ttl=1.0, period=1.0)
+
+
+async def test_malformed_announcements_are_skipped_and_counted(swarm):
+    run_hash = run_hash_of(SPEC)
+    key = stage_key(run_hash, 2)
+    expiry = get_dht_time() + 60
+    good = announcement("12D3KooWgood", stage=2)
+    junk = {
+        "12D3KooWjunk1": {"peer_id": 5},
+        "12D3KooWjunk2": "not even a map",
+        "12D3KooWjunk3": announcement("12D3KooWjunk3", stage=2, state="online").to_record() | {"state": "dancing"},
+        "12D3KooWjunk4": announcement("12D3KooWsomeoneelse", stage=2).to_record(),
+        "12D3KooWjunk5": announcement("12D3KooWjunk5", stage=2).to_record() | {"throughput": float("nan")},
+    }
+    for subkey, value in junk.items():
+        assert await swarm.first.dht.store(key, value, expiry, subkey=subkey, return_future=True)
+    assert await swarm.first.announce(good, ttl=60)
+
+    async def complete():
+        swarm.second.skipped_records = 0
+        peers = await swarm.second.stage_peers(run_hash, 2)
+        return (peers, swarm.second.skipped_records) if peers else None
+
+    assert await eventually(complete) == ([good], len(junk))
+
+
+async def test_visible_maddrs_and_stop_leaves_no_p2pd(swarm):
+    maddrs = await swarm.first.visible_maddrs()
+    assert maddrs and all(m.startswith("/ip4/127.0.0.1/tcp/") and "/p2p/" in m for m in maddrs)
+    dht = start_dht([], host_maddrs=LOCAL)
+    daemons = _p2pd_children(dht.pid)
+    assert len(daemons) == 1
+    stop_dht(dht)
+    assert not dht.is_alive()
+    assert _p2pd_children(dht.pid) == []
+    with pytest.raises(ProcessLookupError):
+        os.kill(daemons[0], 0)
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("stage", -1), ("stage", True), ("state", "asleep"), ("throughput", float("inf")), ("maddrs", "x"),
+     ("peer_id", ""), ("queue", 1.5), ("version", None), ("maddrs", [1])],
+)
+def test_announcement_validation(field, value):
+    with pytest.raises(RecordError):
+        StageAnnouncement(**(announcement("12D3KooWpeer").to_record() | {field: value}))
+
+
+def test_announcement_record_round_trip_ignores_unknown_fields():
+    ann = announcement("12D3KooWpeer")
+    assert StageAnnouncement.from_record(ann.to_record() | {"from_the_future": 1}) == ann
+    with pytest.raises(RecordError, match="lacks"):
+        StageAnnouncement.from_record({"peer_id": "x"})
+    with pytest.raises(RecordError, match="must be a map"):
+        StageAnnouncement.from_record([1, 2])
