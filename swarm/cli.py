@@ -125,7 +125,7 @@ def cmd_status(a: argparse.Namespace) -> int:
 
 def cmd_bench(a: argparse.Namespace) -> int:
     from .bench import run_bench
-    return run_bench(a.which, a.out, smoke=a.smoke)
+    return run_bench(a)
 
 
 # ------------------------------------------------------------------ parser
@@ -192,6 +192,11 @@ def build_parser() -> argparse.ArgumentParser:
                     "throughput: tokens/s of local swarms per codec, unlimited vs 80mbit")
     be.add_argument("--out", default="bench-out", help="output folder (default: bench-out)")
     be.add_argument("--smoke", action="store_true", help="tiny sizes, for CI")
+    be.add_argument("--preset", default="small", choices=sorted(PRESETS), help="throughput: model size (default: small)")
+    be.add_argument("--steps", type=int, default=20, help="throughput: steps per run (default: 20)")
+    be.add_argument("--bandwidth", default="80mbit", help="throughput: the limited link (default: 80mbit)")
+    be.add_argument("--latency", default="0", help="throughput: one-way latency on the limited link")
+    be.add_argument("--device", default="cpu", help="throughput: torch device of every peer")
     be.set_defaults(func=cmd_bench)
     return p
 

@@ -66,6 +66,7 @@ class LocalSwarm:
     def __init__(self, opts: LocalOptions) -> None:
         self.opts = opts
         self.procs: list[tuple[str, subprocess.Popen]] = []
+        self.maddrs: list[str] = []
         self._tmp = None
         if opts.workdir:
             self.dir = Path(opts.workdir)
@@ -85,7 +86,7 @@ class LocalSwarm:
         env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
         return env
 
-    def _start(self, name: str, args: list[str]) -> subprocess.Popen:
+    def spawn(self, name: str, args: list[str]) -> subprocess.Popen:
         logf = open(self.dir / f"{name}.log", "w")
         proc = subprocess.Popen(_python_cmd(*args), stdout=logf, stderr=subprocess.STDOUT, env=self._env(),
                                 start_new_session=True)
@@ -100,7 +101,7 @@ class LocalSwarm:
                 raise LocalSwarmError(f"{name} exited with code {proc.returncode}; its log ({self.dir}/{name}.log) "
                                       f"ends with:\n{tail}")
 
-    def _wait_for(self, path: Path, what: str, timeout: float) -> None:
+    def wait_for_file(self, path: Path, what: str, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while not (path.exists() and path.stat().st_size > 0):
             self._check_alive()
@@ -108,25 +109,33 @@ class LocalSwarm:
                 raise LocalSwarmError(f"{what} did not come up within {timeout:g} s; see the logs in {self.dir}.")
             time.sleep(0.1)  # poll interval for a file another process writes
 
-    def start(self) -> list[str]:
+    def start_coordinator(self) -> list[str]:
+        """Start the coordinator and return its multiaddrs once it serves."""
         spec_path = self.dir / "run.json"
         self.opts.spec.save(spec_path)
         maddrs_file = self.dir / "coordinator.json"
-        self._start("coordinator", ["coordinator", "--run-spec", str(spec_path), "--host-maddrs",
-                                    "/ip4/127.0.0.1/tcp/0", "--maddrs-file", str(maddrs_file)])
-        self._wait_for(maddrs_file, "the coordinator", 90)
-        maddrs = json.loads(maddrs_file.read_text())["maddrs"]
+        self.spawn("coordinator", ["coordinator", "--run-spec", str(spec_path), "--host-maddrs",
+                                   "/ip4/127.0.0.1/tcp/0", "--maddrs-file", str(maddrs_file)])
+        self.wait_for_file(maddrs_file, "the coordinator", 90)
+        self.maddrs = json.loads(maddrs_file.read_text())["maddrs"]
+        return self.maddrs
+
+    def start_peer(self, stage: int | str, *extra: str, name: str | None = None) -> subprocess.Popen:
+        """Start `swarm peer` for `stage` (or "auto"); its report goes to <name>.jsonl in the workdir."""
+        name = name or f"stage{stage}"
+        args = ["peer", "--initial-peers", self.maddrs[0], "--stage", str(stage), "--host-maddrs",
+                "/ip4/127.0.0.1/tcp/0", "--device", self.opts.device, "--report", str(self.dir / f"{name}.jsonl"),
+                "--latency", self.opts.latency]
+        if self.opts.bandwidth:
+            args += ["--bandwidth", self.opts.bandwidth]
+        if self.opts.data:
+            args += ["--data", self.opts.data]
+        return self.spawn(name, args + list(extra) + self.opts.extra_peer_args)
+
+    def start(self) -> list[str]:
+        maddrs = self.start_coordinator()
         for s in range(self.opts.spec.n_stages):
-            args = ["peer", "--initial-peers", maddrs[0], "--stage", str(s), "--host-maddrs", "/ip4/127.0.0.1/tcp/0",
-                    "--device", self.opts.device, "--report", str(self.dir / f"stage{s}.jsonl"),
-                    "--latency", self.opts.latency]
-            if self.opts.bandwidth:
-                args += ["--bandwidth", self.opts.bandwidth]
-            if s == 0:
-                args += ["--steps", str(self.opts.steps)]
-                if self.opts.data:
-                    args += ["--data", self.opts.data]
-            self._start(f"stage{s}", args + self.opts.extra_peer_args)
+            self.start_peer(s, *(["--steps", str(self.opts.steps)] if s == 0 else []))
         return maddrs
 
     def stop(self, grace: float = 15.0) -> None:
@@ -152,8 +161,8 @@ class LocalSwarm:
             self._tmp.cleanup()
 
     # ---------------------------------------------------------------- the run
-    def events(self, stage: int) -> list[dict]:
-        path = self.dir / f"stage{stage}.jsonl"
+    def events(self, stage: int | str) -> list[dict]:
+        path = self.dir / (f"stage{stage}.jsonl" if isinstance(stage, int) else f"{stage}.jsonl")
         if not path.exists():
             return []
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

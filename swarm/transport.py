@@ -122,7 +122,6 @@ class Transport:
     def protocol_id(self, kind: str) -> str:
         return f"/{self.namespace}/{_check_name('kind', kind)}/1"
 
-
     def _count(self, peer: str, kind: str, direction: str, nbytes: int) -> None:
         key = (peer, kind, direction)
         counter = self._counters.get(key)
@@ -157,7 +156,6 @@ class Transport:
             await shaper.transmit(len(frame))
         writer.write(frame)
         await writer.drain()
-
 
     async def serve(self, kind: str, handler: Handler) -> None:
         """Answer requests of `kind` with `handler(body, remote_peer_id)`."""
@@ -244,7 +242,6 @@ class Transport:
             return
         self._count(peer, kind, "out", len(frame))
 
-
     async def request(self, peer_id: str, kind: str, body: bytes, timeout: float | None = None) -> bytes:
         """Send `body` to `peer_id`'s `kind` handler and return its reply body."""
         if self._closed:
@@ -315,7 +312,6 @@ class Transport:
             text = _short(reply.decode("utf-8", errors="replace"), 500)
             raise fail(f"{peer} refused the '{kind}' request: {text}", "remote")
         return reply
-
 
     async def close(self) -> None:
         """Stop serving: unregister every handler and end requests still being handled."""

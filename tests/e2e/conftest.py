@@ -1,0 +1,44 @@
+"""Fixtures that start real swarm processes and always stop them (process groups, p2pd too)."""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from protocol.spec import preset
+from swarm.local import LocalOptions, LocalSwarm
+
+
+@pytest.fixture
+def make_swarm(tmp_path):
+    """make_swarm(**preset_overrides) -> a LocalSwarm whose processes are stopped at teardown."""
+    started: list[LocalSwarm] = []
+
+    def make(**overrides) -> LocalSwarm:
+        spec = preset("tiny", **{"stages": 3, **overrides})
+        swarm = LocalSwarm(LocalOptions(spec, workdir=str(tmp_path / f"swarm{len(started)}"), threads=1, quiet=True))
+        started.append(swarm)
+        return swarm
+
+    yield make
+    for swarm in started:
+        swarm.stop(grace=5.0)
+
+
+def wait_for_event(swarm: LocalSwarm, name: str, event: str, timeout: float = 120.0, count: int = 1) -> list[dict]:
+    """Poll a peer's report until `count` events of this kind are there (or fail with its log)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = [e for e in swarm.events(name) if e["event"] == event]
+        if len(found) >= count:
+            return found
+        if time.monotonic() > deadline:
+            log = (swarm.dir / f"{name}.log").read_text()[-3000:] if (swarm.dir / f"{name}.log").exists() else ""
+            pytest.fail(f"{name} reported no {event!r} within {timeout} s; its log ends with:\n{log}")
+        swarm._check_alive()
+        time.sleep(0.1)  # poll interval of a report file written by another process
+
+
+def read_json(path) -> dict:
+    return json.loads(path.read_text())

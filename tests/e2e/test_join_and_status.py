@@ -1,0 +1,39 @@
+"""A peer started by hand joins a running swarm, and `swarm status` lists every stage and peer."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.e2e.conftest import wait_for_event
+
+
+def test_peer_started_by_hand_joins_and_status_lists_it(make_swarm):
+    swarm = make_swarm(codec="subspace")
+    maddrs = swarm.start_coordinator()
+    for stage in (1, 2):
+        swarm.start_peer(stage)
+    for stage in (1, 2):
+        wait_for_event(swarm, f"stage{stage}", "ready")
+
+    # exactly what a volunteer types; --stage auto must pick the uncovered stage 0
+    head = swarm.spawn("by-hand", ["peer", "--initial-peers", maddrs[0], "--host-maddrs", "/ip4/127.0.0.1/tcp/0",
+                                   "--report", str(swarm.dir / "by-hand.jsonl"), "--steps", "1000"])
+    ready = wait_for_event(swarm, "by-hand", "ready")[0]
+    assert ready["stage"] == 0
+    steps = wait_for_event(swarm, "by-hand", "step", count=3)
+    assert steps[2]["loss"] < steps[0]["loss"] + 0.5 and all(s["tokens"] > 0 for s in steps)
+
+    out = subprocess.run([sys.executable, "-m", "swarm.cli", "status", "--initial-peers", maddrs[0], "--json"],
+                         capture_output=True, text=True, timeout=120, env=swarm._env())
+    assert out.returncode == 0, out.stderr[-2000:]
+    state = json.loads(out.stdout)
+    assert state["run"]["stages"] == 3 and state["run"]["codec"] == "subspace"
+    online = {int(s): [p["peer"] for p in peers if p["state"] == "online"] for s, peers in state["stages"].items()}
+    assert online[0] == [ready["peer_id"]]
+    assert len(online[1]) == 1 and len(online[2]) == 1
+
+    table = subprocess.run([sys.executable, "-m", "swarm.cli", "status", "--initial-peers", maddrs[0]],
+                           capture_output=True, text=True, timeout=120, env=swarm._env())
+    assert table.returncode == 0 and "online" in table.stdout and ready["peer_id"][-10:] in table.stdout
+    assert head.poll() is None, "the head stopped while training"
