@@ -19,10 +19,11 @@ import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable
+from typing import Awaitable, Callable
 
 import torch
 
+from protocol.basis_update import BasisUpdate, StatsMessage, decode_update
 from protocol.codecs import WirePacker
 from protocol.wire import (ActivationMessage, ErrorReply, GradientMessage, Header, WireError, WireLimits,
                            decode_message, encode_message, tokens_for_wire)
@@ -32,7 +33,7 @@ from .stage import StageError, StageRunner
 
 log = logging.getLogger(__name__)
 
-KIND_FORWARD, KIND_BACKWARD = "act", "grad"
+KIND_FORWARD, KIND_BACKWARD, KIND_BASIS = "act", "grad", "basis"
 ACK = b""
 
 
@@ -54,7 +55,10 @@ class StageDaemon:
     def __init__(self, runner: StageRunner, link: MessageLink, directory: PeerDirectory, *,
                  batches: Callable[[int, int], torch.Tensor] | None = None,
                  microbatches: list[int] | None = None, step_timeout: float = 120.0,
-                 send_retries: int = 3, future_step_wait: float = 30.0) -> None:
+                 send_retries: int = 3, future_step_wait: float = 30.0,
+                 on_refit: Callable[[StatsMessage], Awaitable[None]] | None = None,
+                 verify_update: Callable[[BasisUpdate], bool] | None = None,
+                 pull_updates: Callable[[], Awaitable[None]] | None = None, basis_wait: float = 30.0) -> None:
         self.runner, self.link, self.directory = runner, link, directory
         self.spec = runner.spec
         self.stage = runner.stage
@@ -62,10 +66,13 @@ class StageDaemon:
         self.batches = batches
         self.microbatches = microbatches if microbatches is not None else list(range(self.spec.n_microbatches))
         self.step_timeout, self.send_retries, self.future_step_wait = step_timeout, send_retries, future_step_wait
+        self.on_refit, self.verify_update, self.pull_updates = on_refit, verify_update, pull_updates
+        self.basis_wait = basis_wait
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"stage{self.stage}")
         self._upstream: dict[int, tuple[str, torch.Tensor]] = {}  # microbatch -> (sender, tokens)
         self._waiting: dict[int, asyncio.Future] = {}  # head: microbatch -> future of its loss
         self._step_changed = asyncio.Event()
+        self._retries: dict[str, int] = {}
         self._tasks: set[asyncio.Task] = set()
         self.refused = 0
         self.sent_tokens = {KIND_FORWARD: 0, KIND_BACKWARD: 0}  # tokens per kind, for bytes-per-token
@@ -79,6 +86,8 @@ class StageDaemon:
             await self.link.serve(KIND_FORWARD, self._on_activation)
         if not self.runner.is_last:
             await self.link.serve(KIND_BACKWARD, self._on_gradient)
+        if self.runner.basis is not None:
+            await self.link.serve(KIND_BASIS, self._on_basis)
         await self.directory.announce(self.status("online"))
 
     def status(self, state: str = "online") -> PeerStatus:
@@ -101,10 +110,23 @@ class StageDaemon:
         task.add_done_callback(_log_task_error)
 
     def _limits(self) -> WireLimits:
-        return WireLimits.for_spec(self.spec, self.runner.basis_version)
+        return WireLimits.for_spec(self.spec, self.runner.basis_version, accept_next_basis=True)
+
+    def _check_version(self, h: Header, sender: str) -> bytes | None:
+        """A refusal unless the message's basis version is the one this stage uses for its step."""
+        want = self.runner.version_for_step(h.step)
+        if h.basis_version == want:
+            return None
+        if h.basis_version > self.runner.basis_version and self.runner.scheduled is None:
+            if self.pull_updates is not None:
+                self._spawn(self.pull_updates())
+            return self._refuse(f"basis version {h.basis_version} is not known here yet; retry shortly.", sender,
+                                code="retry")
+        return self._refuse(f"message for step {h.step} uses basis version {h.basis_version}, this stage "
+                            f"uses version {want} for that step.", sender)
 
     def _header(self, step: int, mb: int, to_stage: int) -> Header:
-        return Header(self.spec.run_hash, step, mb, self.runner.basis_version, self.spec.codec, to_stage)
+        return Header(self.spec.run_hash, step, mb, self.runner.version_for_step(step), self.spec.codec, to_stage)
 
     def _refuse(self, reason: str, sender: str, code: str = "refused") -> bytes:
         self.refused += 1
@@ -127,14 +149,26 @@ class StageDaemon:
                 continue
             if reply == ACK:
                 self.sent_tokens[kind] += tokens
+                self._retries.pop(peer, None)
                 return
             try:
                 err = decode_message(reply, self._limits())
                 last = err.reason if isinstance(err, ErrorReply) else "an unexpected reply"
             except WireError as e:
-                last = f"an unreadable reply ({e})"
+                err, last = None, f"an unreadable reply ({e})"
+            if isinstance(err, ErrorReply) and err.code == "retry" and await self._retry_later(peer, kind):
+                return await self._send(stage, kind, body, tokens, to=peer)
             tried.add(peer)
         raise LinkError(f"stage {self.stage} could not deliver a '{kind}' message to stage {stage}: {last}")
+
+    async def _retry_later(self, peer: str, kind: str) -> bool:
+        """The receiver asked to retry (it is fetching a basis update): wait a little, bounded."""
+        n = self._retries.get(peer, 0)
+        if n * 0.2 > self.basis_wait:
+            return False
+        self._retries[peer] = n + 1
+        await asyncio.sleep(0.2)  # back-off before re-sending to a peer that asked for it
+        return True
 
     # ------------------------------------------------------------------ inbound
     async def _admit(self, step: int, sender: str) -> str | None:
@@ -170,6 +204,9 @@ class StageDaemon:
         problem = await self._admit(h.step, sender)
         if problem:
             return self._refuse(problem, sender)
+        refusal = self._check_version(h, sender)
+        if refusal is not None:
+            return refusal
         if not 0 <= h.microbatch < self.spec.n_microbatches or h.microbatch in self._upstream:
             return self._refuse(f"microbatch {h.microbatch} of step {h.step} is unknown or already here.", sender)
         self._upstream[h.microbatch] = (sender, msg.tokens)
@@ -179,11 +216,10 @@ class StageDaemon:
 
     async def _process_activation(self, h: Header, tokens: torch.Tensor, z: torch.Tensor, sender: str) -> None:
         if self.runner.is_last:
-            loss, grad, stepped = await self._run(self._tail_job, h.step, h.microbatch, tokens, z)
+            loss, grad, stats = await self._run(self._tail_job, h.step, h.microbatch, tokens, z)
             self.last_loss = loss
             self._upstream.pop(h.microbatch, None)
-            if stepped:
-                self._stepped()
+            self._after_step(stats)
             body = encode_message(GradientMessage(self._header(h.step, h.microbatch, self.stage - 1),
                                                   self.packer.pack(grad), loss))
             await self._send(self.stage - 1, KIND_BACKWARD, body, grad.shape[0] * grad.shape[1], to=sender)
@@ -193,21 +229,32 @@ class StageDaemon:
                                                 tokens_for_wire(tokens, self.spec.vocab), self.packer.pack(out)))
         await self._send(self.stage + 1, KIND_FORWARD, body, out.shape[0] * out.shape[1])
 
+    def _step_and_refit(self) -> StatsMessage | None:
+        """Optimizer step; at the end of a basis interval, the statistic to send to the coordinator."""
+        self.runner.optimizer_step()
+        if not self.runner.refit_due():
+            return None
+        return StatsMessage(self.spec.run_hash, self.stage, self.runner.basis_version, self.runner.step,
+                            self.runner.refit_statistic())
+
     def _tail_job(self, step: int, mb: int, tokens: torch.Tensor, z: torch.Tensor):
         loss, grad = self.runner.forward_backward(step, mb, tokens, z)
-        stepped = False
-        if self.runner.step_ready():
-            self.runner.optimizer_step()
-            stepped = True
-        return loss, grad, stepped
+        stats = self._step_and_refit() if self.runner.step_ready() else False
+        return loss, grad, stats
 
     def _backward_job(self, step: int, mb: int, grad: torch.Tensor):
         g_in = self.runner.backward(step, mb, grad)
-        stepped = False
+        stats = False
         if self.runner.step_ready() and not self.runner.is_first:
-            self.runner.optimizer_step()
-            stepped = True
-        return g_in, stepped
+            stats = self._step_and_refit()
+        return g_in, stats
+
+    def _after_step(self, stats: StatsMessage | None | bool) -> None:
+        if stats is False:
+            return
+        self._stepped()
+        if isinstance(stats, StatsMessage) and self.on_refit is not None:
+            self._spawn(self.on_refit(stats))
 
     async def _on_gradient(self, body: bytes, sender: str) -> bytes:
         try:
@@ -221,6 +268,9 @@ class StageDaemon:
             return self._refuse(f"this peer serves stage {self.stage}, not {h.stage}.", sender)
         if h.step != self.runner.step:
             return self._refuse(f"gradient for step {h.step}, but this stage is on step {self.runner.step}.", sender)
+        refusal = self._check_version(h, sender)
+        if refusal is not None:
+            return refusal
         pending = self.runner.pending_shape(h.microbatch)
         if pending is None:
             return self._refuse(f"no forward pass is waiting for microbatch {h.microbatch} of step {h.step}.", sender)
@@ -232,9 +282,8 @@ class StageDaemon:
         return ACK
 
     async def _process_gradient(self, h: Header, grad: torch.Tensor, loss: float) -> None:
-        g_in, stepped = await self._run(self._backward_job, h.step, h.microbatch, grad)
-        if stepped:
-            self._stepped()
+        g_in, stats = await self._run(self._backward_job, h.step, h.microbatch, grad)
+        self._after_step(stats)
         if self.runner.is_first:
             fut = self._waiting.get(h.microbatch)
             if fut is not None and not fut.done():
@@ -245,12 +294,55 @@ class StageDaemon:
                                               self.packer.pack(g_in), loss))
         await self._send(self.stage - 1, KIND_BACKWARD, body, g_in.shape[0] * g_in.shape[1], to=sender)
 
+    async def _on_basis(self, body: bytes, sender: str) -> bytes:
+        try:
+            update = decode_update(body, self.spec)
+        except WireError as e:
+            return self._refuse(str(e), sender)
+        problem = await self.accept_update(update)
+        return self._refuse(problem, sender) if problem else ACK
+
+    async def accept_update(self, update: BasisUpdate) -> str | None:
+        """Schedule a signed basis update if it is the next version for a step not yet started;
+        otherwise say why it is refused (nothing changes)."""
+        if self.verify_update is None or not self.verify_update(update):
+            return f"basis update {update.version} is not signed by the swarm's coordinator key."
+        if self.runner.scheduled == (update.version, update.effective_step):
+            return None  # the same update again (pushed and pulled): already scheduled
+        try:
+            await self._run(self.runner.schedule_basis, update.U, update.version, update.effective_step)
+        except StageError as e:
+            return str(e)
+        log.info("stage %d: basis version %d scheduled for step %d", self.stage, update.version,
+                 update.effective_step)
+        return None
+
+    async def _wait_for_basis(self, step: int) -> None:
+        """Head: at a switch step, wait (bounded) for the coordinator's update before starting.
+        If it does not come (coordinator away), training goes on with the current basis."""
+        spec = self.spec
+        if self.runner.basis is None or not spec.basis_updates:
+            return
+        refit = step - spec.basis_switch_delay
+        if refit <= 0 or refit % spec.basis_interval or self.runner.basis_updated_step == step:
+            return
+        deadline = time.monotonic() + self.basis_wait
+        while self.runner.version_for_step(step) == self.runner.basis_version and self.runner.basis_updated_step != step:
+            if time.monotonic() > deadline:
+                log.warning("no basis update arrived for step %d; continuing on version %d", step + 1,
+                            self.runner.basis_version)
+                return
+            if self.pull_updates is not None:
+                await self.pull_updates()
+            await asyncio.sleep(0.1)  # poll interval while the coordinator's update propagates
+
     # ------------------------------------------------------------------ the head's loop
     async def train_step(self) -> StepLog:
         """Head only: run one synchronous step over this head's microbatches."""
         if not self.runner.is_first or self.batches is None:
             raise RuntimeError("only a head peer with a data source drives steps.")
         step, t0 = self.runner.step, time.perf_counter()
+        await self._wait_for_basis(step)
         loop = asyncio.get_running_loop()
         self._waiting = {mb: loop.create_future() for mb in self.microbatches}
         sends = []

@@ -11,6 +11,7 @@ from typing import Callable
 
 import torch
 
+from protocol.basis_update import next_basis
 from protocol.codecs import WirePacker
 from protocol.spec import RunSpec
 from protocol.subspace import SubspaceBasis
@@ -51,12 +52,14 @@ class InProcessPipeline:
         self.runners = [StageRunner(spec, s, device, basis) for s in range(spec.n_stages)]
         self.packer = WirePacker.for_spec(spec)
         self.wire = WireCount()
+        self.basis_log: list[tuple[int, int]] = []  # (version, effective step) of each re-fit
 
     def _limits(self, stage: int) -> WireLimits:
         return WireLimits.for_spec(self.spec, self.runners[stage].basis_version)
 
     def _header(self, step: int, mb: int, to_stage: int) -> Header:
-        return Header(self.spec.run_hash, step, mb, self.runners[to_stage].basis_version, self.spec.codec, to_stage)
+        return Header(self.spec.run_hash, step, mb, self.runners[to_stage].version_for_step(step), self.spec.codec,
+                      to_stage)
 
     def train_step(self, step: int, batch: BatchFn) -> StepResult:
         losses = []
@@ -65,6 +68,7 @@ class InProcessPipeline:
             losses.append(self._microbatch(step, mb, tokens))
         for r in self.runners:
             r.optimizer_step()
+        self._maybe_refit()
         return StepResult(step, sum(losses) / len(losses), tokens.shape[0] * self.spec.seq_len * len(losses), losses)
 
     def _microbatch(self, step: int, mb: int, tokens: torch.Tensor) -> float:
@@ -90,6 +94,19 @@ class InProcessPipeline:
             assert isinstance(msg, GradientMessage)
             g = self.runners[s].backward(step, mb, self.packer.unpack(msg.payload, self.runners[s].dtype))
         return loss
+
+    def _maybe_refit(self) -> None:
+        """What the coordinator does, in process: gather the statistics at a re-fit step and
+        schedule the next basis on every stage at step + basis_switch_delay."""
+        receivers = self.runners[1:]
+        if not receivers or not all(r.refit_due() for r in receivers):
+            return
+        U = next_basis(self.runners[0].basis.U, [r.refit_statistic() for r in receivers], self.spec)
+        version = self.runners[0].basis_version + 1
+        effective = self.runners[0].step + self.spec.basis_switch_delay
+        self.basis_log.append((version, effective))
+        for r in self.runners:
+            r.schedule_basis(U, version, effective)
 
     def switch_basis(self, basis: SubspaceBasis) -> list[float]:
         return [r.switch_basis(basis) for r in self.runners]

@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from protocol.model import StageModule, build_stage, compute_dtype, lm_loss
+from protocol.model import StageModule, build_stage, compute_dtype, lm_loss, spec_basis
 from protocol.optim import clip_grad_norm, lr_at, make_optimizer, set_lr
 from protocol.spec import RunSpec
+from protocol.basis_update import canonical_basis
 from protocol.subspace import SubspaceBasis, project_cols, project_rows
 
 
@@ -27,6 +28,7 @@ class StageError(ValueError):
 class _Pending:
     z_in: torch.Tensor | None  # the received boundary tensor (leaf, requires grad) or None on stage 0
     out: torch.Tensor  # this stage's boundary output (graph kept for backward)
+    h_in: torch.Tensor | None = None  # decoded input activation, its .grad feeds the re-fit statistic
     created: float = field(default_factory=time.monotonic)
 
 
@@ -42,12 +44,24 @@ class StageRunner:
                  basis: SubspaceBasis | None = None) -> None:
         self.spec, self.stage, self.device = spec, stage, torch.device(device)
         self.dtype = compute_dtype(spec)
+        basis = basis if basis is not None else spec_basis(spec)
         self.module: StageModule = build_stage(spec, stage, basis).to(self.device)
         self.optimizer = make_optimizer(spec, self.module)
         self.step = 0  # the step whose gradients are being accumulated
         self._pending: dict[int, _Pending] = {}
         self._backward_done: set[int] = set()
         self._constrained = {id(p): k for _, p, k in self.module.constrained_parameters()}
+        self.basis = basis.to(self.device, self.dtype) if basis is not None else None
+        self.basis_updated_step = 0
+        self._scheduled: tuple[SubspaceBasis, int] | None = None  # (next basis, step it takes effect)
+        self.last_truncation = 0.0  # ||(I - P_new) W|| / ||W|| at the last switch
+        # (first step, version) of every basis this stage has used; messages of a step carry its version
+        self.version_history: list[tuple[int, int]] = [(0, self.basis_version)]
+        # ALGORITHMS 1.7: receiving stages keep EMA(C_s U), C_s = mean over tokens of g^T g
+        self.collect_stats = (spec.codec == "subspace" and spec.basis_updates and not self.is_first)
+        self.stat = torch.zeros(spec.d_model, spec.rank, dtype=torch.float64, device=self.device) \
+            if self.collect_stats else None
+        self._step_stat = torch.zeros_like(self.stat) if self.stat is not None else None
 
     @property
     def is_first(self) -> bool:
@@ -76,6 +90,20 @@ class StageRunner:
             return None
         return z_in.to(self.device, self.dtype).detach().requires_grad_(True)
 
+    def _run_module(self, tokens: torch.Tensor, z: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        inp = tokens[:, :-1]
+        h = self.module.enter(inp, z)
+        if self.collect_stats:
+            h.retain_grad()
+        return self.module.leave(self.module.body(h), inp), (h if self.collect_stats else None)
+
+    def _accumulate_stat(self, h: torch.Tensor | None) -> None:
+        if h is None or h.grad is None or self.basis is None:
+            return
+        g = h.grad.detach().reshape(-1, h.shape[-1]).to(torch.float64)
+        # C_s U with C_s = mean_tokens g^T g, averaged over the step's microbatches
+        self._step_stat += (g.T @ (g @ self.basis.U.to(torch.float64))) / (g.shape[0] * self.spec.n_microbatches)
+
     def forward(self, step: int, microbatch: int, tokens: torch.Tensor,
                 z_in: torch.Tensor | None = None) -> torch.Tensor:
         """Non-last stage: returns the boundary tensor to send (detached); keeps the graph."""
@@ -84,8 +112,8 @@ class StageRunner:
         self._check_step(step, microbatch)
         tokens = tokens.to(self.device)
         z = self._input(z_in)
-        out = self.module(tokens[:, :-1], z)
-        self._pending[microbatch] = _Pending(z, out)
+        out, h = self._run_module(tokens, z)
+        self._pending[microbatch] = _Pending(z, out, h)
         return out.detach()
 
     def forward_backward(self, step: int, microbatch: int, tokens: torch.Tensor,
@@ -96,9 +124,10 @@ class StageRunner:
         self._check_step(step, microbatch)
         tokens = tokens.to(self.device)
         z = self._input(z_in)
-        logits = self.module(tokens[:, :-1], z)
+        logits, h = self._run_module(tokens, z)
         loss = lm_loss(logits, tokens[:, 1:])
         (loss / self.spec.n_microbatches).backward()
+        self._accumulate_stat(h)
         self._backward_done.add(microbatch)
         return float(loss.detach()), (z.grad.detach() if z is not None else None)
 
@@ -115,6 +144,7 @@ class StageRunner:
                              f"{list(pending.out.shape)}.")
         del self._pending[microbatch]
         pending.out.backward(grad_out)
+        self._accumulate_stat(pending.h_in)
         self._backward_done.add(microbatch)
         return pending.z_in.grad.detach() if pending.z_in is not None else None
 
@@ -149,7 +179,72 @@ class StageRunner:
         record = StepRecord(self.step, norm, lr)
         self.step += 1
         self._backward_done.clear()
+        if self.stat is not None:
+            d = self.spec.stats_decay
+            self.stat.mul_(d).add_(self._step_stat, alpha=1 - d)
+            self._step_stat.zero_()
+        self._maybe_switch()
         return record
+
+    # ------------------------------------------------------------------ basis versions
+    def refit_due(self) -> bool:
+        """True right after the optimizer step that ends a basis interval (a receiving stage sends its stat)."""
+        return self.stat is not None and self.step > 0 and self.step % self.spec.basis_interval == 0
+
+    def refit_statistic(self) -> torch.Tensor:
+        assert self.stat is not None, "only receiving stages of a subspace run keep the statistic"
+        return self.stat.to("cpu", torch.float32)
+
+    def _work_started(self) -> bool:
+        return bool(self._pending or self._backward_done)
+
+    def can_schedule(self, version: int, effective_step: int) -> str | None:
+        """None if a basis of `version` may take effect at `effective_step`, else why not."""
+        if self.basis is None:
+            return "this run does not use the subspace codec."
+        if version != self.basis.version + 1:
+            return f"basis version {version} is not the next one (this stage is on version {self.basis.version})."
+        if effective_step < self.step or (effective_step == self.step and self._work_started()):
+            return f"basis version {version} was due at step {effective_step}, which has already started here."
+        return None
+
+    def schedule_basis(self, U: torch.Tensor, version: int, effective_step: int) -> None:
+        problem = self.can_schedule(version, effective_step)
+        if problem:
+            raise StageError(problem)
+        U = canonical_basis(U, self.dtype).to(self.device)
+        self._scheduled = (SubspaceBasis(U, self.basis.T_fixed, version), effective_step)
+        self._maybe_switch()
+
+    @property
+    def scheduled(self) -> tuple[int, int] | None:
+        """(version, effective step) of the basis waiting to take effect, if any."""
+        return (self._scheduled[0].version, self._scheduled[1]) if self._scheduled else None
+
+    def version_for_step(self, step: int) -> int:
+        """The basis version this stage uses for `step` (past, current or scheduled)."""
+        if self._scheduled is not None and step >= self._scheduled[1]:
+            return self._scheduled[0].version
+        return next(v for start, v in reversed(self.version_history) if start <= step)
+
+    def _maybe_switch(self) -> None:
+        if self._scheduled is None or self.step < self._scheduled[1] or self._work_started():
+            return
+        basis, _ = self._scheduled
+        self.last_truncation = self.switch_basis(basis)
+        self.basis_updated_step = self.step
+        self.version_history.append((self.step, basis.version))
+        self._scheduled = None  # last: until here version_for_step() already answers the new version
+
+    def catch_up_basis(self, U: torch.Tensor, version: int, effective_step: int) -> float:
+        """Start-up only: apply an update whose step passed while this peer was away."""
+        if self.basis is None or version != self.basis_version + 1 or effective_step > self.step:
+            raise StageError(f"basis version {version} cannot be caught up at step {self.step}.")
+        U = canonical_basis(U, self.dtype).to(self.device)
+        truncated = self.switch_basis(SubspaceBasis(U, self.basis.T_fixed, version))
+        self.basis_updated_step = effective_step
+        self.version_history.append((effective_step, version))
+        return truncated
 
     def drop_stale(self, max_age_s: float) -> int:
         """Forget forward passes whose gradient never came (the peer downstream died)."""
@@ -172,6 +267,7 @@ class StageRunner:
         basis = basis.to(self.device, self.dtype)
         self.module.switch_basis(basis)
         self.optimizer.set_basis(basis.U)
+        self.basis = basis
         after = [w.detach() for _, w, _ in self.module.constrained_weights()]
         num = sum(float((a - b).pow(2).sum()) for a, b in zip(after, before))
         den = sum(float(b.pow(2).sum()) for b in before)
@@ -179,13 +275,26 @@ class StageRunner:
 
     def state_dict(self) -> dict:
         return {"spec": self.spec.to_json(), "stage": self.stage, "step": self.step,
-                "basis_version": self.basis_version, "module": self.module.state_dict(),
-                "optimizer": self.optimizer.state_dict()}
+                "basis_version": self.basis_version, "basis_updated_step": self.basis_updated_step,
+                "U": self.basis.U.cpu() if self.basis is not None else None,
+                "stat": self.stat.cpu() if self.stat is not None else None,
+                "module": self.module.state_dict(), "optimizer": self.optimizer.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("spec") != self.spec.to_json() or state.get("stage") != self.stage:
             raise StageError("checkpoint belongs to another run or stage; start without --resume.")
+        if state.get("U") is not None and self.basis is not None:
+            # the weights are already in span(U): point the codecs at it without re-projecting
+            self.basis = SubspaceBasis(state["U"].to(self.device, self.dtype), self.basis.T_fixed,
+                                       int(state["basis_version"]))
+            self.module.switch_basis(self.basis, reproject=False)
         self.module.load_state_dict(state["module"])
         self.optimizer.load_state_dict(state["optimizer"])
+        if self.basis is not None:
+            self.optimizer.set_basis(self.basis.U)
+        if state.get("stat") is not None and self.stat is not None:
+            self.stat.copy_(state["stat"])
         self.step = int(state["step"])
+        self.basis_updated_step = int(state.get("basis_updated_step", 0))
+        self.version_history = [(self.basis_updated_step, self.basis_version)]
         self.abort_step()

@@ -64,10 +64,12 @@ class SubspaceLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.effective_weight())
 
-    def switch_basis(self, U_new: torch.Tensor) -> None:
+    def switch_basis(self, U_new: torch.Tensor, reproject: bool = True) -> None:
         """Map the weights into span(U_new): W <- P_new W, or A <- (U_new^T U_old) A."""
         with torch.no_grad():
-            if self.mode == "reparam":
+            if not reproject:
+                pass
+            elif self.mode == "reparam":
                 self.A.copy_((U_new.T @ self.U) @ self.A)
             else:
                 self.weight.copy_(project_cols(self.weight, U_new))
@@ -143,9 +145,11 @@ class SubspaceEmbedding(nn.Module):
             return self.T_fixed[tokens] + self.weight[tokens] @ self.U.T
         return self.T_fixed[tokens] + self.weight[tokens]
 
-    def switch_basis(self, U_new: torch.Tensor) -> None:
+    def switch_basis(self, U_new: torch.Tensor, reproject: bool = True) -> None:
         with torch.no_grad():
-            if self.mode == "reparam":
+            if not reproject:
+                pass
+            elif self.mode == "reparam":
                 self.weight.copy_(self.weight @ (self.U.T @ U_new))
             else:
                 self.weight.copy_(project_rows(self.weight, U_new))
@@ -249,11 +253,12 @@ class StageModule(nn.Module):
                 out.append((name, mod.trainable_table(), True))
         return out
 
-    def switch_basis(self, basis: SubspaceBasis) -> None:
-        """Re-project constrained weights and re-point every codec at the new basis version."""
+    def switch_basis(self, basis: SubspaceBasis, reproject: bool = True) -> None:
+        """Re-project constrained weights (unless they are known to be in the new span already)
+        and re-point every codec at the new basis version."""
         for mod in self.modules():
             if isinstance(mod, (SubspaceLinear, SubspaceEmbedding)):
-                mod.switch_basis(basis.U)
+                mod.switch_basis(basis.U, reproject)
             elif hasattr(mod, "set_basis"):
                 mod.set_basis(basis)
         self.basis_version = basis.version

@@ -60,7 +60,12 @@ class RunSpec:
     batch_size: int = 16  # sequences per optimizer step
     microbatch_size: int = 8
     # Grassmann basis updates (ALGORITHMS 1.7)
-    basis_interval: int = 500
+    basis_interval: int = 500  # steps between re-fits of U
+    basis_updates: bool = True  # False keeps U fixed for the whole run
+    basis_switch_delay: int = 10  # a re-fit computed after step t takes effect at step t + delay
+    grassmann_eta: float = 0.05  # retraction step (radians-ish, before the angle cap)
+    grassmann_max_angle: float = 0.05  # cap on the largest principal angle of one update
+    stats_decay: float = 0.9  # EMA decay per step of the statistic C_s U
     # the coordinator's public key (hex); empty until a coordinator signs the spec
     coordinator_key: str = ""
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
@@ -121,6 +126,10 @@ class RunSpec:
              "batch_size must be a positive multiple of microbatch_size.")
         need(self.lr > 0 and 0 <= self.betas[0] < 1 and 0 <= self.betas[1] < 1, "lr > 0 and betas in [0, 1).")
         need(self.basis_interval >= 1, "basis_interval must be at least 1 step.")
+        need(1 <= self.basis_switch_delay < self.basis_interval or not self.basis_updates,
+             "basis_switch_delay must be at least 1 and less than basis_interval.")
+        need(self.grassmann_eta > 0 and 0 < self.grassmann_max_angle <= 1.0 and 0 <= self.stats_decay < 1,
+             "grassmann_eta > 0, grassmann_max_angle in (0, 1] and stats_decay in [0, 1) are required.")
         need(self.warmup_steps >= 0 and self.total_steps >= 0, "warmup_steps and total_steps must be >= 0.")
 
     # ----- identity
@@ -225,6 +234,8 @@ def preset(name: str, **overrides: Any) -> RunSpec:
     fields = dict(PRESETS[name])
     stages = overrides.pop("stages", None)
     fields.update({k: v for k, v in overrides.items() if v is not None})
+    if fields.get("basis_interval") and "basis_switch_delay" not in fields:
+        fields["basis_switch_delay"] = max(1, min(10, fields["basis_interval"] // 2))
     if stages is not None:
         fields["stage_layers"] = split_layers(fields.get("n_layers", RunSpec.n_layers), stages)
     return RunSpec(**fields)

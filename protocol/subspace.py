@@ -67,6 +67,7 @@ def project_rows(T: torch.Tensor, U: torch.Tensor) -> torch.Tensor:
 
 def out_of_subspace(W: torch.Tensor, U: torch.Tensor, rows: bool = False) -> float:
     """Relative norm of the part of W outside span(U): ||(I-P)W|| / ||W||."""
+    W = W.detach()
     inside = project_rows(W, U) if rows else project_cols(W, U)
     return float((W - inside).norm() / W.norm().clamp_min(1e-300))
 

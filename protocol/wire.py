@@ -176,15 +176,17 @@ class WireLimits:
     scale_dtype: torch.dtype | None
     basis_version: int
     max_bytes: int
+    accept_next_basis: bool = False  # also accept basis_version + 1 (the caller checks it against the step)
 
     @classmethod
-    def for_spec(cls, spec: RunSpec, basis_version: int = 0, max_bytes: int | None = None) -> "WireLimits":
+    def for_spec(cls, spec: RunSpec, basis_version: int = 0, max_bytes: int | None = None,
+                 accept_next_basis: bool = False) -> "WireLimits":
         packer = WirePacker.for_spec(spec)
         scale = WIRE_TORCH_DTYPES[spec.wire_dtype] if spec.quant == "int8" else None
         per_token = spec.boundary_width * packer.bytes_per_number() + token_bytes(spec.vocab) + 8
         limit = max_bytes or (spec.microbatch_size * (spec.seq_len + 1) * per_token + 4096)
         return cls(spec.run_hash, spec.codec, spec.vocab, spec.seq_len, spec.boundary_width,
-                   spec.microbatch_size, packer.value_dtype, scale, basis_version, limit)
+                   spec.microbatch_size, packer.value_dtype, scale, basis_version, limit, accept_next_basis)
 
 
 def _need(cond: bool, msg: str) -> None:
@@ -199,7 +201,7 @@ def _check_header(d: dict, lim: WireLimits) -> Header:
               f"message field '{name}' is missing or not a {typ.__name__}.")
     _need(d["r"] == lim.run, f"message is for run {d['r'][:16]!r}, this peer serves run {lim.run!r}.")
     _need(d["c"] == lim.codec, f"message uses codec {d['c'][:16]!r}, the run uses {lim.codec!r}.")
-    _need(d["v"] == lim.basis_version,
+    _need(d["v"] == lim.basis_version or (lim.accept_next_basis and d["v"] == lim.basis_version + 1),
           f"message uses basis version {d['v']}, this peer is on version {lim.basis_version}.")
     _need(0 <= d["s"] < 2**53 and 0 <= d["m"] < 2**31 and 0 <= d["g"] < 2**16,
           "message step, microbatch or stage is out of range.")

@@ -3,6 +3,7 @@
     swarm local        a whole swarm on this machine (the quick start)
     swarm coordinator  start a swarm: bootstrap node, run spec, signing key
     swarm peer         host one pipeline stage of a swarm
+    swarm dashboard    a swarm's health in the browser, as JSON and for Prometheus
     swarm status       a table of a swarm's stages and peers
     swarm bench        benchmarks that write JSON and a PNG
 """
@@ -84,7 +85,8 @@ def cmd_local(a: argparse.Namespace) -> int:
     try:
         result = run_local(LocalOptions(spec, steps=a.steps, bandwidth=a.bandwidth, latency=a.latency, data=a.data,
                                         device=a.device, metrics_out=a.metrics_out, workdir=a.workdir,
-                                        threads=a.threads, quiet=a.quiet))
+                                        threads=a.threads, quiet=a.quiet, dashboard=not a.no_dashboard,
+                                        dashboard_port=a.dashboard_port, tensorboard=a.tensorboard))
     except KeyboardInterrupt:
         print("interrupted; every process this run started has been stopped.", file=sys.stderr)
         return 130
@@ -114,8 +116,20 @@ def cmd_peer(a: argparse.Namespace) -> int:
     opts = PeerOptions(initial_peers=a.initial_peers, stage=a.stage, device=a.device, steps=a.steps, data=a.data,
                        host_maddrs=a.host_maddrs, identity=a.identity, checkpoint_dir=a.checkpoint_dir,
                        resume=a.resume, bandwidth=a.bandwidth, latency=a.latency, report=a.report,
-                       trusted_key=a.swarm_key)
+                       trusted_key=a.swarm_key, health_port=a.health_port, health_host=a.health_host,
+                       tensorboard=a.tensorboard)
     return _run_async(lambda: run_peer(opts))
+
+
+def cmd_dashboard(a: argparse.Namespace) -> int:
+    from .dashboard.server import DashboardOptions, run_dashboard
+    opts = DashboardOptions(a.initial_peers, port=a.port, host=a.host, trusted_key=a.swarm_key,
+                            tensorboard=a.tensorboard, url_file=a.url_file)
+    try:
+        return _run_async(lambda: run_dashboard(opts))
+    except RuntimeError as e:  # e.g. the port is taken: one sentence, no traceback
+        print(f"error: {e}", file=sys.stderr)
+        return 1
 
 
 def cmd_status(a: argparse.Namespace) -> int:
@@ -149,6 +163,10 @@ def build_parser() -> argparse.ArgumentParser:
     lo.add_argument("--workdir", metavar="DIR", help="keep logs and reports here (default: a temporary folder)")
     lo.add_argument("--threads", type=int, help="torch threads per peer (default: cores / processes)")
     lo.add_argument("--quiet", action="store_true", help="no progress bar")
+    lo.add_argument("--no-dashboard", action="store_true", help="do not start the dashboard")
+    lo.add_argument("--dashboard-port", type=int, default=8080,
+                    help="dashboard port (default: 8080; a free one if it is taken)")
+    lo.add_argument("--tensorboard", metavar="DIR", help="write the head's per-step scalars here for TensorBoard")
     lo.set_defaults(func=cmd_local)
 
     co = sub.add_parser("coordinator", help="start a swarm: bootstrap DHT node, signed run spec",
@@ -180,7 +198,26 @@ def build_parser() -> argparse.ArgumentParser:
     pe.add_argument("--report", metavar="FILE", help="append JSON-lines events (steps, wire counters) here")
     pe.add_argument("--swarm-key", metavar="HEX", help="only trust a run spec signed by this public key")
     pe.add_argument("--threads", type=int, help="torch intra-op threads")
+    pe.add_argument("--health-port", type=int, default=0,
+                    help="serve GET /healthz on this port for Docker/systemd health checks (default: off)")
+    pe.add_argument("--health-host", default="127.0.0.1", help="address /healthz listens on (default: 127.0.0.1)")
+    pe.add_argument("--tensorboard", metavar="DIR", help="head/tail: per-step loss, tokens/s and wire bytes per "
+                    "token for TensorBoard")
     pe.set_defaults(func=cmd_peer)
+
+    da = sub.add_parser("dashboard", help="a swarm's health in the browser (and /api/v1/state, /metrics)",
+                        description="Join a swarm's DHT as a client and serve a live page of its stages, peers, "
+                        "loss, throughput and wire bytes, a JSON API (/api/v1/state) and Prometheus metrics "
+                        "(/metrics).")
+    da.add_argument("--initial-peers", nargs="+", required=True, metavar="MADDR",
+                    help="address of the coordinator or any peer of the swarm")
+    da.add_argument("--port", type=int, default=8080, help="HTTP port (default: 8080)")
+    da.add_argument("--host", default="127.0.0.1",
+                    help="address to listen on (default: 127.0.0.1; 0.0.0.0 to share it on your network)")
+    da.add_argument("--swarm-key", metavar="HEX", help="only trust a run spec signed by this public key")
+    da.add_argument("--tensorboard", metavar="DIR", help="also write the sampled swarm scalars here")
+    da.add_argument("--url-file", metavar="FILE", help=argparse.SUPPRESS)  # swarm local: where to find the URL
+    da.set_defaults(func=cmd_dashboard)
 
     st = sub.add_parser("status", help="a table of a swarm's stages and peers")
     st.add_argument("--initial-peers", nargs="+", required=True, metavar="MADDR")

@@ -14,8 +14,10 @@ from dataclasses import dataclass, field
 from protocol.model import spec_basis
 from protocol.spec import RunSpec
 
+from .basis_refit import BasisRefitter
 from .dht import SwarmDHT, start_dht, stop_dht
 from .keys import SigningKey
+from .transport import Transport
 
 log = logging.getLogger(__name__)
 
@@ -30,9 +32,12 @@ class CoordinatorOptions:
     ttl: float = 60.0
 
 
-def sealed_spec(spec: RunSpec, key: SigningKey) -> RunSpec:
-    """The spec as the swarm sees it: with the coordinator's key and the shared-constant hash."""
+def sealed_spec(spec: RunSpec, key: SigningKey, peer_id: str = "") -> RunSpec:
+    """The spec as the swarm sees it: with the coordinator's key, its peer id (where stages send
+    their re-fit statistics) and the shared-constant hash."""
     extra = dict(spec.extra)
+    if peer_id:
+        extra["coordinator_peer"] = peer_id
     basis = spec_basis(spec)
     if basis is not None:
         extra["basis_hash"] = basis.hash()
@@ -41,10 +46,17 @@ def sealed_spec(spec: RunSpec, key: SigningKey) -> RunSpec:
 
 async def run_coordinator(opts: CoordinatorOptions) -> int:
     key = SigningKey.load_or_create(opts.key) if opts.key else SigningKey.generate()
-    spec = sealed_spec(opts.spec, key)
     dht = await asyncio.to_thread(start_dht, [], opts.host_maddrs, opts.identity)
+    p2p = transport = None
     try:
+        p2p = await dht.replicate_p2p()
+        spec = sealed_spec(opts.spec, key, p2p.peer_id.to_base58())
         sdht = SwarmDHT(dht)
+        transport = Transport(p2p, f"subspace-swarm-{spec.run_hash}", max_frame_bytes=spec.d_model * spec.rank * 4
+                              + (1 << 16))
+        refitter = BasisRefitter(spec, key, sdht, transport, opts.ttl * 100)
+        if spec.codec == "subspace" and spec.basis_updates:
+            await transport.serve("stats", refitter.on_stats)
         await sdht.publish_run_spec(spec.to_json(), key, opts.ttl)
         maddrs = [str(m) for m in dht.get_visible_maddrs()]
         if opts.maddrs_file:
@@ -57,7 +69,12 @@ async def run_coordinator(opts: CoordinatorOptions) -> int:
             await asyncio.sleep(opts.ttl / 3)
             try:
                 await sdht.publish_run_spec(spec.to_json(), key, opts.ttl)
+                await refitter.republish()
             except Exception as e:  # keep coordinating; the next round retries
                 log.warning("could not re-publish the run spec: %s", e)
     finally:
+        if transport is not None:
+            await transport.close()
+        if p2p is not None:
+            await p2p.shutdown()
         await asyncio.to_thread(stop_dht, dht)

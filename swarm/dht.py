@@ -9,6 +9,10 @@ Keys (a swarm hosts one run):
 
     subspace-swarm/run                         subkey = signer's key fingerprint -> SignedRunSpec
     subspace-swarm/{run_hash}/stage/{stage}    subkey = peer id (base58)         -> StageAnnouncement
+    subspace-swarm/{run_hash}/basis            subkey = version                  -> signed basis update bytes
+                                                 (protocol/basis_update.py; verified by the reader)
+    subspace-swarm/{run_hash}/health           subkey = peer id (base58)         -> signed HealthRecord
+                                                 (swarm/health.py; verified by the reader)
 
 The run spec is stored under its signer's fingerprint so that an impostor's entry sits beside
 the coordinator's instead of replacing it; a peer that pins the coordinator's key picks the
@@ -48,7 +52,7 @@ from swarm.keys import SigningKey, fingerprint_of, verify
 
 __all__ = [
     "RUN_KEY", "RUN_SPEC_DOMAIN", "STATES", "RecordError", "SignedRunSpec", "StageAnnouncement", "SwarmDHT",
-    "run_hash_of", "stage_key", "start_dht", "stop_dht",
+    "basis_key", "health_key", "run_hash_of", "stage_key", "start_dht", "stop_dht",
 ]
 
 logger = logging.getLogger(__name__)
@@ -68,8 +72,16 @@ def run_hash_of(spec_json: str) -> str:
     return hashlib.sha256(spec_json.encode("utf-8")).hexdigest()[:16]
 
 
+def basis_key(run_hash: str) -> str:
+    return f"subspace-swarm/{run_hash}/basis"
+
+
 def stage_key(run_hash: str, stage: int) -> str:
     return f"subspace-swarm/{run_hash}/stage/{stage}"
+
+
+def health_key(run_hash: str) -> str:
+    return f"subspace-swarm/{run_hash}/health"
 
 
 def run_spec_signing_bytes(spec_json: str, run_hash: str) -> bytes:
@@ -284,6 +296,24 @@ class SwarmDHT:
             except Exception as e:  # a transient DHT failure must not end the heartbeat
                 logger.warning("heartbeat failed (%s: %s); retrying in %g s", type(e).__name__, e, period)
             await asyncio.sleep(period)
+
+    async def publish_basis(self, run_hash: str, version: int, update: bytes, ttl: float) -> bool:
+        """Store one signed basis update (bytes of protocol.basis_update.encode_update)."""
+        return bool(await self.dht.store(basis_key(run_hash), update, get_dht_time() + ttl, subkey=version,
+                                         return_future=True))
+
+    async def fetch_bases(self, run_hash: str) -> dict[int, bytes]:
+        """Every stored basis update by version, unverified (the reader checks the signature)."""
+        found = await self.dht.get(basis_key(run_hash), latest=True, return_future=True)
+        if found is None or not isinstance(found.value, dict):
+            return {}
+        out = {}
+        for subkey, item in found.value.items():
+            if isinstance(subkey, int) and isinstance(item.value, bytes):
+                out[subkey] = item.value
+            else:
+                self._skip(basis_key(run_hash), "a basis entry is not (int version -> bytes).")
+        return out
 
     async def visible_maddrs(self) -> list[str]:
         return await self.dht.run_coroutine(_visible_maddrs, return_future=True)

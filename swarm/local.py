@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -24,6 +25,7 @@ from protocol.codecs import WirePacker
 from protocol.spec import RunSpec
 from protocol.wire import ActivationMessage, Header, encode_message, tokens_for_wire
 
+from .scalars import ScalarLog
 from .transport import REPLY_OVERHEAD, REQUEST_OVERHEAD
 
 log = logging.getLogger(__name__)
@@ -46,6 +48,9 @@ class LocalOptions:
     threads: int | None = None  # torch threads per peer; default: cores / processes
     quiet: bool = False
     extra_peer_args: list[str] = field(default_factory=list)
+    dashboard: bool = False  # `swarm local` turns it on (unless --no-dashboard); tests leave it off
+    dashboard_port: int = 8080
+    tensorboard: str | None = None  # the head's per-step scalars, for TensorBoard
 
 
 def dense_bytes_per_token(spec: RunSpec) -> float:
@@ -58,6 +63,20 @@ def dense_bytes_per_token(spec: RunSpec) -> float:
     return (len(encode_message(msg)) + REQUEST_OVERHEAD + REPLY_OVERHEAD) / (B * T)
 
 
+def dashboard_port(preferred: int, host: str = "127.0.0.1") -> tuple[int, str | None]:
+    """`preferred` if it is free, else a free port and the sentence that says so."""
+    def bind(port: int) -> int:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as aiohttp binds: TIME_WAIT is not "taken"
+            s.bind((host, port))
+            return s.getsockname()[1]
+    try:
+        return bind(preferred), None
+    except OSError:
+        port = bind(0)
+        return port, f"port {preferred} is taken; the dashboard uses port {port} instead."
+
+
 def _python_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "swarm.cli", *args]
 
@@ -67,6 +86,7 @@ class LocalSwarm:
         self.opts = opts
         self.procs: list[tuple[str, subprocess.Popen]] = []
         self.maddrs: list[str] = []
+        self.dashboard_url: str | None = None
         self._tmp = None
         if opts.workdir:
             self.dir = Path(opts.workdir)
@@ -114,6 +134,7 @@ class LocalSwarm:
         spec_path = self.dir / "run.json"
         self.opts.spec.save(spec_path)
         maddrs_file = self.dir / "coordinator.json"
+        maddrs_file.unlink(missing_ok=True)  # a workdir may be reused: never read an old run's address
         self.spawn("coordinator", ["coordinator", "--run-spec", str(spec_path), "--host-maddrs",
                                    "/ip4/127.0.0.1/tcp/0", "--maddrs-file", str(maddrs_file)])
         self.wait_for_file(maddrs_file, "the coordinator", 90)
@@ -123,6 +144,7 @@ class LocalSwarm:
     def start_peer(self, stage: int | str, *extra: str, name: str | None = None) -> subprocess.Popen:
         """Start `swarm peer` for `stage` (or "auto"); its report goes to <name>.jsonl in the workdir."""
         name = name or f"stage{stage}"
+        (self.dir / f"{name}.jsonl").unlink(missing_ok=True)
         args = ["peer", "--initial-peers", self.maddrs[0], "--stage", str(stage), "--host-maddrs",
                 "/ip4/127.0.0.1/tcp/0", "--device", self.opts.device, "--report", str(self.dir / f"{name}.jsonl"),
                 "--latency", self.opts.latency]
@@ -132,10 +154,25 @@ class LocalSwarm:
             args += ["--data", self.opts.data]
         return self.spawn(name, args + list(extra) + self.opts.extra_peer_args)
 
+    def start_dashboard(self, port: int | None = None, *extra: str, timeout: float = 90.0) -> str:
+        """Start `swarm dashboard` on the coordinator (a free port if `port` is taken); returns its URL once it serves."""
+        port, note = dashboard_port(self.opts.dashboard_port if port is None else port)
+        if note:
+            print(note, flush=True)
+        url_file = self.dir / "dashboard.json"
+        url_file.unlink(missing_ok=True)
+        self.spawn("dashboard", ["dashboard", "--initial-peers", self.maddrs[0], "--port", str(port),
+                                 "--url-file", str(url_file), *extra])
+        self.wait_for_file(url_file, "the dashboard", timeout)
+        self.dashboard_url = json.loads(url_file.read_text())["url"]
+        return self.dashboard_url
+
     def start(self) -> list[str]:
         maddrs = self.start_coordinator()
         for s in range(self.opts.spec.n_stages):
             self.start_peer(s, *(["--steps", str(self.opts.steps)] if s == 0 else []))
+        if self.opts.dashboard:  # after the peers, so that they start while it comes up
+            print(f"dashboard: {self.start_dashboard()}", flush=True)
         return maddrs
 
     def stop(self, grace: float = 15.0) -> None:
@@ -171,6 +208,7 @@ class LocalSwarm:
         """Feed the progress bar from the head's report until it says done; returns the step records."""
         bar = tqdm(total=self.opts.steps, unit="step", disable=self.opts.quiet, dynamic_ncols=True)
         seen, last_progress = 0, time.monotonic()
+        scalars = ScalarLog(self.opts.tensorboard) if self.opts.tensorboard else None
         try:
             while True:
                 evs = self.events(0)
@@ -178,6 +216,10 @@ class LocalSwarm:
                 for rec in steps[seen:]:
                     bar.update(1)
                     bar.set_postfix(loss=f"{rec['loss']:.3f}", tok_s=f"{rec['tokens'] / max(rec['seconds'], 1e-9):.0f}")
+                    if scalars is not None:
+                        scalars.write(rec["step"], {"loss": rec["loss"], "tokens_per_s": rec["tokens"] / max(
+                            rec["seconds"], 1e-9), "lr": rec.get("lr"), "basis_version": rec["basis_version"]},
+                            wall_time=rec.get("time"))
                 if len(steps) > seen:
                     seen, last_progress = len(steps), time.monotonic()
                 if any(e["event"] == "done" for e in evs):
@@ -188,6 +230,8 @@ class LocalSwarm:
                 time.sleep(0.2)  # poll interval of the head's report file
         finally:
             bar.close()
+            if scalars is not None:
+                scalars.close()
 
     def metrics(self, steps: list[dict]) -> dict:
         wire = [e for s in range(self.opts.spec.n_stages) for e in self.events(s) if e["event"] == "wire"]

@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -25,7 +26,9 @@ from protocol.model import spec_basis
 from protocol.spec import RunSpec
 from protocol.wire import WireLimits
 
+from .basis_sync import BasisSync
 from .dht import SwarmDHT, start_dht, stop_dht
+from .peer_monitor import PeerMonitor
 from .router import Router
 from .shaper import LinkShaper
 from .transport import Transport, TransportError
@@ -55,6 +58,9 @@ class PeerOptions:
     join_timeout: float = 60.0
     step_timeout: float = 120.0
     ttl: float = 15.0
+    health_port: int = 0  # serve /healthz on this port (0: off)
+    health_host: str = "127.0.0.1"
+    tensorboard: str | None = None  # head/tail: per-step scalars into this folder
 
 
 class LinkAdapter:
@@ -78,8 +84,11 @@ class Reporter:
 
     def __init__(self, path: str | None) -> None:
         self.path = path
+        self.listeners: list[Callable[[str, dict], None]] = []  # e.g. the health monitor, for the head's steps
 
     def write(self, event: str, **fields) -> None:
+        for listener in self.listeners:
+            listener(event, fields)
         if not self.path:
             return
         with open(self.path, "a") as f:
@@ -140,8 +149,10 @@ async def run_peer(opts: PeerOptions) -> int:
     reporter = Reporter(opts.report)
     dht = await asyncio.to_thread(start_dht, opts.initial_peers, opts.host_maddrs, opts.identity)
     p2p = transport = daemon = router = None
+    monitor = PeerMonitor(opts.health_port, opts.health_host, opts.tensorboard)  # health record, /healthz, TensorBoard
     tasks: list[asyncio.Task] = []
     try:
+        await monitor.start()  # /healthz answers "joining" (503) from here on
         sdht = SwarmDHT(dht)
         spec = await fetch_spec(sdht, opts.trusted_key, opts.join_timeout)
         check_shared_constants(spec)
@@ -164,10 +175,16 @@ async def run_peer(opts: PeerOptions) -> int:
         if stage == 0:
             corpus = load_corpus(opts.data, seq_len=spec.seq_len)
             batches = BatchSource(corpus, spec.seq_len, spec.microbatch_size, spec.data_seed).microbatch
+        sync = BasisSync(spec, sdht, transport)
         daemon = StageDaemon(runner, LinkAdapter(transport, peer_id), router, batches=batches,
-                             step_timeout=opts.step_timeout)
+                             step_timeout=opts.step_timeout, on_refit=sync.send_stats, verify_update=sync.verify,
+                             pull_updates=sync.pull)
+        sync.daemon = daemon
+        await sync.catch_up(daemon)
         await daemon.start()
-        tasks.append(asyncio.create_task(_heartbeat(router, daemon, opts.ttl)))
+        monitor.attach(sdht, spec, peer_id, maddrs, transport, daemon, router, opts.device)
+        reporter.listeners.append(monitor.on_event)
+        tasks.append(asyncio.create_task(_heartbeat(router, daemon, opts.ttl, sync, monitor)))
         log.info("peer %s serves stage %d of run %s at %s", peer_id, stage, spec.run_hash, maddrs[0] if maddrs else "?")
         reporter.write("ready", stage=stage, peer_id=peer_id, run=spec.run_hash, maddrs=maddrs)
         if stage == 0:
@@ -178,6 +195,7 @@ async def run_peer(opts: PeerOptions) -> int:
     finally:
         for t in tasks:
             t.cancel()
+        await monitor.close()  # /healthz says "leaving" (503), then stops
         if router is not None and daemon is not None:
             try:
                 await asyncio.wait_for(router.announce(daemon.status("leaving")), 3.0)
@@ -197,11 +215,17 @@ async def run_peer(opts: PeerOptions) -> int:
         await asyncio.to_thread(stop_dht, dht)
 
 
-async def _heartbeat(router: Router, daemon: StageDaemon, ttl: float) -> None:
+async def _heartbeat(router: Router, daemon: StageDaemon, ttl: float, sync: BasisSync,
+                     monitor: PeerMonitor | None = None) -> None:
+    if monitor is not None:
+        await monitor.publish(ttl)  # at once, so that dashboards see the peer without waiting a beat
     while True:
         await asyncio.sleep(ttl / 3)
+        if monitor is not None:
+            await monitor.publish(ttl)  # never raises: a failed publish is logged and retried next beat
         try:
             await router.announce(daemon.status("online"))
+            await sync.pull()
         except Exception as e:  # a DHT hiccup must not kill the peer; the next beat retries
             log.warning("heartbeat failed: %s", e)
 

@@ -84,6 +84,10 @@ class Router:
         self._cache.clear()
         log.warning("peer %s failed; avoiding it for %.0f s", peer[-8:], ban.until - time.monotonic())
 
+    def banned_peers(self) -> dict[str, int]:
+        """Peers this router saw fail -> their failure count, most failures first (for health reports)."""
+        return {peer: ban.failures for peer, ban in sorted(self._bans.items(), key=lambda kv: -kv[1].failures)}
+
     async def wait_for_coverage(self, n_stages: int, timeout: float) -> dict[int, int]:
         """Poll until every stage has a live peer; returns peers per stage or raises LinkError."""
         deadline = time.monotonic() + timeout

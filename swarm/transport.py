@@ -29,10 +29,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
+import warnings
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from hivemind.p2p import P2P, PeerID
+with warnings.catch_warnings():
+    # importing hivemind runs torch.jit.script, which warns that it is deprecated; only that.
+    warnings.filterwarnings("ignore", message=r".*torch\.jit\.script.*")
+    from hivemind.p2p import P2P, PeerID
 
 from swarm.shaper import LinkShaper
 

@@ -145,9 +145,9 @@ async def raw_exchange(pair: Pair, payload: bytes, *, eof: bool, proto: str | No
         if eof:
             writer.write_eof()  # p2pd turns this into a reset of the whole stream
         try:
-            header = await asyncio.wait_for(reader.readexactly(REPLY_OVERHEAD), 5.0)
+            header = await asyncio.wait_for(reader.readexactly(REPLY_OVERHEAD), 10.0)
             (length,) = struct.unpack(">I", header[1:])
-            return header + await asyncio.wait_for(reader.readexactly(length), 5.0)
+            return header + await asyncio.wait_for(reader.readexactly(length), 10.0)
         except (asyncio.IncompleteReadError, ConnectionError):
             return b""
     finally:
@@ -155,8 +155,9 @@ async def raw_exchange(pair: Pair, payload: bytes, *, eof: bool, proto: str | No
 
 
 def parse_error_reply(raw: bytes) -> str:
+    assert len(raw) >= REPLY_OVERHEAD, f"no reply frame came back (got {raw!r})"
     status, length = struct.unpack(">BI", raw[:REPLY_OVERHEAD])
-    assert status == 1 and len(raw) == REPLY_OVERHEAD + length
+    assert status == 1 and len(raw) == REPLY_OVERHEAD + length, raw
     return raw[REPLY_OVERHEAD:].decode()
 
 

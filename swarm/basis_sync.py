@@ -1,0 +1,83 @@
+"""`BasisSync`: a peer's side of the basis updates, over the DHT and the transport.
+
+It checks the coordinator's signature (the key named in the signed run spec), sends this
+stage's re-fit statistic to the coordinator, pulls updates from the DHT (the push may have
+been missed), and at start-up brings a peer that joins late or restarts onto the current
+basis before it serves. If the coordinator is unreachable, training simply continues on the
+current basis.
+"""
+from __future__ import annotations
+
+import logging
+
+from peer.daemon import StageDaemon
+from protocol.basis_update import BasisUpdate, StatsMessage, decode_update, encode_stats
+from protocol.spec import RunSpec
+from protocol.wire import WireError
+
+from .dht import SwarmDHT
+from .keys import verify
+from .transport import Transport, TransportError
+
+log = logging.getLogger(__name__)
+
+
+class BasisSync:
+    def __init__(self, spec: RunSpec, sdht: SwarmDHT, transport: Transport) -> None:
+        self.spec, self.sdht, self.transport = spec, sdht, transport
+        self.public_key = bytes.fromhex(spec.coordinator_key) if spec.coordinator_key else b""
+        self.coordinator = spec.extra.get("coordinator_peer", "")
+        self.daemon: StageDaemon | None = None
+
+    def verify(self, update: BasisUpdate) -> bool:
+        return bool(self.public_key) and update.run == self.spec.run_hash and \
+            verify(self.public_key, update.signing_bytes(), update.signature)
+
+    async def send_stats(self, stats: StatsMessage) -> None:
+        if not self.coordinator:
+            return
+        try:
+            reply = await self.transport.request(self.coordinator, "stats", encode_stats(stats), timeout=30)
+            if reply != b"":
+                log.warning("the coordinator refused this stage's statistic")
+        except TransportError as e:
+            log.warning("coordinator unreachable (%s); training continues on the current basis", e)
+
+    async def _verified_updates(self) -> list[BasisUpdate]:
+        out = []
+        for version, body in sorted((await self.sdht.fetch_bases(self.spec.run_hash)).items()):
+            try:
+                update = decode_update(body, self.spec)
+            except WireError as e:
+                log.debug("skipped basis entry %s: %s", version, e)
+                continue
+            if update.version == version and self.verify(update):
+                out.append(update)
+        return out
+
+    async def pull(self) -> None:
+        """Offer the daemon the next version from the DHT, if there is one it does not have yet."""
+        daemon = self.daemon
+        if daemon is None or daemon.runner.basis is None:
+            return
+        want = daemon.runner.basis_version + 1
+        for update in await self._verified_updates():
+            if update.version == want and daemon.runner.scheduled is None:
+                problem = await daemon.accept_update(update)
+                if problem:
+                    log.debug("basis update %d not taken: %s", update.version, problem)
+
+    async def catch_up(self, daemon: StageDaemon) -> None:
+        """Before serving: apply every update whose step has passed, schedule the next one."""
+        runner = daemon.runner
+        if runner.basis is None:
+            return
+        for update in await self._verified_updates():
+            if update.version != runner.basis_version + 1:
+                continue
+            if update.effective_step <= runner.step:
+                truncated = runner.catch_up_basis(update.U, update.version, update.effective_step)
+                log.info("caught up to basis version %d (truncated %.2e)", update.version, truncated)
+            else:
+                await daemon.accept_update(update)
+                break

@@ -1,0 +1,89 @@
+"""`HealthBook`: the dashboard's verified view of the swarm's health records.
+
+Everything read from the DHT is untrusted. The book keeps, per peer id, the newest record
+that parses, verifies (`swarm.health.parse_health`) and belongs to the run, and ignores
+the rest, counting each distinct bad entry once (an entry sits in the DHT until it
+expires and is read on every poll; counting it every time would make the counter a clock).
+
+Binding a signing key to a peer id: the first key seen for a peer id is pinned for as long
+as that peer has a live record; a record for the same peer id signed by another key is
+refused. A pin is released once the peer's last record has expired, so a peer restarted
+with the same identity (and a new process key) is accepted again after at most one ttl.
+(The DHT itself authenticates nobody: an attacker who writes first for a brand-new peer id
+wins that id until it expires. This is a health view, not an authority on who trains.)
+"""
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+
+import msgpack
+
+from swarm.dht import RecordError
+from swarm.health import SignedHealth, parse_health
+from swarm.keys import fingerprint_of
+
+MAX_REMEMBERED_BAD = 4096  # digests of bad entries already counted
+MAX_PROBLEMS = 20  # the last reasons, shown on the page
+
+
+@dataclass
+class _Entry:
+    signed: SignedHealth
+    expires: float  # DHT time
+
+
+def _digest(subkey: object, value: object) -> bytes:
+    try:
+        packed = msgpack.packb([subkey, value], use_bin_type=True)
+    except (TypeError, ValueError, OverflowError):  # not re-packable as it came: its repr still names it
+        packed = repr((subkey, value)).encode("utf-8", "replace")
+    return hashlib.sha256(packed).digest()
+
+
+class HealthBook:
+    def __init__(self, run_hash: str) -> None:
+        self.run_hash = run_hash
+        self.invalid = 0  # distinct bad entries seen
+        self.problems: deque[str] = deque(maxlen=MAX_PROBLEMS)
+        self._entries: dict[str, _Entry] = {}
+        self._bad: OrderedDict[bytes, None] = OrderedDict()
+
+    def _count_bad(self, subkey: object, value: object, problem: str) -> None:
+        digest = _digest(subkey, value)
+        if digest in self._bad:
+            self._bad.move_to_end(digest)
+            return
+        self._bad[digest] = None
+        if len(self._bad) > MAX_REMEMBERED_BAD:
+            self._bad.popitem(last=False)
+        self.invalid += 1
+        self.problems.append(problem)
+
+    def update(self, raw: list[tuple[object, object, float]], now: float) -> None:
+        """Take in one poll's raw entries (subkey, value, expiration); drop what has expired."""
+        self._entries = {p: e for p, e in self._entries.items() if e.expires > now}  # expired pins go too
+        for subkey, value, expires in raw:
+            try:
+                signed = parse_health(subkey, value)
+                record = signed.record
+                if record.run_hash != self.run_hash:
+                    raise RecordError(f"the health record of {record.peer_id[-8:]} belongs to run {record.run_hash}.")
+                known = self._entries.get(record.peer_id)
+                if known is not None and known.signed.public_key != signed.public_key:
+                    raise RecordError(f"the health record of {record.peer_id[-8:]} is signed by key "
+                                      f"{signed.fingerprint}, but that peer signs with {known.signed.fingerprint}.")
+            except RecordError as e:
+                self._count_bad(subkey, value, str(e))
+                continue
+            if known is not None and known.signed.record.timestamp > record.timestamp:
+                continue  # an older record than the one we hold (a replay, or a slow DHT node)
+            self._entries[record.peer_id] = _Entry(signed, expires)
+
+    def live(self) -> dict[str, SignedHealth]:
+        return {peer: e.signed for peer, e in self._entries.items()}
+
+    def key_of(self, peer_id: str) -> str | None:
+        entry = self._entries.get(peer_id)
+        return fingerprint_of(entry.signed.public_key) if entry else None

@@ -1,0 +1,248 @@
+"""`DashboardState`: what the dashboard knows of a swarm, sampled from the DHT every second.
+
+Each sample reads the run spec (`SwarmDHT.fetch_run_spec`), every stage's announcements
+(`all_stage_peers`) and the health records (verified by a `HealthBook`), and turns them into
+one JSON-ready snapshot, the body of `/api/v1/state` (its schema is in `server.py`). Bounded
+time series of loss (per training step, from the head's records) and swarm tokens/s live in
+memory; peers that vanished are remembered as "offline" for a few minutes, so that a page
+shows what went away instead of silently shrinking.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass
+
+from hivemind.utils import get_dht_time
+
+from protocol.spec import RunSpec
+from swarm.dht import RecordError, StageAnnouncement, SwarmDHT
+from swarm.health import HealthRecord, fetch_health
+from swarm.local import dense_bytes_per_token
+from swarm.scalars import ScalarLog
+
+from .book import HealthBook
+
+log = logging.getLogger(__name__)
+
+SPEC_REFRESH_S = 30.0  # re-read the run spec this often (it is re-published, rarely changes)
+OFFLINE_KEEP_S = 300.0  # show a vanished peer as "offline" this long
+
+
+@dataclass
+class _Series:
+    maxlen: int
+
+    def __post_init__(self) -> None:
+        self.time: deque[float] = deque(maxlen=self.maxlen)
+        self.step: deque[int] = deque(maxlen=self.maxlen)
+        self.value: deque[float] = deque(maxlen=self.maxlen)
+
+    def add(self, t: float, step: int, value: float) -> None:
+        self.time.append(t)
+        self.step.append(step)
+        self.value.append(value)
+
+    def to_json(self) -> dict:
+        return {"time": list(self.time), "step": list(self.step), "value": list(self.value)}
+
+
+def _run_summary(spec: RunSpec, fingerprint: str) -> dict:
+    return {"hash": spec.run_hash, "name": spec.name, "codec": spec.codec, "rank": spec.boundary_width,
+            "stages": spec.n_stages, "stage_layers": list(spec.stage_layers), "d_model": spec.d_model,
+            "n_layers": spec.n_layers, "vocab": spec.vocab, "seq_len": spec.seq_len, "batch_size": spec.batch_size,
+            "wire_dtype": spec.wire_dtype, "quant": spec.quant, "basis_interval": spec.basis_interval,
+            "key": fingerprint}
+
+
+def _peer_view(ann: StageAnnouncement | None, h: HealthRecord | None, key: str | None, now: float) -> dict:
+    """One row of the peer table, from the announcement and/or the health record (the newer one's state)."""
+    newest = max((x for x in (ann, h) if x is not None), key=lambda x: x.timestamp)
+    view = {"peer_id": newest.peer_id, "stage": newest.stage, "state": newest.state, "online": newest.state == "online",
+            "age_s": round(max(0.0, now - newest.timestamp), 1), "health": h is not None, "key": key,
+            "tokens_per_s": ann.throughput if ann else 0.0, "queue": ann.queue if ann else 0,
+            "basis_version": ann.basis_version if ann else 0, "version": ann.version if ann else None}
+    if h is not None:
+        view.update(
+            step=h.step, tokens_per_s=h.tokens_per_s, queue=h.queue, loss=h.loss, bytes_in_per_s=h.bytes_in_per_s,
+            bytes_out_per_s=h.bytes_out_per_s, forward_bytes_per_token=h.forward_bytes_per_token,
+            backward_bytes_per_token=h.backward_bytes_per_token, codec=h.codec, rank=h.rank,
+            basis_version=h.basis_version, basis_updated_step=h.basis_updated_step, device=h.device,
+            memory_bytes=h.memory_bytes, uptime_s=round(h.uptime_s, 1), reachability=h.reachability,
+            version=h.version, refused=h.refused, banned=dict(h.banned))
+    return view
+
+
+class DashboardState:
+    def __init__(self, sdht: SwarmDHT, *, trusted_key: bytes | None = None, interval: float = 1.0,
+                 history: int = 2000, scalars: ScalarLog | None = None) -> None:
+        self.sdht, self.trusted_key, self.interval, self.scalars = sdht, trusted_key, interval, scalars
+        self.spec: RunSpec | None = None
+        self.samples = 0
+        self._fingerprint = ""
+        self._dense = 0.0
+        self._spec_read = -SPEC_REFRESH_S
+        self._book: HealthBook | None = None
+        self._error: str | None = "no sample yet."
+        self._gone: dict[str, tuple[float, dict]] = {}  # peer -> (monotonic time last seen, last view)
+        self._loss = _Series(history)
+        self._speed = _Series(history)
+        self._last_loss_step = 0
+        self._scalar_loss_step = 0  # the last loss step written to TensorBoard
+        self._last_head_stamp = 0.0
+        self._snapshot: dict = self._empty()
+
+    def _empty(self) -> dict:
+        return {"updated": time.time(), "error": self._error, "run": None, "stages": [], "peers": [], "banned": [],
+                "wire": None, "basis": None, "series": {"loss": self._loss.to_json(), "tokens_per_s":
+                self._speed.to_json()}, "invalid_records": self._book.invalid if self._book else 0,
+                "problems": list(self._book.problems) if self._book else []}
+
+    def snapshot(self) -> dict:
+        return self._snapshot
+
+    async def run(self) -> None:
+        """Sample until cancelled; a failed sample is logged and shown on the page, never fatal."""
+        while True:
+            try:
+                await self.sample()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # a DHT hiccup: say so on the page and try again next tick
+                log.warning("dashboard sample failed (%s: %s)", type(e).__name__, e)
+                self._error = f"the last sample failed ({type(e).__name__}: {e})."
+                self._snapshot = {**self._snapshot, "error": self._error}
+            await asyncio.sleep(self.interval)
+
+    async def _refresh_spec(self) -> None:
+        if self.spec is not None and time.monotonic() - self._spec_read < SPEC_REFRESH_S:
+            return
+        try:
+            signed = await self.sdht.fetch_run_spec(self.trusted_key)
+        except RecordError as e:
+            self._error = str(e)
+            return
+        self._spec_read = time.monotonic()
+        if signed is None:
+            if self.spec is None:
+                self._error = "no run spec in the DHT yet: is --initial-peers the address of a running swarm?"
+            return
+        spec = RunSpec.from_json(signed.spec_json)
+        if self.spec is None or spec.run_hash != self.spec.run_hash:
+            self.spec, self._fingerprint = spec, signed.fingerprint
+            self._dense = dense_bytes_per_token(spec)
+            self._book = HealthBook(spec.run_hash)
+
+    async def sample(self) -> None:
+        await self._refresh_spec()
+        spec, book = self.spec, self._book
+        if spec is None:
+            self._snapshot = self._empty()
+            return
+        anns, raw = await asyncio.gather(self.sdht.all_stage_peers(spec.run_hash, spec.n_stages),
+                                         fetch_health(self.sdht, spec.run_hash))
+        now = get_dht_time()
+        book.update(raw, now)
+        self._error = None
+        self._snapshot = self._build(spec, anns, book, now)
+        self.samples += 1
+
+    def _build(self, spec: RunSpec, anns: dict[int, list[StageAnnouncement]], book: HealthBook, now: float) -> dict:
+        health = book.live()
+        by_peer = {a.peer_id: a for stage in anns.values() for a in stage}
+        peers = [_peer_view(by_peer.get(p), health[p].record if p in health else None, book.key_of(p), now)
+                 for p in sorted(set(by_peer) | set(health))]
+        mono = time.monotonic()
+        for view in peers:
+            self._gone[view["peer_id"]] = (mono, view)
+        live_ids = {v["peer_id"] for v in peers}
+        self._gone = {p: (t, v) for p, (t, v) in self._gone.items() if mono - t < OFFLINE_KEEP_S}
+        for peer, (seen, view) in sorted(self._gone.items()):
+            if peer not in live_ids:
+                peers.append({**view, "state": "offline", "online": False, "tokens_per_s": 0.0,
+                              "age_s": round(view["age_s"] + mono - seen, 1)})
+        online = [v for v in peers if v["online"]]
+
+        stages = []
+        for s in range(spec.n_stages):
+            here = [v for v in online if v["stage"] == s]
+            stages.append({"stage": s, "layers": spec.stage_layers[s], "peers": len(here),
+                           "tokens_per_s": sum(v["tokens_per_s"] for v in here), "covered": bool(here),
+                           "bottleneck": False})
+        uncovered = [st for st in stages if not st["covered"]]
+        if uncovered:
+            for st in uncovered:
+                st["bottleneck"] = True
+        elif any(st["tokens_per_s"] > 0 for st in stages):
+            min(stages, key=lambda st: (st["tokens_per_s"], st["stage"]))["bottleneck"] = True
+
+        records = [s.record for s in health.values()]
+        act_bytes = sum(r.act_bytes_out for r in records)
+        act_tokens = sum(r.act_tokens_out for r in records)
+        grad_bytes = sum(r.grad_bytes_out for r in records)
+        grad_tokens = sum(r.grad_tokens_out for r in records)
+        forward = act_bytes / act_tokens if act_tokens else None
+        wire = {"forward_bytes_per_token": forward,
+                "backward_bytes_per_token": grad_bytes / grad_tokens if grad_tokens else None,
+                "dense_bytes_per_token": self._dense,
+                "compression_ratio": self._dense / forward if forward else None}
+
+        versions = [r for r in records if r.state == "online"]
+        top = max(versions, key=lambda r: (r.basis_version, r.basis_updated_step), default=None)
+        basis = {"version": top.basis_version if top else None, "updated_step": top.basis_updated_step if top else None,
+                 "mixed": len({r.basis_version for r in versions}) > 1}
+
+        banned: dict[str, dict] = {}
+        for r in records:
+            for peer, failures in r.banned.items():
+                entry = banned.setdefault(peer, {"peer_id": peer, "failures": 0, "reported_by": []})
+                entry["failures"] = max(entry["failures"], failures)
+                entry["reported_by"].append(r.peer_id)
+
+        self._extend_series(spec, records)
+        snapshot = {
+            "updated": time.time(), "error": None, "run": _run_summary(spec, self._fingerprint),
+            "stages": stages, "peers": peers, "banned": sorted(banned.values(), key=lambda b: -b["failures"]),
+            "wire": wire, "basis": basis,
+            "series": {"loss": self._loss.to_json(), "tokens_per_s": self._speed.to_json()},
+            "invalid_records": book.invalid, "problems": list(book.problems),
+        }
+        self._write_scalars(snapshot)
+        return snapshot
+
+    def _extend_series(self, spec: RunSpec, records: list[HealthRecord]) -> None:
+        heads = [r for r in records if r.stage == 0]
+        sources = [r for r in heads if r.loss_history or r.loss is not None] or \
+            [r for r in records if r.stage == spec.n_stages - 1]
+        points = sorted((p for r in sources for p in (r.loss_history or ([[r.step, r.loss, r.timestamp]]
+                                                                         if r.loss is not None else []))),
+                        key=lambda p: p[0])
+        for step, loss, t in points:
+            if step > self._last_loss_step:
+                self._loss.add(t, int(step), loss)
+                self._last_loss_step = int(step)
+        stamp = max((r.timestamp for r in heads), default=0.0)
+        if stamp > self._last_head_stamp and max(r.step for r in heads) > 0:  # a point per new head record, once training
+            self._last_head_stamp = stamp
+            self._speed.add(stamp, max(r.step for r in heads), sum(r.tokens_per_s for r in heads))
+
+    def _write_scalars(self, snapshot: dict) -> None:
+        if self.scalars is None:
+            return
+        step = max((v.get("step", 0) for v in snapshot["peers"] if v["online"]), default=0)
+        losses = self._loss.to_json()
+        for s, v in zip(losses["step"], losses["value"]):
+            if s > self._scalar_loss_step:
+                self.scalars.write(s, {"swarm/loss": v})
+                self._scalar_loss_step = s
+        wire = snapshot["wire"]
+        self.scalars.write(step, {
+            "swarm/tokens_per_s": self._speed.value[-1] if self._speed.value else None,
+            "swarm/peers": sum(v["online"] for v in snapshot["peers"]),
+            "swarm/stages_covered": sum(st["covered"] for st in snapshot["stages"]),
+            "swarm/invalid_records": snapshot["invalid_records"],
+            "wire/forward_bytes_per_token": wire["forward_bytes_per_token"],
+            "wire/compression_ratio": wire["compression_ratio"]})
+        self.scalars.flush()
