@@ -307,8 +307,6 @@ class StageDaemon:
         otherwise say why it is refused (nothing changes)."""
         if self.verify_update is None or not self.verify_update(update):
             return f"basis update {update.version} is not signed by the swarm's coordinator key."
-        if self.runner.scheduled == (update.version, update.effective_step):
-            return None  # the same update again (pushed and pulled): already scheduled
         try:
             await self._run(self.runner.schedule_basis, update.U, update.version, update.effective_step)
         except StageError as e:
@@ -371,7 +369,7 @@ class StageDaemon:
         self.tokens_done += tokens_total
         self.throughput = tokens_total / max(seconds, 1e-9)
         self.last_loss = sum(losses) / len(losses)
-        return StepLog(step + 1, self.last_loss, tokens_total, seconds, self.runner.basis_version, record.lr)
+        return StepLog(step + 1, self.last_loss, tokens_total, seconds, self.runner.version_for_step(step), record.lr)
 
 
 def _log_task_error(task: asyncio.Task) -> None:

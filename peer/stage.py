@@ -202,10 +202,12 @@ class StageRunner:
         """None if a basis of `version` may take effect at `effective_step`, else why not."""
         if self.basis is None:
             return "this run does not use the subspace codec."
-        if version != self.basis.version + 1:
-            return f"basis version {version} is not the next one (this stage is on version {self.basis.version})."
         if effective_step < self.step or (effective_step == self.step and self._work_started()):
             return f"basis version {version} was due at step {effective_step}, which has already started here."
+        if self._scheduled is not None and self._scheduled[0].version == version:
+            return f"basis version {version} is already scheduled for step {self._scheduled[1]}."
+        if version != self.basis.version + 1:
+            return f"basis version {version} is not the next one (this stage is on version {self.basis.version})."
         return None
 
     def schedule_basis(self, U: torch.Tensor, version: int, effective_step: int) -> None:
@@ -232,8 +234,6 @@ class StageRunner:
             return
         basis, _ = self._scheduled
         self.last_truncation = self.switch_basis(basis)
-        self.basis_updated_step = self.step
-        self.version_history.append((self.step, basis.version))
         self._scheduled = None  # last: until here version_for_step() already answers the new version
 
     def catch_up_basis(self, U: torch.Tensor, version: int, effective_step: int) -> float:
@@ -241,10 +241,7 @@ class StageRunner:
         if self.basis is None or version != self.basis_version + 1 or effective_step > self.step:
             raise StageError(f"basis version {version} cannot be caught up at step {self.step}.")
         U = canonical_basis(U, self.dtype).to(self.device)
-        truncated = self.switch_basis(SubspaceBasis(U, self.basis.T_fixed, version))
-        self.basis_updated_step = effective_step
-        self.version_history.append((effective_step, version))
-        return truncated
+        return self.switch_basis(SubspaceBasis(U, self.basis.T_fixed, version), first_step=effective_step)
 
     def drop_stale(self, max_age_s: float) -> int:
         """Forget forward passes whose gradient never came (the peer downstream died)."""
@@ -260,14 +257,17 @@ class StageRunner:
         self._backward_done.clear()
         self.optimizer.zero_grad(set_to_none=True)
 
-    def switch_basis(self, basis: SubspaceBasis) -> float:
-        """Map weights and first moments into the new subspace; returns the truncated energy
-        ||(I - P_new) W|| / ||W|| over the constrained weights (the function change at the switch)."""
+    def switch_basis(self, basis: SubspaceBasis, first_step: int | None = None) -> float:
+        """Map weights and first moments into the new subspace, used from `first_step` (default:
+        the current step) on; returns the truncated energy ||(I - P_new) W|| / ||W|| over the
+        constrained weights (the function change at the switch)."""
         before = [w.detach().clone() for _, w, _ in self.module.constrained_weights()]
         basis = basis.to(self.device, self.dtype)
         self.module.switch_basis(basis)
         self.optimizer.set_basis(basis.U)
         self.basis = basis
+        self.basis_updated_step = self.step if first_step is None else first_step
+        self.version_history.append((self.basis_updated_step, basis.version))
         after = [w.detach() for _, w, _ in self.module.constrained_weights()]
         num = sum(float((a - b).pow(2).sum()) for a, b in zip(after, before))
         den = sum(float(b.pow(2).sum()) for b in before)
@@ -291,10 +291,10 @@ class StageRunner:
         self.module.load_state_dict(state["module"])
         self.optimizer.load_state_dict(state["optimizer"])
         if self.basis is not None:
-            self.optimizer.set_basis(self.basis.U)
+            self.optimizer.U = self.basis.U  # the restored moments are already in span(U): no re-projection
         if state.get("stat") is not None and self.stat is not None:
             self.stat.copy_(state["stat"])
         self.step = int(state["step"])
         self.basis_updated_step = int(state.get("basis_updated_step", 0))
-        self.version_history = [(self.basis_updated_step, self.basis_version)]
+        self.version_history = [(0, self.basis_version)]
         self.abort_step()

@@ -38,8 +38,7 @@ DTYPE_CODES: dict[torch.dtype, int] = {
     torch.uint8: 5, torch.int16: 6, torch.int32: 7, torch.int64: 8, torch.float16: 9,
 }
 CODE_DTYPES = {v: k for k, v in DTYPE_CODES.items()}
-# uint16 is not a first-class torch dtype on every supported version; it travels as int16 bits.
-UINT16_CODE = 10
+UINT16_CODE = 10  # torch.uint16 (decoded through int16 bits: few ops support uint16 itself)
 
 KIND_ACTIVATION, KIND_GRADIENT, KIND_ERROR = "act", "grad", "err"
 
@@ -58,11 +57,9 @@ def token_bytes(vocab: int) -> int:
 
 # ---------------------------------------------------------------- tensors <-> ExtType
 
-def _pack_tensor(t: torch.Tensor, uint16: bool = False) -> msgpack.ExtType:
+def _pack_tensor(t: torch.Tensor) -> msgpack.ExtType:
     t = t.detach().to("cpu").contiguous()
-    code = UINT16_CODE if uint16 else DTYPE_CODES[t.dtype]
-    if uint16:
-        t = t.to(torch.int32).to(torch.int16)  # same low 16 bits; decoded as unsigned
+    code = UINT16_CODE if t.dtype == torch.uint16 else DTYPE_CODES[t.dtype]
     head = struct.pack(f"<BB{t.ndim}I", code, t.ndim, *t.shape)
     raw = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
     return msgpack.ExtType(TENSOR_EXT, head + raw)
@@ -146,7 +143,7 @@ def encode_message(msg: Message) -> bytes:
         return msgpack.packb({"k": KIND_ERROR, "e": msg.reason, "o": msg.code, "d": msg.detail})
     if isinstance(msg, ActivationMessage):
         d = _header_map(KIND_ACTIVATION, msg.header)
-        d["t"] = _pack_tensor(msg.tokens, uint16=msg.tokens.dtype == torch.int32 and msg.header.codec != "")
+        d["t"] = _pack_tensor(msg.tokens)
     else:
         d = _header_map(KIND_GRADIENT, msg.header)
         d["l"] = float(msg.loss)
@@ -157,9 +154,8 @@ def encode_message(msg: Message) -> bytes:
 
 
 def tokens_for_wire(tokens: torch.Tensor, vocab: int) -> torch.Tensor:
-    """Token ids in the smallest integer type that holds the vocab (uint16 travels as int32 here)."""
-    kind = token_dtype(vocab)
-    return tokens.to(torch.uint8 if kind == "uint8" else torch.int32)
+    """Token ids in the smallest integer type that holds the vocab."""
+    return tokens.to({"uint8": torch.uint8, "uint16": torch.uint16, "int32": torch.int32}[token_dtype(vocab)])
 
 
 @dataclass(frozen=True)
@@ -273,6 +269,5 @@ def header_bytes(msg: Message) -> int:
     if msg.payload.scale is not None:
         data += msg.payload.scale.numel() * msg.payload.scale.element_size()
     if isinstance(msg, ActivationMessage):
-        tb = 1 if msg.tokens.dtype == torch.uint8 else 2 if msg.tokens.dtype == torch.int32 else 4
-        data += msg.tokens.numel() * tb
+        data += msg.tokens.numel() * msg.tokens.element_size()
     return n - data

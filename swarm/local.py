@@ -47,6 +47,7 @@ class LocalOptions:
     workdir: str | None = None  # logs and reports; a temporary folder if None
     threads: int | None = None  # torch threads per peer; default: cores / processes
     quiet: bool = False
+    coordinator_key: str | None = None  # the swarm's signing key file (default: a fresh key)
     extra_peer_args: list[str] = field(default_factory=list)
     dashboard: bool = False  # `swarm local` turns it on (unless --no-dashboard); tests leave it off
     dashboard_port: int = 8080
@@ -135,8 +136,9 @@ class LocalSwarm:
         self.opts.spec.save(spec_path)
         maddrs_file = self.dir / "coordinator.json"
         maddrs_file.unlink(missing_ok=True)  # a workdir may be reused: never read an old run's address
+        key = ["--key", self.opts.coordinator_key] if self.opts.coordinator_key else []
         self.spawn("coordinator", ["coordinator", "--run-spec", str(spec_path), "--host-maddrs",
-                                   "/ip4/127.0.0.1/tcp/0", "--maddrs-file", str(maddrs_file)])
+                                   "/ip4/127.0.0.1/tcp/0", "--maddrs-file", str(maddrs_file), *key])
         self.wait_for_file(maddrs_file, "the coordinator", 90)
         self.maddrs = json.loads(maddrs_file.read_text())["maddrs"]
         return self.maddrs

@@ -10,6 +10,9 @@ import math
 from pathlib import Path
 
 
+FLUSH_S = 5  # TensorBoard's default (120 s) is too slow to follow a live run
+
+
 class ScalarLog:
     """Writes named scalars at a step into event files under `directory`."""
 
@@ -20,7 +23,7 @@ class ScalarLog:
             raise RuntimeError(f"--tensorboard needs the tensorboard package ({e}); pip install tensorboard.") from None
         Path(directory).mkdir(parents=True, exist_ok=True)
         self.directory = Path(directory)
-        self._writer = SummaryWriter(log_dir=str(directory))
+        self._writer = SummaryWriter(log_dir=str(directory), flush_secs=FLUSH_S)
 
     def write(self, step: int, values: dict[str, float | None], wall_time: float | None = None) -> None:
         for tag, value in values.items():

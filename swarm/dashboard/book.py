@@ -50,11 +50,13 @@ class HealthBook:
         self._entries: dict[str, _Entry] = {}
         self._bad: OrderedDict[bytes, None] = OrderedDict()
 
-    def _count_bad(self, subkey: object, value: object, problem: str) -> None:
-        digest = _digest(subkey, value)
+    def _known_bad(self, digest: bytes) -> bool:
         if digest in self._bad:
             self._bad.move_to_end(digest)
-            return
+            return True
+        return False
+
+    def _count_bad(self, digest: bytes, problem: str) -> None:
         self._bad[digest] = None
         if len(self._bad) > MAX_REMEMBERED_BAD:
             self._bad.popitem(last=False)
@@ -65,6 +67,9 @@ class HealthBook:
         """Take in one poll's raw entries (subkey, value, expiration); drop what has expired."""
         self._entries = {p: e for p, e in self._entries.items() if e.expires > now}  # expired pins go too
         for subkey, value, expires in raw:
+            digest = _digest(subkey, value)
+            if self._known_bad(digest):
+                continue  # once judged bad, an entry stays bad (also when a pin it broke is later released)
             try:
                 signed = parse_health(subkey, value)
                 record = signed.record
@@ -75,7 +80,7 @@ class HealthBook:
                     raise RecordError(f"the health record of {record.peer_id[-8:]} is signed by key "
                                       f"{signed.fingerprint}, but that peer signs with {known.signed.fingerprint}.")
             except RecordError as e:
-                self._count_bad(subkey, value, str(e))
+                self._count_bad(digest, str(e))
                 continue
             if known is not None and known.signed.record.timestamp > record.timestamp:
                 continue  # an older record than the one we hold (a replay, or a slow DHT node)

@@ -15,16 +15,20 @@ second (`state.py`) and serves, with aiohttp, everything from this package (no C
                        stage_layers, d_model, n_layers, vocab, seq_len, batch_size, wire_dtype,
                        quant, basis_interval, key (the coordinator key's fingerprint)}
     stages             [{stage, layers, peers (online), tokens_per_s (sum of its online peers),
-                         covered, bottleneck (uncovered, else the lowest tokens/s)}]
-    peers              [{peer_id, stage, state (joining|online|leaving|offline), online, age_s
+                         covered, bottleneck (uncovered; else the slowest, if below 90% of the
+                         fastest)}]
+    peers              [{peer_id, stage, state (joining|online|leaving|offline|unannounced), online
+                         (announced and online: what counts for coverage), announced, age_s
                          (since its newest record), health (has a valid health record), key
                          (fingerprint of its health key), tokens_per_s, queue, basis_version,
                          version, and from its health record: step, loss, bytes_in_per_s,
                          bytes_out_per_s, forward_bytes_per_token, backward_bytes_per_token,
                          codec, rank, basis_updated_step, device, memory_bytes, uptime_s,
                          reachability (direct|relayed), refused, banned {peer: failures}}]
-                       ("offline": seen in the last 5 minutes, no live record now)
+                       ("offline": seen in the last 5 minutes, no live record now;
+                        "unannounced": a health record without a stage announcement)
     banned             [{peer_id, failures, reported_by: [peer ids]}] from the peers' routers
+                       (banned, wire, basis and series use announced peers' records only)
     wire               {forward_bytes_per_token, backward_bytes_per_token,
                         dense_bytes_per_token, compression_ratio (dense / forward)}
     basis              {version, updated_step, mixed (online peers disagree)}

@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 
 SPEC_REFRESH_S = 30.0  # re-read the run spec this often (it is re-published, rarely changes)
 OFFLINE_KEEP_S = 300.0  # show a vanished peer as "offline" this long
+BALANCED = 0.9  # a stage is the bottleneck only below this fraction of the fastest stage's tokens/s
 
 
 @dataclass
@@ -58,10 +59,16 @@ def _run_summary(spec: RunSpec, fingerprint: str) -> dict:
 
 
 def _peer_view(ann: StageAnnouncement | None, h: HealthRecord | None, key: str | None, now: float) -> dict:
-    """One row of the peer table, from the announcement and/or the health record (the newer one's state)."""
+    """One row of the peer table, from the announcement and/or the health record (the newer one's state).
+
+    Only an announced peer counts as online: routers find peers by their announcements, so a
+    health record alone (a peer mid-exit, or someone else's junk) is shown as "unannounced".
+    """
     newest = max((x for x in (ann, h) if x is not None), key=lambda x: x.timestamp)
-    view = {"peer_id": newest.peer_id, "stage": newest.stage, "state": newest.state, "online": newest.state == "online",
-            "age_s": round(max(0.0, now - newest.timestamp), 1), "health": h is not None, "key": key,
+    state = newest.state if ann is not None else "unannounced"
+    view = {"peer_id": newest.peer_id, "stage": newest.stage, "state": state, "online": state == "online",
+            "announced": ann is not None, "age_s": round(max(0.0, now - newest.timestamp), 1),
+            "health": h is not None, "key": key,
             "tokens_per_s": ann.throughput if ann else 0.0, "queue": ann.queue if ann else 0,
             "basis_version": ann.basis_version if ann else 0, "version": ann.version if ann else None}
     if h is not None:
@@ -73,6 +80,17 @@ def _peer_view(ann: StageAnnouncement | None, h: HealthRecord | None, key: str |
             memory_bytes=h.memory_bytes, uptime_s=round(h.uptime_s, 1), reachability=h.reachability,
             version=h.version, refused=h.refused, banned=dict(h.banned))
     return view
+
+
+def _mark_bottleneck(stages: list[dict]) -> None:
+    """Uncovered stages; else the slowest stage, if clearly slower (in a synchronous pipeline every
+    stage passes the same tokens, so differences within BALANCED are measurement noise)."""
+    uncovered = [st for st in stages if not st["covered"]]
+    for st in uncovered:
+        st["bottleneck"] = True
+    speeds = [st["tokens_per_s"] for st in stages]
+    if not uncovered and max(speeds) > 0 and min(speeds) < BALANCED * max(speeds):
+        min(stages, key=lambda st: (st["tokens_per_s"], st["stage"]))["bottleneck"] = True
 
 
 class DashboardState:
@@ -171,14 +189,10 @@ class DashboardState:
             stages.append({"stage": s, "layers": spec.stage_layers[s], "peers": len(here),
                            "tokens_per_s": sum(v["tokens_per_s"] for v in here), "covered": bool(here),
                            "bottleneck": False})
-        uncovered = [st for st in stages if not st["covered"]]
-        if uncovered:
-            for st in uncovered:
-                st["bottleneck"] = True
-        elif any(st["tokens_per_s"] > 0 for st in stages):
-            min(stages, key=lambda st: (st["tokens_per_s"], st["stage"]))["bottleneck"] = True
+        _mark_bottleneck(stages)
 
-        records = [s.record for s in health.values()]
+        # Swarm figures come from announced peers only: a health record alone may be anyone's.
+        records = [s.record for p, s in health.items() if p in by_peer]
         act_bytes = sum(r.act_bytes_out for r in records)
         act_tokens = sum(r.act_tokens_out for r in records)
         grad_bytes = sum(r.grad_bytes_out for r in records)
@@ -214,8 +228,8 @@ class DashboardState:
 
     def _extend_series(self, spec: RunSpec, records: list[HealthRecord]) -> None:
         heads = [r for r in records if r.stage == 0]
-        sources = [r for r in heads if r.loss_history or r.loss is not None] or \
-            [r for r in records if r.stage == spec.n_stages - 1]
+        # The head's loss is the step's mean; a tail's is one microbatch's: use it only with no head at all.
+        sources = heads or [r for r in records if r.stage == spec.n_stages - 1]
         points = sorted((p for r in sources for p in (r.loss_history or ([[r.step, r.loss, r.timestamp]]
                                                                          if r.loss is not None else []))),
                         key=lambda p: p[0])

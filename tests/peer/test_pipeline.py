@@ -16,10 +16,11 @@ import torch
 
 from peer.data import BatchSource, load_corpus, unigram_entropy_nats
 from peer.pipeline import InProcessPipeline
+from protocol.codecs import WirePacker
 from protocol.reference import ReferenceModel
 from protocol.spec import preset
 from protocol.subspace import project_cols
-from protocol.wire import header_bytes
+from protocol.wire import ActivationMessage, Header, header_bytes, tokens_for_wire
 
 SEQ = 32
 
@@ -142,8 +143,6 @@ def test_wire_message_sizes_match_header_bytes(corpus):
     pipe = InProcessPipeline(spec)
     src = BatchSource(corpus, SEQ, spec.microbatch_size, seed=7)
     pipe.train_step(0, src.microbatch)
-    from protocol.codecs import WirePacker
-    from protocol.wire import ActivationMessage, Header, tokens_for_wire
     msg = ActivationMessage(Header(spec.run_hash, 0, 0, 0, spec.codec, 1),
                             tokens_for_wire(src.microbatch(0, 0), 256),
                             WirePacker.for_spec(spec).pack(torch.zeros(4, SEQ, spec.rank)))

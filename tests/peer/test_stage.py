@@ -14,6 +14,15 @@ from protocol.subspace import SubspaceBasis, grassmann_step, out_of_subspace, pr
 F64 = torch.float64
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny matrices: threads only add contention (and run time on a busy CI box)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def small(**kw):
     base = dict(d_model=64, n_heads=4, d_ff=128, seq_len=16, n_layers=2, stages=2, batch_size=8,
                 microbatch_size=4, rank=8, dtype="fp64", wire_dtype="fp64", lr=1e-3)
@@ -124,6 +133,28 @@ def test_checkpoint_resume_continues_identically(tmp_path, mode):
     assert [c.train_step(step, batch).loss for step in range(3)] != losses_a
 
 
+def test_checkpoint_resume_across_basis_refits(tmp_path):
+    """A checkpoint taken after a re-fit carries U and the statistic: the resumed pipeline takes
+    the next re-fit and switch exactly as the original does."""
+    spec = small(stages=3, n_layers=3, basis_interval=4, basis_switch_delay=2)
+    a = InProcessPipeline(spec)
+    for step in range(7):  # version 1 took effect at step 6
+        a.train_step(step, batch)
+    assert a.runners[0].basis_version == 1
+    for i, r in enumerate(a.runners):
+        torch.save(r.state_dict(), tmp_path / f"stage{i}.pt")
+    b = InProcessPipeline(spec)
+    for i, r in enumerate(b.runners):
+        r.load_state_dict(torch.load(tmp_path / f"stage{i}.pt"))
+        assert r.basis_version == 1 and torch.equal(r.basis.U, a.runners[i].basis.U)
+    losses_a = [a.train_step(step, batch).loss for step in range(7, 12)]
+    losses_b = [b.train_step(step, batch).loss for step in range(7, 12)]
+    assert losses_a == losses_b
+    assert b.runners[0].basis_version == 2 and torch.equal(a.runners[0].basis.U, b.runners[0].basis.U)
+    for xs, ys in zip(state_of(a), state_of(b)):
+        assert all(torch.equal(x, y) for x, y in zip(xs, ys))
+
+
 def test_checkpoint_of_another_stage_or_run_refused(tmp_path):
     spec = small()
     state = StageRunner(spec, 0).state_dict()
@@ -184,3 +215,28 @@ def test_switch_basis(mode):
         assert out_of_subspace((h - new.T_fixed[tok]).reshape(-1, spec.d_model), new.U, rows=True) < 1e-12
         assert out_of_subspace((h - new.T_fixed[tok]).reshape(-1, spec.d_model), old.U, rows=True) > 1e-4
         assert float((pipe.runners[1].module.enter(tok, z) - h).norm() / h.norm()) < 1e-12
+
+
+def test_scheduled_refits_in_pipeline():
+    """Re-fits every 4 steps, effective 2 steps later: every stage switches together to the same
+    orthonormal U, each move within the angle cap, weights stay in the live subspace."""
+    spec = small(stages=3, n_layers=3, basis_interval=4, basis_switch_delay=2)
+    pipe = InProcessPipeline(spec)
+    bases = [pipe.runners[0].basis.U.clone()]
+    for step in range(13):
+        assert pipe.train_step(step, batch).loss < 6
+        U = pipe.runners[0].basis.U
+        if not torch.equal(U, bases[-1]):
+            bases.append(U.clone())
+        versions = {r.basis_version for r in pipe.runners}
+        assert len(versions) == 1
+        for r in pipe.runners:
+            assert torch.equal(r.basis.U, U)
+            for name, w, rows in r.module.constrained_weights():
+                assert out_of_subspace(w, U, rows=rows) < 1e-12, (step, name)
+    assert pipe.basis_log == [(1, 6), (2, 10), (3, 14)]
+    assert len(bases) == 3 and pipe.runners[0].basis_version == 2
+    for old, new in zip(bases, bases[1:]):
+        assert float((new.T @ new - torch.eye(spec.rank, dtype=F64)).abs().max()) < 1e-12
+        assert 1e-4 < float(principal_angles(old, new).max()) <= spec.grassmann_max_angle + 1e-12
+    assert all(0 < r.last_truncation < 0.2 for r in pipe.runners[:-1])

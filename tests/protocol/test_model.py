@@ -143,7 +143,6 @@ def test_negative_control_w_o_off_subspace():
         rec = reconstruction_error(spec, stages, tok, packer)
     assert act > 1e-6, act
     assert rec > 1e-6, rec
-    assert act > 1e6 * max(base_act, 1e-300) or base_act == 0
 
 
 def test_dense_codec_is_identity():

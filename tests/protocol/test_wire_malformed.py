@@ -153,6 +153,18 @@ def test_bf16_nan_refused():
     refused(msgpack.packb(act_map(r=spec.run_hash, p=ext(p))), WireLimits.for_spec(spec))
 
 
+def test_basis_version_window():
+    """Only this peer's version, or (while a switch is scheduled) the next one."""
+    assert isinstance(decode_message(msgpack.packb(act_map(v=3)), WireLimits.for_spec(SPEC, 3)), ActivationMessage)
+    for v in (2, 4, 5):
+        refused(msgpack.packb(act_map(v=v)), WireLimits.for_spec(SPEC, 3))
+    nxt = WireLimits.for_spec(SPEC, 3, accept_next_basis=True)
+    assert decode_message(msgpack.packb(act_map(v=4)), nxt).header.basis_version == 4
+    assert decode_message(msgpack.packb(grad_map(v=3)), nxt).header.basis_version == 3
+    for v in (2, 5):
+        refused(msgpack.packb(act_map(v=v)), nxt)
+
+
 def test_oversized_refused_before_parsing():
     buf = valid_buf()
     refused(buf, WireLimits.for_spec(SPEC, max_bytes=len(buf) - 1))

@@ -3,6 +3,7 @@
 "use strict";
 
 const POLL_MS = 1500;
+const TIME_INCRS = [1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 14400, 43200, 86400];
 const view = { sortKey: "stage", sortDir: 1, charts: {}, last: null };
 
 const $ = (id) => document.getElementById(id);
@@ -106,7 +107,8 @@ function chart(id, label, color, series) {
     plot = new uPlot({
       width, height: 220, legend: { show: false }, cursor: { drag: { x: false, y: false } },
       scales: { x: { time: true } },
-      axes: [{ stroke: "#8a93a6", grid: { stroke: "#2a3142" } },
+      // whole seconds at the finest: two samples 5 s apart would otherwise get millisecond ticks
+      axes: [{ stroke: "#8a93a6", grid: { stroke: "#2a3142" }, incrs: TIME_INCRS },
              { stroke: "#8a93a6", grid: { stroke: "#2a3142" }, size: 60 }],
       series: [{}, { label, stroke: color, width: 2, points: { show: series.value.length < 60 } }],
     }, data, host);

@@ -1,0 +1,150 @@
+"""Grassmann basis updates in a real swarm: exact across switches, safe against bad updates,
+and a restarted peer comes back on the current basis.
+
+3 stages, subspace codec, basis_interval 5 (switch delay 2), fp32, one torch thread per peer.
+"""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from peer.data import BatchSource, load_corpus
+from peer.pipeline import InProcessPipeline
+from protocol.basis_update import BasisUpdate, decode_update, encode_update
+from protocol.spec import RunSpec, preset
+from protocol.wire import ErrorReply, WireLimits, decode_message
+from swarm.dht import SwarmDHT, start_dht, stop_dht
+from swarm.keys import SigningKey
+from swarm.local import LocalOptions, LocalSwarm
+from swarm.transport import Transport
+from tests.e2e.conftest import wait_for_event
+
+SPEC = dict(codec="subspace", stages=3, basis_interval=5)
+
+
+def oracle(spec: RunSpec, steps: int) -> tuple[list[float], list[tuple[int, int]]]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        src = BatchSource(load_corpus(None, seq_len=spec.seq_len), spec.seq_len, spec.microbatch_size, spec.data_seed)
+        pipe = InProcessPipeline(spec)
+        losses = [pipe.train_step(s, src.microbatch).loss for s in range(steps)]
+        return losses, pipe.basis_log
+    finally:
+        torch.set_num_threads(threads)
+
+
+def assert_matches(swarm_steps: list[dict], losses: list[float], first_step: int = 1) -> None:
+    for rec in swarm_steps:
+        want = losses[rec["step"] - 1]
+        assert abs(rec["loss"] - want) / want < 1e-5, f"step {rec['step']}: swarm {rec['loss']} vs oracle {want}"
+    assert swarm_steps[0]["step"] == first_step
+
+
+class Client:
+    """A DHT client and transport in the test process, speaking to the swarm's peers."""
+
+    def __init__(self, maddrs: list[str]) -> None:
+        self.maddrs = maddrs
+
+    async def __aenter__(self) -> "Client":
+        self.dht = await asyncio.to_thread(start_dht, self.maddrs, ["/ip4/127.0.0.1/tcp/0"], None, True)
+        self.sdht = SwarmDHT(self.dht)
+        self.spec = RunSpec.from_json((await self.sdht.fetch_run_spec()).spec_json)
+        self.p2p = await self.dht.replicate_p2p()
+        self.transport = Transport(self.p2p, f"subspace-swarm-{self.spec.run_hash}", timeout=30)
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.transport.close()
+        await self.p2p.shutdown()
+        await asyncio.to_thread(stop_dht, self.dht)
+
+    async def wait_for_version(self, version: int, timeout: float = 120) -> BasisUpdate:
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            found = await self.sdht.fetch_bases(self.spec.run_hash)
+            if version in found:
+                return decode_update(found[version], self.spec)
+            assert asyncio.get_running_loop().time() < deadline, f"basis version {version} never appeared"
+            await asyncio.sleep(0.1)  # poll interval of the DHT
+
+    async def refusal(self, peer: str, update: BasisUpdate) -> str:
+        reply = await self.transport.request(peer, "basis", encode_update(update))
+        assert reply != b"", f"peer {peer[-6:]} accepted a bad update (v{update.version} @ {update.effective_step})"
+        msg = decode_message(reply, WireLimits.for_spec(self.spec))
+        assert isinstance(msg, ErrorReply)
+        return msg.reason
+
+
+def _signed(spec: RunSpec, key: SigningKey, version: int, step: int, U: torch.Tensor) -> BasisUpdate:
+    u = BasisUpdate(spec.run_hash, version, step, U)
+    u.signature = key.sign(u.signing_bytes())
+    return u
+
+
+async def test_swarm_matches_oracle_across_switches_and_refuses_bad_updates(tmp_path):
+    steps = 30
+    spec = preset("tiny", **SPEC)
+    key_path = tmp_path / "swarm.key"
+    key = SigningKey.load_or_create(key_path)
+    swarm = LocalSwarm(LocalOptions(spec, steps=steps, workdir=str(tmp_path / "run"), quiet=True, threads=1,
+                                    latency="15ms", coordinator_key=str(key_path)))
+    try:
+        maddrs = await asyncio.to_thread(swarm.start)
+        follow = asyncio.create_task(asyncio.to_thread(swarm.follow))
+        async with Client(maddrs) as c:
+            v1 = await c.wait_for_version(1)
+            peers = [wait_for_event(swarm, f"stage{s}", "ready")[0]["peer_id"] for s in range(3)]
+            stranger = SigningKey.generate()
+            for peer in peers:
+                reasons = [
+                    await c.refusal(peer, _signed(c.spec, stranger, 2, 10_000, v1.U)),  # forged
+                    await c.refusal(peer, v1),  # replayed (genuine, already applied or scheduled)
+                    await c.refusal(peer, _signed(c.spec, key, 3, 10_000, v1.U)),  # skips a version
+                    await c.refusal(peer, _signed(c.spec, key, 2, 1, v1.U)),  # for a step already passed
+                ]
+                assert "not signed" in reasons[0]
+                assert any(w in reasons[1] for w in ("not the next", "already scheduled", "already started"))
+                assert "not the next" in reasons[2]
+                assert "already started" in reasons[3]
+            published = [await c.wait_for_version(v) for v in (1, 2, 3, 4, 5)]
+        swarm_steps = await follow
+    finally:
+        await asyncio.to_thread(swarm.stop)
+
+    losses, log = oracle(spec, steps)
+    assert_matches(swarm_steps, losses)
+    assert [(u.version, u.effective_step) for u in published] == log[:5]
+    # the steps report the basis version they trained with: each switch is where the oracle put it
+    for rec in swarm_steps:
+        want = sum(1 for _, eff in log if eff <= rec["step"] - 1)
+        assert rec["basis_version"] == want, f"step {rec['step']} on version {rec['basis_version']}, want {want}"
+
+
+async def test_restarted_head_comes_back_on_the_current_basis(tmp_path):
+    spec = preset("tiny", **SPEC)
+    ckpt = tmp_path / "ckpt"
+    swarm = LocalSwarm(LocalOptions(spec, steps=13, workdir=str(tmp_path / "run"), quiet=True, threads=1))
+    try:
+        await asyncio.to_thread(swarm.start_coordinator)
+        for s in (1, 2):
+            swarm.start_peer(s)
+        first = swarm.start_peer(0, "--steps", "13", "--checkpoint-dir", str(ckpt), name="head")
+        await asyncio.to_thread(wait_for_event, swarm, "head", "done", 180)
+        assert await asyncio.to_thread(first.wait, 60) == 0
+        swarm.procs = [(n, p) for n, p in swarm.procs if p is not first]  # it finished as asked, not crashed
+        before = [e for e in swarm.events("head") if e["event"] == "step"]
+        assert before[-1]["basis_version"] == 2, "two updates (effective at steps 8 and 13) were expected"
+
+        swarm.start_peer(0, "--steps", "4", "--checkpoint-dir", str(ckpt), "--resume", name="head2")
+        after = await asyncio.to_thread(wait_for_event, swarm, "head2", "step", 180, 4)
+    finally:
+        await asyncio.to_thread(swarm.stop)
+
+    losses, _ = oracle(spec, 17)
+    assert_matches(before, losses, first_step=1)
+    assert_matches(after, losses, first_step=14)
+    assert after[0]["basis_version"] == 2

@@ -1,0 +1,325 @@
+"""The dashboard against a live local swarm (coordinator + 3 peers + `swarm dashboard`, tiny preset).
+
+One swarm serves the whole module, in order: the JSON API and /metrics match what the peers
+publish; forged and malformed health records stored in the DHT are ignored and counted; a
+real headless Chromium shows the stages, a growing loss chart, and a killed peer going
+offline; finally the swarm stops and the TensorBoard event files of the head, the tail and the
+dashboard are read back.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import socket
+import time
+import urllib.request
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+import swarm as swarm_package
+from protocol.spec import preset
+from swarm.dht import SwarmDHT, start_dht, stop_dht
+from swarm.health import SignedHealth, fetch_health, parse_health
+from swarm.keys import SigningKey
+from swarm.local import LocalOptions, LocalSwarm
+from tests.e2e.conftest import wait_for_event
+from tests.swarm.conftest import no_leftover_p2pd, p2pd_marker  # noqa: F401  (the p2pd-leak guard, reused)
+from tests.swarm.test_health import record
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+SCREENSHOT = Path(swarm_package.__file__).parent / "dashboard" / "screenshot.png"
+RECORD_TTL = 15.0  # the peers' ttl (PeerOptions.ttl): how long a dead peer's records live on
+
+
+@dataclass
+class Live:
+    swarm: LocalSwarm
+    url: str
+    health_ports: dict[int, int]
+    tensorboard: dict[str, Path]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get(url: str) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def state(live: Live) -> dict:
+    status, body = get(live.url + "api/v1/state")
+    assert status == 200
+    return json.loads(body)
+
+
+def eventually(check, timeout: float, what: str):
+    """Poll `check()` until it returns something truthy; fail with `what` and the last value at the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what} within {timeout:g} s (last: {result!r})")
+        time.sleep(0.3)  # poll interval of the dashboard's API
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("dashboard")
+    swarm = LocalSwarm(LocalOptions(preset("tiny", stages=3), workdir=str(tmp / "swarm"), threads=1, quiet=True))
+    try:
+        swarm.start_coordinator()
+        ports = {s: free_port() for s in range(3)}
+        tb = {name: tmp / f"tb-{name}" for name in ("head", "tail", "dashboard")}
+        swarm.start_peer(0, "--steps", "100000", "--health-port", str(ports[0]), "--tensorboard", str(tb["head"]))
+        swarm.start_peer(1, "--health-port", str(ports[1]))
+        swarm.start_peer(2, "--health-port", str(ports[2]), "--tensorboard", str(tb["tail"]))
+        url = swarm.start_dashboard(0, "--tensorboard", str(tb["dashboard"]))
+        wait_for_event(swarm, "stage0", "step", count=2)
+        yield Live(swarm, url, ports, tb)
+    finally:
+        swarm.stop(grace=10.0)
+
+
+def all_stages_reporting(live: Live) -> dict | None:
+    snap = state(live)
+    online = [p for p in snap["peers"] if p["online"] and p["health"] and p.get("step", 0) > 0]
+    return snap if len(online) == 3 and [s["peers"] for s in snap["stages"]] == [1, 1, 1] else None
+
+
+@contextmanager
+def dht_client(live: Live):
+    dht = start_dht(live.swarm.maddrs, ["/ip4/127.0.0.1/tcp/0"], None, True)
+    try:
+        yield SwarmDHT(dht)
+    finally:
+        stop_dht(dht)
+
+
+@contextmanager
+def page_of(live: Live):
+    """A real headless Chromium on the dashboard; skips with the reason if there is none."""
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"no Chromium at {CHROMIUM} (CI installs it: apt-get install -y chromium)")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="Playwright for Python is not installed")
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            errors: list[str] = []  # script errors, and console errors such as CSP violations or 404s
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+            page.goto(live.url)
+            page.wait_for_selector("body[data-ready='1']", timeout=20_000)
+            yield page
+            assert not errors, f"the page reported errors: {errors}"
+        finally:
+            browser.close()
+
+
+# ---------------------------------------------------------------------------------------------- API
+
+async def test_api_state_matches_the_records_the_peers_publish(live):
+    snap = await asyncio.to_thread(eventually, lambda: all_stages_reporting(live), 40, "three reporting stages")
+    assert snap["run"]["stages"] == 3 and snap["run"]["name"] == "tiny" and snap["error"] is None
+    assert snap["wire"]["compression_ratio"] > 1 and snap["wire"]["forward_bytes_per_token"] > 0
+
+    with dht_client(live) as sdht:  # the records themselves, read by an independent client
+        deadline = time.monotonic() + 30
+        while True:
+            raw = await fetch_health(sdht, snap["run"]["hash"])
+            records = {r.peer_id: r for r in (parse_health(k, v).record for k, v, _ in raw)}
+            api = {p["peer_id"]: p for p in state(live)["peers"] if p["online"]}
+            same = set(records) == set(api) and all(
+                (api[p]["step"], api[p]["basis_version"], api[p]["tokens_per_s"], api[p]["loss"], api[p]["stage"])
+                == (r.step, r.basis_version, r.tokens_per_s, r.loss, r.stage) for p, r in records.items())
+            if same:
+                break
+            assert time.monotonic() < deadline, f"the API never matched the DHT's records: {api} vs {records}"
+            await asyncio.sleep(0.3)  # the dashboard samples every second, the peers publish every 5 s
+    assert sorted(r.stage for r in records.values()) == [0, 1, 2]
+    assert records[next(p for p, r in records.items() if r.stage == 0)].loss is not None
+
+    for stage, port in live.health_ports.items():  # /healthz of each peer agrees, and is ahead or level
+        status, body = get(f"http://127.0.0.1:{port}/healthz")
+        healthz = json.loads(body)
+        assert status == 200 and healthz["state"] == "online" and healthz["stage"] == stage
+        assert healthz["run"] == snap["run"]["hash"]
+        assert healthz["step"] >= api[healthz["peer_id"]]["step"] and api[healthz["peer_id"]]["stage"] == stage
+
+
+def test_metrics_parse_and_match_the_api(live):
+    def consistent():
+        status, text = get(live.url + "metrics")
+        snap = state(live)
+        values = {}
+        for family in text_string_to_metric_families(text.decode()):
+            for s in family.samples:
+                values[(s.name, s.labels.get("peer"))] = s.value
+        peers = [p for p in snap["peers"] if p["online"]]
+        ok = status == 200 and len(peers) == 3 and all(
+            values.get(("swarm_peer_step", p["peer_id"])) == p["step"]
+            and values.get(("swarm_peer_basis_version", p["peer_id"])) == p["basis_version"]
+            and values.get(("swarm_peer_tokens_per_second", p["peer_id"])) == pytest.approx(p["tokens_per_s"])
+            for p in peers)
+        return values if ok else None
+
+    values = eventually(consistent, 20, "/metrics matching /api/v1/state")
+    assert values[("swarm_stages", None)] == 3 and values[("swarm_stages_covered", None)] == 3
+    assert values[("swarm_peers", None)] == 3 and values[("swarm_invalid_records", None)] == 0
+    assert values[("swarm_compression_ratio", None)] > 1
+
+
+# ---------------------------------------------------------------------------------------------- the page
+
+def stage_peers(page) -> list[str]:
+    return [page.get_attribute(f"#stages .stage >> nth={i}", "data-peers")
+            for i in range(page.locator("#stages .stage").count())]
+
+
+def chart_points(page) -> int:
+    return int(page.get_attribute("#loss-chart", "data-points"))
+
+
+def test_page_shows_three_stages_and_a_growing_loss_chart(live, tmp_path):
+    # The page runs under its own Content-Security-Policy (no eval), so the test reads it through
+    # locators and polls from Python rather than evaluating functions inside it.
+    with page_of(live) as page:
+        eventually(lambda: stage_peers(page) == ["1", "1", "1"], 30, "three stages of one peer each")
+        assert page.locator("#peers tbody tr[data-state='online']").count() == 3
+        assert "tiny" in page.inner_text("#run-name")
+        points = eventually(lambda: chart_points(page), 30, "points on the loss chart")
+        eventually(lambda: chart_points(page) > points, 30, "the loss chart growing")
+        assert page.locator("#loss-chart canvas").count() == 1, "uPlot drew no chart"
+        assert page.inner_text("#card-ratio").endswith("×")
+        page.screenshot(path=str(tmp_path / "dashboard.png"), full_page=True)
+        if not SCREENSHOT.exists() or os.environ.get("SWARM_UPDATE_SCREENSHOT") == "1":
+            shutil.copyfile(tmp_path / "dashboard.png", SCREENSHOT)  # the README's picture
+        assert (tmp_path / "dashboard.png").stat().st_size > 10_000
+
+
+# ---------------------------------------------------------------------------------------------- forgeries
+
+async def test_forged_and_malformed_health_records_are_ignored_and_counted(live):
+    snap = state(live)
+    run, before = snap["run"]["hash"], snap["invalid_records"]
+    honest, forger = SigningKey.generate(), SigningKey.generate()
+
+    def signed(peer: str, key: SigningKey, **fields) -> dict:
+        return SignedHealth.create(record(peer, run_hash=run, stage=2, timestamp=time.time(), **fields), key).to_value()
+
+    bad_signature = signed("12D3KooWBadSignature", forger)
+    bad_signature["signature"] = bytes(64)
+    missing = signed("12D3KooWMissingField", forger)
+    del missing["step"]
+    junk = {
+        "12D3KooWBadSignature": bad_signature,
+        "12D3KooWMisfiled": signed("12D3KooWSomeoneElse", forger),  # valid, but under another peer's id
+        "12D3KooWNotARecord": "<script>alert(1)</script>",
+        "12D3KooWMissingField": missing,
+        "12D3KooWOtherRun": SignedHealth.create(record("12D3KooWOtherRun", run_hash="0" * 16), forger).to_value(),
+        "12D3KooWBadNumbers": {**signed("12D3KooWBadNumbers", forger), "tokens_per_s": -1.0},
+    }
+    victim = "12D3KooWPinnedPeer"
+    with dht_client(live) as sdht:
+        now = time.time()
+        # a peer that publishes one honest record: the dashboard pins its key
+        assert await sdht.dht.store(f"subspace-swarm/{run}/health", signed(victim, honest, step=7), now + 8,
+                                    subkey=victim, return_future=True)
+        await asyncio.to_thread(eventually, lambda: any(p["peer_id"] == victim and p["step"] == 7
+                                                        for p in state(live)["peers"]), 20, "the pinned peer")
+        # ... then a record for the same peer id, signed by another key, replaces it in the DHT
+        forged = signed(victim, forger, step=999999)
+        assert await sdht.dht.store(f"subspace-swarm/{run}/health", forged, now + 9, subkey=victim,
+                                    return_future=True)
+        for subkey, value in junk.items():
+            assert await sdht.dht.store(f"subspace-swarm/{run}/health", value, now + 30, subkey=subkey,
+                                        return_future=True)
+
+        def counted():
+            snap = state(live)
+            seen = {p["peer_id"]: p for p in snap["peers"]}
+            assert all(p.get("step") != 999999 for p in snap["peers"]), "a forged record reached the API"
+            assert victim not in seen or seen[victim]["step"] == 7
+            return snap if snap["invalid_records"] == before + len(junk) + 1 else None
+
+        snap = await asyncio.to_thread(eventually, counted, 20, f"{len(junk) + 1} more invalid records")
+        samples = snap["updated"]
+        await asyncio.to_thread(eventually, lambda: state(live)["updated"] > samples + 2, 15, "three more samples")
+        after = state(live)
+    assert after["invalid_records"] == before + len(junk) + 1, "the same bad entries were counted again"
+    shown = {p["peer_id"] for p in after["peers"]}
+    assert not shown & (set(junk) | {"12D3KooWSomeoneElse"}), "an invalid record shows as a peer"
+    assert sum(p["online"] for p in after["peers"]) == 3 and after["error"] is None, "the forgeries broke the API"
+    assert any("signed by key" in p for p in after["problems"])
+    status, text = get(live.url + "metrics")
+    assert status == 200 and f"swarm_invalid_records {float(after['invalid_records'])}" in text.decode()
+
+
+# ---------------------------------------------------------------------------------------------- the page, again
+
+def test_page_hides_forgeries_and_shows_a_killed_peer_going_offline(live):
+    with page_of(live) as page:
+        eventually(lambda: stage_peers(page) == ["1", "1", "1"], 30, "three stages of one peer each")
+        text = page.inner_text("body")  # nothing the previous test forged made it onto the page
+        assert "999,999" not in text and "SomeoneElse" not in text and "<script>" not in text
+        assert int(page.inner_text("#card-invalid")) >= 7
+
+        victim = next(p["peer_id"] for p in state(live)["peers"] if p["online"] and p["stage"] == 1)
+        proc = dict(live.swarm.procs)["stage1"]
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        row = page.locator(f"#peers tbody tr[data-peer='{victim}']")
+
+        def gone_or_offline() -> bool:
+            return ((row.count() == 0 or row.get_attribute("data-state") == "offline")
+                    and page.get_attribute("#stages .stage[data-stage='1']", "data-peers") == "0")
+
+        eventually(gone_or_offline, RECORD_TTL + 10, "the killed peer gone or offline on the page")
+        assert page.locator(f"#banned tbody tr[data-peer='{victim}']").count() >= 1
+        assert "uncovered" in page.inner_text("#stages .stage[data-stage='1']")
+
+
+# ---------------------------------------------------------------------------------------------- TensorBoard
+
+def scalars(directory: Path, tag: str) -> list[tuple[int, float]]:
+    acc = EventAccumulator(str(directory))
+    acc.Reload()
+    return [(e.step, e.value) for e in acc.Scalars(tag)]
+
+
+def test_tensorboard_files_of_head_tail_and_dashboard(live):
+    live.swarm.stop(grace=15.0)  # peers and the dashboard close (flush) their event files as they leave
+    reported = {e["step"]: e["loss"] for e in live.swarm.events(0) if e["event"] == "step"}
+    head = scalars(live.tensorboard["head"], "loss")
+    assert [s for s, _ in head] == sorted(reported)[: len(head)] and len(head) >= 3
+    assert all(v == pytest.approx(reported[s], rel=1e-6) for s, v in head)
+    assert len(scalars(live.tensorboard["head"], "wire_bytes_per_token")) == len(head)
+
+    tail = scalars(live.tensorboard["tail"], "loss")
+    steps = [s for s, _ in tail]
+    assert len(tail) >= 3 and steps == sorted(set(steps)) and all(0 < v < 10 for _, v in tail)
+    assert all(v > 0 for _, v in scalars(live.tensorboard["tail"], "tokens_per_s"))
+
+    dash = scalars(live.tensorboard["dashboard"], "swarm/loss")
+    assert len(dash) >= 3 and [s for s, _ in dash] == sorted({s for s, _ in dash})
+    assert all(v == pytest.approx(reported[s], rel=1e-6) for s, v in dash)
+    assert max(v for _, v in scalars(live.tensorboard["dashboard"], "swarm/stages_covered")) == 3
