@@ -102,8 +102,9 @@ def decode_update(data: bytes, spec: RunSpec) -> BasisUpdate:
 
 def next_basis(U: torch.Tensor, stats: list[torch.Tensor], spec: RunSpec) -> torch.Tensor:
     """Combine the stages' statistics (summed in stage order) and take one capped Grassmann step."""
-    M = torch.stack([s.to(torch.float64) for s in stats]).sum(0)
-    return grassmann_step(U.to(torch.float64), M, spec.grassmann_eta, spec.grassmann_max_angle).to(torch.float32)
+    M = torch.stack([s.to("cpu", torch.float64) for s in stats]).sum(0)
+    U = U.to("cpu", torch.float64)
+    return grassmann_step(U, M, spec.grassmann_eta, spec.grassmann_max_angle).to(torch.float32)
 
 
 def canonical_basis(U: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

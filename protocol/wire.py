@@ -216,11 +216,11 @@ def _check_payload(d: dict, lim: WireLimits, batch: int | None) -> WireTensors:
         _need(isinstance(scale, torch.Tensor) and scale.dtype == lim.scale_dtype
               and tuple(scale.shape) == (p.shape[0], p.shape[1], 1),
               "int8 payload needs a scale tensor of shape [B, T, 1] in the wire dtype.")
-        _need(bool(torch.isfinite(scale.float()).all()), "payload scale has NaN or infinite values.")
+        _need(bool(torch.isfinite(scale).all()), "payload scale has NaN or infinite values.")
     else:
         _need(scale is None, "payload carries a scale but the run does not quantize.")
     if p.is_floating_point():
-        _need(bool(torch.isfinite(p.float()).all()), "payload has NaN or infinite values.")
+        _need(bool(torch.isfinite(p).all()), "payload has NaN or infinite values.")
     return WireTensors(p, scale)
 
 

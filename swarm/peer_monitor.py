@@ -169,7 +169,7 @@ class PeerMonitor:
         last = self._last or _Totals(self.started, 0, 0, 0)
         dt = max(now - last.time, 1e-9)
         self._last = totals
-        history, self._history = list(self._history), deque(maxlen=MAX_HISTORY)
+        history = list(self._history)  # publish() drops these points once a record carrying them is stored
         device, memory = device_and_memory(p.device)
         banned = {peer: n for peer, n in list(p.router.banned_peers().items())[:MAX_BANNED] if 0 < len(peer) <= 128}
         return HealthRecord(
@@ -192,7 +192,8 @@ class PeerMonitor:
         if self._peer is None:
             return False
         try:
-            stored = await publish_health(self._peer.sdht, SignedHealth.create(self.record(), self.key), ttl)
+            record = self.record()
+            stored = await publish_health(self._peer.sdht, SignedHealth.create(record, self.key), ttl)
         except asyncio.CancelledError:
             raise
         except Exception as e:  # a DHT hiccup must not end the heartbeat
@@ -200,5 +201,8 @@ class PeerMonitor:
             return False
         if not stored:
             log.warning("the DHT did not store this peer's health record; the next heartbeat retries")
+        else:
+            for _ in range(min(len(record.loss_history), len(self._history))):
+                self._history.popleft()  # sent; steps that came in meanwhile stay for the next beat
         self.published += int(stored)
         return stored

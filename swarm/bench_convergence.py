@@ -1,0 +1,142 @@
+"""`swarm bench convergence`: does re-fitting U pay off? Loss vs tokens, fixed U vs updated U.
+
+Runs the in-process pipeline (which the multi-process swarm equals step by step, basis
+switches included: tests/e2e/test_basis_updates.py) for each variant side by side on the
+same data and seeds: a fixed random U, U re-fitted every `interval` steps for each interval
+asked for, and the dense codec as the uncompressed reference. Held-out loss is measured
+every `eval_every` steps. Writes convergence.json and convergence.png.
+"""
+from __future__ import annotations
+
+import json
+import math
+import multiprocessing
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import torch
+
+from peer.data import BatchSource, load_corpus
+from peer.pipeline import InProcessPipeline
+from protocol.spec import RunSpec, preset
+
+
+@torch.no_grad()
+def held_out_loss(pipe: InProcessPipeline, batches: list[torch.Tensor]) -> float:
+    """Mean loss on fixed validation windows, through the same boundaries (codec and wire dtype)."""
+    total = 0.0
+    for tokens in batches:
+        tokens = tokens.to(pipe.runners[0].device)
+        z = None
+        for r in pipe.runners:
+            z = r.module(tokens[:, :-1], z)
+            if not r.is_last:
+                z = pipe.packer.roundtrip(z)
+        total += float(torch.nn.functional.cross_entropy(z.reshape(-1, z.shape[-1]), tokens[:, 1:].reshape(-1)))
+    return total / len(batches)
+
+
+def _variants(base: RunSpec, intervals: tuple[int, ...]) -> dict[str, RunSpec]:
+    out = {"fixed U": base.replace(basis_updates=False)}
+    for i in intervals:
+        out[f"U re-fit every {i}"] = base.replace(basis_updates=True, basis_interval=i,
+                                                   basis_switch_delay=max(1, min(10, i // 2)))
+    out["dense"] = base.replace(codec="dense", basis_updates=False)
+    return out
+
+
+def _train_variant(name: str, spec_json: str, data: str | None, device: str, eval_every: int,
+                   eval_batches: int, threads: int) -> dict:
+    """One variant from scratch (a separate process when run in parallel)."""
+    spec = RunSpec.from_json(spec_json)
+    torch.set_num_threads(threads)
+    if device.startswith("cuda"):
+        torch.backends.cuda.matmul.allow_tf32 = True  # every variant alike; fp32 matmuls would dominate
+        torch.backends.cudnn.allow_tf32 = True
+    corpus = load_corpus(data, seq_len=spec.seq_len)
+    src = BatchSource(corpus, spec.seq_len, spec.microbatch_size, spec.data_seed)
+    val = src.val_batches(eval_batches)
+    pipe = InProcessPipeline(spec, device=device, serialize=False)
+    rec = {"spec": spec.to_dict(), "train": [], "val": [], "switches": [], "data": corpus.name,
+           "tokens": len(corpus.tokens)}
+    t0, ema, steps = time.perf_counter(), None, spec.total_steps
+    for step in range(steps):
+        loss = pipe.train_step(step, src.microbatch).loss
+        ema = loss if ema is None else 0.98 * ema + 0.02 * loss
+        rec["train"].append([(step + 1) * spec.batch_size * spec.seq_len, loss])
+        last = pipe.runners[-1]
+        if last.basis is not None and last.basis_version > 0 and last.basis_updated_step == step + 1:
+            rec["switches"].append({"step": step + 1, "version": last.basis_version,
+                                    "truncated": [r.last_truncation for r in pipe.runners]})
+        if (step + 1) % eval_every == 0 or step + 1 == steps:
+            v = held_out_loss(pipe, val)
+            rec["val"].append([(step + 1) * spec.batch_size * spec.seq_len, v])
+            print(f"{name:>22} step {step + 1:5d}: train {ema:.4f} val {v:.4f} "
+                  f"({time.perf_counter() - t0:.0f} s)", flush=True)
+    rec["seconds"] = time.perf_counter() - t0
+    rec["final_val"] = rec["val"][-1][1]
+    return rec
+
+
+def run_convergence_bench(out_dir: str, preset_name: str = "small", steps: int = 2000,
+                          intervals: tuple[int, ...] = (500, 100), data: str | None = "stdlib",
+                          device: str = "cpu", eval_every: int = 100, eval_batches: int = 16,
+                          smoke: bool = False, parallel: bool | None = None) -> dict:
+    """Train every variant (in parallel processes on a GPU) and compare their held-out loss."""
+    if smoke:
+        preset_name, steps, intervals, eval_every, eval_batches = "tiny", 30, (10,), 10, 2
+    base = preset(preset_name, codec="subspace", total_steps=steps)
+    variants = _variants(base, intervals)
+    parallel = device.startswith("cuda") if parallel is None else parallel
+    threads = max(1, (os.cpu_count() or 1) // (len(variants) if parallel else 1))
+    args = [(name, spec.to_json(), data, device, eval_every, eval_batches, threads) for name, spec in variants.items()]
+    if parallel:
+        ctx = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(len(args), mp_context=ctx) as pool:
+            recs = list(pool.map(_train_variant, *zip(*args)))
+    else:
+        recs = [_train_variant(*a) for a in args]
+    curves = dict(zip(variants, recs))
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    fixed, dense = curves["fixed U"]["final_val"], curves["dense"]["final_val"]
+    summary = {name: {"final_val": c["final_val"], "vs_fixed": c["final_val"] / fixed - 1,
+                      "vs_dense": c["final_val"] / dense - 1, "seconds": c["seconds"]} for name, c in curves.items()}
+    result = {"preset": preset_name, "steps": steps, "data": recs[0]["data"], "tokens": recs[0]["tokens"],
+              "device": device, "summary": summary, "curves": curves}
+    (out / "convergence.json").write_text(json.dumps(result) + "\n")
+    _plot(result, out / "convergence.png")
+    for name, s in summary.items():
+        print(f"{name:>22}: final val {s['final_val']:.4f} ({100 * s['vs_fixed']:+.2f}% vs fixed U, "
+              f"{100 * s['vs_dense']:+.2f}% vs dense)")
+    return result
+
+
+def _plot(result: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    for name, c in result["curves"].items():
+        xs, ys = zip(*c["val"])
+        a.plot(xs, ys, label=name, marker=".")
+        tx, ty = zip(*c["train"])
+        k = max(1, len(ty) // 200)
+        smooth = [sum(ty[i:i + k]) / len(ty[i:i + k]) for i in range(0, len(ty), k)]
+        b.plot(tx[::k][:len(smooth)], smooth, label=name)
+    a.set_title(f"held-out loss, {result['preset']} on {result['data']}")
+    b.set_title("training loss (binned)")
+    for ax in (a, b):
+        ax.set_xlabel("tokens")
+        ax.set_ylabel("loss (nats/byte)")
+        ax.legend()
+    lo = min(v for c in result["curves"].values() for _, v in c["val"])
+    hi = max(c["val"][min(1, len(c["val"]) - 1)][1] for c in result["curves"].values())
+    if math.isfinite(lo) and math.isfinite(hi) and hi > lo:
+        a.set_ylim(lo - 0.05 * (hi - lo), hi)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
