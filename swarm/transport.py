@@ -218,6 +218,10 @@ class Transport:
             if not isinstance(reply, (bytes, bytearray, memoryview)):
                 raise _FrameError(f"the '{kind}' handler returned {type(reply).__name__}, not bytes.")
             await self._send_reply(writer, peer, kind, STATUS_OK, bytes(reply))
+            # Closing our end at once can reset the libp2p stream before the reply is flushed
+            # (seen under CPU load: delivered requests whose reply was lost). The client closes
+            # the stream once it has read the reply, so wait for that, bounded.
+            await _wait_for_close(reader, REPLY_LINGER_S)
         except _FrameError as e:
             logger.warning("refused a '%s' request from %s: %s", kind, peer, e)
             await self._send_reply(writer, peer, kind, STATUS_ERROR, str(e).encode("utf-8"))
@@ -331,6 +335,16 @@ class Transport:
             task.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
+
+
+REPLY_LINGER_S = 10.0
+
+
+async def _wait_for_close(reader: asyncio.StreamReader, seconds: float) -> None:
+    try:
+        await asyncio.wait_for(reader.read(1), seconds)
+    except (asyncio.TimeoutError, ConnectionError, OSError, asyncio.IncompleteReadError):
+        pass
 
 
 async def _discard(reader: asyncio.StreamReader, seconds: float) -> None:
