@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Awaitable, Callable
@@ -73,6 +74,7 @@ class StageDaemon:
         self._waiting: dict[int, asyncio.Future] = {}  # head: microbatch -> future of its loss
         self._step_changed = asyncio.Event()
         self._retries: dict[str, int] = {}
+        self._window: deque[tuple[float, int]] = deque()
         self._tasks: set[asyncio.Task] = set()
         self.refused = 0
         self.sent_tokens = {KIND_FORWARD: 0, KIND_BACKWARD: 0}  # tokens per kind, for bytes-per-token
@@ -214,7 +216,18 @@ class StageDaemon:
         self._spawn(self._process_activation(h, msg.tokens, z, sender))
         return ACK
 
+    def _note_tokens(self, n: int) -> None:
+        """Throughput of a non-head stage: tokens through forward over the last ~10 s."""
+        now = time.monotonic()
+        self._window.append((now, n))
+        while self._window and now - self._window[0][0] > 10.0:
+            self._window.popleft()
+        span = max(now - self._window[0][0], 1.0)
+        self.throughput = sum(k for _, k in self._window) / span
+        self.tokens_done += n
+
     async def _process_activation(self, h: Header, tokens: torch.Tensor, z: torch.Tensor, sender: str) -> None:
+        self._note_tokens(z.shape[0] * z.shape[1])
         if self.runner.is_last:
             loss, grad, stats = await self._run(self._tail_job, h.step, h.microbatch, tokens, z)
             self.last_loss = loss

@@ -62,7 +62,8 @@ async def run_coordinator(opts: CoordinatorOptions) -> int:
         if opts.maddrs_file:
             with open(opts.maddrs_file, "w") as f:
                 json.dump({"maddrs": maddrs, "run": spec.run_hash, "key": key.fingerprint()}, f)
-        log.info("coordinator of run %s (%s), key %s", spec.run_hash, spec.name, key.fingerprint())
+        log.info("coordinator of run %s (%s), key %s (public key %s)", spec.run_hash, spec.name,
+                 key.fingerprint(), key.public_bytes().hex())
         for m in maddrs:
             log.info("peers join with: swarm peer --initial-peers %s", m)
         while True:

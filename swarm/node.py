@@ -97,9 +97,15 @@ class Reporter:
 
 async def fetch_spec(sdht: SwarmDHT, trusted_key: str | None, timeout: float) -> RunSpec:
     deadline = time.monotonic() + timeout
-    key = bytes.fromhex(trusted_key) if trusted_key else None
+    try:
+        pinned = bytes.fromhex(trusted_key) if trusted_key else None
+    except ValueError:
+        raise JoinError("--swarm-key must be the coordinator's key fingerprint or public key, in hex.") from None
+    key = pinned if pinned is not None and len(pinned) > 8 else None  # a fingerprint is 8 bytes
     while True:
         signed = await sdht.fetch_run_spec(key)
+        if signed is not None and pinned is not None and key is None and signed.fingerprint != trusted_key.lower():
+            raise JoinError(f"the run spec is signed by key {signed.fingerprint}, not by the pinned {trusted_key}.")
         if signed is not None:
             spec = RunSpec.from_json(signed.spec_json)
             if spec.coordinator_key and spec.coordinator_key != signed.public_key.hex():

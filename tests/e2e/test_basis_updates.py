@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
 import torch
 
 from peer.data import BatchSource, load_corpus

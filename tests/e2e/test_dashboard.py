@@ -31,7 +31,6 @@ from swarm.health import SignedHealth, fetch_health, parse_health
 from swarm.keys import SigningKey
 from swarm.local import LocalOptions, LocalSwarm
 from tests.e2e.conftest import wait_for_event
-from tests.swarm.conftest import no_leftover_p2pd, p2pd_marker  # noqa: F401  (the p2pd-leak guard, reused)
 from tests.swarm.test_health import record
 
 CHROMIUM = "/usr/bin/chromium"

@@ -25,14 +25,6 @@ from protocol.wire import ActivationMessage, Header, header_bytes, tokens_for_wi
 SEQ = 32
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny matrices: threads only add contention (and run time on a busy CI box)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 @pytest.fixture(scope="module")
 def corpus():

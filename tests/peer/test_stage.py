@@ -14,14 +14,6 @@ from protocol.subspace import SubspaceBasis, grassmann_step, out_of_subspace, pr
 F64 = torch.float64
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny matrices: threads only add contention (and run time on a busy CI box)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 def small(**kw):
     base = dict(d_model=64, n_heads=4, d_ff=128, seq_len=16, n_layers=2, stages=2, batch_size=8,

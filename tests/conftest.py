@@ -1,4 +1,5 @@
-"""Guards for tests/swarm: no p2pd started by a test module may outlive that module.
+"""Guards for every test: no p2pd started by a test module may outlive that module, and
+tiny matrices run on one torch thread.
 
 Every p2pd this session starts inherits an environment marker (hivemind copies os.environ
 into the daemon's environment), so the check sees our daemons, orphans included, and never
@@ -65,3 +66,15 @@ def no_leftover_p2pd(p2pd_marker):
             except ProcessLookupError:
                 pass
         pytest.fail(f"p2pd processes {sorted(left)} outlived the test module that started them.")
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny matrices: extra threads only add contention on a busy 2-core CI box, and one thread
+    makes fp32 sums come out in the same order as in the swarm's single-threaded peers."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
