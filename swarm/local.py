@@ -217,7 +217,8 @@ class LocalSwarm:
                 steps = [e for e in evs if e["event"] == "step"]
                 for rec in steps[seen:]:
                     bar.update(1)
-                    bar.set_postfix(loss=f"{rec['loss']:.3f}", tok_s=f"{rec['tokens'] / max(rec['seconds'], 1e-9):.0f}")
+                    bar.set_postfix(loss=f"{rec['loss']:.3f}", tok_s=f"{rec['tokens'] / max(rec['seconds'], 1e-9):.0f}",
+                                    B_tok=f"{rec.get('forward_bytes_per_token', 0):.1f}")
                     if scalars is not None:
                         scalars.write(rec["step"], {"loss": rec["loss"], "tokens_per_s": rec["tokens"] / max(
                             rec["seconds"], 1e-9), "lr": rec.get("lr"), "basis_version": rec["basis_version"]},

@@ -194,7 +194,7 @@ async def run_peer(opts: PeerOptions) -> int:
         log.info("peer %s serves stage %d of run %s at %s", peer_id, stage, spec.run_hash, maddrs[0] if maddrs else "?")
         reporter.write("ready", stage=stage, peer_id=peer_id, run=spec.run_hash, maddrs=maddrs)
         if stage == 0:
-            await _drive(daemon, router, spec, opts, reporter)
+            await _drive(daemon, router, spec, opts, reporter, transport)
         else:
             await asyncio.Event().wait()  # serve until cancelled
         return 0
@@ -236,7 +236,8 @@ async def _heartbeat(router: Router, daemon: StageDaemon, ttl: float, sync: Basi
             log.warning("heartbeat failed: %s", e)
 
 
-async def _drive(daemon: StageDaemon, router: Router, spec: RunSpec, opts: PeerOptions, reporter: Reporter) -> None:
+async def _drive(daemon: StageDaemon, router: Router, spec: RunSpec, opts: PeerOptions, reporter: Reporter,
+                 transport: Transport) -> None:
     counts = await router.wait_for_coverage(spec.n_stages, opts.join_timeout)
     log.info("every stage is covered (%s); training", counts)
     reporter.write("start", peers_per_stage=counts)
@@ -244,7 +245,9 @@ async def _drive(daemon: StageDaemon, router: Router, spec: RunSpec, opts: PeerO
     while opts.steps is None or done < opts.steps:
         record: StepLog = await daemon.train_step()
         done += 1
-        reporter.write("step", **asdict(record))
+        # the head's own first boundary, counted from the transport: what a progress bar can show
+        wire = transport.bytes_sent("act") / max(1, daemon.sent_tokens["act"])
+        reporter.write("step", **asdict(record), forward_bytes_per_token=wire)
         log.info("step %d loss %.4f %.0f tok/s", record.step, record.loss, record.tokens / max(record.seconds, 1e-9))
     reporter.write("done", steps=done)
 
