@@ -96,7 +96,13 @@ class StageDaemon:
         return PeerStatus(self.stage, state, self.throughput, len(self._upstream), self.runner.basis_version,
                           self.runner.step, {"loss": self.last_loss, "refused": self.refused})
 
+    async def drain(self, timeout: float = 2.0) -> None:
+        """Give work in flight (sends waiting for a confirmation, say) a moment to finish."""
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=timeout)
+
     async def stop(self) -> None:
+        await self.drain()
         for t in list(self._tasks):
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -142,26 +148,45 @@ class StageDaemon:
         last = ""
         for _ in range(self.send_retries if to is None else 1):
             peer = to or await self.directory.pick(stage, exclude=tried)
-            try:
-                reply = await self.link.request(peer, kind, body)
-            except Exception as e:  # transport failures of any kind: try another peer
-                last = str(e)
-                self.directory.report_failure(peer)
-                tried.add(peer)
-                continue
-            if reply == ACK:
+            outcome, last = await self._deliver(peer, kind, body)
+            if outcome == "ok":
                 self.sent_tokens[kind] += tokens
                 self._retries.pop(peer, None)
                 return
-            try:
-                err = decode_message(reply, self._limits())
-                last = err.reason if isinstance(err, ErrorReply) else "an unexpected reply"
-            except WireError as e:
-                err, last = None, f"an unreadable reply ({e})"
-            if isinstance(err, ErrorReply) and err.code == "retry" and await self._retry_later(peer, kind):
+            if outcome == "retry" and await self._retry_later(peer, kind):
                 return await self._send(stage, kind, body, tokens, to=peer)
             tried.add(peer)
         raise LinkError(f"stage {self.stage} could not deliver a '{kind}' message to stage {stage}: {last}")
+
+    async def _deliver(self, peer: str, kind: str, body: bytes) -> tuple[str, str]:
+        """One message to one peer: ("ok" | "retry" | "failed", why).
+
+        A transport failure can hide a message that arrived but whose reply was lost, so the
+        same peer is asked once more; a "duplicate" refusal then means the first one arrived.
+        """
+        last = ""
+        for attempt in range(2):
+            try:
+                reply = await self.link.request(peer, kind, body)
+            except Exception as e:  # transport failures of any kind
+                last = str(e)
+                if attempt == 0:
+                    await asyncio.sleep(0.2)  # a short pause before asking the same peer again
+                    continue
+                self.directory.report_failure(peer)
+                return "failed", last
+            if reply == ACK:
+                return "ok", ""
+            try:
+                err = decode_message(reply, self._limits())
+            except WireError as e:
+                return "failed", f"an unreadable reply ({e})"
+            if not isinstance(err, ErrorReply):
+                return "failed", "an unexpected reply"
+            if err.code == "duplicate" and attempt == 1:
+                return "ok", ""
+            return ("retry" if err.code == "retry" else "failed"), err.reason
+        return "failed", last
 
     async def _retry_later(self, peer: str, kind: str) -> bool:
         """The receiver asked to retry (it is fetching a basis update): wait a little, bounded."""
@@ -205,12 +230,16 @@ class StageDaemon:
             return self._refuse(f"this peer serves stage {self.stage}, not {h.stage}.", sender)
         problem = await self._admit(h.step, sender)
         if problem:
-            return self._refuse(problem, sender)
+            # a message of a past step can only be a repeat (its reply was lost): say so
+            return self._refuse(problem, sender, code="duplicate" if h.step < self.runner.step else "refused")
         refusal = self._check_version(h, sender)
         if refusal is not None:
             return refusal
-        if not 0 <= h.microbatch < self.spec.n_microbatches or h.microbatch in self._upstream:
-            return self._refuse(f"microbatch {h.microbatch} of step {h.step} is unknown or already here.", sender)
+        if not 0 <= h.microbatch < self.spec.n_microbatches:
+            return self._refuse(f"microbatch {h.microbatch} is outside 0..{self.spec.n_microbatches - 1}.", sender)
+        if h.microbatch in self._upstream or self.runner.has_seen(h.microbatch):
+            return self._refuse(f"microbatch {h.microbatch} of step {h.step} is already here.", sender,
+                                code="duplicate")
         self._upstream[h.microbatch] = (sender, msg.tokens)
         z = self.packer.unpack(msg.payload, self.runner.dtype)
         self._spawn(self._process_activation(h, msg.tokens, z, sender))
@@ -280,12 +309,16 @@ class StageDaemon:
         if h.stage != self.stage:
             return self._refuse(f"this peer serves stage {self.stage}, not {h.stage}.", sender)
         if h.step != self.runner.step:
-            return self._refuse(f"gradient for step {h.step}, but this stage is on step {self.runner.step}.", sender)
+            return self._refuse(f"gradient for step {h.step}, but this stage is on step {self.runner.step}.", sender,
+                                code="duplicate" if h.step < self.runner.step else "refused")
         refusal = self._check_version(h, sender)
         if refusal is not None:
             return refusal
         pending = self.runner.pending_shape(h.microbatch)
         if pending is None:
+            if self.runner.has_seen(h.microbatch):
+                return self._refuse(f"the gradient of microbatch {h.microbatch} of step {h.step} was already "
+                                    f"applied.", sender, code="duplicate")
             return self._refuse(f"no forward pass is waiting for microbatch {h.microbatch} of step {h.step}.", sender)
         if tuple(msg.payload.values.shape) != pending:
             return self._refuse(f"gradient shape {list(msg.payload.values.shape)} does not match the activation "

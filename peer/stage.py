@@ -153,6 +153,10 @@ class StageRunner:
         p = self._pending.get(microbatch)
         return tuple(p.out.shape) if p is not None else None
 
+    def has_seen(self, microbatch: int) -> bool:
+        """Whether this step's microbatch already went through forward here (waiting or done)."""
+        return microbatch in self._pending or microbatch in self._backward_done
+
     def step_ready(self) -> bool:
         return len(self._backward_done) == self.spec.n_microbatches
 

@@ -195,6 +195,14 @@ class LocalSwarm:
             except subprocess.TimeoutExpired:
                 log.error("process %d did not exit after SIGKILL", proc.pid)
 
+    def wait_for_head(self, timeout: float = 30.0) -> None:
+        for name, proc in self.procs:
+            if name == "stage0":
+                try:
+                    proc.wait(timeout=timeout)
+                except subprocess.TimeoutExpired:
+                    log.warning("the head did not exit %g s after its last step; stopping it", timeout)
+
     def cleanup(self) -> None:
         if self._tmp is not None:
             self._tmp.cleanup()
@@ -268,6 +276,7 @@ def run_local(opts: LocalOptions) -> dict:
     try:
         swarm.start()
         steps = swarm.follow()
+        swarm.wait_for_head()  # the head leaves by itself after its last step; the others are stopped
         swarm.stop()  # peers write their wire counters as they leave
         result = swarm.metrics(steps)
         if opts.metrics_out:

@@ -199,26 +199,31 @@ async def run_peer(opts: PeerOptions) -> int:
             await asyncio.Event().wait()  # serve until cancelled
         return 0
     finally:
-        for t in tasks:
-            t.cancel()
-        await monitor.close()  # /healthz says "leaving" (503), then stops
-        if router is not None and daemon is not None:
-            try:
-                await asyncio.wait_for(router.announce(daemon.status("leaving")), 3.0)
-            except Exception:  # leaving is best effort: the record expires anyway
-                pass
+        # A second Ctrl+C may cancel this cleanup halfway: the report goes first (no await), and
+        # the daemons are stopped in a `finally` of their own so that no p2pd is left behind.
         if daemon is not None:
-            await daemon.stop()
             reporter.write("wire", stage=daemon.stage, **_wire_summary(transport, daemon))
-            ckpt = _checkpoint_path(opts, daemon.spec, daemon.stage)
-            if ckpt is not None:
-                ckpt.parent.mkdir(parents=True, exist_ok=True)
-                torch.save(daemon.runner.state_dict(), ckpt)
-        if transport is not None:
-            await transport.close()
-        if p2p is not None:
-            await p2p.shutdown()
-        await asyncio.to_thread(stop_dht, dht)
+        try:
+            for t in tasks:
+                t.cancel()
+            await monitor.close()  # /healthz says "leaving" (503), then stops
+            if router is not None and daemon is not None:
+                try:
+                    await asyncio.wait_for(router.announce(daemon.status("leaving")), 3.0)
+                except Exception:  # leaving is best effort: the record expires anyway
+                    pass
+            if daemon is not None:
+                await daemon.stop()
+                ckpt = _checkpoint_path(opts, daemon.spec, daemon.stage)
+                if ckpt is not None:
+                    ckpt.parent.mkdir(parents=True, exist_ok=True)
+                    torch.save(daemon.runner.state_dict(), ckpt)
+        finally:
+            if transport is not None:
+                await transport.close()
+            if p2p is not None:
+                await p2p.shutdown()
+            await asyncio.to_thread(stop_dht, dht)
 
 
 async def _heartbeat(router: Router, daemon: StageDaemon, ttl: float, sync: BasisSync,
