@@ -76,8 +76,12 @@ def _spec_from_args(a: argparse.Namespace) -> RunSpec:
 # ------------------------------------------------------------------ subcommands
 
 def cmd_local(a: argparse.Namespace) -> int:
+    from peer.data import load_corpus
     from .local import LocalOptions, LocalSwarmError, run_local
+    from .shaper import parse_bandwidth, parse_latency
     spec = _spec_from_args(a)
+    parse_bandwidth(a.bandwidth), parse_latency(a.latency)  # bad values fail here, before any process starts
+    load_corpus(a.data, seq_len=spec.seq_len)
     print(f"swarm local: {spec.name} preset, {spec.n_stages} stages, codec {spec.codec}"
           f"{'' if spec.codec == 'dense' else f' (rank {spec.rank})'}, {a.steps} steps, wire {spec.wire_dtype}"
           f"{', link ' + a.bandwidth if a.bandwidth else ''}{', latency ' + a.latency if a.latency != '0' else ''}")
@@ -117,7 +121,14 @@ def cmd_peer(a: argparse.Namespace) -> int:
                        resume=a.resume, bandwidth=a.bandwidth, latency=a.latency, report=a.report,
                        trusted_key=a.swarm_key, health_port=a.health_port, health_host=a.health_host,
                        tensorboard=a.tensorboard)
-    return _run_async(lambda: run_peer(opts))
+    from peer.daemon import StepFailed
+    from peer.interfaces import LinkError
+    from .node import JoinError
+    try:
+        return _run_async(lambda: run_peer(opts))
+    except (JoinError, LinkError, StepFailed) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
 
 
 def cmd_dashboard(a: argparse.Namespace) -> int:
@@ -245,7 +256,9 @@ def main(argv: list[str] | None = None) -> int:
     _setup_logging(args.verbose)
     try:
         return args.func(args)
-    except SpecError as e:
+    except (SpecError, ValueError) as e:  # bad input a user can fix: DataError, a bad --bandwidth, ...
+        if args.verbose:
+            raise
         print(f"error: {e}", file=sys.stderr)
         return 2
 
