@@ -29,6 +29,7 @@ from protocol.codecs import WirePacker
 from protocol.wire import (ActivationMessage, ErrorReply, GradientMessage, Header, WireError, WireLimits,
                            decode_message, encode_message, tokens_for_wire)
 
+from .basis_gate import BasisGate
 from .interfaces import LinkError, MessageLink, PeerDirectory, PeerStatus
 from .stage import StageError, StageRunner
 
@@ -67,9 +68,10 @@ class StageDaemon:
         self.batches = batches
         self.microbatches = microbatches if microbatches is not None else list(range(self.spec.n_microbatches))
         self.step_timeout, self.send_retries, self.future_step_wait = step_timeout, send_retries, future_step_wait
-        self.on_refit, self.verify_update, self.pull_updates = on_refit, verify_update, pull_updates
-        self.basis_wait = basis_wait
+        self.on_refit, self.basis_wait = on_refit, basis_wait
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"stage{self.stage}")
+        self.gate = BasisGate(runner, self._run, verify_update=verify_update, pull_updates=pull_updates,
+                              wait=basis_wait)
         self._upstream: dict[int, tuple[str, torch.Tensor]] = {}  # microbatch -> (sender, tokens)
         self._waiting: dict[int, asyncio.Future] = {}  # head: microbatch -> future of its loss
         self._step_changed = asyncio.Event()
@@ -122,16 +124,13 @@ class StageDaemon:
 
     def _check_version(self, h: Header, sender: str) -> bytes | None:
         """A refusal unless the message's basis version is the one this stage uses for its step."""
-        want = self.runner.version_for_step(h.step)
-        if h.basis_version == want:
+        problem = self.gate.check(h)
+        if problem is None:
             return None
-        if h.basis_version > self.runner.basis_version and self.runner.scheduled is None:
-            if self.pull_updates is not None:
-                self._spawn(self.pull_updates())
-            return self._refuse(f"basis version {h.basis_version} is not known here yet; retry shortly.", sender,
-                                code="retry")
-        return self._refuse(f"message for step {h.step} uses basis version {h.basis_version}, this stage "
-                            f"uses version {want} for that step.", sender)
+        reason, code = problem
+        if code == "retry" and self.gate.pull_updates is not None:
+            self._spawn(self.gate.pull_updates())
+        return self._refuse(reason, sender, code=code)
 
     def _header(self, step: int, mb: int, to_stage: int) -> Header:
         return Header(self.spec.run_hash, step, mb, self.runner.version_for_step(step), self.spec.codec, to_stage)
@@ -349,36 +348,8 @@ class StageDaemon:
         return self._refuse(problem, sender) if problem else ACK
 
     async def accept_update(self, update: BasisUpdate) -> str | None:
-        """Schedule a signed basis update if it is the next version for a step not yet started;
-        otherwise say why it is refused (nothing changes)."""
-        if self.verify_update is None or not self.verify_update(update):
-            return f"basis update {update.version} is not signed by the swarm's coordinator key."
-        try:
-            await self._run(self.runner.schedule_basis, update.U, update.version, update.effective_step)
-        except StageError as e:
-            return str(e)
-        log.info("stage %d: basis version %d scheduled for step %d", self.stage, update.version,
-                 update.effective_step)
-        return None
-
-    async def _wait_for_basis(self, step: int) -> None:
-        """Head: at a switch step, wait (bounded) for the coordinator's update before starting.
-        If it does not come (coordinator away), training goes on with the current basis."""
-        spec = self.spec
-        if self.runner.basis is None or not spec.basis_updates:
-            return
-        refit = step - spec.basis_switch_delay
-        if refit <= 0 or refit % spec.basis_interval or self.runner.basis_updated_step == step:
-            return
-        deadline = time.monotonic() + self.basis_wait
-        while self.runner.version_for_step(step) == self.runner.basis_version and self.runner.basis_updated_step != step:
-            if time.monotonic() > deadline:
-                log.warning("no basis update arrived for step %d; continuing on version %d", step + 1,
-                            self.runner.basis_version)
-                return
-            if self.pull_updates is not None:
-                await self.pull_updates()
-            await asyncio.sleep(0.1)  # poll interval while the coordinator's update propagates
+        """Take a basis update (pushed, or pulled from the DHT), or say why not."""
+        return await self.gate.accept(update)
 
     # ------------------------------------------------------------------ the head's loop
     async def train_step(self) -> StepLog:
@@ -386,7 +357,7 @@ class StageDaemon:
         if not self.runner.is_first or self.batches is None:
             raise RuntimeError("only a head peer with a data source drives steps.")
         step, t0 = self.runner.step, time.perf_counter()
-        await self._wait_for_basis(step)
+        await self.gate.wait_for_switch(step)
         loop = asyncio.get_running_loop()
         self._waiting = {mb: loop.create_future() for mb in self.microbatches}
         sends = []

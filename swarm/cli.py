@@ -46,9 +46,15 @@ def _run_async(coro_factory) -> int:
 
     try:
         import uvloop
+        code = uvloop.run(main())
     except ImportError:
-        return asyncio.run(main())
-    return uvloop.run(main())
+        code = asyncio.run(main())
+    # Every daemon is stopped by now (the coroutine's `finally` blocks). If a Ctrl+C also hit the
+    # DHT's child process, the interpreter's exit hooks can wait on it forever: skip them.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 # ------------------------------------------------------------------ spec from flags

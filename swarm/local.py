@@ -178,10 +178,16 @@ class LocalSwarm:
         return maddrs
 
     def stop(self, grace: float = 15.0) -> None:
-        """SIGTERM every process group, wait, then SIGKILL what is left (p2pd included)."""
+        """SIGTERM every process (each stops its own DHT and p2pd), wait, then SIGKILL each
+        process group, which takes whatever is left (p2pd included)."""
         for _, proc in self.procs:
             if proc.poll() is None:
-                _signal_group(proc, signal.SIGTERM)
+                # the process, not its group: a DHT child or p2pd killed under a peer's feet makes
+                # its clean shutdown wait out hivemind's grace periods
+                try:
+                    proc.send_signal(signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
         deadline = time.monotonic() + grace
         for _, proc in self.procs:
             try:

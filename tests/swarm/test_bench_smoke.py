@@ -27,7 +27,7 @@ def test_throughput_bench_smoke(tmp_path):
     written = json.loads((tmp_path / "throughput.json").read_text())
     assert (tmp_path / "throughput.png").stat().st_size > 10_000
     assert {(r["codec"], r["bandwidth"]) for r in written["runs"]} == \
-        {(c, b) for c in CODECS for b in ("unlimited", "80mbit")}
+        {(c, b) for c in CODECS[:2] for b in ("unlimited", "80mbit")}
     by = {(r["codec"], r["bandwidth"]): r for r in written["runs"]}
     dense, sub = by[("dense", "80mbit")], by[("subspace", "80mbit")]
     assert dense["forward_bytes_per_token"] > 5 * sub["forward_bytes_per_token"]
