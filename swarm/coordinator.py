@@ -15,7 +15,7 @@ from protocol.model import spec_basis
 from protocol.spec import RunSpec
 
 from .basis_refit import BasisRefitter
-from .dht import SwarmDHT, start_dht, stop_dht
+from .dht import SwarmDHT, close_node, start_dht
 from .keys import SigningKey
 from .transport import Transport
 
@@ -74,8 +74,4 @@ async def run_coordinator(opts: CoordinatorOptions) -> int:
             except Exception as e:  # keep coordinating; the next round retries
                 log.warning("could not re-publish the run spec: %s", e)
     finally:
-        if transport is not None:
-            await transport.close()
-        if p2p is not None:
-            await p2p.shutdown()
-        await asyncio.to_thread(stop_dht, dht)
+        await close_node(dht, p2p, transport)

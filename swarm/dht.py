@@ -52,7 +52,7 @@ from swarm.keys import SigningKey, fingerprint_of, verify
 
 __all__ = [
     "RUN_KEY", "RUN_SPEC_DOMAIN", "STATES", "RecordError", "SignedRunSpec", "StageAnnouncement", "SwarmDHT",
-    "basis_key", "health_key", "run_hash_of", "stage_key", "start_dht", "stop_dht",
+    "basis_key", "close_node", "health_key", "run_hash_of", "stage_key", "start_dht", "stop_dht",
 ]
 
 logger = logging.getLogger(__name__)
@@ -361,6 +361,18 @@ def _p2pd_state(pid: int, parent: int | None = None) -> str | None:
     if comm != "p2pd" or rest[0] in ("Z", "X") or (parent is not None and int(rest[1]) != parent):
         return None
     return rest[0]
+
+
+async def close_node(dht: hivemind.DHT, p2p=None, transport=None) -> None:
+    """Stop what a process built on its DHT, in order: the transport's handlers, the P2P replica
+    from `dht.replicate_p2p()`, then the DHT and its p2pd (each may be None if never started)."""
+    try:
+        if transport is not None:
+            await transport.close()
+        if p2p is not None:
+            await p2p.shutdown()
+    finally:
+        await asyncio.to_thread(stop_dht, dht)
 
 
 def stop_dht(dht: hivemind.DHT, grace: float = 5.0) -> None:

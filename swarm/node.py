@@ -27,7 +27,7 @@ from protocol.spec import RunSpec
 from protocol.wire import WireLimits
 
 from .basis_sync import BasisSync
-from .dht import SwarmDHT, start_dht, stop_dht
+from .dht import SwarmDHT, close_node, start_dht
 from .peer_monitor import PeerMonitor
 from .router import Router
 from .shaper import LinkShaper
@@ -219,11 +219,7 @@ async def run_peer(opts: PeerOptions) -> int:
                     ckpt.parent.mkdir(parents=True, exist_ok=True)
                     torch.save(daemon.runner.state_dict(), ckpt)
         finally:
-            if transport is not None:
-                await transport.close()
-            if p2p is not None:
-                await p2p.shutdown()
-            await asyncio.to_thread(stop_dht, dht)
+            await close_node(dht, p2p, transport)
 
 
 async def _heartbeat(router: Router, daemon: StageDaemon, ttl: float, sync: BasisSync,

@@ -13,7 +13,7 @@ from protocol.codecs import WirePacker
 from protocol.spec import RunSpec
 from protocol.wire import (ActivationMessage, ErrorReply, GradientMessage, Header, WireLimits, decode_message,
                            encode_message, tokens_for_wire)
-from swarm.dht import SwarmDHT, start_dht, stop_dht
+from swarm.dht import SwarmDHT, close_node, start_dht
 from swarm.transport import Transport, TransportError
 from tests.e2e.conftest import wait_for_event
 
@@ -42,11 +42,7 @@ async def client(make_swarm):
         transport = Transport(p2p, f"subspace-swarm-{spec.run_hash}", timeout=30)
         yield spec, transport, ready[0]["peer_id"], swarm
     finally:
-        if transport is not None:
-            await transport.close()
-        if p2p is not None:
-            await p2p.shutdown()
-        await asyncio.to_thread(stop_dht, dht)
+        await close_node(dht, p2p, transport)
 
 
 async def _refusal(transport: Transport, peer: str, kind: str, body: bytes, name: str) -> str:

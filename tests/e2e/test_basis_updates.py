@@ -14,7 +14,7 @@ from peer.pipeline import InProcessPipeline
 from protocol.basis_update import BasisUpdate, decode_update, encode_update
 from protocol.spec import RunSpec, preset
 from protocol.wire import ErrorReply, WireLimits, decode_message
-from swarm.dht import SwarmDHT, start_dht, stop_dht
+from swarm.dht import SwarmDHT, close_node, start_dht
 from swarm.keys import SigningKey
 from swarm.local import LocalOptions, LocalSwarm
 from swarm.transport import Transport
@@ -57,9 +57,7 @@ class Client:
         return self
 
     async def __aexit__(self, *exc) -> None:
-        await self.transport.close()
-        await self.p2p.shutdown()
-        await asyncio.to_thread(stop_dht, self.dht)
+        await close_node(self.dht, self.p2p, self.transport)
 
     async def wait_for_version(self, version: int, timeout: float = 120) -> BasisUpdate:
         deadline = asyncio.get_running_loop().time() + timeout
