@@ -11,9 +11,10 @@ from dataclasses import dataclass, replace
 import pytest
 
 from swarm.dht import (
-    RUN_KEY, RecordError, SignedRunSpec, StageAnnouncement, SwarmDHT, _p2pd_children, run_hash_of, stage_key,
+    RUN_KEY, RecordError, SignedRunSpec, StageAnnouncement, SwarmDHT, run_hash_of, stage_key,
     start_dht, stop_dht,
 )
+from swarm.dht_process import _p2pd_children
 from swarm.keys import SigningKey
 from hivemind.utils import get_dht_time
 

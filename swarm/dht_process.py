@@ -1,0 +1,107 @@
+"""Starting and stopping a DHT node (a child process with its own p2pd), leaving nothing behind.
+
+hivemind runs each `DHT` in a child process that owns a `p2pd`; if that process dies the
+wrong way its p2pd lives on. Everything here makes sure a node's daemons go with it.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import time
+import warnings
+from collections.abc import Sequence
+
+with warnings.catch_warnings():
+    # hivemind's import runs torch.jit.script, which warns that it is deprecated; only that.
+    warnings.filterwarnings("ignore", message=r".*torch\.jit\.script.*")
+    import hivemind
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_HOST_MADDRS = ("/ip4/0.0.0.0/tcp/0",)
+
+
+def start_dht(
+    initial_peers: Sequence[str],
+    host_maddrs: Sequence[str] | None = None,
+    identity_path: str | None = None,
+    client_mode: bool = False,
+) -> hivemind.DHT:
+    """Start a DHT node (a child process with its own p2pd); blocks until it is ready.
+
+    From async code call it through `asyncio.to_thread`. Listens on all interfaces unless
+    `host_maddrs` says otherwise, because a volunteer's peer must be reachable.
+    """
+    return hivemind.DHT(
+        initial_peers=list(initial_peers) or None,
+        start=True,
+        host_maddrs=list(host_maddrs or DEFAULT_HOST_MADDRS),
+        identity_path=identity_path,
+        client_mode=client_mode,
+    )
+
+
+def _p2pd_children(parent: int | None) -> list[int]:
+    """Pids of p2pd processes whose parent is `parent` (Linux /proc; empty elsewhere)."""
+    found = []
+    if parent is None or not os.path.isdir("/proc"):
+        return found
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and _p2pd_state(int(entry), parent) is not None:
+            found.append(int(entry))
+    return found
+
+
+def _p2pd_state(pid: int, parent: int | None = None) -> str | None:
+    """The state letter of a live p2pd with this pid (and parent, if given), else None."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    comm, rest = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :].split()
+    if comm != "p2pd" or rest[0] in ("Z", "X") or (parent is not None and int(rest[1]) != parent):
+        return None
+    return rest[0]
+
+
+async def close_node(dht: hivemind.DHT, p2p=None, transport=None) -> None:
+    """Stop what a process built on its DHT, in order: the transport's handlers, the P2P replica
+    from `dht.replicate_p2p()`, then the DHT and its p2pd (each may be None if never started)."""
+    try:
+        if transport is not None:
+            await transport.close()
+        if p2p is not None:
+            await p2p.shutdown()
+    finally:
+        await asyncio.to_thread(stop_dht, dht)
+
+
+def stop_dht(dht: hivemind.DHT, grace: float = 5.0) -> None:
+    """Shut `dht` down and make sure its p2pd is gone too.
+
+    hivemind's `DHT.shutdown()` asks the DHT process to stop its p2pd, but after a 3 s grace
+    it SIGTERMs the DHT process, which then leaves its p2pd orphaned; so we note the p2pd
+    first and end it ourselves (TERM, then KILL) if it outlives `grace`. Shut down any P2P
+    replica you took with `dht.replicate_p2p()` before calling this. Blocks: from async code
+    use `asyncio.to_thread`.
+    """
+    daemons = _p2pd_children(dht.pid) if dht.is_alive() else []
+    dht.shutdown()
+    dht.join(grace)  # reap the DHT process, also when shutdown() had to terminate it
+    for sig, wait in ((None, grace), (signal.SIGTERM, 2.0), (signal.SIGKILL, 2.0)):
+        if sig is not None:
+            for pid in daemons:
+                if _p2pd_state(pid) is not None:
+                    logger.warning("p2pd %d outlived its DHT; sending %s", pid, signal.Signals(sig).name)
+                    try:
+                        os.kill(pid, sig)
+                    except ProcessLookupError:
+                        pass
+        deadline = time.monotonic() + wait
+        while (daemons := [p for p in daemons if _p2pd_state(p) is not None]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not daemons:
+            return
