@@ -7,6 +7,7 @@ and shared constants. The spec's hash names the run; messages carry it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import tomllib
@@ -143,8 +144,9 @@ class RunSpec:
         """Canonical JSON (sorted keys, no spaces): what is hashed and what travels."""
         return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
 
-    @property
+    @functools.cached_property
     def run_hash(self) -> str:
+        # cached: every message header and every inbound check asks for it (the spec is frozen)
         return hashlib.sha256(self.to_json().encode()).hexdigest()[:16]
 
     @classmethod
