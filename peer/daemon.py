@@ -18,16 +18,25 @@ import asyncio
 import logging
 import time
 from collections import deque
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Awaitable, Callable
 
 import torch
 
 from protocol.basis_update import BasisUpdate, StatsMessage, decode_update
 from protocol.codecs import WirePacker
-from protocol.wire import (ActivationMessage, ErrorReply, GradientMessage, Header, WireError, WireLimits,
-                           decode_message, encode_message, tokens_for_wire)
+from protocol.wire import (
+    ActivationMessage,
+    ErrorReply,
+    GradientMessage,
+    Header,
+    WireError,
+    WireLimits,
+    decode_message,
+    encode_message,
+    tokens_for_wire,
+)
 
 from .basis_gate import BasisGate
 from .interfaces import LinkError, MessageLink, PeerDirectory, PeerStatus

@@ -4,8 +4,9 @@ implements them in memory for fast tests. The daemon knows nothing else of the n
 """
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable, Protocol
+from typing import Protocol
 
 Handler = Callable[[bytes, str], Awaitable[bytes]]  # (request body, sender peer id) -> reply body
 

@@ -18,10 +18,10 @@ class LoopbackNetwork:
     bytes_sent: dict[str, int] = field(default_factory=dict)  # kind -> request bytes
     down: set[str] = field(default_factory=set)
 
-    def link(self, peer_id: str) -> "LoopbackLink":
+    def link(self, peer_id: str) -> LoopbackLink:
         return LoopbackLink(self, peer_id)
 
-    def directory(self, peer_id: str) -> "LoopbackDirectory":
+    def directory(self, peer_id: str) -> LoopbackDirectory:
         return LoopbackDirectory(self, peer_id)
 
 

@@ -6,18 +6,25 @@ oracle the networked swarm is compared against, and it counts the bytes it moved
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 
 from protocol.basis_update import next_basis
 from protocol.codecs import WirePacker
+from protocol.model import spec_basis
 from protocol.spec import RunSpec
 from protocol.subspace import SubspaceBasis
-from protocol.model import spec_basis
-from protocol.wire import (ActivationMessage, GradientMessage, Header, WireLimits, decode_message,
-                           encode_message, tokens_for_wire)
+from protocol.wire import (
+    ActivationMessage,
+    GradientMessage,
+    Header,
+    WireLimits,
+    decode_message,
+    encode_message,
+    tokens_for_wire,
+)
 
 from .stage import StageRunner
 

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from protocol.basis_update import canonical_basis
 from protocol.model import StageModule, build_stage, compute_dtype, lm_loss, spec_basis
 from protocol.optim import clip_grad_norm, lr_at, make_optimizer, set_lr
 from protocol.spec import RunSpec
-from protocol.basis_update import canonical_basis
 from protocol.subspace import SubspaceBasis, project_cols, project_rows
 
 

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from .bottleneck import ResBMDecoder, ResBMEncoder
-from .spec import RunSpec
+from .spec import WIRE_DTYPES, RunSpec
 from .subspace import SubspaceBasis
 
 
@@ -123,9 +123,6 @@ def make_decoder(spec: RunSpec, basis: SubspaceBasis | None) -> BoundaryDecoder:
 
 # ---------------------------------------------------------------- bytes side
 
-WIRE_TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp64": torch.float64}
-
-
 @dataclass
 class WireTensors:
     """What a boundary tensor becomes on the wire: values, plus per-token scales for int8."""
@@ -142,11 +139,11 @@ class WirePacker:
     """
 
     def __init__(self, wire_dtype: str, quant: str = "none") -> None:
-        self.dtype = WIRE_TORCH_DTYPES[wire_dtype]
+        self.dtype = WIRE_DTYPES[wire_dtype]
         self.quant = quant
 
     @classmethod
-    def for_spec(cls, spec: RunSpec) -> "WirePacker":
+    def for_spec(cls, spec: RunSpec) -> WirePacker:
         return cls(spec.wire_dtype, spec.quant)
 
     @property

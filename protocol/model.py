@@ -17,10 +17,8 @@ from torch import nn
 
 from .bottleneck import RMSNorm, zero_init_outputs
 from .codecs import BottleneckDecoder, BottleneckEncoder, make_decoder, make_encoder
-from .spec import RunSpec
+from .spec import COMPUTE_DTYPES, RunSpec
 from .subspace import SubspaceBasis, make_basis, project_cols, project_rows
-
-COMPUTE_DTYPES = {"fp32": torch.float32, "fp64": torch.float64}
 
 
 def compute_dtype(spec: RunSpec) -> torch.dtype:

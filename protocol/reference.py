@@ -9,7 +9,7 @@ Optimizers are per stage with per-stage clipping, as in the pipeline.
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

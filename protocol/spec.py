@@ -10,15 +10,18 @@ import dataclasses
 import functools
 import hashlib
 import json
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import tomllib
+import torch
+
 CODECS = ("dense", "subspace", "bottleneck")
-WIRE_DTYPES = ("fp32", "bf16", "fp64")
+# the dtype names a run spec may use, and the torch dtype each one means (the one place they are spelled)
+WIRE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp64": torch.float64}
 QUANTS = ("none", "int8")
-COMPUTE_DTYPES = ("fp32", "fp64")
+COMPUTE_DTYPES = {"fp32": torch.float32, "fp64": torch.float64}
 SUBSPACE_MODES = ("project", "reparam")
 
 
@@ -150,7 +153,7 @@ class RunSpec:
         return hashlib.sha256(self.to_json().encode()).hexdigest()[:16]
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "RunSpec":
+    def from_dict(cls, data: dict[str, Any]) -> RunSpec:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
@@ -161,7 +164,7 @@ class RunSpec:
             raise SpecError(f"bad run spec: {e}.") from e
 
     @classmethod
-    def from_json(cls, text: str) -> "RunSpec":
+    def from_json(cls, text: str) -> RunSpec:
         try:
             data = json.loads(text)
         except json.JSONDecodeError as e:
@@ -170,7 +173,7 @@ class RunSpec:
             raise SpecError("run spec JSON must be an object.")
         return cls.from_dict(data)
 
-    def replace(self, **changes: Any) -> "RunSpec":
+    def replace(self, **changes: Any) -> RunSpec:
         return dataclasses.replace(self, **changes)
 
     def save(self, path: str | Path) -> None:
@@ -181,7 +184,7 @@ class RunSpec:
             path.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
 
     @classmethod
-    def load(cls, path: str | Path) -> "RunSpec":
+    def load(cls, path: str | Path) -> RunSpec:
         path = Path(path)
         if not path.is_file():
             raise SpecError(f"run spec file {path} does not exist.")

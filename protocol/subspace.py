@@ -28,7 +28,7 @@ class SubspaceBasis:
     def rank(self) -> int:
         return self.U.shape[1]
 
-    def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> "SubspaceBasis":
+    def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> SubspaceBasis:
         return SubspaceBasis(self.U.to(device=device, dtype=dtype), self.T_fixed.to(device=device, dtype=dtype),
                              self.version)
 

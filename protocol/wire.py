@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 import msgpack
 import torch
 
-from .codecs import WIRE_TORCH_DTYPES, WirePacker, WireTensors
-from .spec import RunSpec
+from .codecs import WirePacker, WireTensors
+from .spec import WIRE_DTYPES, RunSpec
 
 TENSOR_EXT = 1
 HEADER_MAX_BYTES = 160
@@ -176,9 +176,9 @@ class WireLimits:
 
     @classmethod
     def for_spec(cls, spec: RunSpec, basis_version: int = 0, max_bytes: int | None = None,
-                 accept_next_basis: bool = False) -> "WireLimits":
+                 accept_next_basis: bool = False) -> WireLimits:
         packer = WirePacker.for_spec(spec)
-        scale = WIRE_TORCH_DTYPES[spec.wire_dtype] if spec.quant == "int8" else None
+        scale = WIRE_DTYPES[spec.wire_dtype] if spec.quant == "int8" else None
         per_token = spec.boundary_width * packer.bytes_per_number() + token_bytes(spec.vocab) + 8
         limit = max_bytes or (spec.microbatch_size * (spec.seq_len + 1) * per_token + 4096)
         return cls(spec.run_hash, spec.codec, spec.vocab, spec.seq_len, spec.boundary_width,

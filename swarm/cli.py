@@ -20,6 +20,7 @@ import warnings
 warnings.filterwarnings("ignore", message=".*torch.jit.script.*")  # hivemind's import warns about its own use
 
 from protocol.spec import PRESETS, RunSpec, SpecError, preset  # noqa: E402
+from swarm.options import add_options, from_args  # noqa: E402
 
 log = logging.getLogger("swarm")
 
@@ -64,7 +65,8 @@ def _add_spec_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--preset", default="tiny", choices=sorted(PRESETS), help="model size (default: tiny)")
     g.add_argument("--run-spec", metavar="FILE", help="a run spec as JSON or TOML instead of a preset")
     g.add_argument("--stages", type=int, help="number of pipeline stages (default: the preset's)")
-    g.add_argument("--codec", choices=["dense", "subspace", "bottleneck"], help="boundary compression (default: subspace)")
+    g.add_argument("--codec", choices=["dense", "subspace", "bottleneck"],
+                   help="boundary compression (default: subspace)")
     g.add_argument("--rank", type=int, help="subspace rank k or bottleneck width b")
     g.add_argument("--wire-dtype", choices=["fp32", "bf16"], help="dtype of numbers on the wire")
     g.add_argument("--quant", choices=["none", "int8"], help="int8 quantization under the codec")
@@ -83,8 +85,9 @@ def _spec_from_args(a: argparse.Namespace) -> RunSpec:
 
 def cmd_local(a: argparse.Namespace) -> int:
     from peer.data import load_corpus
+
     from .local import LocalOptions, LocalSwarmError, run_local
-    from .shaper import parse_bandwidth, parse_latency
+    from .net import parse_bandwidth, parse_latency
     spec = _spec_from_args(a)
     parse_bandwidth(a.bandwidth), parse_latency(a.latency)  # bad values fail here, before any process starts
     load_corpus(a.data, seq_len=spec.seq_len)
@@ -92,10 +95,7 @@ def cmd_local(a: argparse.Namespace) -> int:
           f"{'' if spec.codec == 'dense' else f' (rank {spec.rank})'}, {a.steps} steps, wire {spec.wire_dtype}"
           f"{', link ' + a.bandwidth if a.bandwidth else ''}{', latency ' + a.latency if a.latency != '0' else ''}")
     try:
-        result = run_local(LocalOptions(spec, steps=a.steps, bandwidth=a.bandwidth, latency=a.latency, data=a.data,
-                                        device=a.device, metrics_out=a.metrics_out, workdir=a.workdir,
-                                        threads=a.threads, quiet=a.quiet, dashboard=not a.no_dashboard,
-                                        dashboard_port=a.dashboard_port, tensorboard=a.tensorboard))
+        result = run_local(from_args(LocalOptions, a, spec=spec, dashboard=not a.no_dashboard))
     except KeyboardInterrupt:
         print("interrupted; every process this run started has been stopped.", file=sys.stderr)
         return 130
@@ -114,21 +114,17 @@ def cmd_local(a: argparse.Namespace) -> int:
 
 def cmd_coordinator(a: argparse.Namespace) -> int:
     from .coordinator import CoordinatorOptions, run_coordinator
-    opts = CoordinatorOptions(_spec_from_args(a), host_maddrs=a.host_maddrs, identity=a.identity, key=a.key,
-                              maddrs_file=a.maddrs_file)
+    opts = from_args(CoordinatorOptions, a, spec=_spec_from_args(a))
     return _run_async(lambda: run_coordinator(opts))
 
 
 def cmd_peer(a: argparse.Namespace) -> int:
     from .node import PeerOptions, configure_torch, run_peer
-    configure_torch(a.threads or int(os.environ.get("SWARM_TORCH_THREADS", "0")) or None)
-    opts = PeerOptions(initial_peers=a.initial_peers, stage=a.stage, device=a.device, steps=a.steps, data=a.data,
-                       host_maddrs=a.host_maddrs, identity=a.identity, checkpoint_dir=a.checkpoint_dir,
-                       resume=a.resume, bandwidth=a.bandwidth, latency=a.latency, report=a.report,
-                       trusted_key=a.swarm_key, health_port=a.health_port, health_host=a.health_host,
-                       tensorboard=a.tensorboard)
+    opts = from_args(PeerOptions, a)
+    configure_torch(opts.threads or int(os.environ.get("SWARM_TORCH_THREADS", "0")) or None)
     from peer.daemon import StepFailed
     from peer.interfaces import LinkError
+
     from .node import JoinError
     try:
         return _run_async(lambda: run_peer(opts))
@@ -139,8 +135,7 @@ def cmd_peer(a: argparse.Namespace) -> int:
 
 def cmd_dashboard(a: argparse.Namespace) -> int:
     from .dashboard.server import DashboardOptions, run_dashboard
-    opts = DashboardOptions(a.initial_peers, port=a.port, host=a.host, trusted_key=a.swarm_key,
-                            tensorboard=a.tensorboard, url_file=a.url_file)
+    opts = from_args(DashboardOptions, a)
     try:
         return _run_async(lambda: run_dashboard(opts))
     except RuntimeError as e:  # e.g. the port is taken: one sentence, no traceback
@@ -149,7 +144,7 @@ def cmd_dashboard(a: argparse.Namespace) -> int:
 
 
 def cmd_status(a: argparse.Namespace) -> int:
-    from .status import print_status
+    from .monitor.status import print_status
     return _run_async(lambda: print_status(a.initial_peers, as_json=a.json))
 
 
@@ -161,6 +156,10 @@ def cmd_bench(a: argparse.Namespace) -> int:
 # ------------------------------------------------------------------ parser
 
 def build_parser() -> argparse.ArgumentParser:
+    from .coordinator import CoordinatorOptions
+    from .dashboard.server import DashboardOptions
+    from .local import LocalOptions
+    from .node import PeerOptions
     p = argparse.ArgumentParser(prog="swarm", description="Train one transformer across many peers over the "
                                 "internet, with compressed pipeline boundaries (subspace ~100x, bottleneck ~128x).")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -170,69 +169,28 @@ def build_parser() -> argparse.ArgumentParser:
                         description="Run a coordinator and one peer per stage as separate processes on loopback, "
                         "train on the embedded corpus (or --data), show progress, and stop everything at the end.")
     _add_spec_flags(lo)
-    lo.add_argument("--steps", type=int, default=200, help="optimizer steps to train (default: 200)")
-    lo.add_argument("--bandwidth", help="emulated uplink per link, e.g. 80mbit (default: unlimited)")
-    lo.add_argument("--latency", default="0", help="emulated one-way latency per link, e.g. 20ms (default: 0)")
-    lo.add_argument("--data", metavar="PATH", help="a text file or folder to train on (default: embedded corpus)")
-    lo.add_argument("--device", default="cpu", help="torch device for every peer, e.g. cuda (default: cpu)")
-    lo.add_argument("--metrics-out", metavar="FILE.json", help="write per-step loss, wire bytes and tokens/s")
-    lo.add_argument("--workdir", metavar="DIR", help="keep logs and reports here (default: a temporary folder)")
-    lo.add_argument("--threads", type=int, help="torch threads per peer (default: cores / processes)")
-    lo.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_options(lo, LocalOptions)
     lo.add_argument("--no-dashboard", action="store_true", help="do not start the dashboard")
-    lo.add_argument("--dashboard-port", type=int, default=8080,
-                    help="dashboard port (default: 8080; a free one if it is taken)")
-    lo.add_argument("--tensorboard", metavar="DIR", help="write the head's per-step scalars here for TensorBoard")
     lo.set_defaults(func=cmd_local)
 
     co = sub.add_parser("coordinator", help="start a swarm: bootstrap DHT node, signed run spec",
                         description="Start a swarm's bootstrap node, sign its run spec with the swarm key and keep "
                         "it published. Prints the address that peers pass to --initial-peers.")
     _add_spec_flags(co)
-    co.add_argument("--host-maddrs", nargs="+", default=["/ip4/0.0.0.0/tcp/0"],
-                    help="libp2p listen addresses (default: all interfaces, random port)")
-    co.add_argument("--identity", metavar="FILE", help="libp2p identity file for a stable peer id and address")
-    co.add_argument("--key", metavar="FILE", help="swarm signing key file (created if missing; default: a new key)")
-    co.add_argument("--maddrs-file", metavar="FILE", help="write the coordinator's addresses here as JSON")
+    add_options(co, CoordinatorOptions)
     co.set_defaults(func=cmd_coordinator)
 
     pe = sub.add_parser("peer", help="host one pipeline stage of a swarm",
                         description="Join a swarm, host one pipeline stage and serve it until stopped. A stage-0 "
                         "peer (head) reads the data and drives the training steps.")
-    pe.add_argument("--initial-peers", nargs="+", required=True, metavar="MADDR",
-                    help="address of the coordinator or any peer of the swarm")
-    pe.add_argument("--stage", default="auto", help="stage to host, or auto (the least covered) (default: auto)")
-    pe.add_argument("--device", default="cpu", help="torch device, e.g. cuda:0 (default: cpu)")
-    pe.add_argument("--steps", type=int, help="head only: stop after this many steps (default: run until stopped)")
-    pe.add_argument("--data", metavar="PATH", help="head only: text file or folder (default: embedded corpus)")
-    pe.add_argument("--host-maddrs", nargs="+", default=["/ip4/0.0.0.0/tcp/0"], help="libp2p listen addresses")
-    pe.add_argument("--identity", metavar="FILE", help="libp2p identity file for a stable peer id")
-    pe.add_argument("--checkpoint-dir", metavar="DIR", help="save this stage's state here when stopping")
-    pe.add_argument("--resume", action="store_true", help="resume from the checkpoint in --checkpoint-dir")
-    pe.add_argument("--bandwidth", help="emulated uplink, e.g. 80mbit (benchmarks)")
-    pe.add_argument("--latency", default="0", help="emulated one-way latency, e.g. 20ms (benchmarks)")
-    pe.add_argument("--report", metavar="FILE", help="append JSON-lines events (steps, wire counters) here")
-    pe.add_argument("--swarm-key", metavar="HEX", help="only trust a run spec signed by this public key")
-    pe.add_argument("--threads", type=int, help="torch intra-op threads")
-    pe.add_argument("--health-port", type=int, default=0,
-                    help="serve GET /healthz on this port for Docker/systemd health checks (default: off)")
-    pe.add_argument("--health-host", default="127.0.0.1", help="address /healthz listens on (default: 127.0.0.1)")
-    pe.add_argument("--tensorboard", metavar="DIR", help="head/tail: per-step loss, tokens/s and wire bytes per "
-                    "token for TensorBoard")
+    add_options(pe, PeerOptions)
     pe.set_defaults(func=cmd_peer)
 
     da = sub.add_parser("dashboard", help="a swarm's health in the browser (and /api/v1/state, /metrics)",
                         description="Join a swarm's DHT as a client and serve a live page of its stages, peers, "
                         "loss, throughput and wire bytes, a JSON API (/api/v1/state) and Prometheus metrics "
                         "(/metrics).")
-    da.add_argument("--initial-peers", nargs="+", required=True, metavar="MADDR",
-                    help="address of the coordinator or any peer of the swarm")
-    da.add_argument("--port", type=int, default=8080, help="HTTP port (default: 8080)")
-    da.add_argument("--host", default="127.0.0.1",
-                    help="address to listen on (default: 127.0.0.1; 0.0.0.0 to share it on your network)")
-    da.add_argument("--swarm-key", metavar="HEX", help="only trust a run spec signed by this public key")
-    da.add_argument("--tensorboard", metavar="DIR", help="also write the sampled swarm scalars here")
-    da.add_argument("--url-file", metavar="FILE", help=argparse.SUPPRESS)  # swarm local: where to find the URL
+    add_options(da, DashboardOptions)
     da.set_defaults(func=cmd_dashboard)
 
     st = sub.add_parser("status", help="a table of a swarm's stages and peers")
@@ -246,7 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "codec, unlimited vs 80mbit; convergence: loss vs tokens, fixed U vs re-fitted U vs dense")
     be.add_argument("--out", default="bench-out", help="output folder (default: bench-out)")
     be.add_argument("--smoke", action="store_true", help="tiny sizes, for CI")
-    be.add_argument("--preset", default="small", choices=sorted(PRESETS), help="throughput: model size (default: small)")
+    be.add_argument("--preset", default="small", choices=sorted(PRESETS),
+                    help="throughput: model size (default: small)")
     be.add_argument("--steps", type=int,
                     help="steps per run (default: 20 for throughput, 2000 for convergence)")
     be.add_argument("--data", default="stdlib", help="convergence: corpus (default: the Python standard library)")

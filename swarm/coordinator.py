@@ -9,26 +9,30 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from protocol.model import spec_basis
 from protocol.spec import RunSpec
 
-from .basis_refit import BasisRefitter
+from .basis import BasisRefitter
 from .dht import SwarmDHT, close_node, start_dht
 from .keys import SigningKey
-from .transport import Transport
+from .net import Transport
+from .options import opt
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class CoordinatorOptions:
+    """What `swarm coordinator` can be told besides the run spec; each field is also its flag."""
+
     spec: RunSpec
-    host_maddrs: list[str] = field(default_factory=lambda: ["/ip4/0.0.0.0/tcp/0"])
-    identity: str | None = None  # libp2p identity file: a stable peer id (and address) across restarts
-    key: str | None = None  # the swarm's Ed25519 signing key file; a fresh key if None
-    maddrs_file: str | None = None  # where to write {"maddrs": [...], "run": ...} once serving
+    host_maddrs: list[str] = opt(["/ip4/0.0.0.0/tcp/0"], "libp2p listen addresses (default: all interfaces, "
+                                 "random port)", metavar="MADDR")
+    identity: str | None = opt(None, "libp2p identity file for a stable peer id and address", metavar="FILE")
+    key: str | None = opt(None, "swarm signing key file (created if missing; default: a new key)", metavar="FILE")
+    maddrs_file: str | None = opt(None, "write the coordinator's addresses here as JSON", metavar="FILE")
     ttl: float = 60.0
 
 

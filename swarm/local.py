@@ -25,8 +25,9 @@ from protocol.codecs import WirePacker
 from protocol.spec import RunSpec
 from protocol.wire import ActivationMessage, Header, encode_message, tokens_for_wire
 
-from .scalars import ScalarLog
-from .transport import REPLY_OVERHEAD, REQUEST_OVERHEAD
+from .monitor.scalars import ScalarLog
+from .net import REPLY_OVERHEAD, REQUEST_OVERHEAD
+from .options import opt
 
 log = logging.getLogger(__name__)
 
@@ -37,21 +38,23 @@ class LocalSwarmError(RuntimeError):
 
 @dataclass
 class LocalOptions:
+    """What `swarm local` can be told besides the run spec; each field with help is also its flag."""
+
     spec: RunSpec
-    steps: int = 200
-    bandwidth: str | None = None
-    latency: str = "0"
-    data: str | None = None
-    device: str = "cpu"
-    metrics_out: str | None = None
-    workdir: str | None = None  # logs and reports; a temporary folder if None
-    threads: int | None = None  # torch threads per peer; default: cores / processes
-    quiet: bool = False
+    steps: int = opt(200, "optimizer steps to train")
+    bandwidth: str | None = opt(None, "emulated uplink per link, e.g. 80mbit (default: unlimited)")
+    latency: str = opt("0", "emulated one-way latency per link, e.g. 20ms (default: 0)")
+    data: str | None = opt(None, "a text file or folder to train on (default: embedded corpus)", metavar="PATH")
+    device: str = opt("cpu", "torch device for every peer, e.g. cuda")
+    metrics_out: str | None = opt(None, "write per-step loss, wire bytes and tokens/s", metavar="FILE.json")
+    workdir: str | None = opt(None, "keep logs and reports here (default: a temporary folder)", metavar="DIR")
+    threads: int | None = opt(None, "torch threads per peer (default: cores / processes)")
+    quiet: bool = opt(False, "no progress bar")
     coordinator_key: str | None = None  # the swarm's signing key file (default: a fresh key)
     extra_peer_args: list[str] = field(default_factory=list)
     dashboard: bool = False  # `swarm local` turns it on (unless --no-dashboard); tests leave it off
-    dashboard_port: int = 8080
-    tensorboard: str | None = None  # the head's per-step scalars, for TensorBoard
+    dashboard_port: int = opt(8080, "dashboard port (a free one if it is taken)")
+    tensorboard: str | None = opt(None, "write the head's per-step scalars here for TensorBoard", metavar="DIR")
 
 
 def dense_bytes_per_token(spec: RunSpec) -> float:
@@ -157,7 +160,8 @@ class LocalSwarm:
         return self.spawn(name, args + list(extra) + self.opts.extra_peer_args)
 
     def start_dashboard(self, port: int | None = None, *extra: str, timeout: float = 90.0) -> str:
-        """Start `swarm dashboard` on the coordinator (a free port if `port` is taken); returns its URL once it serves."""
+        """Start `swarm dashboard` on the coordinator (a free port if `port` is taken); returns its URL
+        once it serves."""
         port, note = dashboard_port(self.opts.dashboard_port if port is None else port)
         if note:
             print(note, flush=True)

@@ -13,7 +13,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -26,12 +26,12 @@ from protocol.model import spec_basis
 from protocol.spec import RunSpec
 from protocol.wire import WireLimits
 
-from .basis_sync import BasisSync
+from .basis import BasisSync
 from .dht import SwarmDHT, close_node, start_dht
-from .peer_monitor import PeerMonitor
+from .monitor.peer_monitor import PeerMonitor
+from .net import LinkShaper, Transport, TransportError
+from .options import opt
 from .router import Router
-from .shaper import LinkShaper
-from .transport import Transport, TransportError
 
 log = logging.getLogger(__name__)
 
@@ -42,25 +42,31 @@ class JoinError(RuntimeError):
 
 @dataclass
 class PeerOptions:
-    initial_peers: list[str]
-    stage: str = "auto"  # "auto" or a stage index
-    device: str = "cpu"
-    steps: int | None = None  # head only: stop after this many steps (None: until interrupted)
-    data: str | None = None
-    host_maddrs: list[str] = field(default_factory=lambda: ["/ip4/0.0.0.0/tcp/0"])
-    identity: str | None = None
-    checkpoint_dir: str | None = None
-    resume: bool = False
-    bandwidth: str | None = None
-    latency: str = "0"
-    report: str | None = None  # JSON-lines file of events (steps, wire counters)
-    trusted_key: str | None = None  # hex public key of the coordinator to pin
-    join_timeout: float = 60.0
-    step_timeout: float = 120.0
-    ttl: float = 15.0
-    health_port: int = 0  # serve /healthz on this port (0: off)
-    health_host: str = "127.0.0.1"
-    tensorboard: str | None = None  # head/tail: per-step scalars into this folder
+    """Everything `swarm peer` can be told; each field is also its flag (`swarm/options.py`)."""
+
+    initial_peers: list[str] = opt([], "address of the coordinator or any peer of the swarm", metavar="MADDR",
+                                   required=True)
+    stage: str = opt("auto", "stage to host, or auto (the least covered)")
+    device: str = opt("cpu", "torch device, e.g. cuda:0")
+    steps: int | None = opt(None, "head only: stop after this many steps (default: run until stopped)")
+    data: str | None = opt(None, "head only: text file or folder (default: embedded corpus)", metavar="PATH")
+    host_maddrs: list[str] = opt(["/ip4/0.0.0.0/tcp/0"], "libp2p listen addresses", metavar="MADDR")
+    identity: str | None = opt(None, "libp2p identity file for a stable peer id", metavar="FILE")
+    checkpoint_dir: str | None = opt(None, "save this stage's state here when stopping", metavar="DIR")
+    resume: bool = opt(False, "resume from the checkpoint in --checkpoint-dir")
+    bandwidth: str | None = opt(None, "emulated uplink, e.g. 80mbit (benchmarks)")
+    latency: str = opt("0", "emulated one-way latency, e.g. 20ms (benchmarks)")
+    report: str | None = opt(None, "append JSON-lines events (steps, wire counters) here", metavar="FILE")
+    trusted_key: str | None = opt(None, "only trust a run spec signed by this public key (or its fingerprint)",
+                                  flag="--swarm-key", metavar="HEX")
+    threads: int | None = opt(None, "torch intra-op threads")
+    join_timeout: float = opt(60.0, "seconds to wait for the run spec and for every stage to be covered")
+    step_timeout: float = opt(120.0, "seconds a step may take before it is given up")
+    ttl: float = 15.0  # seconds an announcement lives without a heartbeat
+    health_port: int = opt(0, "serve GET /healthz on this port for Docker/systemd health checks (default: off)")
+    health_host: str = opt("127.0.0.1", "address /healthz listens on")
+    tensorboard: str | None = opt(None, "head/tail: per-step loss, tokens/s and wire bytes per token for "
+                                  "TensorBoard", metavar="DIR")
 
 
 class LinkAdapter:

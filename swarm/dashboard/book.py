@@ -1,7 +1,7 @@
 """`HealthBook`: the dashboard's verified view of the swarm's health records.
 
 Everything read from the DHT is untrusted. The book keeps, per peer id, the newest record
-that parses, verifies (`swarm.health.parse_health`) and belongs to the run, and ignores
+that parses, verifies (`swarm.monitor.health.parse_health`) and belongs to the run, and ignores
 the rest, counting each distinct bad entry once (an entry sits in the DHT until it
 expires and is read on every poll; counting it every time would make the counter a clock).
 
@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import msgpack
 
 from swarm.dht import RecordError
-from swarm.health import SignedHealth, parse_health
 from swarm.keys import fingerprint_of
+from swarm.monitor.health import SignedHealth, parse_health
 
 MAX_REMEMBERED_BAD = 4096  # digests of bad entries already counted
 MAX_PROBLEMS = 20  # the last reasons, shown on the page

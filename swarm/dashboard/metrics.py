@@ -50,7 +50,8 @@ class SnapshotCollector(Collector):
             ("swarm_peers", len(online), "Online peers."),
             ("swarm_invalid_records", snap["invalid_records"], "Distinct invalid health records seen (ignored)."),
             ("swarm_forward_bytes_per_token", wire.get("forward_bytes_per_token"), "Forward wire bytes per token."),
-            ("swarm_compression_ratio", wire.get("compression_ratio"), "Dense bytes per token / forward bytes per token."),
+            ("swarm_compression_ratio", wire.get("compression_ratio"),
+             "Dense bytes per token / forward bytes per token."),
         ):
             gauge = GaugeMetricFamily(name, doc)
             if value is not None:

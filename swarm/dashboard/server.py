@@ -50,7 +50,8 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from swarm.dht import SwarmDHT, start_dht, stop_dht
-from swarm.scalars import ScalarLog
+from swarm.monitor.scalars import ScalarLog
+from swarm.options import opt
 
 from .metrics import make_registry, render
 from .state import DashboardState
@@ -64,12 +65,17 @@ CSP = "default-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data
 
 @dataclass
 class DashboardOptions:
-    initial_peers: list[str]
-    port: int = 8080
-    host: str = "127.0.0.1"
-    trusted_key: str | None = None  # hex public key of the coordinator to pin
-    tensorboard: str | None = None
-    url_file: str | None = None  # write {"url": ...} here once serving (used by `swarm local`)
+    """What `swarm dashboard` can be told; each field is also its flag."""
+
+    initial_peers: list[str] = opt([], "address of the coordinator or any peer of the swarm", metavar="MADDR",
+                                   required=True)
+    port: int = opt(8080, "HTTP port")
+    host: str = opt("127.0.0.1", "address to listen on (0.0.0.0 to share it on your network)")
+    trusted_key: str | None = opt(None, "only trust a run spec signed by this public key", flag="--swarm-key",
+                                  metavar="HEX")
+    tensorboard: str | None = opt(None, "also write the sampled swarm scalars here", metavar="DIR")
+    url_file: str | None = opt(None, "write {\"url\": ...} here once serving (used by `swarm local`)",
+                               metavar="FILE", hidden=True)
     interval: float = 1.0
 
 

@@ -19,9 +19,9 @@ from hivemind.utils import get_dht_time
 
 from protocol.spec import RunSpec
 from swarm.dht import RecordError, StageAnnouncement, SwarmDHT
-from swarm.health import HealthRecord, fetch_health
 from swarm.local import dense_bytes_per_token
-from swarm.scalars import ScalarLog
+from swarm.monitor.health import HealthRecord, fetch_health
+from swarm.monitor.scalars import ScalarLog
 
 from .book import HealthBook
 
@@ -238,7 +238,8 @@ class DashboardState:
                 self._loss.add(t, int(step), loss)
                 self._last_loss_step = int(step)
         stamp = max((r.timestamp for r in heads), default=0.0)
-        if stamp > self._last_head_stamp and max(r.step for r in heads) > 0:  # a point per new head record, once training
+        # a point per new head record, once training
+        if stamp > self._last_head_stamp and max(r.step for r in heads) > 0:
             self._last_head_stamp = stamp
             self._speed.add(stamp, max(r.step for r in heads), sum(r.tokens_per_s for r in heads))
 

@@ -11,10 +11,18 @@ import torch
 
 from protocol.codecs import WirePacker
 from protocol.spec import RunSpec
-from protocol.wire import (ActivationMessage, ErrorReply, GradientMessage, Header, WireLimits, decode_message,
-                           encode_message, tokens_for_wire)
+from protocol.wire import (
+    ActivationMessage,
+    ErrorReply,
+    GradientMessage,
+    Header,
+    WireLimits,
+    decode_message,
+    encode_message,
+    tokens_for_wire,
+)
 from swarm.dht import SwarmDHT, close_node, start_dht
-from swarm.transport import Transport, TransportError
+from swarm.net.transport import Transport, TransportError
 from tests.e2e.conftest import wait_for_event
 
 

@@ -17,7 +17,7 @@ from protocol.wire import ErrorReply, WireLimits, decode_message
 from swarm.dht import SwarmDHT, close_node, start_dht
 from swarm.keys import SigningKey
 from swarm.local import LocalOptions, LocalSwarm
-from swarm.transport import Transport
+from swarm.net.transport import Transport
 from tests.e2e.conftest import wait_for_event
 
 SPEC = dict(codec="subspace", stages=3, basis_interval=5)
@@ -48,7 +48,7 @@ class Client:
     def __init__(self, maddrs: list[str]) -> None:
         self.maddrs = maddrs
 
-    async def __aenter__(self) -> "Client":
+    async def __aenter__(self) -> Client:
         self.dht = await asyncio.to_thread(start_dht, self.maddrs, ["/ip4/127.0.0.1/tcp/0"], None, True)
         self.sdht = SwarmDHT(self.dht)
         self.spec = RunSpec.from_json((await self.sdht.fetch_run_spec()).spec_json)

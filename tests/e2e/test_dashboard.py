@@ -27,9 +27,9 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 import swarm as swarm_package
 from protocol.spec import preset
 from swarm.dht import SwarmDHT, start_dht, stop_dht
-from swarm.health import SignedHealth, fetch_health, parse_health
 from swarm.keys import SigningKey
 from swarm.local import LocalOptions, LocalSwarm
+from swarm.monitor.health import SignedHealth, fetch_health, parse_health
 from tests.e2e.conftest import wait_for_event
 from tests.swarm.test_health import record
 

@@ -16,7 +16,7 @@ from protocol.codecs import WirePacker
 from protocol.spec import preset
 from protocol.wire import ActivationMessage, GradientMessage, Header, encode_message, tokens_for_wire
 from swarm.local import LocalOptions, run_local
-from swarm.transport import REPLY_OVERHEAD, REQUEST_OVERHEAD
+from swarm.net.transport import REPLY_OVERHEAD, REQUEST_OVERHEAD
 
 STEPS = 20
 

@@ -10,8 +10,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from protocol.subspace import (SubspaceBasis, grassmann_step, make_basis, orthonormalize, out_of_subspace,
-                               principal_angles, project_cols, project_rows)
+from protocol.subspace import (
+    SubspaceBasis,
+    grassmann_step,
+    make_basis,
+    orthonormalize,
+    out_of_subspace,
+    principal_angles,
+    project_cols,
+    project_rows,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 F64 = torch.float64

@@ -11,8 +11,19 @@ import torch
 
 from protocol.codecs import WirePacker, WireTensors
 from protocol.spec import preset
-from protocol.wire import (HEADER_MAX_BYTES, ActivationMessage, ErrorReply, GradientMessage, Header, WireLimits,
-                           decode_message, encode_message, header_bytes, token_bytes, tokens_for_wire)
+from protocol.wire import (
+    HEADER_MAX_BYTES,
+    ActivationMessage,
+    ErrorReply,
+    GradientMessage,
+    Header,
+    WireLimits,
+    decode_message,
+    encode_message,
+    header_bytes,
+    token_bytes,
+    tokens_for_wire,
+)
 
 WIRE = [("fp32", "none"), ("bf16", "none"), ("fp64", "none"), ("fp32", "int8"), ("bf16", "int8"), ("fp64", "int8")]
 ELEM = {"fp32": 4, "bf16": 2, "fp64": 8}
@@ -95,7 +106,8 @@ def test_gradient_bytes_formula(wire, quant):
     spec = spec_for(wire_dtype=wire, quant=quant)
     msg = grad_msg(spec, B=3)
     e = ELEM[wire]
-    data = 3 * spec.seq_len * spec.rank * (1 if quant == "int8" else e) + (3 * spec.seq_len * e if quant == "int8" else 0)
+    data = 3 * spec.seq_len * spec.rank * (1 if quant == "int8" else e)
+    data += 3 * spec.seq_len * e if quant == "int8" else 0
     assert len(encode_message(msg)) == data + header_bytes(msg)
     assert header_bytes(msg) == expected_header(msg) <= HEADER_MAX_BYTES
 

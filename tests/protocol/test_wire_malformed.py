@@ -13,8 +13,17 @@ from hypothesis import strategies as st
 
 from protocol.codecs import WirePacker
 from protocol.spec import preset
-from protocol.wire import (ActivationMessage, ErrorReply, GradientMessage, Header, WireError, WireLimits,
-                           decode_message, encode_message, tokens_for_wire)
+from protocol.wire import (
+    ActivationMessage,
+    ErrorReply,
+    GradientMessage,
+    Header,
+    WireError,
+    WireLimits,
+    decode_message,
+    encode_message,
+    tokens_for_wire,
+)
 
 CODES = {torch.float32: 1, torch.bfloat16: 2, torch.float64: 3, torch.int8: 4, torch.uint8: 5,
          torch.int16: 6, torch.int32: 7, torch.int64: 8, torch.float16: 9}
@@ -100,7 +109,8 @@ BAD_FIELDS = {
     "batch mismatch": dict(p=ext(torch.randn(1, T, W))), "payload 2-d": dict(p=ext(torch.randn(B * T, W))),
     "payload 4-d": dict(p=ext(torch.randn(1, B, T, W))), "tokens T": dict(t=ext(torch.zeros(B, T, dtype=torch.uint8))),
     "tokens 1-d": dict(t=ext(torch.zeros(B * (T + 1), dtype=torch.uint8))),
-    "tokens float": dict(t=ext(torch.zeros(B, T + 1))), "tokens int64": dict(t=ext(torch.zeros(B, T + 1, dtype=torch.int64))),
+    "tokens float": dict(t=ext(torch.zeros(B, T + 1))),
+    "tokens int64": dict(t=ext(torch.zeros(B, T + 1, dtype=torch.int64))),
     "token 256 in a byte vocab": dict(t=ext(torch.full((B, T + 1), 256, dtype=torch.int32))),
     "token 256 as uint16": dict(t=ext(torch.full((B, T + 1), 256, dtype=torch.int16), code=10)),
     "negative token": dict(t=ext(torch.full((B, T + 1), -1, dtype=torch.int32))),
@@ -127,7 +137,8 @@ def test_bad_activation_refused(case):
 
 @pytest.mark.parametrize("case", ["loss int", "loss str", "NaN payload", "wrong codec", "wrong width", "wrong dtype"])
 def test_bad_gradient_refused(case):
-    over = {"loss int": dict(l=1), "loss str": dict(l="1.5"), "NaN payload": dict(p=ext(torch.full((B, T, W), math.nan))),
+    over = {"loss int": dict(l=1), "loss str": dict(l="1.5"),
+            "NaN payload": dict(p=ext(torch.full((B, T, W), math.nan))),
             "wrong codec": dict(c="bottleneck"), "wrong width": dict(p=ext(torch.randn(B, T, 1))),
             "wrong dtype": dict(p=ext(torch.randn(B, T, W, dtype=torch.float64)))}[case]
     refused(msgpack.packb(grad_map(**over)))
@@ -140,8 +151,10 @@ def test_int8_scale_checks(wire):
     sd = torch.bfloat16 if wire == "bf16" else torch.float32
     good = dict(r=spec.run_hash, p=ext(torch.ones(B, T, W, dtype=torch.int8)), x=ext(torch.ones(B, T, 1).to(sd)))
     assert isinstance(decode_message(msgpack.packb(act_map(**good)), lim), ActivationMessage)
-    for bad in (dict(x=None), dict(x=ext(torch.ones(B, T, 2).to(sd))), dict(x=ext(torch.ones(B, T, 1, dtype=torch.float64))),
-                dict(x=ext(torch.full((B, T, 1), math.nan).to(sd))), dict(x=ext(torch.full((B, T, 1), math.inf).to(sd))),
+    for bad in (dict(x=None), dict(x=ext(torch.ones(B, T, 2).to(sd))),
+                dict(x=ext(torch.ones(B, T, 1, dtype=torch.float64))),
+                dict(x=ext(torch.full((B, T, 1), math.nan).to(sd))),
+                dict(x=ext(torch.full((B, T, 1), math.inf).to(sd))),
                 dict(p=ext(torch.ones(B, T, W).to(sd)))):
         refused(msgpack.packb(act_map(**{**good, **bad})), lim)
 
@@ -249,6 +262,7 @@ msgpack_values = st.recursive(
 @given(st.sampled_from(["k", "r", "s", "m", "v", "c", "g", "t", "p", "x", "l", "e", "d", "o"]), msgpack_values,
        st.sampled_from(["act", "grad", "err"]))
 def test_field_replaced_by_any_value(key, value, kind):
-    base = act_map() if kind == "act" else grad_map() if kind == "grad" else {"k": "err", "e": "no", "o": "retry", "d": {}}
+    err = {"k": "err", "e": "no", "o": "retry", "d": {}}
+    base = act_map() if kind == "act" else grad_map() if kind == "grad" else err
     base[key] = value
     check_outcome(msgpack.packb(base))

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from swarm.bench_codecs import run_codecs_bench
+from swarm.bench.codecs import run_codecs_bench
 
 
 def test_codecs_bench_smoke(tmp_path):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from swarm.bench_convergence import run_convergence_bench
-from swarm.bench_throughput import CODECS, run_throughput_bench
+from swarm.bench.convergence import run_convergence_bench
+from swarm.bench.throughput import CODECS, run_throughput_bench
 
 
 def test_convergence_bench_smoke(tmp_path):

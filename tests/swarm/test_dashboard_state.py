@@ -12,10 +12,10 @@ from protocol.spec import preset
 from swarm.dashboard.metrics import make_registry, render
 from swarm.dashboard.state import DashboardState, _mark_bottleneck
 from swarm.dht import StageAnnouncement, SwarmDHT, start_dht, stop_dht
-from swarm.health import SignedHealth, publish_health
 from swarm.keys import SigningKey
 from swarm.local import dense_bytes_per_token
-from swarm.scalars import ScalarLog
+from swarm.monitor.health import SignedHealth, publish_health
+from swarm.monitor.scalars import ScalarLog
 from tests.swarm.test_health import record
 
 SPEC = preset("tiny", stages=3)
@@ -66,7 +66,8 @@ async def test_snapshot_aggregates_what_the_peers_report(sdht, tmp_path):
     snap = state.snapshot()
 
     assert snap["error"] is None and snap["run"]["hash"] == SPEC.run_hash and snap["run"]["stages"] == 3
-    assert [(s["stage"], s["peers"], s["covered"]) for s in snap["stages"]] == [(0, 1, True), (1, 1, True), (2, 0, False)]
+    coverage = [(s["stage"], s["peers"], s["covered"]) for s in snap["stages"]]
+    assert coverage == [(0, 1, True), (1, 1, True), (2, 0, False)]
     assert [s["bottleneck"] for s in snap["stages"]] == [False, False, True], "the uncovered stage is the bottleneck"
     peers = {p["peer_id"]: p for p in snap["peers"]}
     assert peers[HEAD]["step"] == 12 and peers[HEAD]["tokens_per_s"] == 6000.0 and peers[HEAD]["loss"] == 4.0

@@ -9,14 +9,21 @@ import time
 from dataclasses import dataclass, replace
 
 import pytest
+from hivemind.utils import get_dht_time
 
 from swarm.dht import (
-    RUN_KEY, RecordError, SignedRunSpec, StageAnnouncement, SwarmDHT, run_hash_of, stage_key,
-    start_dht, stop_dht,
+    RUN_KEY,
+    RecordError,
+    SignedRunSpec,
+    StageAnnouncement,
+    SwarmDHT,
+    run_hash_of,
+    stage_key,
+    start_dht,
+    stop_dht,
 )
-from swarm.dht_process import _p2pd_children
+from swarm.dht.process import _p2pd_children
 from swarm.keys import SigningKey
-from hivemind.utils import get_dht_time
 
 LOCAL = ["/ip4/127.0.0.1/tcp/0"]
 SPEC = json.dumps({"model": {"d": 64, "layers": 4}, "stages": 2, "codec": "subspace"}, sort_keys=True)

@@ -8,8 +8,8 @@ import pytest
 
 from swarm.dashboard.book import HealthBook
 from swarm.dht import RecordError
-from swarm.health import MAX_BANNED, HealthRecord, SignedHealth, parse_health, reachability_of
 from swarm.keys import SigningKey
+from swarm.monitor.health import MAX_BANNED, HealthRecord, SignedHealth, parse_health, reachability_of
 
 RUN = "a75f7a22fb141ca3"
 

@@ -6,8 +6,8 @@ import socket
 import aiohttp
 import pytest
 
-from swarm.healthz import HealthzServer
-from swarm.peer_monitor import PeerMonitor
+from swarm.monitor.healthz import HealthzServer
+from swarm.monitor.peer_monitor import PeerMonitor
 
 
 def free_port() -> int:

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from swarm.shaper import MIN_BUCKET_BYTES, LinkShaper, parse_bandwidth, parse_latency
+from swarm.net.shaper import MIN_BUCKET_BYTES, LinkShaper, parse_bandwidth, parse_latency
 
 
 class VirtualClock:

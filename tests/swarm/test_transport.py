@@ -9,8 +9,8 @@ from dataclasses import dataclass
 import pytest
 from hivemind.p2p import P2P, PeerID
 
-from swarm.shaper import LinkShaper
-from swarm.transport import REPLY_OVERHEAD, REQUEST_OVERHEAD, Transport, TransportError
+from swarm.net.shaper import LinkShaper
+from swarm.net.transport import REPLY_OVERHEAD, REQUEST_OVERHEAD, Transport, TransportError
 
 LOCAL = ["/ip4/127.0.0.1/tcp/0"]
 SERVER_LIMIT = 2 << 20

@@ -24,8 +24,8 @@ from dataclasses import asdict, dataclass, field, fields
 import msgpack
 from hivemind.utils import get_dht_time
 
-from .dht import STATES, RecordError, SwarmDHT, health_key
-from .keys import PUBLIC_KEY_BYTES, SIGNATURE_BYTES, SigningKey, fingerprint_of, verify
+from swarm.dht import STATES, RecordError, SwarmDHT, health_key
+from swarm.keys import PUBLIC_KEY_BYTES, SIGNATURE_BYTES, SigningKey, fingerprint_of, verify
 
 __all__ = ["HEALTH_DOMAIN", "REACHABILITY", "HealthRecord", "SignedHealth", "parse_health", "publish_health",
            "fetch_health", "reachability_of"]

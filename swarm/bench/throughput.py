@@ -11,8 +11,7 @@ import json
 from pathlib import Path
 
 from protocol.spec import preset
-
-from .local import LocalOptions, run_local
+from swarm.local import LocalOptions, run_local
 
 CODECS = ("dense", "subspace", "bottleneck")
 

@@ -30,7 +30,7 @@ import asyncio
 import logging
 import struct
 import warnings
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 with warnings.catch_warnings():
@@ -38,13 +38,12 @@ with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message=r".*torch\.jit\.script.*")
     from hivemind.p2p import P2P, PeerID
 
-from swarm.shaper import LinkShaper
+from peer.interfaces import Handler
+from swarm.net.shaper import LinkShaper
 
 __all__ = ["Handler", "TransportError", "LinkCounter", "Transport", "REQUEST_OVERHEAD", "REPLY_OVERHEAD"]
 
-logger = logging.getLogger(__name__)
-
-Handler = Callable[[bytes, str], Awaitable[bytes]]
+log = logging.getLogger(__name__)
 
 _LENGTH = struct.Struct(">I")
 _REPLY_HEADER = struct.Struct(">BI")
@@ -181,7 +180,7 @@ class Transport:
         except asyncio.IncompleteReadError as e:
             if e.partial:
                 self._count(peer, kind, "in", len(e.partial))
-            raise _FrameError(f"the request ended after {len(e.partial)} of {REQUEST_OVERHEAD} header bytes.")
+            raise _FrameError(f"the request ended after {len(e.partial)} of {REQUEST_OVERHEAD} header bytes.") from None
         (length,) = _LENGTH.unpack(header)
         if length > self.max_frame_bytes:
             self._count(peer, kind, "in", len(header))
@@ -192,7 +191,8 @@ class Transport:
             body = await reader.readexactly(length)
         except asyncio.IncompleteReadError as e:
             self._count(peer, kind, "in", len(header) + len(e.partial))
-            raise _FrameError(f"the request frame was truncated: {len(e.partial)} of {length} body bytes arrived.")
+            raise _FrameError(
+                f"the request frame was truncated: {len(e.partial)} of {length} body bytes arrived.") from None
         self._count(peer, kind, "in", len(header) + length)
         return body
 
@@ -223,14 +223,14 @@ class Transport:
             # the stream once it has read the reply, so wait for that, bounded.
             await _wait_for_close(reader, REPLY_LINGER_S)
         except _FrameError as e:
-            logger.warning("refused a '%s' request from %s: %s", kind, peer, e)
+            log.warning("refused a '%s' request from %s: %s", kind, peer, e)
             await self._send_reply(writer, peer, kind, STATUS_ERROR, str(e).encode("utf-8"))
             if e.sender_busy:
                 await _discard(reader, min(self.timeout, REFUSAL_LINGER_S))
         except asyncio.CancelledError:
             pass  # close() is tearing the server down; the client sees the stream close
         except Exception as e:  # a broken stream while reading or writing
-            logger.warning("dropped a '%s' stream from %s: %s: %s", kind, peer, type(e).__name__, e)
+            log.warning("dropped a '%s' stream from %s: %s: %s", kind, peer, type(e).__name__, e)
         finally:
             writer.close()
             if task is not None:
@@ -246,7 +246,7 @@ class Transport:
         except (ConnectionError, OSError, asyncio.TimeoutError) as e:
             # debug only: the caller already logged why this stream went wrong, or the client
             # gave up (and logs that on its side).
-            logger.debug("could not reply to a '%s' request from %s: %s", kind, peer, type(e).__name__)
+            log.debug("could not reply to a '%s' request from %s: %s", kind, peer, type(e).__name__)
             return
         self._count(peer, kind, "out", len(frame))
 
@@ -264,7 +264,8 @@ class Transport:
         try:
             remote = PeerID.from_base58(peer_id)
         except Exception:
-            raise TransportError(f"{peer_id!r} is not a valid peer id.", kind=kind, peer=peer_id, reason="connection")
+            raise TransportError(f"{peer_id!r} is not a valid peer id.", kind=kind, peer=peer_id,
+                                 reason="connection") from None
         try:
             return await asyncio.wait_for(self._exchange(remote, peer_id, kind, proto, bytes(body)), limit)
         except asyncio.TimeoutError:
@@ -305,7 +306,8 @@ class Transport:
         except asyncio.IncompleteReadError:
             raise fail(f"{peer} closed the '{kind}' stream without replying.", "connection") from None
         except (ConnectionError, OSError) as e:
-            raise fail(f"the stream to {peer} broke while waiting for a '{kind}' reply: {_short(e)}.", "connection")
+            raise fail(f"the stream to {peer} broke while waiting for a '{kind}' reply: {_short(e)}.",
+                       "connection") from e
         status, length = _REPLY_HEADER.unpack(header)
         if status not in (STATUS_OK, STATUS_ERROR):
             raise fail(f"{peer} sent a '{kind}' reply with unknown status {status}.")
@@ -329,7 +331,7 @@ class Transport:
             try:
                 await self.p2p.remove_binary_stream_handler(proto)
             except Exception as e:  # the daemon may already be gone; nothing left to remove then
-                logger.debug("could not remove the '%s' handler: %s", kind, _short(e))
+                log.debug("could not remove the '%s' handler: %s", kind, _short(e))
         tasks = [t for t in self._inflight if t is not asyncio.current_task()]
         for task in tasks:
             task.cancel()

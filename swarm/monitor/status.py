@@ -7,8 +7,7 @@ import json
 from hivemind.utils import get_dht_time
 
 from protocol.spec import RunSpec
-
-from .dht import SwarmDHT, start_dht, stop_dht
+from swarm.dht import SwarmDHT, start_dht, stop_dht
 
 
 async def swarm_state(initial_peers: list[str]) -> dict:

@@ -14,10 +14,9 @@ from peer.daemon import StageDaemon
 from protocol.basis_update import BasisUpdate, StatsMessage, decode_update, encode_stats
 from protocol.spec import RunSpec
 from protocol.wire import WireError
-
-from .dht import SwarmDHT
-from .keys import verify
-from .transport import Transport, TransportError
+from swarm.dht import SwarmDHT
+from swarm.keys import verify
+from swarm.net.transport import Transport, TransportError
 
 log = logging.getLogger(__name__)
 

@@ -22,15 +22,14 @@ import torch
 
 from peer.daemon import KIND_BACKWARD, KIND_FORWARD, StageDaemon
 from protocol.spec import RunSpec
-
-from . import __version__
-from .dht import SwarmDHT
-from .health import MAX_BANNED, MAX_HISTORY, HealthRecord, SignedHealth, publish_health, reachability_of
-from .healthz import HealthzServer
-from .keys import SigningKey
-from .router import Router
-from .scalars import ScalarLog
-from .transport import Transport
+from swarm import __version__
+from swarm.dht import SwarmDHT
+from swarm.keys import SigningKey
+from swarm.monitor.health import MAX_BANNED, MAX_HISTORY, HealthRecord, SignedHealth, publish_health, reachability_of
+from swarm.monitor.healthz import HealthzServer
+from swarm.monitor.scalars import ScalarLog
+from swarm.net.transport import Transport
+from swarm.router import Router
 
 log = logging.getLogger(__name__)
 

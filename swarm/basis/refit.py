@@ -16,14 +16,12 @@ import logging
 import torch
 
 from protocol.basis_update import BasisUpdate, canonical_basis, decode_stats, encode_update, next_basis
-from protocol.model import compute_dtype
-from protocol.model import spec_basis
+from protocol.model import compute_dtype, spec_basis
 from protocol.spec import RunSpec
 from protocol.wire import ErrorReply, WireError, encode_message
-
-from .dht import SwarmDHT
-from .keys import SigningKey
-from .transport import Transport
+from swarm.dht import SwarmDHT
+from swarm.keys import SigningKey
+from swarm.net.transport import Transport
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message=r".*torch\.jit\.script.*")
     import hivemind
 
-logger = logging.getLogger(__name__)
+log = logging.getLogger(__name__)
 
 DEFAULT_HOST_MADDRS = ("/ip4/0.0.0.0/tcp/0",)
 
@@ -95,7 +95,7 @@ def stop_dht(dht: hivemind.DHT, grace: float = 5.0) -> None:
         if sig is not None:
             for pid in daemons:
                 if _p2pd_state(pid) is not None:
-                    logger.warning("p2pd %d outlived its DHT; sending %s", pid, signal.Signals(sig).name)
+                    log.warning("p2pd %d outlived its DHT; sending %s", pid, signal.Signals(sig).name)
                     try:
                         os.kill(pid, sig)
                     except ProcessLookupError:

@@ -1,0 +1,10 @@
+"""What peers say about themselves, and who reads it.
+
+- `health.py`: signed `HealthRecord`s, one per peer per heartbeat, with their parsing rules.
+- `peer_monitor.py`: `PeerMonitor`, what a running peer measures and publishes (and
+  `/healthz`, TensorBoard).
+- `healthz.py`: the `/healthz` HTTP endpoint for Docker and systemd.
+- `status.py`: `swarm status`, a table of stages and peers.
+- `scalars.py`: `ScalarLog`, per-step scalars for TensorBoard.
+The browser dashboard that reads the health records is `swarm/dashboard/`.
+"""
