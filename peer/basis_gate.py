@@ -1,4 +1,4 @@
-"""`BasisGate`: a stage's rules about basis versions (ALGORITHMS 1.7, steps 5-6).
+"""`BasisGate`: a stage's rules about basis versions (docs/algorithms.md 1.7, steps 5-6).
 
 Which version a message of a given step must carry; whether a basis update may be taken
 (signed by the swarm key, the next version, for a step not yet started); and, for the head,

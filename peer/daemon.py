@@ -1,6 +1,6 @@
 """`StageDaemon`: the asyncio service around a StageRunner; what a head, middle or tail does.
 
-Message flow (DESIGN.md section 3). The head drives each step: it runs forward on its
+Message flow (docs/design.md section 3). The head drives each step: it runs forward on its
 microbatches and sends the boundary tensors on; a middle peer decodes, runs forward and
 forwards; the tail computes the loss, runs backward and returns the compressed gradient
 to whoever sent the activation, and so on back to the head. Every stage steps its

@@ -6,11 +6,11 @@ that *any* process can regenerate *exactly* the same microbatch from three integ
 property is what lets several head peers split one step's microbatches between them
 (`shard_indices`) without talking to each other, lets a restarted head resume at any
 step, and lets a one-process reference run reproduce a multi-process swarm run token for
-token (DESIGN.md section 4, "bit-for-bit honest compression").
+token (docs/design.md section 4, "bit-for-bit honest compression").
 
 The tokenizer is byte level (vocabulary 256), so nothing is downloaded or trained; the
 default corpus is CPython's own `pydoc_data.topics`, present wherever Python is
-(ALGORITHMS.md section 4).
+(docs/algorithms.md section 4).
 """
 
 from __future__ import annotations

@@ -57,7 +57,7 @@ class StageRunner:
         self.last_truncation = 0.0  # ||(I - P_new) W|| / ||W|| at the last switch
         # (first step, version) of every basis this stage has used; messages of a step carry its version
         self.version_history: list[tuple[int, int]] = [(0, self.basis_version)]
-        # ALGORITHMS 1.7: receiving stages keep EMA(C_s U), C_s = mean over tokens of g^T g
+        # docs/algorithms.md 1.7: receiving stages keep EMA(C_s U), C_s = mean over tokens of g^T g
         self.collect_stats = (spec.codec == "subspace" and spec.basis_updates and not self.is_first)
         self.stat = torch.zeros(spec.d_model, spec.rank, dtype=torch.float64, device=self.device) \
             if self.collect_stats else None

@@ -1,4 +1,4 @@
-"""The ResBM residual bottleneck (ALGORITHMS.md section 2).
+"""The ResBM residual bottleneck (docs/algorithms.md section 2).
 
 A small trainable encoder at the end of a stage and decoder at the start of the next, each
 with an explicit low-rank identity path. Both output layers start at zero, so at init the

@@ -8,8 +8,8 @@ that travels is dL/dz, of the same small width w as the forward payload:
 - dense:      w = d, identity both ways.
 - subspace:   z = (h - T_fixed[tok]) U (w = k); h = z U^T + T_fixed[tok]. Exact when
               h - T_fixed[tok] lies in span(U), and then dL/dz = g U is the exact
-              projected gradient (ALGORITHMS 1.3-1.4).
-- bottleneck: z = Enc(h) + h[..., :b]; h = Dec(z) + pad(z) (ALGORITHMS 2), lossy, trained.
+              projected gradient (docs/algorithms.md 1.3-1.4).
+- bottleneck: z = Enc(h) + h[..., :b]; h = Dec(z) + pad(z) (docs/algorithms.md 2), lossy, trained.
 
 Under any codec a `WirePacker` turns z (or dL/dz) into wire tensors: fp32, bf16 or fp64,
 optionally int8 with one absmax scale per token stacked under it.
@@ -134,7 +134,7 @@ class WireTensors:
 class WirePacker:
     """Casts (and optionally int8-quantizes) boundary tensors for the wire, and back.
 
-    Projection and encoding run in the compute dtype; only the result is cast (ALGORITHMS 1.3).
+    Projection and encoding run in the compute dtype; only the result is cast (docs/algorithms.md 1.3).
     int8 uses a symmetric absmax scale per token (last axis), the scale in the wire dtype.
     """
 

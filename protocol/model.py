@@ -4,7 +4,7 @@
 bit-identical initial weights without seeing the others. With the subspace codec, every
 layer that writes into the residual stream of a non-last stage (attention output, MLP down
 projection, the trainable embedding T_S) keeps its output side inside span(U), either by
-the optimizer ("project", ALGORITHMS 1.5a) or by construction ("reparam", 1.5c).
+the optimizer ("project", docs/algorithms.md 1.5a) or by construction ("reparam", 1.5c).
 The last stage (its blocks, final norm and LM head) is free (1.2 rule 2).
 """
 from __future__ import annotations

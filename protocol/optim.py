@@ -1,4 +1,4 @@
-"""The subspace-preserving AdamW (ALGORITHMS.md 1.5a) and the learning-rate schedule.
+"""The subspace-preserving AdamW (docs/algorithms.md 1.5a) and the learning-rate schedule.
 
 For a weight W [d, n] whose columns must stay in span(U) the optimizer consumes only the
 projected gradient P G and shares the adaptive rate along each input column, so every

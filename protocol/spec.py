@@ -45,8 +45,8 @@ class RunSpec:
     rank: int = 16  # k for subspace, b for bottleneck; ignored by dense
     wire_dtype: str = "fp32"
     quant: str = "none"
-    subspace_mode: str = "project"  # ALGORITHMS 1.5(a) "project" or 1.5(c) "reparam"
-    v_scale_by_rank: bool = True  # ALGORITHMS 1.5(a) finding (i): scale v by d/k
+    subspace_mode: str = "project"  # docs/algorithms.md 1.5(a) "project" or 1.5(c) "reparam"
+    v_scale_by_rank: bool = True  # docs/algorithms.md 1.5(a) finding (i): scale v by d/k
     dtype: str = "fp32"  # compute dtype of every stage
     # seeds
     seed: int = 0  # weights, U and T_fixed
@@ -63,7 +63,7 @@ class RunSpec:
     # batch
     batch_size: int = 16  # sequences per optimizer step
     microbatch_size: int = 8
-    # Grassmann basis updates (ALGORITHMS 1.7)
+    # Grassmann basis updates (docs/algorithms.md 1.7)
     basis_interval: int = 500  # steps between re-fits of U
     basis_updates: bool = True  # False keeps U fixed for the whole run
     basis_switch_delay: int = 10  # a re-fit computed after step t takes effect at step t + delay

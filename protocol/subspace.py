@@ -1,4 +1,4 @@
-"""The shared subspace of Protocol Models (ALGORITHMS.md section 1).
+"""The shared subspace of Protocol Models (docs/algorithms.md section 1).
 
 `U` (d x k, orthonormal) and the frozen token embedding `T_fixed` (V x d) are generated
 from the run's seed on the CPU in float64 with one generator in a fixed draw order, so every

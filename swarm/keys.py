@@ -1,6 +1,6 @@
 """Signing keys: who may speak for the run.
 
-DESIGN.md 4: only the coordinator's key may sign run specs and basis updates. This room
+docs/design.md section 4: only the coordinator's key may sign run specs and basis updates. This room
 holds that key (Ed25519, from the `cryptography` package) and the one function every peer
 uses to check a signature. The key file is PEM (PKCS#8, unencrypted), readable by its owner
 only; peers pin the coordinator by its raw 32-byte public key or its short fingerprint.

@@ -1,4 +1,4 @@
-"""`BasisRefitter`: the coordinator's side of the Grassmann basis updates (ALGORITHMS 1.7).
+"""`BasisRefitter`: the coordinator's side of the Grassmann basis updates (docs/algorithms.md 1.7).
 
 At every re-fit step the receiving stages send their statistic (EMA of C_s U). Once every
 stage 1..n-1 has reported for (basis version v, step t), the refitter takes one capped

@@ -1,5 +1,5 @@
 """The oracle: the in-process pipeline (real wire bytes at every boundary) against the one-process
-reference, step by step (ALGORITHMS.md section 3 tests 11, 12), and lossless subspace compression.
+reference, step by step (docs/algorithms.md section 3 tests 11, 12), and lossless subspace compression.
 
 About the lossless check (compressed vs uncompressed model, 1e-10 over 100 steps): training
 is chaotic. At the tiny preset's lr 3e-3 a 1e-15 relative nudge of the *uncompressed* model's

@@ -1,4 +1,4 @@
-"""StageRunner: refusals, checkpoint resume, and the basis switch (ALGORITHMS.md 1.7; section 3 test 10)."""
+"""StageRunner: refusals, checkpoint resume, and the basis switch (docs/algorithms.md 1.7; section 3 test 10)."""
 from __future__ import annotations
 
 import pytest

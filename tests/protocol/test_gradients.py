@@ -1,4 +1,4 @@
-"""Gradients through a compressed boundary (ALGORITHMS.md 1.4; section 3 test 5).
+"""Gradients through a compressed boundary (docs/algorithms.md 1.4; section 3 test 5).
 
 The compressed model (`boundary=True`: encode to k numbers, decode) and the same weights
 chained on the raw hidden state (`boundary=False`) must give: identical gradients for every

@@ -1,4 +1,4 @@
-"""The constrained model and its boundaries (ALGORITHMS.md 1.2-1.3, 2; section 3 tests 2, 3, 4, 7, 12)."""
+"""The constrained model and its boundaries (docs/algorithms.md 1.2-1.3, 2; section 3 tests 2, 3, 4, 7, 12)."""
 from __future__ import annotations
 
 import pytest

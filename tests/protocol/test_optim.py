@@ -1,4 +1,4 @@
-"""The subspace-preserving AdamW and the schedule (ALGORITHMS.md 1.5; section 3 test 6)."""
+"""The subspace-preserving AdamW and the schedule (docs/algorithms.md 1.5; section 3 test 6)."""
 from __future__ import annotations
 
 import math
@@ -84,7 +84,7 @@ def test_fp32_drift_stays_small():
 @pytest.mark.parametrize("kind", ["col", "row"])
 @pytest.mark.parametrize("v_scale", [1.0, 8.0])
 def test_subspace_adamw_update_formula(kind, v_scale):
-    """Two steps against ALGORITHMS 1.5a written out by hand, one adaptive rate per column (row)."""
+    """Two steps against docs/algorithms.md 1.5a written out by hand, one adaptive rate per column (row)."""
     d, n, k, lr, (b1, b2), eps, wd = 16, 6, 3, 0.05, (0.9, 0.95), 1e-8, 0.1
     U = make_basis(d, k, 2, seed=2, dtype=F64).U
     g = torch.Generator().manual_seed(5)

@@ -1,4 +1,4 @@
-"""The shared basis and the Grassmann step (ALGORITHMS.md 1.6, 1.7; section 3 tests 1, 9, 10)."""
+"""The shared basis and the Grassmann step (docs/algorithms.md 1.6, 1.7; section 3 tests 1, 9, 10)."""
 from __future__ import annotations
 
 import math
@@ -75,7 +75,7 @@ def test_basis_deterministic_and_seeded():
 
 
 def test_basis_hash_equal_across_processes():
-    """ALGORITHMS test 9: a fresh interpreter regenerates the same constants from the seed."""
+    """docs/algorithms.md section 3 test 9: a fresh interpreter regenerates the same constants from the seed."""
     code = ("import torch; from protocol.subspace import make_basis; "
             "print(make_basis(64, 8, 256, 11, torch.float64).hash(), "
             "make_basis(64, 8, 256, 12, torch.float32).hash())")

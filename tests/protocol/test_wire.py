@@ -1,4 +1,4 @@
-"""Wire messages: exact byte counts (ALGORITHMS.md 1.3; section 3 test 8) and roundtrips.
+"""Wire messages: exact byte counts (docs/algorithms.md 1.3; section 3 test 8) and roundtrips.
 
 Malformed and hostile inputs are in test_wire_malformed.py. Tensor fields are checked against
 an independent reading of the documented layout (one dtype byte, one ndim byte, ndim uint32
