@@ -4,7 +4,7 @@ Layout of a tensor (ExtType code 1): one byte dtype code, one byte ndim, ndim li
 uint32 dims, then the raw little-endian bytes. bf16 travels as its own two bytes.
 
 An activation message is a msgpack map with one-letter keys:
-    k kind  r run hash  s step  m microbatch index  v basis version  c codec  g target stage
+    k kind  r run hash  s step  a attempt  m microbatch index  v basis version  c codec  g target stage
     t tokens [B, T+1] (uint8 / uint16 / int32 by vocab)  p payload [B, T, w]  x int8 scale [B, T, 1]
 A gradient message has the same header without tokens (the sender kept them) and `l`, the
 tail's loss on that microbatch, so the head learns the loss with no extra round trip.
@@ -40,7 +40,16 @@ DTYPE_CODES: dict[torch.dtype, int] = {
 CODE_DTYPES = {v: k for k, v in DTYPE_CODES.items()}
 UINT16_CODE = 10  # torch.uint16 (decoded through int16 bits: few ops support uint16 itself)
 
-KIND_ACTIVATION, KIND_GRADIENT, KIND_ERROR = "act", "grad", "err"
+# Every kind of message, and so every libp2p protocol a peer serves, is spelled here once.
+KIND_ACTIVATION = "act"  # forward: a boundary activation, head -> tail
+KIND_GRADIENT = "grad"  # backward: a boundary gradient, tail -> head
+KIND_ERROR = "err"  # a refusal, as a reply
+KIND_BASIS = "basis"  # a signed basis update, coordinator -> peers (protocol/basis_update.py)
+KIND_STATS = "stats"  # a stage's re-fit statistic, peer -> coordinator (protocol/basis_update.py)
+KIND_CONTROL = "ctl"  # the step driver's commands: status, reduce, apply, abort (protocol/control.py)
+KIND_REDUCE = "red"  # one replica's gradient contribution to its stage's all-reduce (protocol/control.py)
+KIND_FOLLOW = "fol"  # a stage's reduced gradient forwarded to a replica still catching up (protocol/control.py)
+KIND_STATE = "state"  # a stage's state, downloaded by a joining replica (protocol/control.py)
 
 
 class WireError(ValueError):
@@ -108,6 +117,7 @@ class Header:
     basis_version: int
     codec: str
     stage: int  # the stage this message is addressed to
+    attempt: int = 0  # the step driver's attempt at this step (a retry after a failure is a new attempt)
 
 
 @dataclass
@@ -135,7 +145,8 @@ Message = ActivationMessage | GradientMessage | ErrorReply
 
 
 def _header_map(kind: str, h: Header) -> dict:
-    return {"k": kind, "r": h.run, "s": h.step, "m": h.microbatch, "v": h.basis_version, "c": h.codec, "g": h.stage}
+    return {"k": kind, "r": h.run, "s": h.step, "a": h.attempt, "m": h.microbatch, "v": h.basis_version, "c": h.codec,
+            "g": h.stage}
 
 
 def encode_message(msg: Message) -> bytes:
@@ -156,6 +167,16 @@ def encode_message(msg: Message) -> bytes:
 def tokens_for_wire(tokens: torch.Tensor, vocab: int) -> torch.Tensor:
     """Token ids in the smallest integer type that holds the vocab."""
     return tokens.to({"uint8": torch.uint8, "uint16": torch.uint16, "int32": torch.int32}[token_dtype(vocab)])
+
+
+def encode_activation(header: Header, tokens: torch.Tensor, payload: WireTensors, vocab: int) -> bytes:
+    """The bytes of one activation message: token ids in their wire type, the packed boundary tensor."""
+    return encode_message(ActivationMessage(header, tokens_for_wire(tokens, vocab), payload))
+
+
+def encode_gradient(header: Header, payload: WireTensors, loss: float = float("nan")) -> bytes:
+    """The bytes of one gradient message (with the tail's loss on that microbatch)."""
+    return encode_message(GradientMessage(header, payload, loss))
 
 
 @dataclass(frozen=True)
@@ -191,7 +212,7 @@ def _need(cond: bool, msg: str) -> None:
 
 
 def _check_header(d: dict, lim: WireLimits) -> Header:
-    for key, typ, name in (("r", str, "run hash"), ("s", int, "step"), ("m", int, "microbatch"),
+    for key, typ, name in (("r", str, "run hash"), ("s", int, "step"), ("a", int, "attempt"), ("m", int, "microbatch"),
                            ("v", int, "basis version"), ("c", str, "codec"), ("g", int, "stage")):
         _need(isinstance(d.get(key), typ) and not isinstance(d.get(key), bool),
               f"message field '{name}' is missing or not a {typ.__name__}.")
@@ -199,9 +220,9 @@ def _check_header(d: dict, lim: WireLimits) -> Header:
     _need(d["c"] == lim.codec, f"message uses codec {d['c'][:16]!r}, the run uses {lim.codec!r}.")
     _need(d["v"] == lim.basis_version or (lim.accept_next_basis and d["v"] == lim.basis_version + 1),
           f"message uses basis version {d['v']}, this peer is on version {lim.basis_version}.")
-    _need(0 <= d["s"] < 2**53 and 0 <= d["m"] < 2**31 and 0 <= d["g"] < 2**16,
-          "message step, microbatch or stage is out of range.")
-    return Header(d["r"], d["s"], d["m"], d["v"], d["c"], d["g"])
+    _need(0 <= d["s"] < 2**53 and 0 <= d["a"] < 2**31 and 0 <= d["m"] < 2**31 and 0 <= d["g"] < 2**16,
+          "message step, attempt, microbatch or stage is out of range.")
+    return Header(d["r"], d["s"], d["m"], d["v"], d["c"], d["g"], d["a"])
 
 
 def _check_payload(d: dict, lim: WireLimits, batch: int | None) -> WireTensors:

@@ -51,7 +51,7 @@ def ext(t: torch.Tensor, code: int | None = None, ndim: int | None = None, raw: 
 
 
 def act_map(**over):
-    d = {"k": "act", "r": SPEC.run_hash, "s": 5, "m": 1, "v": 0, "c": "subspace", "g": 1,
+    d = {"k": "act", "r": SPEC.run_hash, "s": 5, "a": 0, "m": 1, "v": 0, "c": "subspace", "g": 1,
          "t": ext(torch.randint(0, 256, (B, T + 1), dtype=torch.uint8)),
          "p": ext(torch.randn(B, T, W, dtype=torch.float32))}
     d.update(over)
@@ -59,7 +59,7 @@ def act_map(**over):
 
 
 def grad_map(**over):
-    d = {"k": "grad", "r": SPEC.run_hash, "s": 5, "m": 1, "v": 0, "c": "subspace", "g": 0, "l": 1.5,
+    d = {"k": "grad", "r": SPEC.run_hash, "s": 5, "a": 2, "m": 1, "v": 0, "c": "subspace", "g": 0, "l": 1.5,
          "p": ext(torch.randn(B, T, W, dtype=torch.float32))}
     d.update(over)
     return {k: v for k, v in d.items() if v is not None}
@@ -99,6 +99,7 @@ BAD_FIELDS = {
     "stage missing": dict(g=None), "tokens missing": dict(t=None), "payload missing": dict(p=None),
     "bool step": dict(s=True), "str step": dict(s="5"), "float step": dict(s=5.0), "negative step": dict(s=-1),
     "huge step": dict(s=2**60), "huge microbatch": dict(m=2**31), "huge stage": dict(g=2**16),
+    "attempt missing": dict(a=None), "negative attempt": dict(a=-1), "huge attempt": dict(a=2**31),
     "bytes run": dict(r=SPEC.run_hash.encode()), "list codec": dict(c=["subspace"]),
     "wrong dtype fp64": dict(p=ext(torch.randn(B, T, W, dtype=torch.float64))),
     "wrong dtype bf16": dict(p=ext(torch.randn(B, T, W).to(torch.bfloat16))),
@@ -259,7 +260,7 @@ msgpack_values = st.recursive(
 
 
 @FUZZ
-@given(st.sampled_from(["k", "r", "s", "m", "v", "c", "g", "t", "p", "x", "l", "e", "d", "o"]), msgpack_values,
+@given(st.sampled_from(["k", "r", "s", "a", "m", "v", "c", "g", "t", "p", "x", "l", "e", "d", "o"]), msgpack_values,
        st.sampled_from(["act", "grad", "err"]))
 def test_field_replaced_by_any_value(key, value, kind):
     err = {"k": "err", "e": "no", "o": "retry", "d": {}}
