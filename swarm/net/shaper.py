@@ -2,7 +2,7 @@
 
 This room exists so that `swarm local` and the benchmarks can run a whole swarm on one
 machine and still see the network a volunteer would see: a limited uplink (bandwidth) and a
-distance (one-way latency). `swarm/transport.py` asks a `LinkShaper` to `transmit(nbytes)`
+distance (one-way latency). `swarm/net/transport.py` asks a `LinkShaper` to `transmit(nbytes)`
 before it writes a frame; nothing here touches sockets.
 
 The model, per link:

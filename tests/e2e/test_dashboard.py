@@ -37,6 +37,9 @@ CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 SCREENSHOT = Path(swarm_package.__file__).parent / "dashboard" / "screenshot.png"
+# a mark (not only the skip inside page_of) so that pytest's -rs summary lists each browser test on its own line
+needs_chromium = pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"browser test: no Chromium at {CHROMIUM}; "
+                                    "install it with apt-get install -y chromium (as .ci/run does)")
 RECORD_TTL = 15.0  # the peers' ttl (PeerOptions.ttl): how long a dead peer's records live on
 
 
@@ -198,6 +201,7 @@ def chart_points(page) -> int:
     return int(page.get_attribute("#loss-chart", "data-points"))
 
 
+@needs_chromium
 def test_page_shows_three_stages_and_a_growing_loss_chart(live, tmp_path):
     # The page runs under its own Content-Security-Policy (no eval), so the test reads it through
     # locators and polls from Python rather than evaluating functions inside it.
@@ -275,6 +279,7 @@ async def test_forged_and_malformed_health_records_are_ignored_and_counted(live)
 
 # ---------------------------------------------------------------------------------------------- the page, again
 
+@needs_chromium
 def test_page_hides_forgeries_and_shows_a_killed_peer_going_offline(live):
     with page_of(live) as page:
         eventually(lambda: stage_peers(page) == ["1", "1", "1"], 30, "three stages of one peer each")
