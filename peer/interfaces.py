@@ -10,6 +10,8 @@ from typing import Protocol
 
 Handler = Callable[[bytes, str], Awaitable[bytes]]  # (request body, sender peer id) -> reply body
 
+STATES = ("joining", "syncing", "online", "paused", "leaving")
+
 
 class LinkError(RuntimeError):
     """A message could not be delivered (timeout, connection, or the remote refused the frame)."""
@@ -28,21 +30,41 @@ class PeerStatus:
     """What a peer says of itself in its announcement (refreshed by heartbeat)."""
 
     stage: int
-    state: str = "joining"  # joining | online | leaving
-    throughput: float = 0.0  # tokens/s over the last steps
+    state: str = "joining"  # one of STATES
+    throughput: float = 0.0  # tokens/s over the last steps (a claim: routers measure for themselves)
     queue: int = 0
     basis_version: int = 0
     step: int = 0
     extra: dict = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class PeerInfo:
+    """One announced peer of a stage, as the directory sees it."""
+
+    peer_id: str
+    stage: int
+    state: str
+    step: int
+    throughput: float  # claimed; for placement and display only
+
+
 class PeerDirectory(Protocol):
     async def announce(self, status: PeerStatus) -> None: ...
 
     async def pick(self, stage: int, exclude: set[str] = ...) -> str:
-        """A live peer serving `stage`, best first; raises LinkError if none appears in time."""
+        """A live peer serving `stage`, best first (counted as one request in flight to it until
+        `release`); raises LinkError if none appears in time."""
+        ...
+
+    def release(self, peer: str, seconds: float | None) -> None:
+        """A request to `peer` from `pick` is over: answered after `seconds`, or abandoned (None)."""
         ...
 
     def report_failure(self, peer: str) -> None:
         """Tell the router a peer failed, so it is avoided for a while."""
+        ...
+
+    async def members(self, stage: int) -> list[PeerInfo]:
+        """The peers announced online for `stage` right now (fresh, not from a cache), by peer id."""
         ...

@@ -1,14 +1,16 @@
 """In-memory stand-ins for the network, so the daemon's behaviour is tested in one process.
 
 `LoopbackNetwork` delivers request bodies to handlers directly (still as bytes, so every
-message goes through wire.py) and counts them; its directory picks the first registered
-peer of a stage. Nothing here is used in production.
+message goes through wire.py) and counts them; its directory picks, among a stage's online
+peers, the one with the fewest requests in flight (ties: lowest peer id), as the real router
+does when round trips are equal. Peers in `down` neither answer nor appear. Nothing here is
+used in production.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .interfaces import Handler, LinkError, PeerStatus
+from .interfaces import Handler, LinkError, PeerInfo, PeerStatus
 
 
 @dataclass
@@ -17,12 +19,18 @@ class LoopbackNetwork:
     status: dict[str, PeerStatus] = field(default_factory=dict)
     bytes_sent: dict[str, int] = field(default_factory=dict)  # kind -> request bytes
     down: set[str] = field(default_factory=set)
+    inflight: dict[str, int] = field(default_factory=dict)
 
     def link(self, peer_id: str) -> LoopbackLink:
         return LoopbackLink(self, peer_id)
 
     def directory(self, peer_id: str) -> LoopbackDirectory:
         return LoopbackDirectory(self, peer_id)
+
+    def kill(self, peer_id: str) -> None:
+        """The peer vanishes: no answers, no announcement."""
+        self.down.add(peer_id)
+        self.status.pop(peer_id, None)
 
 
 @dataclass
@@ -35,7 +43,7 @@ class LoopbackLink:
 
     async def request(self, peer: str, kind: str, body: bytes, timeout: float | None = None) -> bytes:
         handler = self.net.handlers.get((peer, kind))
-        if handler is None or peer in self.net.down:
+        if handler is None or peer in self.net.down or self.peer_id in self.net.down:
             raise LinkError(f"peer {peer} does not serve '{kind}'.")
         self.net.bytes_sent[kind] = self.net.bytes_sent.get(kind, 0) + len(body)
         return await handler(bytes(body), self.peer_id)
@@ -47,13 +55,24 @@ class LoopbackDirectory:
     peer_id: str
 
     async def announce(self, status: PeerStatus) -> None:
-        self.net.status[self.peer_id] = status
+        if self.peer_id not in self.net.down:
+            self.net.status[self.peer_id] = status
 
     async def pick(self, stage: int, exclude: set[str] = frozenset()) -> str:
-        for peer, st in self.net.status.items():
-            if st.stage == stage and st.state == "online" and peer not in exclude and peer not in self.net.down:
-                return peer
-        raise LinkError(f"no peer serves stage {stage}.")
+        live = [p.peer_id for p in await self.members(stage) if p.peer_id not in exclude]
+        if not live:
+            raise LinkError(f"no peer serves stage {stage}.")
+        best = min(live, key=lambda p: (self.net.inflight.get(p, 0), p))
+        self.net.inflight[best] = self.net.inflight.get(best, 0) + 1
+        return best
+
+    def release(self, peer: str, seconds: float | None) -> None:
+        self.net.inflight[peer] = max(0, self.net.inflight.get(peer, 0) - 1)
 
     def report_failure(self, peer: str) -> None:
         pass
+
+    async def members(self, stage: int) -> list[PeerInfo]:
+        return sorted((PeerInfo(p, st.stage, st.state, st.step, st.throughput) for p, st in self.net.status.items()
+                       if st.stage == stage and st.state in ("online", "paused") and p not in self.net.down),
+                      key=lambda i: i.peer_id)

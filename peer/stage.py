@@ -1,10 +1,14 @@
 """`StageRunner`: one pipeline stage's training state, with no networking in it.
 
 It runs forward on microbatches (keeping what backward needs, keyed by (step, microbatch)),
-backward from a received boundary gradient, accumulates gradients, and steps the optimizer
-once all of a step's microbatches have been through backward. Steps never mix: work for
-any step other than the one in progress is refused with `StageError`. The caller (the
-in-process pipeline, or the asyncio daemon on a worker thread) serializes calls.
+backward from a received boundary gradient, and accumulates gradients. A step ends in one of
+two ways: alone (the in-process pipeline) it steps the optimizer once all of the step's
+microbatches have been through backward (`optimizer_step`); as one replica among several it
+hands its gradient sum to the all-reduce (`contribution`), keeps the agreed sum
+(`set_reduced`) and steps with it when told (`apply_reduced`): with the same sum and the same
+state every replica takes the same step. Steps never mix: work for any step other than the
+one in progress is refused with `StageError`. The caller (the in-process pipeline, or the
+asyncio daemon on a worker thread) serializes calls.
 """
 from __future__ import annotations
 
@@ -39,6 +43,17 @@ class StepRecord:
     lr: float
 
 
+@dataclass
+class Reduced:
+    """The agreed gradient sum of one attempt at a step, waiting to be applied."""
+
+    step: int
+    attempt: int
+    grads: torch.Tensor  # flat, in `StageRunner.params` order
+    stat: torch.Tensor | None
+    contributors: dict[str, list[int]]
+
+
 class StageRunner:
     def __init__(self, spec: RunSpec, stage: int, device: str | torch.device = "cpu",
                  basis: SubspaceBasis | None = None) -> None:
@@ -47,6 +62,9 @@ class StageRunner:
         basis = basis if basis is not None else spec_basis(spec)
         self.module: StageModule = build_stage(spec, stage, basis).to(self.device)
         self.optimizer = make_optimizer(spec, self.module)
+        self.params = [p for p in self.module.parameters() if p.requires_grad]  # the order of flat gradients
+        self.n_params = sum(p.numel() for p in self.params)
+        self.reduced: Reduced | None = None
         self.step = 0  # the step whose gradients are being accumulated
         self._pending: dict[int, _Pending] = {}
         self._backward_done: set[int] = set()
@@ -170,11 +188,61 @@ class StageRunner:
         return g
 
     def optimizer_step(self) -> StepRecord:
-        """Clip, step and zero the gradients; the stage moves on to the next step."""
+        """Alone: clip, step and zero the gradients once every microbatch is through backward."""
         if not self.step_ready():
             raise StageError(f"step {self.step} has {len(self._backward_done)} of "
                              f"{self.spec.n_microbatches} microbatches through backward.")
-        params = [p for p in self.module.parameters() if p.requires_grad]
+        return self._step()
+
+    # ------------------------------------------------------------------ replicas
+    def microbatches_done(self) -> list[int]:
+        return sorted(self._backward_done)
+
+    def contribution(self) -> tuple[list[int], torch.Tensor | None, torch.Tensor | None]:
+        """(microbatches, flat gradient sum, statistic) of this replica's share of the step;
+        tensors are None when it computed nothing (it adds nothing to the sum)."""
+        mbs = self.microbatches_done()
+        if not mbs:
+            return [], None, None
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in self.params])
+        return mbs, flat.detach().cpu(), (self._step_stat.detach().cpu() if self._step_stat is not None else None)
+
+    def set_reduced(self, reduced: Reduced) -> None:
+        if reduced.step != self.step:
+            raise StageError(f"a reduced gradient for step {reduced.step} reached a stage on step {self.step}.")
+        self.reduced = reduced
+
+    def apply_reduced(self, step: int, attempt: int) -> StepRecord:
+        """Take the optimizer step with the agreed gradient sum of (step, attempt)."""
+        r = self.reduced
+        if r is None or (r.step, r.attempt) != (step, attempt):
+            raise StageError(f"no reduced gradient is held for attempt {attempt} of step {step}.")
+        self.load_flat_grads(r.grads, r.stat)
+        return self._step()
+
+    def apply_flat(self, step: int, flat: torch.Tensor, stat: torch.Tensor | None) -> StepRecord:
+        """Take step `step` with a reduced gradient computed elsewhere (a replica catching up)."""
+        if step != self.step:
+            raise StageError(f"a reduced gradient for step {step} reached a stage on step {self.step}.")
+        self.abort_step()  # whatever this replica computed of the step, the agreed sum replaces it
+        self.load_flat_grads(flat, stat)
+        return self._step()
+
+    def load_flat_grads(self, flat: torch.Tensor, stat: torch.Tensor | None) -> None:
+        """Put a flat gradient (and the step's statistic) in place of whatever was accumulated."""
+        self._pending.clear()
+        flat = flat.to(self.device)
+        off = 0
+        for p in self.params:
+            n = p.numel()
+            p.grad = flat[off:off + n].view_as(p).to(p.dtype).clone()
+            off += n
+        if self._step_stat is not None:
+            self._step_stat.copy_(stat.to(self._step_stat) if stat is not None else torch.zeros_like(self._step_stat))
+
+    def _step(self) -> StepRecord:
+        """Clip, step and zero the gradients; the stage moves on to the next step."""
+        params = self.params
         norm = clip_grad_norm(params, self.spec.grad_clip, self._projected)
         lr = lr_at(self.spec, self.step)
         set_lr(self.optimizer, lr)
@@ -183,6 +251,7 @@ class StageRunner:
         record = StepRecord(self.step, norm, lr)
         self.step += 1
         self._backward_done.clear()
+        self.reduced = None
         if self.stat is not None:
             d = self.spec.stats_decay
             self.stat.mul_(d).add_(self._step_stat, alpha=1 - d)
@@ -256,10 +325,13 @@ class StageRunner:
         return len(stale)
 
     def abort_step(self) -> None:
-        """Throw away this step's partial work (pending graphs and accumulated gradients)."""
+        """Throw away this step's partial work (pending graphs, accumulated gradients, a reduced sum)."""
         self._pending.clear()
         self._backward_done.clear()
         self.optimizer.zero_grad(set_to_none=True)
+        self.reduced = None
+        if self._step_stat is not None:
+            self._step_stat.zero_()
 
     def switch_basis(self, basis: SubspaceBasis, first_step: int | None = None) -> float:
         """Map weights and first moments into the new subspace, used from `first_step` (default:
@@ -278,8 +350,16 @@ class StageRunner:
         return (num / den) ** 0.5 if den else 0.0
 
     def state_dict(self) -> dict:
+        """Everything that makes this stage what it is at the start of its current step: weights,
+        optimizer moments, step, basis (current and scheduled) and the re-fit statistic. Partial
+        work of the step in progress is not state: a stage that loads this redoes the step."""
+        scheduled = None
+        if self._scheduled is not None:
+            scheduled = {"U": self._scheduled[0].U.cpu(), "version": self._scheduled[0].version,
+                         "step": self._scheduled[1]}
         return {"spec": self.spec.to_json(), "stage": self.stage, "step": self.step,
                 "basis_version": self.basis_version, "basis_updated_step": self.basis_updated_step,
+                "version_history": list(self.version_history), "scheduled": scheduled,
                 "U": self.basis.U.cpu() if self.basis is not None else None,
                 "stat": self.stat.cpu() if self.stat is not None else None,
                 "module": self.module.state_dict(), "optimizer": self.optimizer.state_dict()}
@@ -300,5 +380,10 @@ class StageRunner:
             self.stat.copy_(state["stat"])
         self.step = int(state["step"])
         self.basis_updated_step = int(state.get("basis_updated_step", 0))
-        self.version_history = [(0, self.basis_version)]
+        self.version_history = [tuple(v) for v in state.get("version_history") or [(0, self.basis_version)]]
+        scheduled = state.get("scheduled")
+        self._scheduled = None
+        if scheduled is not None and self.basis is not None:
+            U = scheduled["U"].to(self.device, self.dtype)  # already canonical: taken as it was scheduled
+            self._scheduled = (SubspaceBasis(U, self.basis.T_fixed, int(scheduled["version"])), int(scheduled["step"]))
         self.abort_step()

@@ -1,0 +1,269 @@
+"""`StepCommit`: one peer's side of ending a step together with its stage's other replicas.
+
+The step driver sends every peer of every stage a command (protocol/control.py):
+
+    status  report this peer's step, attempt and the microbatches it has done;
+    reduce  exchange gradient sums with the named candidate replicas of this stage and keep
+            their total; the reply names whose contributions were summed;
+    apply   take the optimizer step with that total;
+    abort   drop the partial work of a failed attempt.
+
+The all-reduce: every replica sends its contribution (its microbatches and the flat sum of
+their gradients) to every other candidate; a candidate that is not at this step says so and
+is left out; then each adds the contributions up in ascending peer-id order. Addition in one
+order gives every replica the same bits, so replicas stay identical, and since the summed
+gradient is the same whatever replica computed each microbatch, a swarm of replicas trains
+like one process (to float rounding of the changed summation order). A replica holding
+microbatches whose contribution did not arrive makes the reduce fail; the driver then aborts
+the attempt everywhere and re-drives the step: no microbatch is lost or counted twice.
+
+Replicas catching up after a state download (`peer/state_transfer.py`) get each reduced sum
+forwarded by their donor ("follow") until they take part in a reduce themselves.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+import torch
+
+from protocol.control import (
+    Command,
+    CommandReply,
+    Contribution,
+    FlatLimits,
+    FollowUpdate,
+    decode_command,
+    decode_contribution,
+    decode_follow,
+    encode_contribution,
+    encode_follow,
+    encode_reply,
+)
+from protocol.wire import KIND_CONTROL, KIND_FOLLOW, KIND_REDUCE, ErrorReply, WireError, decode_message
+
+from .daemon import ACK, StageDaemon
+from .stage import Reduced, StageError
+
+log = logging.getLogger(__name__)
+
+
+class StepCommit:
+    def __init__(self, daemon: StageDaemon, *, reduce_timeout: float = 60.0,
+                 may_drive: Callable[[str], bool] | None = None,
+                 may_contribute: Callable[[str], bool] | None = None) -> None:
+        self.daemon, self.runner = daemon, daemon.runner
+        self.spec, self.stage, self.peer_id = daemon.spec, daemon.stage, daemon.peer_id
+        self.reduce_timeout = reduce_timeout
+        self.may_drive = may_drive or (lambda peer: True)  # who may command (issue: the announced heads)
+        self.may_contribute = may_contribute or (lambda peer: True)  # who may contribute (this stage's replicas)
+        self._inbox: dict[tuple[int, int], dict[str, Contribution]] = {}
+        self._arrived = asyncio.Event()
+        self.followers: dict[str, int] = {}  # replicas catching up from this one -> first step they need
+        self.records: list = []  # StepRecords of the steps applied here
+        self._last: Reduced | None = None  # the last sum applied here, for a follower that asked just before
+        self.on_applied: Callable[[int], None] | None = None  # called with the new step number
+
+    def limits(self) -> FlatLimits:
+        stat = (self.spec.d_model, self.spec.rank) if self.runner.stat is not None else None
+        return FlatLimits(self.spec.run_hash, self.stage, self.runner.n_params, self.runner.dtype, stat,
+                          self.spec.n_microbatches)
+
+    async def start(self) -> None:
+        await self.daemon.link.serve(KIND_CONTROL, self._on_command)
+        await self.daemon.link.serve(KIND_REDUCE, self._on_contribution)
+
+    # ------------------------------------------------------------------ commands
+    async def _on_command(self, body: bytes, sender: str) -> bytes:
+        try:
+            cmd = decode_command(body, self.spec.run_hash)
+        except WireError as e:
+            return self.daemon.refuse(str(e), sender)
+        if not self.may_drive(sender):
+            return self.daemon.refuse("only a head of this swarm may send step commands.", sender)
+        return encode_reply(await self.handle(cmd))
+
+    async def handle(self, cmd: Command) -> CommandReply:
+        """Carry out one command of the driver (also called directly by a driver on this peer)."""
+        step, d = self.runner.step, self.daemon
+        if cmd.op == "apply" and cmd.step < step:
+            return self._reply(cmd, "ok")  # applied already: a repeat of a command whose reply was lost
+        if cmd.step != step:
+            return self._reply(cmd, "behind" if cmd.step > step else "ahead", "not at this step.")
+        if cmd.op == "status":
+            return self._reply(cmd, "ok")
+        if cmd.op == "abort":
+            if cmd.attempt >= d.attempt:
+                await d.adopt_attempt(cmd.attempt + 1)
+            return self._reply(cmd, "ok")
+        if cmd.attempt < d.attempt:
+            return self._reply(cmd, "failed", "the attempt was superseded here.")
+        if cmd.op == "reduce":
+            await d.adopt_attempt(cmd.attempt)
+            return await self._reduce(cmd)
+        return await self._apply(cmd)
+
+    def _reply(self, cmd: Command, outcome: str, reason: str = "") -> CommandReply:
+        reduced = self.runner.reduced
+        contributors = reduced.contributors if reduced is not None and (reduced.step, reduced.attempt) == (
+            cmd.step, cmd.attempt) else {}
+        return CommandReply(cmd.step, cmd.attempt, outcome, self.runner.microbatches_done(), contributors, reason)
+
+    # ------------------------------------------------------------------ reduce
+    async def _reduce(self, cmd: Command) -> CommandReply:
+        d = self.daemon
+        mbs, flat, stat = await d.run(self.runner.contribution)
+        mine = Contribution(self.spec.run_hash, cmd.step, cmd.attempt, self.stage, mbs, flat, stat)
+        body = encode_contribution(mine)
+        others = sorted({p for p in cmd.candidates if p != self.peer_id})
+        offers = await asyncio.gather(*(self._offer(p, body) for p in others))
+        members = [p for p, ok in zip(others, offers) if ok]
+        got = await self._gather(cmd.step, cmd.attempt, members)
+        if got is None:
+            missing = [p[-8:] for p in members if p not in self._inbox.get((cmd.step, cmd.attempt), {})]
+            return self._reply(cmd, "failed", f"no contribution arrived from {', '.join(missing)}.")
+        contributions = {self.peer_id: mine, **got}
+        try:
+            reduced = _sum(cmd.step, cmd.attempt, contributions, self.spec.n_microbatches)
+        except StageError as e:
+            return self._reply(cmd, "failed", str(e))
+        if (cmd.step, cmd.attempt) != (self.runner.step, d.attempt):
+            return self._reply(cmd, "failed", "the attempt was superseded during the reduce.")
+        await d.run(self.runner.set_reduced, reduced)
+        self._inbox.pop((cmd.step, cmd.attempt), None)
+        return self._reply(cmd, "ok")
+
+    async def _offer(self, peer: str, body: bytes) -> bool:
+        """Send our contribution to one candidate; False if it is not at this step or unreachable."""
+        try:
+            reply = await self.daemon.link.request(peer, KIND_REDUCE, body, timeout=self.reduce_timeout)
+        except Exception as e:  # a dead or unreachable candidate simply takes no part
+            log.info("stage %d: replica %s takes no part in the reduce (%s)", self.stage, peer[-8:], e)
+            return False
+        if reply == ACK:
+            return True
+        try:
+            err = decode_message(reply, self.daemon._limits())
+            reason = err.reason if isinstance(err, ErrorReply) else "an unexpected reply"
+        except WireError as e:
+            reason = str(e)
+        log.info("stage %d: replica %s takes no part in the reduce: %s", self.stage, peer[-8:], reason)
+        return False
+
+    async def _gather(self, step: int, attempt: int, members: list[str]) -> dict[str, Contribution] | None:
+        deadline = time.monotonic() + self.reduce_timeout
+        while True:
+            box = self._inbox.get((step, attempt), {})
+            if all(p in box for p in members):
+                return {p: box[p] for p in members}
+            if time.monotonic() > deadline or (step, attempt) != (self.runner.step, self.daemon.attempt):
+                return None
+            self._arrived.clear()
+            try:
+                await asyncio.wait_for(self._arrived.wait(), timeout=max(0.01, deadline - time.monotonic()))
+            except asyncio.TimeoutError:
+                pass
+
+    async def _on_contribution(self, body: bytes, sender: str) -> bytes:
+        d = self.daemon
+        if not self.may_contribute(sender):
+            return d.refuse("only replicas announced for this stage may contribute to its reduce.", sender)
+        try:
+            c = decode_contribution(body, self.limits())
+        except WireError as e:
+            return d.refuse(str(e), sender)
+        if c.step != self.runner.step:
+            return d.refuse("the contribution is not for the step in progress here.", sender,
+                            code="behind" if c.step > self.runner.step else "refused")
+        if c.attempt < d.attempt:
+            return d.refuse("the contribution belongs to an attempt that was superseded.", sender, code="stale")
+        box = self._inbox.setdefault((c.step, c.attempt), {})
+        if sender in box:
+            return d.refuse("this replica's contribution is already here.", sender, code="duplicate")
+        for key in [k for k in self._inbox if k[0] != c.step or k[1] < c.attempt]:
+            del self._inbox[key]  # only the current step's newest attempts are kept: memory stays bounded
+        box[sender] = c
+        self._arrived.set()
+        return ACK
+
+    # ------------------------------------------------------------------ apply
+    async def _apply(self, cmd: Command) -> CommandReply:
+        d = self.daemon
+        reduced = self.runner.reduced
+        if reduced is None or (reduced.step, reduced.attempt) != (cmd.step, cmd.attempt):
+            return self._reply(cmd, "failed", "no reduced gradient is held for this attempt.")
+        stats, record = await d.run(self._apply_job, cmd.step, cmd.attempt)
+        self.records.append(record)
+        self._last = reduced
+        self._forward_to_followers(reduced)
+        d.stepped()
+        if self.on_applied is not None:
+            self.on_applied(self.runner.step)
+        if stats is not None and d.on_refit is not None:
+            d.spawn(d.on_refit(stats))
+        return CommandReply(cmd.step, cmd.attempt, "ok", [], reduced.contributors)
+
+    def _apply_job(self, step: int, attempt: int):
+        record = self.runner.apply_reduced(step, attempt)
+        return self.daemon.refit_statistic(), record
+
+    # ------------------------------------------------------------------ followers
+    def follow_from(self, peer: str, step: int) -> None:
+        """Forward every reduced sum from `step` on to `peer` until it takes part in a reduce
+        (the last one at once, if the step was applied while the snapshot was on its way)."""
+        self.followers[peer] = step
+        last = self._last
+        if last is not None and last.step >= step:
+            body = encode_follow(FollowUpdate(self.spec.run_hash, last.step, last.grads, last.stat))
+            self.daemon.spawn(self._send_follow(peer, body))
+
+    async def serve_follow(self, on_update: Callable[[FollowUpdate], object]) -> None:
+        """A catching-up replica: take the reduced sums its donor forwards."""
+        async def handler(body: bytes, sender: str) -> bytes:
+            try:
+                update = decode_follow(body, self.limits())
+            except WireError as e:
+                return self.daemon.refuse(str(e), sender)
+            on_update(update)
+            return ACK
+        await self.daemon.link.serve(KIND_FOLLOW, handler)
+
+    def _forward_to_followers(self, reduced: Reduced) -> None:
+        for peer in [p for p in self.followers if p in reduced.contributors]:
+            del self.followers[peer]  # it took part in the reduce itself: in step from here on
+        for peer, first in list(self.followers.items()):
+            if reduced.step >= first:
+                body = encode_follow(FollowUpdate(self.spec.run_hash, reduced.step, reduced.grads, reduced.stat))
+                self.daemon.spawn(self._send_follow(peer, body))
+
+    async def _send_follow(self, peer: str, body: bytes) -> None:
+        try:
+            await self.daemon.link.request(peer, KIND_FOLLOW, body, timeout=self.reduce_timeout)
+        except Exception as e:  # the follower re-downloads if it misses one
+            log.warning("stage %d: could not forward a reduced gradient to %s (%s)", self.stage, peer[-8:], e)
+            self.followers.pop(peer, None)
+
+
+def _sum(step: int, attempt: int, contributions: dict[str, Contribution], n_microbatches: int) -> Reduced:
+    """Add contributions in ascending peer-id order (the same bits on every replica); every
+    microbatch of the step exactly once."""
+    seen: dict[int, str] = {}
+    total: torch.Tensor | None = None
+    stat: torch.Tensor | None = None
+    for peer in sorted(contributions):
+        c = contributions[peer]
+        for mb in c.microbatches:
+            if mb in seen:
+                raise StageError(f"microbatch {mb} was computed by two replicas ({seen[mb][-8:]}, {peer[-8:]}).")
+            seen[mb] = peer
+        if c.grads is not None:
+            total = c.grads.clone() if total is None else total.add_(c.grads)
+        if c.stat is not None:
+            stat = c.stat.clone() if stat is None else stat.add_(c.stat)
+    missing = sorted(set(range(n_microbatches)) - set(seen))
+    if missing:
+        raise StageError(f"microbatches {missing} of the step are in no replica's contribution.")
+    assert total is not None  # every microbatch is somewhere, so some contribution carries tensors
+    return Reduced(step, attempt, total, stat, {p: c.microbatches for p, c in contributions.items()})

@@ -1,0 +1,246 @@
+"""`StepDriver`: the leading head's loop: one synchronous step of the whole swarm at a time.
+
+Every head (stage-0 replica) runs one. The head with the lowest peer id among the live heads
+leads; the others stand by, ping it, and the next in line takes over when it stops answering.
+A step, as the leader drives it (docs/design.md section 3):
+
+1. wait until every stage has a live peer (the swarm pauses, it does not exit, and says
+   which stage is missing);
+2. forward every microbatch of the step through this head and send it on; the router picks
+   a replica of the next stage for each, weighted by measured round trips and requests in
+   flight, and so does every stage downstream;
+3. wait for every microbatch's gradient, with a deadline that follows the measured step time;
+4. commit (`peer/commit.py`): every live replica of every stage reduces, and if each stage
+   agrees on one sum that holds every microbatch once, every replica that reduced applies it.
+
+Anything that goes wrong in 2-4 (a replica died, a message was lost, replicas disagree)
+aborts the attempt everywhere and re-drives the step as a new attempt: a failure costs a
+retry, never a step, and no microbatch is lost or counted twice.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from protocol.control import Command, CommandReply, decode_reply, encode_command
+from protocol.wire import KIND_CONTROL
+
+from .commit import StepCommit
+from .daemon import StageDaemon
+from .interfaces import LinkError, PeerDirectory
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class StepLog:
+    step: int  # 1-based: the number of optimizer steps done after this one
+    loss: float
+    tokens: int
+    seconds: float
+    basis_version: int
+    lr: float
+    attempts: int = 1  # 1 + the attempts that failed and were re-driven
+
+
+class AttemptFailed(RuntimeError):
+    """One attempt at a step did not complete; the step is re-driven."""
+
+
+class StepDriver:
+    def __init__(self, daemon: StageDaemon, commit: StepCommit, directory: PeerDirectory,
+                 batches: Callable[[int, int], torch.Tensor], *, min_timeout: float = 5.0,
+                 first_timeout: float = 120.0, command_timeout: float = 90.0, ping_period: float = 1.0,
+                 ping_failures: int = 3) -> None:
+        if not daemon.runner.is_first:
+            raise ValueError("only a head peer drives steps.")
+        self.daemon, self.commit, self.directory, self.batches = daemon, commit, directory, batches
+        self.runner, self.spec, self.peer_id = daemon.runner, daemon.spec, daemon.peer_id
+        self.min_timeout, self.first_timeout = min_timeout, first_timeout
+        self.command_timeout, self.ping_period, self.ping_failures = command_timeout, ping_period, ping_failures
+        self._step_seconds: float | None = None  # EWMA of a step's microbatch phase
+        self._dead: dict[str, float] = {}  # heads that stopped answering -> when we may try them again
+        self._leading = False
+        self.paused: list[int] = []  # stages without a live peer while paused, else []
+
+    # ------------------------------------------------------------------ leading and standing by
+    async def drive(self, until: int | None, on_step: Callable[[StepLog], None]) -> None:
+        """Drive steps while this head leads, stand by otherwise, until the swarm reaches `until`."""
+        while until is None or self.runner.step < until:
+            leader = await self._leader()
+            if leader != self.peer_id:
+                self._leading = False
+                await self._stand_by(leader)
+                continue
+            if not self._leading:
+                self._leading = True
+                if not await self._take_over():
+                    continue
+            on_step(await self.train_step())
+
+    async def _leader(self) -> str:
+        now = time.monotonic()
+        heads = {p.peer_id for p in await self.directory.members(0)} | {self.peer_id}
+        alive = sorted(p for p in heads if self._dead.get(p, 0.0) <= now)
+        return alive[0]
+
+    async def _stand_by(self, leader: str) -> None:
+        """Ping the leader; after `ping_failures` failures in a row, count it as dead for a while."""
+        failures = 0
+        step = self.runner.step
+        while failures < self.ping_failures:
+            reply = await self._command(leader, "status", step, 0, timeout=max(1.0, self.ping_period * 2))
+            failures = failures + 1 if reply.outcome == "failed" else 0
+            if self.runner.step != step and failures == 0:
+                return  # the swarm moves on under the leader: look again
+            await asyncio.sleep(self.ping_period)  # the ping interval of a standby head
+        log.warning("head %s stopped answering; the next head in line takes over", leader[-8:])
+        self._dead[leader] = time.monotonic() + 60.0
+        self.directory.report_failure(leader)
+
+    async def _take_over(self) -> bool:
+        """Becoming the leader: finish a step the old leader left half-applied, or start a fresh
+        attempt above every attempt seen. False if this head is behind and must not lead."""
+        step = self.runner.step
+        members = await self._members()
+        replies = await self._broadcast(members, "status", step, 0)
+        ahead = [p for p, r in replies.items() if r.outcome == "behind"]  # they are past our step
+        reduced = self.runner.reduced
+        if ahead:
+            if reduced is None or reduced.step != step:
+                log.warning("this head is behind the swarm (peers at a later step); it will not lead")
+                self._leading = False
+                self._dead[self.peer_id] = time.monotonic() + 30.0
+                return False
+            log.info("finishing step %d, which the previous leader applied only in part", step + 1)
+            holders = [p for p, r in replies.items() if r.outcome == "ok" and r.contributors]
+            await self._broadcast({p: 0 for p in holders} | {self.peer_id: 0}, "apply", step, reduced.attempt)
+            return True
+        top = max([r.attempt for r in replies.values() if r.outcome == "ok"] + [self.daemon.attempt])
+        await self._broadcast(members, "abort", step, top)
+        return True
+
+    # ------------------------------------------------------------------ one step
+    async def train_step(self) -> StepLog:
+        """Drive the step in progress to completion, re-driving failed attempts; returns its log."""
+        step, t0 = self.runner.step, time.perf_counter()
+        await self.daemon.gate.wait_for_switch(step)
+        attempts = 0
+        while True:
+            await self._wait_for_coverage()
+            attempt = self.daemon.attempt + (1 if attempts else 0)
+            attempts += 1
+            try:
+                losses, tokens = await self._run_microbatches(step, attempt)
+                await self._commit(step, attempt)
+                break
+            except AttemptFailed as e:
+                log.warning("step %d, attempt %d failed (%s); re-driving it", step + 1, attempt, e)
+                await self._broadcast(await self._members(), "abort", step, attempt)
+        record = self.commit.records[-1]
+        seconds = time.perf_counter() - t0
+        self.daemon.tokens_done += tokens
+        self.daemon.throughput = tokens / max(seconds, 1e-9)
+        self.daemon.last_loss = sum(losses) / len(losses)
+        return StepLog(step + 1, self.daemon.last_loss, tokens, seconds, self.runner.version_for_step(step),
+                       record.lr, attempts)
+
+    async def _wait_for_coverage(self) -> None:
+        while True:
+            missing = [s for s in range(1, self.spec.n_stages) if not await self.directory.members(s)]
+            if not missing:
+                if self.paused:
+                    log.info("every stage has a live peer again; training resumes")
+                self.paused = []
+                self.daemon.state = "online"
+                return
+            if missing != self.paused:
+                log.warning("paused: stage%s %s ha%s no live peer; waiting for one to join",
+                            "s" if len(missing) > 1 else "", ", ".join(map(str, missing)),
+                            "ve" if len(missing) > 1 else "s")
+            self.paused = missing
+            self.daemon.state = "paused"
+            await asyncio.sleep(0.5)  # poll interval of the directory while the swarm is paused
+
+    def _timeout(self) -> float:
+        if self._step_seconds is None:
+            return self.first_timeout
+        return max(self.min_timeout, 4.0 * self._step_seconds)
+
+    async def _run_microbatches(self, step: int, attempt: int) -> tuple[list[float], int]:
+        d = self.daemon
+        await d.adopt_attempt(attempt)
+        t0, futures, tokens = time.monotonic(), [], 0
+        try:
+            for mb in range(self.spec.n_microbatches):
+                batch = self.batches(step, mb)
+                tokens += batch.shape[0] * self.spec.seq_len
+                futures.append(await d.start_microbatch(step, mb, batch))
+            losses = await asyncio.wait_for(asyncio.gather(*futures), timeout=self._timeout())
+        except asyncio.TimeoutError:
+            raise AttemptFailed(f"not every gradient came back within {self._timeout():.0f} s") from None
+        except (LinkError, asyncio.CancelledError) as e:
+            if isinstance(e, asyncio.CancelledError) and asyncio.current_task().cancelling():
+                raise
+            raise AttemptFailed(str(e) or "a microbatch was dropped") from None
+        seconds = time.monotonic() - t0
+        self._step_seconds = seconds if self._step_seconds is None else 0.8 * self._step_seconds + 0.2 * seconds
+        return list(losses), tokens
+
+    async def _members(self) -> dict[str, int]:
+        """Every live peer of every stage -> its stage (this head included)."""
+        found = await asyncio.gather(*(self.directory.members(s) for s in range(self.spec.n_stages)))
+        out = {p.peer_id: s for s, peers in enumerate(found) for p in peers}
+        out[self.peer_id] = 0
+        return out
+
+    async def _commit(self, step: int, attempt: int) -> None:
+        members = await self._members()
+        groups: dict[int, list[str]] = {}
+        for peer, stage in members.items():
+            groups.setdefault(stage, []).append(peer)
+        cmds = {peer: Command(self.spec.run_hash, step, attempt, "reduce", sorted(groups[stage]))
+                for peer, stage in members.items()}
+        replies = dict(zip(cmds, await asyncio.gather(*(self._send(p, c) for p, c in cmds.items()))))
+        appliers = []
+        for stage in range(self.spec.n_stages):
+            oks = {p: r for p, r in replies.items() if members[p] == stage and r.outcome == "ok"}
+            if not oks:
+                why = "; ".join(f"{p[-8:]}: {r.reason or r.outcome}" for p, r in replies.items() if members[p] == stage)
+                raise AttemptFailed(f"no replica of stage {stage} reduced ({why or 'none answered'})")
+            agreed = {tuple(sorted((p, tuple(m)) for p, m in r.contributors.items())) for r in oks.values()}
+            if len(agreed) != 1:
+                raise AttemptFailed(f"the replicas of stage {stage} summed different contributions")
+            appliers += list(oks)
+        applied = await self._broadcast({p: members[p] for p in appliers}, "apply", step, attempt)
+        for stage in range(self.spec.n_stages):
+            if not any(r.outcome == "ok" for p, r in applied.items() if members[p] == stage):
+                raise AttemptFailed(f"no replica of stage {stage} applied the step")
+        for p, r in applied.items():
+            if r.outcome != "ok":
+                log.warning("replica %s of stage %d did not apply step %d (%s); it will catch up",
+                            p[-8:], members[p], step + 1, r.reason or r.outcome)
+
+    # ------------------------------------------------------------------ commands
+    async def _broadcast(self, peers: dict[str, int], op: str, step: int, attempt: int) -> dict[str, CommandReply]:
+        cmds = {p: Command(self.spec.run_hash, step, attempt, op) for p in peers}
+        return dict(zip(cmds, await asyncio.gather(*(self._send(p, c) for p, c in cmds.items()))))
+
+    async def _command(self, peer: str, op: str, step: int, attempt: int,
+                       timeout: float | None = None) -> CommandReply:
+        return await self._send(peer, Command(self.spec.run_hash, step, attempt, op), timeout)
+
+    async def _send(self, peer: str, cmd: Command, timeout: float | None = None) -> CommandReply:
+        if peer == self.peer_id:
+            return await self.commit.handle(cmd)
+        try:
+            body = await self.daemon.link.request(peer, KIND_CONTROL, encode_command(cmd),
+                                                  timeout=timeout or self.command_timeout)
+            return decode_reply(body, self.spec.n_microbatches)
+        except Exception as e:  # unreachable, refused or garbled: this peer takes no part
+            return CommandReply(cmd.step, cmd.attempt, "failed", reason=str(e)[:200])

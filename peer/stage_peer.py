@@ -1,0 +1,106 @@
+"""`StagePeer`: one replica of one stage, whole: its daemon (the microbatches), its commit
+(reduce and apply with the other replicas), its state service (joiners download from it),
+its follower (when it joins late itself) and, on a head, the step driver.
+
+It is written against the two interfaces of `peer/interfaces.py` only, so the same peer runs
+over the in-memory loopback in tests and over libp2p in `swarm/node.py`.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import torch
+
+from protocol.spec import RunSpec
+
+from .commit import StepCommit
+from .daemon import StageDaemon
+from .driver import StepDriver, StepLog
+from .interfaces import MessageLink, PeerDirectory, PeerStatus
+from .stage import StageError, StageRunner
+from .state_transfer import Follower, StateError, StateService, download_state
+
+log = logging.getLogger(__name__)
+
+
+class StagePeer:
+    def __init__(self, runner: StageRunner, link: MessageLink, directory: PeerDirectory, *,
+                 batches: Callable[[int, int], torch.Tensor] | None = None,
+                 verify_state: Callable[[dict], str | None] | None = None,
+                 daemon_options: dict | None = None, commit_options: dict | None = None,
+                 driver_options: dict | None = None) -> None:
+        self.runner, self.link, self.directory = runner, link, directory
+        self.spec: RunSpec = runner.spec
+        self.daemon = StageDaemon(runner, link, directory, **(daemon_options or {}))
+        self.commit = StepCommit(self.daemon, **(commit_options or {}))
+        self.state = StateService(self.daemon, self.commit)
+        self.follower = Follower(self.daemon)
+        self.verify_state = verify_state  # extra checks of a downloaded state (e.g. its basis is the signed one)
+        self.driver = StepDriver(self.daemon, self.commit, directory, batches, **(driver_options or {})) \
+            if runner.is_first and batches is not None else None
+
+    @property
+    def peer_id(self) -> str:
+        return self.daemon.peer_id
+
+    async def start(self) -> None:
+        """Serve every handler of this stage (the peer is announced by its owner)."""
+        await self.daemon.start()
+        await self.commit.start()
+        await self.state.start()
+        await self.commit.serve_follow(self.follower.on_update)
+
+    def status(self, state: str | None = None) -> PeerStatus:
+        return self.daemon.status(state)
+
+    async def announce(self, state: str | None = None) -> None:
+        await self.directory.announce(self.status(state))
+
+    async def join(self, donors: list[str], timeout: float = 120.0) -> str:
+        """Download the stage's state from the first donor that gives a good one, then apply
+        the reduced gradients it forwards until this replica is level; returns the donor."""
+        problems = []
+        for donor in donors:
+            try:
+                step, state = await download_state(self.link, donor, self.spec.run_hash, _max_state_bytes(self.runner),
+                                                   timeout)
+                problem = self._check_state(state, step)
+                if problem:
+                    raise StateError(f"the state from {donor[-8:]} is refused: {problem}")
+                await self.daemon.run(self.runner.load_state_dict, state)
+            except (StateError, StageError) as e:
+                problems.append(str(e))
+                log.warning("%s", e)
+                continue
+            self.daemon.stepped()
+            self.follower.active = True
+            applied = await self.follower.catch_up()
+            log.info("stage %d: joined from %s at step %d (+%d forwarded steps)", self.runner.stage, donor[-8:],
+                     step + 1, applied)
+            return donor
+        raise StateError("no replica gave a usable state: " + ("; ".join(problems) or "none was reachable."))
+
+    def _check_state(self, state: dict, step: int) -> str | None:
+        if state.get("spec") != self.spec.to_json() or state.get("stage") != self.runner.stage:
+            return "it belongs to another run or stage."
+        if int(state.get("step", -1)) != step:
+            return "its step does not match its description."
+        for name, t in state.get("module", {}).items():
+            if isinstance(t, torch.Tensor) and t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                return f"{name} holds NaN or infinite values."
+        return self.verify_state(state) if self.verify_state is not None else None
+
+    async def drive(self, until: int | None, on_step: Callable[[StepLog], None]) -> None:
+        if self.driver is None:
+            raise RuntimeError("only a head with a data source drives steps.")
+        await self.driver.drive(until, on_step)
+
+    async def stop(self) -> None:
+        await self.daemon.stop()
+
+
+def _max_state_bytes(runner: StageRunner) -> int:
+    """A generous bound on a stage's serialised state: weights, two moments, basis, slack."""
+    elem = torch.tensor([], dtype=runner.dtype).element_size()
+    return 4 * runner.n_params * max(elem, 4) + (64 << 20)

@@ -1,0 +1,163 @@
+"""State transfer: a replica that joins a stage downloads the stage's state from a live one.
+
+The donor takes a snapshot of `StageRunner.state_dict()` on its worker thread (so between
+two of its optimizer steps: the weights, optimizer moments, step, basis and statistic at the
+start of the step in progress), serialises it once and serves it in chunks; the joiner checks
+the snapshot's sha256, that it is this run's and this stage's state, and that its basis is the
+one the coordinator signed for that version, then loads it. While the joiner downloads, the
+swarm goes on: the donor forwards it every reduced gradient from the snapshot's step on
+(`StepCommit.follow_from`), the joiner applies them in order, and once it takes part in a
+reduce itself it is an ordinary replica. Its parameters then equal its donor's bit for bit:
+the same state plus the same summed gradients through the same optimizer step.
+
+Snapshots are loaded with `torch.load(weights_only=True)`: bytes from a peer never run code.
+"""
+from __future__ import annotations
+
+import asyncio
+import io
+import logging
+import time
+from collections.abc import Callable
+
+import torch
+
+from protocol.control import (
+    STATE_CHUNK_BYTES,
+    FollowUpdate,
+    StateMeta,
+    StateRequest,
+    decode_state_meta,
+    decode_state_request,
+    encode_state_meta,
+    encode_state_request,
+    sha256_hex,
+)
+from protocol.wire import KIND_STATE, WireError
+
+from .commit import StepCommit
+from .daemon import StageDaemon
+from .stage import StageError
+
+log = logging.getLogger(__name__)
+
+SNAPSHOT_TTL_S = 300.0  # a snapshot is served this long after it was taken
+MAX_SNAPSHOTS = 2
+
+
+class StateError(RuntimeError):
+    """A state download failed or its content cannot be trusted; the text says which."""
+
+
+def state_bytes(state: dict) -> bytes:
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    return buf.getvalue()
+
+
+def load_state_bytes(data: bytes) -> dict:
+    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+
+
+class StateService:
+    """Serves this replica's state to joiners; registers each as a follower of its reduces."""
+
+    def __init__(self, daemon: StageDaemon, commit: StepCommit) -> None:
+        self.daemon, self.commit, self.runner = daemon, commit, daemon.runner
+        self._snapshots: dict[int, tuple[bytes, float]] = {}
+        self.served = 0
+
+    async def start(self) -> None:
+        await self.daemon.link.serve(KIND_STATE, self._on_request)
+
+    def _snapshot(self) -> tuple[int, bytes]:
+        return self.runner.step, state_bytes(self.runner.state_dict())
+
+    async def _on_request(self, body: bytes, sender: str) -> bytes:
+        try:
+            req = decode_state_request(body, self.daemon.spec.run_hash)
+        except WireError as e:
+            return self.daemon.refuse(str(e), sender)
+        now = time.monotonic()
+        for sid in [s for s, (_, t) in self._snapshots.items() if now - t > SNAPSHOT_TTL_S]:
+            del self._snapshots[sid]
+        if req.op == "meta":
+            step, data = await self.daemon.run(self._snapshot)
+            sid = time.monotonic_ns()
+            self._snapshots[sid] = (data, now)
+            while len(self._snapshots) > MAX_SNAPSHOTS:
+                del self._snapshots[min(self._snapshots)]
+            self.commit.follow_from(sender, step)
+            self.served += 1
+            log.info("stage %d: serving a snapshot at step %d (%.1f MB) to %s", self.daemon.stage, step + 1,
+                     len(data) / 1e6, sender[-8:])
+            return encode_state_meta(StateMeta(step, sid, len(data), STATE_CHUNK_BYTES, sha256_hex(data)))
+        snap = self._snapshots.get(req.snapshot)
+        if snap is None:
+            return self.daemon.refuse("that snapshot is no longer served; ask for a new one.", sender)
+        data = snap[0]
+        start = req.index * STATE_CHUNK_BYTES
+        if start >= len(data) and not (start == 0 and not data):
+            return self.daemon.refuse("the chunk index is past the end of the snapshot.", sender)
+        return data[start:start + STATE_CHUNK_BYTES]
+
+
+async def download_state(link, donor: str, run: str, max_bytes: int, timeout: float = 120.0) -> tuple[int, dict]:
+    """(step, state) of `donor`'s stage, downloaded in chunks and checked against its sha256."""
+    try:
+        meta = decode_state_meta(await link.request(donor, KIND_STATE, encode_state_request(StateRequest(run, "meta")),
+                                                    timeout=timeout), max_bytes)
+        parts = []
+        for i in range(max(1, -(-meta.total_bytes // meta.chunk_bytes))):
+            req = encode_state_request(StateRequest(run, "chunk", i, meta.snapshot))
+            parts.append(await link.request(donor, KIND_STATE, req, timeout=timeout))
+    except WireError as e:
+        raise StateError(f"the state offered by {donor[-8:]} is malformed ({e}).") from e
+    except Exception as e:  # transport failures of any kind
+        raise StateError(f"could not download the state from {donor[-8:]} ({e}).") from e
+    data = b"".join(parts)
+    if len(data) != meta.total_bytes or sha256_hex(data) != meta.sha256:
+        raise StateError(f"the state from {donor[-8:]} does not match its size or sha256.")
+    try:
+        state = load_state_bytes(data)
+    except Exception as e:  # a snapshot that torch cannot load safely is refused, whatever the reason
+        raise StateError(f"the state from {donor[-8:]} cannot be loaded safely ({type(e).__name__}).") from e
+    return meta.step, state
+
+
+class Follower:
+    """A joiner's queue of reduced gradients forwarded by its donor, applied in step order."""
+
+    def __init__(self, daemon: StageDaemon, on_applied: Callable[[int], None] | None = None) -> None:
+        self.daemon, self.runner = daemon, daemon.runner
+        self.queue: dict[int, FollowUpdate] = {}
+        self.on_applied = on_applied
+        self.active = False
+        self._lock = asyncio.Lock()
+
+    def on_update(self, update: FollowUpdate) -> None:
+        if update.step >= self.runner.step:
+            self.queue[update.step] = update
+        if self.active:
+            self.daemon.spawn(self.catch_up())
+
+    async def catch_up(self) -> int:
+        """Apply every queued reduced gradient that is next in line; returns how many."""
+        done = 0
+        async with self._lock:
+            while (update := self.queue.pop(self.runner.step, None)) is not None:
+                try:
+                    await self.daemon.run(self._apply, update)
+                except StageError as e:
+                    log.warning("stage %d: a forwarded gradient could not be applied (%s)", self.daemon.stage, e)
+                    break
+                self.daemon.stepped()
+                done += 1
+                if self.on_applied is not None:
+                    self.on_applied(self.runner.step)
+            for step in [s for s in self.queue if s < self.runner.step]:
+                del self.queue[step]
+        return done
+
+    def _apply(self, update: FollowUpdate) -> None:
+        self.runner.apply_flat(update.step, update.grads, update.stat)

@@ -1,0 +1,277 @@
+"""Messages that keep the replicas of a stage in step, validated on the way in like wire.py.
+
+A step ends with a commit that the step driver (the leading head) runs once every
+microbatch's gradient is back (docs/design.md section 3):
+
+    reduce  each stage's replicas exchange their gradient sums (`Contribution`) and add them
+            up in one agreed order, so that every replica holds the same summed gradient;
+    apply   every replica that reduced takes the optimizer step with it;
+    abort   a failed attempt's partial work is dropped everywhere, and the step is re-driven.
+
+Maps (short keys; tensors are wire.py's ExtType):
+
+    Command       {k: "ctl", r: run, s: step, a: attempt, o: op, c: [peer ids]}
+                  op in status | reduce | apply | abort; c: for reduce, the candidate replicas
+                  of the receiver's stage (it exchanges contributions with those)
+    CommandReply  {k: "ctlr", s: step, a: attempt, o: outcome, m: [microbatches], x: {peer: [mb]}, e: text}
+                  outcome in ok | behind | ahead | failed; m: what this replica computed in the
+                  attempt; x: after a reduce, whose contributions it summed
+    Contribution  {k: "red", r, s, a, g: stage, m: [microbatches], t: flat gradient | nil, q: statistic | nil}
+                  t is every trainable parameter's gradient, flattened and concatenated in the
+                  module's parameter order, in the compute dtype (nil when m is empty: nothing
+                  to add); q the basis re-fit statistic of the step (receiving subspace stages)
+    FollowUpdate  {k: "fol", r, s, t: reduced flat gradient, q: reduced statistic | nil}
+                  the reduced gradient of step s, forwarded to a replica that is catching up
+    StateRequest  {k: "state", r, o: "meta" | "chunk", i: chunk index, n: snapshot id}
+    StateMeta     {k: "statem", s: step, n: snapshot id, z: total bytes, c: chunk bytes, h: sha256 hex}
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass, field
+
+import msgpack
+import torch
+
+from .wire import KIND_CONTROL, KIND_FOLLOW, KIND_REDUCE, KIND_STATE, WireError, _ext_hook, _need, _pack_tensor
+
+OPS = ("status", "reduce", "apply", "abort")
+OUTCOMES = ("ok", "behind", "ahead", "failed")
+STATE_OPS = ("meta", "chunk")
+MAX_GROUP = 64  # replicas of one stage that one command may name
+STATE_CHUNK_BYTES = 8 << 20
+_REPLY = "ctlr"
+_STATE_META = "statem"
+
+
+@dataclass
+class Command:
+    run: str
+    step: int
+    attempt: int
+    op: str
+    candidates: list[str] = field(default_factory=list)
+
+
+@dataclass
+class CommandReply:
+    step: int
+    attempt: int
+    outcome: str
+    microbatches: list[int] = field(default_factory=list)
+    contributors: dict[str, list[int]] = field(default_factory=dict)
+    reason: str = ""
+
+
+@dataclass
+class Contribution:
+    run: str
+    step: int
+    attempt: int
+    stage: int
+    microbatches: list[int]
+    grads: torch.Tensor | None  # flat, compute dtype; None when there is nothing to add
+    stat: torch.Tensor | None = None
+
+
+@dataclass
+class FollowUpdate:
+    run: str
+    step: int
+    grads: torch.Tensor
+    stat: torch.Tensor | None = None
+
+
+@dataclass
+class StateRequest:
+    run: str
+    op: str
+    index: int = 0
+    snapshot: int = 0
+
+
+@dataclass
+class StateMeta:
+    step: int
+    snapshot: int
+    total_bytes: int
+    chunk_bytes: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class FlatLimits:
+    """What a stage accepts as a flat gradient: its own parameter count and compute dtype."""
+
+    run: str
+    stage: int
+    numel: int
+    dtype: torch.dtype
+    stat_shape: tuple[int, int] | None  # (d, k) for receiving subspace stages
+    n_microbatches: int
+
+    @property
+    def max_bytes(self) -> int:
+        elem = torch.tensor([], dtype=self.dtype).element_size()
+        stat = 8 * math.prod(self.stat_shape) if self.stat_shape else 0
+        return self.numel * elem + stat + 64 * self.n_microbatches + 4096
+
+
+# ---------------------------------------------------------------- helpers
+
+def _unpack(data: bytes, max_bytes: int, what: str) -> dict:
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise WireError(f"{what} is not a byte string.")
+    _need(len(data) <= max_bytes, f"{what} of {len(data)} bytes is over the limit of {max_bytes}.")
+    try:
+        d = msgpack.unpackb(bytes(data), ext_hook=_ext_hook, raw=False, strict_map_key=False,
+                            max_str_len=4096, max_bin_len=0, max_array_len=4 * MAX_GROUP + 4096,
+                            max_map_len=MAX_GROUP + 16)
+    except WireError:
+        raise
+    except Exception as e:  # any malformed bytes mean the same to the sender
+        raise WireError(f"{what} is not valid msgpack ({type(e).__name__}).") from None
+    _need(isinstance(d, dict), f"{what} is not a msgpack map.")
+    return d
+
+
+def _int(d: dict, key: str, name: str, hi: int = 2**53) -> int:
+    v = d.get(key)
+    _need(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < hi, f"{name} must be an integer in [0, {hi}).")
+    return v
+
+
+def _mbs(v: object, n: int) -> list[int]:
+    _need(isinstance(v, list) and len(v) <= n and all(isinstance(m, int) and not isinstance(m, bool) and 0 <= m < n
+                                                      for m in v) and len(set(v)) == len(v),
+          f"microbatches must be distinct integers in [0, {n}).")
+    return sorted(v)
+
+
+def _peer_ids(v: object) -> list[str]:
+    _need(isinstance(v, list) and len(v) <= MAX_GROUP and all(isinstance(p, str) and 0 < len(p) <= 128 for p in v),
+          f"a peer list must hold at most {MAX_GROUP} peer ids.")
+    return list(v)
+
+
+def _run(d: dict, run: str, what: str) -> None:
+    _need(d.get("r") == run, f"{what} is for another run.")
+
+
+def _flat(t: object, lim: FlatLimits, what: str) -> torch.Tensor:
+    _need(isinstance(t, torch.Tensor) and t.dtype == lim.dtype and t.ndim == 1 and t.numel() == lim.numel,
+          f"{what} must be a flat {lim.dtype} tensor of {lim.numel} numbers.")
+    _need(bool(torch.isfinite(t).all()), f"{what} has NaN or infinite values.")
+    return t
+
+
+def _stat(t: object, lim: FlatLimits) -> torch.Tensor | None:
+    if lim.stat_shape is None:
+        _need(t is None, "this stage keeps no re-fit statistic.")
+        return None
+    _need(isinstance(t, torch.Tensor) and t.dtype == torch.float64 and tuple(t.shape) == lim.stat_shape,
+          f"the statistic must be a float64 tensor of shape {list(lim.stat_shape)}.")
+    _need(bool(torch.isfinite(t).all()), "the statistic has NaN or infinite values.")
+    return t
+
+
+def _opt_tensor(t: torch.Tensor | None):
+    return None if t is None else _pack_tensor(t)
+
+
+# ---------------------------------------------------------------- commands
+
+def encode_command(c: Command) -> bytes:
+    return msgpack.packb({"k": KIND_CONTROL, "r": c.run, "s": c.step, "a": c.attempt, "o": c.op, "c": c.candidates})
+
+
+def decode_command(data: bytes, run: str) -> Command:
+    d = _unpack(data, 16 << 10, "a control command")
+    _need(d.get("k") == KIND_CONTROL, "not a control command.")
+    _run(d, run, "the control command")
+    _need(d.get("o") in OPS, f"a control command's op must be one of {', '.join(OPS)}.")
+    return Command(run, _int(d, "s", "step"), _int(d, "a", "attempt", 2**31), d["o"], _peer_ids(d.get("c", [])))
+
+
+def encode_reply(r: CommandReply) -> bytes:
+    return msgpack.packb({"k": _REPLY, "s": r.step, "a": r.attempt, "o": r.outcome, "m": r.microbatches,
+                          "x": r.contributors, "e": r.reason[:500]})
+
+
+def decode_reply(data: bytes, n_microbatches: int) -> CommandReply:
+    d = _unpack(data, 64 << 10, "a control reply")
+    _need(d.get("k") == _REPLY, "not a control reply.")
+    _need(d.get("o") in OUTCOMES, f"a control reply's outcome must be one of {', '.join(OUTCOMES)}.")
+    x = d.get("x", {})
+    _need(isinstance(x, dict) and len(x) <= MAX_GROUP, "a control reply's contributors must be a small map.")
+    contributors = {str(p)[:128]: _mbs(m, n_microbatches) for p, m in x.items() if isinstance(p, str)}
+    _need(len(contributors) == len(x), "a control reply's contributors must be keyed by peer id.")
+    reason = d.get("e", "")
+    return CommandReply(_int(d, "s", "step"), _int(d, "a", "attempt", 2**31), d["o"],
+                        _mbs(d.get("m", []), n_microbatches), contributors, reason if isinstance(reason, str) else "")
+
+
+# ---------------------------------------------------------------- contributions and follow updates
+
+def encode_contribution(c: Contribution) -> bytes:
+    return msgpack.packb({"k": KIND_REDUCE, "r": c.run, "s": c.step, "a": c.attempt, "g": c.stage,
+                          "m": c.microbatches, "t": _opt_tensor(c.grads), "q": _opt_tensor(c.stat)})
+
+
+def decode_contribution(data: bytes, lim: FlatLimits) -> Contribution:
+    d = _unpack(data, lim.max_bytes, "a gradient contribution")
+    _need(d.get("k") == KIND_REDUCE, "not a gradient contribution.")
+    _run(d, lim.run, "the gradient contribution")
+    _need(d.get("g") == lim.stage, f"the contribution is for stage {d.get('g')!r}, this replica serves {lim.stage}.")
+    mbs = _mbs(d.get("m"), lim.n_microbatches)
+    if not mbs:
+        _need(d.get("t") is None and d.get("q") is None, "an empty contribution carries no tensors.")
+        return Contribution(lim.run, _int(d, "s", "step"), _int(d, "a", "attempt", 2**31), lim.stage, [], None)
+    return Contribution(lim.run, _int(d, "s", "step"), _int(d, "a", "attempt", 2**31), lim.stage, mbs,
+                        _flat(d.get("t"), lim, "the contributed gradient"), _stat(d.get("q"), lim))
+
+
+def encode_follow(f: FollowUpdate) -> bytes:
+    return msgpack.packb({"k": KIND_FOLLOW, "r": f.run, "s": f.step, "t": _pack_tensor(f.grads),
+                          "q": _opt_tensor(f.stat)})
+
+
+def decode_follow(data: bytes, lim: FlatLimits) -> FollowUpdate:
+    d = _unpack(data, lim.max_bytes, "a follow update")
+    _need(d.get("k") == KIND_FOLLOW, "not a follow update.")
+    _run(d, lim.run, "the follow update")
+    return FollowUpdate(lim.run, _int(d, "s", "step"), _flat(d.get("t"), lim, "the reduced gradient"),
+                        _stat(d.get("q"), lim))
+
+
+# ---------------------------------------------------------------- state transfer
+
+def encode_state_request(r: StateRequest) -> bytes:
+    return msgpack.packb({"k": KIND_STATE, "r": r.run, "o": r.op, "i": r.index, "n": r.snapshot})
+
+
+def decode_state_request(data: bytes, run: str) -> StateRequest:
+    d = _unpack(data, 4096, "a state request")
+    _need(d.get("k") == KIND_STATE, "not a state request.")
+    _run(d, run, "the state request")
+    _need(d.get("o") in STATE_OPS, f"a state request's op must be one of {', '.join(STATE_OPS)}.")
+    return StateRequest(run, d["o"], _int(d, "i", "chunk index", 2**31), _int(d, "n", "snapshot id", 2**63))
+
+
+def encode_state_meta(m: StateMeta) -> bytes:
+    return msgpack.packb({"k": _STATE_META, "s": m.step, "n": m.snapshot, "z": m.total_bytes, "c": m.chunk_bytes,
+                          "h": m.sha256})
+
+
+def decode_state_meta(data: bytes, max_total: int) -> StateMeta:
+    d = _unpack(data, 4096, "a state description")
+    _need(d.get("k") == _STATE_META, "not a state description.")
+    total, chunk = _int(d, "z", "state size", max_total + 1), _int(d, "c", "chunk size", 1 << 30)
+    _need(chunk > 0, "the chunk size must be positive.")
+    _need(isinstance(d.get("h"), str) and len(d["h"]) == 64, "the state's sha256 must be 64 hex digits.")
+    return StateMeta(_int(d, "s", "step"), _int(d, "n", "snapshot id", 2**63), total, chunk, d["h"])
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
