@@ -157,6 +157,11 @@ def cmd_bench(a: argparse.Namespace) -> int:
     return run_bench(a)
 
 
+def _missing_extra(e: ImportError) -> int:
+    print(f"error: {e}", file=sys.stderr)
+    return 1
+
+
 def cmd_export(a: argparse.Namespace) -> int:
     from .export.exporter import ExportOptions, run_export
     try:
@@ -164,6 +169,8 @@ def cmd_export(a: argparse.Namespace) -> int:
     except NotImplementedError as e:
         print(f"error: {e}; use --from-checkpoints DIR... for now.", file=sys.stderr)
         return 1
+    except ImportError as e:
+        return _missing_extra(e)
     print(f"exported to {a.out}: {', '.join(f.name for f in files)}")
     return 0
 
@@ -172,14 +179,20 @@ def cmd_eval(a: argparse.Namespace) -> int:
     from dataclasses import asdict
 
     from .export.evaluate import EvalOptions, describe, run_eval
-    result = run_eval(from_args(EvalOptions, a))
+    try:
+        result = run_eval(from_args(EvalOptions, a))
+    except ImportError as e:
+        return _missing_extra(e)
     print(json.dumps(asdict(result)) if a.json else f"eval: {describe(result)}")
     return 0
 
 
 def cmd_generate(a: argparse.Namespace) -> int:
     from .export.generate import GenerateOptions, run_generate
-    print(run_generate(from_args(GenerateOptions, a)))
+    try:
+        print(run_generate(from_args(GenerateOptions, a)))
+    except ImportError as e:
+        return _missing_extra(e)
     return 0
 
 
