@@ -20,7 +20,7 @@ def _safetensors():
     try:
         import safetensors.torch as st
     except ImportError as e:
-        raise ImportError("exporting needs safetensors: pip install -e '.[export]'") from e
+        raise ImportError("exported models are safetensors files: pip install -e '.[export]'") from e
     return st
 
 
@@ -47,6 +47,7 @@ def write_safetensors(path: str | Path, tensors: dict[str, torch.Tensor], metada
 
 def read_safetensors(path: str | Path, device: str = "cpu") -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """(tensors, metadata) of a safetensors file."""
+    _safetensors()
     from safetensors import safe_open
     with safe_open(str(path), framework="pt", device=device) as f:
         return {k: f.get_tensor(k) for k in f.keys()}, dict(f.metadata() or {})

@@ -93,7 +93,7 @@ def test_export_a_trained_dense_swarm(tmp_path):
     spec = preset("tiny", codec="dense", stages=3)
     ck = tmp_path / "ck"
     run_local(LocalOptions(spec, steps=STEPS, workdir=str(tmp_path / "run"), quiet=True, threads=1,
-                           extra_peer_args=["--checkpoint-dir", str(ck)]))
+                           checkpoint_dir=str(ck)))  # `swarm local --checkpoint-dir`
     cli("export", "--from-checkpoints", str(ck), "--out", str(tmp_path / "hf"), "--format", "hf")
     assert gather_from_checkpoints([ck]).step == STEPS
     hf_matches_our_model(ck, tmp_path / "hf")
