@@ -8,13 +8,15 @@ from pathlib import Path
 
 from ..options import opt
 from .gather import ExportError, GatheredRun, gather_from_checkpoints, gather_from_peers
-from .hf import check_hf_exportable, write_hf
+from .hf import check_hf_exportable, off_subspace, write_hf
 from .model import StagedModel
 from .native import ExportMeta, write_native
 
 log = logging.getLogger(__name__)
 
 FORMATS = ("native", "hf")
+# float32 projections leave ~1e-7; anything near 1e-5 means the subspace invariant was broken
+OFF_SUBSPACE_WARN = 1e-5
 
 
 @dataclass
@@ -49,9 +51,13 @@ def export_run(run: GatheredRun, out: str | Path, fmt: str = "native") -> list[P
         return [write_native(run, out)]
     check_hf_exportable(run.spec)  # before building anything
     model = StagedModel.from_states(run.states)
-    if run.spec.codec == "subspace" and (run.spec.wire_dtype != "fp32" or run.spec.quant != "none"):
+    if run.spec.wire_dtype != "fp32" or run.spec.quant != "none":
         log.warning("this run's wire (%s, quant %s) rounded the boundaries while it trained; the exported model "
                     "is the same network without that rounding", run.spec.wire_dtype, run.spec.quant)
+    residual = off_subspace(model)
+    if residual > OFF_SUBSPACE_WARN:
+        log.warning("the constrained weights lie %.1e outside span(U) (relative norm); the subspace decoder drops "
+                    "that part, so the exported LLaMA differs from the swarm's model by about as much", residual)
     return write_hf(model, ExportMeta.of(run, "hf"), out)
 
 

@@ -13,7 +13,7 @@ import hashlib
 import logging
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,7 @@ class StageState:
 
     state: dict
     source: str
+    spec: RunSpec = field(init=False)
 
     def __post_init__(self) -> None:
         missing = [k for k in ("spec", "stage", "step", "module") if k not in self.state]

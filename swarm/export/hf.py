@@ -30,6 +30,7 @@ import torch
 from protocol.bottleneck import RMSNorm
 from protocol.model import SubspaceEmbedding, SubspaceLinear
 from protocol.spec import RunSpec
+from protocol.subspace import out_of_subspace
 
 from .gather import ExportError
 from .hf_tokenizer import write_hf_tokenizer
@@ -95,6 +96,13 @@ def hf_state_dict(model: StagedModel, permutation: Callable[[int], torch.Tensor]
             out["model.norm.weight"] = m.norm.weight
             out["lm_head.weight"] = m.head.weight
     return {k: v.detach().to("cpu", HF_DTYPE).contiguous() for k, v in out.items()}
+
+
+def off_subspace(model: StagedModel) -> float:
+    """The largest ||(I - P) W|| / ||W|| over the constrained maps of the non-last stages: how far
+    the weights left span(U), i.e. how far this LLaMA can be from the swarm's model (0 for dense)."""
+    return max((out_of_subspace(W, m.encoder.U, rows) for m in model.stages if not m.is_last
+                for _, W, rows in m.constrained_weights()), default=0.0)
 
 
 def rms_norm_eps(model: StagedModel) -> float:

@@ -78,6 +78,9 @@ def native_tensors(run: GatheredRun) -> dict[str, torch.Tensor]:
 
 def write_native(run: GatheredRun, out_dir: str | Path) -> Path:
     out = Path(out_dir)
+    if (out / "config.json").exists():
+        raise ExportError(f"{out} holds a Hugging Face export (config.json); write the native file to another "
+                          f"--out folder.")
     out.mkdir(parents=True, exist_ok=True)
     return write_safetensors(out / NATIVE_FILE, native_tensors(run), ExportMeta.of(run, "native").to_metadata())
 

@@ -122,5 +122,7 @@ def test_command_lines(exported, tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     assert main(["export", "--from-checkpoints", str(tmp_path / "empty"), "--out", str(tmp_path / "x")]) == 2
     assert "error: no checkpoints" in capsys.readouterr().err
+    assert main(["export", "--from-checkpoints", str(ck), "--out", str(tmp_path / "hf")]) == 2  # native over hf
+    assert "holds a Hugging Face export" in capsys.readouterr().err
     assert main(["eval", "--model", str(tmp_path / "nothing")]) == 2
     assert "does not exist" in capsys.readouterr().err

@@ -9,8 +9,9 @@ import torch
 from protocol.model import spec_basis
 from swarm.export import ExportError, StagedModel
 from swarm.export.exporter import export_run
-from swarm.export.hf import hf_state_dict, rope_permutation, write_hf
+from swarm.export.hf import hf_state_dict, off_subspace, rope_permutation, write_hf
 from swarm.export.hf_tokenizer import byte_characters
+from swarm.export.load import load_model
 from swarm.export.native import ExportMeta
 from tests.swarm.export_helpers import fixed_tokens, gathered, rel_err, runner_logits, tiny, trained
 
@@ -80,12 +81,26 @@ def test_rope_permutation_formula():
     assert rope_permutation(8).tolist() == [0, 2, 4, 6, 1, 3, 5, 7]
 
 
-def test_bottleneck_is_refused_for_hf(tmp_path):
-    run = gathered(trained(tiny("bottleneck"), steps=1))
+def test_bottleneck_is_refused_for_hf_and_exported_natively(tmp_path):
+    pipe = trained(tiny("bottleneck"), steps=1)
+    run = gathered(pipe)
     with pytest.raises(ExportError, match="bottleneck run cannot be exported to Hugging Face.*--format native"):
         export_run(run, tmp_path / "hf", "hf")
     assert not (tmp_path / "hf").exists()
     assert [f.name for f in export_run(run, tmp_path / "native", "native")] == ["model.safetensors"]
+    tokens = fixed_tokens(pipe.spec)
+    with torch.no_grad():  # its trained encoders/decoders come back with it
+        assert torch.equal(load_model(tmp_path / "native").logits(tokens), runner_logits(pipe, tokens))
+
+
+def test_off_subspace_weights_are_measured():
+    spec = tiny("subspace")
+    model = StagedModel.from_states(gathered(trained(spec, steps=2)).states)
+    assert off_subspace(model) < 1e-6
+    with torch.no_grad():
+        model.stages[1].blocks[0].w_down.weight.add_(1e-3 * torch.randn(model.stages[1].blocks[0].w_down.weight.shape))
+    assert off_subspace(model) > 1e-3
+    assert off_subspace(StagedModel.from_states(gathered(trained(tiny("dense"), steps=1)).states)) == 0.0
 
 
 def test_tokenizer_json_encodes_bytes(tmp_path):
