@@ -6,11 +6,15 @@
     swarm dashboard    a swarm's health in the browser, as JSON and for Prometheus
     swarm status       a table of a swarm's stages and peers
     swarm bench        benchmarks that write JSON and a PNG
+    swarm export       a trained model as our model.safetensors or a Hugging Face folder
+    swarm eval         an exported model's held-out loss and perplexity
+    swarm generate     text from an exported model
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import signal
@@ -153,11 +157,53 @@ def cmd_bench(a: argparse.Namespace) -> int:
     return run_bench(a)
 
 
+def _missing_extra(e: ImportError) -> int:
+    print(f"error: {e}", file=sys.stderr)
+    return 1
+
+
+def cmd_export(a: argparse.Namespace) -> int:
+    from .export.exporter import ExportOptions, run_export
+    try:
+        files = run_export(from_args(ExportOptions, a))
+    except NotImplementedError as e:
+        print(f"error: {e}; use --from-checkpoints DIR... for now.", file=sys.stderr)
+        return 1
+    except ImportError as e:
+        return _missing_extra(e)
+    print(f"exported to {a.out}: {', '.join(f.name for f in files)}")
+    return 0
+
+
+def cmd_eval(a: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from .export.evaluate import EvalOptions, describe, run_eval
+    try:
+        result = run_eval(from_args(EvalOptions, a))
+    except ImportError as e:
+        return _missing_extra(e)
+    print(json.dumps(asdict(result)) if a.json else f"eval: {describe(result)}")
+    return 0
+
+
+def cmd_generate(a: argparse.Namespace) -> int:
+    from .export.generate import GenerateOptions, run_generate
+    try:
+        print(run_generate(from_args(GenerateOptions, a)))
+    except ImportError as e:
+        return _missing_extra(e)
+    return 0
+
+
 # ------------------------------------------------------------------ parser
 
 def build_parser() -> argparse.ArgumentParser:
     from .coordinator import CoordinatorOptions
     from .dashboard.server import DashboardOptions
+    from .export.evaluate import EvalOptions
+    from .export.exporter import ExportOptions
+    from .export.generate import GenerateOptions
     from .local import LocalOptions
     from .node import PeerOptions
     p = argparse.ArgumentParser(prog="swarm", description="Train one transformer across many peers over the "
@@ -213,6 +259,26 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--latency", default="0", help="throughput: one-way latency on the limited link")
     be.add_argument("--device", default="cpu", help="throughput: torch device of every peer")
     be.set_defaults(func=cmd_bench)
+
+    ex = sub.add_parser("export", help="a trained model as our model.safetensors or a Hugging Face folder",
+                        description="Gather every stage's state (one replica per stage, all at the same step, "
+                        "hashes checked) from checkpoint folders or a running swarm, and write model.safetensors "
+                        "with the run spec, basis version and tokenizer, or (--format hf) a LlamaForCausalLM "
+                        "folder that transformers loads without custom code (dense and subspace runs).")
+    add_options(ex, ExportOptions)
+    ex.set_defaults(func=cmd_export)
+
+    ev = sub.add_parser("eval", help="an exported model's held-out loss and perplexity",
+                        description="Loss (nats per token) and perplexity of an exported model on the validation "
+                        "split of the corpus it trained on (or --data), or on a training step's microbatches.")
+    add_options(ev, EvalOptions)
+    ev.set_defaults(func=cmd_eval)
+
+    ge = sub.add_parser("generate", help="text from an exported model",
+                        description="Continue --prompt by sampling bytes from an exported model "
+                        "(temperature, top-k), on the CPU or a GPU.")
+    add_options(ge, GenerateOptions)
+    ge.set_defaults(func=cmd_generate)
     return p
 
 

@@ -55,6 +55,8 @@ class LocalOptions:
     dashboard: bool = False  # `swarm local` turns it on (unless --no-dashboard); tests leave it off
     dashboard_port: int = opt(8080, "dashboard port (a free one if it is taken)")
     tensorboard: str | None = opt(None, "write the head's per-step scalars here for TensorBoard", metavar="DIR")
+    checkpoint_dir: str | None = opt(None, "every peer saves its stage here when the run ends (for swarm export)",
+                                     metavar="DIR")
 
 
 def dense_bytes_per_token(spec: RunSpec) -> float:
@@ -157,6 +159,8 @@ class LocalSwarm:
             args += ["--bandwidth", self.opts.bandwidth]
         if self.opts.data:
             args += ["--data", self.opts.data]
+        if self.opts.checkpoint_dir:
+            args += ["--checkpoint-dir", self.opts.checkpoint_dir]
         return self.spawn(name, args + list(extra) + self.opts.extra_peer_args)
 
     def start_dashboard(self, port: int | None = None, *extra: str, timeout: float = 90.0) -> str:

@@ -1,0 +1,93 @@
+"""`swarm eval`: an exported model's loss and perplexity on held-out text.
+
+loss = mean over predicted tokens of -log p(next token), in nats; perplexity = exp(loss).
+By default the batches are `--batches` windows-of-microbatches spread evenly over the
+validation split of the corpus (`BatchSource.val_batches`, the run's seq_len and
+microbatch size, so the same windows every time). With `--train-step N` they are instead
+the head's training microbatches of step N (0-based: what a swarm whose stages stand at
+step N trains on next, reported by the head as step N + 1), so the result can be compared
+with the loss the tail reported for that step.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from peer.data import BatchSource, load_corpus
+from protocol.model import lm_loss
+
+from ..options import opt
+from .load import LoadedModel, load_model
+
+
+@dataclass
+class EvalOptions:
+    """What `swarm eval` can be told; each field is also its flag."""
+
+    model: str = opt(None, "folder written by swarm export (native or hf)", metavar="DIR", required=True)
+    data: str | None = opt(None, "text file or folder (default: the embedded corpus, as in training)",
+                           metavar="PATH")
+    batches: int = opt(16, "validation microbatches to average over")
+    train_step: int | None = opt(None, "evaluate on the head's training microbatches of this (0-based) step "
+                                 "instead of the validation split", metavar="N")
+    wire_rounding: bool = opt(False, "round each boundary to the run's wire dtype, as the swarm did while "
+                              "training (native exports only)")
+    device: str = opt("cpu", "torch device, e.g. cuda")
+    json: bool = opt(False, "print the result as JSON")
+
+
+@dataclass
+class EvalResult:
+    loss: float  # nats per predicted token
+    perplexity: float
+    tokens: int
+    batches: int
+    source: str  # which batches: "validation split of CORPUS" or "training step N of CORPUS"
+    run_hash: str
+    step: int
+
+
+def batches_for(model: LoadedModel, data: str | None, n: int, train_step: int | None) -> tuple[list, str]:
+    spec = model.meta.spec
+    seq_len = min(spec.seq_len, model.max_len)
+    corpus = load_corpus(data, seq_len=seq_len)
+    src = BatchSource(corpus, seq_len, spec.microbatch_size, spec.data_seed)
+    if train_step is not None:
+        return ([src.microbatch(train_step, mb) for mb in range(spec.n_microbatches)],
+                f"training step {train_step} of {corpus.name}")
+    if n < 1:
+        raise ValueError("--batches must be at least 1.")
+    return src.val_batches(n), f"validation split of {corpus.name}"
+
+
+@torch.no_grad()
+def loss_on(model: LoadedModel, batches: list[torch.Tensor]) -> tuple[float, int]:
+    """(mean loss over every predicted token, number of tokens): each batch's mean `lm_loss`
+    weighted by its tokens, as the tail computes it per microbatch."""
+    total, count = 0.0, 0
+    for b in batches:
+        b = b.to(model.device)
+        n = b[:, 1:].numel()
+        total += float(lm_loss(model.logits(b[:, :-1]).float(), b[:, 1:])) * n
+        count += n
+    return total / count, count
+
+
+def evaluate(model: LoadedModel, data: str | None = None, batches: int = 16, train_step: int | None = None
+             ) -> EvalResult:
+    chosen, source = batches_for(model, data, batches, train_step)
+    loss, tokens = loss_on(model, chosen)
+    return EvalResult(loss, math.exp(min(loss, 700.0)), tokens, len(chosen), source, model.meta.run_hash,
+                      model.meta.step)
+
+
+def run_eval(opts: EvalOptions) -> EvalResult:
+    model = load_model(opts.model, opts.device, opts.wire_rounding)
+    return evaluate(model, opts.data, opts.batches, opts.train_step)
+
+
+def describe(r: EvalResult) -> str:
+    return (f"loss {r.loss:.4f} nats/token, perplexity {r.perplexity:.3f} over {r.tokens} tokens "
+            f"({r.batches} microbatches, {r.source}); run {r.run_hash} at step {r.step}")

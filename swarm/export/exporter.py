@@ -1,0 +1,71 @@
+"""`swarm export`: gather every stage's state and write our model file or a Hugging Face folder."""
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..options import opt
+from .gather import ExportError, GatheredRun, gather_from_checkpoints, gather_from_peers
+from .hf import check_hf_exportable, off_subspace, write_hf
+from .model import StagedModel
+from .native import ExportMeta, write_native
+
+log = logging.getLogger(__name__)
+
+FORMATS = ("native", "hf")
+# float32 projections leave ~1e-7; anything near 1e-5 means the subspace invariant was broken
+OFF_SUBSPACE_WARN = 1e-5
+
+
+@dataclass
+class ExportOptions:
+    """What `swarm export` can be told; each field is also its flag (`swarm/options.py`)."""
+
+    out: str = opt(None, "folder to write the model into", metavar="DIR", required=True)
+    initial_peers: list[str] = opt([], "export from a running swarm: the coordinator's or any peer's address",
+                                   metavar="MADDR")
+    from_checkpoints: list[str] = opt([], "export from checkpoint folders (swarm peer --checkpoint-dir) instead",
+                                      metavar="DIR")
+    format: str = opt("native", "native: our model.safetensors (every codec); hf: a Hugging Face "
+                      "LlamaForCausalLM folder (dense and subspace runs)", choices=FORMATS)
+    run: str | None = opt(None, "the run hash to export when the folders hold checkpoints of several runs",
+                          metavar="HASH")
+
+
+def gather(opts: ExportOptions) -> GatheredRun:
+    if bool(opts.initial_peers) == bool(opts.from_checkpoints):
+        raise ExportError("give either --initial-peers (a running swarm) or --from-checkpoints DIR... "
+                          "(checkpoint folders), not both or neither.")
+    if opts.from_checkpoints:
+        return gather_from_checkpoints(opts.from_checkpoints, opts.run)
+    return asyncio.run(gather_from_peers(opts.initial_peers, opts.run))
+
+
+def export_run(run: GatheredRun, out: str | Path, fmt: str = "native") -> list[Path]:
+    """Write `run` to `out` in `fmt`; returns the files written."""
+    if fmt not in FORMATS:
+        raise ExportError(f"--format must be one of {', '.join(FORMATS)}, not {fmt!r}.")
+    if fmt == "native":
+        return [write_native(run, out)]
+    check_hf_exportable(run.spec)  # before building anything
+    model = StagedModel.from_states(run.states)
+    if run.spec.wire_dtype != "fp32" or run.spec.quant != "none":
+        log.warning("this run's wire (%s, quant %s) rounded the boundaries while it trained; the exported model "
+                    "is the same network without that rounding", run.spec.wire_dtype, run.spec.quant)
+    residual = off_subspace(model)
+    if residual > OFF_SUBSPACE_WARN:
+        log.warning("the constrained weights lie %.1e outside span(U) (relative norm); the subspace decoder drops "
+                    "that part, so the exported LLaMA differs from the swarm's model by about as much", residual)
+    return write_hf(model, ExportMeta.of(run, "hf"), out)
+
+
+def run_export(opts: ExportOptions) -> list[Path]:
+    run = gather(opts)
+    log.info("run %s (%s, codec %s): %d stages at step %d, basis version %d, from %s", run.spec.run_hash,
+             run.spec.name, run.spec.codec, run.spec.n_stages, run.step, run.basis_version, ", ".join(run.sources))
+    files = export_run(run, opts.out, opts.format)
+    for f in files:
+        log.info("wrote %s (%.1f kB)", f, f.stat().st_size / 1024)
+    return files

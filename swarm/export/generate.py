@@ -1,0 +1,72 @@
+"""`swarm generate`: text from an exported model, by temperature and top-k sampling.
+
+Each new token is drawn from softmax(logits / temperature) restricted to the `top_k` most
+likely tokens (all of them when top_k is 0); temperature 0 takes the most likely token.
+The context is the last `max_len` tokens (the run's seq_len): the model was trained on
+windows no longer than that. Draws come from one CPU generator seeded by `--seed`, so the
+same prompt and seed give the same text on any device.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from peer.data import ByteTokenizer
+
+from ..options import opt
+from .load import LoadedModel, load_model
+
+
+@dataclass
+class GenerateOptions:
+    """What `swarm generate` can be told; each field is also its flag."""
+
+    model: str = opt(None, "folder written by swarm export (native or hf)", metavar="DIR", required=True)
+    prompt: str = opt(None, "text to continue", metavar="TEXT", required=True)
+    max_new_tokens: int = opt(200, "bytes to generate")
+    temperature: float = opt(0.8, "sampling temperature; 0 takes the most likely byte")
+    top_k: int = opt(40, "sample among the k most likely bytes; 0 for all")
+    seed: int = opt(0, "seed of the sampling generator")
+    device: str = opt("cpu", "torch device, e.g. cuda")
+
+
+def next_token(logits: torch.Tensor, temperature: float, top_k: int, generator: torch.Generator) -> int:
+    """One draw from the last position's logits [V] (see the module docstring)."""
+    logits = logits.detach().to("cpu", torch.float64)
+    if temperature == 0:
+        return int(logits.argmax())
+    if top_k > 0 and top_k < logits.numel():
+        cutoff = torch.topk(logits, top_k).values[-1]
+        logits = logits.masked_fill(logits < cutoff, float("-inf"))
+    probs = torch.softmax(logits / temperature, dim=-1)
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+@torch.no_grad()
+def generate_ids(model: LoadedModel, prompt: list[int], max_new_tokens: int, temperature: float = 0.8,
+                 top_k: int = 40, seed: int = 0) -> list[int]:
+    """The prompt's ids followed by `max_new_tokens` sampled ones."""
+    if not prompt:
+        raise ValueError("the prompt is empty; give at least one character to continue.")
+    if temperature < 0 or top_k < 0 or max_new_tokens < 0:
+        raise ValueError("--temperature, --top-k and --max-new-tokens must not be negative.")
+    generator = torch.Generator().manual_seed(seed)
+    ids = list(prompt)
+    for _ in range(max_new_tokens):
+        context = torch.tensor([ids[-model.max_len:]], dtype=torch.long, device=model.device)
+        ids.append(next_token(model.logits(context)[0, -1], temperature, top_k, generator))
+    return ids
+
+
+def generate_text(model: LoadedModel, prompt: str, max_new_tokens: int = 200, temperature: float = 0.8,
+                  top_k: int = 40, seed: int = 0) -> str:
+    """The prompt and its continuation, decoded (bytes that are not UTF-8 become U+FFFD)."""
+    tok = ByteTokenizer()
+    ids = generate_ids(model, tok.encode(prompt).tolist(), max_new_tokens, temperature, top_k, seed)
+    return tok.decode(ids)
+
+
+def run_generate(opts: GenerateOptions) -> str:
+    model = load_model(opts.model, opts.device)
+    return generate_text(model, opts.prompt, opts.max_new_tokens, opts.temperature, opts.top_k, opts.seed)

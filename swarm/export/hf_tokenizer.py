@@ -1,0 +1,43 @@
+"""The byte tokenizer (token id = UTF-8 byte value) as a `tokenizer.json` transformers loads.
+
+The `tokenizers` library's byte-level pre-tokenizer turns every byte into one printable
+character: bytes 33-126, 161-172 and 174-255 stand for themselves, the other 68 bytes for
+chr(256), chr(257), ... in increasing byte order. A BPE model with no merges whose
+vocabulary maps the character of byte b to id b then encodes text to exactly the ids of
+`peer.data.ByteTokenizer`, and the byte-level decoder turns them back into text.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+VISIBLE_BYTES = [*range(33, 127), *range(161, 173), *range(174, 256)]
+
+
+def byte_characters() -> dict[int, str]:
+    """byte value -> the character that stands for it after byte-level pre-tokenization."""
+    chars = {b: chr(b) for b in VISIBLE_BYTES}
+    others = [b for b in range(256) if b not in chars]
+    chars.update({b: chr(256 + n) for n, b in enumerate(others)})
+    return chars
+
+
+def byte_tokenizer():
+    """A `tokenizers.Tokenizer` that encodes text to its UTF-8 bytes as ids."""
+    try:
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    except ImportError as e:
+        raise ImportError("the Hugging Face export needs tokenizers: pip install -e '.[export]'") from e
+    vocab = {ch: b for b, ch in byte_characters().items()}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    return tok
+
+
+def write_hf_tokenizer(out_dir: Path, max_len: int) -> list[Path]:
+    tokenizer, config = out_dir / "tokenizer.json", out_dir / "tokenizer_config.json"
+    tokenizer.write_text(byte_tokenizer().to_str(pretty=True) + "\n")
+    config.write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": max_len,
+                                  "clean_up_tokenization_spaces": False}, indent=2, sort_keys=True) + "\n")
+    return [tokenizer, config]

@@ -1,0 +1,60 @@
+"""Safetensors files that are the same bytes for the same tensors, written atomically.
+
+`safetensors` lays out the tensors deterministically but writes the `__metadata__` map in
+hash-map order, which changes from process to process; the same export would then hash
+differently each time. `write_safetensors` re-emits the header with the metadata keys
+sorted (the format allows any key order and pads the header with spaces to 8 bytes), and
+replaces the file only once it is complete.
+"""
+from __future__ import annotations
+
+import json
+import os
+import struct
+from pathlib import Path
+
+import torch
+
+
+def _safetensors():
+    try:
+        import safetensors.torch as st
+    except ImportError as e:
+        raise ImportError("exported models are safetensors files: pip install -e '.[export]'") from e
+    return st
+
+
+def canonical_bytes(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> bytes:
+    """The safetensors serialization of `tensors` with the header keys in a fixed order."""
+    raw = _safetensors().save({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, metadata=metadata)
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + n])
+    meta = header.pop("__metadata__", None)
+    ordered = {"__metadata__": dict(sorted(meta.items()))} if meta else {}
+    ordered.update(sorted(header.items()))
+    text = json.dumps(ordered, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    return struct.pack("<Q", len(text)) + text + raw[8 + n:]
+
+
+def write_safetensors(path: str | Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> Path:
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(canonical_bytes(tensors, metadata))
+    os.replace(tmp, path)
+    return path
+
+
+def read_safetensors(path: str | Path, device: str = "cpu") -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """(tensors, metadata) of a safetensors file."""
+    _safetensors()
+    from safetensors import safe_open
+    with safe_open(str(path), framework="pt", device=device) as f:
+        return {k: f.get_tensor(k) for k in f.keys()}, dict(f.metadata() or {})
+
+
+def read_metadata(path: str | Path) -> dict[str, str]:
+    """The `__metadata__` of a safetensors file, without reading its tensors."""
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        return dict(json.loads(f.read(n)).get("__metadata__") or {})

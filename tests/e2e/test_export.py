@@ -1,0 +1,99 @@
+"""Getting the model out of a real swarm: train `tiny` with OS processes over libp2p, export
+the peers' checkpoints with `swarm export`, load the Hugging Face folder with transformers
+(a library we did not write must compute our logits), and check `swarm eval` against the
+loss the tail reported for the next step, and `swarm generate`.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from protocol.spec import preset
+from swarm.export import StagedModel, gather_from_checkpoints
+from swarm.export.exporter import export_run
+from swarm.local import LocalOptions, run_local
+from tests.e2e.conftest import wait_for_event
+
+transformers = pytest.importorskip("transformers")
+
+STEPS = 3
+TOL = 1e-4
+
+
+def cli(*args: str) -> str:
+    done = subprocess.run([sys.executable, "-m", "swarm.cli", *args], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def hf_matches_our_model(ck, hf_dir) -> None:
+    """The HF folder's logits (transformers) equal our stages' logits, rebuilt from the checkpoints."""
+    run = gather_from_checkpoints([ck])
+    ours = StagedModel.from_states(run.states)
+    theirs = transformers.LlamaForCausalLM.from_pretrained(str(hf_dir), local_files_only=True, dtype=torch.float32)
+    tokens = torch.randint(0, 256, (2, run.spec.seq_len), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        a, b = theirs.eval()(input_ids=tokens).logits, ours(tokens)
+    err = float((a - b).abs().max() / b.abs().max())
+    assert err < TOL, f"transformers' logits differ from ours by {err:.2e} (relative)"
+
+
+def sha(path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_export_a_trained_subspace_swarm(make_swarm, tmp_path):
+    swarm = make_swarm(codec="subspace")
+    ck = tmp_path / "ck"
+    swarm.start_coordinator()
+    peers = [swarm.start_peer(s, "--checkpoint-dir", str(ck), *(["--steps", str(STEPS)] if s == 0 else []))
+             for s in range(3)]
+    wait_for_event(swarm, "stage0", "done", timeout=240)
+    assert peers[0].wait(timeout=60) == 0  # the head leaves by itself after its last step, saving its checkpoint
+    for p in peers[1:]:  # the others save theirs when stopped
+        p.send_signal(signal.SIGTERM)
+        p.wait(timeout=60)
+    swarm.procs = [(n, p) for n, p in swarm.procs if p not in peers]  # they stopped as asked, not crashed
+    assert len(list(ck.glob("*-stage*.pt"))) == 3
+
+    cli("export", "--from-checkpoints", str(ck), "--out", str(tmp_path / "native"))
+    cli("export", "--from-checkpoints", str(ck), "--out", str(tmp_path / "hf"), "--format", "hf")
+    hf_matches_our_model(ck, tmp_path / "hf")
+    # another process exporting the same states writes the same bytes
+    again = export_run(gather_from_checkpoints([ck]), tmp_path / "again")[0]
+    assert sha(again) == sha(tmp_path / "native" / "model.safetensors")
+
+    # the swarm trains one more step from those checkpoints; the tail's loss of that step is
+    # what `swarm eval` computes on the same microbatches from the export
+    resumed = tmp_path / "resumed"
+    shutil.copytree(ck, resumed)
+    for s in (1, 2):
+        swarm.start_peer(s, "--checkpoint-dir", str(resumed), "--resume", name=f"again{s}")
+    swarm.start_peer(0, "--checkpoint-dir", str(resumed), "--resume", "--steps", "1", name="again0")
+    wait_for_event(swarm, "again0", "done", timeout=240)
+    (step,) = [e for e in swarm.events("again0") if e["event"] == "step"]
+    assert step["step"] == STEPS + 1
+    for folder in ("native", "hf"):
+        result = json.loads(cli("eval", "--model", str(tmp_path / folder), "--train-step", str(STEPS), "--json"))
+        assert result["step"] == STEPS
+        assert result["loss"] == pytest.approx(step["loss"], rel=1e-5), folder
+
+    text = cli("generate", "--model", str(tmp_path / "native"), "--prompt", "The ", "--max-new-tokens", "40")
+    assert text.startswith("The ") and len(text.rstrip("\n")) > len("The ")
+
+
+def test_export_a_trained_dense_swarm(tmp_path):
+    spec = preset("tiny", codec="dense", stages=3)
+    ck = tmp_path / "ck"
+    run_local(LocalOptions(spec, steps=STEPS, workdir=str(tmp_path / "run"), quiet=True, threads=1,
+                           checkpoint_dir=str(ck)))  # `swarm local --checkpoint-dir`
+    cli("export", "--from-checkpoints", str(ck), "--out", str(tmp_path / "hf"), "--format", "hf")
+    assert gather_from_checkpoints([ck]).step == STEPS
+    hf_matches_our_model(ck, tmp_path / "hf")
