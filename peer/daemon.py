@@ -45,11 +45,13 @@ from protocol.wire import (
 
 from .basis_gate import BasisGate
 from .interfaces import LinkError, MessageLink, PeerDirectory, PeerStatus
+from .norm_band import NormBand
 from .stage import StageError, StageRunner
 
 log = logging.getLogger(__name__)
 
 ACK = b""
+SKIPPED = object()  # what `run_for` returns for work of an aborted attempt
 
 
 class StageDaemon:
@@ -57,7 +59,8 @@ class StageDaemon:
                  send_retries: int = 3, future_step_wait: float = 10.0,
                  on_refit: Callable[[StatsMessage], Awaitable[None]] | None = None,
                  verify_update: Callable[[BasisUpdate], bool] | None = None,
-                 pull_updates: Callable[[], Awaitable[None]] | None = None, basis_wait: float = 30.0) -> None:
+                 pull_updates: Callable[[], Awaitable[None]] | None = None, basis_wait: float = 30.0,
+                 admit: Callable[[str, str], Awaitable[str | None]] | None = None) -> None:
         self.runner, self.link, self.directory = runner, link, directory
         self.spec = runner.spec
         self.stage = runner.stage
@@ -65,6 +68,9 @@ class StageDaemon:
         self.packer = WirePacker.for_spec(self.spec)
         self.send_retries, self.future_step_wait = send_retries, future_step_wait
         self.on_refit, self.basis_wait = on_refit, basis_wait
+        # (sender, kind) -> why that sender may not send this kind of message here, or None
+        self.admit = admit
+        self.bands = {KIND_ACTIVATION: NormBand(), KIND_GRADIENT: NormBand()}
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"stage{self.stage}")
         self.gate = BasisGate(runner, self.run, verify_update=verify_update, pull_updates=pull_updates,
                               wait=basis_wait)
@@ -113,6 +119,14 @@ class StageDaemon:
         """Run `fn(*args)` on the stage's worker thread, after everything queued before it."""
         return await asyncio.get_running_loop().run_in_executor(self._worker, fn, *args)
 
+    async def run_for(self, h: Header, fn, *args):
+        """`run`, but skipped (returns SKIPPED) if by the time the worker gets to it the attempt of
+        `h` was aborted: an abort is queued behind work already queued, so nothing of an aborted
+        attempt survives it, and nothing queued after it starts."""
+        def job():
+            return fn(*args) if self.current(h) else SKIPPED
+        return await self.run(job)
+
     def spawn(self, coro) -> None:
         task = asyncio.create_task(coro)
         self._tasks.add(task)
@@ -122,9 +136,14 @@ class StageDaemon:
     def _limits(self) -> WireLimits:
         return WireLimits.for_spec(self.spec, self.runner.basis_version, accept_next_basis=True)
 
-    def header(self, step: int, mb: int, to_stage: int) -> Header:
-        return Header(self.spec.run_hash, step, mb, self.runner.version_for_step(step), self.spec.codec, to_stage,
-                      self.attempt)
+    def header(self, h: Header, to_stage: int) -> Header:
+        """The header of what this stage sends on for the message `h` (same step, microbatch, attempt)."""
+        return Header(self.spec.run_hash, h.step, h.microbatch, self.runner.version_for_step(h.step), self.spec.codec,
+                      to_stage, h.attempt)
+
+    def current(self, h: Header) -> bool:
+        """Whether work for `h` still belongs to the step and attempt in progress (it may have been aborted)."""
+        return h.step == self.runner.step and h.attempt == self.attempt
 
     def refuse(self, reason: str, sender: str, code: str = "refused") -> bytes:
         self.refused += 1
@@ -178,8 +197,24 @@ class StageDaemon:
         if h.attempt < self.attempt:
             return "the message belongs to an attempt that was superseded.", "stale"
         if h.attempt > self.attempt:
-            await self.adopt_attempt(h.attempt)
+            # only the step driver's commands start an attempt here; its messages may overtake them
+            return "the message belongs to an attempt that has not started here; retry shortly.", "retry"
         return None
+
+    async def admitted(self, sender: str, kind: str) -> bytes | None:
+        """A refusal unless `sender` may send this kind of message to this stage."""
+        if self.admit is None:
+            return None
+        problem = await self.admit(sender, kind)
+        return self.refuse(problem, sender) if problem else None
+
+    def _out_of_band(self, kind: str, t: torch.Tensor, sender: str) -> bytes | None:
+        """A refusal (and a ban of the sender) if the payload's size is far from what this stage receives."""
+        problem = self.bands[kind].check(t)
+        if problem is None:
+            return None
+        self.directory.report_failure(sender)
+        return self.refuse(f"the payload is refused: {problem}", sender)
 
     def _check_version(self, h: Header, sender: str) -> bytes | None:
         """A refusal unless the message's basis version is the one this stage uses for its step."""
@@ -259,18 +294,18 @@ class StageDaemon:
 
     async def _forward(self, h: Header, tokens: torch.Tensor, out: torch.Tensor) -> None:
         """Send a boundary activation to a replica of the next stage and remember which one."""
-        body = encode_activation(self.header(h.step, h.microbatch, self.stage + 1), tokens, self.packer.pack(out),
-                                 self.spec.vocab)
-        attempt = self.attempt
+        if not self.current(h):
+            return  # the attempt was aborted while this stage computed
+        body = encode_activation(self.header(h, self.stage + 1), tokens, self.packer.pack(out), self.spec.vocab)
 
         def chosen(peer: str | None) -> None:
             if peer is None:
                 self._downstream.pop(h.microbatch, None)
-            elif self.attempt == attempt and self.runner.step == h.step:
+            elif self.current(h):
                 self._downstream[h.microbatch] = (peer, time.monotonic())
 
         peer = await self._send(self.stage + 1, KIND_ACTIVATION, body, out.shape[0] * out.shape[1], chosen=chosen)
-        if self.attempt != attempt or self.runner.step != h.step:
+        if not self.current(h):
             self.directory.release(peer, None)  # superseded while it was on its way
 
     # ------------------------------------------------------------------ the head's share
@@ -281,7 +316,7 @@ class StageDaemon:
             raise RuntimeError("only a head peer starts microbatches.")
         fut = asyncio.get_running_loop().create_future()
         self.waiting[mb] = fut
-        h = self.header(step, mb, 0)
+        h = Header(self.spec.run_hash, step, mb, self.runner.version_for_step(step), self.spec.codec, 0, self.attempt)
         out = await self.run(self.runner.forward, step, mb, tokens, None)
         self.spawn(self._forward_or_fail(h, tokens, out, fut))
         return fut
@@ -295,6 +330,8 @@ class StageDaemon:
 
     # ------------------------------------------------------------------ inbound
     async def _on_activation(self, body: bytes, sender: str) -> bytes:
+        if (refusal := await self.admitted(sender, KIND_ACTIVATION)) is not None:
+            return refusal
         try:
             msg = decode_message(body, self._limits())
         except WireError as e:
@@ -314,8 +351,10 @@ class StageDaemon:
             return self.refuse(f"microbatch {h.microbatch} is outside 0..{self.spec.n_microbatches - 1}.", sender)
         if h.microbatch in self._upstream or self.runner.has_seen(h.microbatch):
             return self.refuse("this microbatch is already here.", sender, code="duplicate")
-        self._upstream[h.microbatch] = (sender, msg.tokens)
         z = self.packer.unpack(msg.payload, self.runner.dtype)
+        if (refusal := self._out_of_band(KIND_ACTIVATION, z, sender)) is not None:
+            return refusal
+        self._upstream[h.microbatch] = (sender, msg.tokens)
         self.spawn(self._process_activation(h, msg.tokens, z, sender))
         return ACK
 
@@ -332,16 +371,22 @@ class StageDaemon:
     async def _process_activation(self, h: Header, tokens: torch.Tensor, z: torch.Tensor, sender: str) -> None:
         self._note_tokens(z.shape[0] * z.shape[1])
         if self.runner.is_last:
-            loss, grad = await self.run(self.runner.forward_backward, h.step, h.microbatch, tokens, z)
+            done = await self.run_for(h, self.runner.forward_backward, h.step, h.microbatch, tokens, z)
+            if done is SKIPPED or not self.current(h):
+                return  # the attempt was aborted while this stage computed
+            loss, grad = done
             self.last_loss = loss
             self._upstream.pop(h.microbatch, None)
-            body = encode_gradient(self.header(h.step, h.microbatch, self.stage - 1), self.packer.pack(grad), loss)
+            body = encode_gradient(self.header(h, self.stage - 1), self.packer.pack(grad), loss)
             await self._send(self.stage - 1, KIND_GRADIENT, body, grad.shape[0] * grad.shape[1], to=sender)
             return
-        out = await self.run(self.runner.forward, h.step, h.microbatch, tokens, z)
-        await self._forward(h, tokens, out)
+        out = await self.run_for(h, self.runner.forward, h.step, h.microbatch, tokens, z)
+        if out is not SKIPPED:
+            await self._forward(h, tokens, out)
 
     async def _on_gradient(self, body: bytes, sender: str) -> bytes:
+        if (refusal := await self.admitted(sender, KIND_GRADIENT)) is not None:
+            return refusal
         try:
             msg = decode_message(body, self._limits())
         except WireError as e:
@@ -369,23 +414,27 @@ class StageDaemon:
         if tuple(msg.payload.values.shape) != pending:
             return self.refuse(f"gradient shape {list(msg.payload.values.shape)} does not match the activation "
                                f"{list(pending)}.", sender)
+        grad = self.packer.unpack(msg.payload, self.runner.dtype)
+        if (refusal := self._out_of_band(KIND_GRADIENT, grad, sender)) is not None:
+            return refusal
         del self._downstream[h.microbatch]
         self.directory.release(sender, time.monotonic() - sent[1])
-        grad = self.packer.unpack(msg.payload, self.runner.dtype)
         self.spawn(self._process_gradient(h, grad, msg.loss))
         return ACK
 
     async def _process_gradient(self, h: Header, grad: torch.Tensor, loss: float) -> None:
-        g_in = await self.run(self.runner.backward, h.step, h.microbatch, grad)
+        g_in = await self.run_for(h, self.runner.backward, h.step, h.microbatch, grad)
+        if g_in is SKIPPED:
+            return
         if self.runner.is_first:
             fut = self.waiting.get(h.microbatch)
             if fut is not None and not fut.done():
                 fut.set_result(loss)
             return
         upstream = self._upstream.pop(h.microbatch, None)
-        if upstream is None:
+        if upstream is None or not self.current(h):
             return  # the attempt was superseded while this backward ran
-        body = encode_gradient(self.header(h.step, h.microbatch, self.stage - 1), self.packer.pack(g_in), loss)
+        body = encode_gradient(self.header(h, self.stage - 1), self.packer.pack(g_in), loss)
         await self._send(self.stage - 1, KIND_GRADIENT, body, g_in.shape[0] * g_in.shape[1], to=upstream[0])
 
     # ------------------------------------------------------------------ basis updates

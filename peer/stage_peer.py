@@ -8,7 +8,7 @@ over the in-memory loopback in tests and over libp2p in `swarm/node.py`.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import torch
 
@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 class StagePeer:
     def __init__(self, runner: StageRunner, link: MessageLink, directory: PeerDirectory, *,
                  batches: Callable[[int, int], torch.Tensor] | None = None,
-                 verify_state: Callable[[dict], str | None] | None = None,
+                 verify_state: Callable[[dict], Awaitable[str | None]] | None = None,
                  daemon_options: dict | None = None, commit_options: dict | None = None,
                  driver_options: dict | None = None) -> None:
         self.runner, self.link, self.directory = runner, link, directory
@@ -65,7 +65,7 @@ class StagePeer:
             try:
                 step, state = await download_state(self.link, donor, self.spec.run_hash, _max_state_bytes(self.runner),
                                                    timeout)
-                problem = self._check_state(state, step)
+                problem = await self._check_state(state, step)
                 if problem:
                     raise StateError(f"the state from {donor[-8:]} is refused: {problem}")
                 await self.daemon.run(self.runner.load_state_dict, state)
@@ -81,7 +81,7 @@ class StagePeer:
             return donor
         raise StateError("no replica gave a usable state: " + ("; ".join(problems) or "none was reachable."))
 
-    def _check_state(self, state: dict, step: int) -> str | None:
+    async def _check_state(self, state: dict, step: int) -> str | None:
         if state.get("spec") != self.spec.to_json() or state.get("stage") != self.runner.stage:
             return "it belongs to another run or stage."
         if int(state.get("step", -1)) != step:
@@ -89,7 +89,7 @@ class StagePeer:
         for name, t in state.get("module", {}).items():
             if isinstance(t, torch.Tensor) and t.is_floating_point() and not bool(torch.isfinite(t).all()):
                 return f"{name} holds NaN or infinite values."
-        return self.verify_state(state) if self.verify_state is not None else None
+        return await self.verify_state(state) if self.verify_state is not None else None
 
     async def drive(self, until: int | None, on_step: Callable[[StepLog], None]) -> None:
         if self.driver is None:

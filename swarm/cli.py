@@ -36,6 +36,15 @@ def _setup_logging(verbose: bool) -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING if not verbose else logging.INFO)
 
 
+async def _cancel_with_parent(task: asyncio.Task) -> None:
+    """Started by `swarm local`: when the launcher dies (even by SIGKILL), stop as on SIGTERM."""
+    parent = os.getppid()
+    while os.getppid() == parent:
+        await asyncio.sleep(0.5)  # poll: a child learns of its parent's death only by being re-parented
+    log.warning("the process that started this one is gone; stopping")
+    task.cancel()
+
+
 def _run_async(coro_factory) -> int:
     """Run a coroutine with uvloop if present; SIGTERM and SIGINT cancel it so `finally` blocks clean up."""
     async def main() -> int:
@@ -43,6 +52,9 @@ def _run_async(coro_factory) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, task.cancel)
+        if os.environ.get("SWARM_EXIT_WITH_PARENT"):
+            watch = asyncio.create_task(_cancel_with_parent(task))
+            task.add_done_callback(lambda _: watch.cancel())
         try:
             return await coro_factory()
         except asyncio.CancelledError:
@@ -87,6 +99,10 @@ def _spec_from_args(a: argparse.Namespace) -> RunSpec:
 
 # ------------------------------------------------------------------ subcommands
 
+def _raise_interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
 def cmd_local(a: argparse.Namespace) -> int:
     from peer.data import load_corpus
 
@@ -95,9 +111,14 @@ def cmd_local(a: argparse.Namespace) -> int:
     spec = _spec_from_args(a)
     parse_bandwidth(a.bandwidth), parse_latency(a.latency)  # bad values fail here, before any process starts
     load_corpus(a.data, seq_len=spec.seq_len)
-    print(f"swarm local: {spec.name} preset, {spec.n_stages} stages, codec {spec.codec}"
+    if a.replicas < 1:
+        raise ValueError("--replicas must be at least 1.")
+    print(f"swarm local: {spec.name} preset, {spec.n_stages} stages"
+          f"{f' x {a.replicas} replicas' if a.replicas > 1 else ''}, codec {spec.codec}"
           f"{'' if spec.codec == 'dense' else f' (rank {spec.rank})'}, {a.steps} steps, wire {spec.wire_dtype}"
           f"{', link ' + a.bandwidth if a.bandwidth else ''}{', latency ' + a.latency if a.latency != '0' else ''}")
+    # SIGTERM (a job started with & ignores SIGINT) must stop the swarm too: run the same cleanup as Ctrl+C
+    signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         result = run_local(from_args(LocalOptions, a, spec=spec, dashboard=not a.no_dashboard))
     except KeyboardInterrupt:
@@ -126,13 +147,13 @@ def cmd_peer(a: argparse.Namespace) -> int:
     from .node import PeerOptions, configure_torch, run_peer
     opts = from_args(PeerOptions, a)
     configure_torch(opts.threads or int(os.environ.get("SWARM_TORCH_THREADS", "0")) or None)
-    from peer.daemon import StepFailed
     from peer.interfaces import LinkError
+    from peer.state_transfer import StateError
 
     from .node import JoinError
     try:
         return _run_async(lambda: run_peer(opts))
-    except (JoinError, LinkError, StepFailed) as e:
+    except (JoinError, LinkError, StateError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
 

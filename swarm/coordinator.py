@@ -34,6 +34,8 @@ class CoordinatorOptions:
     key: str | None = opt(None, "swarm signing key file (created if missing; default: a new key)", metavar="FILE")
     maddrs_file: str | None = opt(None, "write the coordinator's addresses here as JSON", metavar="FILE")
     ttl: float = 60.0
+    refit_delay: float = opt(0.0, "seconds to wait before publishing each basis update (tests: a slow coordinator)",
+                             hidden=True)
 
 
 def sealed_spec(spec: RunSpec, key: SigningKey, peer_id: str = "") -> RunSpec:
@@ -58,7 +60,7 @@ async def run_coordinator(opts: CoordinatorOptions) -> int:
         sdht = SwarmDHT(dht)
         transport = Transport(p2p, f"subspace-swarm-{spec.run_hash}", max_frame_bytes=spec.d_model * spec.rank * 4
                               + (1 << 16))
-        refitter = BasisRefitter(spec, key, sdht, transport, opts.ttl * 100)
+        refitter = BasisRefitter(spec, key, sdht, transport, opts.ttl * 100, delay=opts.refit_delay)
         if spec.codec == "subspace" and spec.basis_updates:
             await transport.serve("stats", refitter.on_stats)
         await sdht.publish_run_spec(spec.to_json(), key, opts.ttl)

@@ -42,6 +42,7 @@ class LocalOptions:
 
     spec: RunSpec
     steps: int = opt(200, "optimizer steps to train")
+    replicas: int = opt(1, "peers per stage (they keep each other in step; any one of them may die)")
     bandwidth: str | None = opt(None, "emulated uplink per link, e.g. 80mbit (default: unlimited)")
     latency: str = opt("0", "emulated one-way latency per link, e.g. 20ms (default: 0)")
     data: str | None = opt(None, "a text file or folder to train on (default: embedded corpus)", metavar="PATH")
@@ -104,12 +105,13 @@ class LocalSwarm:
     # ---------------------------------------------------------------- processes
     def _env(self) -> dict[str, str]:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
-        n_procs = self.opts.spec.n_stages + 1
+        n_procs = self.opts.spec.n_stages * self.opts.replicas + 1
         threads = self.opts.threads or max(1, (os.cpu_count() or 1) // n_procs)
         env["OMP_NUM_THREADS"] = str(threads)
         env["SWARM_TORCH_THREADS"] = str(threads)
         root = str(Path(__file__).resolve().parent.parent)
         env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+        env["SWARM_EXIT_WITH_PARENT"] = "1"  # a child ends with this launcher, however the launcher ends
         return env
 
     def spawn(self, name: str, args: list[str]) -> subprocess.Popen:
@@ -177,10 +179,18 @@ class LocalSwarm:
         self.dashboard_url = json.loads(url_file.read_text())["url"]
         return self.dashboard_url
 
+    @staticmethod
+    def peer_name(stage: int, replica: int = 0) -> str:
+        return f"stage{stage}" if replica == 0 else f"stage{stage}r{replica}"
+
+    def head_names(self) -> list[str]:
+        return [self.peer_name(0, r) for r in range(self.opts.replicas)]
+
     def start(self) -> list[str]:
         maddrs = self.start_coordinator()
-        for s in range(self.opts.spec.n_stages):
-            self.start_peer(s, *(["--steps", str(self.opts.steps)] if s == 0 else []))
+        for r in range(self.opts.replicas):
+            for s in range(self.opts.spec.n_stages):
+                self.start_peer(s, *(["--steps", str(self.opts.steps)] if s == 0 else []), name=self.peer_name(s, r))
         if self.opts.dashboard:  # after the peers, so that they start while it comes up
             print(f"dashboard: {self.start_dashboard()}", flush=True)
         return maddrs
@@ -211,7 +221,7 @@ class LocalSwarm:
 
     def wait_for_head(self, timeout: float = 30.0) -> None:
         for name, proc in self.procs:
-            if name == "stage0":
+            if name in self.head_names():
                 try:
                     proc.wait(timeout=timeout)
                 except subprocess.TimeoutExpired:
@@ -228,15 +238,26 @@ class LocalSwarm:
             return []
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
+    def step_events(self) -> tuple[list[dict], bool]:
+        """Every step record so far, from whichever head drove it, in step order; and whether the
+        run is done (a head said so)."""
+        by_step, done = {}, False
+        for name in self.head_names():
+            for e in self.events(name):
+                if e["event"] == "step":
+                    by_step.setdefault(e["step"], e)
+                done = done or e["event"] == "done"
+        steps = [by_step[k] for k in sorted(by_step)]
+        return steps, done
+
     def follow(self, timeout_per_step: float = 300.0) -> list[dict]:
-        """Feed the progress bar from the head's report until it says done; returns the step records."""
+        """Feed the progress bar from the heads' reports until one says done; returns the step records."""
         bar = tqdm(total=self.opts.steps, unit="step", disable=self.opts.quiet, dynamic_ncols=True)
         seen, last_progress = 0, time.monotonic()
         scalars = ScalarLog(self.opts.tensorboard) if self.opts.tensorboard else None
         try:
             while True:
-                evs = self.events(0)
-                steps = [e for e in evs if e["event"] == "step"]
+                steps, done = self.step_events()
                 for rec in steps[seen:]:
                     bar.update(1)
                     bar.set_postfix(loss=f"{rec['loss']:.3f}", tok_s=f"{rec['tokens'] / max(rec['seconds'], 1e-9):.0f}",
@@ -247,7 +268,7 @@ class LocalSwarm:
                             wall_time=rec.get("time"))
                 if len(steps) > seen:
                     seen, last_progress = len(steps), time.monotonic()
-                if any(e["event"] == "done" for e in evs):
+                if done:
                     return steps
                 self._check_alive()
                 if time.monotonic() - last_progress > timeout_per_step:
@@ -259,7 +280,8 @@ class LocalSwarm:
                 scalars.close()
 
     def metrics(self, steps: list[dict]) -> dict:
-        wire = [e for s in range(self.opts.spec.n_stages) for e in self.events(s) if e["event"] == "wire"]
+        names = [self.peer_name(s, r) for s in range(self.opts.spec.n_stages) for r in range(self.opts.replicas)]
+        wire = [e for name in names for e in self.events(name) if e["event"] == "wire"]
         fwd = sum(w["bytes_out"]["act"] for w in wire)
         bwd = sum(w["bytes_out"]["grad"] for w in wire)
         ftok = sum(w["tokens_out"]["act"] for w in wire)

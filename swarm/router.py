@@ -1,23 +1,35 @@
-"""`Router`: picks the next-stage peer from the DHT's stage announcements.
+"""`Router`: which replica of a stage gets the next microbatch, from the DHT's announcements
+and what this peer measured itself. It implements the peer's `PeerDirectory`.
 
-Live peers only (unexpired, "online", same basis version when known), throughput-weighted:
-the least queued, fastest peer first. A peer that failed is banned for a backoff that
-doubles with each failure. With no live peer, it polls the DHT until a deadline and then
-raises one clear error. It also implements the peer's `PeerDirectory` interface (announce).
+Score of a live replica p (lowest wins):
+
+    score(p) = (in_flight(p) + 1) * rtt(p)
+
+where in_flight counts this peer's requests to p not yet answered and rtt(p) is an EWMA of
+p's measured round trips (activation out, its gradient back; decay 0.7). A replica not
+measured yet counts as the median of the measured ones (1 s if none): a peer's *claimed*
+throughput never steers traffic, so a false claim draws nothing (it only informs stage
+choice and the dashboard). A replica that failed is banned for a backoff that doubles with
+each failure (5 s, 10 s, 20 s, ... capped at 10 min). With no live replica, `pick` polls the
+DHT until a deadline, then raises one clear error.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+import statistics
 import time
 from dataclasses import dataclass, field
 
-from peer.interfaces import LinkError, PeerStatus
-
-from . import __version__
-from .dht import StageAnnouncement, SwarmDHT
+from peer.interfaces import LinkError, PeerInfo, PeerStatus
+from swarm import __version__
+from swarm.dht import StageAnnouncement, SwarmDHT
 
 log = logging.getLogger(__name__)
+
+LIVE_STATES = ("online", "paused")  # announced states of replicas that take microbatches and reduce
+RTT_DECAY = 0.7
+MAX_BAN_S = 600.0
 
 
 @dataclass
@@ -38,48 +50,79 @@ class Router:
     base_ban: float = 5.0
     _cache: dict[int, tuple[float, list[StageAnnouncement]]] = field(default_factory=dict)
     _bans: dict[str, _Ban] = field(default_factory=dict)
+    _rtt: dict[str, float] = field(default_factory=dict)
+    _in_flight: dict[str, int] = field(default_factory=dict)
     last_status: PeerStatus | None = None
 
-    # ---------------------------------------------------------------- PeerDirectory
+    # ---------------------------------------------------------------- announcing
     def announcement(self, status: PeerStatus) -> StageAnnouncement:
         return StageAnnouncement(self.peer_id, self.run_hash, status.stage, self.maddrs, float(status.throughput),
-                                 int(status.queue), int(status.basis_version), status.state, __version__)
+                                 int(status.queue), int(status.basis_version), status.state, __version__,
+                                 step=int(status.step))
 
     async def announce(self, status: PeerStatus) -> None:
         self.last_status = status
         if not await self.dht.announce(self.announcement(status), self.ttl):
             log.warning("the DHT did not store this peer's announcement; it will retry on the next heartbeat")
 
-    async def live_peers(self, stage: int, fresh: bool = False) -> list[StageAnnouncement]:
+    # ---------------------------------------------------------------- reading the directory
+    async def announced(self, stage: int, fresh: bool = False) -> list[StageAnnouncement]:
+        """Every unexpired announcement of `stage` (any state)."""
         now = time.monotonic()
         cached = self._cache.get(stage)
         if fresh or cached is None or now - cached[0] > self.cache_seconds:
             peers = await self.dht.stage_peers(self.run_hash, stage)
             self._cache[stage] = (now, peers)
-        else:
-            peers = cached[1]
-        return [p for p in peers if p.state == "online"]
+            return peers
+        return cached[1]
+
+    def _banned(self, peer: str, now: float) -> bool:
+        ban = self._bans.get(peer)
+        return ban is not None and ban.until > now
+
+    async def live_peers(self, stage: int, fresh: bool = False) -> list[StageAnnouncement]:
+        now = time.monotonic()
+        return [a for a in await self.announced(stage, fresh) if a.state in LIVE_STATES
+                and not self._banned(a.peer_id, now)]
+
+    async def members(self, stage: int) -> list[PeerInfo]:
+        return [PeerInfo(a.peer_id, a.stage, a.state, a.step, a.throughput)
+                for a in await self.live_peers(stage, fresh=True)]
+
+    # ---------------------------------------------------------------- routing
+    def _rtt_estimate(self, peer: str) -> float:
+        if peer in self._rtt:
+            return self._rtt[peer]
+        return statistics.median(self._rtt.values()) if self._rtt else 1.0
+
+    def score(self, peer: str) -> float:
+        return (self._in_flight.get(peer, 0) + 1) * self._rtt_estimate(peer)
 
     async def pick(self, stage: int, exclude: set[str] = frozenset()) -> str:
         deadline = time.monotonic() + self.pick_timeout
         fresh = False
         while True:
-            now = time.monotonic()
-            candidates = [p for p in await self.live_peers(stage, fresh)
-                          if p.peer_id not in exclude and self._bans.get(p.peer_id, _Ban(0, 0)).until <= now]
+            candidates = [a.peer_id for a in await self.live_peers(stage, fresh) if a.peer_id not in exclude]
             if candidates:
-                best = min(candidates, key=lambda p: (p.queue, -p.throughput, p.peer_id))
-                return best.peer_id
+                best = min(candidates, key=lambda p: (self.score(p), p))
+                self._in_flight[best] = self._in_flight.get(best, 0) + 1
+                return best
             if time.monotonic() >= deadline:
                 raise LinkError(f"no live peer serves stage {stage} (waited {self.pick_timeout:g} s); "
                                 f"start one with `swarm peer --stage {stage} --initial-peers ...`.")
             fresh = True
             await asyncio.sleep(0.25)  # poll interval of the DHT while waiting for a peer to appear
 
+    def release(self, peer: str, seconds: float | None) -> None:
+        self._in_flight[peer] = max(0, self._in_flight.get(peer, 0) - 1)
+        if seconds is not None:
+            old = self._rtt.get(peer)
+            self._rtt[peer] = seconds if old is None else RTT_DECAY * old + (1 - RTT_DECAY) * seconds
+
     def report_failure(self, peer: str) -> None:
         ban = self._bans.get(peer, _Ban(0, 0))
         ban.failures += 1
-        ban.until = time.monotonic() + self.base_ban * 2 ** (ban.failures - 1)
+        ban.until = time.monotonic() + min(MAX_BAN_S, self.base_ban * 2 ** (ban.failures - 1))
         self._bans[peer] = ban
         self._cache.clear()
         log.warning("peer %s failed; avoiding it for %.0f s", peer[-8:], ban.until - time.monotonic())
@@ -88,15 +131,6 @@ class Router:
         """Peers this router saw fail -> their failure count, most failures first (for health reports)."""
         return {peer: ban.failures for peer, ban in sorted(self._bans.items(), key=lambda kv: -kv[1].failures)}
 
-    async def wait_for_coverage(self, n_stages: int, timeout: float) -> dict[int, int]:
-        """Poll until every stage has a live peer; returns peers per stage or raises LinkError."""
-        deadline = time.monotonic() + timeout
-        while True:
-            counts = {s: len(await self.live_peers(s, fresh=True)) for s in range(n_stages)}
-            if all(counts.values()):
-                return counts
-            if time.monotonic() >= deadline:
-                missing = [s for s, c in counts.items() if not c]
-                raise LinkError(f"stages {missing} have no live peer after {timeout:g} s; start a peer for each "
-                                f"with `swarm peer --stage N --initial-peers ...`.")
-            await asyncio.sleep(0.25)
+    def measured(self) -> dict[str, float]:
+        """Measured round trip (s) per peer, for health reports."""
+        return dict(self._rtt)

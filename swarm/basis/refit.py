@@ -27,8 +27,10 @@ log = logging.getLogger(__name__)
 
 
 class BasisRefitter:
-    def __init__(self, spec: RunSpec, key: SigningKey, sdht: SwarmDHT, transport: Transport, ttl: float) -> None:
+    def __init__(self, spec: RunSpec, key: SigningKey, sdht: SwarmDHT, transport: Transport, ttl: float,
+                 delay: float = 0.0) -> None:
         self.spec, self.key, self.sdht, self.transport, self.ttl = spec, key, sdht, transport, ttl
+        self.delay = delay  # seconds between a re-fit and its publication (a slow coordinator, for tests)
         basis = spec_basis(spec)
         self.bases: dict[int, torch.Tensor] = {0: basis.U} if basis is not None else {}
         self._stats: dict[tuple[int, int], dict[int, torch.Tensor]] = {}
@@ -52,6 +54,8 @@ class BasisRefitter:
         return b""
 
     async def _refit(self, version: int, step: int, stats: dict[int, torch.Tensor]) -> None:
+        if self.delay:
+            await asyncio.sleep(self.delay)
         async with self._lock:
             U = next_basis(self.bases[version], [stats[s] for s in sorted(stats)], self.spec)
             update = BasisUpdate(self.spec.run_hash, version + 1, step + self.spec.basis_switch_delay, U)

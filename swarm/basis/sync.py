@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import logging
 
+import torch
+
 from peer.daemon import StageDaemon
-from protocol.basis_update import BasisUpdate, StatsMessage, decode_update, encode_stats
+from protocol.basis_update import BasisUpdate, StatsMessage, canonical_basis, decode_update, encode_stats
+from protocol.model import compute_dtype, spec_basis
 from protocol.spec import RunSpec
 from protocol.wire import WireError
 from swarm.dht import SwarmDHT
@@ -65,6 +68,25 @@ class BasisSync:
                 problem = await daemon.accept_update(update)
                 if problem:
                     log.debug("basis update %d not taken: %s", update.version, problem)
+
+    async def verify_state(self, state: dict) -> str | None:
+        """Why a downloaded stage state cannot be trusted, or None: its basis must be the one the
+        coordinator signed for its version (version 0: the one every peer generates from the seed)."""
+        if self.spec.codec != "subspace":
+            return None
+        version, U = int(state.get("basis_version", -1)), state.get("U")
+        if not isinstance(U, torch.Tensor) or version < 0:
+            return "it carries no basis."
+        if version == 0:
+            want = spec_basis(self.spec).U
+        else:
+            found = [u for u in await self._verified_updates() if u.version == version]
+            if not found:
+                return f"its basis version {version} is not one the coordinator signed."
+            want = canonical_basis(found[0].U, compute_dtype(self.spec))
+        if U.shape != want.shape or not torch.equal(U.to(want.dtype), want):
+            return f"its basis is not the signed basis of version {version}."
+        return None
 
     async def catch_up(self, daemon: StageDaemon) -> None:
         """Before serving: apply every update whose step has passed, schedule the next one."""

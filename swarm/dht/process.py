@@ -9,6 +9,7 @@ import asyncio
 import logging
 import os
 import signal
+import threading
 import time
 import warnings
 from collections.abc import Sequence
@@ -21,6 +22,29 @@ with warnings.catch_warnings():
 log = logging.getLogger(__name__)
 
 DEFAULT_HOST_MADDRS = ("/ip4/0.0.0.0/tcp/0",)
+PARENT_POLL_S = 0.5
+
+
+class OwnedDHT(hivemind.DHT):
+    """A `hivemind.DHT` whose child process ends, with its p2pd, when the process that started
+    it dies, however it dies (SIGKILL included: no exit handler runs then, so the child watches
+    its parent's pid instead of waiting to be told)."""
+
+    def run(self) -> None:
+        parent = os.getppid()
+        threading.Thread(target=_exit_with_parent, args=(parent,), name="dht-parent-watch", daemon=True).start()
+        super().run()
+
+
+def _exit_with_parent(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(PARENT_POLL_S)  # poll: Linux tells a child of its parent's death only by re-parenting it
+    for pid in _p2pd_children(os.getpid()):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    os._exit(0)
 
 
 def start_dht(
@@ -34,7 +58,7 @@ def start_dht(
     From async code call it through `asyncio.to_thread`. Listens on all interfaces unless
     `host_maddrs` says otherwise, because a volunteer's peer must be reachable.
     """
-    return hivemind.DHT(
+    return OwnedDHT(
         initial_peers=list(initial_peers) or None,
         start=True,
         host_maddrs=list(host_maddrs or DEFAULT_HOST_MADDRS),

@@ -12,7 +12,7 @@ Keys (a swarm hosts one run):
     subspace-swarm/{run_hash}/basis            subkey = version                  -> signed basis update bytes
                                                  (protocol/basis_update.py; verified by the reader)
     subspace-swarm/{run_hash}/health           subkey = peer id (base58)         -> signed HealthRecord
-                                                 (swarm/health.py; verified by the reader)
+                                                 (swarm/monitor/health.py; verified by the reader)
 
 The run spec is stored under its signer's fingerprint so that an impostor's entry sits beside
 the coordinator's instead of replacing it; a peer that pins the coordinator's key picks the
@@ -38,6 +38,7 @@ with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message=r".*torch\.jit\.script.*")
     from hivemind.utils import get_dht_time
 
+from peer.interfaces import STATES
 from swarm.keys import SigningKey, fingerprint_of, verify
 
 __all__ = [
@@ -48,7 +49,6 @@ __all__ = [
 
 RUN_KEY = "subspace-swarm/run"
 RUN_SPEC_DOMAIN = "subspace-swarm/run-spec/v1"
-STATES = ("joining", "online", "leaving")
 _MAX_MADDRS, _MAX_TEXT = 32, 512
 
 
@@ -147,13 +147,14 @@ class StageAnnouncement:
     basis_version: int
     state: str  # one of STATES
     version: str  # software version
+    step: int = 0  # the step this peer's stage is on
     timestamp: float = field(default_factory=get_dht_time)
 
     def __post_init__(self) -> None:
         for name in ("peer_id", "run_hash"):
             value = getattr(self, name)
             _require(isinstance(value, str) and 0 < len(value) <= 128, f"{name} must be a short non-empty string.")
-        for name in ("stage", "queue", "basis_version"):
+        for name in ("stage", "queue", "basis_version", "step"):
             value = getattr(self, name)
             _require(_is_int(value) and value >= 0, f"{name} must be a non-negative integer, not {value!r}.")
         _require(

@@ -20,8 +20,10 @@ from dataclasses import dataclass
 
 import torch
 
-from peer.daemon import KIND_BACKWARD, KIND_FORWARD, StageDaemon
+from peer.daemon import StageDaemon
 from protocol.spec import RunSpec
+from protocol.wire import KIND_ACTIVATION as KIND_FORWARD
+from protocol.wire import KIND_GRADIENT as KIND_BACKWARD
 from swarm import __version__
 from swarm.dht import SwarmDHT
 from swarm.keys import SigningKey
@@ -102,8 +104,11 @@ class PeerMonitor:
         """The stage serves: from now on the monitor reports it, and says "online"."""
         self._peer = _Attached(sdht, spec, peer_id, maddrs, transport, daemon, router, device)
         self.state = "online"
-        if self.tensorboard:
+        if self.tensorboard and self._scalars is None:
             self._scalars = ScalarLog(self.tensorboard)
+        if self._watch is not None:  # attached before, to another stage this peer has left
+            self._watch.cancel()
+            self._watch = None
         if daemon.runner.is_last and not daemon.runner.is_first:
             self._watch = asyncio.create_task(self._watch_tail_steps())
 
@@ -172,7 +177,8 @@ class PeerMonitor:
         device, memory = device_and_memory(p.device)
         banned = {peer: n for peer, n in list(p.router.banned_peers().items())[:MAX_BANNED] if 0 < len(peer) <= 128}
         return HealthRecord(
-            peer_id=p.peer_id, run_hash=p.spec.run_hash, stage=d.stage, state=self.state, step=runner.step,
+            peer_id=p.peer_id, run_hash=p.spec.run_hash, stage=d.stage,
+            state=d.state if self.state == "online" else self.state, step=runner.step,
             tokens_per_s=max(0, totals.tokens - last.tokens) / dt, queue=int(d.status(self.state).queue),
             loss=_finite(d.last_loss) if (runner.is_first or runner.is_last) else None, loss_history=history,
             bytes_in_per_s=max(0, totals.bytes_in - last.bytes_in) / dt,

@@ -119,6 +119,7 @@ class Transport:
         self._shapers: dict[str, LinkShaper] = {}
         self._counters: dict[tuple[str, str, str], LinkCounter] = {}
         self._served: dict[str, str] = {}  # kind -> protocol id
+        self._limits: dict[str, int] = {}  # kind -> request size limit, where it is below max_frame_bytes
         self._inflight: set[asyncio.Task] = set()
         self._closed = False
 
@@ -160,19 +161,32 @@ class Transport:
         writer.write(frame)
         await writer.drain()
 
-    async def serve(self, kind: str, handler: Handler) -> None:
-        """Answer requests of `kind` with `handler(body, remote_peer_id)`."""
+    async def serve(self, kind: str, handler: Handler, max_bytes: int | None = None) -> None:
+        """Answer requests of `kind` with `handler(body, remote_peer_id)`; requests of more than
+        `max_bytes` (default: the transport's limit) are refused before their body is read."""
         if self._closed:
             raise RuntimeError("this transport is closed.")
         proto = self.protocol_id(kind)
         if kind in self._served:
             raise ValueError(f"this transport already serves the kind {kind!r}.")
+        if max_bytes is not None:
+            self._limits[kind] = min(max_bytes, self.max_frame_bytes)
 
         async def on_stream(info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             await self._handle_stream(kind, handler, info.peer_id.to_base58(), reader, writer)
 
         await self.p2p.add_binary_stream_handler(proto, on_stream)
         self._served[kind] = proto
+
+    async def unserve(self, kind: str) -> None:
+        """Stop answering requests of `kind` (a peer that moves to another stage re-serves)."""
+        proto = self._served.pop(kind, None)
+        self._limits.pop(kind, None)
+        if proto is not None:
+            try:
+                await self.p2p.remove_binary_stream_handler(proto)
+            except Exception as e:  # the daemon may already be gone; nothing left to remove then
+                log.debug("could not remove the '%s' handler: %s", kind, _short(e))
 
     async def _read_request(self, peer: str, kind: str, reader: asyncio.StreamReader) -> bytes:
         try:
@@ -182,11 +196,10 @@ class Transport:
                 self._count(peer, kind, "in", len(e.partial))
             raise _FrameError(f"the request ended after {len(e.partial)} of {REQUEST_OVERHEAD} header bytes.") from None
         (length,) = _LENGTH.unpack(header)
-        if length > self.max_frame_bytes:
+        limit = self._limits.get(kind, self.max_frame_bytes)
+        if length > limit:
             self._count(peer, kind, "in", len(header))
-            raise _FrameError(
-                f"frame of {length} bytes is over the limit of {self.max_frame_bytes}.", sender_busy=True
-            )
+            raise _FrameError(f"frame of {length} bytes is over the limit of {limit}.", sender_busy=True)
         try:
             body = await reader.readexactly(length)
         except asyncio.IncompleteReadError as e:

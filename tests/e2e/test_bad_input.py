@@ -74,7 +74,7 @@ async def test_live_peer_refuses_bad_input_and_keeps_serving(client):
             WirePacker("bf16").pack(torch.randn(B, T, w)))), "dtype"),
         "wrong run hash": (encode_message(_activation(spec, run="0123456789abcdef")), "run"),
         "wrong basis version": (encode_message(_activation(spec, basis_version=3)), "basis version"),
-        "far future step": (encode_message(_activation(spec, step=7)), "ahead"),
+        "far future step": (encode_message(_activation(spec, step=7)), "not for the step"),
         "wrong stage": (encode_message(_activation(spec, stage=2)), "stage"),
         "NaN payload": (encode_message(_activation(spec, payload=torch.full((B, T, w), float("nan")))), "NaN"),
         "token out of range": (encode_message(_activation(spec, tokens=torch.full((B, T + 1), 300, dtype=torch.int32))),

@@ -1,0 +1,44 @@
+"""`NormBand`: bounded trust in the numbers other peers send.
+
+A boundary activation or gradient from an honest peer has a root-mean-square that changes
+slowly from step to step. The band learns it from the messages it accepted and refuses any
+payload whose RMS leaves [m / low, m * high], m the median of the last `window` accepted
+RMS values; until `warmup` messages have been seen it only refuses RMS above `absolute`
+(finite but enormous values, like 3e38, that would make a stage's weights non-finite). A
+refused payload is never learnt from, so a hostile sender cannot drag the band with it.
+
+What it cannot catch: a sender that stays inside the band but sends wrong numbers (see
+docs/security.md).
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+
+import torch
+
+
+class NormBand:
+    def __init__(self, window: int = 64, warmup: int = 16, high: float = 100.0, low: float = 1000.0,
+                 absolute: float = 1e4) -> None:
+        self.window, self.warmup, self.high, self.low, self.absolute = window, warmup, high, low, absolute
+        self._seen: deque[float] = deque(maxlen=window)
+        self.accepted = 0
+
+    @staticmethod
+    def rms(t: torch.Tensor) -> float:
+        return float(t.detach().double().pow(2).mean().sqrt()) if t.numel() else 0.0
+
+    def check(self, t: torch.Tensor) -> str | None:
+        """Why `t` is refused, or None (and then it is learnt from)."""
+        r = self.rms(t)
+        if not math.isfinite(r) or r > self.absolute:
+            return f"its values are out of range (rms {r:.3g})."
+        if self.accepted >= self.warmup:
+            m = statistics.median(self._seen)
+            if r > m * self.high or r < m / self.low:
+                return f"its size (rms {r:.3g}) is far outside what this stage has been receiving (~{m:.3g})."
+        self._seen.append(r)
+        self.accepted += 1
+        return None

@@ -1,0 +1,216 @@
+"""`ReplicaService`: this process serving one stage as one of its replicas, over libp2p.
+
+It builds the stage's `StagePeer`, gets the stage's state (downloaded from a live replica,
+else this peer's checkpoint with `--resume`, else the stage's initial weights at the swarm's
+step: the last two are logged, since the stage then continues from less than the swarm knew),
+announces itself, beats the heartbeat, writes checkpoints (atomically, every
+`checkpoint_every` steps and when it stops), drives steps if it is a head, and every
+`rebalance_period` asks `swarm/placement.py` whether it should move to another stage.
+`serve()` returns the stage to move to, or None when it is done.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import asdict, dataclass
+
+from peer.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint
+from peer.driver import StepLog
+from peer.stage import StageRunner
+from peer.stage_peer import StagePeer
+from peer.state_transfer import StateError, state_bytes
+from protocol.control import STATE_CHUNK_BYTES, FlatLimits
+from protocol.spec import RunSpec
+from protocol.wire import (
+    KIND_ACTIVATION,
+    KIND_BASIS,
+    KIND_CONTROL,
+    KIND_FOLLOW,
+    KIND_GRADIENT,
+    KIND_REDUCE,
+    KIND_STATE,
+    WireLimits,
+)
+from swarm.basis import BasisSync
+from swarm.dht import SwarmDHT
+from swarm.net import Transport
+from swarm.placement import move_target
+from swarm.router import Router
+
+log = logging.getLogger(__name__)
+
+SERVED_KINDS = (KIND_ACTIVATION, KIND_GRADIENT, KIND_BASIS, KIND_CONTROL, KIND_REDUCE, KIND_FOLLOW, KIND_STATE)
+
+
+def frame_limits(spec: RunSpec, runner: StageRunner) -> dict[str, int]:
+    """The largest request a replica of this stage accepts, per kind of message."""
+    boundary = WireLimits.for_spec(spec).max_bytes
+    flat = FlatLimits(spec.run_hash, runner.stage, runner.n_params, runner.dtype,
+                      (spec.d_model, spec.rank) if runner.stat is not None else None, spec.n_microbatches).max_bytes
+    return {KIND_ACTIVATION: boundary, KIND_GRADIENT: boundary, KIND_BASIS: spec.d_model * spec.rank * 4 + 4096,
+            KIND_CONTROL: 16 << 10, KIND_REDUCE: flat, KIND_FOLLOW: flat, KIND_STATE: 4096}
+
+
+def transport_limit(spec: RunSpec) -> int:
+    """The largest frame any replica of this run sends or receives (replies included)."""
+    runners = max(sum(p.numel() for p in StageRunner(spec, s).module.parameters()) for s in range(spec.n_stages))
+    return max(WireLimits.for_spec(spec).max_bytes, STATE_CHUNK_BYTES + 4096, 8 * runners + (1 << 20))
+
+
+@dataclass
+class ReplicaContext:
+    """What every stage this process serves shares: the run, the network, where to report."""
+
+    spec: RunSpec
+    peer_id: str
+    sdht: SwarmDHT
+    transport: Transport
+    router: Router
+    link: object  # a MessageLink over `transport`
+    device: str
+    batches: object | None  # head data source (stage 0), built lazily by the caller
+    report: object  # Reporter
+    monitor: object  # PeerMonitor
+    ttl: float
+    checkpoint_dir: str | None
+    checkpoint_every: int
+    resume: bool
+    rebalance_period: float
+    steps: int | None
+    step_timeout: float
+
+
+class ReplicaService:
+    def __init__(self, ctx: ReplicaContext, stage: int) -> None:
+        self.ctx, self.stage = ctx, stage
+        self.spec = ctx.spec
+        self.runner: StageRunner | None = None
+        self.peer: StagePeer | None = None
+        self.sync: BasisSync | None = None
+        self._saving: asyncio.Task | None = None
+
+    async def serve(self) -> int | None:
+        ctx = self.ctx
+        self.runner = runner = await asyncio.to_thread(StageRunner, self.spec, self.stage, ctx.device)
+        self.sync = sync = BasisSync(self.spec, ctx.sdht, ctx.transport)
+        batches = ctx.batches() if self.stage == 0 else None
+        self.peer = peer = StagePeer(
+            runner, ctx.link, ctx.router, batches=batches, verify_state=sync.verify_state,
+            daemon_options=dict(on_refit=sync.send_stats, verify_update=sync.verify, pull_updates=sync.pull),
+            driver_options=dict(first_timeout=ctx.step_timeout))
+        sync.daemon = peer.daemon
+        ctx.link.limits.update(frame_limits(self.spec, runner))
+        heartbeat = None
+        try:
+            await peer.start()
+            await self._acquire_state()
+            peer.commit.on_applied = self._after_step
+            await peer.announce("online")
+            ctx.monitor.attach(ctx.sdht, self.spec, ctx.peer_id, ctx.router.maddrs, ctx.transport, peer.daemon,
+                               ctx.router, ctx.device)
+            heartbeat = asyncio.create_task(self._heartbeat())
+            log.info("peer %s serves stage %d of run %s", ctx.peer_id, self.stage, self.spec.run_hash)
+            ctx.report.write("ready", stage=self.stage, peer_id=ctx.peer_id, run=self.spec.run_hash,
+                             maddrs=ctx.router.maddrs, step=runner.step)
+            if peer.driver is not None:
+                ctx.report.write("start", step=runner.step)
+                await peer.drive(ctx.steps, self._on_step)
+                ctx.report.write("done", steps=runner.step)
+                return None
+            return await self._serve_until_moved()
+        finally:
+            if heartbeat is not None:
+                heartbeat.cancel()
+            await self._leave()
+
+    # ------------------------------------------------------------------ getting the state
+    async def _acquire_state(self) -> None:
+        ctx, peer, runner = self.ctx, self.peer, self.runner
+        donors = [a for a in await ctx.router.live_peers(self.stage, fresh=True) if a.peer_id != ctx.peer_id]
+        if donors:
+            await peer.announce("syncing")
+            order = [a.peer_id for a in sorted(donors, key=lambda a: (-a.step, -a.throughput, a.peer_id))]
+            try:
+                donor = await peer.join(order)
+                ctx.report.write("joined", stage=self.stage, donor=donor, step=runner.step)
+                return
+            except StateError as e:
+                log.warning("%s; starting from this peer's own state instead", e)
+        path = checkpoint_path(ctx.checkpoint_dir, self.spec.run_hash, self.stage) if ctx.checkpoint_dir else None
+        if ctx.resume and path is not None and path.exists():
+            state = await asyncio.to_thread(load_checkpoint, path)
+            await peer.daemon.run(runner.load_state_dict, state)
+            log.info("resumed stage %d at step %d from %s", self.stage, runner.step + 1, path)
+        swarm_step = await self._swarm_step()
+        if swarm_step is not None and swarm_step != runner.step:
+            log.warning("stage %d has no live replica: it continues at the swarm's step %d from %s (step %d)",
+                        self.stage, swarm_step + 1, "its checkpoint" if runner.step else "its initial weights",
+                        runner.step + 1)
+            runner.step = swarm_step
+        await self.sync.catch_up(peer.daemon)
+        peer.daemon.stepped()
+
+    async def _swarm_step(self) -> int | None:
+        """The step the other stages are on (their most advanced live peer), None if none is live."""
+        steps = [a.step for s in range(self.spec.n_stages) if s != self.stage
+                 for a in await self.ctx.router.live_peers(s, fresh=True)]
+        return max(steps) if steps else None
+
+    # ------------------------------------------------------------------ while serving
+    def _on_step(self, record: StepLog) -> None:
+        transport, daemon = self.ctx.transport, self.peer.daemon
+        wire = transport.bytes_sent(KIND_ACTIVATION) / max(1, daemon.sent_tokens[KIND_ACTIVATION])
+        self.ctx.report.write("step", **asdict(record), forward_bytes_per_token=wire)
+        log.info("step %d loss %.4f %.0f tok/s%s", record.step, record.loss, record.tokens / max(record.seconds, 1e-9),
+                 f" ({record.attempts} attempts)" if record.attempts > 1 else "")
+
+    def _after_step(self, step: int) -> None:
+        if self.ctx.checkpoint_dir and self.ctx.checkpoint_every and step % self.ctx.checkpoint_every == 0:
+            if self._saving is None or self._saving.done():
+                self._saving = asyncio.create_task(self.save_checkpoint())
+
+    async def save_checkpoint(self) -> None:
+        """Snapshot on the worker thread (between two steps), write atomically off the event loop."""
+        path = checkpoint_path(self.ctx.checkpoint_dir, self.spec.run_hash, self.stage)
+        data = await self.peer.daemon.run(lambda: state_bytes(self.runner.state_dict()))
+        await asyncio.to_thread(save_checkpoint, path, data)
+
+    async def _heartbeat(self) -> None:
+        await self.ctx.monitor.publish(self.ctx.ttl)  # at once, so that dashboards see the peer without waiting
+        while True:
+            await asyncio.sleep(self.ctx.ttl / 3)
+            await self.ctx.monitor.publish(self.ctx.ttl)  # never raises: a failed publish is retried next beat
+            try:
+                await self.peer.announce()
+                await self.sync.pull()
+            except Exception as e:  # a DHT hiccup must not kill the peer; the next beat retries
+                log.warning("heartbeat failed: %s", e)
+
+    async def _serve_until_moved(self) -> int:
+        period = self.ctx.rebalance_period
+        while True:
+            await asyncio.sleep(period if period > 0 else 3600.0)  # the rebalance period: a schedule, not a wait
+            if period <= 0:
+                continue
+            target = await move_target(self.ctx.router, self.spec, self.stage, self.peer.daemon.throughput)
+            if target is not None and target != self.stage:
+                log.info("moving from stage %d to stage %d to balance the swarm", self.stage, target)
+                self.ctx.report.write("moved", stage=self.stage, to=target)
+                return target
+
+    async def _leave(self) -> None:
+        ctx, peer = self.ctx, self.peer
+        if peer is None:
+            return
+        try:
+            await asyncio.wait_for(peer.announce("leaving"), 3.0)
+        except Exception:  # leaving is best effort: the record expires anyway
+            pass
+        for kind in SERVED_KINDS:
+            await ctx.transport.unserve(kind)
+        await peer.stop()
+        if self._saving is not None:
+            await asyncio.gather(self._saving, return_exceptions=True)
+        if ctx.checkpoint_dir and self.runner.step > 0:
+            path = checkpoint_path(ctx.checkpoint_dir, self.spec.run_hash, self.stage)
+            save_checkpoint(path, state_bytes(self.runner.state_dict()))
