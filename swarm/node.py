@@ -26,8 +26,10 @@ from protocol.model import spec_basis
 from protocol.spec import RunSpec
 from protocol.wire import WireLimits
 
+from .admission import AdmissionError, AdmissionPolicy, read_ticket
 from .basis import BasisSync
 from .dht import SwarmDHT, close_node, start_dht
+from .identity import Identity
 from .monitor.peer_monitor import PeerMonitor
 from .net import LinkShaper, Transport, TransportError
 from .options import opt
@@ -59,6 +61,8 @@ class PeerOptions:
     report: str | None = opt(None, "append JSON-lines events (steps, wire counters) here", metavar="FILE")
     trusted_key: str | None = opt(None, "only trust a run spec signed by this public key (or its fingerprint)",
                                   flag="--swarm-key", metavar="HEX")
+    ticket: str | None = opt(None, "private swarms: this peer's ticket from `swarm admit`, or a file holding it "
+                             "(needs the --identity it was made for)", metavar="TICKET")
     threads: int | None = opt(None, "torch intra-op threads")
     join_timeout: float = opt(60.0, "seconds to wait for the run spec and for every stage to be covered")
     step_timeout: float = opt(120.0, "seconds a step may take before it is given up")
@@ -159,14 +163,27 @@ def _wire_summary(transport: Transport, daemon: StageDaemon) -> dict:
 async def run_peer(opts: PeerOptions) -> int:
     """Run one peer until its steps are done (head) or it is cancelled; returns an exit code."""
     reporter = Reporter(opts.report)
-    dht = await asyncio.to_thread(start_dht, opts.initial_peers, opts.host_maddrs, opts.identity)
+    try:
+        ticket = read_ticket(opts.ticket)
+    except AdmissionError as e:
+        raise JoinError(str(e)) from None
+    identity = Identity.load_or_create(opts.identity) if opts.identity else Identity.generate()
+    if ticket is not None and ticket.peer_id != identity.peer_id:
+        raise JoinError(f"the ticket is for peer {ticket.peer_id}, but this peer is {identity.peer_id}; start it "
+                        f"with the --identity file the ticket was made for.")
+    dht = await asyncio.to_thread(start_dht, opts.initial_peers, opts.host_maddrs, identity, False,
+                                  AdmissionPolicy.from_ticket(ticket))
     p2p = transport = daemon = router = None
     monitor = PeerMonitor(opts.health_port, opts.health_host, opts.tensorboard)  # health record, /healthz, TensorBoard
     tasks: list[asyncio.Task] = []
     try:
         await monitor.start()  # /healthz answers "joining" (503) from here on
-        sdht = SwarmDHT(dht)
+        sdht = SwarmDHT(dht, identity, ticket=ticket)
         spec = await fetch_spec(sdht, opts.trusted_key, opts.join_timeout)
+        try:
+            await sdht.adopt(spec)  # the swarm's rule for records: a private swarm refuses us here without a ticket
+        except AdmissionError as e:
+            raise JoinError(str(e)) from None
         check_shared_constants(spec)
         p2p = await dht.replicate_p2p()
         peer_id = p2p.peer_id.to_base58()

@@ -24,8 +24,7 @@ from peer.daemon import KIND_BACKWARD, KIND_FORWARD, StageDaemon
 from protocol.spec import RunSpec
 from swarm import __version__
 from swarm.dht import SwarmDHT
-from swarm.keys import SigningKey
-from swarm.monitor.health import MAX_BANNED, MAX_HISTORY, HealthRecord, SignedHealth, publish_health, reachability_of
+from swarm.monitor.health import MAX_BANNED, MAX_HISTORY, HealthRecord, publish_health, reachability_of
 from swarm.monitor.healthz import HealthzServer
 from swarm.monitor.scalars import ScalarLog
 from swarm.net.transport import Transport
@@ -81,7 +80,6 @@ def _finite(x: float | None) -> float | None:
 
 class PeerMonitor:
     def __init__(self, health_port: int = 0, health_host: str = "127.0.0.1", tensorboard: str | None = None) -> None:
-        self.key = SigningKey.generate()  # one per process: it signs this peer's health records only
         self.state = "joining"
         self.started = time.monotonic()
         self.tensorboard = tensorboard
@@ -192,7 +190,7 @@ class PeerMonitor:
             return False
         try:
             record = self.record()
-            stored = await publish_health(self._peer.sdht, SignedHealth.create(record, self.key), ttl)
+            stored = await publish_health(self._peer.sdht, record, ttl)  # signed by the peer's libp2p identity
         except asyncio.CancelledError:
             raise
         except Exception as e:  # a DHT hiccup must not end the heartbeat
