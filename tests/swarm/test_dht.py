@@ -11,6 +11,8 @@ from dataclasses import dataclass, replace
 import pytest
 from hivemind.utils import get_dht_time
 
+from protocol.spec import preset
+from swarm.admission import AdmissionError, AdmissionPolicy, Ticket
 from swarm.dht import (
     RUN_KEY,
     Envelope,
@@ -18,7 +20,9 @@ from swarm.dht import (
     SignedRunSpec,
     StageAnnouncement,
     SwarmDHT,
+    refused_records,
     run_hash_of,
+    set_policy,
     stage_key,
     start_dht,
     stop_dht,
@@ -235,3 +239,29 @@ def test_announcement_record_round_trip_ignores_unknown_fields():
         StageAnnouncement.from_record({"peer_id": "x"})
     with pytest.raises(RecordError, match="must be a map"):
         StageAnnouncement.from_record([1, 2])
+
+
+async def test_a_node_that_learns_the_swarm_is_private_drops_what_it_no_longer_accepts(swarm):
+    run_hash = run_hash_of(SPEC)
+    swarm_key = SigningKey.generate()
+    # while both nodes take the swarm for public, a ticketless announcement is stored on both
+    assert await swarm.first.announce(announcement(swarm.me, stage=1), ttl=60)
+    await eventually(lambda: swarm.second.stage_peers(run_hash, 1))
+    spec = preset("tiny").replace(coordinator_key=swarm_key.public_bytes().hex(), extra={"private": True})
+    with pytest.raises(AdmissionError, match="has no ticket"):
+        await swarm.first.adopt(spec)  # a writer without a ticket is refused, before it writes anything
+    assert await set_policy(swarm.first.dht, AdmissionPolicy.for_spec(spec)) >= 1
+    reader = SwarmDHT(swarm.second.dht)  # writes nothing, so it needs no ticket to adopt the rule
+    await reader.adopt(spec)
+    assert await reader.stage_peers(run_hash, 1) == []  # dropped by both nodes: no node serves it
+    assert not await swarm.first.announce(announcement(swarm.me, stage=1), ttl=60)  # refused by both now
+    refused, reasons = await refused_records(swarm.first.dht)
+    assert refused >= 2 and any("has no ticket" in r for r in reasons)
+
+    # with a ticket from the swarm key, the same peer is in
+    admitted = SwarmDHT(swarm.first.dht, swarm.first.identity, ticket=Ticket.issue(swarm_key, swarm.me))
+    await admitted.adopt(spec)
+    assert await admitted.announce(announcement(swarm.me, stage=1, queue=7), ttl=60)
+    peers = await eventually(lambda: reader.stage_peers(run_hash, 1))
+    assert [(p.peer_id, p.queue) for p in peers] == [(swarm.me, 7)]
+    assert reader.admission.admits(swarm.me) and not reader.admission.admits("12D3KooWstranger")
