@@ -15,6 +15,7 @@ honest node never keeps serving a record its readers will refuse.
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import warnings
 from collections import OrderedDict, deque
@@ -39,6 +40,7 @@ __all__ = ["SwarmRecordValidator", "refused_records", "set_policy"]
 log = logging.getLogger(__name__)
 
 _MAX_LOGGED = 1024  # writers whose first refusal was logged as a warning (later ones: debug)
+_MAX_ACCEPTED = 8192  # digests of records already accepted: every lookup brings the same ones back
 
 
 class SwarmRecordValidator(RecordValidatorBase):
@@ -47,8 +49,20 @@ class SwarmRecordValidator(RecordValidatorBase):
         self.refused = 0
         self.reasons: deque[str] = deque(maxlen=32)
         self._logged: OrderedDict[str, None] = OrderedDict()
+        self._accepted: OrderedDict[bytes, None] = OrderedDict()
+
+    def set_policy(self, policy: AdmissionPolicy) -> None:
+        self.policy = policy
+        self._accepted.clear()  # what the old rule accepted, the new one may not
 
     def validate(self, record: DHTRecord) -> bool:
+        # A record accepted once stays acceptable under the same rule: its signature and ticket do
+        # not change, and its expiry only gets further within the bound as time passes.
+        digest = hashlib.sha256(b"\0".join((record.key, record.subkey, record.value,
+                                             repr(record.expiration_time).encode()))).digest()
+        if digest in self._accepted:
+            self._accepted.move_to_end(digest)
+            return True
         claimed = "?"
         try:
             subkey = MSGPackSerializer.loads(record.subkey)
@@ -63,6 +77,9 @@ class SwarmRecordValidator(RecordValidatorBase):
         except Exception as e:  # anything that does not even unpack: junk, refused the same way
             self._refuse(claimed, f"the record does not decode ({type(e).__name__}).")
             return False
+        self._accepted[digest] = None
+        if len(self._accepted) > _MAX_ACCEPTED:
+            self._accepted.popitem(last=False)
         return True
 
     def _refuse(self, claimed: str, reason: str) -> None:
@@ -107,7 +124,7 @@ def _purge(storage, validator: SwarmRecordValidator) -> int:
 async def _apply_policy(_dht: hivemind.DHT, node, policy: AdmissionPolicy) -> int:
     dropped = 0
     for validator in _ours(node):
-        validator.policy = policy
+        validator.set_policy(policy)
         dropped += _purge(node.protocol.storage, validator) + _purge(node.protocol.cache, validator)
     return dropped
 

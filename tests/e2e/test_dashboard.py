@@ -239,8 +239,8 @@ async def test_forged_health_records_are_refused_and_malformed_ones_ignored_and_
     def sealed(signer: Identity, subkey: str, expires: float, body: dict | str) -> dict:
         return Envelope.seal(key, subkey, body, expires, signer).to_value()
 
-    def body(peer: str, **fields) -> dict:
-        return asdict(record(peer, run_hash=run, stage=2, timestamp=time.time(), **fields))
+    def body(peer: str, **fields) -> dict:  # fields may be invalid: set after the record is built
+        return asdict(record(peer, run_hash=run, stage=2, timestamp=time.time())) | fields
 
     forger = Identity.generate()
     now = time.time()

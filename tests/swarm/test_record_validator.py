@@ -179,3 +179,10 @@ def test_the_validator_survives_pickling_into_the_dht_process():
     assert validator.policy == PRIVATE
     assert not validator.validate(as_stored(sealed()))
     assert validator.refused == 1 and "has no ticket" in validator.reasons[-1]
+
+
+def test_a_remembered_acceptance_does_not_outlive_a_change_of_rule():
+    validator, record = SwarmRecordValidator(), as_stored(sealed())
+    assert validator.validate(record) and validator.validate(record)  # the second time from memory
+    validator.set_policy(PRIVATE)
+    assert not validator.validate(record) and "has no ticket" in validator.reasons[-1]
