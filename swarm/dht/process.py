@@ -26,7 +26,7 @@ with warnings.catch_warnings():
 from swarm.admission import AdmissionPolicy
 from swarm.identity import Identity
 
-from .validator import SwarmRecordValidator
+from .validator import SwarmRecordValidator, mark_lookups
 
 log = logging.getLogger(__name__)
 
@@ -70,10 +70,14 @@ def start_dht(
     finally:
         if folder is not None:
             shutil.rmtree(folder, ignore_errors=True)
-    if dht.peer_id.to_base58() != identity.peer_id:
+    try:
+        if dht.peer_id.to_base58() != identity.peer_id:
+            raise RuntimeError(f"p2pd runs as {dht.peer_id} although its identity is {identity.peer_id}; "
+                               f"this hivemind/p2pd derives peer ids differently and cannot sign swarm records.")
+        mark_lookups(dht)
+    except BaseException:
         stop_dht(dht)
-        raise RuntimeError(f"p2pd runs as {dht.peer_id} although its identity is {identity.peer_id}; "
-                           f"this hivemind/p2pd derives peer ids differently and cannot sign swarm records.")
+        raise
     return dht
 
 

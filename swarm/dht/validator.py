@@ -8,6 +8,14 @@ outlive (lock) its owner's record. hivemind's validators see the key only as its
 so the envelope names its key and we re-derive the hash. The swarm's DHT holds swarm records
 only: a value that is not a swarm envelope (a plain value, an unknown key) is refused too.
 
+Store strictly, look up leniently. The expiry bound is the one rule that reads the local
+clock, and hivemind drops a whole lookup reply (every peer under that key) if one entry fails.
+A record written at the edge of the bound by the storing node's clock would then make every
+reader whose clock lags a little drop every honest node's reply for that key: one peer could
+hide a whole stage. So the bound is applied when a record is stored (requests from other
+nodes, and our own writes) but not to lookup replies (`mark_lookups` tags hivemind's
+`call_find`); readers (`SwarmDHT`) still apply it, entry by entry.
+
 The validator lives in the DHT's own process (it is pickled there with the DHT); its
 `AdmissionPolicy` is replaced there by `set_policy` once the node learns the swarm's rule
 from the signed run spec, which also drops stored records the new rule refuses, so that an
@@ -15,6 +23,7 @@ honest node never keeps serving a record its readers will refuse.
 """
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import logging
 import warnings
@@ -35,12 +44,14 @@ from swarm.admission import AdmissionPolicy
 from .envelope import Envelope, check_envelope
 from .records import RecordError
 
-__all__ = ["SwarmRecordValidator", "refused_records", "set_policy"]
+__all__ = ["SwarmRecordValidator", "in_lookup", "mark_lookups", "refused_records", "set_policy"]
 
 log = logging.getLogger(__name__)
 
 _MAX_LOGGED = 1024  # writers whose first refusal was logged as a warning (later ones: debug)
 _MAX_ACCEPTED = 8192  # digests of records already accepted: every lookup brings the same ones back
+
+in_lookup: contextvars.ContextVar[bool] = contextvars.ContextVar("swarm_dht_in_lookup", default=False)
 
 
 class SwarmRecordValidator(RecordValidatorBase):
@@ -60,6 +71,7 @@ class SwarmRecordValidator(RecordValidatorBase):
         # not change, and its expiry only gets further within the bound as time passes.
         digest = hashlib.sha256(b"\0".join((record.key, record.subkey, record.value,
                                              repr(record.expiration_time).encode()))).digest()
+        lookup = in_lookup.get()
         if digest in self._accepted:
             self._accepted.move_to_end(digest)
             return True
@@ -70,16 +82,17 @@ class SwarmRecordValidator(RecordValidatorBase):
             env = Envelope.from_entry(subkey, MSGPackSerializer.loads(record.value), record.expiration_time)
             if DHTID.generate(source=env.key).to_bytes() != record.key:
                 raise RecordError(f"the record names key {env.key[:80]!r} but was filed under another.")
-            check_envelope(env, get_dht_time(), self.policy)
+            check_envelope(env, get_dht_time(), self.policy, bound_expiry=not lookup)
         except RecordError as e:
             self._refuse(claimed, str(e))
             return False
         except Exception as e:  # anything that does not even unpack: junk, refused the same way
             self._refuse(claimed, f"the record does not decode ({type(e).__name__}).")
             return False
-        self._accepted[digest] = None
-        if len(self._accepted) > _MAX_ACCEPTED:
-            self._accepted.popitem(last=False)
+        if not lookup:  # remembered only if it passed every rule, the expiry bound included
+            self._accepted[digest] = None
+            if len(self._accepted) > _MAX_ACCEPTED:
+                self._accepted.popitem(last=False)
         return True
 
     def _refuse(self, claimed: str, reason: str) -> None:
@@ -119,6 +132,25 @@ def _purge(storage, validator: SwarmRecordValidator) -> int:
                 del storage[key_id]
                 dropped += 1
     return dropped
+
+
+async def _mark_lookups(_dht: hivemind.DHT, node) -> None:
+    protocol = node.protocol
+    find = protocol.call_find
+
+    async def call_find(*args, **kwargs):
+        token = in_lookup.set(True)  # this task's context only: concurrent stores stay strict
+        try:
+            return await find(*args, **kwargs)
+        finally:
+            in_lookup.reset(token)
+
+    protocol.call_find = call_find  # DHTNode calls it as self.protocol.call_find
+
+
+def mark_lookups(dht: hivemind.DHT) -> None:
+    """Tag the DHT node's lookups, so that its validator checks their replies without the expiry bound."""
+    dht.run_coroutine(_mark_lookups)
 
 
 async def _apply_policy(_dht: hivemind.DHT, node, policy: AdmissionPolicy) -> int:

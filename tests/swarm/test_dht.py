@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import time
@@ -14,6 +15,7 @@ from hivemind.utils import get_dht_time
 from protocol.spec import preset
 from swarm.admission import AdmissionError, AdmissionPolicy, Ticket
 from swarm.dht import (
+    CLOCK_SKEW_S,
     RUN_KEY,
     Envelope,
     RecordError,
@@ -265,3 +267,32 @@ async def test_a_node_that_learns_the_swarm_is_private_drops_what_it_no_longer_a
     peers = await eventually(lambda: reader.stage_peers(run_hash, 1))
     assert [(p.peer_id, p.queue) for p in peers] == [(swarm.me, 7)]
     assert reader.admission.admits(swarm.me) and not reader.admission.admits("12D3KooWstranger")
+
+
+async def _lag_clock(_dht, _node, seconds: float) -> None:
+    # runs in the DHT's process: its validator now reads a clock `seconds` behind everyone else's
+    import swarm.dht.validator as validator
+    real = validator.get_dht_time
+    validator.get_dht_time = lambda: real() - seconds
+
+
+async def test_a_record_at_the_edge_of_the_expiry_bound_cannot_hide_a_stage_from_a_lagging_reader(swarm):
+    run_hash = run_hash_of(SPEC)
+    key = stage_key(run_hash, 1)
+    assert await swarm.first.announce(announcement(swarm.me, stage=1), ttl=60)
+    edge = Identity.generate()  # a peer of its own, writing as far ahead as the storing nodes allow
+    expiry = get_dht_time() + 300 + CLOCK_SKEW_S - 2
+    value = Envelope.seal(key, edge.peer_id, announcement(edge.peer_id, stage=1).to_record(), expiry, edge).to_value()
+    assert await swarm.first.dht.store(key, value, expiry, subkey=edge.peer_id, return_future=True)
+
+    maddrs = [str(m) for m in swarm.first.dht.get_visible_maddrs()]
+    lagging = await asyncio.to_thread(start_dht, maddrs, LOCAL, None, True)
+    try:
+        await lagging.run_coroutine(functools.partial(_lag_clock, seconds=30.0), return_future=True)
+        reader = SwarmDHT(lagging)
+        # hivemind drops a lookup reply whole if one entry fails: were the bound checked on replies,
+        # this reader would see no peer of the stage at all
+        peers = await eventually(lambda: reader.stage_peers(run_hash, 1))
+        assert {p.peer_id for p in peers} == {swarm.me, edge.peer_id}
+    finally:
+        await asyncio.to_thread(stop_dht, lagging)

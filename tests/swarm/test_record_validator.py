@@ -23,6 +23,7 @@ from swarm.dht import (
     health_key,
     stage_key,
 )
+from swarm.dht.validator import in_lookup
 from swarm.identity import Identity
 from swarm.keys import SigningKey
 
@@ -186,3 +187,15 @@ def test_a_remembered_acceptance_does_not_outlive_a_change_of_rule():
     assert validator.validate(record) and validator.validate(record)  # the second time from memory
     validator.set_policy(PRIVATE)
     assert not validator.validate(record) and "has no ticket" in validator.reasons[-1]
+
+
+def test_lookup_replies_are_checked_without_the_clock_but_never_remembered_as_stored():
+    validator = SwarmRecordValidator()
+    far, forged = as_stored(sealed(ttl=3600)), as_stored(sealed(ATTACKER, subkey=PEER.peer_id))
+    token = in_lookup.set(True)
+    try:
+        assert validator.validate(far)  # the one clock-dependent rule is left to readers, entry by entry
+        assert not validator.validate(forged)  # every other rule holds in replies too
+    finally:
+        in_lookup.reset(token)
+    assert not validator.validate(far) and "longer than" in validator.reasons[-1]  # a store is still refused
