@@ -207,8 +207,8 @@ class Admission:
     """A peer's view of who is admitted, for message handlers (`admits`) and records (`learn`)."""
 
     policy: AdmissionPolicy = field(default_factory=AdmissionPolicy)
-    _admitted: OrderedDict[str, float] = field(default_factory=OrderedDict)  # peer id -> ticket expiry (0: never)
-    _logged: OrderedDict[str, None] = field(default_factory=OrderedDict)
+    _admitted: OrderedDict[str, float] = field(default_factory=OrderedDict, init=False, repr=False)  # -> expiry
+    _logged: OrderedDict[str, None] = field(default_factory=OrderedDict, init=False, repr=False)
 
     def adopt(self, policy: AdmissionPolicy) -> None:
         """Apply a new rule; peers admitted under another swarm key are forgotten."""

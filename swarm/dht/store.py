@@ -75,6 +75,7 @@ class SwarmDHT:
         self.skipped_records = 0  # malformed, forged or misfiled entries seen, for health reports
         self._run: tuple[str, int] | None = None  # (run hash, stages) once a spec is adopted
         self._refreshed = 0.0
+        self._warned_expiry = False
 
     def _skip(self, where: str, problem: str) -> None:
         self.skipped_records += 1
@@ -123,6 +124,12 @@ class SwarmDHT:
         """Store `record` under this node's peer id for `ttl` seconds, signed (and ticketed in a private swarm)."""
         identity = self._own_identity()
         ticket = self.ticket.to_bytes() if self.ticket is not None else b""
+        if (self.admission.policy.private and self.ticket is not None and self.ticket.expires
+                and get_dht_time() + ttl > self.ticket.expires and not self._warned_expiry):
+            self._warned_expiry = True
+            log.warning("this peer's ticket expires at %s: from now on the swarm refuses its records; ask the "
+                        "coordinator for a new ticket (`swarm admit`) and restart with it.",
+                        time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.ticket.expires)))
         return await self._store(key, identity.peer_id, record, ttl, identity, ticket)
 
     async def entries(self, key: str) -> tuple[list[Envelope], list[str]]:
