@@ -5,6 +5,8 @@
     swarm peer         host one pipeline stage of a swarm
     swarm dashboard    a swarm's health in the browser, as JSON and for Prometheus
     swarm status       a table of a swarm's stages and peers
+    swarm identity     make or read a libp2p identity file, print its peer id
+    swarm admit        sign a ticket that admits one peer to a private swarm
     swarm bench        benchmarks that write JSON and a PNG
     swarm export       a trained model as our model.safetensors or a Hugging Face folder
     swarm eval         an exported model's held-out loss and perplexity
@@ -173,6 +175,29 @@ def cmd_status(a: argparse.Namespace) -> int:
     return _run_async(lambda: print_status(a.initial_peers, as_json=a.json))
 
 
+def cmd_identity(a: argparse.Namespace) -> int:
+    from .identity import Identity
+    existed = os.path.exists(a.path)
+    identity = Identity.load_or_create(a.path)
+    print(identity.peer_id)
+    if not existed:
+        print(f"wrote a new Ed25519 identity to {a.path} (keep it private; start the peer with --identity "
+              f"{a.path})", file=sys.stderr)
+    return 0
+
+
+def cmd_admit(a: argparse.Namespace) -> int:
+    import time
+
+    from .admission import AdmitOptions, issue_ticket
+    ticket = issue_ticket(from_args(AdmitOptions, a))
+    print(ticket.encode())
+    until = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(ticket.expires)) if ticket.expires else "never"
+    print(f"admits peer {ticket.peer_id} to the swarm of key {a.key}; expires: {until}. The peer starts with "
+          f"`swarm peer --identity ITS_FILE --ticket TICKET ...`.", file=sys.stderr)
+    return 0
+
+
 def cmd_bench(a: argparse.Namespace) -> int:
     from .bench import run_bench
     return run_bench(a)
@@ -220,6 +245,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
 # ------------------------------------------------------------------ parser
 
 def build_parser() -> argparse.ArgumentParser:
+    from .admission import AdmitOptions
     from .coordinator import CoordinatorOptions
     from .dashboard.server import DashboardOptions
     from .export.evaluate import EvalOptions
@@ -264,6 +290,19 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--initial-peers", nargs="+", required=True, metavar="MADDR")
     st.add_argument("--json", action="store_true", help="print JSON instead of a table")
     st.set_defaults(func=cmd_status)
+
+    idn = sub.add_parser("identity", help="make or read a libp2p identity file and print its peer id",
+                         description="Print the peer id of the libp2p identity in FILE, creating a new Ed25519 one "
+                         "there if there is none. A peer started with --identity FILE keeps that id; a private "
+                         "swarm's coordinator admits it by that id (swarm admit).")
+    idn.add_argument("path", metavar="FILE", help="identity file (created, mode 0600, if missing)")
+    idn.set_defaults(func=cmd_identity)
+
+    ad = sub.add_parser("admit", help="sign a ticket admitting one peer to a private swarm",
+                        description="Print a ticket, signed by the swarm key, that admits the peer with this id to a "
+                        "swarm started with `swarm coordinator --private --key FILE`. No server is involved.")
+    add_options(ad, AdmitOptions)
+    ad.set_defaults(func=cmd_admit)
 
     be = sub.add_parser("bench", help="benchmarks: JSON + PNG, ratios measured side by side")
     be.add_argument("which", choices=["codecs", "throughput", "convergence"],

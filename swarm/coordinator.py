@@ -14,8 +14,10 @@ from dataclasses import dataclass
 from protocol.model import spec_basis
 from protocol.spec import RunSpec
 
+from .admission import AdmissionPolicy
 from .basis import BasisRefitter
 from .dht import SwarmDHT, close_node, start_dht
+from .identity import Identity
 from .keys import SigningKey
 from .net import Transport
 from .options import opt
@@ -33,17 +35,20 @@ class CoordinatorOptions:
     identity: str | None = opt(None, "libp2p identity file for a stable peer id and address", metavar="FILE")
     key: str | None = opt(None, "swarm signing key file (created if missing; default: a new key)", metavar="FILE")
     maddrs_file: str | None = opt(None, "write the coordinator's addresses here as JSON", metavar="FILE")
+    private: bool = opt(False, "admit only peers with a ticket signed by the swarm key (`swarm admit`)")
     ttl: float = 60.0
     refit_delay: float = opt(0.0, "seconds to wait before publishing each basis update (tests: a slow coordinator)",
                              hidden=True)
 
 
-def sealed_spec(spec: RunSpec, key: SigningKey, peer_id: str = "") -> RunSpec:
+def sealed_spec(spec: RunSpec, key: SigningKey, peer_id: str = "", private: bool = False) -> RunSpec:
     """The spec as the swarm sees it: with the coordinator's key, its peer id (where stages send
-    their re-fit statistics) and the shared-constant hash."""
+    their re-fit statistics), the shared-constant hash, and whether only ticket holders may join."""
     extra = dict(spec.extra)
     if peer_id:
         extra["coordinator_peer"] = peer_id
+    if private:
+        extra["private"] = True
     basis = spec_basis(spec)
     if basis is not None:
         extra["basis_hash"] = basis.hash()
@@ -51,13 +56,17 @@ def sealed_spec(spec: RunSpec, key: SigningKey, peer_id: str = "") -> RunSpec:
 
 
 async def run_coordinator(opts: CoordinatorOptions) -> int:
+    if opts.private and not opts.key:
+        raise ValueError("a private swarm needs --key FILE: its tickets are signed with that key (`swarm admit`).")
     key = SigningKey.load_or_create(opts.key) if opts.key else SigningKey.generate()
-    dht = await asyncio.to_thread(start_dht, [], opts.host_maddrs, opts.identity)
+    identity = Identity.load_or_create(opts.identity) if opts.identity else Identity.generate()
+    policy = AdmissionPolicy(opts.private, key.public_bytes(), identity.peer_id)  # in force before any record
+    dht = await asyncio.to_thread(start_dht, [], opts.host_maddrs, identity, False, policy)
     p2p = transport = None
     try:
         p2p = await dht.replicate_p2p()
-        spec = sealed_spec(opts.spec, key, p2p.peer_id.to_base58())
-        sdht = SwarmDHT(dht)
+        spec = sealed_spec(opts.spec, key, identity.peer_id, opts.private)
+        sdht = SwarmDHT(dht, identity, swarm_key=key, policy=policy)
         transport = Transport(p2p, f"subspace-swarm-{spec.run_hash}", max_frame_bytes=spec.d_model * spec.rank * 4
                               + (1 << 16))
         refitter = BasisRefitter(spec, key, sdht, transport, opts.ttl * 100, delay=opts.refit_delay)
@@ -68,8 +77,10 @@ async def run_coordinator(opts: CoordinatorOptions) -> int:
         if opts.maddrs_file:
             with open(opts.maddrs_file, "w") as f:
                 json.dump({"maddrs": maddrs, "run": spec.run_hash, "key": key.fingerprint()}, f)
-        log.info("coordinator of run %s (%s), key %s (public key %s)", spec.run_hash, spec.name,
-                 key.fingerprint(), key.public_bytes().hex())
+        log.info("coordinator of %s run %s (%s), key %s (public key %s)", "private" if opts.private else "public",
+                 spec.run_hash, spec.name, key.fingerprint(), key.public_bytes().hex())
+        if opts.private:
+            log.info("admit a peer with: swarm admit --key %s --peer-id PEER_ID", opts.key or "SWARM_KEY_FILE")
         for m in maddrs:
             log.info("peers join with: swarm peer --initial-peers %s", m)
         while True:

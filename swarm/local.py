@@ -137,15 +137,15 @@ class LocalSwarm:
                 raise LocalSwarmError(f"{what} did not come up within {timeout:g} s; see the logs in {self.dir}.")
             time.sleep(0.1)  # poll interval for a file another process writes
 
-    def start_coordinator(self) -> list[str]:
-        """Start the coordinator and return its multiaddrs once it serves."""
+    def start_coordinator(self, *extra: str) -> list[str]:
+        """Start the coordinator (with `extra` flags, e.g. --private) and return its multiaddrs once it serves."""
         spec_path = self.dir / "run.json"
         self.opts.spec.save(spec_path)
         maddrs_file = self.dir / "coordinator.json"
         maddrs_file.unlink(missing_ok=True)  # a workdir may be reused: never read an old run's address
         key = ["--key", self.opts.coordinator_key] if self.opts.coordinator_key else []
         self.spawn("coordinator", ["coordinator", "--run-spec", str(spec_path), "--host-maddrs",
-                                   "/ip4/127.0.0.1/tcp/0", "--maddrs-file", str(maddrs_file), *key])
+                                   "/ip4/127.0.0.1/tcp/0", "--maddrs-file", str(maddrs_file), *key, *extra])
         self.wait_for_file(maddrs_file, "the coordinator", 90)
         self.maddrs = json.loads(maddrs_file.read_text())["maddrs"]
         return self.maddrs

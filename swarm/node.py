@@ -24,7 +24,9 @@ from protocol.model import spec_basis
 from protocol.spec import RunSpec
 from protocol.wire import KIND_ACTIVATION, KIND_GRADIENT
 
+from .admission import AdmissionError, AdmissionPolicy, read_ticket
 from .dht import SwarmDHT, close_node, start_dht
+from .identity import Identity
 from .monitor.peer_monitor import PeerMonitor
 from .net import LinkShaper, Transport, TransportError
 from .options import opt
@@ -63,6 +65,8 @@ class PeerOptions:
     report: str | None = opt(None, "append JSON-lines events (steps, wire counters) here", metavar="FILE")
     trusted_key: str | None = opt(None, "only trust a run spec signed by this public key (or its fingerprint)",
                                   flag="--swarm-key", metavar="HEX")
+    ticket: str | None = opt(None, "private swarms: this peer's ticket from `swarm admit`, or a file holding it "
+                             "(needs the --identity it was made for)", metavar="TICKET")
     threads: int | None = opt(None, "torch intra-op threads")
     join_timeout: float = opt(60.0, "seconds to wait for the run spec")
     step_timeout: float = opt(120.0, "seconds the first step may take before it is re-driven (later steps: 4x "
@@ -153,15 +157,28 @@ async def run_peer(opts: PeerOptions) -> int:
     Joins the DHT, reads and checks the run spec, then serves a stage (`swarm/replica.py`)
     and, when the rebalancer moves it, the next one, in the same session."""
     reporter = Reporter(opts.report)
-    dht = await asyncio.to_thread(start_dht, opts.initial_peers, opts.host_maddrs, opts.identity)
+    try:
+        ticket = read_ticket(opts.ticket)
+    except AdmissionError as e:
+        raise JoinError(str(e)) from None
+    identity = Identity.load_or_create(opts.identity) if opts.identity else Identity.generate()
+    if ticket is not None and ticket.peer_id != identity.peer_id:
+        raise JoinError(f"the ticket is for peer {ticket.peer_id}, but this peer is {identity.peer_id}; start it "
+                        f"with the --identity file the ticket was made for.")
+    dht = await asyncio.to_thread(start_dht, opts.initial_peers, opts.host_maddrs, identity, False,
+                                  AdmissionPolicy.from_ticket(ticket))
     p2p = transport = None
     monitor = PeerMonitor(opts.health_port, opts.health_host, opts.tensorboard)  # health record, /healthz, TensorBoard
     sent_tokens = {KIND_ACTIVATION: 0, KIND_GRADIENT: 0}
     service: ReplicaService | None = None
     try:
         await monitor.start()  # /healthz answers "joining" (503) from here on
-        sdht = SwarmDHT(dht)
+        sdht = SwarmDHT(dht, identity, ticket=ticket)
         spec = await fetch_spec(sdht, opts.trusted_key, opts.join_timeout)
+        try:
+            await sdht.adopt(spec)  # the swarm's rule for records: a private swarm refuses us here without a ticket
+        except AdmissionError as e:
+            raise JoinError(str(e)) from None
         check_shared_constants(spec)
         p2p = await dht.replicate_p2p()
         peer_id = p2p.peer_id.to_base58()

@@ -47,7 +47,9 @@ class BasisSync:
 
     async def _verified_updates(self) -> list[BasisUpdate]:
         out = []
-        for version, body in sorted((await self.sdht.fetch_bases(self.spec.run_hash)).items()):
+        if not self.public_key:
+            return out
+        for version, body in sorted((await self.sdht.fetch_bases(self.spec.run_hash, self.public_key)).items()):
             try:
                 update = decode_update(body, self.spec)
             except WireError as e:

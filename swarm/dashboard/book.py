@@ -5,12 +5,9 @@ that parses, verifies (`swarm.monitor.health.parse_health`) and belongs to the r
 the rest, counting each distinct bad entry once (an entry sits in the DHT until it
 expires and is read on every poll; counting it every time would make the counter a clock).
 
-Binding a signing key to a peer id: the first key seen for a peer id is pinned for as long
-as that peer has a live record; a record for the same peer id signed by another key is
-refused. A pin is released once the peer's last record has expired, so a peer restarted
-with the same identity (and a new process key) is accepted again after at most one ttl.
-(The DHT itself authenticates nobody: an attacker who writes first for a brand-new peer id
-wins that id until it expires. This is a health view, not an authority on who trains.)
+A record is signed by the libp2p key its peer id is derived from (`parse_health`), so no
+key needs pinning here: a record for a peer id signed by anyone else never verifies. In a
+private swarm the book also refuses records without a valid ticket (`policy`).
 """
 from __future__ import annotations
 
@@ -20,8 +17,8 @@ from dataclasses import dataclass
 
 import msgpack
 
+from swarm.admission import AdmissionPolicy
 from swarm.dht import RecordError
-from swarm.keys import fingerprint_of
 from swarm.monitor.health import SignedHealth, parse_health
 
 MAX_REMEMBERED_BAD = 4096  # digests of bad entries already counted
@@ -34,17 +31,18 @@ class _Entry:
     expires: float  # DHT time
 
 
-def _digest(subkey: object, value: object) -> bytes:
+def _digest(subkey: object, value: object, expires: object) -> bytes:
     try:
-        packed = msgpack.packb([subkey, value], use_bin_type=True)
+        packed = msgpack.packb([subkey, value, expires], use_bin_type=True)
     except (TypeError, ValueError, OverflowError):  # not re-packable as it came: its repr still names it
-        packed = repr((subkey, value)).encode("utf-8", "replace")
+        packed = repr((subkey, value, expires)).encode("utf-8", "replace")
     return hashlib.sha256(packed).digest()
 
 
 class HealthBook:
-    def __init__(self, run_hash: str) -> None:
+    def __init__(self, run_hash: str, policy: AdmissionPolicy | None = None) -> None:
         self.run_hash = run_hash
+        self.policy = policy or AdmissionPolicy()
         self.invalid = 0  # distinct bad entries seen
         self.problems: deque[str] = deque(maxlen=MAX_PROBLEMS)
         self._entries: dict[str, _Entry] = {}
@@ -65,23 +63,20 @@ class HealthBook:
 
     def update(self, raw: list[tuple[object, object, float]], now: float) -> None:
         """Take in one poll's raw entries (subkey, value, expiration); drop what has expired."""
-        self._entries = {p: e for p, e in self._entries.items() if e.expires > now}  # expired pins go too
+        self._entries = {p: e for p, e in self._entries.items() if e.expires > now}
         for subkey, value, expires in raw:
-            digest = _digest(subkey, value)
+            digest = _digest(subkey, value, expires)
             if self._known_bad(digest):
-                continue  # once judged bad, an entry stays bad (also when a pin it broke is later released)
+                continue  # once judged bad, an entry stays bad
             try:
-                signed = parse_health(subkey, value)
+                signed = parse_health(subkey, value, expires, self.policy, now)
                 record = signed.record
                 if record.run_hash != self.run_hash:
                     raise RecordError(f"the health record of {record.peer_id[-8:]} belongs to run {record.run_hash}.")
-                known = self._entries.get(record.peer_id)
-                if known is not None and known.signed.public_key != signed.public_key:
-                    raise RecordError(f"the health record of {record.peer_id[-8:]} is signed by key "
-                                      f"{signed.fingerprint}, but that peer signs with {known.signed.fingerprint}.")
             except RecordError as e:
                 self._count_bad(digest, str(e))
                 continue
+            known = self._entries.get(record.peer_id)
             if known is not None and known.signed.record.timestamp > record.timestamp:
                 continue  # an older record than the one we hold (a replay, or a slow DHT node)
             self._entries[record.peer_id] = _Entry(signed, expires)
@@ -90,5 +85,6 @@ class HealthBook:
         return {peer: e.signed for peer, e in self._entries.items()}
 
     def key_of(self, peer_id: str) -> str | None:
+        """Short name of the libp2p key that signs this peer's records."""
         entry = self._entries.get(peer_id)
-        return fingerprint_of(entry.signed.public_key) if entry else None
+        return entry.signed.fingerprint if entry else None

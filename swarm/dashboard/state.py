@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from hivemind.utils import get_dht_time
 
 from protocol.spec import RunSpec
+from swarm.admission import AdmissionPolicy
 from swarm.dht import RecordError, StageAnnouncement, SwarmDHT
 from swarm.local import dense_bytes_per_token
 from swarm.monitor.health import HealthRecord, fetch_health
@@ -151,7 +152,8 @@ class DashboardState:
         if self.spec is None or spec.run_hash != self.spec.run_hash:
             self.spec, self._fingerprint = spec, signed.fingerprint
             self._dense = dense_bytes_per_token(spec)
-            self._book = HealthBook(spec.run_hash)
+            await self.sdht.adopt(spec)  # its key (and, if private, tickets) is the rule for every record read
+            self._book = HealthBook(spec.run_hash, AdmissionPolicy.for_spec(spec))
 
     async def sample(self) -> None:
         await self._refresh_spec()

@@ -4,11 +4,16 @@ life cycle of a DHT node.
 - `records.py`: every DHT key and record schema (`SignedRunSpec`, `StageAnnouncement`,
   key functions, `RecordError`); nowhere else may a key be spelled.
 - `store.py`: `SwarmDHT`, the async reads and writes of those records over `hivemind.DHT`.
+- `envelope.py`: the signed envelope every record travels in, and the one check of who may
+  write it (`check_envelope`).
+- `validator.py`: that check inside every DHT node (`SwarmRecordValidator`), and `set_policy`.
 - `process.py`: starting and stopping a DHT node (a child process with its own p2pd), and
   making sure nothing of it outlives its owner.
 """
+from .envelope import CLOCK_SKEW_S, Envelope, check_envelope
 from .process import close_node, start_dht, stop_dht
 from .records import (
+                      KEY_KINDS,
                       RUN_KEY,
                       RUN_SPEC_DOMAIN,
                       STATES,
@@ -16,13 +21,18 @@ from .records import (
                       SignedRunSpec,
                       StageAnnouncement,
                       basis_key,
+                      basis_subkey,
                       health_key,
+                      kind_of,
                       run_hash_of,
                       stage_key,
 )
 from .store import SwarmDHT
+from .validator import SwarmRecordValidator, refused_records, set_policy
 
 __all__ = [
-    "RUN_KEY", "RUN_SPEC_DOMAIN", "STATES", "RecordError", "SignedRunSpec", "StageAnnouncement", "SwarmDHT",
-    "basis_key", "close_node", "health_key", "run_hash_of", "stage_key", "start_dht", "stop_dht",
+    "CLOCK_SKEW_S", "KEY_KINDS", "RUN_KEY", "RUN_SPEC_DOMAIN", "STATES", "Envelope", "RecordError", "SignedRunSpec",
+    "StageAnnouncement", "SwarmDHT", "SwarmRecordValidator", "basis_key", "basis_subkey", "check_envelope",
+    "close_node", "health_key", "kind_of", "refused_records", "run_hash_of", "set_policy", "stage_key", "start_dht",
+    "stop_dht",
 ]

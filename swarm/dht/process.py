@@ -2,12 +2,17 @@
 
 hivemind runs each `DHT` in a child process that owns a `p2pd`; if that process dies the
 wrong way its p2pd lives on. Everything here makes sure a node's daemons go with it.
+
+Every node runs with a libp2p identity whose private key Python holds (`swarm/identity.py`),
+so that what it writes can be signed by its peer id, and with the swarm's record validator
+(`validator.py`), so that it stores and passes on only records their owner wrote.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import os
+import shutil
 import signal
 import threading
 import time
@@ -18,6 +23,11 @@ with warnings.catch_warnings():
     # hivemind's import runs torch.jit.script, which warns that it is deprecated; only that.
     warnings.filterwarnings("ignore", message=r".*torch\.jit\.script.*")
     import hivemind
+
+from swarm.admission import AdmissionPolicy
+from swarm.identity import Identity
+
+from .validator import SwarmRecordValidator, mark_lookups
 
 log = logging.getLogger(__name__)
 
@@ -50,21 +60,49 @@ def _exit_with_parent(parent: int) -> None:
 def start_dht(
     initial_peers: Sequence[str],
     host_maddrs: Sequence[str] | None = None,
-    identity_path: str | None = None,
+    identity: Identity | str | None = None,
     client_mode: bool = False,
+    policy: AdmissionPolicy | None = None,
 ) -> hivemind.DHT:
     """Start a DHT node (a child process with its own p2pd); blocks until it is ready.
 
-    From async code call it through `asyncio.to_thread`. Listens on all interfaces unless
-    `host_maddrs` says otherwise, because a volunteer's peer must be reachable.
+    `identity`: the node's libp2p identity, an identity file's path (created, Ed25519, if
+    missing), or None for a fresh one (handed to p2pd through a private temporary file that
+    is removed once the node runs). `policy`: who may write records (default: everyone,
+    until `SwarmDHT.adopt` reads the run spec). From async code call it through
+    `asyncio.to_thread`. Listens on all interfaces unless `host_maddrs` says otherwise,
+    because a volunteer's peer must be reachable.
     """
-    return OwnedDHT(
-        initial_peers=list(initial_peers) or None,
-        start=True,
-        host_maddrs=list(host_maddrs or DEFAULT_HOST_MADDRS),
-        identity_path=identity_path,
-        client_mode=client_mode,
-    )
+    folder = None
+    if isinstance(identity, str):
+        path, identity = identity, Identity.load_or_create(identity)
+    else:
+        identity = identity or Identity.generate()
+        path, folder = identity.write_private_file()
+    try:
+        dht = OwnedDHT(
+            initial_peers=list(initial_peers) or None,
+            start=True,
+            host_maddrs=list(host_maddrs or DEFAULT_HOST_MADDRS),
+            identity_path=path,
+            client_mode=client_mode,
+            record_validators=[SwarmRecordValidator(policy)],
+            # hivemind's check that an identity is not in use reads RSA keys only, and starts a
+            # second p2pd to do it; a peer id in use twice shows as refused connections instead
+            check_if_identity_free=False,
+        )
+    finally:
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
+    try:
+        if dht.peer_id.to_base58() != identity.peer_id:
+            raise RuntimeError(f"p2pd runs as {dht.peer_id} although its identity is {identity.peer_id}; "
+                               f"this hivemind/p2pd derives peer ids differently and cannot sign swarm records.")
+        mark_lookups(dht)
+    except BaseException:
+        stop_dht(dht)
+        raise
+    return dht
 
 
 def _p2pd_children(parent: int | None) -> list[int]:

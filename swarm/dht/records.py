@@ -5,19 +5,20 @@ msgpack-able dicts made from the dataclasses below; whatever comes back from the
 untrusted, so it is parsed back through the same dataclasses and refused or skipped when it
 does not fit.
 
-Keys (a swarm hosts one run):
+Keys (a swarm hosts one run), each with the longest life a record under it may claim:
 
-    subspace-swarm/run                         subkey = signer's key fingerprint -> SignedRunSpec
-    subspace-swarm/{run_hash}/stage/{stage}    subkey = peer id (base58)         -> StageAnnouncement
-    subspace-swarm/{run_hash}/basis            subkey = version                  -> signed basis update bytes
-                                                 (protocol/basis_update.py; verified by the reader)
-    subspace-swarm/{run_hash}/health           subkey = peer id (base58)         -> signed HealthRecord
-                                                 (swarm/monitor/health.py; verified by the reader)
+    subspace-swarm/run                       subkey = swarm key fingerprint      -> SignedRunSpec      1 h
+    subspace-swarm/{run_hash}/stage/{stage}  subkey = writer's peer id (base58)  -> StageAnnouncement  5 min
+    subspace-swarm/{run_hash}/basis          subkey = "{version}:{fingerprint}"  -> basis update bytes 1 day
+                                               (protocol/basis_update.py; verified by the reader)
+    subspace-swarm/{run_hash}/health         subkey = writer's peer id (base58)  -> HealthRecord       5 min
+                                               (swarm/monitor/health.py)
 
-The run spec is stored under its signer's fingerprint so that an impostor's entry sits beside
-the coordinator's instead of replacing it; a peer that pins the coordinator's key picks the
-right one. (hivemind itself checks no signatures here: a hostile peer can still write junk or
-expire entries early. Pinning turns that into a clear refusal, never a silent wrong run.)
+Every value is a signed envelope (`envelope.py`): only the owner of a subkey can write it,
+the peer whose libp2p key hashes to the peer id, or, for swarm-wide records, the swarm key
+whose fingerprint the subkey names. An impostor's run spec or basis update therefore sits
+beside the coordinator's under its own fingerprint instead of replacing it, and readers take
+only the key the run spec names (pinned with --swarm-key).
 
 Run hash rule: `run_hash_of(spec_json)` = the first 16 hex digits of sha256 of the spec's UTF-8
 JSON text, exactly as published; the coordinator signs msgpack([RUN_SPEC_DOMAIN, spec_json,
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 import warnings
 from dataclasses import asdict, dataclass, field, fields
 
@@ -42,8 +44,9 @@ from peer.interfaces import STATES
 from swarm.keys import SigningKey, fingerprint_of, verify
 
 __all__ = [
-    "RUN_KEY", "RUN_SPEC_DOMAIN", "STATES", "RecordError", "SignedRunSpec", "StageAnnouncement",
-    "basis_key", "health_key", "run_hash_of", "stage_key",
+    "KEY_KINDS", "RUN_KEY", "RUN_SPEC_DOMAIN", "STATES", "KeyKind", "RecordError", "SignedRunSpec",
+    "StageAnnouncement", "basis_key", "basis_subkey", "health_key", "kind_of", "parse_basis_subkey", "run_hash_of",
+    "stage_key",
 ]
 
 
@@ -70,6 +73,43 @@ def stage_key(run_hash: str, stage: int) -> str:
 
 def health_key(run_hash: str) -> str:
     return f"subspace-swarm/{run_hash}/health"
+
+
+def basis_subkey(version: int, fingerprint: str) -> str:
+    return f"{int(version)}:{fingerprint}"
+
+
+def parse_basis_subkey(subkey: object) -> tuple[int, str] | None:
+    """(version, signer fingerprint) of a basis subkey, or None if it is not one."""
+    m = re.fullmatch(r"(0|[1-9][0-9]{0,8}):([0-9a-f]{16})", subkey) if isinstance(subkey, str) else None
+    return (int(m.group(1)), m.group(2)) if m else None
+
+
+@dataclass(frozen=True)
+class KeyKind:
+    """One kind of DHT key: how it is spelled, how long a record may claim to live, who owns a subkey."""
+
+    name: str
+    pattern: str  # full-match regex of the key
+    max_ttl: float  # seconds; an expiry further out than now + max_ttl (+ clock skew) is refused
+    owner: str  # "peer": the subkey is the writer's peer id; "swarm": it names the swarm key's fingerprint
+
+
+_RUN = "[0-9a-f]{16}"
+KEY_KINDS = (
+    KeyKind("run", re.escape(RUN_KEY), 3600.0, "swarm"),
+    KeyKind("stage", rf"subspace-swarm/{_RUN}/stage/(0|[1-9][0-9]{{0,3}})", 300.0, "peer"),
+    KeyKind("basis", rf"subspace-swarm/{_RUN}/basis", 86400.0, "swarm"),
+    KeyKind("health", rf"subspace-swarm/{_RUN}/health", 300.0, "peer"),
+)
+
+
+def kind_of(key: object) -> KeyKind | None:
+    if isinstance(key, str) and len(key) <= 128:
+        for kind in KEY_KINDS:
+            if re.fullmatch(kind.pattern, key):
+                return kind
+    return None
 
 
 def run_spec_signing_bytes(spec_json: str, run_hash: str) -> bytes:

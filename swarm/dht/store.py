@@ -1,14 +1,22 @@
 """`SwarmDHT`: reads and writes the swarm's records (`records.py`) over a started `hivemind.DHT`.
 
 Every DHT call here is made with `return_future=True` and awaited, so the caller's asyncio
-loop never blocks on the DHT process. Whatever comes back is parsed through the record
-dataclasses; an entry that does not fit is skipped and counted, never trusted.
+loop never blocks on the DHT process. Writes are sealed in signed envelopes (`envelope.py`):
+a peer's own records with its libp2p identity, swarm-wide ones (run spec, basis updates)
+with the swarm key. Whatever comes back is checked again (`check_envelope`, then the record
+dataclasses), because the node that answered may be hostile; an entry that does not fit is
+skipped and counted in `skipped_records`, never trusted.
+
+Once the run spec is read, `adopt(spec)` applies the swarm's rule (its coordinator key; in a
+private swarm, tickets) here and in the DHT node's validator; `admission` then tells message
+handlers whom they may serve.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import warnings
 from collections.abc import Callable
 
@@ -18,13 +26,30 @@ with warnings.catch_warnings():
     import hivemind
     from hivemind.utils import get_dht_time
 
-from swarm.keys import SigningKey
+from swarm.admission import Admission, AdmissionPolicy, Ticket
+from swarm.identity import Identity, ed25519_public_key
+from swarm.keys import SigningKey, fingerprint_of
 
-from .records import RUN_KEY, RecordError, SignedRunSpec, StageAnnouncement, _require, basis_key, stage_key
+from .envelope import Envelope, check_envelope
+from .records import (
+    RUN_KEY,
+    RecordError,
+    SignedRunSpec,
+    StageAnnouncement,
+    _require,
+    basis_key,
+    basis_subkey,
+    kind_of,
+    parse_basis_subkey,
+    stage_key,
+)
+from .validator import set_policy
 
 __all__ = ["SwarmDHT"]
 
 log = logging.getLogger(__name__)
+
+ADMISSION_REFRESH_S = 1.0  # `admitted` re-reads the announcements at most this often for an unknown sender
 
 
 async def _visible_maddrs(_dht: hivemind.DHT, node) -> list[str]:
@@ -33,38 +58,123 @@ async def _visible_maddrs(_dht: hivemind.DHT, node) -> list[str]:
 
 
 class SwarmDHT:
-    """The swarm's records over a started `hivemind.DHT` (not owned: stop it with `stop_dht`)."""
+    """The swarm's records over a started `hivemind.DHT` (not owned: stop it with `stop_dht`).
 
-    def __init__(self, dht: hivemind.DHT) -> None:
+    `identity` signs this node's own records (None: a reader that writes nothing);
+    `swarm_key` signs basis updates (the coordinator only); `ticket` is this peer's admission
+    to a private swarm, carried in every record it writes.
+    """
+
+    def __init__(self, dht: hivemind.DHT, identity: Identity | None = None, *, swarm_key: SigningKey | None = None,
+                 ticket: Ticket | None = None, policy: AdmissionPolicy | None = None) -> None:
         self.dht = dht
-        self.skipped_records = 0  # malformed or badly signed entries seen, for health reports
+        self.identity = identity
+        self.swarm_key = swarm_key
+        self.ticket = ticket
+        self.admission = Admission(policy or AdmissionPolicy.from_ticket(ticket))
+        self.skipped_records = 0  # malformed, forged or misfiled entries seen, for health reports
+        self._run: tuple[str, int] | None = None  # (run hash, stages) once a spec is adopted
+        self._refreshed = 0.0
+        self._warned_expiry = False
 
     def _skip(self, where: str, problem: str) -> None:
         self.skipped_records += 1
         log.debug("skipped a record under %s: %s", where, problem)
 
+    # ------------------------------------------------------------------ the swarm's rule
+    async def adopt(self, spec) -> None:
+        """Apply the rule the signed run spec states (a `protocol.spec.RunSpec`): pin its coordinator key for
+        swarm-wide records and, if it is private, require tickets. AdmissionError if this node, which
+        writes, holds no valid ticket for a private swarm."""
+        policy = AdmissionPolicy.for_spec(spec)
+        if policy.private and self.identity is not None:
+            policy.check(self.identity.peer_id, self.ticket)  # the one clear refusal, before anything is written
+        self.admission.adopt(policy)
+        self._run = (spec.run_hash, spec.n_stages)
+        dropped = await set_policy(self.dht, policy)
+        if dropped:
+            log.info("dropped %d stored records that this swarm's rule refuses", dropped)
+
+    async def admitted(self, peer_id: str) -> bool:
+        """May a message from `peer_id` be served? Like `admission.admits`, but an unknown sender of a private
+        swarm is first looked up in the stage announcements (which carry its ticket)."""
+        if self.admission.knows(peer_id):
+            return True
+        if self._run is not None and time.monotonic() - self._refreshed >= ADMISSION_REFRESH_S:
+            self._refreshed = time.monotonic()
+            await self.all_stage_peers(*self._run)
+        return self.admission.admits(peer_id)
+
+    # ------------------------------------------------------------------ signed entries
+    def _own_identity(self) -> Identity:
+        if self.identity is None:
+            raise RuntimeError("this SwarmDHT has no identity, so it can only read; pass the node's Identity.")
+        return self.identity
+
+    async def _store(self, key: str, subkey: str, record: object, ttl: float, signer: Identity,
+                     ticket: bytes = b"") -> bool:
+        kind = kind_of(key)
+        if kind is None or not 0 < ttl <= kind.max_ttl:
+            raise ValueError(f"a record under {key} may live at most {kind.max_ttl if kind else 0:g} s, not {ttl:g}.")
+        expiration = get_dht_time() + ttl
+        env = Envelope.seal(key, subkey, record, expiration, signer, ticket)
+        return bool(await self.dht.store(key, env.to_value(), expiration, subkey=subkey, return_future=True))
+
+    async def store_own(self, key: str, record: object, ttl: float) -> bool:
+        """Store `record` under this node's peer id for `ttl` seconds, signed (and ticketed in a private swarm)."""
+        identity = self._own_identity()
+        ticket = self.ticket.to_bytes() if self.ticket is not None else b""
+        if (self.admission.policy.private and self.ticket is not None and self.ticket.expires
+                and get_dht_time() + ttl > self.ticket.expires and not self._warned_expiry):
+            self._warned_expiry = True
+            log.warning("this peer's ticket expires at %s: from now on the swarm refuses its records; ask the "
+                        "coordinator for a new ticket (`swarm admit`) and restart with it.",
+                        time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.ticket.expires)))
+        return await self._store(key, identity.peer_id, record, ttl, identity, ticket)
+
+    async def entries(self, key: str) -> tuple[list[Envelope], list[str]]:
+        """The unexpired entries under `key` that pass `check_envelope`, and the problems of those that did not."""
+        found = await self.dht.get(key, latest=True, return_future=True)
+        if found is None:
+            return [], []
+        if not isinstance(found.value, dict):
+            self._skip(key, "the entry is a plain value, not a map of signed records.")
+            return [], ["the entry is a plain value, not a map of signed records."]
+        now, valid, problems = get_dht_time(), [], []
+        for subkey, item in found.value.items():
+            if item.expiration_time <= now:
+                continue
+            try:
+                env = Envelope.from_entry(subkey, item.value, item.expiration_time)
+                _require(env.key == key, "the record names another key than the one it is filed under.")
+                check_envelope(env, now, self.admission.policy)
+            except RecordError as e:
+                self._skip(key, str(e))
+                problems.append(str(e))
+                continue
+            valid.append(env)
+        return valid, problems
+
+    # ------------------------------------------------------------------ run spec
     async def publish_run_spec(self, spec_json: str, key: SigningKey, ttl: float) -> SignedRunSpec:
         record = SignedRunSpec.create(spec_json, key)
-        stored = await self.dht.store(
-            RUN_KEY, record.to_record(), get_dht_time() + ttl, subkey=record.fingerprint, return_future=True
-        )
+        stored = await self._store(RUN_KEY, record.fingerprint, record.to_record(), ttl, Identity.of_key(key))
         if not stored:
             raise RuntimeError("the DHT did not store the run spec (no node answered, or it holds a later one).")
         return record
 
     async def fetch_run_spec(self, trusted_key: bytes | None = None) -> SignedRunSpec | None:
         """The published run spec, None if there is none; RecordError if none can be trusted."""
-        found = await self.dht.get(RUN_KEY, latest=True, return_future=True)
-        if found is None or (isinstance(found.value, dict) and not found.value):
+        envelopes, problems = await self.entries(RUN_KEY)
+        if not envelopes and not problems:
             return None
-        if not isinstance(found.value, dict):
-            raise RecordError("the run spec entry in the DHT is not a set of signed records.")
-        valid, problems = [], []
-        for subkey, item in found.value.items():
+        valid = []
+        for env in envelopes:
             try:
-                record = SignedRunSpec.from_record(item.value)
+                record = SignedRunSpec.from_record(env.record())
                 record.verify()
-                _require(subkey == record.fingerprint, "the run spec is filed under another key's fingerprint.")
+                _require(ed25519_public_key(env.signer) == record.public_key,
+                         "the run spec is signed by one key and filed by another.")
             except RecordError as e:
                 self._skip(RUN_KEY, str(e))
                 problems.append(str(e))
@@ -83,33 +193,27 @@ class SwarmDHT:
             raise RecordError(f"several keys ({keys}) publish a run spec; pin the coordinator's key with trusted_key.")
         raise RecordError(problems[0] if problems else "the DHT holds no run spec signed by the trusted key.")
 
+    # ------------------------------------------------------------------ stage announcements
     async def announce(self, ann: StageAnnouncement, ttl: float) -> bool:
-        """Publish `ann` for `ttl` seconds; False if no DHT node stored it."""
-        key = stage_key(ann.run_hash, ann.stage)
-        return bool(
-            await self.dht.store(key, ann.to_record(), get_dht_time() + ttl, subkey=ann.peer_id, return_future=True)
-        )
+        """Publish this node's `ann` for `ttl` seconds; False if no DHT node stored it."""
+        if ann.peer_id != self._own_identity().peer_id:
+            raise ValueError(f"a node announces only itself ({self.identity.peer_id}), not {ann.peer_id}.")
+        return await self.store_own(stage_key(ann.run_hash, ann.stage), ann.to_record(), ttl)
 
     async def stage_peers(self, run_hash: str, stage: int) -> list[StageAnnouncement]:
-        """Unexpired, well-formed announcements for one stage, sorted by peer id."""
+        """Unexpired, well-formed announcements for one stage, each signed by the peer it names, sorted by peer id."""
         key = stage_key(run_hash, stage)
-        found = await self.dht.get(key, latest=True, return_future=True)
-        if found is None:
-            return []
-        if not isinstance(found.value, dict):
-            self._skip(key, "the entry is a plain value, not a map of peers.")
-            return []
-        now, peers = get_dht_time(), []
-        for subkey, item in found.value.items():
-            if item.expiration_time <= now:
-                continue
+        envelopes, _ = await self.entries(key)
+        peers = []
+        for env in envelopes:
             try:
-                ann = StageAnnouncement.from_record(item.value)
-                _require(ann.peer_id == subkey, "the announcement is filed under another peer's id.")
+                ann = StageAnnouncement.from_record(env.record())
+                _require(ann.peer_id == env.subkey, "the announcement is filed under another peer's id.")
                 _require((ann.run_hash, ann.stage) == (run_hash, stage), "the announcement is filed under another key.")
             except (RecordError, TypeError) as e:
                 self._skip(key, str(e))
                 continue
+            self.admission.learn(ann.peer_id, env.ticket or None)  # what a handler asks `admits` about
             peers.append(ann)
         return sorted(peers, key=lambda a: a.peer_id)
 
@@ -131,23 +235,34 @@ class SwarmDHT:
                 log.warning("heartbeat failed (%s: %s); retrying in %g s", type(e).__name__, e, period)
             await asyncio.sleep(period)
 
+    # ------------------------------------------------------------------ basis updates
     async def publish_basis(self, run_hash: str, version: int, update: bytes, ttl: float) -> bool:
-        """Store one signed basis update (bytes of protocol.basis_update.encode_update)."""
-        return bool(await self.dht.store(basis_key(run_hash), update, get_dht_time() + ttl, subkey=version,
-                                         return_future=True))
+        """Store one signed basis update (bytes of protocol.basis_update.encode_update), filed under the swarm key."""
+        if self.swarm_key is None:
+            raise RuntimeError("only the coordinator publishes basis updates: this SwarmDHT holds no swarm key.")
+        subkey = basis_subkey(version, self.swarm_key.fingerprint())
+        return await self._store(basis_key(run_hash), subkey, update, ttl, Identity.of_key(self.swarm_key))
 
-    async def fetch_bases(self, run_hash: str) -> dict[int, bytes]:
-        """Every stored basis update by version, unverified (the reader checks the signature)."""
-        found = await self.dht.get(basis_key(run_hash), latest=True, return_future=True)
-        if found is None or not isinstance(found.value, dict):
-            return {}
-        out = {}
-        for subkey, item in found.value.items():
-            if isinstance(subkey, int) and isinstance(item.value, bytes):
-                out[subkey] = item.value
-            else:
-                self._skip(basis_key(run_hash), "a basis entry is not (int version -> bytes).")
+    async def fetch_bases(self, run_hash: str, coordinator_key: bytes | None = None) -> dict[int, bytes]:
+        """Every stored basis update by version, filed by the coordinator's key (default: the adopted spec's);
+        the reader still checks each update's own signature."""
+        trusted = bytes(coordinator_key) if coordinator_key else self.admission.policy.swarm_key
+        if not trusted:
+            raise RecordError("no coordinator key to trust basis updates from; adopt the run spec first.")
+        key, out = basis_key(run_hash), {}
+        envelopes, _ = await self.entries(key)
+        for env in envelopes:
+            version, signer = parse_basis_subkey(env.subkey)  # check_envelope made sure it parses
+            try:
+                body = env.record()
+                _require(signer == fingerprint_of(trusted), f"basis entry {env.subkey} is not the coordinator's.")
+                _require(isinstance(body, bytes), f"basis entry {env.subkey} does not hold update bytes.")
+            except RecordError as e:
+                self._skip(key, str(e))
+                continue
+            out[version] = body
         return out
 
     async def visible_maddrs(self) -> list[str]:
         return await self.dht.run_coroutine(_visible_maddrs, return_future=True)
+

@@ -5,32 +5,27 @@ Every peer publishes one small record per heartbeat under
     subspace-swarm/{run_hash}/health      subkey = peer id (base58)  -> signed HealthRecord
 
 (the key is spelled by `swarm.dht.health_key`). A record expires after the peer's ttl
-(~15 s), so a peer that dies disappears on its own. Each peer process signs with its own
-Ed25519 key (`SigningKey.generate()`, one per process): the signature covers a canonical
-msgpack of every field (domain tag, public key, then the fields in schema order), so a
-record cannot be altered in flight or replayed as another message.
-
-The DHT checks no signatures, so a reader must: `parse_health(subkey, value)` refuses a
-record that is malformed, whose signature does not verify, or that is filed under another
-peer's id. Binding a key to a peer id is the reader's job too (the first key seen for a
-peer id is pinned: `swarm/dashboard/book.py`), because the libp2p identity key lives in
-p2pd and cannot sign here.
+(~15 s), so a peer that dies disappears on its own. It travels in the swarm's signed
+envelope (`swarm/dht/envelope.py`), signed by the peer's own libp2p identity: only the
+peer whose key hashes to the peer id can write its record, a changed field breaks the
+signature, and the signature covers the expiry, so an old record cannot be replayed to
+live longer. Honest DHT nodes refuse anything else; `parse_health(subkey, value, expiration)`
+checks it all again for readers, plus the record's own schema.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field, fields
 
-import msgpack
 from hivemind.utils import get_dht_time
 
-from swarm.dht import STATES, RecordError, SwarmDHT, health_key
-from swarm.keys import PUBLIC_KEY_BYTES, SIGNATURE_BYTES, SigningKey, fingerprint_of, verify
+from swarm.admission import AdmissionPolicy
+from swarm.dht import STATES, Envelope, RecordError, SwarmDHT, check_envelope, health_key
+from swarm.keys import fingerprint_of
 
-__all__ = ["HEALTH_DOMAIN", "REACHABILITY", "HealthRecord", "SignedHealth", "parse_health", "publish_health",
-           "fetch_health", "reachability_of"]
+__all__ = ["REACHABILITY", "HealthRecord", "SignedHealth", "parse_health", "publish_health", "fetch_health",
+           "reachability_of"]
 
-HEALTH_DOMAIN = "subspace-swarm/health/v1"
 REACHABILITY = ("direct", "relayed")
 MAX_BANNED = 32  # a record lists at most this many failing peers (the most failures first)
 MAX_HISTORY = 64  # and at most this many (step, loss, time) points since its previous beat
@@ -117,12 +112,6 @@ class HealthRecord:
             _fail(f"the health record's loss_history must be at most {MAX_HISTORY} [step, loss, time] points.")
         self.loss_history = [[int(s), float(v), float(t)] for s, v, t in self.loss_history]
 
-    def signing_bytes(self, public_key: bytes) -> bytes:
-        """Canonical bytes: the fields in schema order, `banned` sorted, behind a domain tag and the key."""
-        values = [getattr(self, f.name) for f in fields(self)]
-        values[[f.name for f in fields(self)].index("banned")] = sorted(self.banned.items())
-        return msgpack.packb([HEALTH_DOMAIN, bytes(public_key), values], use_bin_type=True)
-
     @property
     def forward_bytes_per_token(self) -> float | None:
         return self.act_bytes_out / self.act_tokens_out if self.act_tokens_out else None
@@ -134,45 +123,43 @@ class HealthRecord:
 
 @dataclass(frozen=True)
 class SignedHealth:
-    record: HealthRecord
-    public_key: bytes
-    signature: bytes
+    """A health record and the envelope it came in (its signer is the peer's libp2p key)."""
 
-    @classmethod
-    def create(cls, record: HealthRecord, key: SigningKey) -> SignedHealth:
-        public = key.public_bytes()
-        return cls(record, public, key.sign(record.signing_bytes(public)))
+    record: HealthRecord
+    envelope: Envelope
+
+    @property
+    def public_key(self) -> bytes:
+        return self.envelope.signer
 
     @property
     def fingerprint(self) -> str:
-        return fingerprint_of(self.public_key)
-
-    def to_value(self) -> dict:
-        return {**asdict(self.record), "public_key": self.public_key, "signature": self.signature}
+        return fingerprint_of(self.envelope.signer)
 
 
-def parse_health(subkey: object, value: object) -> SignedHealth:
-    """A verified record from one DHT entry; RecordError if it is malformed, forged or misfiled."""
-    if not isinstance(value, dict):
-        _fail(f"a health record must be a map, not {type(value).__name__}.")
-    public, signature = value.get("public_key"), value.get("signature")
-    if not (isinstance(public, bytes) and len(public) == PUBLIC_KEY_BYTES):
-        _fail("the health record carries no valid public key.")
-    if not (isinstance(signature, bytes) and len(signature) == SIGNATURE_BYTES):
-        _fail("the health record carries no valid signature.")
+def parse_health(subkey: object, value: object, expiration: float, policy: AdmissionPolicy | None = None,
+                 now: float | None = None) -> SignedHealth:
+    """A verified record from one DHT entry; RecordError if it is malformed, forged, misfiled or not admitted."""
+    env = Envelope.from_entry(subkey, value, expiration)
+    kind = check_envelope(env, get_dht_time() if now is None else now, policy or AdmissionPolicy())
+    if kind.name != "health":
+        _fail(f"a {kind.name} record is not a health record.")
+    body = env.record()
+    if not isinstance(body, dict):
+        _fail(f"a health record must be a map, not {type(body).__name__}.")
     names = [f.name for f in fields(HealthRecord)]
-    missing = [n for n in names if n not in value]
+    missing = [n for n in names if n not in body]
     if missing:
         _fail(f"the health record lacks {', '.join(missing)}.")
     try:
-        record = HealthRecord(**{n: value[n] for n in names})  # unknown keys are ignored: newer peers may add some
+        record = HealthRecord(**{n: body[n] for n in names})  # unknown keys are ignored: newer peers may add some
     except TypeError as e:  # e.g. an unhashable key inside banned
         raise RecordError(f"the health record is malformed ({e}).") from None
-    if not verify(public, record.signing_bytes(public), signature):
-        _fail(f"the health record of {record.peer_id[-8:]} does not verify against its key {fingerprint_of(public)}.")
-    if record.peer_id != subkey:
+    if record.peer_id != env.subkey:
         _fail("the health record is filed under another peer's id.")
-    return SignedHealth(record, public, signature)
+    if health_key(record.run_hash) != env.key:
+        _fail(f"the health record of {record.peer_id[-8:]} belongs to run {record.run_hash}, not to its key's.")
+    return SignedHealth(record, env)
 
 
 def reachability_of(maddrs: list[str]) -> str:
@@ -180,15 +167,15 @@ def reachability_of(maddrs: list[str]) -> str:
     return "relayed" if maddrs and all("/p2p-circuit" in m for m in maddrs) else "direct"
 
 
-async def publish_health(sdht: SwarmDHT, signed: SignedHealth, ttl: float) -> bool:
-    """Store the record for `ttl` seconds under this peer's id; False if no DHT node stored it."""
-    record = signed.record
-    return bool(await sdht.dht.store(health_key(record.run_hash), signed.to_value(), get_dht_time() + ttl,
-                                     subkey=record.peer_id, return_future=True))
+async def publish_health(sdht: SwarmDHT, record: HealthRecord, ttl: float) -> bool:
+    """Sign and store this node's record for `ttl` seconds under its peer id; False if no DHT node stored it."""
+    if sdht.identity is None or record.peer_id != sdht.identity.peer_id:
+        raise ValueError(f"a node publishes only its own health record, not that of {record.peer_id}.")
+    return await sdht.store_own(health_key(record.run_hash), asdict(record), ttl)
 
 
 async def fetch_health(sdht: SwarmDHT, run_hash: str) -> list[tuple[object, object, float]]:
-    """Raw unexpired entries (subkey, value, expiration) under the run's health key; unverified.
+    """Raw unexpired entries (subkey, value, expiration) under the run's health key; unverified (`parse_health`).
 
     A plain value where a map of peers belongs comes back as one entry with subkey None, so
     that the reader counts it as invalid like any other bad entry.

@@ -26,8 +26,7 @@ from protocol.wire import KIND_ACTIVATION as KIND_FORWARD
 from protocol.wire import KIND_GRADIENT as KIND_BACKWARD
 from swarm import __version__
 from swarm.dht import SwarmDHT
-from swarm.keys import SigningKey
-from swarm.monitor.health import MAX_BANNED, MAX_HISTORY, HealthRecord, SignedHealth, publish_health, reachability_of
+from swarm.monitor.health import MAX_BANNED, MAX_HISTORY, HealthRecord, publish_health, reachability_of
 from swarm.monitor.healthz import HealthzServer
 from swarm.monitor.scalars import ScalarLog
 from swarm.net.transport import Transport
@@ -83,7 +82,6 @@ def _finite(x: float | None) -> float | None:
 
 class PeerMonitor:
     def __init__(self, health_port: int = 0, health_host: str = "127.0.0.1", tensorboard: str | None = None) -> None:
-        self.key = SigningKey.generate()  # one per process: it signs this peer's health records only
         self.state = "joining"
         self.started = time.monotonic()
         self.tensorboard = tensorboard
@@ -198,7 +196,7 @@ class PeerMonitor:
             return False
         try:
             record = self.record()
-            stored = await publish_health(self._peer.sdht, SignedHealth.create(record, self.key), ttl)
+            stored = await publish_health(self._peer.sdht, record, ttl)  # signed by the peer's libp2p identity
         except asyncio.CancelledError:
             raise
         except Exception as e:  # a DHT hiccup must not end the heartbeat

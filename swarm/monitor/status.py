@@ -19,6 +19,7 @@ async def swarm_state(initial_peers: list[str]) -> dict:
         if signed is None:
             return {"run": None, "stages": {}}
         spec = RunSpec.from_json(signed.spec_json)
+        await sdht.adopt(spec)  # a private swarm's announcements count only with a ticket
         peers = await sdht.all_stage_peers(spec.run_hash, spec.n_stages)
         now = get_dht_time()
         return {

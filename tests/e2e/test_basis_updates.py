@@ -52,6 +52,7 @@ class Client:
         self.dht = await asyncio.to_thread(start_dht, self.maddrs, ["/ip4/127.0.0.1/tcp/0"], None, True)
         self.sdht = SwarmDHT(self.dht)
         self.spec = RunSpec.from_json((await self.sdht.fetch_run_spec()).spec_json)
+        await self.sdht.adopt(self.spec)  # basis updates count only under the key the spec names
         self.p2p = await self.dht.replicate_p2p()
         self.transport = Transport(self.p2p, f"subspace-swarm-{self.spec.run_hash}", timeout=30)
         return self

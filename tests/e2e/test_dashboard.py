@@ -1,7 +1,8 @@
 """The dashboard against a live local swarm (coordinator + 3 peers + `swarm dashboard`, tiny preset).
 
 One swarm serves the whole module, in order: the JSON API and /metrics match what the peers
-publish; forged and malformed health records stored in the DHT are ignored and counted; a
+publish; forged health records are refused by the swarm's DHT nodes, and malformed ones that
+their writer signed are ignored and counted by the dashboard; a
 real headless Chromium shows the stages, a growing loss chart, and a killed peer going
 offline; finally the swarm stops and the TensorBoard event files of the head, the tail and the
 dashboard are read back.
@@ -17,7 +18,7 @@ import socket
 import time
 import urllib.request
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import pytest
@@ -26,10 +27,10 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 import swarm as swarm_package
 from protocol.spec import preset
-from swarm.dht import SwarmDHT, start_dht, stop_dht
-from swarm.keys import SigningKey
+from swarm.dht import Envelope, SwarmDHT, health_key, start_dht, stop_dht
+from swarm.identity import Identity
 from swarm.local import LocalOptions, LocalSwarm
-from swarm.monitor.health import SignedHealth, fetch_health, parse_health
+from swarm.monitor.health import fetch_health, parse_health
 from tests.e2e.conftest import wait_for_event
 from tests.swarm.test_health import record
 
@@ -148,7 +149,7 @@ async def test_api_state_matches_the_records_the_peers_publish(live):
         deadline = time.monotonic() + 30
         while True:
             raw = await fetch_health(sdht, snap["run"]["hash"])
-            records = {r.peer_id: r for r in (parse_health(k, v).record for k, v, _ in raw)}
+            records = {r.peer_id: r for r in (parse_health(k, v, x).record for k, v, x in raw)}
             api = {p["peer_id"]: p for p in state(live)["peers"] if p["online"]}
             same = set(records) == set(api) and all(
                 (api[p]["step"], api[p]["basis_version"], api[p]["tokens_per_s"], api[p]["loss"], api[p]["stage"])
@@ -221,58 +222,81 @@ def test_page_shows_three_stages_and_a_growing_loss_chart(live, tmp_path):
 
 # ---------------------------------------------------------------------------------------------- forgeries
 
-async def test_forged_and_malformed_health_records_are_ignored_and_counted(live):
+@contextmanager
+def attacker_node(live: Live):
+    """A bare hivemind node without the swarm's validator: it writes whatever it likes."""
+    import hivemind
+    dht = hivemind.DHT(initial_peers=live.swarm.maddrs, host_maddrs=["/ip4/127.0.0.1/tcp/0"], client_mode=True,
+                       start=True)
+    try:
+        yield dht
+    finally:
+        stop_dht(dht)
+
+
+async def test_forged_health_records_are_refused_and_malformed_ones_ignored_and_counted(live):
     snap = state(live)
     run, before = snap["run"]["hash"], snap["invalid_records"]
-    honest, forger = SigningKey.generate(), SigningKey.generate()
+    key = health_key(run)
+    victim = next(p["peer_id"] for p in snap["peers"] if p["online"] and p["stage"] == 1)
 
-    def signed(peer: str, key: SigningKey, **fields) -> dict:
-        return SignedHealth.create(record(peer, run_hash=run, stage=2, timestamp=time.time(), **fields), key).to_value()
+    def sealed(signer: Identity, subkey: str, expires: float, body: dict | str) -> dict:
+        return Envelope.seal(key, subkey, body, expires, signer).to_value()
 
-    bad_signature = signed("12D3KooWBadSignature", forger)
-    bad_signature["signature"] = bytes(64)
-    missing = signed("12D3KooWMissingField", forger)
-    del missing["step"]
-    junk = {
-        "12D3KooWBadSignature": bad_signature,
-        "12D3KooWMisfiled": signed("12D3KooWSomeoneElse", forger),  # valid, but under another peer's id
-        "12D3KooWNotARecord": "<script>alert(1)</script>",
-        "12D3KooWMissingField": missing,
-        "12D3KooWOtherRun": SignedHealth.create(record("12D3KooWOtherRun", run_hash="0" * 16), forger).to_value(),
-        "12D3KooWBadNumbers": {**signed("12D3KooWBadNumbers", forger), "tokens_per_s": -1.0},
+    def body(peer: str, **fields) -> dict:  # fields may be invalid: set after the record is built
+        return asdict(record(peer, run_hash=run, stage=2, timestamp=time.time())) | fields
+
+    forger = Identity.generate()
+    now = time.time()
+    forged = {  # records no honest node may store: each names the victim, or is not what it claims
+        "signed by another key": (victim, sealed(forger, victim, now + 9, body(victim, step=999999)), now + 9),
+        "a bad signature": (forger.peer_id, {**sealed(forger, forger.peer_id, now + 9, body(forger.peer_id)),
+                                             "s": bytes(64)}, now + 9),
+        "not an envelope": (victim, body(victim, step=999999), now + 9),
+        "a far expiry": (forger.peer_id, sealed(forger, forger.peer_id, now + 86400, body(forger.peer_id)),
+                         now + 86400),
     }
-    victim = "12D3KooWPinnedPeer"
-    with dht_client(live) as sdht:
-        now = time.time()
-        # a peer that publishes one honest record: the dashboard pins its key
-        assert await sdht.dht.store(f"subspace-swarm/{run}/health", signed(victim, honest, step=7), now + 8,
-                                    subkey=victim, return_future=True)
-        await asyncio.to_thread(eventually, lambda: any(p["peer_id"] == victim and p["step"] == 7
-                                                        for p in state(live)["peers"]), 20, "the pinned peer")
-        # ... then a record for the same peer id, signed by another key, replaces it in the DHT
-        forged = signed(victim, forger, step=999999)
-        assert await sdht.dht.store(f"subspace-swarm/{run}/health", forged, now + 9, subkey=victim,
-                                    return_future=True)
-        for subkey, value in junk.items():
-            assert await sdht.dht.store(f"subspace-swarm/{run}/health", value, now + 30, subkey=subkey,
-                                        return_future=True)
+    # Malformed records signed by their own writer: the DHT keeps them (the body is the writer's
+    # business), the dashboard's book refuses and counts each once.
+    junk_bodies = [
+        body("12D3KooWSomeoneElse"),  # under the writer's id, naming another peer
+        {k: v for k, v in body("x").items() if k != "step"},
+        "<script>alert(1)</script>",
+        body("x", run_hash="0" * 16),
+        body("x", tokens_per_s=-1.0),
+        body("x", state="hacked"),
+        body("x", stage=-1),
+    ]
+    with attacker_node(live) as attacker, dht_client(live) as sdht:
+        for junk in junk_bodies:  # first: so the attacker's stores do reach the swarm's nodes
+            writer = Identity.generate()
+            value = sealed(writer, writer.peer_id, now + 30, junk if isinstance(junk, str) else
+                           {**junk, "peer_id": junk["peer_id"] if junk["peer_id"] != "x" else writer.peer_id})
+            assert await attacker.store(key, value, now + 30, subkey=writer.peer_id, return_future=True)
+
+        for what, (subkey, value, expires) in forged.items():
+            stored = await attacker.store(key, value, expires, subkey=subkey, return_future=True)
+            assert not stored, f"an honest DHT node stored a record with {what}"
+        raw = {k: (v, x) for k, v, x in await fetch_health(sdht, run)}
+        genuine, expires = raw[victim]  # the victim's own record, replayed to live an hour longer
+        assert not await attacker.store(key, genuine, expires + 3600, subkey=victim, return_future=True)
 
         def counted():
             snap = state(live)
             seen = {p["peer_id"]: p for p in snap["peers"]}
             assert all(p.get("step") != 999999 for p in snap["peers"]), "a forged record reached the API"
-            assert victim not in seen or seen[victim]["step"] == 7
-            return snap if snap["invalid_records"] == before + len(junk) + 1 else None
+            assert seen[victim]["online"] and seen[victim]["stage"] == 1
+            return snap if snap["invalid_records"] == before + len(junk_bodies) else None
 
-        snap = await asyncio.to_thread(eventually, counted, 20, f"{len(junk) + 1} more invalid records")
+        snap = await asyncio.to_thread(eventually, counted, 20, f"{len(junk_bodies)} more invalid records")
         samples = snap["updated"]
         await asyncio.to_thread(eventually, lambda: state(live)["updated"] > samples + 2, 15, "three more samples")
         after = state(live)
-    assert after["invalid_records"] == before + len(junk) + 1, "the same bad entries were counted again"
+    assert after["invalid_records"] == before + len(junk_bodies), "the same bad entries were counted again"
     shown = {p["peer_id"] for p in after["peers"]}
-    assert not shown & (set(junk) | {"12D3KooWSomeoneElse"}), "an invalid record shows as a peer"
+    assert "12D3KooWSomeoneElse" not in shown and forger.peer_id not in shown, "an invalid record shows as a peer"
     assert sum(p["online"] for p in after["peers"]) == 3 and after["error"] is None, "the forgeries broke the API"
-    assert any("signed by key" in p for p in after["problems"])
+    assert any("another peer's id" in p for p in after["problems"])
     status, text = get(live.url + "metrics")
     assert status == 200 and f"swarm_invalid_records {float(after['invalid_records'])}" in text.decode()
 

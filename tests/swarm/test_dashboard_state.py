@@ -12,14 +12,17 @@ from protocol.spec import preset
 from swarm.dashboard.metrics import make_registry, render
 from swarm.dashboard.state import DashboardState, _mark_bottleneck
 from swarm.dht import StageAnnouncement, SwarmDHT, start_dht, stop_dht
+from swarm.identity import Identity
 from swarm.keys import SigningKey
 from swarm.local import dense_bytes_per_token
-from swarm.monitor.health import SignedHealth, publish_health
+from swarm.monitor.health import publish_health
 from swarm.monitor.scalars import ScalarLog
 from tests.swarm.test_health import record
 
 SPEC = preset("tiny", stages=3)
-HEAD, MIDDLE, STRANGER = "12D3KooWHeadPeer", "12D3KooWMiddlePeer", "12D3KooWStranger"
+IDENTITIES = {name: Identity.generate() for name in ("head", "middle", "stranger")}  # each signs its own records
+HEAD, MIDDLE, STRANGER = (IDENTITIES[n].peer_id for n in ("head", "middle", "stranger"))
+WRITER = {i.peer_id: i for i in IDENTITIES.values()}
 
 
 @pytest.fixture
@@ -35,7 +38,7 @@ async def populate(sdht: SwarmDHT, ttl: float = 30.0, middle_ttl: float = 30.0) 
     await sdht.publish_run_spec(SPEC.to_json(), SigningKey.generate(), ttl)
     for peer, stage, t in ((HEAD, 0, ttl), (MIDDLE, 1, middle_ttl)):
         ann = StageAnnouncement(peer, SPEC.run_hash, stage, ["/ip4/127.0.0.1/tcp/1"], 100.0, 0, 0, "online", "0.1.0")
-        assert await sdht.announce(ann, t)
+        assert await SwarmDHT(sdht.dht, WRITER[peer]).announce(ann, t)
     head = record(HEAD, run_hash=SPEC.run_hash, stage=0, step=12, tokens_per_s=6000.0, act_bytes_out=6500,
                   act_tokens_out=100, grad_bytes_out=0, grad_tokens_out=0, loss=4.0, timestamp=time.time(),
                   loss_history=[[10, 4.5, 1.0], [11, 4.2, 2.0], [12, 4.0, 3.0]])
@@ -47,7 +50,7 @@ async def populate(sdht: SwarmDHT, ttl: float = 30.0, middle_ttl: float = 30.0) 
                       act_tokens_out=1, banned={"12D3KooWFramed": 5}, loss_history=[[99, 0.1, 5.0]],
                       timestamp=time.time())
     for rec, t in ((head, ttl), (middle, middle_ttl), (stranger, ttl)):
-        assert await publish_health(sdht, SignedHealth.create(rec, SigningKey.generate()), t)
+        assert await publish_health(SwarmDHT(sdht.dht, WRITER[rec.peer_id]), rec, t)
 
 
 def metric_values(text: str) -> dict:
