@@ -51,14 +51,10 @@ log = logging.getLogger(__name__)
 
 
 class StepCommit:
-    def __init__(self, daemon: StageDaemon, *, reduce_timeout: float = 60.0,
-                 may_drive: Callable[[str], bool] | None = None,
-                 may_contribute: Callable[[str], bool] | None = None) -> None:
+    def __init__(self, daemon: StageDaemon, *, reduce_timeout: float = 60.0) -> None:
         self.daemon, self.runner = daemon, daemon.runner
         self.spec, self.stage, self.peer_id = daemon.spec, daemon.stage, daemon.peer_id
         self.reduce_timeout = reduce_timeout
-        self.may_drive = may_drive or (lambda peer: True)  # who may command (issue: the announced heads)
-        self.may_contribute = may_contribute or (lambda peer: True)  # who may contribute (this stage's replicas)
         self._inbox: dict[tuple[int, int], dict[str, Contribution]] = {}
         self._arrived = asyncio.Event()
         self.followers: dict[str, int] = {}  # replicas catching up from this one -> first step they need
@@ -77,12 +73,12 @@ class StepCommit:
 
     # ------------------------------------------------------------------ commands
     async def _on_command(self, body: bytes, sender: str) -> bytes:
+        if (refusal := await self.daemon.admitted(sender, KIND_CONTROL)) is not None:
+            return refusal
         try:
             cmd = decode_command(body, self.spec.run_hash)
         except WireError as e:
             return self.daemon.refuse(str(e), sender)
-        if not self.may_drive(sender):
-            return self.daemon.refuse("only a head of this swarm may send step commands.", sender)
         return encode_reply(await self.handle(cmd))
 
     async def handle(self, cmd: Command) -> CommandReply:
@@ -168,8 +164,8 @@ class StepCommit:
 
     async def _on_contribution(self, body: bytes, sender: str) -> bytes:
         d = self.daemon
-        if not self.may_contribute(sender):
-            return d.refuse("only replicas announced for this stage may contribute to its reduce.", sender)
+        if (refusal := await d.admitted(sender, KIND_REDUCE)) is not None:
+            return refusal
         try:
             c = decode_contribution(body, self.limits())
         except WireError as e:
@@ -219,15 +215,17 @@ class StepCommit:
             body = encode_follow(FollowUpdate(self.spec.run_hash, last.step, last.grads, last.stat))
             self.daemon.spawn(self._send_follow(peer, body))
 
-    async def serve_follow(self, on_update: Callable[[FollowUpdate], object]) -> None:
+    async def serve_follow(self, on_update: Callable[[FollowUpdate, str], str | None]) -> None:
         """A catching-up replica: take the reduced sums its donor forwards."""
         async def handler(body: bytes, sender: str) -> bytes:
+            if (refusal := await self.daemon.admitted(sender, KIND_FOLLOW)) is not None:
+                return refusal
             try:
                 update = decode_follow(body, self.limits())
             except WireError as e:
                 return self.daemon.refuse(str(e), sender)
-            on_update(update)
-            return ACK
+            problem = on_update(update, sender)
+            return self.daemon.refuse(problem, sender) if problem else ACK
         await self.daemon.link.serve(KIND_FOLLOW, handler)
 
     def _forward_to_followers(self, reduced: Reduced) -> None:

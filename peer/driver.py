@@ -156,15 +156,18 @@ class StepDriver:
             if not missing:
                 if self.paused:
                     log.info("every stage has a live peer again; training resumes")
+                    self.daemon.state = "online"
+                    await self.directory.announce(self.daemon.status())
                 self.paused = []
-                self.daemon.state = "online"
                 return
             if missing != self.paused:
                 log.warning("paused: stage%s %s ha%s no live peer; waiting for one to join",
                             "s" if len(missing) > 1 else "", ", ".join(map(str, missing)),
                             "ve" if len(missing) > 1 else "s")
+                self.daemon.state = "paused"
+                # at once: a peer that comes to fill the stage reads the step to start at from this
+                await self.directory.announce(self.daemon.status())
             self.paused = missing
-            self.daemon.state = "paused"
             await asyncio.sleep(0.5)  # poll interval of the directory while the swarm is paused
 
     def _timeout(self) -> float:

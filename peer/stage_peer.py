@@ -62,6 +62,7 @@ class StagePeer:
         the reduced gradients it forwards until this replica is level; returns the donor."""
         problems = []
         for donor in donors:
+            self.follower.donor = donor
             try:
                 step, state = await download_state(self.link, donor, self.spec.run_hash, _max_state_bytes(self.runner),
                                                    timeout)

@@ -42,6 +42,7 @@ from .stage import StageError
 log = logging.getLogger(__name__)
 
 SNAPSHOT_TTL_S = 300.0  # a snapshot is served this long after it was taken
+MAX_QUEUED = 64  # reduced gradients a joiner holds while it loads (it downloads again if it falls further behind)
 MAX_SNAPSHOTS = 2
 
 
@@ -74,6 +75,8 @@ class StateService:
         return self.runner.step, state_bytes(self.runner.state_dict())
 
     async def _on_request(self, body: bytes, sender: str) -> bytes:
+        if (refusal := await self.daemon.admitted(sender, KIND_STATE)) is not None:
+            return refusal
         try:
             req = decode_state_request(body, self.daemon.spec.run_hash)
         except WireError as e:
@@ -133,13 +136,18 @@ class Follower:
         self.queue: dict[int, FollowUpdate] = {}
         self.on_applied = on_applied
         self.active = False
+        self.donor: str | None = None  # the replica this one downloaded its state from: the only one it follows
         self._lock = asyncio.Lock()
 
-    def on_update(self, update: FollowUpdate) -> None:
-        if update.step >= self.runner.step:
+    def on_update(self, update: FollowUpdate, sender: str) -> str | None:
+        """Queue a reduced gradient from the donor; why it is refused otherwise."""
+        if sender != self.donor:
+            return "this replica follows only the replica it downloaded its state from."
+        if update.step >= self.runner.step and len(self.queue) < MAX_QUEUED:
             self.queue[update.step] = update
         if self.active:
             self.daemon.spawn(self.catch_up())
+        return None
 
     async def catch_up(self) -> int:
         """Apply every queued reduced gradient that is next in line; returns how many."""

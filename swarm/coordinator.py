@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from protocol.model import spec_basis
 from protocol.spec import RunSpec
+from protocol.wire import KIND_STATS
 
 from .admission import AdmissionPolicy
 from .basis import BasisRefitter
@@ -71,7 +72,7 @@ async def run_coordinator(opts: CoordinatorOptions) -> int:
                               + (1 << 16))
         refitter = BasisRefitter(spec, key, sdht, transport, opts.ttl * 100, delay=opts.refit_delay)
         if spec.codec == "subspace" and spec.basis_updates:
-            await transport.serve("stats", refitter.on_stats)
+            await transport.serve(KIND_STATS, refitter.on_stats)
         await sdht.publish_run_spec(spec.to_json(), key, opts.ttl)
         maddrs = [str(m) for m in dht.get_visible_maddrs()]
         if opts.maddrs_file:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import asdict, dataclass
 
 from peer.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint
@@ -33,6 +34,7 @@ from protocol.wire import (
 )
 from swarm.basis import BasisSync
 from swarm.dht import SwarmDHT
+from swarm.membership import Membership
 from swarm.net import Transport
 from swarm.placement import move_target
 from swarm.router import Router
@@ -96,7 +98,8 @@ class ReplicaService:
         batches = ctx.batches() if self.stage == 0 else None
         self.peer = peer = StagePeer(
             runner, ctx.link, ctx.router, batches=batches, verify_state=sync.verify_state,
-            daemon_options=dict(on_refit=sync.send_stats, verify_update=sync.verify, pull_updates=sync.pull),
+            daemon_options=dict(on_refit=sync.send_stats, verify_update=sync.verify, pull_updates=sync.pull,
+                                admit=Membership(ctx.router, ctx.sdht, self.stage, self.spec.n_stages).check),
             driver_options=dict(first_timeout=ctx.step_timeout))
         sync.daemon = peer.daemon
         ctx.link.limits.update(frame_limits(self.spec, runner))
@@ -141,20 +144,34 @@ class ReplicaService:
             state = await asyncio.to_thread(load_checkpoint, path)
             await peer.daemon.run(runner.load_state_dict, state)
             log.info("resumed stage %d at step %d from %s", self.stage, runner.step + 1, path)
-        swarm_step = await self._swarm_step()
-        if swarm_step is not None and swarm_step != runner.step:
-            log.warning("stage %d has no live replica: it continues at the swarm's step %d from %s (step %d)",
-                        self.stage, swarm_step + 1, "its checkpoint" if runner.step else "its initial weights",
-                        runner.step + 1)
-            runner.step = swarm_step
+        else:
+            swarm_step = await self._swarm_step()
+            if swarm_step:
+                log.warning("stage %d had no live replica and this peer has no checkpoint of it: the stage starts "
+                            "again from its initial weights, at the swarm's step %d", self.stage, swarm_step + 1)
+                runner.step = swarm_step
         await self.sync.catch_up(peer.daemon)
         peer.daemon.stepped()
 
-    async def _swarm_step(self) -> int | None:
-        """The step the other stages are on (their most advanced live peer), None if none is live."""
-        steps = [a.step for s in range(self.spec.n_stages) if s != self.stage
-                 for a in await self.ctx.router.live_peers(s, fresh=True)]
-        return max(steps) if steps else None
+    async def _swarm_step(self) -> int:
+        """The step the swarm is on, for a stage that had no live replica (so the swarm is paused).
+
+        A paused head announces the step it waits at as soon as it pauses. Without a head the
+        other stages cannot move either; their announcements settle within one heartbeat."""
+        router, ttl = self.ctx.router, self.ctx.ttl
+        t0 = time.monotonic()
+        while True:
+            peers = [a for s in range(self.spec.n_stages) for a in await router.live_peers(s, fresh=True)
+                     if a.peer_id != self.ctx.peer_id]
+            if all(a.step == 0 for a in peers):
+                return 0  # a swarm that has not trained yet
+            paused = [a.step for a in peers if a.stage == 0 and a.state == "paused"]
+            if paused:
+                return max(paused)
+            waited = time.monotonic() - t0
+            if waited > 2 * ttl or waited > ttl / 3 + 1 and not any(a.stage == 0 for a in peers):
+                return max(a.step for a in peers)
+            await asyncio.sleep(0.5)  # poll the announcements while the swarm settles
 
     # ------------------------------------------------------------------ while serving
     def _on_step(self, record: StepLog) -> None:

@@ -80,6 +80,9 @@ class Router:
         ban = self._bans.get(peer)
         return ban is not None and ban.until > now
 
+    def is_banned(self, peer: str) -> bool:
+        return self._banned(peer, time.monotonic())
+
     async def live_peers(self, stage: int, fresh: bool = False) -> list[StageAnnouncement]:
         now = time.monotonic()
         return [a for a in await self.announced(stage, fresh) if a.state in LIVE_STATES

@@ -1,29 +1,48 @@
 """`BasisRefitter`: the coordinator's side of the Grassmann basis updates (docs/algorithms.md 1.7).
 
-At every re-fit step the receiving stages send their statistic (EMA of C_s U). Once every
-stage 1..n-1 has reported for (basis version v, step t), the refitter takes one capped
-Grassmann step from U_v, signs (run, v+1, t + switch delay, U_{v+1}) with the swarm key,
-stores it in the DHT (where late joiners and peers that missed the push find it) and pushes
-it to every announced peer. Statistics that come tagged with an older version than the last
-published one mean that update was not taken up (e.g. it arrived too late); the refitter
-then starts again from the version the stages are really on.
+At every re-fit step the receiving stages send their statistic (EMA of C_s U). Replicas of a
+stage hold bit-identical statistics (they are summed in the replicas' all-reduce), so the
+refitter takes a stage's statistic only once a quorum agrees on it: more than half of the
+stage's live replicas, by hash; one replica, lying or not, cannot outvote the others. Once
+every stage 1..n-1 has a quorum for (basis version v, step t), it takes one capped Grassmann
+step from U_v, signs (run, v+1, t + switch delay, U_{v+1}) with the swarm key, stores it in
+the DHT (where late joiners and peers that missed the push find it) and pushes it to every
+announced peer.
+
+What it accepts is bounded: statistics only from peers announced for the stage they name,
+only for re-fit steps after the last published one and at most ten intervals past the
+swarm's announced step (announcements lag behind), at most one per peer (a newer one replaces
+it); so it holds at most one d x k matrix per live replica, and no message can schedule a
+switch at a far step (the effective step is always the coordinator's t + delay).
+Statistics tagged with an older version than the last published one mean that update was not
+taken up (it arrived too late); the refitter then starts again from the version the stages
+are really on.
 """
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
+from collections import Counter
 
 import torch
 
 from protocol.basis_update import BasisUpdate, canonical_basis, decode_stats, encode_update, next_basis
 from protocol.model import compute_dtype, spec_basis
 from protocol.spec import RunSpec
-from protocol.wire import ErrorReply, WireError, encode_message
+from protocol.wire import KIND_BASIS, ErrorReply, WireError, encode_message
 from swarm.dht import SwarmDHT
 from swarm.keys import SigningKey
 from swarm.net.transport import Transport
 
 log = logging.getLogger(__name__)
+
+LIVE = ("online", "paused")
+STEP_WINDOW_INTERVALS = 10  # how far past the swarm's announced step a re-fit step may be (announcements lag)
+
+
+def _refuse(reason: str) -> bytes:
+    return encode_message(ErrorReply(reason))
 
 
 class BasisRefitter:
@@ -33,25 +52,65 @@ class BasisRefitter:
         self.delay = delay  # seconds between a re-fit and its publication (a slow coordinator, for tests)
         basis = spec_basis(spec)
         self.bases: dict[int, torch.Tensor] = {0: basis.U} if basis is not None else {}
-        self._stats: dict[tuple[int, int], dict[int, torch.Tensor]] = {}
+        # (basis version, re-fit step) -> stage -> peer -> (hash of M, M); at most one entry per peer
+        self._stats: dict[tuple[int, int], dict[int, dict[str, tuple[str, torch.Tensor]]]] = {}
+        self._pending: dict[str, tuple[int, int]] = {}  # peer -> the key of its statistic held here
+        self.last_refit = 0  # the re-fit step of the last published update
         self.published: list[BasisUpdate] = []
+        self.refused = 0
         self._lock = asyncio.Lock()
 
     async def on_stats(self, body: bytes, sender: str) -> bytes:
         try:
             msg = decode_stats(body, self.spec)
         except WireError as e:
-            return encode_message(ErrorReply(str(e)))
+            return self._refused(str(e))
         if msg.basis_version not in self.bases:
-            return encode_message(ErrorReply(f"basis version {msg.basis_version} is unknown to the coordinator."))
-        if msg.step % self.spec.basis_interval:
-            return encode_message(ErrorReply(f"step {msg.step} is not a re-fit step."))
-        got = self._stats.setdefault((msg.basis_version, msg.step), {})
-        got.setdefault(msg.stage, msg.M)  # replicas of a stage: the first report counts
-        if len(got) == self.spec.n_stages - 1:
-            del self._stats[(msg.basis_version, msg.step)]
-            asyncio.get_running_loop().create_task(self._refit(msg.basis_version, msg.step, got))
+            return self._refused(f"basis version {msg.basis_version} is unknown to the coordinator.")
+        if msg.step % self.spec.basis_interval or msg.step <= 0:
+            return self._refused("the statistic is not for a re-fit step.")
+        live = await self._replicas(msg.stage)
+        if sender not in live:
+            return self._refused(f"only peers announced for stage {msg.stage} may send its statistic.")
+        horizon = max(live.values(), default=0) + STEP_WINDOW_INTERVALS * self.spec.basis_interval
+        if msg.step <= self.last_refit or msg.step > horizon:
+            return self._refused("the statistic is not for a re-fit step being collected.")
+        key = (msg.basis_version, msg.step)
+        old = self._pending.get(sender)
+        if old == key:
+            return self._refused("this peer's statistic for this re-fit is already here.")
+        if old is not None:  # one statistic per peer is kept: its newer one replaces it
+            self._stats.get(old, {}).get(msg.stage, {}).pop(sender, None)
+        self._pending[sender] = key
+        self._stats.setdefault(key, {}).setdefault(msg.stage, {})[sender] = (
+            hashlib.sha256(msg.M.numpy().tobytes()).hexdigest(), msg.M)
+        agreed = {s: self._quorum(key, s, len(await self._replicas(s))) for s in range(1, self.spec.n_stages)}
+        if all(M is not None for M in agreed.values()):
+            self.last_refit = msg.step
+            for k in [k for k in self._stats if k[1] <= msg.step]:
+                del self._stats[k]
+            self._pending = {p: k for p, k in self._pending.items() if k in self._stats}
+            asyncio.get_running_loop().create_task(self._refit(msg.basis_version, msg.step, agreed))
         return b""
+
+    def _refused(self, reason: str) -> bytes:
+        self.refused += 1
+        log.warning("refused a statistic: %s", reason)
+        return _refuse(reason)
+
+    async def _replicas(self, stage: int) -> dict[str, int]:
+        """The live replicas of `stage` and the step each announces."""
+        return {a.peer_id: a.step for a in await self.sdht.stage_peers(self.spec.run_hash, stage) if a.state in LIVE}
+
+    def _quorum(self, key: tuple[int, int], stage: int, n_live: int) -> torch.Tensor | None:
+        """The statistic more than half of the stage's live replicas agree on, if any."""
+        got = self._stats.get(key, {}).get(stage, {})
+        if not got:
+            return None
+        digest, votes = Counter(h for h, _ in got.values()).most_common(1)[0]
+        if votes * 2 <= max(n_live, 1):
+            return None
+        return next(M for h, M in got.values() if h == digest)
 
     async def _refit(self, version: int, step: int, stats: dict[int, torch.Tensor]) -> None:
         if self.delay:
@@ -72,7 +131,7 @@ class BasisRefitter:
     async def _push(self, body: bytes) -> None:
         peers = await self.sdht.all_stage_peers(self.spec.run_hash, self.spec.n_stages)
         ids = [a.peer_id for anns in peers.values() for a in anns if a.state == "online"]
-        results = await asyncio.gather(*(self.transport.request(p, "basis", body, timeout=10) for p in ids),
+        results = await asyncio.gather(*(self.transport.request(p, KIND_BASIS, body, timeout=10) for p in ids),
                                        return_exceptions=True)
         for peer, res in zip(ids, results):
             if isinstance(res, Exception) or res != b"":

@@ -16,7 +16,7 @@ from peer.daemon import StageDaemon
 from protocol.basis_update import BasisUpdate, StatsMessage, canonical_basis, decode_update, encode_stats
 from protocol.model import compute_dtype, spec_basis
 from protocol.spec import RunSpec
-from protocol.wire import WireError
+from protocol.wire import KIND_STATS, WireError
 from swarm.dht import SwarmDHT
 from swarm.keys import verify
 from swarm.net.transport import Transport, TransportError
@@ -39,7 +39,7 @@ class BasisSync:
         if not self.coordinator:
             return
         try:
-            reply = await self.transport.request(self.coordinator, "stats", encode_stats(stats), timeout=30)
+            reply = await self.transport.request(self.coordinator, KIND_STATS, encode_stats(stats), timeout=30)
             if reply != b"":
                 log.warning("the coordinator refused this stage's statistic")
         except TransportError as e:

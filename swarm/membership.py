@@ -1,0 +1,73 @@
+"""`Membership`: who may send what to this stage, from the signed stage announcements.
+
+Each kind of message may come only from peers that are announced (and, in a private swarm,
+admitted with a ticket) for the stage it belongs to:
+
+    act          peers of the previous stage        grad   peers of the next stage
+    ctl          heads (stage-0 peers): the driver  red    replicas of this stage
+    fol, state   peers of this stage (a donor, a joiner)
+    basis        anyone: the update itself is signed by the swarm key
+
+and never from a peer this process banned for sending bad data. Announcements are read
+through the router's 2 s cache; a sender not found there causes one fresh read of that
+stage, at most once a second, so a newcomer is admitted within a second while a stranger
+cannot make this peer hammer the DHT.
+"""
+from __future__ import annotations
+
+import time
+
+from protocol.wire import (
+    KIND_ACTIVATION,
+    KIND_BASIS,
+    KIND_CONTROL,
+    KIND_FOLLOW,
+    KIND_GRADIENT,
+    KIND_REDUCE,
+    KIND_STATE,
+)
+from swarm.dht import SwarmDHT
+from swarm.placement import PRESENT
+from swarm.router import LIVE_STATES, Router
+
+REFRESH_S = 1.0
+
+
+class Membership:
+    def __init__(self, router: Router, sdht: SwarmDHT, stage: int, n_stages: int) -> None:
+        self.router, self.sdht, self.stage, self.n_stages = router, sdht, stage, n_stages
+        self._refreshed: dict[int, float] = {}
+
+    def _source(self, kind: str) -> tuple[int, tuple[str, ...]] | None:
+        """(stage the sender must serve, the states that count), or None if anyone may send it."""
+        s = self.stage
+        return {KIND_ACTIVATION: (s - 1, LIVE_STATES), KIND_GRADIENT: (s + 1, LIVE_STATES),
+                KIND_CONTROL: (0, LIVE_STATES), KIND_REDUCE: (s, LIVE_STATES + ("syncing",)),
+                KIND_FOLLOW: (s, LIVE_STATES), KIND_STATE: (s, PRESENT)}.get(kind)
+
+    async def check(self, sender: str, kind: str) -> str | None:
+        """Why `sender` may not send `kind` here, or None. One sentence, with nothing of this stage's state."""
+        if self.router.is_banned(sender):
+            return "this peer is banned for a while after failing or sending bad data."
+        if not await self.sdht.admitted(sender):
+            return "this swarm is private: its coordinator admits peers with a ticket (swarm admit)."
+        if kind == KIND_BASIS:
+            return None
+        source = self._source(kind)
+        if source is None:
+            return f"messages of kind {kind!r} are not served here."
+        stage, states = source
+        if not 0 <= stage < self.n_stages:
+            return f"no stage sends messages of kind {kind!r} to stage {self.stage}."
+        if await self._announced(sender, stage, states):
+            return None
+        return f"only peers announced for stage {stage} may send this kind of message here."
+
+    async def _announced(self, sender: str, stage: int, states: tuple[str, ...]) -> bool:
+        if any(a.peer_id == sender and a.state in states for a in await self.router.announced(stage)):
+            return True
+        now = time.monotonic()
+        if now - self._refreshed.get(stage, 0.0) < REFRESH_S:
+            return False
+        self._refreshed[stage] = now
+        return any(a.peer_id == sender and a.state in states for a in await self.router.announced(stage, fresh=True))
