@@ -125,10 +125,11 @@ def cmd_peer(a: argparse.Namespace) -> int:
     from peer.daemon import StepFailed
     from peer.interfaces import LinkError
 
+    from .net.reachability import ReachabilityError
     from .node import JoinError
     try:
         return _run_async(lambda: run_peer(opts))
-    except (JoinError, LinkError, StepFailed) as e:
+    except (JoinError, LinkError, StepFailed, ReachabilityError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
 

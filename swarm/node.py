@@ -27,11 +27,13 @@ from protocol.spec import RunSpec
 from protocol.wire import WireLimits
 
 from .basis import BasisSync
-from .dht import SwarmDHT, close_node, start_dht
+from .dht import SwarmDHT, close_node, start_dht, stop_dht
 from .monitor.peer_monitor import PeerMonitor
 from .net import LinkShaper, Transport, TransportError
+from .net.reachability import DialBack, dht_options, settle_reachability
 from .options import opt
 from .router import Router
+from .stage_memory import recall_stage, remember_stage
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +53,11 @@ class PeerOptions:
     steps: int | None = opt(None, "head only: stop after this many steps (default: run until stopped)")
     data: str | None = opt(None, "head only: text file or folder (default: embedded corpus)", metavar="PATH")
     host_maddrs: list[str] = opt(["/ip4/0.0.0.0/tcp/0"], "libp2p listen addresses", metavar="MADDR")
+    public_ip: str | None = opt(None, "your router's public IP, with the TCP port of --host-maddrs forwarded to "
+                                "this machine: announces /ip4/IP/tcp/PORT", metavar="IP")
+    announce_maddrs: list[str] = opt([], "announce exactly these addresses to the swarm", metavar="MADDR")
+    reachability: str = opt("auto", "auto: ask other peers to dial back and use a relay if they cannot; direct: "
+                            "skip the check; relayed: serve through a relay", choices=("auto", "direct", "relayed"))
     identity: str | None = opt(None, "libp2p identity file for a stable peer id", metavar="FILE")
     checkpoint_dir: str | None = opt(None, "save this stage's state here when stopping", metavar="DIR")
     resume: bool = opt(False, "resume from the checkpoint in --checkpoint-dir")
@@ -159,7 +166,12 @@ def _wire_summary(transport: Transport, daemon: StageDaemon) -> dict:
 async def run_peer(opts: PeerOptions) -> int:
     """Run one peer until its steps are done (head) or it is cancelled; returns an exit code."""
     reporter = Reporter(opts.report)
-    dht = await asyncio.to_thread(start_dht, opts.initial_peers, opts.host_maddrs, opts.identity)
+    try:
+        reach_options = dht_options(opts.reachability, opts.initial_peers, opts.host_maddrs, opts.public_ip,
+                                    opts.announce_maddrs)
+    except ValueError as e:
+        raise JoinError(str(e)) from None
+    dht = await asyncio.to_thread(start_dht, opts.initial_peers, opts.host_maddrs, opts.identity, **reach_options)
     p2p = transport = daemon = router = None
     monitor = PeerMonitor(opts.health_port, opts.health_host, opts.tensorboard)  # health record, /healthz, TensorBoard
     tasks: list[asyncio.Task] = []
@@ -168,6 +180,10 @@ async def run_peer(opts: PeerOptions) -> int:
         sdht = SwarmDHT(dht)
         spec = await fetch_spec(sdht, opts.trusted_key, opts.join_timeout)
         check_shared_constants(spec)
+        dht, reach = await settle_reachability(  # a peer nobody can dial moves behind a relay (a new DHT node)
+            dht, sdht, spec, f"subspace-swarm-{spec.run_hash}", opts.initial_peers, opts.reachability,
+            restart=lambda o: start_dht(opts.initial_peers, opts.host_maddrs, opts.identity, **o), stop=stop_dht)
+        sdht = SwarmDHT(dht)
         p2p = await dht.replicate_p2p()
         peer_id = p2p.peer_id.to_base58()
         limits = WireLimits.for_spec(spec)
@@ -175,9 +191,13 @@ async def run_peer(opts: PeerOptions) -> int:
                                                                                      not in ("0", "", None)) else None
         transport = Transport(p2p, f"subspace-swarm-{spec.run_hash}", max_frame_bytes=limits.max_bytes,
                               timeout=opts.step_timeout, shaper_factory=shaper)
-        maddrs = [str(m) for m in dht.get_visible_maddrs()]
+        await DialBack().serve(transport)  # help other peers check that they can be reached
+        maddrs = reach.maddrs
         router = Router(sdht, spec.run_hash, peer_id, maddrs, ttl=opts.ttl)
-        stage = await choose_stage(router, spec, opts.stage)
+        stage = recall_stage(opts.identity, spec.run_hash) if opts.stage == "auto" else None
+        if stage is None:
+            stage = await choose_stage(router, spec, opts.stage)
+        remember_stage(opts.identity, spec.run_hash, stage)
         runner = await asyncio.to_thread(StageRunner, spec, stage, opts.device)
         ckpt = _checkpoint_path(opts, spec, stage)
         if opts.resume and ckpt and ckpt.exists():
@@ -198,7 +218,8 @@ async def run_peer(opts: PeerOptions) -> int:
         reporter.listeners.append(monitor.on_event)
         tasks.append(asyncio.create_task(_heartbeat(router, daemon, opts.ttl, sync, monitor)))
         log.info("peer %s serves stage %d of run %s at %s", peer_id, stage, spec.run_hash, maddrs[0] if maddrs else "?")
-        reporter.write("ready", stage=stage, peer_id=peer_id, run=spec.run_hash, maddrs=maddrs)
+        reporter.write("ready", stage=stage, peer_id=peer_id, run=spec.run_hash, maddrs=maddrs,
+                       reachability=reach.mode)
         if stage == 0:
             await _drive(daemon, router, spec, opts, reporter, transport)
         else:

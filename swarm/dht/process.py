@@ -28,11 +28,13 @@ def start_dht(
     host_maddrs: Sequence[str] | None = None,
     identity_path: str | None = None,
     client_mode: bool = False,
+    **p2p_options,
 ) -> hivemind.DHT:
     """Start a DHT node (a child process with its own p2pd); blocks until it is ready.
 
     From async code call it through `asyncio.to_thread`. Listens on all interfaces unless
-    `host_maddrs` says otherwise, because a volunteer's peer must be reachable.
+    `host_maddrs` says otherwise, because a volunteer's peer must be reachable. `p2p_options`
+    go to hivemind's P2P (announce_maddrs, use_auto_relay, ...: `swarm/net/reachability.py`).
     """
     return hivemind.DHT(
         initial_peers=list(initial_peers) or None,
@@ -40,6 +42,7 @@ def start_dht(
         host_maddrs=list(host_maddrs or DEFAULT_HOST_MADDRS),
         identity_path=identity_path,
         client_mode=client_mode,
+        **p2p_options,
     )
 
 
