@@ -1,0 +1,112 @@
+"""A swarm spread over network namespaces, joined the way the README says (examples/two_machines),
+with one volunteer behind a NAT router that forwards no port: it is told that nobody can dial
+it, serves its stage through a relay, `swarm status` shows it as relayed, and the swarm trains.
+
+    coordinator 10.99.0.10   peer A 10.99.0.11   peer C 10.99.0.13   (one bridge: the "internet")
+    peer B 192.168.99.2 behind its router 10.99.0.12 (masquerade, no port forward)
+
+Nobody can open a connection to B: the coordinator's fresh probe host fails at B's own
+address and gets through at B's relay circuit (the dial-back check, logged by the coordinator).
+libp2p reuses a connection in both directions, so a peer that B has itself dialed reaches B
+over that connection (faster, and fine); any other connection to B is relayed.
+
+Needs root, iproute2 and nftables (skipped with the reason elsewhere).
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.e2e.scripts import EXAMPLES, Scripts, swarm_on_path
+from tests.netlab import NetLab, missing_requirements
+
+pytestmark = pytest.mark.skipif(bool(missing_requirements()), reason=str(missing_requirements()))
+
+COORDINATOR, PEER = EXAMPLES / "two_machines" / "coordinator.sh", EXAMPLES / "two_machines" / "peer.sh"
+
+
+def events(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def wait_for_event(scripts: Scripts, name: str, event: str, count: int = 1, timeout: float = 180.0) -> list[dict]:
+    deadline = time.monotonic() + timeout
+    while True:
+        exited = scripts.procs[name].poll() is not None  # looked at before the report: it may write, then exit
+        found = [e for e in events(scripts.dir / f"{name}.jsonl") if e["event"] == event]
+        if len(found) >= count:
+            return found
+        if exited or time.monotonic() > deadline:
+            pytest.fail(f"{name} reported {len(found)} {event!r} events, not {count} (exit code "
+                        f"{scripts.procs[name].poll()}); its log ends with:\n{scripts.log(name)[-4000:]}")
+        time.sleep(0.2)  # poll interval of a report another process writes
+
+
+def interface_bytes(lab: NetLab, host) -> dict[str, int]:
+    out = lab.run(host, "ip", "-s", "-j", "link", "show", "eth0")
+    stats = json.loads(out.stdout)[0]["stats64"]
+    return {"rx": stats["rx"]["bytes"], "tx": stats["tx"]["bytes"]}
+
+
+def test_swarm_across_namespaces_with_a_relayed_peer(tmp_path):
+    scripts = Scripts(tmp_path, swarm_on_path(tmp_path / "bin"))
+    with NetLab() as lab:
+        try:
+            hosts = {"coordinator": lab.public_host("coord"), "a": lab.public_host("a"), "b": lab.nat_host("b"),
+                     "c": lab.public_host("c")}
+            scripts.start("coordinator", ["bash", COORDINATOR], hosts["coordinator"].prefix(),
+                          STATE_DIR=str(tmp_path / "coordinator"))
+            address = scripts.coordinator_address()
+            assert address.startswith(f"/ip4/{hosts['coordinator'].ip}/tcp/31337/p2p/"), address
+
+            # each volunteer runs peer.sh with the printed address; A is the head (stage 0), B gets stage 1
+            for name, extra in (("a", ["--steps", "1000", "--join-timeout", "240"]), ("b", []), ("c", [])):
+                scripts.start(name, ["bash", PEER, address, "--report", tmp_path / f"{name}.jsonl", *extra],
+                              hosts[name].prefix(), STATE_DIR=str(tmp_path / name))
+                ready = wait_for_event(scripts, name, "ready")[0]
+                assert ready["stage"] == {"a": 0, "b": 1, "c": 2}[name]
+            ready = {name: wait_for_event(scripts, name, "ready")[0] for name in "abc"}
+            assert ready["a"]["reachability"] == ready["c"]["reachability"] == "direct"
+            assert ready["b"]["reachability"] == "relayed"
+            assert ready["b"]["maddrs"] and all(f"/ip4/{hosts['coordinator'].ip}/tcp/31337/p2p/" in m
+                                                and "/p2p-circuit" in m for m in ready["b"]["maddrs"])
+            for name in "ac":  # direct peers announce their bridge address, never 127.0.0.1
+                assert ready[name]["maddrs"] and all(m.startswith(f"/ip4/{hosts[name].ip}/")
+                                                     for m in ready[name]["maddrs"])
+            assert "serving through a relay" in scripts.log("b")
+
+            steps = wait_for_event(scripts, "a", "step", count=4)
+            assert steps[-1]["loss"] < steps[0]["loss"] + 0.5 and all(s["tokens"] > 0 for s in steps)
+
+            status = lab.run(hosts["a"], sys.executable, "-m", "swarm.cli", "status", "--initial-peers", address,
+                             "--json", timeout=120)
+            assert status.returncode == 0, status.stderr[-2000:]
+            reach = {p["peer"]: p["reachability"] for peers in json.loads(status.stdout)["stages"].values()
+                     for p in peers if p["state"] == "online"}
+            assert reach == {ready["a"]["peer_id"]: "direct", ready["b"]["peer_id"]: "relayed",
+                             ready["c"]["peer_id"]: "direct"}
+            table = lab.run(hosts["a"], sys.executable, "-m", "swarm.cli", "status", "--initial-peers", address,
+                            timeout=120)
+            assert "relayed" in table.stdout and ready["b"]["peer_id"][-10:] in table.stdout
+
+            # nobody can dial B itself: its relay circuit is the only way in
+            dial = lab.run(hosts["c"], sys.executable, "-c", "import socket; socket.create_connection("
+                           f"('{hosts['b'].ip}', 9), timeout=3)")
+            assert dial.returncode != 0
+            for name in "abc":
+                assert scripts.procs[name].poll() is None, scripts.log(name)[-3000:]
+
+            # the coordinator dialed B back: in vain at B's address, and through the relay circuit
+            b_id = ready["b"]["peer_id"]
+            dials = [line for line in scripts.log("coordinator").splitlines() if "dial-back to" in line
+                     and b_id[-8:] in line]
+            assert any("/ip4/192.168.99.2/" in line and "reached" not in line for line in dials), dials
+            assert any("/p2p-circuit" in line and line.endswith(": reached") for line in dials), dials
+            print(f"the coordinator's traffic (B's relay, and the DHT): {interface_bytes(lab, hosts['coordinator'])}")
+        finally:
+            scripts.stop()
+    assert not subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.count(lab.tag)
