@@ -45,6 +45,8 @@ def _run_async(coro_factory) -> int:
             log.info("stopped")
             return 0
 
+    from .reaper import start_watcher
+    start_watcher()  # should this process be killed outright, its DHT process and p2pd go too
     try:
         import uvloop
         code = uvloop.run(main())
@@ -122,6 +124,8 @@ def cmd_peer(a: argparse.Namespace) -> int:
     from .node import PeerOptions, configure_torch, run_peer
     opts = from_args(PeerOptions, a)
     configure_torch(opts.threads or int(os.environ.get("SWARM_TORCH_THREADS", "0")) or None)
+    from hivemind.p2p import P2PDaemonError
+
     from peer.daemon import StepFailed
     from peer.interfaces import LinkError
 
@@ -131,6 +135,12 @@ def cmd_peer(a: argparse.Namespace) -> int:
         return _run_async(lambda: run_peer(opts))
     except (JoinError, LinkError, StepFailed, ReachabilityError) as e:
         print(f"error: {e}", file=sys.stderr)
+        return 1
+    except P2PDaemonError as e:  # hivemind: "Identity from `FILE` is already taken by another peer"
+        if "already taken" not in str(e):
+            raise
+        print(f"error: the identity file {opts.identity} is in use by another running peer; give each peer its own "
+              f"--identity file, or stop the other one first.", file=sys.stderr)
         return 1
 
 
