@@ -17,7 +17,7 @@ says what to do). A swarm on one machine (loopback) is direct without asking.
 
 Helpers serve `dialback` on the run's transport; a helper only ever dials the peer that
 asked (the peer id is the requester's, checked by libp2p's handshake), at most 8 TCP or
-circuit addresses, one check at a time.
+circuit addresses, one check at a time (a few more wait; beyond that it refuses).
 """
 from __future__ import annotations
 
@@ -46,6 +46,7 @@ log = logging.getLogger(__name__)
 
 DIALBACK_KIND = "dialback"
 MAX_ADDRESSES = 8
+MAX_WAITING = 4  # dial-back requests a helper queues; more are refused (the asker asks another helper)
 DIAL_TIMEOUT_S = 8.0
 RELAY_PENALTY = 0.5  # a relayed peer's announced throughput counts half: two hops, through another peer's uplink
 
@@ -109,14 +110,21 @@ class DialBack:
     def __init__(self, timeout: float = DIAL_TIMEOUT_S) -> None:
         self.timeout = timeout
         self._one_at_a_time = asyncio.Semaphore(1)  # each check starts a p2pd: never many at once
+        self._waiting = 0
 
     async def handle(self, body: bytes, peer: str) -> bytes:
         request = msgpack.unpackb(body, raw=False)
         maddrs = request.get("maddrs") if isinstance(request, dict) else None
         if not (isinstance(maddrs, list) and 0 < len(maddrs) <= MAX_ADDRESSES and all(map(_dialable, maddrs))):
             raise ValueError(f"a dial-back request names 1 to {MAX_ADDRESSES} TCP or relay addresses")
-        async with self._one_at_a_time:
-            reachable, why = await probe_dial(peer, maddrs, self.timeout)
+        if self._waiting >= MAX_WAITING:
+            raise RuntimeError("this helper is busy with other dial-back checks; ask another")
+        self._waiting += 1
+        try:
+            async with self._one_at_a_time:
+                reachable, why = await probe_dial(peer, maddrs, self.timeout)
+        finally:
+            self._waiting -= 1
         log.info("dial-back to %s at %s: %s", peer[-8:], ", ".join(maddrs), "reached" if reachable else why)
         return msgpack.packb({"reachable": reachable, "detail": why})
 

@@ -71,7 +71,8 @@ def ext_size(shape, data_bytes):
 
 def expected_header(msg, vocab=256):
     h = msg.header
-    n = 1 + str_size(h.run) + int_size(h.step) + int_size(h.attempt) + int_size(h.microbatch) + int_size(h.basis_version)
+    n = 1 + str_size(h.run) + int_size(h.step) + int_size(h.attempt) + int_size(h.microbatch)
+    n += int_size(h.basis_version)
     n += str_size(h.codec) + int_size(h.stage) + 2 * 8  # 8 one-letter keys so far
     p = msg.payload.values
     n += 2 + ext_size(p.shape, p.numel() * p.element_size())
