@@ -27,6 +27,7 @@ import random
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import msgpack
 
@@ -38,6 +39,10 @@ with warnings.catch_warnings():
 from .addresses import LOOPBACK, announce_addresses, daemon_maddr, is_circuit, swarm_scope, usable, without_peer
 from .relay import relay_options
 from .transport import Transport, TransportError
+
+if TYPE_CHECKING:
+    from protocol.spec import RunSpec
+    from swarm.dht import StageAnnouncement, SwarmDHT
 
 __all__ = ["DIALBACK_KIND", "DialBack", "Reachability", "check_reachability", "dht_options", "relay_penalty",
            "settle_reachability", "RELAY_PENALTY", "ReachabilityError"]
@@ -63,7 +68,7 @@ class Reachability:
     maddrs: list[str]
 
 
-def relay_penalty(announcement) -> float:
+def relay_penalty(announcement: StageAnnouncement) -> float:
     """Multiplier for a peer's throughput when a router ranks it: RELAY_PENALTY if it is only
     reachable through relays (every announced address is a circuit), else 1."""
     maddrs = list(getattr(announcement, "maddrs", []) or [])
@@ -156,7 +161,7 @@ async def check_reachability(transport: Transport, helpers: list[str], maddrs: l
     return any(answers) if answers else None
 
 
-async def pick_helpers(sdht, spec, own_id: str, count: int = 2) -> list[str]:
+async def pick_helpers(sdht: SwarmDHT, spec: RunSpec, own_id: str, count: int = 2) -> list[str]:
     """The coordinator, then other online peers at random: who is asked to dial back."""
     out = [spec.extra["coordinator_peer"]] if spec.extra.get("coordinator_peer") else []
     try:
@@ -169,7 +174,8 @@ async def pick_helpers(sdht, spec, own_id: str, count: int = 2) -> list[str]:
     return [p for p in out if p != own_id] + peers[: max(0, count - len(out))]
 
 
-async def settle_reachability(dht: hivemind.DHT, sdht, spec, namespace: str, initial_peers: list[str], mode: str,
+async def settle_reachability(dht: hivemind.DHT, sdht: SwarmDHT, spec: RunSpec, namespace: str,
+                              initial_peers: list[str], mode: str,
                               restart: Callable[[dict], hivemind.DHT], stop: Callable[[hivemind.DHT], None],
                               timeout: float = 30.0) -> tuple[hivemind.DHT, Reachability]:
     """Decide how others reach this peer (`mode`: auto, direct or relayed) and return the DHT node

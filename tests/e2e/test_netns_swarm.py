@@ -1,6 +1,7 @@
 """A swarm spread over network namespaces, joined the way the README says (examples/two_machines),
 with one volunteer behind a NAT router that forwards no port: it is told that nobody can dial
-it, serves its stage through a relay, `swarm status` shows it as relayed, and the swarm trains.
+it, serves its stage through a relay, `swarm status` and the dashboard show it as relayed, and
+the swarm trains.
 
     coordinator 10.99.0.10   peer A 10.99.0.11   peer C 10.99.0.13   (one bridge: the "internet")
     peer B 192.168.99.2 behind its router 10.99.0.12 (masquerade, no port forward)
@@ -44,6 +45,18 @@ def wait_for_event(scripts: Scripts, name: str, event: str, count: int = 1, time
             pytest.fail(f"{name} reported {len(found)} {event!r} events, not {count} (exit code "
                         f"{scripts.procs[name].poll()}); its log ends with:\n{scripts.log(name)[-4000:]}")
         time.sleep(0.2)  # poll interval of a report another process writes
+
+
+def poll_dashboard(lab: NetLab, host, expect_online: int, timeout: float = 120.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        out = lab.run(host, sys.executable, str(EXAMPLES / "dashboard_api.py"), "http://127.0.0.1:8080/", "--json")
+        summary = json.loads(out.stdout) if out.returncode == 0 else {}
+        if summary.get("peers_online") == expect_online:
+            return summary
+        if time.monotonic() > deadline:
+            pytest.fail(f"the dashboard never showed {expect_online} online peers: {out.stdout} {out.stderr}")
+        time.sleep(0.5)  # poll interval of the dashboard, which refreshes every 1.5 s
 
 
 def interface_bytes(lab: NetLab, host) -> dict[str, int]:
@@ -93,11 +106,17 @@ def test_swarm_across_namespaces_with_a_relayed_peer(tmp_path):
                             timeout=120)
             assert "relayed" in table.stdout and ready["b"]["peer_id"][-10:] in table.stdout
 
+            # the dashboard (in A's namespace) shows B as relayed too: read by examples/dashboard_api.py
+            scripts.start("dashboard", [sys.executable, "-m", "swarm.cli", "dashboard", "--initial-peers", address,
+                                        "--port", "8080"], hosts["a"].prefix())
+            summary = poll_dashboard(lab, hosts["a"], expect_online=3)
+            assert summary["relayed_peers"] == [ready["b"]["peer_id"]] and summary["stages_covered"] == 3
+
             # nobody can dial B itself: its relay circuit is the only way in
             dial = lab.run(hosts["c"], sys.executable, "-c", "import socket; socket.create_connection("
                            f"('{hosts['b'].ip}', 9), timeout=3)")
             assert dial.returncode != 0
-            for name in "abc":
+            for name in ("a", "b", "c", "dashboard"):
                 assert scripts.procs[name].poll() is None, scripts.log(name)[-3000:]
 
             # the coordinator dialed B back: in vain at B's address, and through the relay circuit
