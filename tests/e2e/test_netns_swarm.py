@@ -1,21 +1,26 @@
 """A swarm spread over network namespaces, joined the way the README says (examples/two_machines),
-with one volunteer behind a NAT router that forwards no port: it is told that nobody can dial
-it, serves its stage through a relay, `swarm status` and the dashboard show it as relayed, and
-the swarm trains.
+with two volunteers each behind a NAT router that forwards no port: each is told that nobody
+can dial it, serves its stage through a relay, `swarm status` and the dashboard show both as
+relayed, and the swarm trains.
 
-    coordinator 10.99.0.10   peer A 10.99.0.11   peer C 10.99.0.13   (one bridge: the "internet")
-    peer B 192.168.99.2 behind its router 10.99.0.12 (masquerade, no port forward)
+    coordinator 10.99.0.10   peer A 10.99.0.11          (one bridge: the "internet")
+    peer B 192.168.99.2 behind its router 10.99.0.12    (masquerade, no port forward)
+    peer C 192.168.99.2 behind its router 10.99.0.13    (another LAN, the same address)
 
-Nobody can open a connection to B: the coordinator's fresh probe host fails at B's own
-address and gets through at B's relay circuit (the dial-back check, logged by the coordinator).
-libp2p reuses a connection in both directions, so a peer that B has itself dialed reaches B
-over that connection (faster, and fine); any other connection to B is relayed.
+Nobody can open a connection to B or C: the coordinator's fresh probe host fails at their own
+addresses and gets through at their relay circuits (the dial-back check, logged by it). B and
+C serve neighbouring stages, and neither can dial the other: every byte between them
+(activations B -> C, gradients C -> B) crosses the coordinator, their relay, whose network
+interface must carry at least those bytes. (With A, B and C reuse the connections they opened
+themselves, in both directions, as libp2p does: that traffic is direct.)
 
 Needs root, iproute2 and nftables (skipped with the reason elsewhere).
 """
 from __future__ import annotations
 
+import errno
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -70,7 +75,7 @@ def test_swarm_across_namespaces_with_a_relayed_peer(tmp_path):
     with NetLab() as lab:
         try:
             hosts = {"coordinator": lab.public_host("coord"), "a": lab.public_host("a"), "b": lab.nat_host("b"),
-                     "c": lab.public_host("c")}
+                     "c": lab.nat_host("c")}
             scripts.start("coordinator", ["bash", COORDINATOR], hosts["coordinator"].prefix(),
                           STATE_DIR=str(tmp_path / "coordinator"))
             address = scripts.coordinator_address()
@@ -83,14 +88,14 @@ def test_swarm_across_namespaces_with_a_relayed_peer(tmp_path):
                 ready = wait_for_event(scripts, name, "ready")[0]
                 assert ready["stage"] == {"a": 0, "b": 1, "c": 2}[name]
             ready = {name: wait_for_event(scripts, name, "ready")[0] for name in "abc"}
-            assert ready["a"]["reachability"] == ready["c"]["reachability"] == "direct"
-            assert ready["b"]["reachability"] == "relayed"
-            assert ready["b"]["maddrs"] and all(f"/ip4/{hosts['coordinator'].ip}/tcp/31337/p2p/" in m
-                                                and "/p2p-circuit" in m for m in ready["b"]["maddrs"])
-            for name in "ac":  # direct peers announce their bridge address, never 127.0.0.1
-                assert ready[name]["maddrs"] and all(m.startswith(f"/ip4/{hosts[name].ip}/")
-                                                     for m in ready[name]["maddrs"])
-            assert "serving through a relay" in scripts.log("b")
+            assert ready["a"]["reachability"] == "direct"
+            # a direct peer announces its bridge address, never 127.0.0.1
+            assert ready["a"]["maddrs"] and all(m.startswith(f"/ip4/{hosts['a'].ip}/") for m in ready["a"]["maddrs"])
+            for name in "bc":  # a relayed peer announces its circuit through the coordinator, nothing else
+                assert ready[name]["reachability"] == "relayed"
+                assert ready[name]["maddrs"] and all(f"/ip4/{hosts['coordinator'].ip}/tcp/31337/p2p/" in m
+                                                     and "/p2p-circuit" in m for m in ready[name]["maddrs"])
+                assert "serving through a relay" in scripts.log(name)
 
             steps = wait_for_event(scripts, "a", "step", count=4)
             assert steps[-1]["loss"] < steps[0]["loss"] + 0.5 and all(s["tokens"] > 0 for s in steps)
@@ -101,7 +106,7 @@ def test_swarm_across_namespaces_with_a_relayed_peer(tmp_path):
             reach = {p["peer"]: p["reachability"] for peers in json.loads(status.stdout)["stages"].values()
                      for p in peers if p["state"] == "online"}
             assert reach == {ready["a"]["peer_id"]: "direct", ready["b"]["peer_id"]: "relayed",
-                             ready["c"]["peer_id"]: "direct"}
+                             ready["c"]["peer_id"]: "relayed"}
             table = lab.run(hosts["a"], sys.executable, "-m", "swarm.cli", "status", "--initial-peers", address,
                             timeout=120)
             assert "relayed" in table.stdout and ready["b"]["peer_id"][-10:] in table.stdout
@@ -110,22 +115,33 @@ def test_swarm_across_namespaces_with_a_relayed_peer(tmp_path):
             scripts.start("dashboard", [sys.executable, "-m", "swarm.cli", "dashboard", "--initial-peers", address,
                                         "--port", "8080"], hosts["a"].prefix())
             summary = poll_dashboard(lab, hosts["a"], expect_online=3)
-            assert summary["relayed_peers"] == [ready["b"]["peer_id"]] and summary["stages_covered"] == 3
+            assert summary["relayed_peers"] == sorted([ready["b"]["peer_id"], ready["c"]["peer_id"]])
+            assert summary["stages_covered"] == 3
 
-            # nobody can dial B itself: its relay circuit is the only way in
-            dial = lab.run(hosts["c"], sys.executable, "-c", "import socket; socket.create_connection("
-                           f"('{hosts['b'].ip}', 9), timeout=3)")
-            assert dial.returncode != 0
+            # nobody can dial B itself (no route to its LAN): its relay circuit is the only way in
+            dial = lab.run(hosts["a"], sys.executable, "-c", "import socket, sys; s = socket.socket(); "
+                           f"s.settimeout(3); sys.exit(s.connect_ex(('{hosts['b'].ip}', 9)))")
+            assert dial.returncode == errno.ENETUNREACH, dial
             for name in ("a", "b", "c", "dashboard"):
                 assert scripts.procs[name].poll() is None, scripts.log(name)[-3000:]
 
-            # the coordinator dialed B back: in vain at B's address, and through the relay circuit
-            b_id = ready["b"]["peer_id"]
-            dials = [line for line in scripts.log("coordinator").splitlines() if "dial-back to" in line
-                     and b_id[-8:] in line]
-            assert any("/ip4/192.168.99.2/" in line and "reached" not in line for line in dials), dials
-            assert any("/p2p-circuit" in line and line.endswith(": reached") for line in dials), dials
-            print(f"the coordinator's traffic (B's relay, and the DHT): {interface_bytes(lab, hosts['coordinator'])}")
+            # the coordinator dialed B and C back: in vain at their own addresses, and through their circuits
+            for name in "bc":
+                dials = [line for line in scripts.log("coordinator").splitlines() if "dial-back to" in line
+                         and ready[name]["peer_id"][-8:] in line]
+                assert any("/ip4/192.168.99.2/" in line and "reached" not in line for line in dials), dials
+                assert any("/p2p-circuit" in line and line.endswith(": reached") for line in dials), dials
+
+            # stop the peers (each reports the bytes it sent as it leaves): each byte B and C sent each
+            # other entered the coordinator's interface once and left it once
+            for name in "abc":
+                scripts.procs[name].send_signal(signal.SIGTERM)
+            wire = {name: wait_for_event(scripts, name, "wire", timeout=60)[0] for name in "abc"}
+            between = wire["b"]["bytes_out"]["act"] + wire["c"]["bytes_out"]["grad"]
+            relay = interface_bytes(lab, hosts["coordinator"])
+            print(f"bytes between B and C: {between}; through the coordinator: {relay}")
+            assert between > 100_000
+            assert relay["rx"] >= between and relay["tx"] >= between
         finally:
             scripts.stop()
     assert not subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.count(lab.tag)
