@@ -99,8 +99,9 @@ class NetLab:
         host = self.hosts[name] = Host(name, ns, self._plug(ns))
         return host
 
-    def nat_host(self, name: str) -> Host:
-        """A host behind its own NAT router (masquerade, no port forwarded): it can dial out, nobody can dial in."""
+    def nat_host(self, name: str, forward: int | None = None) -> Host:
+        """A host behind its own NAT router (masquerade): it can dial out, and nobody can dial in,
+        except on TCP port `forward` if given, which the router forwards to it (same port)."""
         router = self._namespace(f"{name}-nat")
         public_ip = self._plug(router)
         ns = self._namespace(name)
@@ -111,8 +112,11 @@ class NetLab:
         self._ip(ns, "link", "set", "eth0", "up")
         self._ip(ns, "route", "add", "default", "via", f"{LAN_SUBNET}.1")
         self._run("ip", "netns", "exec", router, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+        forwarding = "" if not forward else (
+            " chain prerouting {\n  type nat hook prerouting priority -100; policy accept;\n"
+            f'  iifname "eth0" tcp dport {forward} dnat to {LAN_SUBNET}.2:{forward}\n }}\n')
         rules = ("table ip nat {\n chain postrouting {\n  type nat hook postrouting priority 100; policy accept;\n"
-                 f'  oifname "eth0" ip saddr {LAN_SUBNET}.0/24 masquerade\n }}\n}}\n')
+                 f'  oifname "eth0" ip saddr {LAN_SUBNET}.0/24 masquerade\n }}\n{forwarding}}}\n')
         done = subprocess.run(["ip", "netns", "exec", router, "nft", "-f", "-"], input=rules, capture_output=True,
                               text=True)
         if done.returncode != 0:

@@ -145,3 +145,25 @@ def test_swarm_across_namespaces_with_a_relayed_peer(tmp_path):
         finally:
             scripts.stop()
     assert not subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.count(lab.tag)
+
+
+def test_peer_behind_a_forwarded_port_is_direct_with_public_ip(tmp_path):
+    """A volunteer who forwarded a port and passed --public-ip (the README's advice) is direct."""
+    scripts = Scripts(tmp_path, swarm_on_path(tmp_path / "bin"))
+    with NetLab() as lab:
+        try:
+            coordinator, home = lab.public_host("coord"), lab.nat_host("home", forward=31338)
+            router_ip = lab.hosts["home-nat"].ip
+            scripts.start("coordinator", ["bash", COORDINATOR], coordinator.prefix(),
+                          STATE_DIR=str(tmp_path / "coordinator"))
+            address = scripts.coordinator_address()
+            scripts.start("home", ["bash", PEER, address, "--stage", "1", "--public-ip", router_ip,
+                                   "--report", tmp_path / "home.jsonl"], home.prefix(), PORT="31338",
+                          STATE_DIR=str(tmp_path / "home"))
+            ready = wait_for_event(scripts, "home", "ready")[0]
+            assert ready["reachability"] == "direct"
+            assert ready["maddrs"] == [f"/ip4/{router_ip}/tcp/31338/p2p/{ready['peer_id']}"]
+            dials = [line for line in scripts.log("coordinator").splitlines() if "dial-back to" in line]
+            assert any(f"/ip4/{router_ip}/tcp/31338" in line and line.endswith(": reached") for line in dials), dials
+        finally:
+            scripts.stop()
