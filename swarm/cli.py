@@ -63,6 +63,8 @@ def _run_async(coro_factory) -> int:
             log.info("stopped")
             return 0
 
+    from .reaper import start_watcher
+    start_watcher()  # should this process be killed outright, its DHT process and p2pd go too
     try:
         import uvloop
         code = uvloop.run(main())
@@ -149,14 +151,23 @@ def cmd_peer(a: argparse.Namespace) -> int:
     from .node import PeerOptions, configure_torch, run_peer
     opts = from_args(PeerOptions, a)
     configure_torch(opts.threads or int(os.environ.get("SWARM_TORCH_THREADS", "0")) or None)
+    from hivemind.p2p import P2PDaemonError
+
     from peer.interfaces import LinkError
     from peer.state_transfer import StateError
 
+    from .net.reachability import ReachabilityError
     from .node import JoinError
     try:
         return _run_async(lambda: run_peer(opts))
-    except (JoinError, LinkError, StateError) as e:
+    except (JoinError, LinkError, StateError, ReachabilityError) as e:
         print(f"error: {e}", file=sys.stderr)
+        return 1
+    except P2PDaemonError as e:  # hivemind: "Identity from `FILE` is already taken by another peer"
+        if "already taken" not in str(e):
+            raise
+        print(f"error: the identity file {opts.identity} is in use by another running peer; give each peer its own "
+              f"--identity file, or stop the other one first.", file=sys.stderr)
         return 1
 
 

@@ -21,9 +21,13 @@ from .dht import SwarmDHT, close_node, start_dht
 from .identity import Identity
 from .keys import SigningKey
 from .net import Transport
+from .net.addresses import LOOPBACK, PRIVATE, PUBLIC, announce_addresses, scope_of
+from .net.reachability import DialBack
 from .options import opt
 
 log = logging.getLogger(__name__)
+
+_REACH_NOTE = {PUBLIC: "", PRIVATE: "   (from this network only)", LOOPBACK: "   (from this machine only)"}
 
 
 @dataclass
@@ -34,6 +38,9 @@ class CoordinatorOptions:
     host_maddrs: list[str] = opt(["/ip4/0.0.0.0/tcp/0"], "libp2p listen addresses (default: all interfaces, "
                                  "random port)", metavar="MADDR")
     identity: str | None = opt(None, "libp2p identity file for a stable peer id and address", metavar="FILE")
+    public_ip: str | None = opt(None, "your router's public IP, with the TCP port of --host-maddrs forwarded to "
+                                "this machine: announces /ip4/IP/tcp/PORT", metavar="IP")
+    announce_maddrs: list[str] = opt([], "announce exactly these addresses", metavar="MADDR")
     key: str | None = opt(None, "swarm signing key file (created if missing; default: a new key)", metavar="FILE")
     maddrs_file: str | None = opt(None, "write the coordinator's addresses here as JSON", metavar="FILE")
     private: bool = opt(False, "admit only peers with a ticket signed by the swarm key (`swarm admit`)")
@@ -62,7 +69,9 @@ async def run_coordinator(opts: CoordinatorOptions) -> int:
     key = SigningKey.load_or_create(opts.key) if opts.key else SigningKey.generate()
     identity = Identity.load_or_create(opts.identity) if opts.identity else Identity.generate()
     policy = AdmissionPolicy(opts.private, key.public_bytes(), identity.peer_id)  # in force before any record
-    dht = await asyncio.to_thread(start_dht, [], opts.host_maddrs, identity, False, policy)
+    announce = announce_addresses(opts.host_maddrs, opts.public_ip, opts.announce_maddrs)
+    dht = await asyncio.to_thread(start_dht, [], opts.host_maddrs, identity, False, policy,
+                                  **({"announce_maddrs": announce} if announce else {}))
     p2p = transport = None
     try:
         p2p = await dht.replicate_p2p()
@@ -73,6 +82,7 @@ async def run_coordinator(opts: CoordinatorOptions) -> int:
         refitter = BasisRefitter(spec, key, sdht, transport, opts.ttl * 100, delay=opts.refit_delay)
         if spec.codec == "subspace" and spec.basis_updates:
             await transport.serve(KIND_STATS, refitter.on_stats)
+        await DialBack().serve(transport)  # joining peers ask whether they can be reached
         await sdht.publish_run_spec(spec.to_json(), key, opts.ttl)
         maddrs = [str(m) for m in dht.get_visible_maddrs()]
         if opts.maddrs_file:
@@ -82,8 +92,8 @@ async def run_coordinator(opts: CoordinatorOptions) -> int:
                  spec.run_hash, spec.name, key.fingerprint(), key.public_bytes().hex())
         if opts.private:
             log.info("admit a peer with: swarm admit --key %s --peer-id PEER_ID", opts.key or "SWARM_KEY_FILE")
-        for m in maddrs:
-            log.info("peers join with: swarm peer --initial-peers %s", m)
+        for m in sorted(maddrs, key=scope_of, reverse=True):  # public first: those work from anywhere
+            log.info("peers join with: swarm peer --initial-peers %s%s", m, _REACH_NOTE[scope_of(m)])
         while True:
             await asyncio.sleep(opts.ttl / 3)
             try:

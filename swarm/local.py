@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -114,10 +115,12 @@ class LocalSwarm:
         env["SWARM_EXIT_WITH_PARENT"] = "1"  # a child ends with this launcher, however the launcher ends
         return env
 
-    def spawn(self, name: str, args: list[str]) -> subprocess.Popen:
+    def spawn(self, name: str, args: list[str], prefix: Sequence[str] = ()) -> subprocess.Popen:
+        """Start `swarm ARGS` as `name` (log: <name>.log), behind a command `prefix` if given, e.g.
+        `ip netns exec NS` to run it in a network namespace (the prefix must exec the command)."""
         logf = open(self.dir / f"{name}.log", "w")
-        proc = subprocess.Popen(_python_cmd(*args), stdout=logf, stderr=subprocess.STDOUT, env=self._env(),
-                                start_new_session=True)
+        proc = subprocess.Popen([*prefix, *_python_cmd(*args)], stdout=logf, stderr=subprocess.STDOUT,
+                                env=self._env(), start_new_session=True)
         logf.close()
         self.procs.append((name, proc))
         return proc

@@ -25,14 +25,16 @@ from protocol.spec import RunSpec
 from protocol.wire import KIND_ACTIVATION, KIND_GRADIENT
 
 from .admission import AdmissionError, AdmissionPolicy, read_ticket
-from .dht import SwarmDHT, close_node, start_dht
+from .dht import SwarmDHT, close_node, start_dht, stop_dht
 from .identity import Identity
 from .monitor.peer_monitor import PeerMonitor
 from .net import LinkShaper, Transport, TransportError
+from .net.reachability import DialBack, dht_options, settle_reachability
 from .options import opt
 from .placement import PlacementError, choose_stage
 from .replica import ReplicaContext, ReplicaService, transport_limit
 from .router import Router
+from .stage_memory import recall_stage, remember_stage
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +54,11 @@ class PeerOptions:
     steps: int | None = opt(None, "head only: stop after this many steps (default: run until stopped)")
     data: str | None = opt(None, "head only: text file or folder (default: embedded corpus)", metavar="PATH")
     host_maddrs: list[str] = opt(["/ip4/0.0.0.0/tcp/0"], "libp2p listen addresses", metavar="MADDR")
+    public_ip: str | None = opt(None, "your router's public IP, with the TCP port of --host-maddrs forwarded to "
+                                "this machine: announces /ip4/IP/tcp/PORT", metavar="IP")
+    announce_maddrs: list[str] = opt([], "announce exactly these addresses to the swarm", metavar="MADDR")
+    reachability: str = opt("auto", "auto: ask other peers to dial back and use a relay if they cannot; direct: "
+                            "skip the check; relayed: serve through a relay", choices=("auto", "direct", "relayed"))
     identity: str | None = opt(None, "libp2p identity file for a stable peer id", metavar="FILE")
     checkpoint_dir: str | None = opt(None, "save this stage's state here every --checkpoint-every steps and when "
                                      "stopping", metavar="DIR")
@@ -159,14 +166,17 @@ async def run_peer(opts: PeerOptions) -> int:
     reporter = Reporter(opts.report)
     try:
         ticket = read_ticket(opts.ticket)
-    except AdmissionError as e:
+        reach_options = dht_options(opts.reachability, opts.initial_peers, opts.host_maddrs, opts.public_ip,
+                                    opts.announce_maddrs)
+    except (AdmissionError, ValueError) as e:
         raise JoinError(str(e)) from None
     identity = Identity.load_or_create(opts.identity) if opts.identity else Identity.generate()
     if ticket is not None and ticket.peer_id != identity.peer_id:
         raise JoinError(f"the ticket is for peer {ticket.peer_id}, but this peer is {identity.peer_id}; start it "
                         f"with the --identity file the ticket was made for.")
-    dht = await asyncio.to_thread(start_dht, opts.initial_peers, opts.host_maddrs, identity, False,
-                                  AdmissionPolicy.from_ticket(ticket))
+    policy = AdmissionPolicy.from_ticket(ticket)
+    dht = await asyncio.to_thread(start_dht, opts.initial_peers, opts.host_maddrs, identity, False, policy,
+                                  **reach_options)
     p2p = transport = None
     monitor = PeerMonitor(opts.health_port, opts.health_host, opts.tensorboard)  # health record, /healthz, TensorBoard
     sent_tokens = {KIND_ACTIVATION: 0, KIND_GRADIENT: 0}
@@ -180,13 +190,21 @@ async def run_peer(opts: PeerOptions) -> int:
         except AdmissionError as e:
             raise JoinError(str(e)) from None
         check_shared_constants(spec)
+        dht, reach = await settle_reachability(  # a peer nobody can dial moves behind a relay (a new DHT node)
+            dht, sdht, spec, f"subspace-swarm-{spec.run_hash}", opts.initial_peers, opts.reachability,
+            restart=lambda o: start_dht(opts.initial_peers, opts.host_maddrs, identity, policy=policy, **o),
+            stop=stop_dht)
+        if reach.mode == "relayed":  # a new DHT node: its store starts from the swarm's rule again
+            sdht = SwarmDHT(dht, identity, ticket=ticket)
+            await sdht.adopt(spec)
         p2p = await dht.replicate_p2p()
         peer_id = p2p.peer_id.to_base58()
         shaper = (lambda: LinkShaper.from_strings(opts.bandwidth, opts.latency)) if (opts.bandwidth or opts.latency
                                                                                      not in ("0", "", None)) else None
         transport = Transport(p2p, f"subspace-swarm-{spec.run_hash}", max_frame_bytes=transport_limit(spec),
                               timeout=opts.step_timeout, shaper_factory=shaper)
-        maddrs = [str(m) for m in dht.get_visible_maddrs()]
+        await DialBack().serve(transport)  # help other peers check that they can be reached
+        maddrs = reach.maddrs
         router = Router(sdht, spec.run_hash, peer_id, maddrs, ttl=opts.ttl)
         reporter.listeners.append(monitor.on_event)
 
@@ -196,9 +214,12 @@ async def run_peer(opts: PeerOptions) -> int:
 
         ctx = ReplicaContext(spec, peer_id, sdht, transport, router, LinkAdapter(transport, peer_id), opts.device,
                              batches, reporter, monitor, opts.ttl, opts.checkpoint_dir, opts.checkpoint_every,
-                             opts.resume, opts.rebalance_period, opts.steps, opts.step_timeout)
-        stage = await choose_stage(router, spec, opts.stage)
+                             opts.resume, opts.rebalance_period, opts.steps, opts.step_timeout, reach.mode)
+        stage = recall_stage(opts.identity, spec.run_hash) if opts.stage == "auto" else None
+        if stage is None:
+            stage = await choose_stage(router, spec, opts.stage)
         while stage is not None:
+            remember_stage(opts.identity, spec.run_hash, stage)  # a restart with this identity comes back here
             service = ReplicaService(ctx, stage)
             try:
                 stage = await service.serve()

@@ -80,6 +80,7 @@ class ReplicaContext:
     rebalance_period: float
     steps: int | None
     step_timeout: float
+    reachability: str = "direct"  # or "relayed": how others reach this peer
 
 
 class ReplicaService:
@@ -114,7 +115,7 @@ class ReplicaService:
             heartbeat = asyncio.create_task(self._heartbeat())
             log.info("peer %s serves stage %d of run %s", ctx.peer_id, self.stage, self.spec.run_hash)
             ctx.report.write("ready", stage=self.stage, peer_id=ctx.peer_id, run=self.spec.run_hash,
-                             maddrs=ctx.router.maddrs, step=runner.step)
+                             maddrs=ctx.router.maddrs, step=runner.step, reachability=ctx.reachability)
             if peer.driver is not None:
                 ctx.report.write("start", step=runner.step)
                 await peer.drive(ctx.steps, self._on_step)

@@ -14,7 +14,6 @@ import logging
 import os
 import shutil
 import signal
-import threading
 import time
 import warnings
 from collections.abc import Sequence
@@ -32,29 +31,6 @@ from .validator import SwarmRecordValidator, mark_lookups
 log = logging.getLogger(__name__)
 
 DEFAULT_HOST_MADDRS = ("/ip4/0.0.0.0/tcp/0",)
-PARENT_POLL_S = 0.5
-
-
-class OwnedDHT(hivemind.DHT):
-    """A `hivemind.DHT` whose child process ends, with its p2pd, when the process that started
-    it dies, however it dies (SIGKILL included: no exit handler runs then, so the child watches
-    its parent's pid instead of waiting to be told)."""
-
-    def run(self) -> None:
-        parent = os.getppid()
-        threading.Thread(target=_exit_with_parent, args=(parent,), name="dht-parent-watch", daemon=True).start()
-        super().run()
-
-
-def _exit_with_parent(parent: int) -> None:
-    while os.getppid() == parent:
-        time.sleep(PARENT_POLL_S)  # poll: Linux tells a child of its parent's death only by re-parenting it
-    for pid in _p2pd_children(os.getpid()):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    os._exit(0)
 
 
 def start_dht(
@@ -63,6 +39,7 @@ def start_dht(
     identity: Identity | str | None = None,
     client_mode: bool = False,
     policy: AdmissionPolicy | None = None,
+    **p2p_options,
 ) -> hivemind.DHT:
     """Start a DHT node (a child process with its own p2pd); blocks until it is ready.
 
@@ -71,7 +48,8 @@ def start_dht(
     is removed once the node runs). `policy`: who may write records (default: everyone,
     until `SwarmDHT.adopt` reads the run spec). From async code call it through
     `asyncio.to_thread`. Listens on all interfaces unless `host_maddrs` says otherwise,
-    because a volunteer's peer must be reachable.
+    because a volunteer's peer must be reachable. `p2p_options` go to hivemind's P2P
+    (announce_maddrs, use_auto_relay, ...: `swarm/net/reachability.py`).
     """
     folder = None
     if isinstance(identity, str):
@@ -80,7 +58,7 @@ def start_dht(
         identity = identity or Identity.generate()
         path, folder = identity.write_private_file()
     try:
-        dht = OwnedDHT(
+        dht = hivemind.DHT(
             initial_peers=list(initial_peers) or None,
             start=True,
             host_maddrs=list(host_maddrs or DEFAULT_HOST_MADDRS),
@@ -90,6 +68,7 @@ def start_dht(
             # hivemind's check that an identity is not in use reads RSA keys only, and starts a
             # second p2pd to do it; a peer id in use twice shows as refused connections instead
             check_if_identity_free=False,
+            **p2p_options,
         )
     finally:
         if folder is not None:

@@ -8,6 +8,7 @@ from hivemind.utils import get_dht_time
 
 from protocol.spec import RunSpec
 from swarm.dht import SwarmDHT, start_dht, stop_dht
+from swarm.monitor.health import reachability_of
 
 
 async def swarm_state(initial_peers: list[str]) -> dict:
@@ -26,7 +27,8 @@ async def swarm_state(initial_peers: list[str]) -> dict:
             "run": {"hash": spec.run_hash, "name": spec.name, "codec": spec.codec, "rank": spec.rank,
                     "stages": spec.n_stages, "key": signed.fingerprint},
             "stages": {s: [{"peer": a.peer_id, "state": a.state, "throughput": a.throughput, "queue": a.queue,
-                            "basis_version": a.basis_version, "age_s": round(now - a.timestamp, 1)} for a in anns]
+                            "basis_version": a.basis_version, "age_s": round(now - a.timestamp, 1),
+                            "reachability": reachability_of(a.maddrs)} for a in anns]
                        for s, anns in peers.items()},
         }
     finally:
@@ -39,13 +41,15 @@ def format_table(state: dict) -> str:
         return "no run spec found: is the coordinator running, and is --initial-peers its address?"
     lines = [f"run {run['hash']} ({run['name']}), codec {run['codec']} rank {run['rank']}, "
              f"{run['stages']} stages, coordinator key {run['key']}",
-             f"{'stage':>5}  {'peer':<12} {'state':<8} {'tok/s':>8} {'queue':>5} {'basis':>5} {'age s':>6}"]
+             f"{'stage':>5}  {'peer':<12} {'state':<8} {'reach':<8} {'tok/s':>8} {'queue':>5} {'basis':>5} "
+             f"{'age s':>6}"]
     for s in range(run["stages"]):
         peers = state["stages"].get(s, [])
         if not peers:
             lines.append(f"{s:>5}  {'(none)':<12} {'MISSING':<8}")
         for p in peers:
-            lines.append(f"{s:>5}  {'…' + p['peer'][-10:]:<12} {p['state']:<8} {p['throughput']:>8.0f} "
+            lines.append(f"{s:>5}  {'…' + p['peer'][-10:]:<12} {p['state']:<8} {p['reachability']:<8} "
+                         f"{p['throughput']:>8.0f} "
                          f"{p['queue']:>5} {p['basis_version']:>5} {p['age_s']:>6}")
     return "\n".join(lines)
 

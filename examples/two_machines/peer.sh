@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Machine B, C, ...: join the swarm that coordinator.sh started, host one stage, train.
+#   usage: peer.sh /ip4/<coordinator ip>/tcp/31337/p2p/12D3KooW... [swarm peer flags]
+#   e.g.   peer.sh "$ADDR" --device cuda:0
+# No port to open: a peer nobody can dial is served through a relay (slower). With a TCP port
+# forwarded to this machine, pass PORT=31338 and --public-ip <your public ip> for full speed.
+#   PORT=0 (any)  HOST=0.0.0.0  STATE_DIR=~/.subspace-swarm (identity, stage, checkpoints)
+set -euo pipefail
+if [ $# -lt 1 ]; then
+    echo "usage: $0 /ip4/<coordinator ip>/tcp/31337/p2p/12D3KooW... [swarm peer flags]" >&2
+    exit 2
+fi
+coordinator="$1"
+shift
+state="${STATE_DIR:-$HOME/.subspace-swarm}"
+mkdir -p "$state/checkpoints"
+# the same identity file keeps this peer's id and stage across restarts; the checkpoint its weights
+exec swarm peer --initial-peers "$coordinator" \
+    --host-maddrs "/ip4/${HOST:-0.0.0.0}/tcp/${PORT:-0}" \
+    --identity "$state/identity.key" --checkpoint-dir "$state/checkpoints" --resume "$@"

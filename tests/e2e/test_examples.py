@@ -1,0 +1,146 @@
+"""Every example in examples/, run at smoke size on this machine (loopback addresses):
+
+- two_machines: coordinator.sh, then peer.sh for stages 0 and 1 (the head trains);
+- docker_gpu/run.sh for stage 2, with a stand-in `docker` that runs the Dockerfile's
+  ENTRYPOINT here (tests/docker_shim.py), and the Dockerfile's HEALTHCHECK command against it;
+- dashboard_api.py against `swarm dashboard` on that swarm;
+- own_text/train.sh on a folder of .txt/.md/.py files (and its refusal of an empty folder).
+"""
+from __future__ import annotations
+
+import json
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from tests.e2e.scripts import EXAMPLES, ROOT, Scripts, swarm_on_path
+from tests.test_dockerfile import instructions
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def events(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def wait_for(check, what: str, timeout: float = 180.0):
+    deadline = time.monotonic() + timeout
+    while not (result := check()):
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.2)  # poll interval of files and ports other processes write
+    return result
+
+
+@pytest.fixture
+def scripts(tmp_path):
+    env = swarm_on_path(tmp_path / "bin")
+    docker = tmp_path / "bin" / "docker"
+    docker.write_text(f"#!/bin/sh\nexec {sys.executable} {ROOT / 'tests' / 'docker_shim.py'} \"$@\"\n")
+    docker.chmod(0o755)
+    env.update(DOCKER_SHIM_LOG=str(tmp_path / "docker-calls.jsonl"), DOCKER_SHIM_DATA=str(tmp_path / "container-data"))
+    s = Scripts(tmp_path, env)
+    yield s
+    s.stop()
+
+
+def test_two_machines_docker_peer_and_dashboard_api(scripts, tmp_path):
+    d = tmp_path
+    scripts.start("coordinator", ["bash", EXAMPLES / "two_machines" / "coordinator.sh"], HOST="127.0.0.1",
+                  PORT=str(free_port()), STATE_DIR=str(d / "coordinator"))
+    address = scripts.coordinator_address()
+    assert address.startswith("/ip4/127.0.0.1/")
+    assert (d / "coordinator" / "coordinator.id").exists() and (d / "coordinator" / "swarm.key").exists()
+
+    loopback = ["--host-maddrs", "/ip4/127.0.0.1/tcp/0"]
+    scripts.start("head", ["bash", EXAMPLES / "two_machines" / "peer.sh", address, "--stage", "0", "--steps", "1000",
+                           "--report", d / "head.jsonl"], HOST="127.0.0.1", STATE_DIR=str(d / "head"))
+    scripts.start("middle", ["bash", EXAMPLES / "two_machines" / "peer.sh", address, "--stage", "1",
+                             "--report", d / "middle.jsonl"], HOST="127.0.0.1", STATE_DIR=str(d / "middle"))
+
+    def ready_of(name: str) -> dict:
+        return wait_for(lambda: [e for e in events(d / f"{name}.jsonl") if e["event"] == "ready"], f"{name} ready")[0]
+
+    ready = {n: ready_of(n) for n in ("head", "middle")}
+    health = free_port()  # the container's peer takes the stage left: 2
+    scripts.start("docker", ["bash", EXAMPLES / "docker_gpu" / "run.sh", address, "--device", "cpu", *loopback,
+                             "--health-port", str(health), "--report", d / "docker.jsonl"])
+    ready["docker"] = ready_of("docker")
+    assert {n: r["stage"] for n, r in ready.items()} == {"head": 0, "middle": 1, "docker": 2}
+    assert all(r["reachability"] == "direct" for r in ready.values())
+    steps = wait_for(lambda: [e for e in events(d / "head.jsonl") if e["event"] == "step"][3:], "4 steps")
+    assert steps[-1]["loss"] < 6.0
+
+    # what run.sh asked Docker for: a build of this repository, then the GPU, the port and the volume
+    calls = [json.loads(line) for line in (d / "docker-calls.jsonl").read_text().splitlines()]
+    assert calls[0][0] == "build" and calls[0][-1].endswith("examples/docker_gpu/../..")
+    run = calls[1]
+    assert run[0] == "run" and run[run.index("--gpus") + 1] == "all"
+    assert run[run.index("-p") + 1] == "31337:31337" and run[run.index("-v") + 1].endswith(":/data")
+    # the container's identity and checkpoint folder went to its /data volume
+    assert (d / "container-data" / "identity.key").exists()
+
+    # the image's HEALTHCHECK command, pointed at this peer's health port
+    check = json.loads(instructions()["HEALTHCHECK"][0].split("CMD", 1)[1])
+    assert check[:2] == ["sh", "-c"]
+    probe = subprocess.run(["sh", "-c", check[2].replace(":8081/", f":{health}/")], capture_output=True, text=True,
+                           timeout=30)
+    assert probe.returncode == 0 and json.loads(probe.stdout)["state"] == "online", probe.stdout + probe.stderr
+
+    # the dashboard, read by the example script
+    port = free_port()
+    scripts.start("dashboard", [sys.executable, "-m", "swarm.cli", "dashboard", "--initial-peers", address,
+                                "--port", str(port)])
+    url = f"http://127.0.0.1:{port}/"
+
+    def three_online() -> dict | None:
+        try:
+            with urllib.request.urlopen(url + "api/v1/state", timeout=5) as r:
+                state = json.load(r)
+        except OSError:
+            return None
+        return state if sum(bool(p.get("online")) for p in state.get("peers") or []) == 3 else None
+
+    state = wait_for(three_online, "the dashboard to show 3 online peers", timeout=120)
+    out = subprocess.run([sys.executable, str(EXAMPLES / "dashboard_api.py"), url, "--json"], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    summary = json.loads(out.stdout)
+    assert summary["run"] == state["run"]["hash"] and summary["stages"] == summary["stages_covered"] == 3
+    assert summary["peers_online"] == 3 and summary["relayed_peers"] == [] and summary["step"] >= 1
+    text = subprocess.run([sys.executable, str(EXAMPLES / "dashboard_api.py"), url], capture_output=True, text=True,
+                          timeout=60)
+    assert re.match(rf"run {summary['run']}: 3/3 stages covered, 3 peers online \(0 relayed\)", text.stdout)
+    for name in ("coordinator", "head", "middle", "docker"):
+        assert scripts.procs[name].poll() is None, scripts.log(name)[-3000:]
+
+
+def test_own_text_example(scripts, tmp_path):
+    folder = tmp_path / "my-texts"
+    (folder / "notes").mkdir(parents=True)
+    for i, module in enumerate(("json", "textwrap", "argparse")):
+        source = __import__(module).__file__
+        (folder / "notes" / f"{module}.py").write_text(open(source).read())
+        (folder / f"page{i}.md").write_text(f"# Page {i}\n\n" + "Volunteers train one model together. " * 50)
+    (folder / "ignored.bin").write_bytes(b"\0" * 100)
+    train = EXAMPLES / "own_text" / "train.sh"
+    done = subprocess.run(["bash", train, folder, "--steps", "3", "--quiet", "--no-dashboard", "--threads", "1"],
+                          capture_output=True, text=True, timeout=400, env=scripts.env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert re.search(r"done: 3 steps, loss [\d.]+ -> [\d.]+", done.stdout), done.stdout
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "photo.jpg").write_bytes(b"\xff\xd8")
+    refused = subprocess.run(["bash", train, empty, "--steps", "3", "--quiet", "--no-dashboard"], capture_output=True,
+                             text=True, timeout=120, env=scripts.env)
+    assert refused.returncode != 0 and "contains no" in refused.stderr, refused.stderr
