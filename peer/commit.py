@@ -6,6 +6,7 @@ The step driver sends every peer of every stage a command (protocol/control.py):
     reduce  exchange gradient sums with the named candidate replicas of this stage and keep
             their total; the reply names whose contributions were summed;
     apply   take the optimizer step with that total;
+    commit  reduce and apply at once (the driver sends it when every stage has one replica);
     abort   drop the partial work of a failed attempt.
 
 The all-reduce: every replica sends its contribution (its microbatches and the flat sum of
@@ -42,7 +43,7 @@ from protocol.control import (
     encode_follow,
     encode_reply,
 )
-from protocol.wire import KIND_CONTROL, KIND_FOLLOW, KIND_REDUCE, ErrorReply, WireError, decode_message
+from protocol.wire import KIND_CONTROL, KIND_DRIVE, KIND_FOLLOW, KIND_REDUCE, ErrorReply, WireError, decode_message
 
 from .daemon import ACK, StageDaemon
 from .stage import Reduced, StageError
@@ -79,6 +80,8 @@ class StepCommit:
             cmd = decode_command(body, self.spec.run_hash)
         except WireError as e:
             return self.daemon.refuse(str(e), sender)
+        if cmd.op != "status" and (refusal := await self.daemon.admitted(sender, KIND_DRIVE)) is not None:
+            return refusal
         return encode_reply(await self.handle(cmd))
 
     async def handle(self, cmd: Command) -> CommandReply:
@@ -96,9 +99,11 @@ class StepCommit:
             return self._reply(cmd, "ok")
         if cmd.attempt < d.attempt:
             return self._reply(cmd, "failed", "the attempt was superseded here.")
-        if cmd.op == "reduce":
+        if cmd.op in ("reduce", "commit"):
             await d.adopt_attempt(cmd.attempt)
-            return await self._reduce(cmd)
+            reduced = await self._reduce(cmd)
+            if cmd.op == "reduce" or reduced.outcome != "ok":
+                return reduced
         return await self._apply(cmd)
 
     def _reply(self, cmd: Command, outcome: str, reason: str = "") -> CommandReply:

@@ -133,7 +133,7 @@ class StepDriver:
         attempts = 0
         while True:
             await self._wait_for_coverage()
-            attempt = self.daemon.attempt + (1 if attempts else 0)
+            attempt = self.daemon.attempt  # after an abort every peer (this one too) is on the next attempt
             attempts += 1
             try:
                 losses, tokens = await self._run_microbatches(step, attempt)
@@ -142,6 +142,7 @@ class StepDriver:
             except AttemptFailed as e:
                 log.warning("step %d, attempt %d failed (%s); re-driving it", step + 1, attempt, e)
                 await self._broadcast(await self._members(), "abort", step, attempt)
+                await asyncio.sleep(min(attempts, 10) * 0.2)  # back off: what failed may need a moment to settle
         record = self.commit.records[-1]
         seconds = time.perf_counter() - t0
         self.daemon.tokens_done += tokens
@@ -207,9 +208,19 @@ class StepDriver:
         groups: dict[int, list[str]] = {}
         for peer, stage in members.items():
             groups.setdefault(stage, []).append(peer)
-        cmds = {peer: Command(self.spec.run_hash, step, attempt, "reduce", sorted(groups[stage]))
+        # one replica per stage: reduce and apply in one round trip (a lone replica's reduce cannot fail)
+        op = "commit" if all(len(g) == 1 for g in groups.values()) else "reduce"
+        cmds = {peer: Command(self.spec.run_hash, step, attempt, op, sorted(groups[stage]))
                 for peer, stage in members.items()}
         replies = dict(zip(cmds, await asyncio.gather(*(self._send(p, c) for p, c in cmds.items()))))
+        if op == "commit":
+            if replies[self.peer_id].outcome != "ok":
+                raise AttemptFailed(f"this head could not commit: {replies[self.peer_id].reason}")
+            for p, r in replies.items():
+                if r.outcome != "ok":  # its only peer died since its backward: the stage waits for a new one
+                    log.warning("stage %d did not commit step %d (%s); it has no replica to catch up from",
+                                members[p], step + 1, r.reason or r.outcome)
+            return
         appliers = []
         for stage in range(self.spec.n_stages):
             oks = {p: r for p, r in replies.items() if members[p] == stage and r.outcome == "ok"}

@@ -47,6 +47,7 @@ KIND_ERROR = "err"  # a refusal, as a reply
 KIND_BASIS = "basis"  # a signed basis update, coordinator -> peers (protocol/basis_update.py)
 KIND_STATS = "stats"  # a stage's re-fit statistic, peer -> coordinator (protocol/basis_update.py)
 KIND_CONTROL = "ctl"  # the step driver's commands: status, reduce, apply, abort (protocol/control.py)
+KIND_DRIVE = "ctl:drive"  # not a protocol: the right to send the commands that change a step (reduce, apply, abort)
 KIND_REDUCE = "red"  # one replica's gradient contribution to its stage's all-reduce (protocol/control.py)
 KIND_FOLLOW = "fol"  # a stage's reduced gradient forwarded to a replica still catching up (protocol/control.py)
 KIND_STATE = "state"  # a stage's state, downloaded by a joining replica (protocol/control.py)

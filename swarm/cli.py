@@ -151,8 +151,6 @@ def cmd_peer(a: argparse.Namespace) -> int:
     from .node import PeerOptions, configure_torch, run_peer
     opts = from_args(PeerOptions, a)
     configure_torch(opts.threads or int(os.environ.get("SWARM_TORCH_THREADS", "0")) or None)
-    from hivemind.p2p import P2PDaemonError
-
     from peer.interfaces import LinkError
     from peer.state_transfer import StateError
 
@@ -162,12 +160,6 @@ def cmd_peer(a: argparse.Namespace) -> int:
         return _run_async(lambda: run_peer(opts))
     except (JoinError, LinkError, StateError, ReachabilityError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 1
-    except P2PDaemonError as e:  # hivemind: "Identity from `FILE` is already taken by another peer"
-        if "already taken" not in str(e):
-            raise
-        print(f"error: the identity file {opts.identity} is in use by another running peer; give each peer its own "
-              f"--identity file, or stop the other one first.", file=sys.stderr)
         return 1
 
 
@@ -316,9 +308,10 @@ def build_parser() -> argparse.ArgumentParser:
     ad.set_defaults(func=cmd_admit)
 
     be = sub.add_parser("bench", help="benchmarks: JSON + PNG, ratios measured side by side")
-    be.add_argument("which", choices=["codecs", "throughput", "convergence"],
+    be.add_argument("which", choices=["codecs", "throughput", "convergence", "replicas"],
                     help="codecs: bytes/token and encode/decode time; throughput: tokens/s of local swarms per "
-                    "codec, unlimited vs 80mbit; convergence: loss vs tokens, fixed U vs re-fitted U vs dense")
+                    "codec, unlimited vs 80mbit; convergence: loss vs tokens, fixed U vs re-fitted U vs dense; "
+                    "replicas: tokens/s with 1-3 replicas per stage and failover time")
     be.add_argument("--out", default="bench-out", help="output folder (default: bench-out)")
     be.add_argument("--smoke", action="store_true", help="tiny sizes, for CI")
     be.add_argument("--preset", default="small", choices=sorted(PRESETS),

@@ -18,6 +18,7 @@ Signatures: Ed25519 as usual; RSA as libp2p signs, PKCS#1 v1.5 over SHA-256.
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import tempfile
@@ -186,6 +187,20 @@ class Identity:
         with os.fdopen(fd, "wb") as f:
             f.write(identity.to_bytes())
         return identity
+
+    @staticmethod
+    def lock(path: str | os.PathLike[str]) -> int:
+        """Hold `path` for this process (an advisory lock on `path.lock`, released when the process
+        ends, however it ends); IdentityError if another running process holds it. One identity in
+        two running peers would make them one peer id to the swarm."""
+        fd = os.open(f"{os.fspath(path)}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise IdentityError(f"the identity file {os.fspath(path)} is in use by another running peer; give each "
+                                f"peer its own --identity file, or stop the other one first.") from None
+        return fd
 
     def write_private_file(self) -> tuple[str, str]:
         """Write the key to a new 0700 temporary folder for p2pd to read; returns (file, folder to remove)."""

@@ -3,10 +3,15 @@
 Each kind of message may come only from peers that are announced (and, in a private swarm,
 admitted with a ticket) for the stage it belongs to:
 
-    act          peers of the previous stage        grad   peers of the next stage
-    ctl          heads (stage-0 peers): the driver  red    replicas of this stage
-    fol, state   peers of this stage (a donor, a joiner)
+    act          peers of the previous stage; at stage 1, only the leading head
+    grad         peers of the next stage
+    ctl          status: any head; reduce, apply, abort: only the leading head
+    red          replicas of this stage             fol, state   peers of this stage
     basis        anyone: the update itself is signed by the swarm key
+
+The leading head is the one the heads themselves follow (`peer/driver.py`): the lowest peer id
+among the live heads this peer has not seen fail. So a peer that merely announces itself as a
+head cannot feed stage 1 microbatches of its own, nor abort or commit the leader's steps.
 
 and never from a peer this process banned for sending bad data. Announcements are read
 through the router's 2 s cache; a sender not found there causes one fresh read of that
@@ -17,10 +22,13 @@ from __future__ import annotations
 
 import time
 
+from hivemind.utils import get_dht_time
+
 from protocol.wire import (
     KIND_ACTIVATION,
     KIND_BASIS,
     KIND_CONTROL,
+    KIND_DRIVE,
     KIND_FOLLOW,
     KIND_GRADIENT,
     KIND_REDUCE,
@@ -42,8 +50,16 @@ class Membership:
         """(stage the sender must serve, the states that count), or None if anyone may send it."""
         s = self.stage
         return {KIND_ACTIVATION: (s - 1, LIVE_STATES), KIND_GRADIENT: (s + 1, LIVE_STATES),
-                KIND_CONTROL: (0, LIVE_STATES), KIND_REDUCE: (s, LIVE_STATES + ("syncing",)),
-                KIND_FOLLOW: (s, LIVE_STATES), KIND_STATE: (s, PRESENT)}.get(kind)
+                KIND_CONTROL: (0, LIVE_STATES), KIND_DRIVE: (0, LIVE_STATES),
+                KIND_REDUCE: (s, LIVE_STATES + ("syncing",)), KIND_FOLLOW: (s, LIVE_STATES),
+                KIND_STATE: (s, PRESENT)}.get(kind)
+
+    async def _leader(self) -> str | None:
+        """The lowest peer id among live heads whose announcement is fresh: a head that died
+        stops re-announcing (every ttl/3), so its successor is followed after ttl/2, not ttl."""
+        now = get_dht_time()
+        heads = [a.peer_id for a in await self.router.live_peers(0) if now - a.timestamp <= self.router.ttl / 2]
+        return min(heads) if heads else None
 
     async def check(self, sender: str, kind: str) -> str | None:
         """Why `sender` may not send `kind` here, or None. One sentence, with nothing of this stage's state."""
@@ -59,9 +75,11 @@ class Membership:
         stage, states = source
         if not 0 <= stage < self.n_stages:
             return f"no stage sends messages of kind {kind!r} to stage {self.stage}."
-        if await self._announced(sender, stage, states):
-            return None
-        return f"only peers announced for stage {stage} may send this kind of message here."
+        if not await self._announced(sender, stage, states):
+            return f"only peers announced for stage {stage} may send this kind of message here."
+        if (kind == KIND_DRIVE or kind == KIND_ACTIVATION and stage == 0) and sender != await self._leader():
+            return "only the leading head drives the steps."
+        return None
 
     async def _announced(self, sender: str, stage: int, states: tuple[str, ...]) -> bool:
         if any(a.peer_id == sender and a.state in states for a in await self.router.announced(stage)):

@@ -26,7 +26,7 @@ from protocol.wire import KIND_ACTIVATION, KIND_GRADIENT
 
 from .admission import AdmissionError, AdmissionPolicy, read_ticket
 from .dht import SwarmDHT, close_node, start_dht, stop_dht
-from .identity import Identity
+from .identity import Identity, IdentityError
 from .monitor.peer_monitor import PeerMonitor
 from .net import LinkShaper, Transport, TransportError
 from .net.reachability import DialBack, dht_options, settle_reachability
@@ -170,7 +170,11 @@ async def run_peer(opts: PeerOptions) -> int:
                                     opts.announce_maddrs)
     except (AdmissionError, ValueError) as e:
         raise JoinError(str(e)) from None
-    identity = Identity.load_or_create(opts.identity) if opts.identity else Identity.generate()
+    try:
+        lock = Identity.lock(opts.identity) if opts.identity else None
+        identity = Identity.load_or_create(opts.identity) if opts.identity else Identity.generate()
+    except IdentityError as e:
+        raise JoinError(str(e)) from None
     if ticket is not None and ticket.peer_id != identity.peer_id:
         raise JoinError(f"the ticket is for peer {ticket.peer_id}, but this peer is {identity.peer_id}; start it "
                         f"with the --identity file the ticket was made for.")
@@ -239,6 +243,8 @@ async def run_peer(opts: PeerOptions) -> int:
             await monitor.close()  # /healthz says "leaving" (503), then stops
         finally:
             await close_node(dht, p2p, transport)
+            if lock is not None:
+                os.close(lock)
 
 
 def configure_torch(threads: int | None) -> None:

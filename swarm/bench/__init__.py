@@ -4,6 +4,7 @@ measured side by side in one run.
 - `codecs.py`: bytes per token and encode/decode time per codec and width.
 - `throughput.py`: tokens/s of whole local swarms per codec, unlimited vs a limited link.
 - `convergence.py`: held-out loss against tokens, fixed U vs re-fitted U vs dense.
+- `replicas.py`: tokens/s with 1, 2, 3 replicas per stage, and seconds from a replica's death to the next step.
 """
 from __future__ import annotations
 
@@ -18,6 +19,9 @@ def run_bench(a: argparse.Namespace) -> int:
         from .convergence import run_convergence_bench
         run_convergence_bench(a.out, preset_name=a.preset, steps=a.steps or 2000,
                               data=a.data, device=a.device, smoke=a.smoke)
+    elif a.which == "replicas":
+        from .replicas import run_replicas_bench
+        run_replicas_bench(a.out, preset_name=a.preset, steps=a.steps or 20, device=a.device, smoke=a.smoke)
     else:
         from .throughput import run_throughput_bench
         run_throughput_bench(a.out, preset_name=a.preset, steps=a.steps or 20, bandwidth=a.bandwidth, latency=a.latency,

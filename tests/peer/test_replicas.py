@@ -12,7 +12,7 @@ from protocol.spec import preset
 from protocol.wire import KIND_ACTIVATION
 from tests.peer.swarm_in_memory import make_swarm, oracle, param_hash
 
-STEPS = 8
+STEPS = 6
 
 
 def spec_for(codec: str, dtype: str):
@@ -26,8 +26,8 @@ def assert_close(losses: list[float], want: list[float], rel: float) -> None:
         assert abs(a - b) <= rel * abs(b), f"step {step}: swarm {a!r} vs oracle {b!r} (rel {abs(a - b) / abs(b):.1e})"
 
 
-@pytest.mark.parametrize("codec", ["subspace", "bottleneck", "dense"])
-@pytest.mark.parametrize("dtype,rel", [("fp64", 1e-10), ("fp32", 1e-5)])
+@pytest.mark.parametrize("codec,dtype,rel", [("subspace", "fp64", 1e-10), ("bottleneck", "fp64", 1e-10),
+                                             ("dense", "fp64", 1e-10), ("subspace", "fp32", 1e-5)])
 async def test_two_by_two_equals_the_oracle_and_replicas_stay_identical(codec, dtype, rel):
     spec = spec_for(codec, dtype)
     swarm = await make_swarm(spec, [2, 2])

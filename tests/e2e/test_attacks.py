@@ -1,0 +1,131 @@
+"""Attacks on a live swarm while it trains, from an outside hivemind node that announces
+itself as a peer of every stage (as anyone may in a public swarm) and serves as a hostile
+stage-1 replica: every attack is refused, the hostile replica is banned, and the swarm trains
+exactly as the single-process oracle does (so no attack changed any peer's weights, optimizer
+state, step or basis); its final checkpoints equal the oracle's state."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from peer.checkpoint import checkpoint_path, load_checkpoint
+from peer.pipeline import InProcessPipeline
+from peer.stage import StageRunner
+from protocol.control import Command, Contribution, FollowUpdate, encode_command, encode_contribution, encode_follow
+from protocol.spec import preset
+from protocol.wire import (
+    KIND_ACTIVATION,
+    KIND_BASIS,
+    KIND_CONTROL,
+    KIND_FOLLOW,
+    KIND_GRADIENT,
+    KIND_REDUCE,
+    KIND_STATE,
+    WireLimits,
+    decode_message,
+)
+from swarm.local import LocalOptions, LocalSwarm
+from tests.e2e.attacker import Attacker
+from tests.e2e.conftest import wait_for_event
+from tests.peer.swarm_in_memory import batches
+
+STEPS = 30
+GARBAGE = b"\x93\xc1garbage\xff" * 7
+
+
+def _oracle(spec, steps: int) -> tuple[list[float], InProcessPipeline]:
+    pipe = InProcessPipeline(spec)
+    src = batches(spec)
+    return [pipe.train_step(s, src).loss for s in range(steps)], pipe
+
+
+async def test_attacks_are_refused_while_the_swarm_trains_exactly_like_the_oracle(tmp_path):
+    spec = preset("tiny", stages=3, basis_updates=False)
+    ckpt = {s: tmp_path / f"ckpt{s}" for s in range(3)}
+    swarm = LocalSwarm(LocalOptions(spec, steps=STEPS, workdir=str(tmp_path / "run"), quiet=True, threads=1,
+                                    extra_peer_args=["--ttl", "6"]))
+    outcomes: dict[str, tuple[str, str]] = {}
+    received = []
+    try:
+        maddrs = await asyncio.to_thread(swarm.start_coordinator)
+        for s in (1, 2):
+            swarm.start_peer(s, "--checkpoint-dir", str(ckpt[s]))
+        swarm.start_peer(0, "--steps", str(STEPS), "--checkpoint-dir", str(ckpt[0]))
+        ids = [wait_for_event(swarm, f"stage{s}", "ready")[0]["peer_id"] for s in range(3)]
+        await asyncio.to_thread(wait_for_event, swarm, "stage0", "step", 120, 2)
+        async with Attacker(maddrs, above=ids[0]) as a:
+            lim = WireLimits.for_spec(a.spec)
+
+            async def hostile_replica(body: bytes, sender: str) -> bytes:
+                """Take a microbatch, answer it with finite but enormous gradients (3e38)."""
+                h = decode_message(body, lim).header
+                received.append(h)
+                huge = torch.full((spec.microbatch_size, spec.seq_len, spec.boundary_width), 3e38)
+                asyncio.get_running_loop().create_task(
+                    a.send(sender, KIND_GRADIENT, a.gradient(h.step, 0, h.microbatch, h.attempt, huge)))
+                return b""
+
+            await a.transport.serve(KIND_ACTIVATION, hostile_replica)
+            for stage in (0, 1, 2):
+                await a.announce(stage)
+            step = len(swarm.step_events()[0])
+            # garbage to every handler of every stage
+            for s, peer in enumerate(ids):
+                for kind in (KIND_ACTIVATION, KIND_GRADIENT, KIND_CONTROL, KIND_REDUCE, KIND_FOLLOW, KIND_STATE,
+                             KIND_BASIS):
+                    outcomes[f"garbage {kind} to stage {s}"] = await a.send(peer, kind, GARBAGE)
+            # stage 1 takes activations from the leading head only: not the next step's, not the current one's
+            outcomes["next-step activation to stage 1"] = await a.send(ids[1], KIND_ACTIVATION,
+                                                                     a.activation(step + 1, 1))
+            outcomes["current-step activation to stage 1"] = await a.send(ids[1], KIND_ACTIVATION,
+                                                                        a.activation(step, 1))
+            # stage 2 takes activations of stage-1 peers, but not enormous ones (and bans their sender)
+            outcomes["enormous activation to stage 2"] = await a.send(ids[2], KIND_ACTIVATION,
+                                                                    a.activation(step, 2, scale=1e30))
+            outcomes["activation to stage 2 after the ban"] = await a.send(ids[2], KIND_ACTIVATION,
+                                                                         a.activation(step, 2, mb=1))
+            outcomes["wrong-shape activation to stage 2"] = await a.send(ids[2], KIND_ACTIVATION,
+                                                                       a.activation(step, 2, width=3))
+            # the head: a gradient for a microbatch it never sent this peer
+            outcomes["stray gradient to the head"] = await a.send(ids[0], KIND_GRADIENT, a.gradient(step, 0, mb=1))
+            # the commands that change a step, from a head that does not lead
+            for s in (1, 2):
+                for op in ("abort", "reduce", "apply"):
+                    cmd = Command(spec.run_hash, step, 0, op, [ids[s]])
+                    outcomes[f"{op} command to stage {s}"] = await a.send(ids[s], KIND_CONTROL, encode_command(cmd))
+            # a follow update that no donor sent, and a contribution that no reduce asked for
+            n2 = StageRunner(spec, 2).n_params
+            outcomes["forged follow update to stage 2"] = await a.send(
+                ids[2], KIND_FOLLOW, encode_follow(FollowUpdate(spec.run_hash, step, torch.zeros(n2))))
+            forged = Contribution(spec.run_hash, step, 0, 1, [0], torch.full((StageRunner(spec, 1).n_params,), 1e3))
+            outcomes["forged contribution to stage 1"] = await a.send(ids[1], KIND_REDUCE, encode_contribution(forged))
+            records = await asyncio.to_thread(swarm.follow)
+            await asyncio.to_thread(swarm.wait_for_head)
+    finally:
+        await asyncio.to_thread(swarm.stop)
+
+    harmless = {"forged contribution to stage 1"}  # stored until the step ends, summed by nobody (see below)
+    for name, (code, _) in outcomes.items():
+        assert code != "accepted" or name in harmless, f"{name} was accepted"
+    assert "leading head" in outcomes["current-step activation to stage 1"][1]
+    assert "outside what" in outcomes["enormous activation to stage 2"][1] or "out of range" in \
+        outcomes["enormous activation to stage 2"][1]
+    assert "banned" in outcomes["activation to stage 2 after the ban"][1]
+    assert 1 <= len(received) <= 4, f"the hostile replica got {len(received)} microbatches"
+
+    losses, pipe = _oracle(spec, STEPS)
+    assert [r["step"] for r in records] == list(range(1, STEPS + 1))
+    for step, (r, want) in enumerate(zip(records, losses), start=1):
+        assert r["loss"] == pytest.approx(want, rel=1e-5), f"step {step}"
+    assert any(r["attempts"] > 1 for r in records), "the enormous gradients cost no retry: were they ever sent?"
+    for s in range(3):  # what each peer holds at the end is the oracle's state
+        saved, want = load_checkpoint(checkpoint_path(ckpt[s], spec.run_hash, s)), pipe.runners[s].state_dict()
+        assert saved["step"] == want["step"] == STEPS and saved["basis_version"] == want["basis_version"]
+        for name, t in want["module"].items():
+            assert torch.allclose(saved["module"][name], t, rtol=1e-5, atol=1e-7), f"stage {s} {name}"
+        for i, st in want["optimizer"]["state"].items():
+            for k in ("exp_avg", "exp_avg_sq"):
+                assert torch.allclose(saved["optimizer"]["state"][i][k], st[k], rtol=1e-4, atol=1e-9), \
+                    f"stage {s} optimizer {i} {k}"

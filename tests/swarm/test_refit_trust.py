@@ -1,0 +1,96 @@
+"""The coordinator's trust in re-fit statistics (BasisRefitter.on_stats), with the DHT and the
+transport replaced by fakes: statistics only from peers announced for their stage, only for
+re-fit steps in the window, at most one held per peer, and a basis is re-fitted only from a
+statistic a majority of each stage's live replicas agree on."""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+import torch
+
+from protocol.basis_update import StatsMessage, encode_stats
+from protocol.spec import preset
+from protocol.wire import ErrorReply, WireLimits, decode_message
+from swarm.basis.refit import BasisRefitter
+from swarm.dht import StageAnnouncement
+from swarm.keys import SigningKey
+
+SPEC = preset("tiny", stages=3, basis_interval=5)
+
+
+@dataclass
+class FakeDHT:
+    peers: dict[int, list[str]]  # stage -> live peer ids
+    step: int = 5
+    published: list[int] = field(default_factory=list)
+
+    async def stage_peers(self, run_hash: str, stage: int) -> list[StageAnnouncement]:
+        return [StageAnnouncement(p, run_hash, stage, [], 1.0, 0, 0, "online", "test", step=self.step)
+                for p in self.peers.get(stage, [])]
+
+    async def all_stage_peers(self, run_hash: str, n_stages: int):
+        return {s: await self.stage_peers(run_hash, s) for s in range(n_stages)}
+
+    async def publish_basis(self, run_hash: str, version: int, body: bytes, ttl: float) -> bool:
+        self.published.append(version)
+        return True
+
+
+class FakeTransport:
+    async def request(self, peer, kind, body, timeout=None) -> bytes:
+        return b""
+
+
+def stat(seed: int) -> torch.Tensor:
+    return torch.randn(SPEC.d_model, SPEC.rank, generator=torch.Generator().manual_seed(seed))
+
+
+def body(stage: int, step: int, M: torch.Tensor, version: int = 0) -> bytes:
+    return encode_stats(StatsMessage(SPEC.run_hash, stage, version, step, M))
+
+
+def refused(reply: bytes) -> str:
+    msg = decode_message(reply, WireLimits.for_spec(SPEC))
+    assert isinstance(msg, ErrorReply), "accepted"
+    return msg.reason
+
+
+async def _settle() -> None:
+    for _ in range(20):
+        await asyncio.sleep(0)  # let the re-fit task the refitter started run
+
+
+async def test_statistics_from_strangers_or_out_of_window_are_refused_and_hold_no_memory():
+    dht = FakeDHT({1: ["a1"], 2: ["a2"]})
+    r = BasisRefitter(SPEC, SigningKey.generate(), dht, FakeTransport(), ttl=60)
+    assert "only peers announced for stage 1" in refused(await r.on_stats(body(1, 5, stat(0)), "stranger"))
+    assert "only peers announced for stage 1" in refused(await r.on_stats(body(1, 5, stat(0)), "a2"))
+    assert "not for a re-fit step" in refused(await r.on_stats(body(1, 7, stat(0)), "a1"))
+    assert "re-fit step being collected" in refused(await r.on_stats(body(1, 10**9, stat(0)), "a1"))
+    assert r._stats == {} and r._pending == {}
+    assert await r.on_stats(body(1, 5, stat(0)), "a1") == b""
+    assert "already here" in refused(await r.on_stats(body(1, 5, stat(0)), "a1"))
+    assert await r.on_stats(body(1, 10, stat(1)), "a1") == b""  # a newer statistic replaces its older one
+    assert sum(len(peers) for by_stage in r._stats.values() for peers in by_stage.values()) == 1
+    assert dht.published == []
+
+
+async def test_a_basis_is_refitted_only_from_a_majority_of_each_stages_replicas():
+    dht = FakeDHT({1: ["a1", "b1", "evil"], 2: ["a2"]})
+    r = BasisRefitter(SPEC, SigningKey.generate(), dht, FakeTransport(), ttl=60)
+    honest1, honest2, poison = stat(1), stat(2), stat(99) * 1e3
+    assert await r.on_stats(body(1, 5, poison), "evil") == b""  # first to arrive: counts for nothing alone
+    assert await r.on_stats(body(2, 5, honest2), "a2") == b""
+    assert await r.on_stats(body(1, 5, honest1), "a1") == b""
+    await _settle()
+    assert dht.published == [], "a re-fit from 1 of 3 replicas, or from the first arrival"
+    assert await r.on_stats(body(1, 5, honest1), "b1") == b""  # 2 of 3 agree
+    await _settle()
+    assert dht.published == [1]
+    want = BasisRefitter(SPEC, SigningKey.generate(), FakeDHT({1: ["x"], 2: ["y"]}), FakeTransport(), ttl=60)
+    await want.on_stats(body(1, 5, honest1), "x")
+    await want.on_stats(body(2, 5, honest2), "y")
+    await _settle()
+    assert torch.equal(r.published[0].U, want.published[0].U), "the re-fit did not use the honest statistic"
+    assert r.published[0].effective_step == 5 + SPEC.basis_switch_delay
