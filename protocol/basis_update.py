@@ -61,9 +61,9 @@ def _unpack(data: bytes, spec: RunSpec, kind: str) -> dict:
         raise
     except Exception as e:
         raise WireError(f"{kind} message is not valid msgpack ({type(e).__name__}).") from None
-    if not isinstance(d, dict) or d.get("k") != kind:
+    if not isinstance(d, dict) or not isinstance(d.get("k"), str) or d.get("k") != kind:
         raise WireError(f"not a {kind} message.")
-    if d.get("r") != spec.run_hash:
+    if not isinstance(d.get("r"), str) or d.get("r") != spec.run_hash:
         raise WireError(f"{kind} message is for another run.")
     for key in ("v", "s"):
         if not isinstance(d.get(key), int) or isinstance(d.get(key), bool) or not 0 <= d[key] < 2**53:

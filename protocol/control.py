@@ -122,6 +122,12 @@ class FlatLimits:
 
 # ---------------------------------------------------------------- helpers
 
+def _is(value: object, want: object) -> bool:
+    """`value == want` for untrusted values: of the same type first (a tensor compared with a
+    number is a tensor, and asking a tensor for its truth raises)."""
+    return type(value) is type(want) and value == want
+
+
 def _unpack(data: bytes, max_bytes: int, what: str) -> dict:
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise WireError(f"{what} is not a byte string.")
@@ -158,7 +164,7 @@ def _peer_ids(v: object) -> list[str]:
 
 
 def _run(d: dict, run: str, what: str) -> None:
-    _need(d.get("r") == run, f"{what} is for another run.")
+    _need(_is(d.get("r"), run), f"{what} is for another run.")
 
 
 def _flat(t: object, lim: FlatLimits, what: str) -> torch.Tensor:
@@ -190,7 +196,7 @@ def encode_command(c: Command) -> bytes:
 
 def decode_command(data: bytes, run: str) -> Command:
     d = _unpack(data, 16 << 10, "a control command")
-    _need(d.get("k") == KIND_CONTROL, "not a control command.")
+    _need(_is(d.get("k"), KIND_CONTROL), "not a control command.")
     _run(d, run, "the control command")
     _need(d.get("o") in OPS, f"a control command's op must be one of {', '.join(OPS)}.")
     return Command(run, _int(d, "s", "step"), _int(d, "a", "attempt", 2**31), d["o"], _peer_ids(d.get("c", [])))
@@ -203,7 +209,7 @@ def encode_reply(r: CommandReply) -> bytes:
 
 def decode_reply(data: bytes, n_microbatches: int) -> CommandReply:
     d = _unpack(data, 64 << 10, "a control reply")
-    _need(d.get("k") == _REPLY, "not a control reply.")
+    _need(_is(d.get("k"), _REPLY), "not a control reply.")
     _need(d.get("o") in OUTCOMES, f"a control reply's outcome must be one of {', '.join(OUTCOMES)}.")
     x = d.get("x", {})
     _need(isinstance(x, dict) and len(x) <= MAX_GROUP, "a control reply's contributors must be a small map.")
@@ -223,9 +229,9 @@ def encode_contribution(c: Contribution) -> bytes:
 
 def decode_contribution(data: bytes, lim: FlatLimits) -> Contribution:
     d = _unpack(data, lim.max_bytes, "a gradient contribution")
-    _need(d.get("k") == KIND_REDUCE, "not a gradient contribution.")
+    _need(_is(d.get("k"), KIND_REDUCE), "not a gradient contribution.")
     _run(d, lim.run, "the gradient contribution")
-    _need(d.get("g") == lim.stage, f"the contribution is for stage {d.get('g')!r}, this replica serves {lim.stage}.")
+    _need(_is(d.get("g"), lim.stage), f"the contribution is not for stage {lim.stage}, which this replica serves.")
     mbs = _mbs(d.get("m"), lim.n_microbatches)
     if not mbs:
         _need(d.get("t") is None and d.get("q") is None, "an empty contribution carries no tensors.")
@@ -241,7 +247,7 @@ def encode_follow(f: FollowUpdate) -> bytes:
 
 def decode_follow(data: bytes, lim: FlatLimits) -> FollowUpdate:
     d = _unpack(data, lim.max_bytes, "a follow update")
-    _need(d.get("k") == KIND_FOLLOW, "not a follow update.")
+    _need(_is(d.get("k"), KIND_FOLLOW), "not a follow update.")
     _run(d, lim.run, "the follow update")
     return FollowUpdate(lim.run, _int(d, "s", "step"), _flat(d.get("t"), lim, "the reduced gradient"),
                         _stat(d.get("q"), lim))
@@ -255,7 +261,7 @@ def encode_state_request(r: StateRequest) -> bytes:
 
 def decode_state_request(data: bytes, run: str) -> StateRequest:
     d = _unpack(data, 4096, "a state request")
-    _need(d.get("k") == KIND_STATE, "not a state request.")
+    _need(_is(d.get("k"), KIND_STATE), "not a state request.")
     _run(d, run, "the state request")
     _need(d.get("o") in STATE_OPS, f"a state request's op must be one of {', '.join(STATE_OPS)}.")
     return StateRequest(run, d["o"], _int(d, "i", "chunk index", 2**31), _int(d, "n", "snapshot id", 2**63))
@@ -268,7 +274,7 @@ def encode_state_meta(m: StateMeta) -> bytes:
 
 def decode_state_meta(data: bytes, max_total: int) -> StateMeta:
     d = _unpack(data, 4096, "a state description")
-    _need(d.get("k") == _STATE_META, "not a state description.")
+    _need(_is(d.get("k"), _STATE_META), "not a state description.")
     total, chunk = _int(d, "z", "state size", max_total + 1), _int(d, "c", "chunk size", 1 << 30)
     _need(chunk > 0, "the chunk size must be positive.")
     _need(isinstance(d.get("h"), str) and len(d["h"]) == 64, "the state's sha256 must be 64 hex digits.")

@@ -6,7 +6,8 @@ admitted with a ticket) for the stage it belongs to:
     act          peers of the previous stage; at stage 1, only the leading head
     grad         peers of the next stage
     ctl          status: any head; reduce, apply, abort: only the leading head
-    red          replicas of this stage             fol, state   peers of this stage
+    red          replicas of this stage             fol    peers of this stage (the donor)
+    state        any admitted peer: a joining replica, or `swarm export` (the model is the swarm's)
     basis        anyone: the update itself is signed by the swarm key
 
 The leading head is the one the heads themselves follow (`peer/driver.py`): the lowest peer id
@@ -35,7 +36,6 @@ from protocol.wire import (
     KIND_STATE,
 )
 from swarm.dht import SwarmDHT
-from swarm.placement import PRESENT
 from swarm.router import LIVE_STATES, Router
 
 REFRESH_S = 1.0
@@ -51,8 +51,7 @@ class Membership:
         s = self.stage
         return {KIND_ACTIVATION: (s - 1, LIVE_STATES), KIND_GRADIENT: (s + 1, LIVE_STATES),
                 KIND_CONTROL: (0, LIVE_STATES), KIND_DRIVE: (0, LIVE_STATES),
-                KIND_REDUCE: (s, LIVE_STATES + ("syncing",)), KIND_FOLLOW: (s, LIVE_STATES),
-                KIND_STATE: (s, PRESENT)}.get(kind)
+                KIND_REDUCE: (s, LIVE_STATES + ("syncing",)), KIND_FOLLOW: (s, LIVE_STATES)}.get(kind)
 
     async def _leader(self) -> str | None:
         """The lowest peer id among live heads whose announcement is fresh: a head that died
@@ -67,8 +66,8 @@ class Membership:
             return "this peer is banned for a while after failing or sending bad data."
         if not await self.sdht.admitted(sender):
             return "this swarm is private: its coordinator admits peers with a ticket (swarm admit)."
-        if kind == KIND_BASIS:
-            return None
+        if kind in (KIND_BASIS, KIND_STATE):
+            return None  # a basis update carries the swarm key's signature; a stage's state is the public model
         source = self._source(kind)
         if source is None:
             return f"messages of kind {kind!r} are not served here."

@@ -52,6 +52,8 @@ class PeerOptions:
     stage: str = opt("auto", "stage to host, or auto (the least covered)")
     device: str = opt("cpu", "torch device, e.g. cuda:0")
     steps: int | None = opt(None, "head only: stop after this many steps (default: run until stopped)")
+    linger: bool = opt(False, "head only: after --steps, keep serving (e.g. for `swarm export --initial-peers`) "
+                       "until stopped")
     data: str | None = opt(None, "head only: text file or folder (default: embedded corpus)", metavar="PATH")
     host_maddrs: list[str] = opt(["/ip4/0.0.0.0/tcp/0"], "libp2p listen addresses", metavar="MADDR")
     public_ip: str | None = opt(None, "your router's public IP, with the TCP port of --host-maddrs forwarded to "
@@ -218,7 +220,8 @@ async def run_peer(opts: PeerOptions) -> int:
 
         ctx = ReplicaContext(spec, peer_id, sdht, transport, router, LinkAdapter(transport, peer_id), opts.device,
                              batches, reporter, monitor, opts.ttl, opts.checkpoint_dir, opts.checkpoint_every,
-                             opts.resume, opts.rebalance_period, opts.steps, opts.step_timeout, reach.mode)
+                             opts.resume, opts.rebalance_period, opts.steps, opts.step_timeout, reach.mode,
+                             opts.linger)
         stage = recall_stage(opts.identity, spec.run_hash) if opts.stage == "auto" else None
         if stage is None:
             stage = await choose_stage(router, spec, opts.stage)

@@ -81,6 +81,7 @@ class ReplicaContext:
     steps: int | None
     step_timeout: float
     reachability: str = "direct"  # or "relayed": how others reach this peer
+    linger: bool = False  # a head keeps serving after its last step
 
 
 class ReplicaService:
@@ -120,7 +121,8 @@ class ReplicaService:
                 ctx.report.write("start", step=runner.step)
                 await peer.drive(ctx.steps, self._on_step)
                 ctx.report.write("done", steps=runner.step)
-                return None
+                if not ctx.linger:
+                    return None
             return await self._serve_until_moved()
         finally:
             if heartbeat is not None:
@@ -229,6 +231,6 @@ class ReplicaService:
         await peer.stop()
         if self._saving is not None:
             await asyncio.gather(self._saving, return_exceptions=True)
-        if ctx.checkpoint_dir and self.runner.step > 0:
+        if ctx.checkpoint_dir:
             path = checkpoint_path(ctx.checkpoint_dir, self.spec.run_hash, self.stage)
             save_checkpoint(path, state_bytes(self.runner.state_dict()))

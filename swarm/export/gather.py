@@ -9,6 +9,7 @@ one stage whose weights differ at the same step.
 """
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import re
@@ -133,9 +134,55 @@ def load_checkpoints(dirs: Iterable[str | Path]) -> list[StageState]:
     return states
 
 
-async def fetch_stage_states(initial_peers: list[str]) -> list[dict]:
-    """Every live peer's state, in the `StageRunner.state_dict()` format (one per replica)."""
-    raise NotImplementedError("exporting from live peers needs the state transfer of issue 9")
+async def fetch_stage_states(initial_peers: list[str], timeout: float = 300.0) -> list[dict]:
+    """The state of one live replica of every stage, in the `StageRunner.state_dict()` format,
+    downloaded as a joining replica would (`peer/state_transfer.py`: a snapshot between two
+    steps, checked by sha256). All stages are asked at once, so that on a swarm that is not
+    training they are at one step; `select_stages` refuses them otherwise."""
+    from peer.stage import StageRunner
+    from peer.state_transfer import StateError, download_state
+    from swarm.dht import SwarmDHT, close_node, start_dht
+    from swarm.identity import Identity
+    from swarm.net import Transport
+    from swarm.node import LinkAdapter
+    from swarm.replica import transport_limit
+    from swarm.router import LIVE_STATES
+
+    identity = Identity.generate()
+    dht = await asyncio.to_thread(start_dht, initial_peers, ["/ip4/0.0.0.0/tcp/0"], identity, True)
+    p2p = transport = None
+    try:
+        sdht = SwarmDHT(dht, identity)
+        signed = await sdht.fetch_run_spec()
+        if signed is None:
+            raise ExportError("no run spec found in the DHT; check --initial-peers (the coordinator's address).")
+        spec = RunSpec.from_json(signed.spec_json)
+        await sdht.adopt(spec)
+        p2p = await dht.replicate_p2p()
+        transport = Transport(p2p, f"subspace-swarm-{spec.run_hash}", max_frame_bytes=transport_limit(spec),
+                              timeout=timeout)
+        link = LinkAdapter(transport, identity.peer_id)
+        peers = await sdht.all_stage_peers(spec.run_hash, spec.n_stages)
+        missing = [s for s, anns in peers.items() if not any(a.state in LIVE_STATES for a in anns)]
+        if missing:
+            raise ExportError(f"stage{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} of run "
+                              f"{spec.run_hash} {'have' if len(missing) > 1 else 'has'} no live peer to export from.")
+
+        async def one(stage: int) -> dict:
+            problems = []
+            limit = 4 * StageRunner(spec, stage).n_params * 8 + (64 << 20)
+            for ann in sorted((a for a in peers[stage] if a.state in LIVE_STATES), key=lambda a: -a.step):
+                try:
+                    return (await download_state(link, ann.peer_id, spec.run_hash, limit, timeout))[1]
+                except StateError as e:
+                    problems.append(str(e))
+            raise ExportError(f"no replica of stage {stage} gave its state: {'; '.join(problems)}")
+
+        states = await asyncio.gather(*(one(s) for s in range(spec.n_stages)))
+        log.info("downloaded the state of %d stages of run %s from live peers", len(states), spec.run_hash)
+        return list(states)
+    finally:
+        await close_node(dht, p2p, transport)
 
 
 # ------------------------------------------------------------------ selection

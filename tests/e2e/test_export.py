@@ -53,22 +53,24 @@ def test_export_a_trained_subspace_swarm(make_swarm, tmp_path):
     swarm = make_swarm(codec="subspace")
     ck = tmp_path / "ck"
     swarm.start_coordinator()
-    peers = [swarm.start_peer(s, "--checkpoint-dir", str(ck), *(["--steps", str(STEPS)] if s == 0 else []))
-             for s in range(3)]
+    peers = [swarm.start_peer(s, "--checkpoint-dir", str(ck), *(["--steps", str(STEPS), "--linger"] if s == 0
+                                                                 else [])) for s in range(3)]
     wait_for_event(swarm, "stage0", "done", timeout=240)
-    assert peers[0].wait(timeout=60) == 0  # the head leaves by itself after its last step, saving its checkpoint
-    for p in peers[1:]:  # the others save theirs when stopped
+    # from the live peers first (the head lingers after its last step), then from their checkpoints
+    cli("export", "--initial-peers", swarm.maddrs[0], "--out", str(tmp_path / "live"))
+    for p in peers:  # every peer saves its checkpoint when stopped
         p.send_signal(signal.SIGTERM)
-        p.wait(timeout=60)
+        assert p.wait(timeout=60) == 0
     swarm.procs = [(n, p) for n, p in swarm.procs if p not in peers]  # they stopped as asked, not crashed
     assert len(list(ck.glob("*-stage*.pt"))) == 3
 
     cli("export", "--from-checkpoints", str(ck), "--out", str(tmp_path / "native"))
     cli("export", "--from-checkpoints", str(ck), "--out", str(tmp_path / "hf"), "--format", "hf")
     hf_matches_our_model(ck, tmp_path / "hf")
-    # another process exporting the same states writes the same bytes
+    # another process exporting the same states writes the same bytes, and so did the live export
     again = export_run(gather_from_checkpoints([ck]), tmp_path / "again")[0]
     assert sha(again) == sha(tmp_path / "native" / "model.safetensors")
+    assert sha(tmp_path / "live" / "model.safetensors") == sha(tmp_path / "native" / "model.safetensors")
 
     # the swarm trains one more step from those checkpoints; the tail's loss of that step is
     # what `swarm eval` computes on the same microbatches from the export

@@ -12,11 +12,12 @@ import torch
 
 from peer.data import BatchSource, load_corpus
 from peer.pipeline import InProcessPipeline
-from protocol.codecs import WirePacker
-from protocol.spec import preset
-from protocol.wire import ActivationMessage, GradientMessage, Header, encode_message, tokens_for_wire
+from protocol.codecs import WireTensors
+from protocol.spec import WIRE_DTYPES, preset
+from protocol.wire import ActivationMessage, GradientMessage, Header, token_bytes
 from swarm.local import LocalOptions, run_local
 from swarm.net.transport import REPLY_OVERHEAD, REQUEST_OVERHEAD
+from tests.protocol.test_wire import expected_header
 
 STEPS = 20
 
@@ -38,17 +39,22 @@ def _oracle_losses(spec, steps: int) -> list[float]:
     return [pipe.train_step(s, src.microbatch).loss for s in range(steps)]
 
 
-def framed_bytes_per_token(spec, kind: str) -> float:
-    """The formula: one message of B x T tokens, plus request framing and the 'accepted' reply frame."""
+def framed_bytes_per_token(spec, kind: str, step: int = 1, mb: int = 1, attempt: int = 0) -> float:
+    """The formula, independent of the encoder: B*T*w*e (+ B*(T+1)*tb token ids) + H per message,
+    H the msgpack sizes of every header field, read off the documented layout
+    (tests/protocol/test_wire.py `expected_header`), + 4 bytes of request framing + the 5-byte
+    "accepted" reply frame. Every header integer is below 128 here, so H is the same for all."""
     B, T, w = spec.microbatch_size, spec.seq_len, spec.boundary_width
-    packer = WirePacker.for_spec(spec)
-    z = packer.pack(torch.zeros(B, T, w))
-    h = Header(spec.run_hash, 1, 1, 0, spec.codec, 1)
+    e = {"fp32": 4, "bf16": 2, "fp64": 8}[spec.wire_dtype]
+    fake = torch.empty(B, T, w, dtype=WIRE_DTYPES[spec.wire_dtype])  # only its shape and dtype are read
+    h = Header(spec.run_hash, step, mb, 0, spec.codec, 1, attempt)
     if kind == "act":
-        msg = ActivationMessage(h, tokens_for_wire(torch.zeros(B, T + 1, dtype=torch.long), spec.vocab), z)
+        msg = ActivationMessage(h, torch.empty(B, T + 1, dtype=torch.uint8), WireTensors(fake))
+        data = B * T * w * e + B * (T + 1) * token_bytes(spec.vocab)
     else:
-        msg = GradientMessage(h, z, 1.5)
-    return (len(encode_message(msg)) + REQUEST_OVERHEAD + REPLY_OVERHEAD) / (B * T)
+        msg = GradientMessage(h, WireTensors(fake), 1.5)
+        data = B * T * w * e
+    return (data + expected_header(msg, spec.vocab) + REQUEST_OVERHEAD + REPLY_OVERHEAD) / (B * T)
 
 
 @pytest.mark.parametrize("codec", ["subspace", "bottleneck", "dense"])
