@@ -232,3 +232,23 @@ def test_scheduled_refits_in_pipeline():
         assert float((new.T @ new - torch.eye(spec.rank, dtype=F64)).abs().max()) < 1e-12
         assert 1e-4 < float(principal_angles(old, new).max()) <= spec.grassmann_max_angle + 1e-12
     assert all(0 < r.last_truncation < 0.2 for r in pipe.runners[:-1])
+
+
+def test_basis_update_rules():
+    """Which basis update a stage takes: the next version, for a step it has not started; each
+    refusal names its rule and changes nothing."""
+    spec = preset("tiny", stages=2, basis_interval=5)
+    runner = StageRunner(spec, 1)
+    U = grassmann_step(spec_basis(spec).U.double(), torch.randn(spec.d_model, spec.rank, dtype=F64), 0.05).float()
+    tokens = torch.randint(0, spec.vocab, (spec.microbatch_size, spec.seq_len + 1))
+    runner.forward_backward(0, 0, tokens, torch.randn(spec.microbatch_size, spec.seq_len, spec.rank))  # step 0 began
+    with pytest.raises(StageError, match="already started"):
+        runner.schedule_basis(U, 1, 0)
+    with pytest.raises(StageError, match="not the next"):
+        runner.schedule_basis(U, 2, 5)
+    assert runner.scheduled is None and runner.basis_version == 0
+    runner.schedule_basis(U, 1, 5)
+    assert runner.scheduled == (1, 5)
+    with pytest.raises(StageError, match="already scheduled"):
+        runner.schedule_basis(U, 1, 6)
+    assert runner.scheduled == (1, 5)
