@@ -19,7 +19,7 @@ import warnings
 
 warnings.filterwarnings("ignore", message=".*torch.jit.script.*")  # hivemind's import warns about its own use
 
-from protocol.spec import PRESETS, RunSpec, SpecError, preset  # noqa: E402
+from protocol.spec import COMPUTE_DTYPES, PRESETS, RunSpec, SpecError, preset  # noqa: E402
 from swarm.options import add_options, from_args  # noqa: E402
 
 log = logging.getLogger("swarm")
@@ -70,6 +70,8 @@ def _add_spec_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--rank", type=int, help="subspace rank k or bottleneck width b")
     g.add_argument("--wire-dtype", choices=["fp32", "bf16"], help="dtype of numbers on the wire")
     g.add_argument("--quant", choices=["none", "int8"], help="int8 quantization under the codec")
+    g.add_argument("--dtype", choices=sorted(COMPUTE_DTYPES),
+                   help="compute dtype: bf16 (autocast, fp32 master weights), fp32 or fp64 (default: fp32)")
     g.add_argument("--basis-interval", type=int, help="steps between basis re-fits (default: 500)")
     g.add_argument("--seed", type=int, help="seed of weights and shared constants")
 
@@ -78,7 +80,7 @@ def _spec_from_args(a: argparse.Namespace) -> RunSpec:
     if a.run_spec:
         return RunSpec.load(a.run_spec)
     return preset(a.preset, stages=a.stages, codec=a.codec, rank=a.rank, wire_dtype=a.wire_dtype, quant=a.quant,
-                  basis_interval=a.basis_interval, seed=a.seed)
+                  basis_interval=a.basis_interval, seed=a.seed, dtype=a.dtype)
 
 
 # ------------------------------------------------------------------ subcommands
