@@ -262,6 +262,12 @@ class StageModule(nn.Module):
                 h = block(h, self.rope_cos, self.rope_sin)
         return h
 
+    def compile_blocks(self) -> None:
+        """`torch.compile` each block in place: fuses the norms, RoPE, SwiGLU and residual adds
+        around the matmuls (a runtime choice of this process, not part of the run spec)."""
+        for block in self.blocks:
+            block.compile()
+
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """Last stage: final norm and LM head; logits in the compute dtype (the loss is taken in it)."""
         with self.compute(h.device.type):

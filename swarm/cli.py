@@ -201,15 +201,21 @@ def build_parser() -> argparse.ArgumentParser:
     st.set_defaults(func=cmd_status)
 
     be = sub.add_parser("bench", help="benchmarks: JSON + PNG, ratios measured side by side")
-    be.add_argument("which", choices=["codecs", "throughput", "convergence"],
+    be.add_argument("which", choices=["codecs", "throughput", "convergence", "mfu"],
                     help="codecs: bytes/token and encode/decode time; throughput: tokens/s of local swarms per "
-                    "codec, unlimited vs 80mbit; convergence: loss vs tokens, fixed U vs re-fitted U vs dense")
+                    "codec, unlimited vs 80mbit; convergence: loss vs tokens, fixed U vs re-fitted U vs dense; "
+                    "mfu: the device's bf16 matmul rate and the share of it whole-model training uses")
     be.add_argument("--out", default="bench-out", help="output folder (default: bench-out)")
     be.add_argument("--smoke", action="store_true", help="tiny sizes, for CI")
-    be.add_argument("--preset", default="small", choices=sorted(PRESETS),
-                    help="throughput: model size (default: small)")
+    be.add_argument("--preset", choices=sorted(PRESETS),
+                    help="model size (default: small; large for mfu)")
     be.add_argument("--steps", type=int,
-                    help="steps per run (default: 20 for throughput, 2000 for convergence)")
+                    help="steps per run (default: 20 for throughput, 2000 for convergence, 10 timed for mfu)")
+    be.add_argument("--codec", choices=["dense", "subspace", "bottleneck"], help="mfu: codec (default: dense)")
+    be.add_argument("--dtype", choices=sorted(COMPUTE_DTYPES), help="mfu: compute dtype (default: bf16)")
+    be.add_argument("--microbatch-size", type=int, help="mfu: sequences per microbatch (default: the preset's)")
+    be.add_argument("--matmul-size", type=int, default=8192, help="mfu: n of the n^3 bf16 matmul (default: 8192)")
+    be.add_argument("--compile", action="store_true", help="mfu: torch.compile every block")
     be.add_argument("--data", default="stdlib", help="convergence: corpus (default: the Python standard library)")
     be.add_argument("--bandwidth", default="80mbit", help="throughput: the limited link (default: 80mbit)")
     be.add_argument("--latency", default="0", help="throughput: one-way latency on the limited link")

@@ -1,10 +1,15 @@
-"""`swarm bench throughput` and `swarm bench convergence` at smoke size: they run end to end and
+"""`swarm bench throughput`, `convergence` and `mfu` at smoke size: they run end to end and
 write JSON and a PNG whose figures are consistent (benchmarks are not tests: no speed is asserted)."""
 from __future__ import annotations
 
 import json
 
+import pytest
+
+from protocol.model import build_stage
+from protocol.spec import preset
 from swarm.bench.convergence import run_convergence_bench
+from swarm.bench.mfu import matmul_weights, run_mfu_bench
 from swarm.bench.throughput import CODECS, run_throughput_bench
 
 
@@ -34,3 +39,31 @@ def test_throughput_bench_smoke(tmp_path):
     assert all(r["tokens_per_second"] > 0 for r in written["runs"])
     assert result["ratios"]["subspace_over_dense_limited"] == \
         sub["tokens_per_second"] / dense["tokens_per_second"]
+
+
+def test_mfu_bench_smoke(tmp_path):
+    result = run_mfu_bench(str(tmp_path), device="cpu", smoke=True)
+    written = json.loads((tmp_path / "mfu.json").read_text())
+    assert (tmp_path / "mfu.png").stat().st_size > 10_000
+    spec = preset("tiny", codec="dense", dtype="bf16")
+    d, f, L = spec.d_model, spec.d_ff, spec.n_layers
+    assert written["train"]["matmul_weights"] == L * (4 * d * d + 3 * d * f) + d * spec.vocab
+    assert written["flops_per_token"] == 6 * written["train"]["matmul_weights"] + 12 * L * spec.seq_len * d
+    assert len(written["train"]["step_seconds"]) == 2 and all(s > 0 for s in written["train"]["step_seconds"])
+    assert written["matmul"]["flops_per_second"] == 2 * 256**3 / written["matmul"]["seconds"]
+    assert result["mfu"] == pytest.approx(written["train"]["tokens_per_second"] * written["flops_per_token"]
+                                          / written["matmul"]["flops_per_second"])
+
+
+def test_mfu_counts_the_factored_subspace_maps_at_rank_k():
+    """In a bf16 run a constrained map costs k (d_in + d) multiplies per token, not d d_in."""
+    spec = preset("tiny", codec="subspace", dtype="bf16")
+    d, f, k, V = spec.d_model, spec.d_ff, spec.rank, spec.vocab
+    stages = [build_stage(spec, s) for s in range(spec.n_stages)]
+    free = spec.stage_layers[-1]  # the last stage is unconstrained
+    constrained = spec.n_layers - free
+    want = spec.n_layers * (3 * d * d + 2 * d * f) + free * (d * d + f * d) \
+        + constrained * (k * (d + d) + k * (f + d)) + d * V
+    assert matmul_weights(stages) == want
+    fp32 = [build_stage(spec.replace(dtype="fp32"), s) for s in range(spec.n_stages)]
+    assert matmul_weights(fp32) == spec.n_layers * (4 * d * d + 3 * d * f) + d * V
