@@ -88,10 +88,11 @@ def _spec_from_args(a: argparse.Namespace) -> RunSpec:
 def cmd_local(a: argparse.Namespace) -> int:
     from peer.data import load_corpus
 
-    from .local import LocalOptions, LocalSwarmError, run_local
+    from .local import LocalOptions, LocalSwarmError, parse_devices, run_local
     from .net import parse_bandwidth, parse_latency
     spec = _spec_from_args(a)
-    parse_bandwidth(a.bandwidth), parse_latency(a.latency)  # bad values fail here, before any process starts
+    # bad values fail here, before any process starts
+    parse_bandwidth(a.bandwidth), parse_latency(a.latency), parse_devices(a.devices)
     load_corpus(a.data, seq_len=spec.seq_len)
     print(f"swarm local: {spec.name} preset, {spec.n_stages} stages, codec {spec.codec}"
           f"{'' if spec.codec == 'dense' else f' (rank {spec.rank})'}, {a.steps} steps, wire {spec.wire_dtype}"
