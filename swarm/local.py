@@ -42,8 +42,9 @@ class LocalOptions:
 
     spec: RunSpec
     steps: int = opt(200, "optimizer steps to train")
-    bandwidth: str | None = opt(None, "emulated uplink per link, e.g. 80mbit (default: unlimited)")
-    latency: str = opt("0", "emulated one-way latency per link, e.g. 20ms (default: 0)")
+    bandwidth: str | None = opt(None, "emulated home connection of every peer: an uplink and a downlink of this "
+                                "rate, each shared by all its traffic, e.g. 80mbit (default: unlimited)")
+    latency: str = opt("0", "emulated one-way latency of every frame, e.g. 20ms (default: 0)")
     data: str | None = opt(None, "a text file or folder to train on (default: embedded corpus)", metavar="PATH")
     device: str = opt("cpu", "torch device for every peer, e.g. cuda")
     devices: str | None = opt(None, "comma-separated torch devices, one per peer in turn (stage i gets the i-th, "

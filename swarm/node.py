@@ -29,7 +29,7 @@ from protocol.wire import WireLimits
 from .basis import BasisSync
 from .dht import SwarmDHT, close_node, start_dht
 from .monitor.peer_monitor import PeerMonitor
-from .net import LinkShaper, Transport, TransportError
+from .net import HomeLink, Transport, TransportError
 from .options import opt
 from .router import Router
 
@@ -54,8 +54,9 @@ class PeerOptions:
     identity: str | None = opt(None, "libp2p identity file for a stable peer id", metavar="FILE")
     checkpoint_dir: str | None = opt(None, "save this stage's state here when stopping", metavar="DIR")
     resume: bool = opt(False, "resume from the checkpoint in --checkpoint-dir")
-    bandwidth: str | None = opt(None, "emulated uplink, e.g. 80mbit (benchmarks)")
-    latency: str = opt("0", "emulated one-way latency, e.g. 20ms (benchmarks)")
+    bandwidth: str | None = opt(None, "emulated home connection: uplink and downlink of this rate, each shared by "
+                                "all of this peer's traffic, e.g. 80mbit (benchmarks)")
+    latency: str = opt("0", "emulated one-way latency of every frame this peer sends, e.g. 20ms (benchmarks)")
     report: str | None = opt(None, "append JSON-lines events (steps, wire counters) here", metavar="FILE")
     trusted_key: str | None = opt(None, "only trust a run spec signed by this public key (or its fingerprint)",
                                   flag="--swarm-key", metavar="HEX")
@@ -153,7 +154,10 @@ def _checkpoint_path(opts: PeerOptions, spec: RunSpec, stage: int) -> Path | Non
 
 def _wire_summary(transport: Transport, daemon: StageDaemon) -> dict:
     out = {kind: transport.bytes_sent(kind) for kind in ("act", "grad")}
-    return {"bytes_out": out, "tokens_out": dict(daemon.sent_tokens), "refused": daemon.refused}
+    link = transport.link.stats() if transport.link is not None else None
+    return {"bytes_out": out, "tokens_out": dict(daemon.sent_tokens), "refused": daemon.refused,
+            "bytes_sent": transport.bytes_sent(), "bytes_received": transport.bytes_received(), "link": link,
+            "tokens_done": daemon.tokens_done}
 
 
 async def run_peer(opts: PeerOptions) -> int:
@@ -171,10 +175,10 @@ async def run_peer(opts: PeerOptions) -> int:
         p2p = await dht.replicate_p2p()
         peer_id = p2p.peer_id.to_base58()
         limits = WireLimits.for_spec(spec)
-        shaper = (lambda: LinkShaper.from_strings(opts.bandwidth, opts.latency)) if (opts.bandwidth or opts.latency
-                                                                                     not in ("0", "", None)) else None
+        link = HomeLink.from_strings(opts.bandwidth, opts.latency) if (
+            opts.bandwidth or opts.latency not in ("0", "", None)) else None
         transport = Transport(p2p, f"subspace-swarm-{spec.run_hash}", max_frame_bytes=limits.max_bytes,
-                              timeout=opts.step_timeout, shaper_factory=shaper)
+                              timeout=opts.step_timeout, link=link)
         maddrs = [str(m) for m in dht.get_visible_maddrs()]
         router = Router(sdht, spec.run_hash, peer_id, maddrs, ttl=opts.ttl)
         stage = await choose_stage(router, spec, opts.stage)

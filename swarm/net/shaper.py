@@ -1,11 +1,13 @@
-"""Link emulation: how long bytes take to cross a home uplink.
+"""Link emulation: how long bytes take to cross a home connection.
 
 This room exists so that `swarm local` and the benchmarks can run a whole swarm on one
-machine and still see the network a volunteer would see: a limited uplink (bandwidth) and a
-distance (one-way latency). `swarm/transport.py` asks a `LinkShaper` to `transmit(nbytes)`
-before it writes a frame; nothing here touches sockets.
+machine and still see the network a volunteer would see. A home peer has one uplink shared
+by everything it sends and one downlink shared by everything it receives, and a distance
+(one-way latency). `HomeLink` models exactly that for one peer; `swarm/net/transport.py` calls
+`HomeLink.send(nbytes)` before it writes any frame (request or reply, to any peer) and
+`HomeLink.receive(nbytes)` after it has read one. Nothing here touches sockets.
 
-The model, per link:
+One direction (`LinkShaper`):
 
 - a token bucket refilled at `bandwidth_bps / 8` bytes per second, `depth` bytes deep
   (max(64 KiB, 10 ms worth of bandwidth)). It starts empty, like a link that has only just
@@ -15,6 +17,16 @@ The model, per link:
   waits until the debt is repaid (its last byte has left), then `latency_s` more (its last
   byte has arrived). Because the debt is shared, concurrent messages queue behind each
   other for bandwidth, in the order they called `transmit`, while their latencies overlap.
+- `busy_s` adds up the time the bucket is in debt: the time the link spends transmitting at
+  its line rate (bytes sent out of the burst allowance cost no time, as with tbf).
+
+The peer (`HomeLink`): the uplink above, with the latency, paid once per frame. The downlink
+is a second bucket of its own bandwidth that every received frame passes through. A frame's
+bytes flow into the downlink while they leave the sender's uplink, so its own n / rate of
+downlink time overlaps the sender's serialization (exactly, when the sender's uplink is no
+faster than this downlink: equal rates, or a home line's faster downlink); what the receiver
+waits for on top is the downlink's queue, i.e. frames from other senders still arriving.
+So one stream costs n / rate + latency, and two senders into one downlink share it.
 
 The clock and the sleep are injectable so tests can drive the shaper with virtual time.
 """
@@ -27,7 +39,7 @@ import re
 import time
 from collections.abc import Awaitable, Callable
 
-__all__ = ["LinkShaper", "parse_bandwidth", "parse_latency", "MIN_BUCKET_BYTES", "BUCKET_SECONDS"]
+__all__ = ["HomeLink", "LinkShaper", "parse_bandwidth", "parse_latency", "MIN_BUCKET_BYTES", "BUCKET_SECONDS"]
 
 MIN_BUCKET_BYTES = 64 * 1024
 BUCKET_SECONDS = 0.010
@@ -118,7 +130,7 @@ def _checked_delay(seconds: float, shown: str) -> float:
 
 
 class LinkShaper:
-    """One emulated outgoing link: a token bucket for bandwidth plus a fixed one-way latency."""
+    """One direction of an emulated link: a token bucket for bandwidth plus a fixed one-way latency."""
 
     def __init__(
         self,
@@ -138,6 +150,8 @@ class LinkShaper:
         self.depth = 0.0 if self._rate is None else max(float(MIN_BUCKET_BYTES), self._rate * BUCKET_SECONDS)
         self._tokens = 0.0
         self._updated = clock()
+        self.busy_s = 0.0  # time spent in debt: transmitting at the line rate
+        self.bytes = 0  # bytes that went through
 
     @classmethod
     def from_strings(
@@ -162,17 +176,30 @@ class LinkShaper:
         The reservation happens here, synchronously, so callers that race each other are
         queued in call order; `transmit` is this plus the wait.
         """
+        return self._reserve(nbytes) + self.latency_s
+
+    def queue_delay_for(self, nbytes: int) -> float:
+        """A downlink's share of a received frame: reserve `nbytes` now and return the wait beyond
+        the frame's own n / rate, which overlapped the sender's uplink (module docstring)."""
+        serialized = self._reserve(nbytes)
+        return 0.0 if self._rate is None else max(0.0, serialized - nbytes / self._rate)
+
+    def _reserve(self, nbytes: int) -> float:
+        """Take `nbytes` tokens now; returns the seconds until the last of them has left."""
         if nbytes < 0:
             raise ValueError(f"cannot transmit a negative number of bytes ({nbytes}).")
+        self.bytes += nbytes
         if self._rate is None:
-            return self.latency_s
+            return 0.0
         now = self._clock()
         elapsed = max(0.0, now - self._updated)
         self._tokens = min(self.depth, self._tokens + elapsed * self._rate)
         self._updated = now
+        debt_before = max(0.0, -self._tokens)
         self._tokens -= nbytes
-        serialized = max(0.0, -self._tokens) / self._rate
-        return serialized + self.latency_s
+        debt = max(0.0, -self._tokens)
+        self.busy_s += (debt - debt_before) / self._rate  # the link now transmits that much longer
+        return debt / self._rate
 
     async def transmit(self, nbytes: int) -> None:
         """Wait as long as the link would take to deliver `nbytes` sent now."""
@@ -180,6 +207,56 @@ class LinkShaper:
         if delay > 0.0:
             await self._sleep(delay)
 
+    async def receive(self, nbytes: int) -> None:
+        """As a downlink: wait as long as `queue_delay_for(nbytes)` says."""
+        delay = self.queue_delay_for(nbytes)
+        if delay > 0.0:
+            await self._sleep(delay)
+
     def __repr__(self) -> str:
         bw = "unlimited" if self.bandwidth_bps is None else f"{self.bandwidth_bps / 1e6:g}mbit"
         return f"LinkShaper({bw}, {self.latency_s * 1e3:g}ms)"
+
+
+class HomeLink:
+    """One peer's home connection: an uplink shared by every frame it sends (with the one-way
+    latency) and a downlink shared by every frame it receives (module docstring)."""
+
+    def __init__(self, uplink: LinkShaper, downlink: LinkShaper) -> None:
+        self.uplink, self.downlink = uplink, downlink
+
+    @classmethod
+    def from_strings(
+        cls,
+        bandwidth: str | None,
+        latency: str | None = "0",
+        downlink: str | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
+    ) -> HomeLink:
+        """From CLI-style strings, e.g. ("80mbit", "20ms"); the downlink has the uplink's bandwidth
+        unless `downlink` names its own."""
+        up = LinkShaper.from_strings(bandwidth, latency, clock=clock, sleep=sleep)
+        down = LinkShaper.from_strings(bandwidth if downlink is None else downlink, "0", clock=clock, sleep=sleep)
+        return cls(up, down)
+
+    @property
+    def unlimited(self) -> bool:
+        return self.uplink.unlimited and self.downlink.unlimited
+
+    async def send(self, nbytes: int) -> None:
+        """Wait until a frame of `nbytes` sent now would have arrived (serialization + latency)."""
+        await self.uplink.transmit(nbytes)
+
+    async def receive(self, nbytes: int) -> None:
+        """Wait while the downlink is still busy with frames that arrived before this one."""
+        await self.downlink.receive(nbytes)
+
+    def stats(self) -> dict[str, float]:
+        """Bytes and busy seconds per direction (busy: transmitting at the line rate)."""
+        return {"uplink_bytes": self.uplink.bytes, "uplink_busy_s": self.uplink.busy_s,
+                "downlink_bytes": self.downlink.bytes, "downlink_busy_s": self.downlink.busy_s}
+
+    def __repr__(self) -> str:
+        return f"HomeLink(up={self.uplink!r}, down={self.downlink!r})"

@@ -1,15 +1,14 @@
-"""LinkShaper timing (virtual clock, plus one real-loop ratio check) and the CLI parsers."""
+"""LinkShaper and HomeLink timing on a virtual clock (no wall-clock figures), and the CLI parsers."""
 
 from __future__ import annotations
 
 import asyncio
 import heapq
 import itertools
-import time
 
 import pytest
 
-from swarm.net.shaper import MIN_BUCKET_BYTES, LinkShaper, parse_bandwidth, parse_latency
+from swarm.net.shaper import MIN_BUCKET_BYTES, HomeLink, LinkShaper, parse_bandwidth, parse_latency
 
 
 class VirtualClock:
@@ -108,16 +107,64 @@ async def test_unlimited_bandwidth_still_has_latency():
     assert (first, second) == (pytest.approx(0.05), pytest.approx(0.05))
 
 
-async def test_real_loop_time_scales_with_bytes():
-    async def measure(nbytes: int) -> float:
-        shaper = LinkShaper(8e6, 0.0)  # fresh, empty bucket each time
-        start = time.monotonic()
-        await shaper.transmit(nbytes)
-        return time.monotonic() - start
+async def test_time_scales_with_bytes():
+    clock = VirtualClock()
+    shapers = [LinkShaper(8e6, 0.0, clock=clock, sleep=clock.sleep) for _ in range(2)]
+    one, four = await clock.run(timed(clock, shapers[0], 100_000), timed(clock, shapers[1], 400_000))
+    assert (one, four) == (pytest.approx(0.1), pytest.approx(0.4))
 
-    one = await measure(60_000)
-    four = await measure(240_000)
-    assert 3.0 <= four / one <= 5.5, (one, four)
+
+def home(clock: VirtualClock, bandwidth: str = "8mbit", latency: str = "0") -> HomeLink:
+    return HomeLink.from_strings(bandwidth, latency, clock=clock, sleep=clock.sleep)
+
+
+async def sent(clock: VirtualClock, link: HomeLink, nbytes: int, at: float = 0.0) -> float:
+    await clock.sleep(at)
+    await link.send(nbytes)
+    return clock.now
+
+
+async def received(clock: VirtualClock, link: HomeLink, nbytes: int, at: float) -> float:
+    """A frame whose last byte reaches this peer at `at` (the sender's uplink and latency done)."""
+    await clock.sleep(at)
+    await link.receive(nbytes)
+    return clock.now
+
+
+async def test_every_frame_a_peer_sends_shares_its_one_uplink():
+    """Two frames to two destinations (or a request and a reply): one uplink, so they queue."""
+    clock = VirtualClock()
+    link = home(clock, latency="20ms")
+    to_a, to_b = await clock.run(sent(clock, link, 500_000), sent(clock, link, 500_000))
+    assert (to_a, to_b) == (pytest.approx(0.520), pytest.approx(1.020))
+
+
+async def test_one_stream_pays_the_downlink_nothing_extra():
+    """Frames arriving back to back at the uplink's rate: the downlink (same rate) keeps up."""
+    clock = VirtualClock()
+    link = home(clock)
+    frames = [received(clock, link, 500_000, at=0.5 * (i + 1)) for i in range(4)]
+    assert await clock.run(*frames) == [pytest.approx(0.5 * (i + 1)) for i in range(4)]
+
+
+async def test_two_senders_share_one_downlink():
+    """Two 1 MB frames from two senders, each at 8 Mbit/s, both fully sent at t = 1 s: the receiver's
+    8 Mbit/s downlink carried (a burst plus) 1 MB by then, the second megabyte takes ~1 s more."""
+    clock = VirtualClock()
+    link = home(clock)
+    first, second = await clock.run(received(clock, link, 1_000_000, 1.0), received(clock, link, 1_000_000, 1.0))
+    assert first == pytest.approx(1.0)
+    assert second == pytest.approx(2.0 - MIN_BUCKET_BYTES / 1e6)
+
+
+async def test_busy_time_counts_line_rate_transmission_only():
+    clock = VirtualClock()
+    link = home(clock)
+    await clock.run(sent(clock, link, 1_000_000), sent(clock, link, 1_000_000, at=10.0))
+    # the first megabyte from an empty bucket: 1 s; after 10 s idle, the burst covers 64 KiB of the second
+    assert link.uplink.busy_s == pytest.approx(1.0 + (1_000_000 - MIN_BUCKET_BYTES) / 1e6)
+    assert link.stats()["uplink_bytes"] == 2_000_000 and link.downlink.busy_s == 0.0
+    assert home(clock, "unlimited").unlimited and not home(clock).unlimited
 
 
 @pytest.mark.parametrize(
