@@ -213,14 +213,20 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--steps", type=int,
                     help="steps per run (default: 20 for throughput, 2000 for convergence, 10 timed for mfu)")
     be.add_argument("--codec", choices=["dense", "subspace", "bottleneck"], help="mfu: codec (default: dense)")
-    be.add_argument("--dtype", choices=sorted(COMPUTE_DTYPES), help="mfu: compute dtype (default: bf16)")
+    be.add_argument("--dtype", choices=sorted(COMPUTE_DTYPES),
+                    help="compute dtype (default: bf16 for mfu, the preset's for throughput)")
     be.add_argument("--microbatch-size", type=int, help="mfu: sequences per microbatch (default: the preset's)")
     be.add_argument("--matmul-size", type=int, default=8192, help="mfu: n of the n^3 bf16 matmul (default: 8192)")
     be.add_argument("--compile", action="store_true", help="mfu: torch.compile every block")
     be.add_argument("--data", default="stdlib", help="convergence: corpus (default: the Python standard library)")
-    be.add_argument("--bandwidth", default="80mbit", help="throughput: the limited link (default: 80mbit)")
-    be.add_argument("--latency", default="0", help="throughput: one-way latency on the limited link")
-    be.add_argument("--device", default="cpu", help="throughput: torch device of every peer")
+    be.add_argument("--bandwidth", default="80mbit",
+                    help="throughput: the limited links, comma-separated, e.g. 8mbit,80mbit (default: 80mbit)")
+    be.add_argument("--latency", default="0", help="throughput: one-way latency on the limited links")
+    be.add_argument("--device", default="cpu", help="torch device (throughput: of every peer)")
+    be.add_argument("--devices", help="throughput: comma-separated devices, one per peer in turn (e.g. cuda:0,cuda:1)")
+    be.add_argument("--kernel-shaping", action="store_true",
+                    help="throughput: also run each limited link with every process in its own network namespace "
+                    "and tc tbf on its uplink and downlink (needs root; skipped with a message where not allowed)")
     be.set_defaults(func=cmd_bench)
     return p
 

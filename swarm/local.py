@@ -17,6 +17,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import torch
 from tqdm import tqdm
@@ -97,10 +98,19 @@ def parse_devices(text: str | None) -> list[str]:
     return devices
 
 
-class Placement:
-    """Where the processes of a local swarm run: all on this host's loopback. A subclass can put
-    each one elsewhere (`swarm/net/namespaces.py`: its own network namespace) by prefixing its
-    command and naming the address it listens on; `name` is the process name (coordinator, stage0, ...)."""
+class Placement(Protocol):
+    """Where each process of a local swarm runs: `prefix(name)` goes in front of its command and
+    `host(name)` is the address it listens on (and, for the coordinator, the one peers dial);
+    `name` is the process name (coordinator, stage0, ...). `Loopback` is the default;
+    `swarm/net/namespaces.py` puts each process in its own network namespace."""
+
+    def prefix(self, name: str) -> list[str]: ...
+
+    def host(self, name: str) -> str: ...
+
+
+class Loopback:
+    """Every process on this host's loopback, started as is."""
 
     def prefix(self, name: str) -> list[str]:
         return []
@@ -116,7 +126,7 @@ def _python_cmd(*args: str) -> list[str]:
 class LocalSwarm:
     def __init__(self, opts: LocalOptions, placement: Placement | None = None) -> None:
         self.opts = opts
-        self.placement = placement or Placement()
+        self.placement = placement or Loopback()
         self._peers_started = 0
         self.procs: list[tuple[str, subprocess.Popen]] = []
         self.maddrs: list[str] = []
@@ -309,7 +319,28 @@ class LocalSwarm:
                      "forward_bytes": fwd, "backward_bytes": bwd, "forward_tokens": ftok, "backward_tokens": btok},
             "tokens_per_second": tps,
             "link": {"bandwidth": self.opts.bandwidth, "latency": self.opts.latency},
+            "peers": self.peer_links(steps),
         }
+
+    def peer_links(self, steps: list[dict]) -> list[dict]:
+        """Per stage: every byte its transport sent and received (frames, all kinds), bytes sent per
+        token it processed, and (when shaped) its link's busy seconds and the uplink's busy fraction
+        of the training time (the sum of the head's step times)."""
+        seconds = sum(s["seconds"] for s in steps)
+        out = []
+        for stage in range(self.opts.spec.n_stages):
+            wire = [e for e in self.events(stage) if e["event"] == "wire"]
+            if not wire:
+                continue
+            w = wire[-1]
+            row = {"stage": stage, "bytes_sent": w.get("bytes_sent"), "bytes_received": w.get("bytes_received"),
+                   "tokens": w.get("tokens_done"), "link": w.get("link")}
+            if row["bytes_sent"] is not None and row["tokens"]:
+                row["bytes_sent_per_token"] = row["bytes_sent"] / row["tokens"]
+            if row["link"] and seconds > 0:
+                row["uplink_busy_fraction"] = row["link"]["uplink_busy_s"] / seconds
+            out.append(row)
+        return out
 
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:

@@ -28,6 +28,7 @@ def run_bench(a: argparse.Namespace) -> int:
     else:
         from .throughput import run_throughput_bench
         run_throughput_bench(a.out, preset_name=a.preset or "small", steps=a.steps or 20, bandwidth=a.bandwidth,
-                             latency=a.latency, device=a.device, smoke=a.smoke)
+                             latency=a.latency, device=a.device, smoke=a.smoke, devices=a.devices, dtype=a.dtype,
+                             kernel_shaping=a.kernel_shaping)
     print(f"results written to {a.out}/")
     return 0

@@ -17,8 +17,8 @@ One direction (`LinkShaper`):
   waits until the debt is repaid (its last byte has left), then `latency_s` more (its last
   byte has arrived). Because the debt is shared, concurrent messages queue behind each
   other for bandwidth, in the order they called `transmit`, while their latencies overlap.
-- `busy_s` adds up the time the bucket is in debt: the time the link spends transmitting at
-  its line rate (bytes sent out of the burst allowance cost no time, as with tbf).
+- `busy_s` is the time the link spends transmitting: its bytes at its line rate, bytes * 8 /
+  bandwidth (the same figure the kernel's qdisc byte counters give).
 
 The peer (`HomeLink`): the uplink above, with the latency, paid once per frame. The downlink
 is a second bucket of its own bandwidth that every received frame passes through. A frame's
@@ -150,7 +150,6 @@ class LinkShaper:
         self.depth = 0.0 if self._rate is None else max(float(MIN_BUCKET_BYTES), self._rate * BUCKET_SECONDS)
         self._tokens = 0.0
         self._updated = clock()
-        self.busy_s = 0.0  # time spent in debt: transmitting at the line rate
         self.bytes = 0  # bytes that went through
 
     @classmethod
@@ -195,11 +194,13 @@ class LinkShaper:
         elapsed = max(0.0, now - self._updated)
         self._tokens = min(self.depth, self._tokens + elapsed * self._rate)
         self._updated = now
-        debt_before = max(0.0, -self._tokens)
         self._tokens -= nbytes
-        debt = max(0.0, -self._tokens)
-        self.busy_s += (debt - debt_before) / self._rate  # the link now transmits that much longer
-        return debt / self._rate
+        return max(0.0, -self._tokens) / self._rate
+
+    @property
+    def busy_s(self) -> float:
+        """Seconds this link has spent transmitting: bytes * 8 / bandwidth (0 when unlimited)."""
+        return 0.0 if self._rate is None else self.bytes / self._rate
 
     async def transmit(self, nbytes: int) -> None:
         """Wait as long as the link would take to deliver `nbytes` sent now."""

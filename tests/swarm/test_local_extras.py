@@ -10,7 +10,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from protocol.spec import preset
-from swarm.local import LocalOptions, LocalSwarm, Placement, dashboard_port, parse_devices
+from swarm.local import LocalOptions, LocalSwarm, Loopback, dashboard_port, parse_devices
 
 
 def test_follow_writes_the_heads_steps_to_tensorboard(tmp_path):
@@ -67,7 +67,7 @@ def test_devices_are_given_to_peers_round_robin(tmp_path, monkeypatch):
 def test_a_placement_prefixes_each_command_and_names_its_address(tmp_path):
     """The prefix really runs in front of the command (here: a program that prints what follows it)."""
 
-    class Echo(Placement):
+    class Echo(Loopback):
         def prefix(self, name):
             return [sys.executable, "-c", "import sys; print('placed', sys.argv[1:])", name]
 

@@ -157,13 +157,15 @@ async def test_two_senders_share_one_downlink():
     assert second == pytest.approx(2.0 - MIN_BUCKET_BYTES / 1e6)
 
 
-async def test_busy_time_counts_line_rate_transmission_only():
+async def test_busy_time_is_bytes_at_the_line_rate():
     clock = VirtualClock()
     link = home(clock)
-    await clock.run(sent(clock, link, 1_000_000), sent(clock, link, 1_000_000, at=10.0))
-    # the first megabyte from an empty bucket: 1 s; after 10 s idle, the burst covers 64 KiB of the second
-    assert link.uplink.busy_s == pytest.approx(1.0 + (1_000_000 - MIN_BUCKET_BYTES) / 1e6)
-    assert link.stats()["uplink_bytes"] == 2_000_000 and link.downlink.busy_s == 0.0
+    await clock.run(sent(clock, link, 1_000_000), sent(clock, link, 30_000, at=10.0),
+                    received(clock, link, 500_000, at=3.0))
+    assert link.uplink.busy_s == pytest.approx(1.03)  # a burst's bytes take line time too
+    assert link.downlink.busy_s == pytest.approx(0.5)
+    assert link.stats() == {"uplink_bytes": 1_030_000, "uplink_busy_s": pytest.approx(1.03),
+                            "downlink_bytes": 500_000, "downlink_busy_s": pytest.approx(0.5)}
     assert home(clock, "unlimited").unlimited and not home(clock).unlimited
 
 

@@ -255,10 +255,7 @@ async def test_concurrent_requests_and_shaping(pair):
     # 4 x 100 kB at 1 MB/s queue on the one uplink: >= 0.4 s of serialization plus 50 ms latency,
     # and the 4 replies then queue on the one downlink behind each other.
     assert elapsed >= 0.4 + 0.05 - 0.01
-    # busy: the four frames at the line rate, less what the bucket's burst (refilled while the
-    # streams opened) let through at once
-    sent = 4 * (100_000 + REQUEST_OVERHEAD) / 1e6
-    assert 0.5 * sent <= link.uplink.busy_s <= sent + 1e-9
+    assert link.uplink.busy_s == pytest.approx(4 * (100_000 + REQUEST_OVERHEAD) / 1e6)  # bytes at 1 MB/s
     assert sorted(n for d, n in link.frames if d == "receive") == [100_000 + REPLY_OVERHEAD] * 4
     await shaped.close()
 
