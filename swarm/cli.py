@@ -214,10 +214,16 @@ def build_parser() -> argparse.ArgumentParser:
                     help="steps per run (default: 20 for throughput, 2000 for convergence, 10 timed for mfu)")
     be.add_argument("--codec", choices=["dense", "subspace", "bottleneck"], help="mfu: codec (default: dense)")
     be.add_argument("--dtype", choices=sorted(COMPUTE_DTYPES),
-                    help="compute dtype (default: bf16 for mfu, the preset's for throughput)")
+                    help="compute dtype (default: bf16 for mfu, the preset's otherwise)")
     be.add_argument("--microbatch-size", type=int, help="mfu: sequences per microbatch (default: the preset's)")
     be.add_argument("--matmul-size", type=int, default=8192, help="mfu: n of the n^3 bf16 matmul (default: 8192)")
     be.add_argument("--compile", action="store_true", help="mfu: torch.compile every block")
+    be.add_argument("--throughput-json", metavar="FILE",
+                    help="convergence: throughput results for the time-to-loss plot (default: OUT/throughput.json)")
+    be.add_argument("--link", help="convergence: the limited link of the time-to-loss plot, e.g. 80mbit "
+                    "(default: the throughput results' first)")
+    be.add_argument("--curves-json", metavar="FILE",
+                    help="convergence: take the loss curves from this convergence.json instead of training")
     be.add_argument("--data", default="stdlib", help="convergence: corpus (default: the Python standard library)")
     be.add_argument("--bandwidth", default="80mbit",
                     help="throughput: the limited links, comma-separated, e.g. 8mbit,80mbit (default: 80mbit)")

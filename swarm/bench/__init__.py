@@ -24,7 +24,8 @@ def run_bench(a: argparse.Namespace) -> int:
     elif a.which == "convergence":
         from .convergence import run_convergence_bench
         run_convergence_bench(a.out, preset_name=a.preset or "small", steps=a.steps or 2000,
-                              data=a.data, device=a.device, smoke=a.smoke)
+                              data=a.data, device=a.device, smoke=a.smoke, throughput_json=a.throughput_json,
+                              link=a.link, curves_json=a.curves_json, dtype=a.dtype)
     else:
         from .throughput import run_throughput_bench
         run_throughput_bench(a.out, preset_name=a.preset or "small", steps=a.steps or 20, bandwidth=a.bandwidth,

@@ -14,10 +14,17 @@ from swarm.bench.throughput import CODECS, run_throughput_bench
 
 
 def test_convergence_bench_smoke(tmp_path):
+    # the throughput bench's figures at 80mbit (as its JSON has them), for the time-to-loss plot
+    throughput = {"preset": "tiny", "device": "cpu", "runs": [
+        {"codec": c, "bandwidth": b, "shaping": s, "tokens_per_second": t}
+        for c, b, s, t in [("dense", "unlimited", "none", 9000.0), ("dense", "80mbit", "builtin", 500.0),
+                           ("subspace", "80mbit", "builtin", 8000.0), ("bottleneck", "80mbit", "builtin", 7000.0),
+                           ("dense", "80mbit", "kernel", 450.0)]]}
+    (tmp_path / "throughput.json").write_text(json.dumps(throughput))
     result = run_convergence_bench(str(tmp_path), data=None, smoke=True)
     written = json.loads((tmp_path / "convergence.json").read_text())
     assert (tmp_path / "convergence.png").stat().st_size > 10_000
-    assert set(written["curves"]) == {"fixed U", "U re-fit every 10", "dense"}
+    assert set(written["curves"]) == {"fixed U", "U re-fit every 10", "dense", "bottleneck"}
     refit = written["curves"]["U re-fit every 10"]
     assert [s["step"] for s in refit["switches"]] == [15, 25]  # re-fits at 10 and 20, 5 steps later
     assert all(0 < max(s["truncated"]) < 0.2 for s in refit["switches"])
@@ -25,6 +32,16 @@ def test_convergence_bench_smoke(tmp_path):
     for curve in written["curves"].values():
         assert len(curve["train"]) == 30 and curve["val"][-1][1] < curve["val"][0][1]
     assert result["summary"]["fixed U"]["vs_fixed"] == 0
+    # time to loss: each variant's held-out curve over its codec's tokens/s at 80mbit (built-in shaping)
+    ttl = json.loads((tmp_path / "time_to_loss.json").read_text())
+    assert (tmp_path / "time_to_loss.png").stat().st_size > 10_000
+    assert ttl["bandwidth"] == "80mbit" and ttl["tokens_per_second"] == {"dense": 500.0, "subspace": 8000.0,
+                                                                          "bottleneck": 7000.0}
+    for name, curve in written["curves"].items():
+        tps = ttl["tokens_per_second"][curve["spec"]["codec"]]
+        assert ttl["curves"][name]["val"] == [[tokens / tps, loss] for tokens, loss in curve["val"]]
+    assert ttl["target_loss"] == max(c["val"][-1][1] for c in written["curves"].values())
+    assert all(c["seconds_to_target"] is not None for c in ttl["curves"].values())
 
 
 def test_throughput_bench_smoke(tmp_path):
