@@ -212,6 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="model size (default: small; large for mfu)")
     be.add_argument("--steps", type=int,
                     help="steps per run (default: 20 for throughput, 2000 for convergence, 10 timed for mfu)")
+    be.add_argument("--stages", type=int, help="throughput: pipeline stages (default: the preset's)")
     be.add_argument("--codec", choices=["dense", "subspace", "bottleneck"], help="mfu: codec (default: dense)")
     be.add_argument("--dtype", choices=sorted(COMPUTE_DTYPES),
                     help="compute dtype (default: bf16 for mfu, the preset's otherwise)")

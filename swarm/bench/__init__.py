@@ -10,9 +10,27 @@ measured side by side in one run.
 from __future__ import annotations
 
 import argparse
+import signal
+from types import FrameType
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
 
 
 def run_bench(a: argparse.Namespace) -> int:
+    """Run one benchmark; SIGTERM stops it like Ctrl+C, through every `finally` (processes stopped,
+    namespaces removed)."""
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        _dispatch(a)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    print(f"results written to {a.out}/")
+    return 0
+
+
+def _dispatch(a: argparse.Namespace) -> None:
     if a.which == "mfu":
         from .mfu import run_mfu_bench
         run_mfu_bench(a.out, preset_name=a.preset or "large", codec=a.codec or "dense", dtype=a.dtype or "bf16",
@@ -30,6 +48,4 @@ def run_bench(a: argparse.Namespace) -> int:
         from .throughput import run_throughput_bench
         run_throughput_bench(a.out, preset_name=a.preset or "small", steps=a.steps or 20, bandwidth=a.bandwidth,
                              latency=a.latency, device=a.device, smoke=a.smoke, devices=a.devices, dtype=a.dtype,
-                             kernel_shaping=a.kernel_shaping)
-    print(f"results written to {a.out}/")
-    return 0
+                             kernel_shaping=a.kernel_shaping, stages=a.stages)

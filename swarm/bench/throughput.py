@@ -81,7 +81,7 @@ def roofline(ceiling: float, bandwidth: str, peers: list[dict]) -> float:
 
 def run_throughput_bench(out_dir: str, preset_name: str = "small", steps: int = 20, bandwidth: str = "80mbit",
                          latency: str = "0", device: str = "cpu", smoke: bool = False, devices: str | None = None,
-                         dtype: str | None = None, kernel_shaping: bool = False) -> dict:
+                         dtype: str | None = None, kernel_shaping: bool = False, stages: int | None = None) -> dict:
     codecs = CODECS[:2] if smoke else CODECS  # smoke: dense and subspace, enough to exercise it all
     if smoke:
         preset_name, steps = "tiny", 3
@@ -101,7 +101,7 @@ def run_throughput_bench(out_dir: str, preset_name: str = "small", steps: int = 
     out.mkdir(parents=True, exist_ok=True)
     runs = []
     for codec in codecs:
-        spec = preset(preset_name, codec=codec, dtype=dtype)
+        spec = preset(preset_name, codec=codec, dtype=dtype, stages=stages)
         base = _one_run(spec, steps, None, "0", "none", device, devices)
         ceiling = base["tokens_per_second"]
         base.update(roofline_tokens_per_second=ceiling, of_roofline=1.0)
@@ -114,7 +114,8 @@ def run_throughput_bench(out_dir: str, preset_name: str = "small", steps: int = 
                 row["of_roofline"] = row["tokens_per_second"] / row["roofline_tokens_per_second"]
                 runs.append(row)
                 _print(row)
-    result = {"preset": preset_name, "device": device, "devices": devices, "dtype": dtype or "fp32",
+    result = {"preset": preset_name, "stages": spec.n_stages, "device": device, "devices": devices,
+              "dtype": spec.dtype,
               "machine": f"{platform.node()} ({platform.processor() or platform.machine()})",
               "latency": latency, "bandwidths": bandwidths, "kernel_shaping": kernel_shaping,
               "kernel_shaping_skipped": kernel_note, "runs": runs, "ratios": _ratios(runs, codecs, bandwidths)}

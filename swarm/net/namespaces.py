@@ -12,7 +12,9 @@ the machine's own network namespace, so private addresses cannot clash with anyt
   inside it with address 10.213.0.<i+2>/24 and `v<i>` in the hub, enslaved to the bridge;
 - `tbf` on `eth0` (the host's uplink: all it sends) and on `v<i>` (its downlink: all the bridge
   sends it), rate = the bandwidth, burst = the built-in bucket's depth (max(64 KiB, 10 ms of
-  bandwidth)), a queue of up to 2 s of bandwidth (TCP then sees delay, not loss).
+  bandwidth)), and a queue of one burst plus 50 ms of bandwidth. A deeper queue (bufferbloat)
+  inflates the round trip to seconds, and then libp2p's per-stream flow-control window (yamux,
+  256 KiB to start; one stream per message here) rather than the bandwidth limits a transfer.
 
 Latency: `netem` is not in every kernel (not in this project's CI machines'), so one-way
 latency, when asked for, stays with the built-in shaper (bandwidth unlimited there).
@@ -33,7 +35,7 @@ from types import FrameType
 from .shaper import BUCKET_SECONDS, MIN_BUCKET_BYTES, parse_bandwidth
 
 SUBNET = "10.213.0"
-QUEUE_SECONDS = 2.0
+QUEUE_SECONDS = 0.050
 
 
 class KernelShapingUnavailable(RuntimeError):
@@ -84,7 +86,7 @@ class KernelLinks:
         return int(max(MIN_BUCKET_BYTES, self.bps / 8 * BUCKET_SECONDS))
 
     def _tbf(self, namespace: str, dev: str) -> None:
-        limit = int(max(4 * self.burst_bytes, self.bps / 8 * QUEUE_SECONDS))
+        limit = int(self.burst_bytes + self.bps / 8 * QUEUE_SECONDS)
         _run("tc", "-n", namespace, "qdisc", "add", "dev", dev, "root", "tbf", "rate", f"{int(self.bps)}bit",
              "burst", str(self.burst_bytes), "limit", str(limit))
 

@@ -38,7 +38,7 @@ with warnings.catch_warnings():
     from hivemind.p2p import P2P, PeerID
 
 from peer.interfaces import Handler
-from swarm.net.shaper import HomeLink
+from swarm.net.home_link import HomeLink
 
 __all__ = ["Handler", "TransportError", "LinkCounter", "Transport", "REQUEST_OVERHEAD", "REPLY_OVERHEAD"]
 

@@ -8,7 +8,8 @@ import itertools
 
 import pytest
 
-from swarm.net.shaper import MIN_BUCKET_BYTES, HomeLink, LinkShaper, parse_bandwidth, parse_latency
+from swarm.net.home_link import DownlinkShaper, HomeLink
+from swarm.net.shaper import MIN_BUCKET_BYTES, LinkShaper, parse_bandwidth, parse_latency
 
 
 class VirtualClock:
@@ -58,22 +59,46 @@ async def test_latency_is_added_exactly_once():
     shaper = LinkShaper(8e6, 0.020, clock=clock, sleep=clock.sleep)
     (done,) = await clock.run(timed(clock, shaper, 1_000_000))
     assert done == pytest.approx(1.020, abs=1e-9)
-    assert len(clock.sleeps) == 1
+    assert clock.sleeps == [pytest.approx(1.0), pytest.approx(0.020)]  # serialization, then latency once
 
 
-async def test_concurrent_sends_queue_for_bandwidth_but_overlap_latency():
+async def test_concurrent_sends_share_the_bandwidth_and_overlap_latency():
+    """Frames in flight together share the rate (as interleaved TCP packets do): two 500 kB frames
+    at 8 Mbit/s both leave after 1 s; their latencies overlap."""
     clock = VirtualClock()
     shaper = LinkShaper(8e6, 0.0, clock=clock, sleep=clock.sleep)
     first, second = await clock.run(timed(clock, shaper, 500_000), timed(clock, shaper, 500_000))
-    assert first == pytest.approx(0.5, rel=0.01)
-    assert second == pytest.approx(1.0, rel=0.01)
+    assert (first, second) == (pytest.approx(1.0), pytest.approx(1.0))
 
     clock = VirtualClock()
     shaper = LinkShaper(8e6, 0.1, clock=clock, sleep=clock.sleep)
     first, second = await clock.run(timed(clock, shaper, 500_000), timed(clock, shaper, 500_000))
-    # Latency overlaps: the second message is not delayed by the first one's 0.1 s of flight.
-    assert first == pytest.approx(0.6, rel=0.01)
-    assert second == pytest.approx(1.1, rel=0.01)
+    # Latency overlaps: neither message is delayed by the other one's 0.1 s of flight.
+    assert (first, second) == (pytest.approx(1.1), pytest.approx(1.1))
+
+
+async def test_a_small_frame_is_not_stuck_behind_a_large_one():
+    """A 1 kB reply sent 0.1 s into a 1 MB transfer gets half the rate: it leaves ~2 ms later, and
+    the large frame finishes 1 ms after it would have alone."""
+    clock = VirtualClock()
+    shaper = LinkShaper(8e6, 0.0, clock=clock, sleep=clock.sleep)
+
+    async def later(nbytes: int, at: float) -> float:
+        await clock.sleep(at)
+        return await timed(clock, shaper, nbytes)
+
+    large, small = await clock.run(timed(clock, shaper, 1_000_000), later(1_000, 0.1))
+    assert small == pytest.approx(0.1 + 2 * 1_000 / 1e6)
+    assert large == pytest.approx(1.0 + 1_000 / 1e6)
+    assert shaper.in_flight == 0
+
+
+async def test_frames_of_different_sizes_leave_in_size_order():
+    clock = VirtualClock()
+    shaper = LinkShaper(8e6, 0.0, clock=clock, sleep=clock.sleep)
+    a, b, c = await clock.run(*(timed(clock, shaper, n) for n in (300_000, 100_000, 200_000)))
+    # three share until b leaves (3 x 100 kB), two until c (2 x 100 kB), then a alone (100 kB)
+    assert (b, c, a) == (pytest.approx(0.3), pytest.approx(0.5), pytest.approx(0.6))
 
 
 async def test_idle_link_earns_at_most_one_bucket_of_burst():
@@ -136,7 +161,7 @@ async def test_every_frame_a_peer_sends_shares_its_one_uplink():
     clock = VirtualClock()
     link = home(clock, latency="20ms")
     to_a, to_b = await clock.run(sent(clock, link, 500_000), sent(clock, link, 500_000))
-    assert (to_a, to_b) == (pytest.approx(0.520), pytest.approx(1.020))
+    assert (to_a, to_b) == (pytest.approx(1.020), pytest.approx(1.020))  # 1 MB through one 1 MB/s uplink
 
 
 async def test_one_stream_pays_the_downlink_nothing_extra():
@@ -218,4 +243,6 @@ def test_shaper_rejects_nonsense():
     with pytest.raises(ValueError):
         LinkShaper(1e6, -0.1)
     with pytest.raises(ValueError):
-        LinkShaper(1e6).delay_for(-1)
+        asyncio.run(LinkShaper(1e6).transmit(-1))
+    with pytest.raises(ValueError):
+        DownlinkShaper(1e6).queue_delay_for(-1)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import pytest
 from hivemind.p2p import P2P, PeerID
 
-from swarm.net.shaper import HomeLink
+from swarm.net.home_link import HomeLink
 from swarm.net.transport import REPLY_OVERHEAD, REQUEST_OVERHEAD, Transport, TransportError
 
 LOCAL = ["/ip4/127.0.0.1/tcp/0"]
