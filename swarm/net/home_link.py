@@ -11,16 +11,42 @@ when the sender's uplink is no faster than this downlink: equal rates, or a home
 faster downlink); what the receiver waits for on top is the downlink's backlog, i.e. frames
 from other senders that arrived before it. One stream costs nothing extra; two senders into
 one downlink share it.
+
+Packets (`Packets`): a home line's rate counts IP packets, not our frames. A frame of n bytes
+takes n + ceil(n / mss) * header bytes of the line (TCP/IPv4 with timestamps in Ethernet
+frames: mss 1448, header 66, what tc counts on a veth), and the receiving side sends back one
+bare acknowledgement (header bytes) per two segments on its uplink, which the sender's
+downlink carries. Both take line time and are counted in `stats()`; the transport's own
+counters keep counting frames (the wire format's bytes).
 """
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 from .shaper import BUCKET_SECONDS, MIN_BUCKET_BYTES, LinkShaper, parse_bandwidth
 
-__all__ = ["DownlinkShaper", "HomeLink"]
+__all__ = ["DownlinkShaper", "HomeLink", "Packets"]
+
+
+@dataclass(frozen=True)
+class Packets:
+    """How frames become packets on the line (module docstring)."""
+
+    mss: int = 1448  # payload bytes per segment: 1500 MTU - 20 IPv4 - 32 TCP with timestamps
+    header: int = 66  # 14 Ethernet + 20 IPv4 + 32 TCP, per segment; also the size of a bare ACK
+    segments_per_ack: int = 2  # delayed ACKs
+
+    def on_line(self, nbytes: int) -> int:
+        """Line bytes of a frame: payload plus one header per segment."""
+        return nbytes + math.ceil(nbytes / self.mss) * self.header
+
+    def acks(self, nbytes: int) -> int:
+        """Line bytes of the acknowledgements that receiving a frame sends back."""
+        return math.ceil(nbytes / (self.mss * self.segments_per_ack)) * self.header
 
 
 class DownlinkShaper:
@@ -68,13 +94,17 @@ class DownlinkShaper:
         if delay > 0.0:
             await self._sleep(delay)
 
+    def occupy(self, nbytes: int) -> None:
+        """Bytes that use the line but that nobody waits for (acknowledgements)."""
+        self.queue_delay_for(nbytes)
+
 
 class HomeLink:
     """One peer's home connection: an uplink shared by every frame it sends (with the one-way
     latency) and a downlink shared by every frame it receives (module docstring)."""
 
-    def __init__(self, uplink: LinkShaper, downlink: DownlinkShaper) -> None:
-        self.uplink, self.downlink = uplink, downlink
+    def __init__(self, uplink: LinkShaper, downlink: DownlinkShaper, packets: Packets | None = Packets()) -> None:
+        self.uplink, self.downlink, self.packets = uplink, downlink, packets
 
     @classmethod
     def from_strings(
@@ -83,29 +113,40 @@ class HomeLink:
         latency: str | None = "0",
         downlink: str | None = None,
         *,
+        packets: Packets | None = Packets(),
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
     ) -> HomeLink:
         """From CLI-style strings, e.g. ("80mbit", "20ms"); the downlink has the uplink's bandwidth
-        unless `downlink` names its own."""
+        unless `downlink` names its own. `packets=None` shapes frame bytes alone."""
         up = LinkShaper.from_strings(bandwidth, latency, clock=clock, sleep=sleep)
         down = DownlinkShaper(parse_bandwidth(bandwidth if downlink is None else downlink), clock=clock, sleep=sleep)
-        return cls(up, down)
+        return cls(up, down, packets)
 
     @property
     def unlimited(self) -> bool:
         return self.uplink.unlimited and self.downlink.unlimited
 
     async def send(self, nbytes: int) -> None:
-        """Wait until a frame of `nbytes` sent now would have arrived (serialization + latency)."""
-        await self.uplink.transmit(nbytes)
+        """Wait until a frame of `nbytes` sent now would have arrived (serialization + latency);
+        its acknowledgements come back on the downlink."""
+        if self.packets is None:
+            await self.uplink.transmit(nbytes)
+            return
+        self.downlink.occupy(self.packets.acks(nbytes))
+        await self.uplink.transmit(self.packets.on_line(nbytes))
 
     async def receive(self, nbytes: int) -> None:
-        """Wait while the downlink is still busy with frames that arrived before this one."""
-        await self.downlink.receive(nbytes)
+        """Wait while the downlink is still busy with frames that arrived before this one; the
+        acknowledgements of this one go out on the uplink."""
+        if self.packets is None:
+            await self.downlink.receive(nbytes)
+            return
+        self.uplink.occupy(self.packets.acks(nbytes))
+        await self.downlink.receive(self.packets.on_line(nbytes))
 
     def stats(self) -> dict[str, float]:
-        """Bytes and busy seconds per direction (busy: transmitting at the line rate)."""
+        """Line bytes (packets, acknowledgements included) and busy seconds per direction."""
         return {"uplink_bytes": self.uplink.bytes, "uplink_busy_s": self.uplink.busy_s,
                 "downlink_bytes": self.downlink.bytes, "downlink_busy_s": self.downlink.busy_s}
 

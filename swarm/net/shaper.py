@@ -143,6 +143,7 @@ class LinkShaper:
         self._updated = clock()
         self._left: dict[int, float] = {}  # frame id -> bytes still to serialize
         self._done_at: dict[int, float] = {}  # frame id -> the time its last byte left
+        self._orphans: set[int] = set()  # frames nobody waits for (`occupy`)
         self._ids = itertools.count()
         self.bytes = 0  # bytes that went through
 
@@ -185,7 +186,10 @@ class LinkShaper:
                     self._left[k] -= smallest
                     if self._left[k] <= 1e-6:  # bytes: float residue of equal-sized frames
                         del self._left[k]
-                        self._done_at[k] = t
+                        if k in self._orphans:
+                            self._orphans.discard(k)
+                        else:
+                            self._done_at[k] = t
             else:
                 share = (now - t) * self._rate / n
                 for k in self._left:
@@ -212,6 +216,22 @@ class LinkShaper:
             await self._sleep(max(next_departure - (self._clock() - self._updated), 1e-9))
             self._advance(self._clock())
         return self._done_at.pop(frame)
+
+    def occupy(self, nbytes: int) -> None:
+        """Bytes that share the link but that nobody waits for (acknowledgements): they take their
+        share of the rate from the frames in flight, and burst tokens first."""
+        if nbytes < 0:
+            raise ValueError(f"cannot transmit a negative number of bytes ({nbytes}).")
+        self.bytes += nbytes
+        if self._rate is None:
+            return
+        self._advance(self._clock())
+        from_burst = min(self._tokens, float(nbytes))
+        self._tokens -= from_burst
+        if nbytes - from_burst > 0:
+            frame = next(self._ids)
+            self._left[frame] = nbytes - from_burst
+            self._orphans.add(frame)
 
     async def transmit(self, nbytes: int) -> None:
         """Wait until a frame of `nbytes` sent now would have arrived: its share of the bandwidth,

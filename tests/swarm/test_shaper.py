@@ -8,7 +8,7 @@ import itertools
 
 import pytest
 
-from swarm.net.home_link import DownlinkShaper, HomeLink
+from swarm.net.home_link import DownlinkShaper, HomeLink, Packets
 from swarm.net.shaper import MIN_BUCKET_BYTES, LinkShaper, parse_bandwidth, parse_latency
 
 
@@ -139,8 +139,9 @@ async def test_time_scales_with_bytes():
     assert (one, four) == (pytest.approx(0.1), pytest.approx(0.4))
 
 
-def home(clock: VirtualClock, bandwidth: str = "8mbit", latency: str = "0") -> HomeLink:
-    return HomeLink.from_strings(bandwidth, latency, clock=clock, sleep=clock.sleep)
+def home(clock: VirtualClock, bandwidth: str = "8mbit", latency: str = "0", packets=None) -> HomeLink:
+    """A HomeLink on the virtual clock; frame bytes alone unless `packets` says how they become packets."""
+    return HomeLink.from_strings(bandwidth, latency, packets=packets, clock=clock, sleep=clock.sleep)
 
 
 async def sent(clock: VirtualClock, link: HomeLink, nbytes: int, at: float = 0.0) -> float:
@@ -180,6 +181,28 @@ async def test_two_senders_share_one_downlink():
     first, second = await clock.run(received(clock, link, 1_000_000, 1.0), received(clock, link, 1_000_000, 1.0))
     assert first == pytest.approx(1.0)
     assert second == pytest.approx(2.0 - MIN_BUCKET_BYTES / 1e6)
+
+
+async def test_packets_take_headers_and_acknowledgements_take_the_other_side():
+    """1 MB in 1448-byte segments: 691 headers of 66 bytes on the sender's uplink; the receiver
+    acknowledges every second segment (346 bare ACKs) on its uplink."""
+    packets = Packets()
+    assert packets.on_line(1_000_000) == 1_000_000 + 691 * 66 and packets.acks(1_000_000) == 346 * 66
+    clock = VirtualClock()
+    sender, receiver = home(clock, packets=packets), home(clock, packets=packets)
+    (done,) = await clock.run(sent(clock, sender, 1_000_000))
+    assert done == pytest.approx(packets.on_line(1_000_000) / 1e6)
+    await clock.run(received(clock, receiver, 1_000_000, at=0.0))
+    assert receiver.stats()["uplink_bytes"] == 346 * 66 and receiver.stats()["downlink_bytes"] == 1_045_606
+    assert sender.stats()["downlink_bytes"] == 346 * 66  # its ACKs came back on its downlink
+
+
+async def test_acknowledgements_take_their_share_of_the_uplink():
+    clock = VirtualClock()
+    shaper = LinkShaper(8e6, 0.0, clock=clock, sleep=clock.sleep)
+    shaper.occupy(500_000)  # nobody waits for these bytes, but they share the line
+    (done,) = await clock.run(timed(clock, shaper, 500_000))
+    assert done == pytest.approx(1.0) and shaper.in_flight == 0 and shaper.bytes == 1_000_000
 
 
 async def test_busy_time_is_bytes_at_the_line_rate():

@@ -255,7 +255,10 @@ async def test_concurrent_requests_and_shaping(pair):
     # 4 x 100 kB at 1 MB/s queue on the one uplink: >= 0.4 s of serialization plus 50 ms latency,
     # and the 4 replies then queue on the one downlink behind each other.
     assert elapsed >= 0.4 + 0.05 - 0.01
-    assert link.uplink.busy_s == pytest.approx(4 * (100_000 + REQUEST_OVERHEAD) / 1e6)  # bytes at 1 MB/s
+    # line bytes at 1 MB/s: the four request frames in packets, and the acknowledgements of the replies
+    packets = link.packets
+    line = 4 * packets.on_line(100_000 + REQUEST_OVERHEAD) + 4 * packets.acks(100_000 + REPLY_OVERHEAD)
+    assert link.uplink.busy_s == pytest.approx(line / 1e6)
     assert sorted(n for d, n in link.frames if d == "receive") == [100_000 + REPLY_OVERHEAD] * 4
     await shaped.close()
 
