@@ -240,7 +240,9 @@ async def test_every_frame_in_and_out_goes_through_the_peers_one_link(pair):
                                   ("receive", small_reply)]
     assert server_link.frames == [("receive", request), ("send", reply), ("receive", small_request),
                                   ("send", small_reply)]
-    assert client_link.stats()["uplink_bytes"] == request + small_request
+    on_line, acks = client_link.packets.on_line, client_link.packets.acks
+    assert client_link.stats()["uplink_bytes"] == on_line(request) + on_line(small_request) + acks(reply) \
+        + acks(small_reply)
 
 
 async def test_concurrent_requests_and_shaping(pair):
