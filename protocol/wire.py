@@ -58,14 +58,18 @@ def token_bytes(vocab: int) -> int:
 # ---------------------------------------------------------------- tensors <-> ExtType
 
 def host_copy(t: torch.Tensor) -> torch.Tensor:
-    """`t` on the CPU, contiguous. From an accelerator: one copy into pinned (page-locked) memory,
-    which the DMA engine fills directly, then a wait for it; the only move a wire tensor makes."""
+    """`t` on the CPU, contiguous. From a GPU: one copy into pinned (page-locked) memory, which
+    the DMA engine fills directly, and a wait for that copy alone (an event, not the whole
+    stream: work another thread queued after it, the next microbatch say, is not waited for).
+    The only move a wire tensor makes."""
     t = t.detach()
     if t.device.type != "cuda":
         return t.to("cpu").contiguous()
     host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
     host.copy_(t, non_blocking=True)
-    torch.cuda.current_stream(t.device).synchronize()
+    copied = torch.cuda.Event()
+    copied.record(torch.cuda.current_stream(t.device))
+    copied.synchronize()
     return host
 
 
