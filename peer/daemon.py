@@ -292,11 +292,31 @@ class StageDaemon:
         await asyncio.sleep(0.2)  # back-off before re-sending to a peer that asked for it
         return True
 
-    async def _forward(self, h: Header, tokens: torch.Tensor, out: torch.Tensor) -> None:
+    def _forward_job(self, h: Header, tokens: torch.Tensor, z: torch.Tensor | None) -> tuple[bytes, int]:
+        """Worker thread: forward, and the bytes of the activation for the next stage (packing
+        waits for the device, so it stays off the event loop)."""
+        out = self.runner.forward(h.step, h.microbatch, tokens, z)
+        body = encode_activation(self.header(h, self.stage + 1), tokens, self.packer.pack(out), self.spec.vocab)
+        return body, out.shape[0] * out.shape[1]
+
+    def _gradient_job(self, h: Header, fn, *args) -> tuple[bytes, int, float]:
+        """Worker thread: a backward (`fn`), and the bytes of the gradient for the previous stage."""
+        loss, grad = fn(*args)
+        if grad is None:
+            return b"", 0, loss
+        body = encode_gradient(self.header(h, self.stage - 1), self.packer.pack(grad), loss)
+        return body, grad.shape[0] * grad.shape[1], loss
+
+    def _tail_job(self, h: Header, tokens: torch.Tensor, z: torch.Tensor):
+        return self._gradient_job(h, self.runner.forward_backward, h.step, h.microbatch, tokens, z)
+
+    def _backward_job(self, h: Header, grad: torch.Tensor, loss: float):
+        return self._gradient_job(h, lambda: (loss, self.runner.backward(h.step, h.microbatch, grad)))
+
+    async def _forward(self, h: Header, body: bytes, ntokens: int) -> None:
         """Send a boundary activation to a replica of the next stage and remember which one."""
         if not self.current(h):
             return  # the attempt was aborted while this stage computed
-        body = encode_activation(self.header(h, self.stage + 1), tokens, self.packer.pack(out), self.spec.vocab)
 
         def chosen(peer: str | None) -> None:
             if peer is None:
@@ -304,7 +324,7 @@ class StageDaemon:
             elif self.current(h):
                 self._downstream[h.microbatch] = (peer, time.monotonic())
 
-        peer = await self._send(self.stage + 1, KIND_ACTIVATION, body, out.shape[0] * out.shape[1], chosen=chosen)
+        peer = await self._send(self.stage + 1, KIND_ACTIVATION, body, ntokens, chosen=chosen)
         if not self.current(h):
             self.directory.release(peer, None)  # superseded while it was on its way
 
@@ -317,13 +337,13 @@ class StageDaemon:
         fut = asyncio.get_running_loop().create_future()
         self.waiting[mb] = fut
         h = Header(self.spec.run_hash, step, mb, self.runner.version_for_step(step), self.spec.codec, 0, self.attempt)
-        out = await self.run(self.runner.forward, step, mb, tokens, None)
-        self.spawn(self._forward_or_fail(h, tokens, out, fut))
+        body, ntokens = await self.run(self._forward_job, h, tokens, None)
+        self.spawn(self._forward_or_fail(h, body, ntokens, fut))
         return fut
 
-    async def _forward_or_fail(self, h: Header, tokens: torch.Tensor, out: torch.Tensor, fut: asyncio.Future) -> None:
+    async def _forward_or_fail(self, h: Header, body: bytes, ntokens: int, fut: asyncio.Future) -> None:
         try:
-            await self._forward(h, tokens, out)
+            await self._forward(h, body, ntokens)
         except LinkError as e:
             if not fut.done():
                 fut.set_exception(e)
@@ -351,7 +371,7 @@ class StageDaemon:
             return self.refuse(f"microbatch {h.microbatch} is outside 0..{self.spec.n_microbatches - 1}.", sender)
         if h.microbatch in self._upstream or self.runner.has_seen(h.microbatch):
             return self.refuse("this microbatch is already here.", sender, code="duplicate")
-        z = self.packer.unpack(msg.payload, self.runner.dtype)
+        z = self.packer.unpack(msg.payload, self.runner.dtype, self.runner.device)
         if (refusal := self._out_of_band(KIND_ACTIVATION, z, sender)) is not None:
             return refusal
         self._upstream[h.microbatch] = (sender, msg.tokens)
@@ -371,18 +391,16 @@ class StageDaemon:
     async def _process_activation(self, h: Header, tokens: torch.Tensor, z: torch.Tensor, sender: str) -> None:
         self._note_tokens(z.shape[0] * z.shape[1])
         if self.runner.is_last:
-            done = await self.run_for(h, self.runner.forward_backward, h.step, h.microbatch, tokens, z)
+            done = await self.run_for(h, self._tail_job, h, tokens, z)
             if done is SKIPPED or not self.current(h):
                 return  # the attempt was aborted while this stage computed
-            loss, grad = done
-            self.last_loss = loss
+            body, ntokens, self.last_loss = done
             self._upstream.pop(h.microbatch, None)
-            body = encode_gradient(self.header(h, self.stage - 1), self.packer.pack(grad), loss)
-            await self._send(self.stage - 1, KIND_GRADIENT, body, grad.shape[0] * grad.shape[1], to=sender)
+            await self._send(self.stage - 1, KIND_GRADIENT, body, ntokens, to=sender)
             return
-        out = await self.run_for(h, self.runner.forward, h.step, h.microbatch, tokens, z)
-        if out is not SKIPPED:
-            await self._forward(h, tokens, out)
+        done = await self.run_for(h, self._forward_job, h, tokens, z)
+        if done is not SKIPPED:
+            await self._forward(h, *done)
 
     async def _on_gradient(self, body: bytes, sender: str) -> bytes:
         if (refusal := await self.admitted(sender, KIND_GRADIENT)) is not None:
@@ -414,7 +432,7 @@ class StageDaemon:
         if tuple(msg.payload.values.shape) != pending:
             return self.refuse(f"gradient shape {list(msg.payload.values.shape)} does not match the activation "
                                f"{list(pending)}.", sender)
-        grad = self.packer.unpack(msg.payload, self.runner.dtype)
+        grad = self.packer.unpack(msg.payload, self.runner.dtype, self.runner.device)
         if (refusal := self._out_of_band(KIND_GRADIENT, grad, sender)) is not None:
             return refusal
         del self._downstream[h.microbatch]
@@ -423,9 +441,10 @@ class StageDaemon:
         return ACK
 
     async def _process_gradient(self, h: Header, grad: torch.Tensor, loss: float) -> None:
-        g_in = await self.run_for(h, self.runner.backward, h.step, h.microbatch, grad)
-        if g_in is SKIPPED:
+        done = await self.run_for(h, self._backward_job, h, grad, loss)
+        if done is SKIPPED:
             return
+        body, ntokens, _ = done
         if self.runner.is_first:
             fut = self.waiting.get(h.microbatch)
             if fut is not None and not fut.done():
@@ -434,8 +453,7 @@ class StageDaemon:
         upstream = self._upstream.pop(h.microbatch, None)
         if upstream is None or not self.current(h):
             return  # the attempt was superseded while this backward ran
-        body = encode_gradient(self.header(h, self.stage - 1), self.packer.pack(g_in), loss)
-        await self._send(self.stage - 1, KIND_GRADIENT, body, g_in.shape[0] * g_in.shape[1], to=upstream[0])
+        await self._send(self.stage - 1, KIND_GRADIENT, body, ntokens, to=upstream[0])
 
     # ------------------------------------------------------------------ basis updates
     async def _on_basis(self, body: bytes, sender: str) -> bytes:

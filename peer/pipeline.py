@@ -95,7 +95,7 @@ class InProcessPipeline:
             msg = decode_message(buf, self._limits(s + 1))
             assert isinstance(msg, ActivationMessage)
             tokens = msg.tokens
-            z = self.packer.unpack(msg.payload, runner.dtype)
+            z = self.packer.unpack(msg.payload, self.runners[s + 1].dtype, self.runners[s + 1].device)
         loss, g = self.runners[-1].forward_backward(step, mb, tokens, z)
         for s in range(len(self.runners) - 2, -1, -1):
             assert g is not None
@@ -104,7 +104,8 @@ class InProcessPipeline:
             self.wire.backward_messages += 1
             msg = decode_message(buf, self._limits(s))
             assert isinstance(msg, GradientMessage)
-            g = self.runners[s].backward(step, mb, self.packer.unpack(msg.payload, self.runners[s].dtype))
+            g = self.runners[s].backward(step, mb, self.packer.unpack(msg.payload, self.runners[s].dtype,
+                                                                     self.runners[s].device))
         return loss
 
     def _microbatch_direct(self, step: int, mb: int, tokens: torch.Tensor) -> float:

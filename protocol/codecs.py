@@ -163,10 +163,14 @@ class WirePacker:
         return WireTensors(z.to(self.dtype))
 
     def unpack(self, w: WireTensors, like: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:
+        """Wire tensors -> one tensor of dtype `like` on `device`. The wire bytes go to the device
+        first and are widened there: a bf16 payload crosses the host link at half an fp32's size
+        and the cast runs on the accelerator."""
+        values = w.values.to(device)
         if self.quant == "int8":
             assert w.scale is not None, "int8 wire tensors carry a scale"
-            return (w.values.to(device=device, dtype=like) * w.scale.to(device=device, dtype=like))
-        return w.values.to(device=device, dtype=like)
+            return values.to(like) * w.scale.to(device).to(like)
+        return values.to(like)
 
     def roundtrip(self, z: torch.Tensor) -> torch.Tensor:
         """pack then unpack, in place of a real transfer (the one-process reference uses this)."""

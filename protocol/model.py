@@ -6,9 +6,20 @@ layer that writes into the residual stream of a non-last stage (attention output
 projection, the trainable embedding T_S) keeps its output side inside span(U), either by
 the optimizer ("project", docs/algorithms.md 1.5a) or by construction ("reparam", 1.5c).
 The last stage (its blocks, final norm and LM head) is free (1.2 rule 2).
+
+Compute dtypes (`RunSpec.dtype`): "fp64" and "fp32" run everything in that dtype (the
+exactness tests). "bf16" keeps fp32 master weights, fp32 optimizer state, an fp32 residual
+stream and fp32 boundary tensors, and runs the blocks and the LM head under
+`torch.autocast(dtype=torch.bfloat16)` (matmuls and attention in bf16, norms in fp32). The
+one place autocast is entered is `StageModule.compute`, used by `body` and `logits`; the
+codec (`enter`, and `leave` of a non-last stage) stays in fp32, so the boundary's precision
+is the wire dtype's. Under autocast a constrained map W = P W is applied as U (U^T W x): the
+bf16 matmul makes the k coefficients and the lift into span(U) runs in fp32, so the residual
+stream stays in span(U) to fp32 rounding (a bf16 W would leave it by ~2^-9 relative).
 """
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -21,8 +32,16 @@ from .spec import COMPUTE_DTYPES, RunSpec
 from .subspace import SubspaceBasis, make_basis, project_cols, project_rows
 
 
+def autocast_dtype(spec: RunSpec) -> torch.dtype | None:
+    """The dtype matmuls run in under autocast (bf16 runs), or None when they run in `compute_dtype`."""
+    dtype = COMPUTE_DTYPES[spec.dtype]
+    return dtype if dtype in (torch.bfloat16, torch.float16) else None
+
+
 def compute_dtype(spec: RunSpec) -> torch.dtype:
-    return COMPUTE_DTYPES[spec.dtype]
+    """The dtype tensors are kept in: weights, optimizer state, U and T_fixed, the residual stream and
+    the boundary tensors a stage hands to the wire. fp32 in a bf16 run (master weights)."""
+    return torch.float32 if autocast_dtype(spec) is not None else COMPUTE_DTYPES[spec.dtype]
 
 
 def spec_basis(spec: RunSpec) -> SubspaceBasis | None:
@@ -37,11 +56,15 @@ class SubspaceLinear(nn.Module):
 
     "project": a plain weight W [d, d_in] that the subspace AdamW keeps in span(U).
     "reparam": W = U A with trainable A [k, d_in]; any optimizer keeps the invariant.
+
+    `factored` (bf16 runs): y = U (A x) with A = U^T W (or the trainable A), A x under autocast
+    and the lift by U in fp32, so y lies in span(U) to fp32 rounding whatever bf16 does to A x.
+    For a W in span(U) this is the same function (W = U U^T W) at k/d of the FLOPs.
     """
 
-    def __init__(self, d_in: int, U: torch.Tensor, mode: str) -> None:
+    def __init__(self, d_in: int, U: torch.Tensor, mode: str, factored: bool = False) -> None:
         super().__init__()
-        self.mode = mode
+        self.mode, self.factored = mode, factored
         self.register_buffer("U", U.clone(), persistent=False)
         d, k = U.shape
         if mode == "reparam":
@@ -60,7 +83,14 @@ class SubspaceLinear(nn.Module):
         return self.U @ self.A if self.mode == "reparam" else self.weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.effective_weight())
+        if not self.factored:
+            return F.linear(x, self.effective_weight())
+        device = x.device.type
+        with torch.autocast(device, enabled=False):
+            A = self.A if self.mode == "reparam" else self.U.T @ self.weight  # [k, d_in], fp32
+        c = F.linear(x, A)  # [..., k], in bf16 under autocast
+        with torch.autocast(device, enabled=False):
+            return c.to(self.U.dtype) @ self.U.T
 
     def switch_basis(self, U_new: torch.Tensor, reproject: bool = True) -> None:
         """Map the weights into span(U_new): W <- P_new W, or A <- (U_new^T U_old) A."""
@@ -74,10 +104,10 @@ class SubspaceLinear(nn.Module):
         self.U = U_new.to(self.U).clone()
 
 
-def _linear(d_in: int, d_out: int, U: torch.Tensor | None, mode: str) -> nn.Module:
+def _linear(d_in: int, d_out: int, U: torch.Tensor | None, mode: str, factored: bool) -> nn.Module:
     if U is None:
         return nn.Linear(d_in, d_out, bias=False)
-    return SubspaceLinear(d_in, U, mode)
+    return SubspaceLinear(d_in, U, mode, factored)
 
 
 def rope_tables(seq_len: int, head_dim: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -89,7 +119,8 @@ def rope_tables(seq_len: int, head_dim: int, dtype: torch.dtype) -> tuple[torch.
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     x1, x2 = x[..., 0::2], x[..., 1::2]
     T = x.shape[-2]
-    c, s = cos[:T], sin[:T]
+    # in x's dtype: fp32 tables would promote bf16 q and k to fp32 (and attention with them)
+    c, s = cos[:T].to(x.dtype), sin[:T].to(x.dtype)
     return torch.stack((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1).flatten(-2)
 
 
@@ -97,16 +128,17 @@ class Block(nn.Module):
     def __init__(self, spec: RunSpec, U: torch.Tensor | None) -> None:
         super().__init__()
         d, mode = spec.d_model, spec.subspace_mode
+        factored = autocast_dtype(spec) is not None
         self.n_heads = spec.n_heads
         self.attn_norm = RMSNorm(d)
         self.wq = nn.Linear(d, d, bias=False)
         self.wk = nn.Linear(d, d, bias=False)
         self.wv = nn.Linear(d, d, bias=False)
-        self.wo = _linear(d, d, U, mode)
+        self.wo = _linear(d, d, U, mode, factored)
         self.mlp_norm = RMSNorm(d)
         self.w_gate = nn.Linear(d, spec.d_ff, bias=False)
         self.w_up = nn.Linear(d, spec.d_ff, bias=False)
-        self.w_down = _linear(spec.d_ff, d, U, mode)
+        self.w_down = _linear(spec.d_ff, d, U, mode, factored)
 
     def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         B, T, d = h.shape
@@ -217,14 +249,34 @@ class StageModule(nn.Module):
         assert z_in is not None, "a non-first stage needs the boundary tensor"
         return self.decoder(z_in, tokens)
 
+    def compute(self, device_type: str) -> contextlib.AbstractContextManager:
+        """The context the blocks and the LM head run in: bf16 autocast in a bf16 run, else nothing."""
+        dtype = autocast_dtype(self.spec)
+        if dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type, dtype=dtype)
+
     def body(self, h: torch.Tensor) -> torch.Tensor:
-        for block in self.blocks:
-            h = block(h, self.rope_cos, self.rope_sin)
+        with self.compute(h.device.type):
+            for block in self.blocks:
+                h = block(h, self.rope_cos, self.rope_sin)
         return h
+
+    def compile_blocks(self) -> None:
+        """`torch.compile` each block in place: fuses the norms, RoPE, SwiGLU and residual adds
+        around the matmuls (a runtime choice of this process, not part of the run spec)."""
+        for block in self.blocks:
+            block.compile()
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Last stage: final norm and LM head; logits in the compute dtype (the loss is taken in it)."""
+        with self.compute(h.device.type):
+            out = self.head(self.norm(h))
+        return out.to(h.dtype)
 
     def leave(self, h: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         if self.is_last:
-            return self.head(self.norm(h))
+            return self.logits(h)
         return self.encoder(h, tokens)
 
     def forward(self, tokens: torch.Tensor, z_in: torch.Tensor | None = None) -> torch.Tensor:

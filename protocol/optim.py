@@ -127,8 +127,12 @@ def clip_grad_norm(params: list[torch.Tensor], max_norm: float, project=None) ->
     grads = [(p, p.grad) for p in params if p.grad is not None]
     if not grads:
         return 0.0
-    sq = sum(float((project(p, g) if project else g).pow(2).sum()) for p, g in grads)
-    total = math.sqrt(sq)
+    # summed on the device in float64, one term after the other (what a Python sum of floats did),
+    # and read back once: one host sync per step instead of one per parameter
+    sq = torch.zeros((), dtype=torch.float64, device=grads[0][1].device)
+    for p, g in grads:
+        sq += (project(p, g) if project else g).pow(2).sum().to(device=sq.device, dtype=torch.float64)
+    total = math.sqrt(float(sq))
     if max_norm > 0 and total > max_norm:
         scale = max_norm / (total + 1e-6)
         for _, g in grads:

@@ -41,16 +41,17 @@ class ReferenceModel:
                     z = WireRoundtrip.apply(z, self.packer)
             else:
                 h = m.body(m.embed(inp) if m.is_first else h)
-                z = m.head(m.norm(h)) if m.is_last else None
+                z = m.logits(h) if m.is_last else None
         return lm_loss(z, tokens[:, 1:])
 
     def train_step(self, batch: Callable[[int, int], torch.Tensor]) -> float:
         n = self.spec.n_microbatches
-        total = 0.0
+        losses = []
         for mb in range(n):
             loss = self.loss(batch(self.step, mb))
             (loss / n).backward()
-            total += float(loss.detach())
+            losses.append(loss.detach())  # read back after the last microbatch: no host sync in between
+        total = sum(float(x) for x in losses)
         for m, opt in zip(self.stages, self.optimizers):
             kinds = {id(p): k for _, p, k in m.constrained_parameters()}
 

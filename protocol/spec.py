@@ -21,7 +21,9 @@ CODECS = ("dense", "subspace", "bottleneck")
 # the dtype names a run spec may use, and the torch dtype each one means (the one place they are spelled)
 WIRE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp64": torch.float64}
 QUANTS = ("none", "int8")
-COMPUTE_DTYPES = {"fp32": torch.float32, "fp64": torch.float64}
+# "bf16": matmuls and attention in bf16 under autocast; weights, optimizer state, the residual stream and
+# boundary tensors stay in fp32 (protocol/model.py `compute_dtype`, `autocast_dtype`)
+COMPUTE_DTYPES = {"fp32": torch.float32, "fp64": torch.float64, "bf16": torch.bfloat16}
 SUBSPACE_MODES = ("project", "reparam")
 
 
@@ -47,7 +49,7 @@ class RunSpec:
     quant: str = "none"
     subspace_mode: str = "project"  # docs/algorithms.md 1.5(a) "project" or 1.5(c) "reparam"
     v_scale_by_rank: bool = True  # docs/algorithms.md 1.5(a) finding (i): scale v by d/k
-    dtype: str = "fp32"  # compute dtype of every stage
+    dtype: str = "fp32"  # compute dtype of every stage: fp32, fp64 (exactness tests) or bf16 (autocast, fp32 master)
     # seeds
     seed: int = 0  # weights, U and T_fixed
     data_seed: int = 1234

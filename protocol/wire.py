@@ -67,8 +67,24 @@ def token_bytes(vocab: int) -> int:
 
 # ---------------------------------------------------------------- tensors <-> ExtType
 
+def host_copy(t: torch.Tensor) -> torch.Tensor:
+    """`t` on the CPU, contiguous. From a GPU: one copy into pinned (page-locked) memory, which
+    the DMA engine fills directly, and a wait for that copy alone (an event, not the whole
+    stream: work another thread queued after it, the next microbatch say, is not waited for).
+    The only move a wire tensor makes."""
+    t = t.detach()
+    if t.device.type != "cuda":
+        return t.to("cpu").contiguous()
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    copied = torch.cuda.Event()
+    copied.record(torch.cuda.current_stream(t.device))
+    copied.synchronize()
+    return host
+
+
 def _pack_tensor(t: torch.Tensor) -> msgpack.ExtType:
-    t = t.detach().to("cpu").contiguous()
+    t = host_copy(t)
     code = UINT16_CODE if t.dtype == torch.uint16 else DTYPE_CODES[t.dtype]
     head = struct.pack(f"<BB{t.ndim}I", code, t.ndim, *t.shape)
     raw = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""

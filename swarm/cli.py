@@ -25,7 +25,7 @@ import warnings
 
 warnings.filterwarnings("ignore", message=".*torch.jit.script.*")  # hivemind's import warns about its own use
 
-from protocol.spec import PRESETS, RunSpec, SpecError, preset  # noqa: E402
+from protocol.spec import COMPUTE_DTYPES, PRESETS, RunSpec, SpecError, preset  # noqa: E402
 from swarm.options import add_options, from_args  # noqa: E402
 
 log = logging.getLogger("swarm")
@@ -90,6 +90,8 @@ def _add_spec_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--rank", type=int, help="subspace rank k or bottleneck width b")
     g.add_argument("--wire-dtype", choices=["fp32", "bf16"], help="dtype of numbers on the wire")
     g.add_argument("--quant", choices=["none", "int8"], help="int8 quantization under the codec")
+    g.add_argument("--dtype", choices=sorted(COMPUTE_DTYPES),
+                   help="compute dtype: bf16 (autocast, fp32 master weights), fp32 or fp64 (default: fp32)")
     g.add_argument("--basis-interval", type=int, help="steps between basis re-fits (default: 500)")
     g.add_argument("--seed", type=int, help="seed of weights and shared constants")
 
@@ -98,7 +100,7 @@ def _spec_from_args(a: argparse.Namespace) -> RunSpec:
     if a.run_spec:
         return RunSpec.load(a.run_spec)
     return preset(a.preset, stages=a.stages, codec=a.codec, rank=a.rank, wire_dtype=a.wire_dtype, quant=a.quant,
-                  basis_interval=a.basis_interval, seed=a.seed)
+                  basis_interval=a.basis_interval, seed=a.seed, dtype=a.dtype)
 
 
 # ------------------------------------------------------------------ subcommands
@@ -110,10 +112,11 @@ def _raise_interrupt(signum, frame) -> None:
 def cmd_local(a: argparse.Namespace) -> int:
     from peer.data import load_corpus
 
-    from .local import LocalOptions, LocalSwarmError, run_local
+    from .local import LocalOptions, LocalSwarmError, parse_devices, run_local
     from .net import parse_bandwidth, parse_latency
     spec = _spec_from_args(a)
-    parse_bandwidth(a.bandwidth), parse_latency(a.latency)  # bad values fail here, before any process starts
+    # bad values fail here, before any process starts
+    parse_bandwidth(a.bandwidth), parse_latency(a.latency), parse_devices(a.devices)
     load_corpus(a.data, seq_len=spec.seq_len)
     if a.replicas < 1:
         raise ValueError("--replicas must be at least 1.")
@@ -308,20 +311,39 @@ def build_parser() -> argparse.ArgumentParser:
     ad.set_defaults(func=cmd_admit)
 
     be = sub.add_parser("bench", help="benchmarks: JSON + PNG, ratios measured side by side")
-    be.add_argument("which", choices=["codecs", "throughput", "convergence", "replicas"],
+    be.add_argument("which", choices=["codecs", "throughput", "convergence", "mfu", "replicas"],
                     help="codecs: bytes/token and encode/decode time; throughput: tokens/s of local swarms per "
                     "codec, unlimited vs 80mbit; convergence: loss vs tokens, fixed U vs re-fitted U vs dense; "
+                    "mfu: the device's bf16 matmul rate and the share of it whole-model training uses; "
                     "replicas: tokens/s with 1-3 replicas per stage and failover time")
     be.add_argument("--out", default="bench-out", help="output folder (default: bench-out)")
     be.add_argument("--smoke", action="store_true", help="tiny sizes, for CI")
-    be.add_argument("--preset", default="small", choices=sorted(PRESETS),
-                    help="throughput: model size (default: small)")
+    be.add_argument("--preset", choices=sorted(PRESETS),
+                    help="model size (default: small; large for mfu)")
     be.add_argument("--steps", type=int,
-                    help="steps per run (default: 20 for throughput, 2000 for convergence)")
+                    help="steps per run (default: 20 for throughput, 2000 for convergence, 10 timed for mfu)")
+    be.add_argument("--stages", type=int, help="throughput: pipeline stages (default: the preset's)")
+    be.add_argument("--codec", choices=["dense", "subspace", "bottleneck"], help="mfu: codec (default: dense)")
+    be.add_argument("--dtype", choices=sorted(COMPUTE_DTYPES),
+                    help="compute dtype (default: bf16 for mfu, the preset's otherwise)")
+    be.add_argument("--microbatch-size", type=int, help="mfu: sequences per microbatch (default: the preset's)")
+    be.add_argument("--matmul-size", type=int, default=8192, help="mfu: n of the n^3 bf16 matmul (default: 8192)")
+    be.add_argument("--compile", action="store_true", help="mfu: torch.compile every block")
+    be.add_argument("--throughput-json", metavar="FILE",
+                    help="convergence: throughput results for the time-to-loss plot (default: OUT/throughput.json)")
+    be.add_argument("--link", help="convergence: the limited link of the time-to-loss plot, e.g. 80mbit "
+                    "(default: the throughput results' first)")
+    be.add_argument("--curves-json", metavar="FILE",
+                    help="convergence: take the loss curves from this convergence.json instead of training")
     be.add_argument("--data", default="stdlib", help="convergence: corpus (default: the Python standard library)")
-    be.add_argument("--bandwidth", default="80mbit", help="throughput: the limited link (default: 80mbit)")
-    be.add_argument("--latency", default="0", help="throughput: one-way latency on the limited link")
-    be.add_argument("--device", default="cpu", help="throughput: torch device of every peer")
+    be.add_argument("--bandwidth", default="80mbit",
+                    help="throughput: the limited links, comma-separated, e.g. 8mbit,80mbit (default: 80mbit)")
+    be.add_argument("--latency", default="0", help="throughput: one-way latency on the limited links")
+    be.add_argument("--device", default="cpu", help="torch device (throughput: of every peer)")
+    be.add_argument("--devices", help="throughput: comma-separated devices, one per peer in turn (e.g. cuda:0,cuda:1)")
+    be.add_argument("--kernel-shaping", action="store_true",
+                    help="throughput: also run each limited link with every process in its own network namespace "
+                    "and tc tbf on its uplink and downlink (needs root; skipped with a message where not allowed)")
     be.set_defaults(func=cmd_bench)
 
     ex = sub.add_parser("export", help="a trained model as our model.safetensors or a Hugging Face folder",

@@ -18,6 +18,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import torch
 from tqdm import tqdm
@@ -44,10 +45,13 @@ class LocalOptions:
     spec: RunSpec
     steps: int = opt(200, "optimizer steps to train")
     replicas: int = opt(1, "peers per stage (they keep each other in step; any one of them may die)")
-    bandwidth: str | None = opt(None, "emulated uplink per link, e.g. 80mbit (default: unlimited)")
-    latency: str = opt("0", "emulated one-way latency per link, e.g. 20ms (default: 0)")
+    bandwidth: str | None = opt(None, "emulated home connection of every peer: an uplink and a downlink of this "
+                                "rate, each shared by all its traffic, e.g. 80mbit (default: unlimited)")
+    latency: str = opt("0", "emulated one-way latency of every frame, e.g. 20ms (default: 0)")
     data: str | None = opt(None, "a text file or folder to train on (default: embedded corpus)", metavar="PATH")
     device: str = opt("cpu", "torch device for every peer, e.g. cuda")
+    devices: str | None = opt(None, "comma-separated torch devices, one per peer in turn (stage i gets the i-th, "
+                              "round robin), e.g. cuda:0,cuda:1 (default: --device for every peer)")
     metrics_out: str | None = opt(None, "write per-step loss, wire bytes and tokens/s", metavar="FILE.json")
     workdir: str | None = opt(None, "keep logs and reports here (default: a temporary folder)", metavar="DIR")
     threads: int | None = opt(None, "torch threads per peer (default: cores / processes)")
@@ -85,13 +89,49 @@ def dashboard_port(preferred: int, host: str = "127.0.0.1") -> tuple[int, str | 
         return port, f"port {preferred} is taken; the dashboard uses port {port} instead."
 
 
+def parse_devices(text: str | None) -> list[str]:
+    """"cuda:0,cuda:1" -> ["cuda:0", "cuda:1"]; None or "" -> [] (then --device serves every peer)."""
+    if not text:
+        return []
+    devices = [d.strip() for d in text.split(",")]
+    for d in devices:
+        try:
+            torch.device(d)
+        except (RuntimeError, ValueError):
+            raise ValueError(f"--devices has {d!r}, which is not a torch device; write e.g. cuda:0,cuda:1.") from None
+    return devices
+
+
+class Placement(Protocol):
+    """Where each process of a local swarm runs: `prefix(name)` goes in front of its command and
+    `host(name)` is the address it listens on (and, for the coordinator, the one peers dial);
+    `name` is the process name (coordinator, stage0, ...). `Loopback` is the default;
+    `swarm/net/namespaces.py` puts each process in its own network namespace."""
+
+    def prefix(self, name: str) -> list[str]: ...
+
+    def host(self, name: str) -> str: ...
+
+
+class Loopback:
+    """Every process on this host's loopback, started as is."""
+
+    def prefix(self, name: str) -> list[str]:
+        return []
+
+    def host(self, name: str) -> str:
+        return "127.0.0.1"
+
+
 def _python_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "swarm.cli", *args]
 
 
 class LocalSwarm:
-    def __init__(self, opts: LocalOptions) -> None:
+    def __init__(self, opts: LocalOptions, placement: Placement | None = None) -> None:
         self.opts = opts
+        self.placement = placement or Loopback()
+        self._peers_started = 0
         self.procs: list[tuple[str, subprocess.Popen]] = []
         self.maddrs: list[str] = []
         self.dashboard_url: str | None = None
@@ -119,8 +159,8 @@ class LocalSwarm:
         """Start `swarm ARGS` as `name` (log: <name>.log), behind a command `prefix` if given, e.g.
         `ip netns exec NS` to run it in a network namespace (the prefix must exec the command)."""
         logf = open(self.dir / f"{name}.log", "w")
-        proc = subprocess.Popen([*prefix, *_python_cmd(*args)], stdout=logf, stderr=subprocess.STDOUT,
-                                env=self._env(), start_new_session=True)
+        proc = subprocess.Popen([*prefix, *self.placement.prefix(name), *_python_cmd(*args)], stdout=logf,
+                                stderr=subprocess.STDOUT, env=self._env(), start_new_session=True)
         logf.close()
         self.procs.append((name, proc))
         return proc
@@ -148,18 +188,27 @@ class LocalSwarm:
         maddrs_file.unlink(missing_ok=True)  # a workdir may be reused: never read an old run's address
         key = ["--key", self.opts.coordinator_key] if self.opts.coordinator_key else []
         self.spawn("coordinator", ["coordinator", "--run-spec", str(spec_path), "--host-maddrs",
-                                   "/ip4/127.0.0.1/tcp/0", "--maddrs-file", str(maddrs_file), *key, *extra])
+                                   f"/ip4/{self.placement.host('coordinator')}/tcp/0", "--maddrs-file",
+                                   str(maddrs_file), *key, *extra])
         self.wait_for_file(maddrs_file, "the coordinator", 90)
         self.maddrs = json.loads(maddrs_file.read_text())["maddrs"]
         return self.maddrs
 
+    def device_for(self, index: int) -> str:
+        """The device of the index-th peer started: `--devices` round robin, else `--device`."""
+        devices = parse_devices(self.opts.devices) or [self.opts.device]
+        return devices[index % len(devices)]
+
     def start_peer(self, stage: int | str, *extra: str, name: str | None = None) -> subprocess.Popen:
-        """Start `swarm peer` for `stage` (or "auto"); its report goes to <name>.jsonl in the workdir."""
+        """Start `swarm peer` for `stage` (or "auto"); its report goes to <name>.jsonl in the workdir.
+        Peers take the devices of `--devices` in the order they are started."""
         name = name or f"stage{stage}"
         (self.dir / f"{name}.jsonl").unlink(missing_ok=True)
+        device = self.device_for(self._peers_started)
+        self._peers_started += 1
         args = ["peer", "--initial-peers", self.maddrs[0], "--stage", str(stage), "--host-maddrs",
-                "/ip4/127.0.0.1/tcp/0", "--device", self.opts.device, "--report", str(self.dir / f"{name}.jsonl"),
-                "--latency", self.opts.latency]
+                f"/ip4/{self.placement.host(name)}/tcp/0", "--device", device,
+                "--report", str(self.dir / f"{name}.jsonl"), "--latency", self.opts.latency]
         if self.opts.bandwidth:
             args += ["--bandwidth", self.opts.bandwidth]
         if self.opts.data:
@@ -299,7 +348,28 @@ class LocalSwarm:
                      "forward_bytes": fwd, "backward_bytes": bwd, "forward_tokens": ftok, "backward_tokens": btok},
             "tokens_per_second": tps,
             "link": {"bandwidth": self.opts.bandwidth, "latency": self.opts.latency},
+            "peers": self.peer_links(steps),
         }
+
+    def peer_links(self, steps: list[dict]) -> list[dict]:
+        """Per stage: every byte its transport sent and received (frames, all kinds), bytes sent per
+        token it processed, and (when shaped) its link's busy seconds and the uplink's busy fraction
+        of the training time (the sum of the head's step times)."""
+        seconds = sum(s["seconds"] for s in steps)
+        out = []
+        for stage in range(self.opts.spec.n_stages):
+            wire = [e for e in self.events(stage) if e["event"] == "wire"]
+            if not wire:
+                continue
+            w = wire[-1]
+            row = {"stage": stage, "bytes_sent": w.get("bytes_sent"), "bytes_received": w.get("bytes_received"),
+                   "tokens": w.get("tokens_done"), "link": w.get("link")}
+            if row["bytes_sent"] is not None and row["tokens"]:
+                row["bytes_sent_per_token"] = row["bytes_sent"] / row["tokens"]
+            if row["link"] and seconds > 0:
+                row["uplink_busy_fraction"] = row["link"]["uplink_busy_s"] / seconds
+            out.append(row)
+        return out
 
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:
@@ -309,9 +379,9 @@ def _signal_group(proc: subprocess.Popen, sig: int) -> None:
         pass
 
 
-def run_local(opts: LocalOptions) -> dict:
+def run_local(opts: LocalOptions, placement: Placement | None = None) -> dict:
     """Run a local swarm to completion; always stops every process it started."""
-    swarm = LocalSwarm(opts)
+    swarm = LocalSwarm(opts, placement)
     try:
         swarm.start()
         steps = swarm.follow()

@@ -28,7 +28,7 @@ from .admission import AdmissionError, AdmissionPolicy, read_ticket
 from .dht import SwarmDHT, close_node, start_dht, stop_dht
 from .identity import Identity, IdentityError
 from .monitor.peer_monitor import PeerMonitor
-from .net import LinkShaper, Transport, TransportError
+from .net import HomeLink, Transport, TransportError
 from .net.reachability import DialBack, dht_options, settle_reachability
 from .options import opt
 from .placement import PlacementError, choose_stage
@@ -69,8 +69,9 @@ class PeerOptions:
                        "can give its state")
     rebalance_period: float = opt(30.0, "seconds between checks whether moving to another stage would balance the "
                                   "swarm (0: never move)")
-    bandwidth: str | None = opt(None, "emulated uplink, e.g. 80mbit (benchmarks)")
-    latency: str = opt("0", "emulated one-way latency, e.g. 20ms (benchmarks)")
+    bandwidth: str | None = opt(None, "emulated home connection: uplink and downlink of this rate, each shared by "
+                                "all of this peer's traffic, e.g. 80mbit (benchmarks)")
+    latency: str = opt("0", "emulated one-way latency of every frame this peer sends, e.g. 20ms (benchmarks)")
     report: str | None = opt(None, "append JSON-lines events (steps, wire counters) here", metavar="FILE")
     trusted_key: str | None = opt(None, "only trust a run spec signed by this public key (or its fingerprint)",
                                   flag="--swarm-key", metavar="HEX")
@@ -155,9 +156,13 @@ def check_shared_constants(spec: RunSpec) -> None:
                         f"install the same torch version as the coordinator (torch {torch.__version__} here).")
 
 
-def _wire_summary(transport: Transport, sent_tokens: dict) -> dict:
+def _wire_summary(transport: Transport, totals: dict) -> dict:
+    """What the peer put on the wire over its whole life (every stage it served), for the report."""
     out = {kind: transport.bytes_sent(kind) for kind in (KIND_ACTIVATION, KIND_GRADIENT)}
-    return {"bytes_out": out, "tokens_out": dict(sent_tokens)}
+    link = transport.link.stats() if transport.link is not None else None
+    return {"bytes_out": out, "tokens_out": dict(totals["sent_tokens"]), "refused": totals["refused"],
+            "bytes_sent": transport.bytes_sent(), "bytes_received": transport.bytes_received(), "link": link,
+            "tokens_done": totals["tokens_done"]}
 
 
 async def run_peer(opts: PeerOptions) -> int:
@@ -185,7 +190,7 @@ async def run_peer(opts: PeerOptions) -> int:
                                   **reach_options)
     p2p = transport = None
     monitor = PeerMonitor(opts.health_port, opts.health_host, opts.tensorboard)  # health record, /healthz, TensorBoard
-    sent_tokens = {KIND_ACTIVATION: 0, KIND_GRADIENT: 0}
+    totals = {"sent_tokens": {KIND_ACTIVATION: 0, KIND_GRADIENT: 0}, "refused": 0, "tokens_done": 0}
     service: ReplicaService | None = None
     try:
         await monitor.start()  # /healthz answers "joining" (503) from here on
@@ -205,10 +210,10 @@ async def run_peer(opts: PeerOptions) -> int:
             await sdht.adopt(spec)
         p2p = await dht.replicate_p2p()
         peer_id = p2p.peer_id.to_base58()
-        shaper = (lambda: LinkShaper.from_strings(opts.bandwidth, opts.latency)) if (opts.bandwidth or opts.latency
-                                                                                     not in ("0", "", None)) else None
+        link = HomeLink.from_strings(opts.bandwidth, opts.latency) if (
+            opts.bandwidth or opts.latency not in ("0", "", None)) else None
         transport = Transport(p2p, f"subspace-swarm-{spec.run_hash}", max_frame_bytes=transport_limit(spec),
-                              timeout=opts.step_timeout, shaper_factory=shaper)
+                              timeout=opts.step_timeout, link=link)
         await DialBack().serve(transport)  # help other peers check that they can be reached
         maddrs = reach.maddrs
         router = Router(sdht, spec.run_hash, peer_id, maddrs, ttl=opts.ttl)
@@ -232,8 +237,11 @@ async def run_peer(opts: PeerOptions) -> int:
                 stage = await service.serve()
             finally:
                 if service.peer is not None:
-                    for kind in sent_tokens:
-                        sent_tokens[kind] += service.peer.daemon.sent_tokens[kind]
+                    daemon = service.peer.daemon
+                    for kind in totals["sent_tokens"]:
+                        totals["sent_tokens"][kind] += daemon.sent_tokens[kind]
+                    totals["refused"] += daemon.refused
+                    totals["tokens_done"] += daemon.tokens_done
         return 0
     except PlacementError as e:
         raise JoinError(str(e)) from None
@@ -241,7 +249,7 @@ async def run_peer(opts: PeerOptions) -> int:
         # A second Ctrl+C may cancel this cleanup halfway: the report goes first (no await), and
         # the daemons are stopped in a `finally` of their own so that no p2pd is left behind.
         if transport is not None:
-            reporter.write("wire", **_wire_summary(transport, sent_tokens))
+            reporter.write("wire", **_wire_summary(transport, totals))
         try:
             await monitor.close()  # /healthz says "leaving" (503), then stops
         finally:

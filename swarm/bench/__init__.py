@@ -3,28 +3,54 @@ measured side by side in one run.
 
 - `codecs.py`: bytes per token and encode/decode time per codec and width.
 - `throughput.py`: tokens/s of whole local swarms per codec, unlimited vs a limited link.
-- `convergence.py`: held-out loss against tokens, fixed U vs re-fitted U vs dense.
-- `replicas.py`: tokens/s with 1, 2, 3 replicas per stage, and seconds from a replica's death to the next step.
+- `convergence.py`: held-out loss against tokens, fixed U vs re-fitted U vs dense, and held-out
+  loss against wall-clock time from measured tokens/s.
+- `mfu.py`: the device's bf16 matmul rate and the share of it that training the whole model uses.
+- `replicas.py`: tokens/s with 1, 2, 3 replicas per stage; seconds from a replica's death to the next step.
 """
 from __future__ import annotations
 
 import argparse
+import signal
+from types import FrameType
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
 
 
 def run_bench(a: argparse.Namespace) -> int:
-    if a.which == "codecs":
+    """Run one benchmark; SIGTERM stops it like Ctrl+C, through every `finally` (processes stopped,
+    namespaces removed)."""
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        _dispatch(a)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    print(f"results written to {a.out}/")
+    return 0
+
+
+def _dispatch(a: argparse.Namespace) -> None:
+    if a.which == "mfu":
+        from .mfu import run_mfu_bench
+        run_mfu_bench(a.out, preset_name=a.preset or "large", codec=a.codec or "dense", dtype=a.dtype or "bf16",
+                      device=a.device, steps=a.steps or 10, matmul_n=a.matmul_size,
+                      microbatch_size=a.microbatch_size, compile_blocks=a.compile, smoke=a.smoke)
+    elif a.which == "codecs":
         from .codecs import run_codecs_bench
         run_codecs_bench(a.out, smoke=a.smoke)
     elif a.which == "convergence":
         from .convergence import run_convergence_bench
-        run_convergence_bench(a.out, preset_name=a.preset, steps=a.steps or 2000,
-                              data=a.data, device=a.device, smoke=a.smoke)
+        run_convergence_bench(a.out, preset_name=a.preset or "small", steps=a.steps or 2000,
+                              data=a.data, device=a.device, smoke=a.smoke, throughput_json=a.throughput_json,
+                              link=a.link, curves_json=a.curves_json, dtype=a.dtype)
     elif a.which == "replicas":
         from .replicas import run_replicas_bench
-        run_replicas_bench(a.out, preset_name=a.preset, steps=a.steps or 20, device=a.device, smoke=a.smoke)
+        run_replicas_bench(a.out, preset_name=a.preset or "small", steps=a.steps or 20, device=a.device,
+                           smoke=a.smoke)
     else:
         from .throughput import run_throughput_bench
-        run_throughput_bench(a.out, preset_name=a.preset, steps=a.steps or 20, bandwidth=a.bandwidth, latency=a.latency,
-                             device=a.device, smoke=a.smoke)
-    print(f"results written to {a.out}/")
-    return 0
+        run_throughput_bench(a.out, preset_name=a.preset or "small", steps=a.steps or 20, bandwidth=a.bandwidth,
+                             latency=a.latency, device=a.device, smoke=a.smoke, devices=a.devices, dtype=a.dtype,
+                             kernel_shaping=a.kernel_shaping, stages=a.stages)

@@ -1,10 +1,14 @@
-"""`swarm bench convergence`: does re-fitting U pay off? Loss vs tokens, fixed U vs updated U.
+"""`swarm bench convergence`: does re-fitting U pay off, and how long does each codec take to a loss?
 
 Runs the in-process pipeline (which the multi-process swarm equals step by step, basis
 switches included: tests/e2e/test_basis_updates.py) for each variant side by side on the
 same data and seeds: a fixed random U, U re-fitted every `interval` steps for each interval
-asked for, and the dense codec as the uncompressed reference. Held-out loss is measured
-every `eval_every` steps. Writes convergence.json and convergence.png.
+asked for, the dense codec as the uncompressed reference and the bottleneck codec. Held-out
+loss is measured every `eval_every` steps. Writes convergence.json and convergence.png.
+
+Then, given the throughput bench's results for the same preset (`--throughput-json`, or a
+throughput.json already in the output folder), held-out loss against wall-clock time on the
+limited link (`time_to_loss.py`): time_to_loss.json and time_to_loss.png.
 """
 from __future__ import annotations
 
@@ -21,6 +25,8 @@ import torch
 from peer.data import BatchSource, load_corpus
 from peer.pipeline import InProcessPipeline
 from protocol.spec import RunSpec, preset
+
+from .time_to_loss import time_to_loss, write_time_to_loss
 
 
 @torch.no_grad()
@@ -44,6 +50,7 @@ def _variants(base: RunSpec, intervals: tuple[int, ...]) -> dict[str, RunSpec]:
         out[f"U re-fit every {i}"] = base.replace(basis_updates=True, basis_interval=i,
                                                    basis_switch_delay=max(1, min(10, i // 2)))
     out["dense"] = base.replace(codec="dense", basis_updates=False)
+    out["bottleneck"] = base.replace(codec="bottleneck", basis_updates=False)
     return out
 
 
@@ -83,11 +90,35 @@ def _train_variant(name: str, spec_json: str, data: str | None, device: str, eva
 def run_convergence_bench(out_dir: str, preset_name: str = "small", steps: int = 2000,
                           intervals: tuple[int, ...] = (500, 100), data: str | None = "stdlib",
                           device: str = "cpu", eval_every: int = 100, eval_batches: int = 16,
-                          smoke: bool = False, parallel: bool | None = None) -> dict:
-    """Train every variant (in parallel processes on a GPU) and compare their held-out loss."""
+                          smoke: bool = False, parallel: bool | None = None, throughput_json: str | None = None,
+                          link: str | None = None, curves_json: str | None = None, dtype: str | None = None) -> dict:
+    """Train every variant (in parallel processes on a GPU) and compare their held-out loss; then
+    their time to loss on `link` (default: the throughput results' first limited link), if the
+    throughput results are there. `curves_json`: reuse a convergence.json's curves, no training."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if curves_json:
+        result = json.loads(Path(curves_json).read_text())
+    else:
+        result = _train_all(out, preset_name, steps, intervals, data, device, eval_every, eval_batches, smoke,
+                            parallel, dtype)
+    tp_path = Path(throughput_json) if throughput_json else out / "throughput.json"
+    if tp_path.is_file():
+        ttl = time_to_loss(result, json.loads(tp_path.read_text()), link)
+        ttl["throughput_json"] = str(tp_path)
+        write_time_to_loss(ttl, out, result["preset"])
+        result["time_to_loss"] = ttl
+    else:
+        print(f"time to loss: no throughput results at {tp_path}; run `swarm bench throughput --out {out}` "
+              f"(same preset) first, or pass --throughput-json.")
+    return result
+
+
+def _train_all(out: Path, preset_name: str, steps: int, intervals: tuple[int, ...], data: str | None, device: str,
+               eval_every: int, eval_batches: int, smoke: bool, parallel: bool | None, dtype: str | None) -> dict:
     if smoke:
         preset_name, steps, intervals, eval_every, eval_batches = "tiny", 30, (10,), 10, 2
-    base = preset(preset_name, codec="subspace", total_steps=steps)
+    base = preset(preset_name, codec="subspace", total_steps=steps, dtype=dtype)
     variants = _variants(base, intervals)
     parallel = device.startswith("cuda") if parallel is None else parallel
     threads = max(1, (os.cpu_count() or 1) // (len(variants) if parallel else 1))
@@ -99,13 +130,11 @@ def run_convergence_bench(out_dir: str, preset_name: str = "small", steps: int =
     else:
         recs = [_train_variant(*a) for a in args]
     curves = dict(zip(variants, recs))
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     fixed, dense = curves["fixed U"]["final_val"], curves["dense"]["final_val"]
     summary = {name: {"final_val": c["final_val"], "vs_fixed": c["final_val"] / fixed - 1,
                       "vs_dense": c["final_val"] / dense - 1, "seconds": c["seconds"]} for name, c in curves.items()}
     result = {"preset": preset_name, "steps": steps, "data": recs[0]["data"], "tokens": recs[0]["tokens"],
-              "device": device, "summary": summary, "curves": curves}
+              "device": device, "dtype": base.dtype, "summary": summary, "curves": curves}
     (out / "convergence.json").write_text(json.dumps(result) + "\n")
     _plot(result, out / "convergence.png")
     for name, s in summary.items():

@@ -1,68 +1,181 @@
-"""`swarm bench throughput`: tokens/s of real local swarms per codec, unlimited vs a shaped link.
+"""`swarm bench throughput`: tokens/s of real local swarms per codec, against each one's roofline.
 
-Each configuration is a full `swarm local` run (separate processes over libp2p). All are run
-in one invocation, side by side, and the figures that matter are ratios between them:
-how much each codec slows down when the link is limited, and how compressed codecs compare
-with dense on the same limited link. Absolute tokens/s mean something only on a GPU.
+Each configuration is a full `swarm local` run (separate processes over libp2p), all in one
+invocation, side by side. Per codec: one unshaped run, whose tokens/s is the codec's compute
+ceiling C; then per bandwidth B (`--bandwidth 8mbit,80mbit`) one run with the built-in shaper
+(`HomeLink`: each peer's one uplink and one downlink, shared by all its traffic, plus
+`--latency`) and, with `--kernel-shaping`, the same run with every process in its own network
+namespace and tc's tbf on each host's uplink and downlink (swarm/net/namespaces.py; latency,
+if any, still comes from the built-in shaper, as netem is not in every kernel).
+
+Roofline of a codec on a link: min(C, (B / 8) / b), with b the most bytes any peer sends per
+token it processes (every frame: activations, gradients, acknowledgements; counted in that
+run). Reported per run: tokens/s, the roofline and the ratio, each peer's bytes per token and
+uplink busy fraction (time its uplink was transmitting over the training time: from the
+built-in shaper's buckets, or from the kernel qdiscs' byte counters, headers included).
+Absolute tokens/s mean something only on the machine named in the JSON.
 """
 from __future__ import annotations
 
 import json
+import platform
 from pathlib import Path
 
-from protocol.spec import preset
+from protocol.spec import RunSpec, preset
 from swarm.local import LocalOptions, run_local
+from swarm.net.namespaces import KernelLinks, KernelShapingUnavailable
+from swarm.net.shaper import parse_bandwidth
 
 CODECS = ("dense", "subspace", "bottleneck")
 
 
+def _process_names(spec: RunSpec) -> list[str]:
+    return ["coordinator"] + [f"stage{s}" for s in range(spec.n_stages)]
+
+
+def kernel_shaping_problem() -> str | None:
+    """None if namespaces, veths and tbf can be made here, else the reason (one sentence)."""
+    try:
+        KernelLinks(["probe"], "8mbit").up().down()
+    except KernelShapingUnavailable as e:
+        return str(e)
+    return None
+
+
+def _one_run(spec: RunSpec, steps: int, link: str | None, latency: str, shaping: str, device: str,
+             devices: str | None) -> dict:
+    opts = LocalOptions(spec, steps=steps, bandwidth=link if shaping == "builtin" else None,
+                        latency=latency if link else "0", device=device, devices=devices, quiet=True)
+    kernel = None
+    if shaping == "kernel":
+        with KernelLinks(_process_names(spec), link) as links:
+            m = run_local(opts, placement=links)
+            kernel = links.stats()
+    else:
+        m = run_local(opts)
+    seconds = sum(s["seconds"] for s in m["steps"])
+    peers = []
+    for p in m["peers"]:
+        row = {"stage": p["stage"], "bytes_sent_per_token": p.get("bytes_sent_per_token")}
+        if kernel is not None:
+            row["uplink_busy_fraction"] = kernel[f"stage{p['stage']}"]["uplink_busy_s"] / max(seconds, 1e-9)
+            row["kernel_uplink_bytes"] = kernel[f"stage{p['stage']}"]["uplink_bytes"]
+        elif "uplink_busy_fraction" in p:
+            row["uplink_busy_fraction"] = p["uplink_busy_fraction"]
+        peers.append(row)
+    return {"codec": spec.codec, "bandwidth": link or "unlimited", "shaping": shaping,
+            "latency": opts.latency, "tokens_per_second": m["tokens_per_second"],
+            "forward_bytes_per_token": m["wire"]["forward_bytes_per_token"],
+            "dense_forward_bytes_per_token": m["wire"]["dense_forward_bytes_per_token"],
+            "final_loss": m["steps"][-1]["loss"], "steps": steps, "peers": peers}
+
+
+def roofline(ceiling: float, bandwidth: str, peers: list[dict]) -> float:
+    """min(C, (B / 8) / b): b the most bytes per token any peer sends."""
+    bps = parse_bandwidth(bandwidth)
+    worst = max((p["bytes_sent_per_token"] or 0.0) for p in peers) if peers else 0.0
+    if bps is None or worst <= 0:
+        return ceiling
+    return min(ceiling, bps / 8 / worst)
+
+
 def run_throughput_bench(out_dir: str, preset_name: str = "small", steps: int = 20, bandwidth: str = "80mbit",
-                         latency: str = "0", device: str = "cpu", smoke: bool = False) -> dict:
+                         latency: str = "0", device: str = "cpu", smoke: bool = False, devices: str | None = None,
+                         dtype: str | None = None, kernel_shaping: bool = False, stages: int | None = None) -> dict:
     codecs = CODECS[:2] if smoke else CODECS  # smoke: dense and subspace, enough to exercise it all
     if smoke:
         preset_name, steps = "tiny", 3
+    bandwidths = [b.strip() for b in bandwidth.split(",")]
+    for b in bandwidths:
+        if parse_bandwidth(b) is None:
+            raise ValueError(f"--bandwidth {b!r} is unlimited; name the limited links, e.g. 8mbit,80mbit.")
+    shapings = ["builtin"]
+    kernel_note = None
+    if kernel_shaping:
+        kernel_note = kernel_shaping_problem()
+        if kernel_note is None:
+            shapings.append("kernel")
+        else:
+            print(f"skipping kernel shaping: {kernel_note}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     runs = []
-    for link in (None, bandwidth):
-        for codec in codecs:
-            spec = preset(preset_name, codec=codec)
-            m = run_local(LocalOptions(spec, steps=steps, bandwidth=link, latency=latency if link else "0",
-                                       device=device, quiet=True))
-            row = {"codec": codec, "bandwidth": link or "unlimited", "tokens_per_second": m["tokens_per_second"],
-                   "forward_bytes_per_token": m["wire"]["forward_bytes_per_token"],
-                   "dense_forward_bytes_per_token": m["wire"]["dense_forward_bytes_per_token"],
-                   "final_loss": m["steps"][-1]["loss"], "steps": steps}
-            runs.append(row)
-            print(f"{codec:>10} {row['bandwidth']:>9}: {row['tokens_per_second']:9.0f} tok/s, "
-                  f"{row['forward_bytes_per_token']:8.1f} B/token forward")
-    tps = {(r["codec"], r["bandwidth"]): r["tokens_per_second"] for r in runs}
-    limited = bandwidth
-    ratios = {f"{c}_limited_over_unlimited": tps[(c, limited)] / tps[(c, "unlimited")] for c in codecs}
-    ratios.update({f"{c}_over_dense_limited": tps[(c, limited)] / tps[("dense", limited)] for c in codecs[1:]})
-    result = {"preset": preset_name, "device": device, "latency": latency, "runs": runs, "ratios": ratios}
+    for codec in codecs:
+        spec = preset(preset_name, codec=codec, dtype=dtype, stages=stages)
+        base = _one_run(spec, steps, None, "0", "none", device, devices)
+        ceiling = base["tokens_per_second"]
+        base.update(roofline_tokens_per_second=ceiling, of_roofline=1.0)
+        runs.append(base)
+        _print(base)
+        for b in bandwidths:
+            for shaping in shapings:
+                row = _one_run(spec, steps, b, latency, shaping, device, devices)
+                row["roofline_tokens_per_second"] = roofline(ceiling, b, row["peers"])
+                row["of_roofline"] = row["tokens_per_second"] / row["roofline_tokens_per_second"]
+                runs.append(row)
+                _print(row)
+    result = {"preset": preset_name, "stages": spec.n_stages, "device": device, "devices": devices,
+              "dtype": spec.dtype,
+              "machine": f"{platform.node()} ({platform.processor() or platform.machine()})",
+              "latency": latency, "bandwidths": bandwidths, "kernel_shaping": kernel_shaping,
+              "kernel_shaping_skipped": kernel_note, "runs": runs, "ratios": _ratios(runs, codecs, bandwidths)}
     (out / "throughput.json").write_text(json.dumps(result, indent=1) + "\n")
-    _plot(result, out / "throughput.png", limited, codecs)
-    for k, v in ratios.items():
+    _plot(result, out / "throughput.png", codecs)
+    for k, v in result["ratios"].items():
         print(f"{k}: {v:.2f}")
     return result
 
 
-def _plot(result: dict, path: Path, limited: str, codecs: tuple[str, ...]) -> None:
+def _ratios(runs: list[dict], codecs: tuple[str, ...], bandwidths: list[str]) -> dict[str, float]:
+    tps = {(r["codec"], r["bandwidth"], r["shaping"]): r["tokens_per_second"] for r in runs}
+    first = bandwidths[0]
+    ratios = {f"{c}_limited_over_unlimited": tps[(c, first, "builtin")] / tps[(c, "unlimited", "none")]
+              for c in codecs}
+    ratios.update({f"{c}_over_dense_limited": tps[(c, first, "builtin")] / tps[("dense", first, "builtin")]
+                   for c in codecs[1:]})
+    for c in codecs:
+        for b in bandwidths:
+            if (c, b, "kernel") in tps:
+                ratios[f"{c}_{b}_kernel_over_builtin"] = tps[(c, b, "kernel")] / tps[(c, b, "builtin")]
+    return ratios
+
+
+def _print(row: dict) -> None:
+    link = row["bandwidth"] if row["shaping"] == "none" else f"{row['bandwidth']} {row['shaping']}"
+    busy = ", ".join(f"{p['uplink_busy_fraction']:.2f}" for p in row["peers"] if "uplink_busy_fraction" in p)
+    print(f"{row['codec']:>10} {link:>16}: {row['tokens_per_second']:9.0f} tok/s "
+          f"({row['of_roofline']:.2f} of roofline {row['roofline_tokens_per_second']:.0f}), "
+          f"{row['forward_bytes_per_token']:8.1f} B/token forward" + (f", uplinks busy {busy}" if busy else ""),
+          flush=True)
+
+
+def _plot(result: dict, path: Path, codecs: tuple[str, ...]) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4))
-    width = 0.38
-    for i, link in enumerate(("unlimited", limited)):
-        vals = [next(r["tokens_per_second"] for r in result["runs"] if r["codec"] == c and r["bandwidth"] == link)
-                for c in codecs]
-        ax.bar([x + (i - 0.5) * width for x in range(len(codecs))], vals, width, label=link)
+    configs = [("unlimited", "none")] + [(b, s) for b in result["bandwidths"]
+                                         for s in ("builtin", "kernel") if any(
+                                             r["bandwidth"] == b and r["shaping"] == s for r in result["runs"])]
+    fig, ax = plt.subplots(figsize=(max(7, 2.2 * len(codecs) * len(configs) / 3), 4.5))
+    width = 0.8 / len(configs)
+    for i, (link, shaping) in enumerate(configs):
+        rows = [next(r for r in result["runs"] if r["codec"] == c and r["bandwidth"] == link
+                     and r["shaping"] == shaping) for c in codecs]
+        xs = [x + (i - (len(configs) - 1) / 2) * width for x in range(len(codecs))]
+        label = link if shaping == "none" else f"{link}, {'kernel tbf' if shaping == 'kernel' else 'built-in'}"
+        ax.bar(xs, [r["tokens_per_second"] for r in rows], width, label=label)
+        if shaping != "none":
+            ax.scatter(xs, [r["roofline_tokens_per_second"] for r in rows], marker="_", s=300, color="black",
+                       zorder=3, label="roofline" if i == 1 else None)
     ax.set_xticks(range(len(codecs)), codecs)
     ax.set_ylabel("tokens / s")
-    ax.set_title(f"swarm throughput, {result['preset']} preset on {result['device']}")
-    ax.legend()
+    values = [r["tokens_per_second"] for r in result["runs"]]
+    if max(values) > 20 * min(values):  # e.g. dense on a slow link next to the compressed codecs
+        ax.set_yscale("log")
+    ax.set_title(f"swarm throughput, {result['preset']} preset on {result['device']}"
+                 + (f", latency {result['latency']}" if result["latency"] not in ("0", "") else ""))
+    ax.legend(fontsize=8, bbox_to_anchor=(1.01, 1), loc="upper left")  # beside the bars, never on them
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -1,27 +1,29 @@
-"""Link emulation: how long bytes take to cross a home uplink.
+"""Link emulation, one direction: how long bytes take to leave a home uplink.
 
 This room exists so that `swarm local` and the benchmarks can run a whole swarm on one
-machine and still see the network a volunteer would see: a limited uplink (bandwidth) and a
-distance (one-way latency). `swarm/net/transport.py` asks a `LinkShaper` to `transmit(nbytes)`
-before it writes a frame; nothing here touches sockets.
+machine and still see the network a volunteer would see. `LinkShaper` is one uplink, a fluid
+model of what TCP flows through one bottleneck do (a peer's whole connection, uplink and
+downlink, is `HomeLink` in home_link.py):
 
-The model, per link:
+- the frames in flight share the bandwidth equally (processor sharing): two 1 MB frames sent
+  together at 8 Mbit/s both arrive after 2 s, and a 10-byte reply sent while a 1 MB frame is
+  in flight gets half the rate and leaves at once, as interleaved packets of several
+  connections (or of libp2p streams in one) do, rather than queueing whole behind it;
+- a burst allowance, max(64 KiB, 10 ms of bandwidth), earned at the line rate while nothing
+  is in flight (the link starts with none, like one that has just come up), which a new
+  frame's first bytes use at once, as with tc's `tbf`;
+- the one-way latency, added once to every frame after its last byte has left, overlapping
+  other frames' transmission.
 
-- a token bucket refilled at `bandwidth_bps / 8` bytes per second, `depth` bytes deep
-  (max(64 KiB, 10 ms worth of bandwidth)). It starts empty, like a link that has only just
-  come up, so a fresh link's first transfer pays its full serialization time; idle time then
-  earns at most `depth` bytes of burst, as with tc's `tbf` qdisc.
-- a send of n bytes takes n tokens at once and may drive the bucket into debt; the sender
-  waits until the debt is repaid (its last byte has left), then `latency_s` more (its last
-  byte has arrived). Because the debt is shared, concurrent messages queue behind each
-  other for bandwidth, in the order they called `transmit`, while their latencies overlap.
-
-The clock and the sleep are injectable so tests can drive the shaper with virtual time.
+`busy_s` is the time it spent transmitting: its bytes at its line rate, bytes * 8 / bandwidth
+(the figure the kernel's qdisc byte counters give). Also here: the parsers of "80mbit" and
+"20ms". The clock and the sleep are injectable so tests can drive time virtually.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
 import re
 import time
@@ -118,7 +120,8 @@ def _checked_delay(seconds: float, shown: str) -> float:
 
 
 class LinkShaper:
-    """One emulated outgoing link: a token bucket for bandwidth plus a fixed one-way latency."""
+    """One emulated outgoing link: bandwidth shared fairly by the frames in flight, a burst
+    allowance earned while idle, and a fixed one-way latency (module docstring)."""
 
     def __init__(
         self,
@@ -136,8 +139,13 @@ class LinkShaper:
         self._sleep = sleep
         self._rate = None if bandwidth_bps is None else bandwidth_bps / 8.0  # bytes per second
         self.depth = 0.0 if self._rate is None else max(float(MIN_BUCKET_BYTES), self._rate * BUCKET_SECONDS)
-        self._tokens = 0.0
+        self._tokens = 0.0  # burst allowance, earned only while nothing is in flight
         self._updated = clock()
+        self._left: dict[int, float] = {}  # frame id -> bytes still to serialize
+        self._done_at: dict[int, float] = {}  # frame id -> the time its last byte left
+        self._orphans: set[int] = set()  # frames nobody waits for (`occupy`)
+        self._ids = itertools.count()
+        self.bytes = 0  # bytes that went through
 
     @classmethod
     def from_strings(
@@ -156,29 +164,88 @@ class LinkShaper:
     def unlimited(self) -> bool:
         return self._rate is None and self.latency_s == 0.0
 
-    def delay_for(self, nbytes: int) -> float:
-        """Reserve the link for `nbytes` now and return how long until they have arrived.
+    @property
+    def busy_s(self) -> float:
+        """Seconds this link has spent transmitting: bytes * 8 / bandwidth (0 when unlimited)."""
+        return 0.0 if self._rate is None else self.bytes / self._rate
 
-        The reservation happens here, synchronously, so callers that race each other are
-        queued in call order; `transmit` is this plus the wait.
-        """
+    @property
+    def in_flight(self) -> int:
+        return len(self._left)
+
+    def _advance(self, now: float) -> None:
+        """Run the fluid model from the last update to `now`: the frames in flight share the rate
+        equally, each leaving at its exact time; idle time earns burst tokens."""
+        t = self._updated
+        while t < now and self._left:
+            n = len(self._left)
+            smallest = min(self._left.values())
+            if t + smallest * n / self._rate <= now:
+                t += smallest * n / self._rate
+                for k in list(self._left):
+                    self._left[k] -= smallest
+                    if self._left[k] <= 1e-6:  # bytes: float residue of equal-sized frames
+                        del self._left[k]
+                        if k in self._orphans:
+                            self._orphans.discard(k)
+                        else:
+                            self._done_at[k] = t
+            else:
+                share = (now - t) * self._rate / n
+                for k in self._left:
+                    self._left[k] -= share
+                t = now
+        if t < now:
+            self._tokens = min(self.depth, self._tokens + (now - t) * self._rate)
+        self._updated = max(self._updated, now)
+
+    async def _serialize(self, nbytes: int) -> float:
+        """Put `nbytes` on the link now; returns the time their last byte left."""
+        now = self._clock()
+        self._advance(now)
+        from_burst = min(self._tokens, float(nbytes))
+        self._tokens -= from_burst
+        if nbytes - from_burst <= 0:
+            return now
+        frame = next(self._ids)
+        self._left[frame] = nbytes - from_burst
+        while frame not in self._done_at:
+            # sleep until the next departure among the frames in flight; an arrival in between only
+            # delays the others (one more share), so waking then and looking again is enough
+            next_departure = min(self._left.values()) * len(self._left) / self._rate
+            await self._sleep(max(next_departure - (self._clock() - self._updated), 1e-9))
+            self._advance(self._clock())
+        return self._done_at.pop(frame)
+
+    def occupy(self, nbytes: int) -> None:
+        """Bytes that share the link but that nobody waits for (acknowledgements): they take their
+        share of the rate from the frames in flight, and burst tokens first."""
         if nbytes < 0:
             raise ValueError(f"cannot transmit a negative number of bytes ({nbytes}).")
+        self.bytes += nbytes
         if self._rate is None:
-            return self.latency_s
-        now = self._clock()
-        elapsed = max(0.0, now - self._updated)
-        self._tokens = min(self.depth, self._tokens + elapsed * self._rate)
-        self._updated = now
-        self._tokens -= nbytes
-        serialized = max(0.0, -self._tokens) / self._rate
-        return serialized + self.latency_s
+            return
+        self._advance(self._clock())
+        from_burst = min(self._tokens, float(nbytes))
+        self._tokens -= from_burst
+        if nbytes - from_burst > 0:
+            frame = next(self._ids)
+            self._left[frame] = nbytes - from_burst
+            self._orphans.add(frame)
 
     async def transmit(self, nbytes: int) -> None:
-        """Wait as long as the link would take to deliver `nbytes` sent now."""
-        delay = self.delay_for(nbytes)
-        if delay > 0.0:
-            await self._sleep(delay)
+        """Wait until a frame of `nbytes` sent now would have arrived: its share of the bandwidth,
+        then the latency."""
+        if nbytes < 0:
+            raise ValueError(f"cannot transmit a negative number of bytes ({nbytes}).")
+        self.bytes += nbytes
+        if self._rate is None:
+            sent = self._clock()
+        else:
+            sent = await self._serialize(nbytes)
+        wait = sent + self.latency_s - self._clock()
+        if wait > 0.0:
+            await self._sleep(wait)
 
     def __repr__(self) -> str:
         bw = "unlimited" if self.bandwidth_bps is None else f"{self.bandwidth_bps / 1e6:g}mbit"

@@ -18,10 +18,10 @@ wire, and that is what the counters record: requests as "out" at the sender and 
 receiver, replies the other way round, per (remote peer, kind, direction). (libp2p's own
 stream headers, noise/TLS and yamux framing are below us and are not counted.)
 
-Bandwidth emulation: with a `shaper_factory`, each remote peer gets its own `LinkShaper`
-(created on first use) and every frame this side writes to that peer, request or reply,
-waits on it before being written. Return the same shaper from the factory every time to
-model one shared uplink instead of one link per destination.
+Link emulation: with a `link` (`HomeLink`, swarm/net/shaper.py), every frame this side writes,
+request or reply, to whichever peer, first waits on the link's one uplink (serialization and
+latency), and every frame it has read waits on its one downlink's queue before it is used:
+a home peer's connection, shared by all its traffic.
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ import asyncio
 import logging
 import struct
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass
 
 with warnings.catch_warnings():
@@ -39,7 +38,7 @@ with warnings.catch_warnings():
     from hivemind.p2p import P2P, PeerID
 
 from peer.interfaces import Handler
-from swarm.net.shaper import LinkShaper
+from swarm.net.home_link import HomeLink
 
 __all__ = ["Handler", "TransportError", "LinkCounter", "Transport", "REQUEST_OVERHEAD", "REPLY_OVERHEAD"]
 
@@ -107,7 +106,7 @@ class Transport:
         *,
         max_frame_bytes: int = 64 << 20,
         timeout: float = 60.0,
-        shaper_factory: Callable[[], LinkShaper] | None = None,
+        link: HomeLink | None = None,
     ) -> None:
         if not 0 < max_frame_bytes <= MAX_LENGTH_FIELD:
             raise ValueError(f"max_frame_bytes must be between 1 and {MAX_LENGTH_FIELD}, not {max_frame_bytes}.")
@@ -115,8 +114,7 @@ class Transport:
         self.namespace = _check_name("namespace", namespace)
         self.max_frame_bytes = max_frame_bytes
         self.timeout = timeout
-        self._shaper_factory = shaper_factory
-        self._shapers: dict[str, LinkShaper] = {}
+        self.link = link
         self._counters: dict[tuple[str, str, str], LinkCounter] = {}
         self._served: dict[str, str] = {}  # kind -> protocol id
         self._limits: dict[str, int] = {}  # kind -> request size limit, where it is below max_frame_bytes
@@ -146,20 +144,15 @@ class Transport:
     def bytes_received(self, kind: str | None = None) -> int:
         return self._total("in", kind)
 
-    def shaper_for(self, peer: str) -> LinkShaper | None:
-        if self._shaper_factory is None:
-            return None
-        shaper = self._shapers.get(peer)
-        if shaper is None:
-            shaper = self._shapers[peer] = self._shaper_factory()
-        return shaper
-
-    async def _shaped_write(self, writer: asyncio.StreamWriter, peer: str, frame: bytes) -> None:
-        shaper = self.shaper_for(peer)
-        if shaper is not None:
-            await shaper.transmit(len(frame))
+    async def _shaped_write(self, writer: asyncio.StreamWriter, frame: bytes) -> None:
+        if self.link is not None:
+            await self.link.send(len(frame))
         writer.write(frame)
         await writer.drain()
+
+    async def _shaped_arrival(self, nbytes: int) -> None:
+        if self.link is not None:
+            await self.link.receive(nbytes)
 
     async def serve(self, kind: str, handler: Handler, max_bytes: int | None = None) -> None:
         """Answer requests of `kind` with `handler(body, remote_peer_id)`; requests of more than
@@ -207,6 +200,7 @@ class Transport:
             raise _FrameError(
                 f"the request frame was truncated: {len(e.partial)} of {length} body bytes arrived.") from None
         self._count(peer, kind, "in", len(header) + length)
+        await self._shaped_arrival(len(header) + length)
         return body
 
     async def _handle_stream(
@@ -255,7 +249,7 @@ class Transport:
             body = f"reply of {len(body)} bytes is over the limit of {self.max_frame_bytes}.".encode()
         frame = _REPLY_HEADER.pack(status, len(body)) + body
         try:
-            await asyncio.wait_for(self._shaped_write(writer, peer, frame), self.timeout)
+            await asyncio.wait_for(self._shaped_write(writer, frame), self.timeout)
         except (ConnectionError, OSError, asyncio.TimeoutError) as e:
             # debug only: the caller already logged why this stream went wrong, or the client
             # gave up (and logs that on its side).
@@ -299,7 +293,7 @@ class Transport:
         try:
             frame = _LENGTH.pack(len(body)) + body
             try:
-                await self._shaped_write(writer, peer, frame)
+                await self._shaped_write(writer, frame)
             except (ConnectionError, OSError) as e:
                 raise TransportError(
                     f"the stream to {peer} broke while sending a '{kind}' request: {_short(e)}.",
@@ -331,6 +325,7 @@ class Transport:
         except asyncio.IncompleteReadError as e:
             raise fail(f"{peer}'s '{kind}' reply was truncated at {len(e.partial)} of {length} bytes.") from None
         self._count(peer, kind, "in", REPLY_OVERHEAD + length)
+        await self._shaped_arrival(REPLY_OVERHEAD + length)
         if status == STATUS_ERROR:
             text = _short(reply.decode("utf-8", errors="replace"), 500)
             raise fail(f"{peer} refused the '{kind}' request: {text}", "remote")

@@ -129,9 +129,11 @@ def test_lossless_check_can_fail(corpus):
         assert rel(float(comp.loss(tok)), float(dense.loss(tok))) > 1e-8
 
 
-def test_wire_message_sizes_match_header_bytes(corpus):
-    """The pipeline's byte count is the sum of real buffers: k numbers and one id per token."""
-    spec = small(wire_dtype="bf16")
+@pytest.mark.parametrize("dtype", ["fp64", "bf16"])
+def test_wire_message_sizes_match_header_bytes(dtype, corpus):
+    """The pipeline's byte count is the sum of real buffers: k numbers and one id per token,
+    whatever the compute dtype."""
+    spec = small(wire_dtype="bf16", dtype=dtype)
     pipe = InProcessPipeline(spec)
     src = BatchSource(corpus, SEQ, spec.microbatch_size, seed=7)
     pipe.train_step(0, src.microbatch)
@@ -164,3 +166,22 @@ def test_tiny_preset_trains_300_steps_every_codec(tmp_path, corpus):
         final = sum(back[codec][-20:]) / 20
         assert final < 0.8 * entropy, (codec, final, entropy)
         assert final < back[codec][0] - 1.0
+
+
+def test_bf16_pipeline_against_fp64_reference(corpus):
+    """bf16 compute (fp32 master weights, fp32 wire): the pipeline equals the bf16 reference bit for bit,
+    the compressed model follows the uncompressed bf16 one, and both stay within 1e-3 relative
+    (u_bf16 / 4) of the fp64 reference's losses for 10 steps; the bytes are the formula's."""
+    spec = small(dtype="bf16", wire_dtype="fp32")
+    pipe, ref, dense, lp, lr_, ld = run_side_by_side(spec, corpus, 10, lossless=True)
+    exact = ReferenceModel(spec.replace(dtype="fp64", wire_dtype="fp64"))
+    src = BatchSource(corpus, SEQ, spec.microbatch_size, seed=7)
+    l64 = [exact.train_step(src.microbatch) for _ in range(10)]
+    assert lp == lr_
+    assert max(rel(a, b) for a, b in zip(lr_, ld)) < 1e-3
+    assert max(rel(a, b) for a, b in zip(lp, l64)) < 1e-3
+    assert max(rel(a, b) for a, b in zip(lp, l64)) > 1e-7  # bf16 really ran: fp64 ends elsewhere
+    assert lp[-1] < lp[0] - 0.2
+    n_msgs = 10 * spec.n_microbatches * (spec.n_stages - 1)
+    data = spec.microbatch_size * (SEQ * spec.rank * 4 + (SEQ + 1))
+    assert data < pipe.wire.forward_bytes / n_msgs <= data + 160

@@ -224,3 +224,22 @@ def test_bf16_values_travel_as_their_own_bytes():
     assert z.view(torch.uint8).numpy().tobytes() in buf
     out = decode_message(buf, WireLimits.for_spec(spec))
     assert torch.equal(out.payload.values.view(torch.int16), z.view(torch.int16))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("wire,quant", [("bf16", "none"), ("fp32", "int8")])
+def test_gpu_tensors_pack_on_the_device_and_arrive_on_it(wire, quant):
+    """Packing casts on the GPU; the bytes leave through one pinned host copy and are the same bytes
+    as a CPU pack; unpacking moves the wire bytes to the device and widens them there."""
+    spec = spec_for(wire_dtype=wire, quant=quant)
+    packer = WirePacker.for_spec(spec)
+    z = torch.randn(2, spec.seq_len, spec.boundary_width, generator=torch.Generator().manual_seed(0))
+    on_gpu = packer.pack(z.cuda())
+    assert on_gpu.values.is_cuda
+    head = Header(spec.run_hash, 0, 0, 0, spec.codec, 1)
+    tok = tokens_for_wire(torch.zeros(2, spec.seq_len + 1, dtype=torch.long), spec.vocab)
+    buf = encode_message(ActivationMessage(head, tok, on_gpu))
+    assert buf == encode_message(ActivationMessage(head, tok, packer.pack(z)))
+    msg = decode_message(buf, WireLimits.for_spec(spec))
+    back = packer.unpack(msg.payload, torch.float32, "cuda")
+    assert back.is_cuda and torch.equal(back.cpu(), packer.roundtrip(z))

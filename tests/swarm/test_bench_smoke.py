@@ -1,18 +1,30 @@
-"""`swarm bench throughput` and `swarm bench convergence` at smoke size: they run end to end and
+"""`swarm bench throughput`, `convergence` and `mfu` at smoke size: they run end to end and
 write JSON and a PNG whose figures are consistent (benchmarks are not tests: no speed is asserted)."""
 from __future__ import annotations
 
 import json
 
+import pytest
+
+from protocol.model import build_stage
+from protocol.spec import preset
 from swarm.bench.convergence import run_convergence_bench
+from swarm.bench.mfu import matmul_weights, run_mfu_bench
 from swarm.bench.throughput import CODECS, run_throughput_bench
 
 
 def test_convergence_bench_smoke(tmp_path):
+    # the throughput bench's figures at 80mbit (as its JSON has them), for the time-to-loss plot
+    throughput = {"preset": "tiny", "device": "cpu", "runs": [
+        {"codec": c, "bandwidth": b, "shaping": s, "tokens_per_second": t}
+        for c, b, s, t in [("dense", "unlimited", "none", 9000.0), ("dense", "80mbit", "builtin", 500.0),
+                           ("subspace", "80mbit", "builtin", 8000.0), ("bottleneck", "80mbit", "builtin", 7000.0),
+                           ("dense", "80mbit", "kernel", 450.0)]]}
+    (tmp_path / "throughput.json").write_text(json.dumps(throughput))
     result = run_convergence_bench(str(tmp_path), data=None, smoke=True)
     written = json.loads((tmp_path / "convergence.json").read_text())
     assert (tmp_path / "convergence.png").stat().st_size > 10_000
-    assert set(written["curves"]) == {"fixed U", "U re-fit every 10", "dense"}
+    assert set(written["curves"]) == {"fixed U", "U re-fit every 10", "dense", "bottleneck"}
     refit = written["curves"]["U re-fit every 10"]
     assert [s["step"] for s in refit["switches"]] == [15, 25]  # re-fits at 10 and 20, 5 steps later
     assert all(0 < max(s["truncated"]) < 0.2 for s in refit["switches"])
@@ -20,6 +32,16 @@ def test_convergence_bench_smoke(tmp_path):
     for curve in written["curves"].values():
         assert len(curve["train"]) == 30 and curve["val"][-1][1] < curve["val"][0][1]
     assert result["summary"]["fixed U"]["vs_fixed"] == 0
+    # time to loss: each variant's held-out curve over its codec's tokens/s at 80mbit (built-in shaping)
+    ttl = json.loads((tmp_path / "time_to_loss.json").read_text())
+    assert (tmp_path / "time_to_loss.png").stat().st_size > 10_000
+    assert ttl["bandwidth"] == "80mbit" and ttl["tokens_per_second"] == {"dense": 500.0, "subspace": 8000.0,
+                                                                          "bottleneck": 7000.0}
+    for name, curve in written["curves"].items():
+        tps = ttl["tokens_per_second"][curve["spec"]["codec"]]
+        assert ttl["curves"][name]["val"] == [[tokens / tps, loss] for tokens, loss in curve["val"]]
+    assert ttl["target_loss"] == max(c["val"][-1][1] for c in written["curves"].values())
+    assert all(c["seconds_to_target"] is not None for c in ttl["curves"].values())
 
 
 def test_throughput_bench_smoke(tmp_path):
@@ -34,3 +56,31 @@ def test_throughput_bench_smoke(tmp_path):
     assert all(r["tokens_per_second"] > 0 for r in written["runs"])
     assert result["ratios"]["subspace_over_dense_limited"] == \
         sub["tokens_per_second"] / dense["tokens_per_second"]
+
+
+def test_mfu_bench_smoke(tmp_path):
+    result = run_mfu_bench(str(tmp_path), device="cpu", smoke=True)
+    written = json.loads((tmp_path / "mfu.json").read_text())
+    assert (tmp_path / "mfu.png").stat().st_size > 10_000
+    spec = preset("tiny", codec="dense", dtype="bf16")
+    d, f, L = spec.d_model, spec.d_ff, spec.n_layers
+    assert written["train"]["matmul_weights"] == L * (4 * d * d + 3 * d * f) + d * spec.vocab
+    assert written["flops_per_token"] == 6 * written["train"]["matmul_weights"] + 12 * L * spec.seq_len * d
+    assert len(written["train"]["step_seconds"]) == 2 and all(s > 0 for s in written["train"]["step_seconds"])
+    assert written["matmul"]["flops_per_second"] == 2 * 256**3 / written["matmul"]["seconds"]
+    assert result["mfu"] == pytest.approx(written["train"]["tokens_per_second"] * written["flops_per_token"]
+                                          / written["matmul"]["flops_per_second"])
+
+
+def test_mfu_counts_the_factored_subspace_maps_at_rank_k():
+    """In a bf16 run a constrained map costs k (d_in + d) multiplies per token, not d d_in."""
+    spec = preset("tiny", codec="subspace", dtype="bf16")
+    d, f, k, V = spec.d_model, spec.d_ff, spec.rank, spec.vocab
+    stages = [build_stage(spec, s) for s in range(spec.n_stages)]
+    free = spec.stage_layers[-1]  # the last stage is unconstrained
+    constrained = spec.n_layers - free
+    want = spec.n_layers * (3 * d * d + 2 * d * f) + free * (d * d + f * d) \
+        + constrained * (k * (d + d) + k * (f + d)) + d * V
+    assert matmul_weights(stages) == want
+    fp32 = [build_stage(spec.replace(dtype="fp32"), s) for s in range(spec.n_stages)]
+    assert matmul_weights(fp32) == spec.n_layers * (4 * d * d + 3 * d * f) + d * V

@@ -1,13 +1,16 @@
-"""`swarm local` extras without processes: TensorBoard from the head's step records, the dashboard's port."""
+"""`swarm local` extras without a swarm: TensorBoard from the head's step records, the dashboard's port,
+devices per peer, and where each process is placed."""
 from __future__ import annotations
 
 import json
 import socket
+import sys
 
+import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from protocol.spec import preset
-from swarm.local import LocalOptions, LocalSwarm, dashboard_port
+from swarm.local import LocalOptions, LocalSwarm, Loopback, dashboard_port, parse_devices
 
 
 def test_follow_writes_the_heads_steps_to_tensorboard(tmp_path):
@@ -39,3 +42,42 @@ def test_a_taken_dashboard_port_is_replaced_by_a_free_one_and_said_so():
 
 def test_tests_do_not_start_the_dashboard_by_default():
     assert LocalOptions(preset("tiny")).dashboard is False
+
+
+def _spawned_peers(opts, monkeypatch, n):
+    swarm = LocalSwarm(opts)
+    swarm.maddrs = ["/ip4/127.0.0.1/tcp/1/p2p/QmCoordinator"]
+    spawned = []
+    monkeypatch.setattr(swarm, "spawn", lambda name, args: spawned.append((name, args)))
+    for stage in range(n):
+        swarm.start_peer(stage)
+    return spawned
+
+
+def test_devices_are_given_to_peers_round_robin(tmp_path, monkeypatch):
+    opts = LocalOptions(preset("tiny", stages=3), workdir=str(tmp_path), devices="cuda:0,cuda:1")
+    spawned = _spawned_peers(opts, monkeypatch, 3)
+    assert [args[args.index("--device") + 1] for _, args in spawned] == ["cuda:0", "cuda:1", "cuda:0"]
+    plain = _spawned_peers(LocalOptions(preset("tiny"), workdir=str(tmp_path), device="cuda"), monkeypatch, 3)
+    assert [args[args.index("--device") + 1] for _, args in plain] == ["cuda"] * 3
+    with pytest.raises(ValueError, match="'gpu0', which is not a torch device"):
+        parse_devices("cuda:0,gpu0")
+
+
+def test_a_placement_prefixes_each_command_and_names_its_address(tmp_path):
+    """The prefix really runs in front of the command (here: a program that prints what follows it)."""
+
+    class Echo(Loopback):
+        def prefix(self, name):
+            return [sys.executable, "-c", "import sys; print('placed', sys.argv[1:])", name]
+
+        def host(self, name):
+            return "10.0.0.7"
+
+    swarm = LocalSwarm(LocalOptions(preset("tiny"), workdir=str(tmp_path)), Echo())
+    swarm.maddrs = ["/ip4/10.0.0.1/tcp/1/p2p/QmCoordinator"]
+    proc = swarm.start_peer(1)
+    assert proc.wait(timeout=30) == 0
+    line = (tmp_path / "stage1.log").read_text()
+    assert line.startswith("placed ['stage1', ") and "'-m', 'swarm.cli', 'peer'" in line
+    assert "'--host-maddrs', '/ip4/10.0.0.7/tcp/0'" in line

@@ -1,14 +1,14 @@
-"""LinkShaper timing (virtual clock, plus one real-loop ratio check) and the CLI parsers."""
+"""LinkShaper and HomeLink timing on a virtual clock (no wall-clock figures), and the CLI parsers."""
 
 from __future__ import annotations
 
 import asyncio
 import heapq
 import itertools
-import time
 
 import pytest
 
+from swarm.net.home_link import DownlinkShaper, HomeLink, Packets
 from swarm.net.shaper import MIN_BUCKET_BYTES, LinkShaper, parse_bandwidth, parse_latency
 
 
@@ -59,22 +59,46 @@ async def test_latency_is_added_exactly_once():
     shaper = LinkShaper(8e6, 0.020, clock=clock, sleep=clock.sleep)
     (done,) = await clock.run(timed(clock, shaper, 1_000_000))
     assert done == pytest.approx(1.020, abs=1e-9)
-    assert len(clock.sleeps) == 1
+    assert clock.sleeps == [pytest.approx(1.0), pytest.approx(0.020)]  # serialization, then latency once
 
 
-async def test_concurrent_sends_queue_for_bandwidth_but_overlap_latency():
+async def test_concurrent_sends_share_the_bandwidth_and_overlap_latency():
+    """Frames in flight together share the rate (as interleaved TCP packets do): two 500 kB frames
+    at 8 Mbit/s both leave after 1 s; their latencies overlap."""
     clock = VirtualClock()
     shaper = LinkShaper(8e6, 0.0, clock=clock, sleep=clock.sleep)
     first, second = await clock.run(timed(clock, shaper, 500_000), timed(clock, shaper, 500_000))
-    assert first == pytest.approx(0.5, rel=0.01)
-    assert second == pytest.approx(1.0, rel=0.01)
+    assert (first, second) == (pytest.approx(1.0), pytest.approx(1.0))
 
     clock = VirtualClock()
     shaper = LinkShaper(8e6, 0.1, clock=clock, sleep=clock.sleep)
     first, second = await clock.run(timed(clock, shaper, 500_000), timed(clock, shaper, 500_000))
-    # Latency overlaps: the second message is not delayed by the first one's 0.1 s of flight.
-    assert first == pytest.approx(0.6, rel=0.01)
-    assert second == pytest.approx(1.1, rel=0.01)
+    # Latency overlaps: neither message is delayed by the other one's 0.1 s of flight.
+    assert (first, second) == (pytest.approx(1.1), pytest.approx(1.1))
+
+
+async def test_a_small_frame_is_not_stuck_behind_a_large_one():
+    """A 1 kB reply sent 0.1 s into a 1 MB transfer gets half the rate: it leaves ~2 ms later, and
+    the large frame finishes 1 ms after it would have alone."""
+    clock = VirtualClock()
+    shaper = LinkShaper(8e6, 0.0, clock=clock, sleep=clock.sleep)
+
+    async def later(nbytes: int, at: float) -> float:
+        await clock.sleep(at)
+        return await timed(clock, shaper, nbytes)
+
+    large, small = await clock.run(timed(clock, shaper, 1_000_000), later(1_000, 0.1))
+    assert small == pytest.approx(0.1 + 2 * 1_000 / 1e6)
+    assert large == pytest.approx(1.0 + 1_000 / 1e6)
+    assert shaper.in_flight == 0
+
+
+async def test_frames_of_different_sizes_leave_in_size_order():
+    clock = VirtualClock()
+    shaper = LinkShaper(8e6, 0.0, clock=clock, sleep=clock.sleep)
+    a, b, c = await clock.run(*(timed(clock, shaper, n) for n in (300_000, 100_000, 200_000)))
+    # three share until b leaves (3 x 100 kB), two until c (2 x 100 kB), then a alone (100 kB)
+    assert (b, c, a) == (pytest.approx(0.3), pytest.approx(0.5), pytest.approx(0.6))
 
 
 async def test_idle_link_earns_at_most_one_bucket_of_burst():
@@ -108,16 +132,89 @@ async def test_unlimited_bandwidth_still_has_latency():
     assert (first, second) == (pytest.approx(0.05), pytest.approx(0.05))
 
 
-async def test_real_loop_time_scales_with_bytes():
-    async def measure(nbytes: int) -> float:
-        shaper = LinkShaper(8e6, 0.0)  # fresh, empty bucket each time
-        start = time.monotonic()
-        await shaper.transmit(nbytes)
-        return time.monotonic() - start
+async def test_time_scales_with_bytes():
+    clock = VirtualClock()
+    shapers = [LinkShaper(8e6, 0.0, clock=clock, sleep=clock.sleep) for _ in range(2)]
+    one, four = await clock.run(timed(clock, shapers[0], 100_000), timed(clock, shapers[1], 400_000))
+    assert (one, four) == (pytest.approx(0.1), pytest.approx(0.4))
 
-    one = await measure(60_000)
-    four = await measure(240_000)
-    assert 3.0 <= four / one <= 5.5, (one, four)
+
+def home(clock: VirtualClock, bandwidth: str = "8mbit", latency: str = "0", packets=None) -> HomeLink:
+    """A HomeLink on the virtual clock; frame bytes alone unless `packets` says how they become packets."""
+    return HomeLink.from_strings(bandwidth, latency, packets=packets, clock=clock, sleep=clock.sleep)
+
+
+async def sent(clock: VirtualClock, link: HomeLink, nbytes: int, at: float = 0.0) -> float:
+    await clock.sleep(at)
+    await link.send(nbytes)
+    return clock.now
+
+
+async def received(clock: VirtualClock, link: HomeLink, nbytes: int, at: float) -> float:
+    """A frame whose last byte reaches this peer at `at` (the sender's uplink and latency done)."""
+    await clock.sleep(at)
+    await link.receive(nbytes)
+    return clock.now
+
+
+async def test_every_frame_a_peer_sends_shares_its_one_uplink():
+    """Two frames to two destinations (or a request and a reply): one uplink, so they queue."""
+    clock = VirtualClock()
+    link = home(clock, latency="20ms")
+    to_a, to_b = await clock.run(sent(clock, link, 500_000), sent(clock, link, 500_000))
+    assert (to_a, to_b) == (pytest.approx(1.020), pytest.approx(1.020))  # 1 MB through one 1 MB/s uplink
+
+
+async def test_one_stream_pays_the_downlink_nothing_extra():
+    """Frames arriving back to back at the uplink's rate: the downlink (same rate) keeps up."""
+    clock = VirtualClock()
+    link = home(clock)
+    frames = [received(clock, link, 500_000, at=0.5 * (i + 1)) for i in range(4)]
+    assert await clock.run(*frames) == [pytest.approx(0.5 * (i + 1)) for i in range(4)]
+
+
+async def test_two_senders_share_one_downlink():
+    """Two 1 MB frames from two senders, each at 8 Mbit/s, both fully sent at t = 1 s: the receiver's
+    8 Mbit/s downlink carried (a burst plus) 1 MB by then, the second megabyte takes ~1 s more."""
+    clock = VirtualClock()
+    link = home(clock)
+    first, second = await clock.run(received(clock, link, 1_000_000, 1.0), received(clock, link, 1_000_000, 1.0))
+    assert first == pytest.approx(1.0)
+    assert second == pytest.approx(2.0 - MIN_BUCKET_BYTES / 1e6)
+
+
+async def test_packets_take_headers_and_acknowledgements_take_the_other_side():
+    """1 MB in 1448-byte segments: 691 headers of 66 bytes on the sender's uplink; the receiver
+    acknowledges every second segment (346 bare ACKs) on its uplink."""
+    packets = Packets()
+    assert packets.on_line(1_000_000) == 1_000_000 + 691 * 66 and packets.acks(1_000_000) == 346 * 66
+    clock = VirtualClock()
+    sender, receiver = home(clock, packets=packets), home(clock, packets=packets)
+    (done,) = await clock.run(sent(clock, sender, 1_000_000))
+    assert done == pytest.approx(packets.on_line(1_000_000) / 1e6)
+    await clock.run(received(clock, receiver, 1_000_000, at=0.0))
+    assert receiver.stats()["uplink_bytes"] == 346 * 66 and receiver.stats()["downlink_bytes"] == 1_045_606
+    assert sender.stats()["downlink_bytes"] == 346 * 66  # its ACKs came back on its downlink
+
+
+async def test_acknowledgements_take_their_share_of_the_uplink():
+    clock = VirtualClock()
+    shaper = LinkShaper(8e6, 0.0, clock=clock, sleep=clock.sleep)
+    shaper.occupy(500_000)  # nobody waits for these bytes, but they share the line
+    (done,) = await clock.run(timed(clock, shaper, 500_000))
+    assert done == pytest.approx(1.0) and shaper.in_flight == 0 and shaper.bytes == 1_000_000
+
+
+async def test_busy_time_is_bytes_at_the_line_rate():
+    clock = VirtualClock()
+    link = home(clock)
+    await clock.run(sent(clock, link, 1_000_000), sent(clock, link, 30_000, at=10.0),
+                    received(clock, link, 500_000, at=3.0))
+    assert link.uplink.busy_s == pytest.approx(1.03)  # a burst's bytes take line time too
+    assert link.downlink.busy_s == pytest.approx(0.5)
+    assert link.stats() == {"uplink_bytes": 1_030_000, "uplink_busy_s": pytest.approx(1.03),
+                            "downlink_bytes": 500_000, "downlink_busy_s": pytest.approx(0.5)}
+    assert home(clock, "unlimited").unlimited and not home(clock).unlimited
 
 
 @pytest.mark.parametrize(
@@ -169,4 +266,6 @@ def test_shaper_rejects_nonsense():
     with pytest.raises(ValueError):
         LinkShaper(1e6, -0.1)
     with pytest.raises(ValueError):
-        LinkShaper(1e6).delay_for(-1)
+        asyncio.run(LinkShaper(1e6).transmit(-1))
+    with pytest.raises(ValueError):
+        DownlinkShaper(1e6).queue_delay_for(-1)

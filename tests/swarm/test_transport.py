@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import pytest
 from hivemind.p2p import P2P, PeerID
 
-from swarm.net.shaper import LinkShaper
+from swarm.net.home_link import HomeLink
 from swarm.net.transport import REPLY_OVERHEAD, REQUEST_OVERHEAD, Transport, TransportError
 
 LOCAL = ["/ip4/127.0.0.1/tcp/0"]
@@ -206,17 +206,62 @@ async def test_stalled_sender_is_refused_after_the_server_timeout(pair):
     await assert_still_serving(pair)
 
 
+class RecordingLink(HomeLink):
+    """A HomeLink that also records every frame the transport passes through it."""
+
+    def __init__(self, bandwidth: str | None, latency: str = "0") -> None:
+        link = HomeLink.from_strings(bandwidth, latency)
+        super().__init__(link.uplink, link.downlink)
+        self.frames: list[tuple[str, int]] = []
+
+    async def send(self, nbytes: int) -> None:
+        self.frames.append(("send", nbytes))
+        await super().send(nbytes)
+
+    async def receive(self, nbytes: int) -> None:
+        self.frames.append(("receive", nbytes))
+        await super().receive(nbytes)
+
+
+async def test_every_frame_in_and_out_goes_through_the_peers_one_link(pair):
+    client_link, server_link = RecordingLink(None), RecordingLink(None)
+    client = Transport(pair.client_p2p, "linked", link=client_link)
+    server = Transport(pair.server_p2p, "linked", link=server_link)
+    await server.serve("echo", echo)
+    try:
+        await client.request(pair.server_id, "echo", b"q" * 1000)
+        await client.request(pair.server_id, "echo", b"r" * 10)
+    finally:
+        await client.close()
+        await server.close()
+    request, reply = 1000 + REQUEST_OVERHEAD, 1000 + REPLY_OVERHEAD
+    small_request, small_reply = 10 + REQUEST_OVERHEAD, 10 + REPLY_OVERHEAD
+    assert client_link.frames == [("send", request), ("receive", reply), ("send", small_request),
+                                  ("receive", small_reply)]
+    assert server_link.frames == [("receive", request), ("send", reply), ("receive", small_request),
+                                  ("send", small_reply)]
+    on_line, acks = client_link.packets.on_line, client_link.packets.acks
+    assert client_link.stats()["uplink_bytes"] == on_line(request) + on_line(small_request) + acks(reply) \
+        + acks(small_reply)
+
+
 async def test_concurrent_requests_and_shaping(pair):
-    shaped = Transport(pair.client_p2p, "test", shaper_factory=lambda: LinkShaper(8e6, 0.05))
+    link = RecordingLink("8mbit", "50ms")
+    shaped = Transport(pair.client_p2p, "test", link=link)
     bodies = [bytes([i]) * 100_000 for i in range(4)]
     loop = asyncio.get_running_loop()
     start = loop.time()
     replies = await asyncio.gather(*(shaped.request(pair.server_id, "echo", b) for b in bodies))
     elapsed = loop.time() - start
     assert replies == bodies
-    # 4 x 100 kB at 1 MB/s queue on one link: >= 0.4 s of serialization plus 50 ms latency.
+    # 4 x 100 kB at 1 MB/s queue on the one uplink: >= 0.4 s of serialization plus 50 ms latency,
+    # and the 4 replies then queue on the one downlink behind each other.
     assert elapsed >= 0.4 + 0.05 - 0.01
-    assert shaped.shaper_for(pair.server_id) is shaped.shaper_for(pair.server_id)
+    # line bytes at 1 MB/s: the four request frames in packets, and the acknowledgements of the replies
+    packets = link.packets
+    line = 4 * packets.on_line(100_000 + REQUEST_OVERHEAD) + 4 * packets.acks(100_000 + REPLY_OVERHEAD)
+    assert link.uplink.busy_s == pytest.approx(line / 1e6)
+    assert sorted(n for d, n in link.frames if d == "receive") == [100_000 + REPLY_OVERHEAD] * 4
     await shaped.close()
 
 

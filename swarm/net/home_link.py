@@ -1,0 +1,154 @@
+"""A peer's home connection: one uplink and one downlink, each shared by all its traffic.
+
+`swarm/net/transport.py` calls `HomeLink.send(nbytes)` before it writes any frame (request or
+reply, to any peer) and `HomeLink.receive(nbytes)` after it has read one.
+
+The uplink is a `LinkShaper` (shaper.py: fair sharing among frames in flight, burst, latency).
+The downlink (`DownlinkShaper`) is a token bucket of its own bandwidth that every received
+frame passes through. A frame's bytes flow into the downlink while they leave the sender's
+uplink, so its own n / rate of downlink time overlaps the sender's serialization (exactly,
+when the sender's uplink is no faster than this downlink: equal rates, or a home line's
+faster downlink); what the receiver waits for on top is the downlink's backlog, i.e. frames
+from other senders that arrived before it. One stream costs nothing extra; two senders into
+one downlink share it.
+
+Packets (`Packets`): a home line's rate counts IP packets, not our frames. A frame of n bytes
+takes n + ceil(n / mss) * header bytes of the line (TCP/IPv4 with timestamps in Ethernet
+frames: mss 1448, header 66, what tc counts on a veth), and the receiving side sends back one
+bare acknowledgement (header bytes) per two segments on its uplink, which the sender's
+downlink carries. Both take line time and are counted in `stats()`; the transport's own
+counters keep counting frames (the wire format's bytes).
+"""
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from .shaper import BUCKET_SECONDS, MIN_BUCKET_BYTES, LinkShaper, parse_bandwidth
+
+__all__ = ["DownlinkShaper", "HomeLink", "Packets"]
+
+
+@dataclass(frozen=True)
+class Packets:
+    """How frames become packets on the line (module docstring)."""
+
+    mss: int = 1448  # payload bytes per segment: 1500 MTU - 20 IPv4 - 32 TCP with timestamps
+    header: int = 66  # 14 Ethernet + 20 IPv4 + 32 TCP, per segment; also the size of a bare ACK
+    segments_per_ack: int = 2  # delayed ACKs
+
+    def on_line(self, nbytes: int) -> int:
+        """Line bytes of a frame: payload plus one header per segment."""
+        return nbytes + math.ceil(nbytes / self.mss) * self.header
+
+    def acks(self, nbytes: int) -> int:
+        """Line bytes of the acknowledgements that receiving a frame sends back."""
+        return math.ceil(nbytes / (self.mss * self.segments_per_ack)) * self.header
+
+
+class DownlinkShaper:
+    """One emulated incoming link: a token bucket whose backlog received frames wait out."""
+
+    def __init__(
+        self,
+        bandwidth_bps: float | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
+    ) -> None:
+        self._rate = None if bandwidth_bps is None else parse_bandwidth(float(bandwidth_bps)) / 8  # bytes/s
+        self.depth = 0.0 if self._rate is None else max(float(MIN_BUCKET_BYTES), self._rate * BUCKET_SECONDS)
+        self._clock, self._sleep = clock, sleep
+        self._tokens = 0.0
+        self._updated = clock()
+        self.bytes = 0
+
+    @property
+    def unlimited(self) -> bool:
+        return self._rate is None
+
+    @property
+    def busy_s(self) -> float:
+        return 0.0 if self._rate is None else self.bytes / self._rate
+
+    def queue_delay_for(self, nbytes: int) -> float:
+        """Take `nbytes` from the bucket now; returns the wait beyond the frame's own n / rate,
+        which overlapped the sender's uplink: the backlog of frames that arrived before it."""
+        if nbytes < 0:
+            raise ValueError(f"cannot receive a negative number of bytes ({nbytes}).")
+        self.bytes += nbytes
+        if self._rate is None:
+            return 0.0
+        now = self._clock()
+        self._tokens = min(self.depth, self._tokens + max(0.0, now - self._updated) * self._rate)
+        self._updated = now
+        backlog = max(0.0, -self._tokens)
+        self._tokens -= nbytes
+        return backlog / self._rate
+
+    async def receive(self, nbytes: int) -> None:
+        delay = self.queue_delay_for(nbytes)
+        if delay > 0.0:
+            await self._sleep(delay)
+
+    def occupy(self, nbytes: int) -> None:
+        """Bytes that use the line but that nobody waits for (acknowledgements)."""
+        self.queue_delay_for(nbytes)
+
+
+class HomeLink:
+    """One peer's home connection: an uplink shared by every frame it sends (with the one-way
+    latency) and a downlink shared by every frame it receives (module docstring)."""
+
+    def __init__(self, uplink: LinkShaper, downlink: DownlinkShaper, packets: Packets | None = Packets()) -> None:
+        self.uplink, self.downlink, self.packets = uplink, downlink, packets
+
+    @classmethod
+    def from_strings(
+        cls,
+        bandwidth: str | None,
+        latency: str | None = "0",
+        downlink: str | None = None,
+        *,
+        packets: Packets | None = Packets(),
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
+    ) -> HomeLink:
+        """From CLI-style strings, e.g. ("80mbit", "20ms"); the downlink has the uplink's bandwidth
+        unless `downlink` names its own. `packets=None` shapes frame bytes alone."""
+        up = LinkShaper.from_strings(bandwidth, latency, clock=clock, sleep=sleep)
+        down = DownlinkShaper(parse_bandwidth(bandwidth if downlink is None else downlink), clock=clock, sleep=sleep)
+        return cls(up, down, packets)
+
+    @property
+    def unlimited(self) -> bool:
+        return self.uplink.unlimited and self.downlink.unlimited
+
+    async def send(self, nbytes: int) -> None:
+        """Wait until a frame of `nbytes` sent now would have arrived (serialization + latency);
+        its acknowledgements come back on the downlink."""
+        if self.packets is None:
+            await self.uplink.transmit(nbytes)
+            return
+        self.downlink.occupy(self.packets.acks(nbytes))
+        await self.uplink.transmit(self.packets.on_line(nbytes))
+
+    async def receive(self, nbytes: int) -> None:
+        """Wait while the downlink is still busy with frames that arrived before this one; the
+        acknowledgements of this one go out on the uplink."""
+        if self.packets is None:
+            await self.downlink.receive(nbytes)
+            return
+        self.uplink.occupy(self.packets.acks(nbytes))
+        await self.downlink.receive(self.packets.on_line(nbytes))
+
+    def stats(self) -> dict[str, float]:
+        """Line bytes (packets, acknowledgements included) and busy seconds per direction."""
+        return {"uplink_bytes": self.uplink.bytes, "uplink_busy_s": self.uplink.busy_s,
+                "downlink_bytes": self.downlink.bytes, "downlink_busy_s": self.downlink.busy_s}
+
+    def __repr__(self) -> str:
+        return f"HomeLink(up={self.uplink!r}, down={self.downlink!r})"
