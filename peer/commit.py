@@ -6,7 +6,6 @@ The step driver sends every peer of every stage a command (protocol/control.py):
     reduce  exchange gradient sums with the named candidate replicas of this stage and keep
             their total; the reply names whose contributions were summed;
     apply   take the optimizer step with that total;
-    commit  reduce and apply at once (the driver sends it when every stage has one replica);
     abort   drop the partial work of a failed attempt.
 
 The all-reduce: every replica sends its contribution (its microbatches and the flat sum of
@@ -99,11 +98,9 @@ class StepCommit:
             return self._reply(cmd, "ok")
         if cmd.attempt < d.attempt:
             return self._reply(cmd, "failed", "the attempt was superseded here.")
-        if cmd.op in ("reduce", "commit"):
+        if cmd.op == "reduce":
             await d.adopt_attempt(cmd.attempt)
-            reduced = await self._reduce(cmd)
-            if cmd.op == "reduce" or reduced.outcome != "ok":
-                return reduced
+            return await self._reduce(cmd)
         return await self._apply(cmd)
 
     def _reply(self, cmd: Command, outcome: str, reason: str = "") -> CommandReply:

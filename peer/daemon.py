@@ -197,8 +197,9 @@ class StageDaemon:
         if h.attempt < self.attempt:
             return "the message belongs to an attempt that was superseded.", "stale"
         if h.attempt > self.attempt:
-            # only the step driver's commands start an attempt here; its messages may overtake them
-            return "the message belongs to an attempt that has not started here; retry shortly.", "retry"
+            # the driver started a new attempt (its abort may not have reached this peer): follow it. Only
+            # the leading head may send stage 1 activations, and only its attempts travel downstream.
+            await self.adopt_attempt(h.attempt)
         return None
 
     async def admitted(self, sender: str, kind: str) -> bytes | None:

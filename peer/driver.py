@@ -56,13 +56,14 @@ class StepDriver:
     def __init__(self, daemon: StageDaemon, commit: StepCommit, directory: PeerDirectory,
                  batches: Callable[[int, int], torch.Tensor], *, min_timeout: float = 5.0,
                  first_timeout: float = 120.0, command_timeout: float = 90.0, ping_period: float = 1.0,
-                 ping_failures: int = 3) -> None:
+                 ping_failures: int = 3, takeover_wait: float = 60.0) -> None:
         if not daemon.runner.is_first:
             raise ValueError("only a head peer drives steps.")
         self.daemon, self.commit, self.directory, self.batches = daemon, commit, directory, batches
         self.runner, self.spec, self.peer_id = daemon.runner, daemon.spec, daemon.peer_id
         self.min_timeout, self.first_timeout = min_timeout, first_timeout
         self.command_timeout, self.ping_period, self.ping_failures = command_timeout, ping_period, ping_failures
+        self.takeover_wait = takeover_wait
         self._step_seconds: float | None = None  # EWMA of a step's microbatch phase
         self._dead: dict[str, float] = {}  # heads that stopped answering -> when we may try them again
         self._leading = False
@@ -99,9 +100,15 @@ class StepDriver:
             if self.runner.step != step and failures == 0:
                 return  # the swarm moves on under the leader: look again
             await asyncio.sleep(self.ping_period)  # the ping interval of a standby head
-        log.warning("head %s stopped answering; the next head in line takes over", leader[-8:])
+        log.warning("head %s stopped answering; the next head in line takes over once its announcement is gone",
+                    leader[-8:])
         self._dead[leader] = time.monotonic() + 60.0
         self.directory.report_failure(leader)
+        # every peer follows the lowest live head it sees: lead only once the others can see that
+        # the old leader is gone too (its announcement expires, or it said it leaves), or they refuse us
+        deadline = time.monotonic() + self.takeover_wait
+        while any(p.peer_id == leader for p in await self.directory.members(0)) and time.monotonic() < deadline:
+            await asyncio.sleep(0.5)  # poll the directory until the old leader's announcement is gone
 
     async def _take_over(self) -> bool:
         """Becoming the leader: finish a step the old leader left half-applied, or start a fresh
@@ -208,19 +215,9 @@ class StepDriver:
         groups: dict[int, list[str]] = {}
         for peer, stage in members.items():
             groups.setdefault(stage, []).append(peer)
-        # one replica per stage: reduce and apply in one round trip (a lone replica's reduce cannot fail)
-        op = "commit" if all(len(g) == 1 for g in groups.values()) else "reduce"
-        cmds = {peer: Command(self.spec.run_hash, step, attempt, op, sorted(groups[stage]))
+        cmds = {peer: Command(self.spec.run_hash, step, attempt, "reduce", sorted(groups[stage]))
                 for peer, stage in members.items()}
         replies = dict(zip(cmds, await asyncio.gather(*(self._send(p, c) for p, c in cmds.items()))))
-        if op == "commit":
-            if replies[self.peer_id].outcome != "ok":
-                raise AttemptFailed(f"this head could not commit: {replies[self.peer_id].reason}")
-            for p, r in replies.items():
-                if r.outcome != "ok":  # its only peer died since its backward: the stage waits for a new one
-                    log.warning("stage %d did not commit step %d (%s); it has no replica to catch up from",
-                                members[p], step + 1, r.reason or r.outcome)
-            return
         appliers = []
         for stage in range(self.spec.n_stages):
             oks = {p: r for p, r in replies.items() if members[p] == stage and r.outcome == "ok"}
@@ -232,9 +229,18 @@ class StepDriver:
                 raise AttemptFailed(f"the replicas of stage {stage} summed different contributions")
             appliers += list(oks)
         applied = await self._broadcast({p: members[p] for p in appliers}, "apply", step, attempt)
-        for stage in range(self.spec.n_stages):
-            if not any(r.outcome == "ok" for p, r in applied.items() if members[p] == stage):
-                raise AttemptFailed(f"no replica of stage {stage} applied the step")
+        # every stage has reduced: from here the step must be applied everywhere. A stage whose
+        # replicas all failed to apply (a refusal while views of the leader settle, a lost reply)
+        # is asked again for a while: it holds the sum, and applying twice is answered "ok"
+        deadline = time.monotonic() + self.command_timeout
+        while missing := [s for s in range(self.spec.n_stages)
+                          if not any(r.outcome == "ok" for p, r in applied.items() if members[p] == s)]:
+            if time.monotonic() > deadline:
+                raise AttemptFailed(f"stage{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} did not "
+                                    f"apply the step")
+            await asyncio.sleep(0.5)  # let the view of who leads settle before asking again
+            retry = {p: members[p] for p in appliers if members[p] in missing}
+            applied.update(await self._broadcast(retry, "apply", step, attempt))
         for p, r in applied.items():
             if r.outcome != "ok":
                 log.warning("replica %s of stage %d did not apply step %d (%s); it will catch up",

@@ -11,10 +11,8 @@ microbatch's gradient is back (docs/design.md section 3):
 Maps (short keys; tensors are wire.py's ExtType):
 
     Command       {k: "ctl", r: run, s: step, a: attempt, o: op, c: [peer ids]}
-                  op in status | reduce | apply | abort | commit; c: for reduce, the candidate
-                  replicas of the receiver's stage (it exchanges contributions with those);
-                  commit = reduce, then apply at once (only when every stage has one replica:
-                  a lone replica's reduce cannot fail, so nothing can half-apply)
+                  op in status | reduce | apply | abort; c: for reduce, the candidate replicas
+                  of the receiver's stage (it exchanges contributions with those)
     CommandReply  {k: "ctlr", s: step, a: attempt, o: outcome, m: [microbatches], x: {peer: [mb]}, e: text}
                   outcome in ok | behind | ahead | failed; m: what this replica computed in the
                   attempt; x: after a reduce, whose contributions it summed
@@ -38,7 +36,7 @@ import torch
 
 from .wire import KIND_CONTROL, KIND_FOLLOW, KIND_REDUCE, KIND_STATE, WireError, _ext_hook, _need, _pack_tensor
 
-OPS = ("status", "reduce", "apply", "abort", "commit")
+OPS = ("status", "reduce", "apply", "abort")
 OUTCOMES = ("ok", "behind", "ahead", "failed")
 STATE_OPS = ("meta", "chunk")
 MAX_GROUP = 64  # replicas of one stage that one command may name

@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import time
 
-from hivemind.utils import get_dht_time
-
 from protocol.wire import (
     KIND_ACTIVATION,
     KIND_BASIS,
@@ -54,10 +52,10 @@ class Membership:
                 KIND_REDUCE: (s, LIVE_STATES + ("syncing",)), KIND_FOLLOW: (s, LIVE_STATES)}.get(kind)
 
     async def _leader(self) -> str | None:
-        """The lowest peer id among live heads whose announcement is fresh: a head that died
-        stops re-announcing (every ttl/3), so its successor is followed after ttl/2, not ttl."""
-        now = get_dht_time()
-        heads = [a.peer_id for a in await self.router.live_peers(0) if now - a.timestamp <= self.router.ttl / 2]
+        """The lowest peer id among the live heads this peer has not seen fail (a head that died is
+        followed by its successor once this peer's router failed to reach it, or its
+        announcement expired, or it announced that it leaves)."""
+        heads = [a.peer_id for a in await self.router.live_peers(0)]
         return min(heads) if heads else None
 
     async def check(self, sender: str, kind: str) -> str | None:

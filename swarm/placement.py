@@ -1,8 +1,8 @@
 """Which stage a peer serves: the choice at join time and the periodic re-check.
 
 Joining with `--stage auto` (as Petals' `choose_best_blocks` / `should_choose_other_blocks`
-do for blocks): take the stage with the fewest peers, then the lowest total throughput (ties
-broken at random), announce "joining" there, wait a random moment, and look again: peers
+do for blocks): take the stage with the fewest peers, then the lowest total throughput (ties:
+the earliest stage), announce "joining" there, wait a random moment, and look again: peers
 that started at the same time saw the same empty directory and may have piled onto one
 stage. If a stage is still empty while ours has two or more peers, the joining peer with the
 highest id among ours moves to it (one mover per stage per round, deterministic, so two never
@@ -57,7 +57,7 @@ async def choose_stage(router: Router, spec: RunSpec, requested: str, rng: rando
     peers = await directory(router, spec.n_stages)
     loads = {s: _load([a for a in anns if a.peer_id != router.peer_id]) for s, anns in peers.items()}
     best = min(loads.values())
-    stage = rng.choice([s for s, load in loads.items() if load == best])
+    stage = min(s for s, load in loads.items() if load == best)  # ties: the earliest stage (a lone first peer heads)
     for _ in range(rounds):
         await router.announce(PeerStatus(stage, "joining"))
         await asyncio.sleep(rng.uniform(*jitter))  # deliberate jitter: simultaneous joiners look at different moments

@@ -28,8 +28,8 @@ async def test_live_peers_refuse_bad_input_and_their_state_does_not_change(make_
     peers = {s: swarm.start_peer(s, "--checkpoint-dir", str(ck)) for s in (1, 2)}
     ids = {s: (await asyncio.to_thread(wait_for_event, swarm, f"stage{s}", "ready"))[0]["peer_id"] for s in (1, 2)}
     async with Attacker(maddrs) as stranger:
-        for s in (1, 2):
-            for kind in (KIND_ACTIVATION, KIND_GRADIENT):
+        for s, kinds in ((1, (KIND_ACTIVATION, KIND_GRADIENT)), (2, (KIND_ACTIVATION,))):
+            for kind in kinds:
                 code, reason = await stranger.send(ids[s], kind, GARBAGE)
                 assert code not in ("accepted", "transport") and "only peers announced" in reason, (s, kind, reason)
     async with Attacker(maddrs) as a:
@@ -51,7 +51,7 @@ async def test_live_peers_refuse_bad_input_and_their_state_does_not_change(make_
             "wrong run hash": (act(run="0123456789abcdef"), "run"),
             "wrong basis version": (act(basis_version=3), "basis version"),
             "far future step": (act(step=7), "not for the step"),
-            "future attempt": (act(attempt=5), "retry"),
+            "next step": (act(step=1), "not for the step"),
             "wrong stage": (act(stage=1), "stage"),
             "enormous values": (act(scale=1e30), "out of range"),
             "after a ban": (act(), "banned"),  # the enormous values got this sender banned
