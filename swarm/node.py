@@ -51,7 +51,8 @@ class PeerOptions:
                                    required=True)
     stage: str = opt("auto", "stage to host, or auto (the least covered)")
     device: str = opt("cpu", "torch device, e.g. cuda:0")
-    steps: int | None = opt(None, "head only: stop after this many steps (default: run until stopped)")
+    steps: int | None = opt(None, "head only: train until the swarm has done this many steps, counted from the "
+                            "start of the run (default: until stopped)")
     linger: bool = opt(False, "head only: after --steps, keep serving (e.g. for `swarm export --initial-peers`) "
                        "until stopped")
     data: str | None = opt(None, "head only: text file or folder (default: embedded corpus)", metavar="PATH")

@@ -44,6 +44,17 @@ class Attacker:
                                 step=step)
         assert await self.sdht.announce(ann, 60)
 
+    async def until_member(self, peer: str, kind: str, timeout: float = 60.0) -> None:
+        """Wait until `peer` counts this node as a member for `kind` (its view of the DHT has caught
+        up with our announcement): probe with a message it must refuse for another reason."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            code, reason = await self.send(peer, kind, b"\x93\xc1probe")
+            if "only peers announced" not in reason:
+                return
+            assert asyncio.get_running_loop().time() < deadline, f"{peer[-8:]} never saw our announcement"
+            await asyncio.sleep(0.2)  # poll: announcements take a moment to reach the peer
+
     async def send(self, peer: str, kind: str, body: bytes) -> tuple[str, str]:
         """("accepted" | the refusal code | "transport", text) for one message."""
         try:

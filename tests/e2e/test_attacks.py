@@ -70,6 +70,8 @@ async def test_attacks_are_refused_while_the_swarm_trains_exactly_like_the_oracl
             await a.transport.serve(KIND_ACTIVATION, hostile_replica)
             for stage in (0, 1, 2):
                 await a.announce(stage)
+            await a.until_member(ids[2], KIND_ACTIVATION)
+            await a.until_member(ids[1], KIND_REDUCE)
             step = len(swarm.step_events()[0])
             # garbage to every handler of every stage
             for s, peer in enumerate(ids):

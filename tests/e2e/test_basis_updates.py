@@ -140,7 +140,7 @@ async def test_restarted_head_comes_back_on_the_current_basis(tmp_path):
         before = [e for e in swarm.events("head") if e["event"] == "step"]
         assert before[-1]["basis_version"] == 2, "two updates (effective at steps 8 and 13) were expected"
 
-        swarm.start_peer(0, "--steps", "4", "--checkpoint-dir", str(ckpt), "--resume", name="head2")
+        swarm.start_peer(0, "--steps", "17", "--checkpoint-dir", str(ckpt), "--resume", name="head2")  # 4 more
         after = await asyncio.to_thread(wait_for_event, swarm, "head2", "step", 180, 4)
     finally:
         await asyncio.to_thread(swarm.stop)

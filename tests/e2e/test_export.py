@@ -78,7 +78,7 @@ def test_export_a_trained_subspace_swarm(make_swarm, tmp_path):
     shutil.copytree(ck, resumed)
     for s in (1, 2):
         swarm.start_peer(s, "--checkpoint-dir", str(resumed), "--resume", name=f"again{s}")
-    swarm.start_peer(0, "--checkpoint-dir", str(resumed), "--resume", "--steps", "1", name="again0")
+    swarm.start_peer(0, "--checkpoint-dir", str(resumed), "--resume", "--steps", str(STEPS + 1), name="again0")
     wait_for_event(swarm, "again0", "done", timeout=240)
     (step,) = [e for e in swarm.events("again0") if e["event"] == "step"]
     assert step["step"] == STEPS + 1
