@@ -67,11 +67,19 @@ class StepDriver:
         self._step_seconds: float | None = None  # EWMA of a step's microbatch phase
         self._dead: dict[str, float] = {}  # heads that stopped answering -> when we may try them again
         self._leading = False
+        self._applying: asyncio.Task | None = None  # telling the other peers to apply the last step
         self.paused: list[int] = []  # stages without a live peer while paused, else []
 
     # ------------------------------------------------------------------ leading and standing by
     async def drive(self, until: int | None, on_step: Callable[[StepLog], None]) -> None:
         """Drive steps while this head leads, stand by otherwise, until the swarm reaches `until`."""
+        try:
+            await self._drive(until, on_step)
+        finally:
+            if self._applying is not None:  # the last step is applied everywhere before this head leaves
+                await asyncio.gather(self._applying, return_exceptions=True)
+
+    async def _drive(self, until: int | None, on_step: Callable[[StepLog], None]) -> None:
         while until is None or self.runner.step < until:
             leader = await self._leader()
             if leader != self.peer_id:
@@ -228,23 +236,36 @@ class StepDriver:
             if len(agreed) != 1:
                 raise AttemptFailed(f"the replicas of stage {stage} summed different contributions")
             appliers += list(oks)
-        applied = await self._broadcast({p: members[p] for p in appliers}, "apply", step, attempt)
-        # every stage has reduced: from here the step must be applied everywhere. A stage whose
-        # replicas all failed to apply (a refusal while views of the leader settle, a lost reply)
-        # is asked again for a while: it holds the sum, and applying twice is answered "ok"
+        # every stage has reduced: from here the step must be applied everywhere. This head applies
+        # at once and goes on to the next step; the others are told meanwhile (their share of the
+        # next step waits for it), and a stage whose replicas all failed to apply (a refusal while
+        # views of the leader settle, a lost reply) is asked again for a while: it holds the sum,
+        # and applying twice is answered "ok"
+        if self.peer_id in appliers:
+            mine = await self._send(self.peer_id, Command(self.spec.run_hash, step, attempt, "apply"))
+            if mine.outcome != "ok":
+                raise AttemptFailed(f"this head could not apply the step: {mine.reason}")
+        others = {p: members[p] for p in appliers if p != self.peer_id}
+        self._applying = asyncio.create_task(self._apply_everywhere(others, step, attempt))
+
+    async def _apply_everywhere(self, peers: dict[str, int], step: int, attempt: int) -> None:
+        applied = await self._broadcast(peers, "apply", step, attempt)
         deadline = time.monotonic() + self.command_timeout
-        while missing := [s for s in range(self.spec.n_stages)
-                          if not any(r.outcome == "ok" for p, r in applied.items() if members[p] == s)]:
+        def missing() -> list[int]:  # stages with no replica that applied (this head applied stage 0's)
+            return sorted(set(peers.values()) - {0} - {peers[p] for p, r in applied.items() if r.outcome == "ok"})
+
+        while missing():
             if time.monotonic() > deadline:
-                raise AttemptFailed(f"stage{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} did not "
-                                    f"apply the step")
+                log.warning("stages %s did not apply step %d; without a replica that did, they have to be refilled",
+                            missing(), step + 1)
+                return
             await asyncio.sleep(0.5)  # let the view of who leads settle before asking again
-            retry = {p: members[p] for p in appliers if members[p] in missing}
-            applied.update(await self._broadcast(retry, "apply", step, attempt))
+            applied.update(await self._broadcast({p: s for p, s in peers.items() if s in missing()}, "apply", step,
+                                                 attempt))
         for p, r in applied.items():
             if r.outcome != "ok":
                 log.warning("replica %s of stage %d did not apply step %d (%s); it will catch up",
-                            p[-8:], members[p], step + 1, r.reason or r.outcome)
+                            p[-8:], peers[p], step + 1, r.reason or r.outcome)
 
     # ------------------------------------------------------------------ commands
     async def _broadcast(self, peers: dict[str, int], op: str, step: int, attempt: int) -> dict[str, CommandReply]:

@@ -341,6 +341,7 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--latency", default="0", help="throughput: one-way latency on the limited links")
     be.add_argument("--device", default="cpu", help="torch device (throughput: of every peer)")
     be.add_argument("--devices", help="throughput: comma-separated devices, one per peer in turn (e.g. cuda:0,cuda:1)")
+    be.add_argument("--codecs", help="throughput: comma-separated codecs to run (default: dense,subspace,bottleneck)")
     be.add_argument("--kernel-shaping", action="store_true",
                     help="throughput: also run each limited link with every process in its own network namespace "
                     "and tc tbf on its uplink and downlink (needs root; skipped with a message where not allowed)")

@@ -53,4 +53,4 @@ def _dispatch(a: argparse.Namespace) -> None:
         from .throughput import run_throughput_bench
         run_throughput_bench(a.out, preset_name=a.preset or "small", steps=a.steps or 20, bandwidth=a.bandwidth,
                              latency=a.latency, device=a.device, smoke=a.smoke, devices=a.devices, dtype=a.dtype,
-                             kernel_shaping=a.kernel_shaping, stages=a.stages)
+                             kernel_shaping=a.kernel_shaping, stages=a.stages, codecs=a.codecs)

@@ -81,8 +81,13 @@ def roofline(ceiling: float, bandwidth: str, peers: list[dict]) -> float:
 
 def run_throughput_bench(out_dir: str, preset_name: str = "small", steps: int = 20, bandwidth: str = "80mbit",
                          latency: str = "0", device: str = "cpu", smoke: bool = False, devices: str | None = None,
-                         dtype: str | None = None, kernel_shaping: bool = False, stages: int | None = None) -> dict:
-    codecs = CODECS[:2] if smoke else CODECS  # smoke: dense and subspace, enough to exercise it all
+                         dtype: str | None = None, kernel_shaping: bool = False, stages: int | None = None,
+                         codecs: str | None = None) -> dict:
+    chosen = tuple(c.strip() for c in codecs.split(",")) if codecs else CODECS
+    unknown = [c for c in chosen if c not in CODECS]
+    if unknown:
+        raise ValueError(f"--codecs takes {', '.join(CODECS)}, not {', '.join(unknown)}.")
+    codecs = chosen[:2] if smoke else chosen  # smoke: two codecs, enough to exercise it all
     if smoke:
         preset_name, steps = "tiny", 3
     bandwidths = [b.strip() for b in bandwidth.split(",")]
@@ -131,8 +136,9 @@ def _ratios(runs: list[dict], codecs: tuple[str, ...], bandwidths: list[str]) ->
     first = bandwidths[0]
     ratios = {f"{c}_limited_over_unlimited": tps[(c, first, "builtin")] / tps[(c, "unlimited", "none")]
               for c in codecs}
-    ratios.update({f"{c}_over_dense_limited": tps[(c, first, "builtin")] / tps[("dense", first, "builtin")]
-                   for c in codecs[1:]})
+    if ("dense", first, "builtin") in tps:  # dense may run in another invocation (--codecs)
+        ratios.update({f"{c}_over_dense_limited": tps[(c, first, "builtin")] / tps[("dense", first, "builtin")]
+                       for c in codecs if c != "dense"})
     for c in codecs:
         for b in bandwidths:
             if (c, b, "kernel") in tps:

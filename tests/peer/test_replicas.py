@@ -31,13 +31,19 @@ def assert_close(losses: list[float], want: list[float], rel: float) -> None:
 async def test_two_by_two_equals_the_oracle_and_replicas_stay_identical(codec, dtype, rel):
     spec = spec_for(codec, dtype)
     swarm = await make_swarm(spec, [2, 2])
-    hashes_equal = []
+    hashes_equal, checks = [], []
+
+    async def compare() -> None:  # once the driver has told every replica to apply the step
+        driver = next(p.driver for p in swarm.stage(0) if p.driver._leading)
+        await asyncio.gather(driver._applying, return_exceptions=True)
+        hashes_equal.append(all(len({param_hash(p.runner) for p in swarm.stage(s)}) == 1 for s in range(2)))
 
     def check(_log) -> None:
-        hashes_equal.append(all(len({param_hash(p.runner) for p in swarm.stage(s)}) == 1 for s in range(2)))
+        checks.append(asyncio.ensure_future(compare()))
 
     try:
         logs = await swarm.drive(STEPS, check)
+        await asyncio.gather(*checks)
     finally:
         await swarm.stop()
     assert [log.step for log in logs] == list(range(1, STEPS + 1))
