@@ -54,7 +54,7 @@ class AttemptFailed(RuntimeError):
 
 class StepDriver:
     def __init__(self, daemon: StageDaemon, commit: StepCommit, directory: PeerDirectory,
-                 batches: Callable[[int, int], torch.Tensor], *, min_timeout: float = 5.0,
+                 batches: Callable[[int, int], torch.Tensor], *, min_timeout: float = 15.0,
                  first_timeout: float = 120.0, command_timeout: float = 90.0, ping_period: float = 1.0,
                  ping_failures: int = 3, takeover_wait: float = 60.0) -> None:
         if not daemon.runner.is_first:
