@@ -59,7 +59,6 @@ class StepCommit:
         self._arrived = asyncio.Event()
         self.followers: dict[str, int] = {}  # replicas catching up from this one -> first step they need
         self.records: list = []  # StepRecords of the steps applied here
-        self._last: Reduced | None = None  # the last sum applied here, for a follower that asked just before
         self.on_applied: Callable[[int], None] | None = None  # called with the new step number
 
     def limits(self) -> FlatLimits:
@@ -112,6 +111,8 @@ class StepCommit:
     # ------------------------------------------------------------------ reduce
     async def _reduce(self, cmd: Command) -> CommandReply:
         d = self.daemon
+        if not any(p != self.peer_id for p in cmd.candidates):
+            return await self._reduce_alone(cmd)
         mbs, flat, stat = await d.run(self.runner.contribution)
         mine = Contribution(self.spec.run_hash, cmd.step, cmd.attempt, self.stage, mbs, flat, stat)
         body = encode_contribution(mine)
@@ -131,6 +132,16 @@ class StepCommit:
             return self._reply(cmd, "failed", "the attempt was superseded during the reduce.")
         await d.run(self.runner.set_reduced, reduced)
         self._inbox.pop((cmd.step, cmd.attempt), None)
+        return self._reply(cmd, "ok")
+
+    async def _reduce_alone(self, cmd: Command) -> CommandReply:
+        """The stage's only replica: its accumulated gradients are the sum. They stay where they
+        are (on the device); only that every microbatch went through it is checked."""
+        mbs = self.runner.microbatches_done()
+        if mbs != list(range(self.spec.n_microbatches)):
+            return self._reply(cmd, "failed", f"microbatches {sorted(set(range(self.spec.n_microbatches)) - set(mbs))}"
+                                              f" of the step did not go through this replica.")
+        await self.daemon.run(self.runner.set_reduced, Reduced(cmd.step, cmd.attempt, None, None, {self.peer_id: mbs}))
         return self._reply(cmd, "ok")
 
     async def _offer(self, peer: str, body: bytes) -> bool:
@@ -194,7 +205,6 @@ class StepCommit:
             return self._reply(cmd, "failed", "no reduced gradient is held for this attempt.")
         stats, record = await d.run(self._apply_job, cmd.step, cmd.attempt)
         self.records.append(record)
-        self._last = reduced
         self._forward_to_followers(reduced)
         d.stepped()
         if self.on_applied is not None:
@@ -204,18 +214,18 @@ class StepCommit:
         return CommandReply(cmd.step, cmd.attempt, "ok", [], reduced.contributors)
 
     def _apply_job(self, step: int, attempt: int):
+        if self.followers and self.runner.reduced.grads is None:  # a joiner needs the sum itself
+            _, flat, stat = self.runner.contribution()
+            self.runner.reduced.grads, self.runner.reduced.stat = flat, stat
         record = self.runner.apply_reduced(step, attempt)
         return self.daemon.refit_statistic(), record
 
     # ------------------------------------------------------------------ followers
     def follow_from(self, peer: str, step: int) -> None:
-        """Forward every reduced sum from `step` on to `peer` until it takes part in a reduce
-        (the last one at once, if the step was applied while the snapshot was on its way)."""
+        """Forward every reduced sum from `step` on to `peer` until it takes part in a reduce. Call
+        it on the worker thread, with the snapshot taken there: every step applied after the
+        snapshot is then applied after this, and reaches the follower."""
         self.followers[peer] = step
-        last = self._last
-        if last is not None and last.step >= step:
-            body = encode_follow(FollowUpdate(self.spec.run_hash, last.step, last.grads, last.stat))
-            self.daemon.spawn(self._send_follow(peer, body))
 
     async def serve_follow(self, on_update: Callable[[FollowUpdate, str], str | None]) -> None:
         """A catching-up replica: take the reduced sums its donor forwards."""
@@ -231,7 +241,7 @@ class StepCommit:
         await self.daemon.link.serve(KIND_FOLLOW, handler)
 
     def _forward_to_followers(self, reduced: Reduced) -> None:
-        for peer in [p for p in self.followers if p in reduced.contributors]:
+        for peer in [p for p in list(self.followers) if p in reduced.contributors]:
             del self.followers[peer]  # it took part in the reduce itself: in step from here on
         for peer, first in list(self.followers.items()):
             if reduced.step >= first:

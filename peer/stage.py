@@ -49,7 +49,7 @@ class Reduced:
 
     step: int
     attempt: int
-    grads: torch.Tensor  # flat, in `StageRunner.params` order
+    grads: torch.Tensor | None  # flat, in `StageRunner.params` order; None: the accumulated gradients are the sum
     stat: torch.Tensor | None
     contributors: dict[str, list[int]]
 
@@ -217,7 +217,8 @@ class StageRunner:
         r = self.reduced
         if r is None or (r.step, r.attempt) != (step, attempt):
             raise StageError(f"no reduced gradient is held for attempt {attempt} of step {step}.")
-        self.load_flat_grads(r.grads, r.stat)
+        if r.grads is not None:
+            self.load_flat_grads(r.grads, r.stat)
         return self._step()
 
     def apply_flat(self, step: int, flat: torch.Tensor, stat: torch.Tensor | None) -> StepRecord:

@@ -71,7 +71,9 @@ class StateService:
     async def start(self) -> None:
         await self.daemon.link.serve(KIND_STATE, self._on_request)
 
-    def _snapshot(self) -> tuple[int, bytes]:
+    def _snapshot(self, follower: str) -> tuple[int, bytes]:
+        """Worker thread: the state between two steps, and `follower` registered in the same breath."""
+        self.commit.follow_from(follower, self.runner.step)
         return self.runner.step, state_bytes(self.runner.state_dict())
 
     async def _on_request(self, body: bytes, sender: str) -> bytes:
@@ -85,12 +87,11 @@ class StateService:
         for sid in [s for s, (_, t) in self._snapshots.items() if now - t > SNAPSHOT_TTL_S]:
             del self._snapshots[sid]
         if req.op == "meta":
-            step, data = await self.daemon.run(self._snapshot)
+            step, data = await self.daemon.run(self._snapshot, sender)
             sid = time.monotonic_ns()
             self._snapshots[sid] = (data, now)
             while len(self._snapshots) > MAX_SNAPSHOTS:
                 del self._snapshots[min(self._snapshots)]
-            self.commit.follow_from(sender, step)
             self.served += 1
             log.info("stage %d: serving a snapshot at step %d (%.1f MB) to %s", self.daemon.stage, step + 1,
                      len(data) / 1e6, sender[-8:])
