@@ -214,7 +214,7 @@ class StageDaemon:
         problem = self.bands[kind].check(t)
         if problem is None:
             return None
-        self.directory.report_failure(sender)
+        self.directory.report_failure(sender, bad_data=True)
         return self.refuse(f"the payload is refused: {problem}", sender)
 
     def _check_version(self, h: Header, sender: str) -> bytes | None:
@@ -362,6 +362,11 @@ class StageDaemon:
         h = msg.header
         if h.stage != self.stage:
             return self.refuse(f"this peer serves stage {self.stage}, not {h.stage}.", sender)
+        # the size check comes before the step checks: enormous values ban their sender whatever
+        # step or microbatch they claim (a stale or duplicate one included)
+        z = self.packer.unpack(msg.payload, self.runner.dtype, self.runner.device)
+        if (refusal := self._out_of_band(KIND_ACTIVATION, z, sender)) is not None:
+            return refusal
         problem = await self._admit(h, sender)
         if problem:
             return self.refuse(problem[0], sender, code=problem[1])
@@ -372,9 +377,6 @@ class StageDaemon:
             return self.refuse(f"microbatch {h.microbatch} is outside 0..{self.spec.n_microbatches - 1}.", sender)
         if h.microbatch in self._upstream or self.runner.has_seen(h.microbatch):
             return self.refuse("this microbatch is already here.", sender, code="duplicate")
-        z = self.packer.unpack(msg.payload, self.runner.dtype, self.runner.device)
-        if (refusal := self._out_of_band(KIND_ACTIVATION, z, sender)) is not None:
-            return refusal
         self._upstream[h.microbatch] = (sender, msg.tokens)
         self.spawn(self._process_activation(h, msg.tokens, z, sender))
         return ACK
@@ -435,6 +437,10 @@ class StageDaemon:
                                f"{list(pending)}.", sender)
         grad = self.packer.unpack(msg.payload, self.runner.dtype, self.runner.device)
         if (refusal := self._out_of_band(KIND_GRADIENT, grad, sender)) is not None:
+            fut = self.waiting.get(h.microbatch)
+            if fut is not None and not fut.done():  # the head: this attempt fails now, not at its deadline
+                fut.set_exception(LinkError(f"peer {sender[-8:]} answered microbatch {h.microbatch} with "
+                                            "out-of-band gradients"))
             return refusal
         del self._downstream[h.microbatch]
         self.directory.release(sender, time.monotonic() - sent[1])

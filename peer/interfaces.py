@@ -61,8 +61,9 @@ class PeerDirectory(Protocol):
         """A request to `peer` from `pick` is over: answered after `seconds`, or abandoned (None)."""
         ...
 
-    def report_failure(self, peer: str) -> None:
-        """Tell the router a peer failed, so it is avoided for a while."""
+    def report_failure(self, peer: str, bad_data: bool = False) -> None:
+        """Tell the router a peer failed, so it is avoided for a while (much longer if it sent
+        numbers no honest peer sends: a retry would only meet it again)."""
         ...
 
     async def members(self, stage: int) -> list[PeerInfo]:

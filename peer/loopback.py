@@ -69,7 +69,7 @@ class LoopbackDirectory:
     def release(self, peer: str, seconds: float | None) -> None:
         self.net.inflight[peer] = max(0, self.net.inflight.get(peer, 0) - 1)
 
-    def report_failure(self, peer: str) -> None:
+    def report_failure(self, peer: str, bad_data: bool = False) -> None:
         pass
 
     async def members(self, stage: int) -> list[PeerInfo]:

@@ -218,9 +218,6 @@ def cmd_export(a: argparse.Namespace) -> int:
     from .export.exporter import ExportOptions, run_export
     try:
         files = run_export(from_args(ExportOptions, a))
-    except NotImplementedError as e:
-        print(f"error: {e}; use --from-checkpoints DIR... for now.", file=sys.stderr)
-        return 1
     except ImportError as e:
         return _missing_extra(e)
     print(f"exported to {a.out}: {', '.join(f.name for f in files)}")

@@ -134,6 +134,7 @@ class LocalSwarm:
         self._peers_started = 0
         self.procs: list[tuple[str, subprocess.Popen]] = []
         self.maddrs: list[str] = []
+        self.run_hash = ""  # the signed spec's (it names the coordinator's key), set once the coordinator serves
         self.dashboard_url: str | None = None
         self._tmp = None
         if opts.workdir:
@@ -191,7 +192,8 @@ class LocalSwarm:
                                    f"/ip4/{self.placement.host('coordinator')}/tcp/0", "--maddrs-file",
                                    str(maddrs_file), *key, *extra])
         self.wait_for_file(maddrs_file, "the coordinator", 90)
-        self.maddrs = json.loads(maddrs_file.read_text())["maddrs"]
+        served = json.loads(maddrs_file.read_text())
+        self.maddrs, self.run_hash = served["maddrs"], served["run"]
         return self.maddrs
 
     def device_for(self, index: int) -> str:

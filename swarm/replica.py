@@ -226,6 +226,7 @@ class ReplicaService:
             await asyncio.wait_for(peer.announce("leaving"), 3.0)
         except Exception:  # leaving is best effort: the record expires anyway
             pass
+        log.info("leaving stage %d at step %d", self.stage, self.runner.step)
         for kind in SERVED_KINDS:
             await ctx.transport.unserve(kind)
         await peer.stop()
@@ -234,3 +235,4 @@ class ReplicaService:
         if ctx.checkpoint_dir:
             path = checkpoint_path(ctx.checkpoint_dir, self.spec.run_hash, self.stage)
             save_checkpoint(path, state_bytes(self.runner.state_dict()))
+            log.info("saved stage %d at step %d to %s", self.stage, self.runner.step, path)

@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 LIVE_STATES = ("online", "paused")  # announced states of replicas that take microbatches and reduce
 RTT_DECAY = 0.7
 MAX_BAN_S = 600.0
+BAD_DATA_BAN_S = 300.0  # a peer that sent out-of-band numbers: longer than any step's retries
 
 
 @dataclass
@@ -122,10 +123,11 @@ class Router:
             old = self._rtt.get(peer)
             self._rtt[peer] = seconds if old is None else RTT_DECAY * old + (1 - RTT_DECAY) * seconds
 
-    def report_failure(self, peer: str) -> None:
+    def report_failure(self, peer: str, bad_data: bool = False) -> None:
         ban = self._bans.get(peer, _Ban(0, 0))
         ban.failures += 1
-        ban.until = time.monotonic() + min(MAX_BAN_S, self.base_ban * 2 ** (ban.failures - 1))
+        seconds = min(MAX_BAN_S, self.base_ban * 2 ** (ban.failures - 1))
+        ban.until = time.monotonic() + max(seconds, BAD_DATA_BAN_S if bad_data else 0.0)
         self._bans[peer] = ban
         self._cache.clear()
         log.warning("peer %s failed; avoiding it for %.0f s", peer[-8:], ban.until - time.monotonic())

@@ -25,6 +25,7 @@ with warnings.catch_warnings():
 
 from swarm.admission import AdmissionPolicy
 from swarm.identity import Identity
+from swarm.net.addresses import check_initial_peers
 
 from .validator import SwarmRecordValidator, mark_lookups
 
@@ -51,6 +52,7 @@ def start_dht(
     because a volunteer's peer must be reachable. `p2p_options` go to hivemind's P2P
     (announce_maddrs, use_auto_relay, ...: `swarm/net/reachability.py`).
     """
+    check_initial_peers(initial_peers)  # p2pd would fail with a parser's message, or not at all
     folder = None
     if isinstance(identity, str):
         path, identity = identity, Identity.load_or_create(identity)

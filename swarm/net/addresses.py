@@ -28,7 +28,7 @@ with warnings.catch_warnings():
     from hivemind.utils.multiaddr import Multiaddr
 
 __all__ = ["LOOPBACK", "PRIVATE", "PUBLIC", "scope_of", "swarm_scope", "usable", "is_circuit", "announce_addresses",
-           "without_peer", "daemon_maddr", "tcp_ports", "AddressError"]
+           "without_peer", "daemon_maddr", "tcp_ports", "check_initial_peers", "AddressError"]
 
 LOOPBACK, PRIVATE, PUBLIC = 0, 1, 2
 SCOPE_NAMES = {LOOPBACK: "loopback", PRIVATE: "private", PUBLIC: "public"}
@@ -42,6 +42,20 @@ class AddressError(ValueError):
 
 def _parts(maddr: str) -> list[str]:
     return [p for p in maddr.split("/") if p]
+
+
+def check_initial_peers(maddrs: Iterable[str]) -> None:
+    """Refuse, in one sentence, an initial peer that p2pd could not dial: every one must be a
+    multiaddr that ends in the peer id of a node (`/p2p/12D3Koo...`)."""
+    for m in maddrs:
+        found = _PEER_PART.findall(m)
+        try:
+            Multiaddr(m)
+            if not found or not m.rstrip("/").endswith(found[-1]) or not PeerID.from_base58(found[-1]).to_bytes():
+                raise ValueError(m)
+        except Exception:
+            raise AddressError(f"--initial-peers {m!r} does not name a peer: pass the full address the coordinator "
+                               "prints, like /ip4/203.0.113.7/tcp/31337/p2p/12D3KooW...") from None
 
 
 def is_circuit(maddr: str) -> bool:

@@ -46,5 +46,18 @@ def wait_for_event(swarm: LocalSwarm, name: str, event: str, timeout: float = 12
         time.sleep(0.1)  # poll interval of a report file written by another process
 
 
+def wait_for_steps(swarm: LocalSwarm, count: int, timeout: float = 120.0) -> list[dict]:
+    """Poll the heads' reports until the swarm has done `count` steps, whichever head drove them."""
+    deadline = time.monotonic() + timeout
+    while True:
+        steps, done = swarm.step_events()
+        if len(steps) >= count or done:
+            return steps
+        if time.monotonic() > deadline:
+            pytest.fail(f"the swarm did {len(steps)} of {count} steps within {timeout} s; see the logs in {swarm.dir}")
+        swarm._check_alive()
+        time.sleep(0.1)  # poll interval of report files written by other processes
+
+
 def read_json(path) -> dict:
     return json.loads(path.read_text())

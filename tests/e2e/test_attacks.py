@@ -64,7 +64,7 @@ async def test_attacks_are_refused_while_the_swarm_trains_exactly_like_the_oracl
                 received.append(h)
                 huge = torch.full((spec.microbatch_size, spec.seq_len, spec.boundary_width), 3e38)
                 asyncio.get_running_loop().create_task(
-                    a.send(sender, KIND_GRADIENT, a.gradient(h.step, 0, h.microbatch, h.attempt, huge)))
+                    a.send(sender, KIND_GRADIENT, a.gradient(h.step, h.stage - 1, h.microbatch, h.attempt, huge)))
                 return b""
 
             await a.transport.serve(KIND_ACTIVATION, hostile_replica)
@@ -95,13 +95,13 @@ async def test_attacks_are_refused_while_the_swarm_trains_exactly_like_the_oracl
             # the commands that change a step, from a head that does not lead
             for s in (1, 2):
                 for op in ("abort", "reduce", "apply"):
-                    cmd = Command(spec.run_hash, step, 0, op, [ids[s]])
+                    cmd = Command(a.spec.run_hash, step, 0, op, [ids[s]])
                     outcomes[f"{op} command to stage {s}"] = await a.send(ids[s], KIND_CONTROL, encode_command(cmd))
             # a follow update that no donor sent, and a contribution that no reduce asked for
             n2 = StageRunner(spec, 2).n_params
             outcomes["forged follow update to stage 2"] = await a.send(
-                ids[2], KIND_FOLLOW, encode_follow(FollowUpdate(spec.run_hash, step, torch.zeros(n2))))
-            forged = Contribution(spec.run_hash, step, 0, 1, [0], torch.full((StageRunner(spec, 1).n_params,), 1e3))
+                ids[2], KIND_FOLLOW, encode_follow(FollowUpdate(a.spec.run_hash, step, torch.zeros(n2))))
+            forged = Contribution(a.spec.run_hash, step, 0, 1, [0], torch.full((StageRunner(spec, 1).n_params,), 1e3))
             outcomes["forged contribution to stage 1"] = await a.send(ids[1], KIND_REDUCE, encode_contribution(forged))
             records = await asyncio.to_thread(swarm.follow)
             await asyncio.to_thread(swarm.wait_for_head)
@@ -123,7 +123,7 @@ async def test_attacks_are_refused_while_the_swarm_trains_exactly_like_the_oracl
         assert r["loss"] == pytest.approx(want, rel=1e-5), f"step {step}"
     assert any(r["attempts"] > 1 for r in records), "the enormous gradients cost no retry: were they ever sent?"
     for s in range(3):  # what each peer holds at the end is the oracle's state
-        saved, want = load_checkpoint(checkpoint_path(ckpt[s], spec.run_hash, s)), pipe.runners[s].state_dict()
+        saved, want = load_checkpoint(checkpoint_path(ckpt[s], swarm.run_hash, s)), pipe.runners[s].state_dict()
         assert saved["step"] == want["step"] == STEPS and saved["basis_version"] == want["basis_version"]
         for name, t in want["module"].items():
             assert torch.allclose(saved["module"][name], t, rtol=1e-5, atol=1e-7), f"stage {s} {name}"

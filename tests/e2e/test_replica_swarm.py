@@ -13,7 +13,7 @@ import torch
 from peer.checkpoint import checkpoint_path, load_checkpoint
 from protocol.spec import preset
 from swarm.local import LocalOptions, LocalSwarm
-from tests.e2e.conftest import wait_for_event
+from tests.e2e.conftest import wait_for_event, wait_for_steps
 from tests.e2e.processes import sigkill_and_wait_for_group
 from tests.peer.swarm_in_memory import oracle
 
@@ -27,22 +27,27 @@ def _local(tmp_path, name: str, **overrides) -> LocalSwarm:
 
 
 async def test_killing_a_replica_of_every_stage_mid_run_loses_no_step(tmp_path):
-    steps = 24
+    steps = 30
     swarm = _local(tmp_path, "kill", replicas=2, steps=steps, batch_size=32, microbatch_size=8, lr=1e-3)
     try:
         await asyncio.to_thread(swarm.start)
         names = [swarm.peer_name(s, r) for s in range(2) for r in range(2)]
         ids = {n: wait_for_event(swarm, n, "ready")[0]["peer_id"] for n in names}
-        await asyncio.to_thread(wait_for_event, swarm, "stage0", "step", 120, 4)
+        await asyncio.to_thread(wait_for_steps, swarm, 4)
         # the leading head (lowest peer id) and one replica of stage 1, while steps are under way
         leader = min(swarm.head_names(), key=lambda n: ids[n])
         procs = dict(swarm.procs)
         seconds = [await asyncio.to_thread(sigkill_and_wait_for_group, procs[name])
                    for name in (leader, swarm.peer_name(1, 0))]
+        killed_at = len(swarm.step_events()[0])
         swarm.procs = [(n, p) for n, p in swarm.procs if n not in (leader, swarm.peer_name(1, 0))]
         records = await asyncio.to_thread(swarm.follow)
     finally:
         await asyncio.to_thread(swarm.stop)
+    assert killed_at < steps, "the run was over before the kills: nothing was tested"
+    survivor = next(n for n in swarm.head_names() if n != leader)
+    assert any(e["event"] == "step" and e["step"] > killed_at for e in swarm.events(survivor)), \
+        "the surviving head never drove a step"
     assert all(s < 20 for s in seconds)  # the DHT child and p2pd of each killed peer went with it
     assert [r["step"] for r in records] == list(range(1, steps + 1))
     spec = swarm.opts.spec
@@ -55,13 +60,14 @@ async def test_killing_a_replica_of_every_stage_mid_run_loses_no_step(tmp_path):
 
 
 async def test_a_fresh_peer_joins_mid_run_and_equals_its_replica(tmp_path):
-    steps = 30
+    steps = 60
     swarm = _local(tmp_path, "join", steps=steps)
     dirs = {name: tmp_path / f"ckpt-{name}" for name in ("old", "new")}
     try:
         await asyncio.to_thread(swarm.start_coordinator)
         swarm.start_peer(1, "--checkpoint-dir", str(dirs["old"]), name="stage1")
-        swarm.start_peer(0, "--steps", str(steps), name="stage0")
+        # a head on a 1 Mbit/s uplink (~0.5 s a step): the run lasts well beyond the newcomer's start
+        swarm.start_peer(0, "--steps", str(steps), "--bandwidth", "1mbit", name="stage0")
         await asyncio.to_thread(wait_for_event, swarm, "stage0", "step", 120, 5)
         swarm.start_peer(1, "--checkpoint-dir", str(dirs["new"]), name="newcomer")
         joined = (await asyncio.to_thread(wait_for_event, swarm, "newcomer", "joined", 120))[0]
@@ -70,8 +76,7 @@ async def test_a_fresh_peer_joins_mid_run_and_equals_its_replica(tmp_path):
     finally:
         await asyncio.to_thread(swarm.stop)  # both stage-1 peers write their checkpoint at their last step
     assert 5 <= joined["step"] < steps
-    spec = swarm.opts.spec
-    old, new = (load_checkpoint(checkpoint_path(dirs[k], spec.run_hash, 1)) for k in ("old", "new"))
+    old, new = (load_checkpoint(checkpoint_path(dirs[k], swarm.run_hash, 1)) for k in ("old", "new"))
     assert old["step"] == new["step"] == steps
     for name, tensor in old["module"].items():
         assert torch.equal(tensor, new["module"][name]), f"{name} differs between the replicas"

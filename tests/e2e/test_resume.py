@@ -30,7 +30,7 @@ async def test_head_resumes_exactly_and_catches_up_a_basis_update_published_whil
         head.send_signal(signal.SIGTERM)
         assert await asyncio.to_thread(head.wait, 60) == 0, "the head did not stop cleanly on SIGTERM"
         swarm.procs = [(n, p) for n, p in swarm.procs if p is not head]
-        saved = load_checkpoint(checkpoint_path(ckpt, spec.run_hash, 0))
+        saved = load_checkpoint(checkpoint_path(ckpt, swarm.run_hash, 0))
         async with Client(maddrs) as c:
             published = await c.wait_for_version(2)  # appears while the head is down
         assert saved["basis_version"] == 1 and saved["scheduled"] is None, \

@@ -117,8 +117,8 @@ def test_command_lines(exported, tmp_path, capsys):
     assert main(["generate", "--model", str(tmp_path / "hf"), "--prompt", "Hello", "--max-new-tokens", "12"]) == 0
     assert capsys.readouterr().out.startswith("Hello")
 
-    assert main(["export", "--initial-peers", "/ip4/127.0.0.1/tcp/1", "--out", str(tmp_path / "live")]) == 1
-    assert "issue 9" in capsys.readouterr().err
+    assert main(["export", "--initial-peers", "/ip4/127.0.0.1/tcp/1", "--out", str(tmp_path / "live")]) == 2
+    assert "does not name a peer" in capsys.readouterr().err  # refused before any daemon starts
     (tmp_path / "empty").mkdir()
     assert main(["export", "--from-checkpoints", str(tmp_path / "empty"), "--out", str(tmp_path / "x")]) == 2
     assert "error: no checkpoints" in capsys.readouterr().err

@@ -14,6 +14,7 @@ from swarm.export.exporter import ExportOptions, export_run, gather
 from swarm.export.gather import StageState, select_stages, state_hash
 from swarm.export.native import read_native
 from swarm.export.safetensors_io import canonical_bytes, read_safetensors
+from swarm.net.addresses import AddressError
 from tests.swarm.export_helpers import batch_source, fixed_tokens, runner_logits, save_checkpoints, tiny, trained
 
 pytest.importorskip("safetensors")
@@ -158,8 +159,8 @@ def test_misnamed_or_missing_checkpoints_are_refused(pipe, tmp_path):
         gather_from_checkpoints([tmp_path / "torn"])
 
 
-async def test_live_export_is_not_wired_yet():
-    with pytest.raises(NotImplementedError, match="issue 9"):
+async def test_live_export_refuses_an_address_that_names_no_peer():
+    with pytest.raises(AddressError, match="does not name a peer"):
         await fetch_stage_states(["/ip4/127.0.0.1/tcp/1/p2p/x"])
 
 
