@@ -16,7 +16,7 @@ import torch
 
 from peer.data import BatchSource, load_corpus
 from peer.pipeline import InProcessPipeline
-from protocol.spec import RunSpec
+from protocol.spec import WIRE_DTYPES, RunSpec
 
 
 @dataclass
@@ -33,9 +33,17 @@ class Job:
     def tokens(self) -> int:
         return self.spec.total_steps * self.spec.batch_size * self.spec.seq_len
 
+    @property
+    def key(self) -> str:
+        return f"{self.group}/{self.name}"
+
     def compression(self) -> float:
-        """Numbers per token across a boundary, dense over this codec (d / k; 1 for dense)."""
-        return self.spec.d_model / self.spec.boundary_width
+        """Payload bytes per token across a boundary, dense (in the same wire dtype) over this job's:
+        d e / (w e' + s), e' = 1 byte with int8 and s its per-token scale (d / k for a bf16 subspace)."""
+        spec = self.spec
+        e = WIRE_DTYPES[spec.wire_dtype].itemsize
+        mine = spec.boundary_width * (1 if spec.quant == "int8" else e) + (e if spec.quant == "int8" else 0)
+        return spec.d_model * e / mine
 
 
 @dataclass
