@@ -39,8 +39,10 @@ def run_fidelity_bench(out_dir: str, plan: str = "gpu", device: str = "cpu", par
     jobs = jobs_for(plan, groups, best)
     workers = parallel * per_device
     print(f"fidelity: {len(jobs)} jobs on {workers} worker(s) ({device}), budget {budget_s:.0f} s")
+    kind = "cuda" if device.startswith("cuda") else "cpu"
     for j in jobs:
-        print(f"  {j.key:<52} {j.spec.total_steps:5d} steps, {j.tokens / 1e6:6.2f}M tokens")
+        print(f"  {j.key:<52} {j.spec.total_steps:5d} steps, {j.tokens / 1e6:6.2f}M tokens, "
+              f"~{estimated_seconds(j, kind):.0f} s expected")
     t0 = time.time()
     results = run_queue(jobs, out, data, device, parallel, per_device, budget_s, eval_batches=eval_batches,
                         reserve_s=3.0 if smoke else 15.0, grace_s=10.0 if smoke else 30.0)
@@ -56,6 +58,6 @@ def run_fidelity_bench(out_dir: str, plan: str = "gpu", device: str = "cpu", par
     return result
 
 
-def expected_durations(plan: str, flops: float, groups: tuple[str, ...] = GROUPS) -> list[tuple[str, float]]:
-    """(job, seconds) at `flops` FLOP/s per worker: what docs/fidelity.md quotes for the lead's run."""
-    return [(j.key, estimated_seconds(j, flops)) for j in jobs_for(plan, groups)]
+def expected_durations(plan: str, kind: str, groups: tuple[str, ...] = GROUPS) -> list[tuple[str, float]]:
+    """(job, seconds) by the queue's prior speed model: what docs/fidelity.md quotes for the lead's run."""
+    return [(j.key, estimated_seconds(j, kind)) for j in jobs_for(plan, groups)]

@@ -2,8 +2,8 @@
 
 Groups (docs/fidelity.md reads them in this order):
 
-- `scale`: dense against subspace at ~100x (k = d/100) for widths up to d=1024 at equal tokens:
-  does the gap shrink with width?
+- `scale`: dense against subspace at a fixed ratio (k = d/100 on a GPU, up to d=1024; d/16 on a
+  CPU) across widths at equal tokens: does the gap shrink with width?
 - `headline`: the `small` preset at the issue's 2000 steps, dense against subspace at 16x, with
   the defaults the issue measured and with the best settings the ablations found.
 - `frontier`: held-out loss against compression (payload bytes per token): subspace with a fixed
@@ -36,6 +36,7 @@ class PlanShape:
     headline_steps: int
     scale_steps: int
     scale_widths: tuple[int, ...]
+    scale_ratio: int  # k = d / scale_ratio in the scale group
     refit_interval: int  # the re-fit interval of the frontier's re-fitted rows
 
 
@@ -50,14 +51,14 @@ def plan_shape(plan: str) -> PlanShape:
         # one microbatch of 32 x 256 per step: the same batch as the preset's 4 x 8, a quarter of the launches
         base = preset("small", codec="subspace", dtype="bf16", microbatch_size=32, basis_updates=False,
                       total_steps=1000)
-        return PlanShape(base, 1000, 2000, 2500, (256, 512, 1024), 100)
+        return PlanShape(base, 1000, 2000, 2500, (256, 512, 1024), 100, 100)
     if plan == "cpu":
-        return PlanShape(_cpu_base(), 1200, 1200, 1200, (64, 128, 256), 100)
+        return PlanShape(_cpu_base(), 1200, 1200, 1200, (64, 128, 256), 16, 100)
     if plan == "smoke":
         base = RunSpec(name="smoke", d_model=64, n_layers=4, n_heads=2, d_ff=64, seq_len=16, stage_layers=(2, 1, 1),
-                       rank=4, batch_size=4, microbatch_size=4, lr=3e-3, warmup_steps=2, total_steps=8,
-                       basis_updates=False)
-        return PlanShape(base, 8, 8, 8, (64, 128), 4)
+                       rank=4, wire_dtype="bf16", batch_size=4, microbatch_size=4, lr=3e-3, warmup_steps=2,
+                       total_steps=8, basis_updates=False)
+        return PlanShape(base, 8, 8, 8, (64, 128), 16, 4)
     raise ValueError(f"unknown plan {plan!r}; choose gpu, cpu or smoke.")
 
 
@@ -75,11 +76,11 @@ def _job(name: str, group: str, spec: RunSpec, priority: int, note: str = "") ->
 
 
 def scale_jobs(s: PlanShape, priority: int = 0) -> list[Job]:
-    """Dense and subspace at k = max(2, d/100) per width; lr ~ 1/sqrt(d) around the base's at its own d."""
+    """Dense and subspace at k = max(2, d / scale_ratio) per width; lr ~ 1/sqrt(d) around the base's at its d."""
     out = []
     for d in sorted(s.scale_widths, reverse=True):  # the longest first: they bound the makespan
         heads = max(2, d // 64) if d >= 128 else 2
-        k = max(2, round(d / 100))
+        k = max(2, round(d / s.scale_ratio))
         lr = s.base.lr * (s.base.d_model / d) ** 0.5
         spec = s.base.replace(d_model=d, n_heads=heads, d_ff=int(d * s.base.d_ff / s.base.d_model) // 8 * 8, rank=k,
                               lr=lr, total_steps=s.scale_steps)
@@ -88,17 +89,19 @@ def scale_jobs(s: PlanShape, priority: int = 0) -> list[Job]:
     return out
 
 
-def frontier_jobs(s: PlanShape, priority: int = 2) -> list[Job]:
+def frontier_jobs(s: PlanShape, priority: int = 2, rest: int = 4) -> list[Job]:
+    """`priority`: dense, the fixed-U rows and the re-fit at d/16 (the ablations' references);
+    `rest` (after the ablations): the other re-fits, the bottleneck and the int8 rows."""
     d, out = s.base.d_model, [_job("dense", "frontier", dense(s.base), priority)]
     for div in (64, 32, 16, 8):
         k = max(1, d // div)
         out.append(_job(f"subspace k={k} fixed U", "frontier", s.base.replace(rank=k), priority))
         out.append(_job(f"subspace k={k} re-fit/{s.refit_interval}", "frontier",
-                        refit(s.base.replace(rank=k), s.refit_interval), priority))
-        out.append(_job(f"bottleneck b={k}", "frontier", s.base.replace(codec="bottleneck", rank=k), priority))
+                        refit(s.base.replace(rank=k), s.refit_interval), priority if div == 16 else rest))
+        out.append(_job(f"bottleneck b={k}", "frontier", s.base.replace(codec="bottleneck", rank=k), rest))
     for div in (32, 16, 8, 4):  # twice the rank in int8 at about the same bytes as bf16 at half of it
         k = max(1, d // div)
-        out.append(_job(f"subspace int8 k={k} fixed U", "frontier", s.base.replace(rank=k, quant="int8"), priority,
+        out.append(_job(f"subspace int8 k={k} fixed U", "frontier", s.base.replace(rank=k, quant="int8"), rest,
                         "int8 payload, one bf16 absmax scale per token"))
     return out
 
@@ -127,7 +130,7 @@ def layer_jobs(s: PlanShape, priority: int = 3) -> list[Job]:
     """The same layers cut so that the free last stage holds more of them (fewer constrained)."""
     L, n = s.base.n_layers, s.base.n_stages
     out = []
-    for free in range(s.base.stage_layers[-1] + 1, L - n + 2):
+    for free in sorted({L // 2, L - n + 1} - set(range(s.base.stage_layers[-1] + 1))):
         head = L - free
         layout = tuple(head // (n - 1) + (1 if i < head % (n - 1) else 0) for i in range(n - 1)) + (free,)
         out.append(_job(f"{head} of {L} layers constrained {'-'.join(map(str, layout))}", "layers",

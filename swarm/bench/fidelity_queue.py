@@ -12,9 +12,9 @@ with its held-out loss at the step it reached, marked truncated. The parent stop
 `grace_s` after the deadline and ends any worker still alive, so the whole bench ends
 inside `budget_s + grace_s`.
 
-Speed: seconds = tokens x FLOPs per token / rate. A worker starts from `prior_flops` (FLOP/s
-of one process on its device) and replaces it with the rate it measured on its last job;
-FLOPs per token = 6 N + 12 L T d with N the weights multiplied per token (mfu.py's count).
+Speed: a step takes `overhead + tokens x FLOPs per token / rate` seconds (FLOPs per token =
+6 N + 12 L T d, N the weights multiplied per token) until a worker has measured a job of the
+same shape; from then on every worker uses the measured seconds per step of that shape.
 """
 from __future__ import annotations
 
@@ -32,10 +32,10 @@ from protocol.spec import RunSpec
 
 from .fidelity_train import Job, JobResult, train_job
 
-# FLOP/s one worker process is assumed to reach before it has measured anything (a guess to
-# skip hopeless jobs early, not a claim): bf16 in-process training of small models on a GPU
-# is launch-bound far below the matmul rate; one CPU thread reaches a few tens of GFLOP/s
-PRIOR_FLOPS = {"cuda": 2.5e13, "cpu": 3e10}
+# (seconds of overhead per step, FLOP/s) one worker is assumed to reach before anything of the shape
+# was measured: a guess to skip hopeless jobs early, not a claim. Small bf16 models in process are
+# launch-bound on a GPU (the overhead); one CPU thread reaches a few tens of GFLOP/s
+PRIOR = {"cuda": (0.02, 1.5e14), "cpu": (0.002, 3e10)}
 
 
 def flops_per_token(spec: RunSpec) -> float:
@@ -45,8 +45,20 @@ def flops_per_token(spec: RunSpec) -> float:
     return 6 * n + 12 * spec.n_layers * spec.seq_len * d
 
 
-def estimated_seconds(job: Job, flops: float) -> float:
-    return job.tokens * flops_per_token(job.spec) / flops
+def shape_of(spec: RunSpec) -> str:
+    """What a step's time depends on (not the codec: a boundary costs little next to the blocks)."""
+    return (f"d{spec.d_model}-L{spec.n_layers}-f{spec.d_ff}-T{spec.seq_len}-B{spec.batch_size}"
+            f"-mb{spec.microbatch_size}-s{spec.n_stages}-{spec.dtype}")
+
+
+def estimated_seconds(job: Job, kind: str, measured: dict | None = None,
+                      prior: tuple[float, float] | None = None) -> float:
+    """Seconds `job` should take: its shape's measured seconds per step, else the prior model."""
+    per_step = (measured or {}).get(shape_of(job.spec))
+    if per_step is None:
+        overhead, rate = prior or PRIOR[kind]
+        per_step = overhead + job.spec.batch_size * job.spec.seq_len * flops_per_token(job.spec) / rate
+    return job.spec.total_steps * per_step
 
 
 def _skipped(job: Job, device: str, why: str) -> JobResult:
@@ -55,27 +67,27 @@ def _skipped(job: Job, device: str, why: str) -> JobResult:
 
 
 def _worker(slot: int, device: str, jobs: multiprocessing.Queue, results: multiprocessing.Queue, data: str | None,
-            deadline: float, prior_flops: float, threads: int, eval_batches: int) -> None:
+            deadline: float, measured: dict, prior: tuple[float, float], threads: int, eval_batches: int) -> None:
     torch.set_num_threads(threads)
-    flops = prior_flops
+    kind = "cuda" if device.startswith("cuda") else "cpu"
     while True:
         item = jobs.get()
         if item is None:  # one stop mark per worker, after the last job
             return
         job = Job(item["name"], item["group"], RunSpec.from_json(item["spec"]), item["priority"], item["note"])
         left = deadline - time.time()
-        need = estimated_seconds(job, flops)
+        need = estimated_seconds(job, kind, dict(measured), prior)
         if need > left:
-            results.put(dataclasses.asdict(_skipped(
-                job, device, f"skipped: needs ~{need:.0f} s at {flops / 1e12:.2f} TFLOP/s, {max(0, left):.0f} s left")))
+            results.put(dataclasses.asdict(_skipped(job, device, f"skipped: needs ~{need:.0f} s, {max(0, left):.0f} s "
+                                                                 f"were left")))
             continue
         try:
             res = train_job(job, data, device, eval_batches=eval_batches, deadline=deadline,
                             log=lambda s: print(f"[{slot} {device}] {s}", flush=True))
         except Exception as e:  # one job's failure (e.g. out of memory) must not take the others down
             res = _skipped(job, device, f"failed: {type(e).__name__}: {e}")
-        if res.steps and not res.truncated:
-            flops = res.tokens_per_second * flops_per_token(job.spec)
+        if res.steps:
+            measured[shape_of(job.spec)] = res.seconds / res.steps
         results.put(dataclasses.asdict(res))
 
 
@@ -91,21 +103,27 @@ def slots(device: str, parallel: int, per_device: int) -> list[str]:
 
 def run_queue(jobs: list[Job], out: Path, data: str | None, device: str, parallel: int, per_device: int,
               budget_s: float, reserve_s: float = 15.0, grace_s: float = 30.0, eval_batches: int = 16,
-              on_result: Callable[[dict], None] | None = None) -> list[dict]:
-    """Run `jobs` (lowest priority value first) on the worker slots; returns every result dict."""
+              prior: tuple[float, float] | None = None, on_result: Callable[[dict], None] | None = None
+              ) -> list[dict]:
+    """Run `jobs` (lowest priority value first) on the worker slots; returns every result dict.
+    `prior`: (overhead s per step, FLOP/s) before a shape is measured (default: PRIOR of the device)."""
     devices = slots(device, parallel, per_device)
     start = time.time()
     deadline = start + budget_s - reserve_s
     ctx = multiprocessing.get_context("spawn")  # CUDA cannot be forked into children
+    kind = "cuda" if device.startswith("cuda") else "cpu"
+    prior = prior or PRIOR[kind]
     job_q, res_q = ctx.Queue(), ctx.Queue()
-    for job in sorted(jobs, key=lambda j: j.priority):
+    manager = ctx.Manager()
+    measured = manager.dict()  # shape -> seconds per step, shared by the workers
+    # by priority, and the longest first within one: long jobs started late would set the end
+    for job in sorted(jobs, key=lambda j: (j.priority, -estimated_seconds(j, kind))):
         job_q.put({"name": job.name, "group": job.group, "spec": job.spec.to_json(), "priority": job.priority,
                    "note": job.note})
     for _ in devices:
         job_q.put(None)
-    kind = "cuda" if device.startswith("cuda") else "cpu"
     threads = 1 if kind == "cpu" else 2
-    procs = [ctx.Process(target=_worker, args=(i, dev, job_q, res_q, data, deadline, PRIOR_FLOPS[kind], threads,
+    procs = [ctx.Process(target=_worker, args=(i, dev, job_q, res_q, data, deadline, measured, prior, threads,
                                                eval_batches), daemon=True) for i, dev in enumerate(devices)]
     for p in procs:
         p.start()
@@ -130,6 +148,7 @@ def run_queue(jobs: list[Job], out: Path, data: str | None, device: str, paralle
         if p.is_alive():  # past the grace period: its job's result is lost, the budget is not
             p.terminate()
             p.join(timeout=5)
+    manager.shutdown()
     done = {(r["group"], r["name"]) for r in results}
     for job in jobs:
         if (job.group, job.name) not in done:
