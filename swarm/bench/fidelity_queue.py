@@ -92,12 +92,13 @@ def _worker(slot: int, device: str, jobs: multiprocessing.Queue, results: multip
 
 
 def slots(device: str, parallel: int, per_device: int) -> list[str]:
-    """The device of every worker: cuda:0..parallel-1 (per_device workers each), or cpu."""
+    """The device of every worker: cuda:0..parallel-1 (per_device workers each, interleaved so that the
+    first jobs, the longest, land on different GPUs), or cpu."""
     if device.startswith("cuda"):
         if parallel > torch.cuda.device_count():
             raise ValueError(f"--parallel {parallel} asks for more GPUs than the {torch.cuda.device_count()} "
                              f"this machine has; pass --parallel {torch.cuda.device_count()} or fewer.")
-        return [f"cuda:{i}" for i in range(parallel) for _ in range(per_device)]
+        return [f"cuda:{i}" for _ in range(per_device) for i in range(parallel)]
     return ["cpu"] * (parallel * per_device)
 
 
