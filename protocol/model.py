@@ -5,7 +5,9 @@ bit-identical initial weights without seeing the others. With the subspace codec
 layer that writes into the residual stream of a non-last stage (attention output, MLP down
 projection, the trainable embedding T_S) keeps its output side inside span(U), either by
 the optimizer ("project", docs/algorithms.md 1.5a) or by construction ("reparam", 1.5c).
-The last stage (its blocks, final norm and LM head) is free (1.2 rule 2).
+The last stage (its blocks, final norm and LM head) is free (1.2 rule 2). With
+`embed_split = "per_stage"` every stage also adds its own trainable token table on entry and
+takes it off before its encoder, so the boundary stays exact (docs/algorithms.md 1.3).
 
 Compute dtypes (`RunSpec.dtype`): "fp64" and "fp32" run everything in that dtype (the
 exactness tests). "bf16" keeps fp32 master weights, fp32 optimizer state, an fp32 residual

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from peer.pipeline import InProcessPipeline
-from protocol.model import spec_basis
+from protocol.model import build_stage, spec_basis
 from protocol.reference import ReferenceModel
 from protocol.spec import RunSpec, SpecError, preset
 from protocol.subspace import out_of_subspace, principal_angles
@@ -150,3 +150,26 @@ def test_embed_split_needs_the_subspace_codec():
         small(codec="dense", embed_split="per_stage")
     with pytest.raises(SpecError, match="refit_statistic"):
         small(refit_statistic="hessian")
+
+
+def test_per_stage_tables_exact_under_bf16_compute():
+    """bf16 autocast in the blocks: with random tables, each boundary still rebuilds the sender's stream
+    (its table swapped for the receiver's) to fp32 rounding through an fp32 wire."""
+    spec = small(embed_split="per_stage", stages=3, n_layers=3, dtype="bf16", wire_dtype="fp32", d_model=64,
+                 rank=8)
+    basis = spec_basis(spec)
+    stages = [build_stage(spec, s, basis) for s in range(spec.n_stages)]
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for m in stages:
+            m.token_table.copy_(0.05 * torch.randn(m.token_table.shape, generator=g))
+    tok, z = batch(0, 0)[:, :-1], None
+    with torch.no_grad():
+        for s in range(spec.n_stages - 1):
+            h = stages[s].body(stages[s].enter(tok, z))
+            z = stages[s].leave(h, tok)
+            moved = h - stages[s].token_table[tok] - basis.T_fixed[tok]
+            assert out_of_subspace(moved.reshape(-1, spec.d_model), basis.U, rows=True) < 1e-6
+            rebuilt = stages[s + 1].enter(tok, z)
+            expected = h - stages[s].token_table[tok] + stages[s + 1].token_table[tok]
+            assert float((rebuilt - expected).norm() / expected.norm()) < 1e-6
