@@ -357,6 +357,8 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--budget-s", type=float, default=540.0,
                     help="fidelity: wall-clock budget in seconds; jobs that cannot finish are skipped or cut "
                     "(default: 540)")
+    be.add_argument("--resume", action="store_true",
+                    help="fidelity: keep the jobs OUT/fidelity.jsonl already holds finished and run the others")
     be.add_argument("--best", help="fidelity: RunSpec overrides as JSON for the headline's 'best settings' row, "
                     "e.g. '{\"lr\": 0.002}'")
     be.set_defaults(func=cmd_bench)

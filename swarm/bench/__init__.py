@@ -55,7 +55,7 @@ def _dispatch(a: argparse.Namespace) -> None:
         groups = tuple(g.strip() for g in a.groups.split(",")) if a.groups else GROUPS
         run_fidelity_bench(a.out, plan=a.plan, device=a.device, parallel=a.parallel, per_device=a.per_device,
                            budget_s=a.budget_s, groups=groups, data=a.data, smoke=a.smoke,
-                           best=json.loads(a.best) if a.best else None)
+                           best=json.loads(a.best) if a.best else None, resume=a.resume)
     elif a.which == "replicas":
         from .replicas import run_replicas_bench
         run_replicas_bench(a.out, preset_name=a.preset or "small", steps=a.steps or 20, device=a.device,

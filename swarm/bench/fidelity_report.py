@@ -100,7 +100,8 @@ def plot(results: list[dict], rows: list[dict], path: Path, title: str) -> None:
     fr.set_xlabel("boundary compression (payload bytes per token, dense / codec)")
     fr.set_ylabel("held-out loss (nats/byte)")
     fr.set_title("frontier")
-    fr.legend(fontsize=8)
+    if fr.get_legend_handles_labels()[0]:
+        fr.legend(fontsize=8)
     abl = [r for r in rows if r["group"] not in ("frontier", "scale", "headline") and r.get("vs_dense") is not None]
     if abl:
         ab.barh([f"{r['group']}: {r['name']}" for r in abl], [100 * r["vs_dense"] for r in abl], color="tab:blue")
@@ -125,7 +126,8 @@ def plot(results: list[dict], rows: list[dict], path: Path, title: str) -> None:
     cu.set_xlabel("tokens")
     cu.set_ylabel("held-out loss")
     cu.set_title("held-out loss curves (headline, scale)")
-    cu.legend(fontsize=7)
+    if cu.get_legend_handles_labels()[0]:
+        cu.legend(fontsize=7)
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -78,3 +78,17 @@ def test_plans_are_consistent():
              if j.group == "frontier" and j.spec.codec == "subspace" and j.spec.quant == "none"}
     assert ranks == {8, 16, 32, 64}
     assert sum(estimated_seconds(j, "cuda") for j in gpu) / 4 < 540
+
+
+def test_fidelity_resume_runs_only_the_missing_jobs(tmp_path):
+    first = run_fidelity_bench(str(tmp_path), smoke=True, groups=("embed",), budget_s=120)
+    assert [r["name"] for r in first["jobs"]] == ["per-stage token tables"]
+    again = run_fidelity_bench(str(tmp_path), smoke=True, groups=("optimizer", "embed"), budget_s=120, resume=True)
+    kept = next(r for r in again["jobs"] if r["group"] == "embed")
+    assert kept == first["jobs"][0]  # taken over as it was, not trained again
+    assert sorted(r["group"] for r in again["jobs"]) == ["embed", "optimizer", "optimizer"]
+    lines = (tmp_path / "fidelity.jsonl").read_text().splitlines()
+    assert len(lines) == 3
+    fresh = run_fidelity_bench(str(tmp_path), smoke=True, groups=("embed",), budget_s=120)
+    assert fresh["jobs"][0]["finished_s"] != first["jobs"][0]["finished_s"]  # without --resume: trained anew
+    assert len((tmp_path / "fidelity.jsonl").read_text().splitlines()) == 1
