@@ -350,7 +350,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="fidelity: gpu (bf16, the small shape, ~10 min of 4 H100s) or cpu (d=128, the reduced "
                     "size of the CPU results)")
     be.add_argument("--groups", help="fidelity: comma-separated job groups (default: all): "
-                    "scale,headline,frontier,lr,optimizer,embed,layers,refit")
+                    "scale,headline,frontier,seeds,lr,optimizer,embed,layers,refit")
     be.add_argument("--parallel", type=int, default=1,
                     help="fidelity: GPUs to use, cuda:0..N-1 (on a CPU: worker processes) (default: 1)")
     be.add_argument("--per-device", type=int, default=1, help="fidelity: worker processes per GPU (default: 1)")

@@ -9,6 +9,7 @@ Groups (docs/fidelity.md reads them in this order):
 - `frontier`: held-out loss against compression (payload bytes per token): subspace with a fixed
   and a re-fitted U and the bottleneck, each at k = d/64, d/32, d/16, d/8, and subspace with an
   int8 wire at k = d/32 .. d/4 (twice the rank for about the same bytes); dense as the reference.
+- `seeds`: dense and the subspace baseline with two more seeds: the spread of one configuration.
 - `lr`, `optimizer`, `embed`, `layers`, `refit`: one cause at a time against the subspace
   baseline of the same plan (its lr, second-moment scaling, embedding split, number of
   constrained layers, re-fit statistic / interval / step).
@@ -26,7 +27,7 @@ from protocol.spec import RunSpec, preset
 
 from .fidelity_train import Job
 
-GROUPS = ("scale", "headline", "frontier", "lr", "optimizer", "embed", "layers", "refit")
+GROUPS = ("scale", "headline", "frontier", "seeds", "lr", "optimizer", "embed", "layers", "refit")
 
 
 @dataclass(frozen=True)
@@ -106,9 +107,19 @@ def frontier_jobs(s: PlanShape, priority: int = 2, rest: int = 4) -> list[Job]:
     return out
 
 
+def seed_jobs(s: PlanShape, priority: int = 2) -> list[Job]:
+    """The baseline and dense again with other seeds (U, T_fixed and the weights; same data): how far
+    apart two draws of the same configuration end, the noise every other comparison must beat."""
+    out = []
+    for seed in (1, 2):
+        out.append(_job(f"dense seed {seed}", "seeds", dense(s.base, seed=seed), priority))
+        out.append(_job(f"subspace seed {seed}", "seeds", s.base.replace(seed=seed), priority))
+    return out
+
+
 def lr_jobs(s: PlanShape, priority: int = 3) -> list[Job]:
     out = []
-    for m in (0.5, 2.0, 4.0):
+    for m in (0.25, 0.5, 2.0, 4.0):
         out.append(_job(f"dense lr x{m:g}", "lr", dense(s.base, lr=s.base.lr * m), priority))
         out.append(_job(f"subspace lr x{m:g}", "lr", s.base.replace(lr=s.base.lr * m), priority))
     return out
@@ -135,6 +146,10 @@ def layer_jobs(s: PlanShape, priority: int = 3) -> list[Job]:
         layout = tuple(head // (n - 1) + (1 if i < head % (n - 1) else 0) for i in range(n - 1)) + (free,)
         out.append(_job(f"{head} of {L} layers constrained {'-'.join(map(str, layout))}", "layers",
                         s.base.replace(stage_layers=layout), priority))
+    free = s.base.stage_layers[-1]
+    out.append(_job(f"dense with only the {free} free layer(s)", "layers",
+                    dense(s.base, n_layers=free, stage_layers=(free,)), priority,
+                    "the floor: what the subspace model would reach if its constrained layers added nothing"))
     return out
 
 
@@ -166,7 +181,7 @@ def headline_jobs(s: PlanShape, best: dict | None = None, priority: int = 1) -> 
 
 def jobs_for(plan: str, groups: tuple[str, ...] = GROUPS, best: dict | None = None) -> list[Job]:
     s = plan_shape(plan)
-    make = {"scale": scale_jobs, "frontier": frontier_jobs, "lr": lr_jobs, "optimizer": optimizer_jobs,
+    make = {"scale": scale_jobs, "frontier": frontier_jobs, "seeds": seed_jobs, "lr": lr_jobs, "optimizer": optimizer_jobs,
             "embed": embed_jobs, "layers": layer_jobs, "refit": refit_jobs,
             "headline": lambda s: headline_jobs(s, best)}
     unknown = sorted(set(groups) - set(make))
