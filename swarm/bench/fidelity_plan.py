@@ -181,8 +181,8 @@ def headline_jobs(s: PlanShape, best: dict | None = None, priority: int = 1) -> 
 
 def jobs_for(plan: str, groups: tuple[str, ...] = GROUPS, best: dict | None = None) -> list[Job]:
     s = plan_shape(plan)
-    make = {"scale": scale_jobs, "frontier": frontier_jobs, "seeds": seed_jobs, "lr": lr_jobs, "optimizer": optimizer_jobs,
-            "embed": embed_jobs, "layers": layer_jobs, "refit": refit_jobs,
+    make = {"scale": scale_jobs, "frontier": frontier_jobs, "seeds": seed_jobs, "lr": lr_jobs,
+            "optimizer": optimizer_jobs, "embed": embed_jobs, "layers": layer_jobs, "refit": refit_jobs,
             "headline": lambda s: headline_jobs(s, best)}
     unknown = sorted(set(groups) - set(make))
     if unknown:
