@@ -29,10 +29,19 @@ class StageError(ValueError):
 
 
 @dataclass
+class _Probe:
+    """What one microbatch leaves for the re-fit statistic (docs/algorithms.md 1.7)."""
+
+    h_in: torch.Tensor  # the decoded input activation; its .grad is g = dL/dh_in (grad_cov, riemannian)
+    z_in: torch.Tensor | None  # the received boundary tensor (riemannian)
+    act: torch.Tensor | None = None  # act_cov: this microbatch's Delta^T (Delta U) / N, taken in forward
+
+
+@dataclass
 class _Pending:
     z_in: torch.Tensor | None  # the received boundary tensor (leaf, requires grad) or None on stage 0
     out: torch.Tensor  # this stage's boundary output (graph kept for backward)
-    h_in: torch.Tensor | None = None  # decoded input activation, its .grad feeds the re-fit statistic
+    probe: _Probe | None = None  # for the re-fit statistic, added in when the microbatch's backward is done
     created: float = field(default_factory=time.monotonic)
 
 
@@ -75,7 +84,7 @@ class StageRunner:
         self.last_truncation = 0.0  # ||(I - P_new) W|| / ||W|| at the last switch
         # (first step, version) of every basis this stage has used; messages of a step carry its version
         self.version_history: list[tuple[int, int]] = [(0, self.basis_version)]
-        # docs/algorithms.md 1.7: receiving stages keep EMA(C_s U), C_s = mean over tokens of g^T g
+        # docs/algorithms.md 1.7: receiving stages keep EMA(M_s), M_s the statistic RunSpec.refit_statistic names
         self.collect_stats = (spec.codec == "subspace" and spec.basis_updates and not self.is_first)
         self.stat = torch.zeros(spec.d_model, spec.rank, dtype=torch.float64, device=self.device) \
             if self.collect_stats else None
@@ -108,19 +117,40 @@ class StageRunner:
             return None
         return z_in.to(self.device, self.dtype).detach().requires_grad_(True)
 
-    def _run_module(self, tokens: torch.Tensor, z: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _run_module(self, tokens: torch.Tensor, z: torch.Tensor | None) -> tuple[torch.Tensor, _Probe | None]:
         inp = tokens[:, :-1]
         h = self.module.enter(inp, z)
-        if self.collect_stats:
-            h.retain_grad()
-        return self.module.leave(self.module.body(h), inp), (h if self.collect_stats else None)
+        if not self.collect_stats:
+            return self.module.leave(self.module.body(h), inp), None
+        probe = _Probe(h, z)
+        if self.spec.refit_statistic == "act_cov":
+            out = self.module.body(h)
+            delta = (out - h).detach().reshape(-1, h.shape[-1]).to(torch.float64)
+            # C_s U with C_s = mean_tokens delta delta^T: where this stage writes into the residual stream
+            probe.act = delta.T @ (delta @ self.basis.U.to(torch.float64)) / delta.shape[0]
+            return self.module.leave(out, inp), probe
+        h.retain_grad()
+        return self.module.leave(self.module.body(h), inp), probe
 
-    def _accumulate_stat(self, h: torch.Tensor | None) -> None:
-        if h is None or h.grad is None or self.basis is None:
+    def _accumulate_stat(self, probe: _Probe | None) -> None:
+        """Add one microbatch's M_s (averaged over the step's microbatches) once its backward is done."""
+        if probe is None or self.basis is None:
+            return
+        kind, n_mb = self.spec.refit_statistic, self.spec.n_microbatches
+        if kind == "act_cov":
+            self._step_stat += probe.act / n_mb
+            return
+        h = probe.h_in
+        if h.grad is None:
             return
         g = h.grad.detach().reshape(-1, h.shape[-1]).to(torch.float64)
+        if kind == "riemannian":
+            # -dL/dU of the decoder h = z U^T + T_fixed[tok]: -sum_tokens g z^T, a descent direction for U
+            z = probe.z_in.detach().reshape(-1, probe.z_in.shape[-1]).to(torch.float64)
+            self._step_stat -= (g.T @ z) / (g.shape[0] * n_mb)
+            return
         # C_s U with C_s = mean_tokens g^T g, averaged over the step's microbatches
-        self._step_stat += (g.T @ (g @ self.basis.U.to(torch.float64))) / (g.shape[0] * self.spec.n_microbatches)
+        self._step_stat += (g.T @ (g @ self.basis.U.to(torch.float64))) / (g.shape[0] * n_mb)
 
     def forward(self, step: int, microbatch: int, tokens: torch.Tensor,
                 z_in: torch.Tensor | None = None) -> torch.Tensor:
@@ -130,8 +160,8 @@ class StageRunner:
         self._check_step(step, microbatch)
         tokens = tokens.to(self.device)
         z = self._input(z_in)
-        out, h = self._run_module(tokens, z)
-        self._pending[microbatch] = _Pending(z, out, h)
+        out, probe = self._run_module(tokens, z)
+        self._pending[microbatch] = _Pending(z, out, probe)
         return out.detach()
 
     def forward_backward(self, step: int, microbatch: int, tokens: torch.Tensor,
@@ -142,10 +172,10 @@ class StageRunner:
         self._check_step(step, microbatch)
         tokens = tokens.to(self.device)
         z = self._input(z_in)
-        logits, h = self._run_module(tokens, z)
+        logits, probe = self._run_module(tokens, z)
         loss = lm_loss(logits, tokens[:, 1:])
         (loss / self.spec.n_microbatches).backward()
-        self._accumulate_stat(h)
+        self._accumulate_stat(probe)
         self._backward_done.add(microbatch)
         return float(loss.detach()), (z.grad.detach() if z is not None else None)
 
@@ -162,7 +192,7 @@ class StageRunner:
                              f"{list(pending.out.shape)}.")
         del self._pending[microbatch]
         pending.out.backward(grad_out)
-        self._accumulate_stat(pending.h_in)
+        self._accumulate_stat(pending.probe)
         self._backward_done.add(microbatch)
         return pending.z_in.grad.detach() if pending.z_in is not None else None
 

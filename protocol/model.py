@@ -5,7 +5,9 @@ bit-identical initial weights without seeing the others. With the subspace codec
 layer that writes into the residual stream of a non-last stage (attention output, MLP down
 projection, the trainable embedding T_S) keeps its output side inside span(U), either by
 the optimizer ("project", docs/algorithms.md 1.5a) or by construction ("reparam", 1.5c).
-The last stage (its blocks, final norm and LM head) is free (1.2 rule 2).
+The last stage (its blocks, final norm and LM head) is free (1.2 rule 2). With
+`embed_split = "per_stage"` every stage also adds its own trainable token table on entry and
+takes it off before its encoder, so the boundary stays exact (docs/algorithms.md 1.3).
 
 Compute dtypes (`RunSpec.dtype`): "fp64" and "fp32" run everything in that dtype (the
 exactness tests). "bf16" keeps fp32 master weights, fp32 optimizer state, an fp32 residual
@@ -207,6 +209,9 @@ class StageModule(nn.Module):
                 else nn.Embedding(spec.vocab, spec.d_model)
         else:
             self.decoder = make_decoder(spec, basis)
+        # embed_split "per_stage": this stage's own trainable token table, zero at init (docs/fidelity.md)
+        self.token_table = nn.Parameter(torch.zeros(spec.vocab, spec.d_model)) \
+            if spec.embed_split == "per_stage" else None
         self.blocks = nn.ModuleList(Block(spec, U) for _ in spec.layer_range(stage))
         if self.is_last:
             self.norm = RMSNorm(spec.d_model)
@@ -245,9 +250,17 @@ class StageModule(nn.Module):
     # -------- pieces, so the reference can also run the stages without any boundary
     def enter(self, tokens: torch.Tensor, z_in: torch.Tensor | None) -> torch.Tensor:
         if self.is_first:
-            return self.embed(tokens)
+            return self.add_table(self.embed(tokens), tokens)
         assert z_in is not None, "a non-first stage needs the boundary tensor"
-        return self.decoder(z_in, tokens)
+        return self.add_table(self.decoder(z_in, tokens), tokens)
+
+    def add_table(self, h: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """h + D_s[tok] with this stage's own token table D_s (embed_split "per_stage"), else h."""
+        return h if self.token_table is None else h + self.token_table[tokens]
+
+    def strip_table(self, h: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """h - D_s[tok]: what leaves the stage, so that h - T_fixed[tok] is in span(U) again at the encoder."""
+        return h if self.token_table is None else h - self.token_table[tokens]
 
     def compute(self, device_type: str) -> contextlib.AbstractContextManager:
         """The context the blocks and the LM head run in: bf16 autocast in a bf16 run, else nothing."""
@@ -277,7 +290,7 @@ class StageModule(nn.Module):
     def leave(self, h: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         if self.is_last:
             return self.logits(h)
-        return self.encoder(h, tokens)
+        return self.encoder(self.strip_table(h, tokens), tokens)
 
     def forward(self, tokens: torch.Tensor, z_in: torch.Tensor | None = None) -> torch.Tensor:
         return self.leave(self.body(self.enter(tokens, z_in)), tokens)

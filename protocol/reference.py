@@ -40,8 +40,9 @@ class ReferenceModel:
                 if not m.is_last:
                     z = WireRoundtrip.apply(z, self.packer)
             else:
-                h = m.body(m.embed(inp) if m.is_first else h)
+                h = m.body(m.enter(inp, None) if m.is_first else m.add_table(h, inp))
                 z = m.logits(h) if m.is_last else None
+                h = m.strip_table(h, inp)
         return lm_loss(z, tokens[:, 1:])
 
     def train_step(self, batch: Callable[[int, int], torch.Tensor]) -> float:

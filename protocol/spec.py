@@ -25,6 +25,11 @@ QUANTS = ("none", "int8")
 # boundary tensors stay in fp32 (protocol/model.py `compute_dtype`, `autocast_dtype`)
 COMPUTE_DTYPES = {"fp32": torch.float32, "fp64": torch.float64, "bf16": torch.bfloat16}
 SUBSPACE_MODES = ("project", "reparam")
+# docs/fidelity.md: "subspace" = T_fixed + T_S (rows of T_S in span(U)); "per_stage" adds, on every stage, an
+# untied trainable [V, d] token table that the stage adds on entry and takes off again before its encoder
+EMBED_SPLITS = ("subspace", "per_stage")
+# the statistic receiving stages send for a re-fit of U (docs/algorithms.md 1.7, docs/fidelity.md)
+REFIT_STATISTICS = ("grad_cov", "act_cov", "riemannian")
 
 
 class SpecError(ValueError):
@@ -49,6 +54,7 @@ class RunSpec:
     quant: str = "none"
     subspace_mode: str = "project"  # docs/algorithms.md 1.5(a) "project" or 1.5(c) "reparam"
     v_scale_by_rank: bool = True  # docs/algorithms.md 1.5(a) finding (i): scale v by d/k
+    embed_split: str = "subspace"  # EMBED_SPLITS: which part of the token embedding is trainable, and where
     dtype: str = "fp32"  # compute dtype of every stage: fp32, fp64 (exactness tests) or bf16 (autocast, fp32 master)
     # seeds
     seed: int = 0  # weights, U and T_fixed
@@ -71,7 +77,8 @@ class RunSpec:
     basis_switch_delay: int = 10  # a re-fit computed after step t takes effect at step t + delay
     grassmann_eta: float = 0.05  # retraction step (radians-ish, before the angle cap)
     grassmann_max_angle: float = 0.05  # cap on the largest principal angle of one update
-    stats_decay: float = 0.9  # EMA decay per step of the statistic C_s U
+    stats_decay: float = 0.9  # EMA decay per step of the statistic M_s
+    refit_statistic: str = "grad_cov"  # REFIT_STATISTICS: what M_s is (docs/algorithms.md 1.7)
     # the coordinator's public key (hex); empty until a coordinator signs the spec
     coordinator_key: str = ""
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
@@ -116,6 +123,12 @@ class RunSpec:
         need(self.quant in QUANTS, f"quant must be one of {', '.join(QUANTS)}.")
         need(self.dtype in COMPUTE_DTYPES, f"dtype must be one of {', '.join(COMPUTE_DTYPES)}.")
         need(self.subspace_mode in SUBSPACE_MODES, f"subspace_mode must be one of {SUBSPACE_MODES}.")
+        need(self.embed_split in EMBED_SPLITS, f"embed_split must be one of {', '.join(EMBED_SPLITS)}.")
+        need(self.embed_split == "subspace" or self.codec == "subspace",
+             f"embed_split {self.embed_split!r} needs the subspace codec; use embed_split \"subspace\" with "
+             f"codec {self.codec!r}.")
+        need(self.refit_statistic in REFIT_STATISTICS,
+             f"refit_statistic must be one of {', '.join(REFIT_STATISTICS)}.")
         need(2 <= self.vocab <= 2**31 - 1, "vocab must be between 2 and 2^31-1.")
         need(self.d_model > 0 and self.n_heads > 0, "d_model and n_heads must be positive.")
         need(self.d_model % self.n_heads == 0, f"d_model {self.d_model} must divide by n_heads {self.n_heads}.")

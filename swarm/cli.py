@@ -308,11 +308,13 @@ def build_parser() -> argparse.ArgumentParser:
     ad.set_defaults(func=cmd_admit)
 
     be = sub.add_parser("bench", help="benchmarks: JSON + PNG, ratios measured side by side")
-    be.add_argument("which", choices=["codecs", "throughput", "convergence", "mfu", "replicas"],
+    be.add_argument("which", choices=["codecs", "throughput", "convergence", "mfu", "replicas", "fidelity"],
                     help="codecs: bytes/token and encode/decode time; throughput: tokens/s of local swarms per "
                     "codec, unlimited vs 80mbit; convergence: loss vs tokens, fixed U vs re-fitted U vs dense; "
                     "mfu: the device's bf16 matmul rate and the share of it whole-model training uses; "
-                    "replicas: tokens/s with 1-3 replicas per stage and failover time")
+                    "replicas: tokens/s with 1-3 replicas per stage and failover time; fidelity: held-out loss "
+                    "against compression, one-cause ablations and dense vs subspace across widths, as jobs spread "
+                    "over GPUs inside a time budget (docs/fidelity.md)")
     be.add_argument("--out", default="bench-out", help="output folder (default: bench-out)")
     be.add_argument("--smoke", action="store_true", help="tiny sizes, for CI")
     be.add_argument("--preset", choices=sorted(PRESETS),
@@ -342,6 +344,21 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--kernel-shaping", action="store_true",
                     help="throughput: also run each limited link with every process in its own network namespace "
                     "and tc tbf on its uplink and downlink (needs root; skipped with a message where not allowed)")
+    be.add_argument("--plan", choices=["gpu", "cpu"], default="gpu",
+                    help="fidelity: gpu (bf16, the small shape, ~10 min of 4 H100s) or cpu (d=128, the reduced "
+                    "size of the CPU results)")
+    be.add_argument("--groups", help="fidelity: comma-separated job groups (default: all): "
+                    "scale,headline,frontier,seeds,lr,optimizer,embed,layers,refit")
+    be.add_argument("--parallel", type=int, default=1,
+                    help="fidelity: GPUs to use, cuda:0..N-1 (on a CPU: worker processes) (default: 1)")
+    be.add_argument("--per-device", type=int, default=1, help="fidelity: worker processes per GPU (default: 1)")
+    be.add_argument("--budget-s", type=float, default=540.0,
+                    help="fidelity: wall-clock budget in seconds; jobs that cannot finish are skipped or cut "
+                    "(default: 540)")
+    be.add_argument("--resume", action="store_true",
+                    help="fidelity: keep the jobs OUT/fidelity.jsonl already holds finished and run the others")
+    be.add_argument("--best", help="fidelity: RunSpec overrides as JSON for the headline's 'best settings' row, "
+                    "e.g. '{\"lr\": 0.002}'")
     be.set_defaults(func=cmd_bench)
 
     ex = sub.add_parser("export", help="a trained model as our model.safetensors or a Hugging Face folder",

@@ -7,6 +7,8 @@ measured side by side in one run.
   loss against wall-clock time from measured tokens/s.
 - `mfu.py`: the device's bf16 matmul rate and the share of it that training the whole model uses.
 - `replicas.py`: tokens/s with 1, 2, 3 replicas per stage; seconds from a replica's death to the next step.
+- `fidelity.py`: held-out loss against compression, one-cause ablations of the loss gap, dense vs
+  subspace across widths; jobs spread over GPUs inside a time budget (docs/fidelity.md).
 """
 from __future__ import annotations
 
@@ -45,6 +47,15 @@ def _dispatch(a: argparse.Namespace) -> None:
         run_convergence_bench(a.out, preset_name=a.preset or "small", steps=a.steps or 2000,
                               data=a.data, device=a.device, smoke=a.smoke, throughput_json=a.throughput_json,
                               link=a.link, curves_json=a.curves_json, dtype=a.dtype)
+    elif a.which == "fidelity":
+        import json
+
+        from .fidelity import run_fidelity_bench
+        from .fidelity_plan import GROUPS
+        groups = tuple(g.strip() for g in a.groups.split(",")) if a.groups else GROUPS
+        run_fidelity_bench(a.out, plan=a.plan, device=a.device, parallel=a.parallel, per_device=a.per_device,
+                           budget_s=a.budget_s, groups=groups, data=a.data, smoke=a.smoke,
+                           best=json.loads(a.best) if a.best else None, resume=a.resume)
     elif a.which == "replicas":
         from .replicas import run_replicas_bench
         run_replicas_bench(a.out, preset_name=a.preset or "small", steps=a.steps or 20, device=a.device,

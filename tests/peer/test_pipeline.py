@@ -64,6 +64,7 @@ ORACLE = {  # name: (spec overrides, steps, lossless check)
     "subspace-4-project": (dict(stages=4, n_layers=4), 100, True),
     "subspace-2-reparam": (dict(subspace_mode="reparam"), 100, True),
     "subspace-3-reparam": (dict(subspace_mode="reparam", stages=3, n_layers=3), 30, True),
+    "subspace-3-per-stage-tables": (dict(embed_split="per_stage", stages=3, n_layers=3), 30, True),
     "bottleneck-2": (dict(codec="bottleneck"), 100, False),
     "dense-2": (dict(codec="dense"), 20, False),
 }

@@ -1,0 +1,196 @@
+"""What `swarm bench fidelity` trains: the jobs of each plan, grouped by the question they answer.
+
+Groups (docs/fidelity.md reads them in this order):
+
+- `scale`: dense against subspace at a fixed ratio (k = d/100 on a GPU, up to d=1024; d/16 on a
+  CPU) across widths at equal tokens: does the gap shrink with width?
+- `headline`: the `small` preset at the issue's 2000 steps, dense against subspace at 16x, with
+  the defaults the issue measured and with the best settings the ablations found.
+- `frontier`: held-out loss against compression (payload bytes per token): subspace with a fixed
+  and a re-fitted U and the bottleneck, each at k = d/64, d/32, d/16, d/8, and subspace with an
+  int8 wire at k = d/32 .. d/4 (twice the rank for about the same bytes); dense as the reference.
+- `seeds`: dense and the subspace baseline with two more seeds: the spread of one configuration.
+- `lr`, `optimizer`, `embed`, `layers`, `refit`: one cause at a time against the subspace
+  baseline of the same plan (its lr, second-moment scaling, embedding split, number of
+  constrained layers, re-fit statistic / interval / step).
+
+Plans: "gpu" (bf16, the `small` shape, one microbatch per step; sized for ~10 minutes of 4 H100s),
+"cpu" (fp32, d=128, 4 layers, 3 of them constrained: the reduced size the CPU results in
+docs/fidelity.md were measured at) and "smoke" (seconds, for CI). Within a group every job
+trains the same number of tokens on the same data and seeds.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from protocol.spec import RunSpec, preset
+
+from .fidelity_train import Job
+
+GROUPS = ("scale", "headline", "frontier", "seeds", "lr", "optimizer", "embed", "layers", "refit")
+
+
+@dataclass(frozen=True)
+class PlanShape:
+    base: RunSpec  # the subspace baseline: fixed U, the plan's lr, k = d/16
+    steps: int  # steps of the frontier and the ablations
+    headline_steps: int
+    scale_steps: int
+    scale_widths: tuple[int, ...]
+    scale_ratio: int  # k = d / scale_ratio in the scale group
+    refit_interval: int  # the re-fit interval of the frontier's re-fitted rows
+
+
+def _cpu_base() -> RunSpec:
+    return RunSpec(name="cpu", vocab=256, d_model=128, n_layers=4, n_heads=4, d_ff=344, seq_len=64,
+                   stage_layers=(2, 1, 1), codec="subspace", rank=8, wire_dtype="bf16", batch_size=16,
+                   microbatch_size=16, lr=2e-3, warmup_steps=50, total_steps=1200, basis_updates=False)
+
+
+def plan_shape(plan: str) -> PlanShape:
+    if plan == "gpu":
+        # one microbatch of 32 x 256 per step: the same batch as the preset's 4 x 8, a quarter of the launches
+        base = preset("small", codec="subspace", dtype="bf16", microbatch_size=32, basis_updates=False,
+                      total_steps=1000)
+        return PlanShape(base, 1000, 2000, 2500, (256, 512, 1024), 100, 100)
+    if plan == "cpu":
+        return PlanShape(_cpu_base(), 1200, 1200, 1200, (64, 128, 256), 16, 100)
+    if plan == "smoke":
+        base = RunSpec(name="smoke", d_model=64, n_layers=4, n_heads=2, d_ff=64, seq_len=16, stage_layers=(2, 1, 1),
+                       rank=4, wire_dtype="bf16", batch_size=4, microbatch_size=4, lr=3e-3, warmup_steps=2,
+                       total_steps=8, basis_updates=False)
+        return PlanShape(base, 8, 8, 8, (64, 128), 16, 4)
+    raise ValueError(f"unknown plan {plan!r}; choose gpu, cpu or smoke.")
+
+
+def refit(spec: RunSpec, interval: int, **kw) -> RunSpec:
+    return spec.replace(basis_updates=True, basis_interval=interval,
+                        basis_switch_delay=max(1, min(10, interval // 2)), **kw)
+
+
+def dense(spec: RunSpec, **kw) -> RunSpec:
+    return spec.replace(codec="dense", basis_updates=False, embed_split="subspace", **kw)
+
+
+def _job(name: str, group: str, spec: RunSpec, priority: int, note: str = "") -> Job:
+    return Job(name, group, spec, priority, note)
+
+
+def scale_jobs(s: PlanShape, priority: int = 0) -> list[Job]:
+    """Dense and subspace at k = max(2, d / scale_ratio) per width; lr ~ 1/sqrt(d) around the base's at its d."""
+    out = []
+    for d in sorted(s.scale_widths, reverse=True):  # the longest first: they bound the makespan
+        heads = max(2, d // 64) if d >= 128 else 2
+        k = max(2, round(d / s.scale_ratio))
+        lr = s.base.lr * (s.base.d_model / d) ** 0.5
+        spec = s.base.replace(d_model=d, n_heads=heads, d_ff=int(d * s.base.d_ff / s.base.d_model) // 8 * 8, rank=k,
+                              lr=lr, total_steps=s.scale_steps)
+        out.append(_job(f"d={d} dense", "scale", dense(spec), priority))
+        out.append(_job(f"d={d} subspace k={k}", "scale", spec, priority, f"{d / k:.0f}x"))
+    return out
+
+
+def frontier_jobs(s: PlanShape, priority: int = 2, rest: int = 4) -> list[Job]:
+    """`priority`: dense, the fixed-U rows and the re-fit at d/16 (the ablations' references);
+    `rest` (after the ablations): the other re-fits, the bottleneck and the int8 rows."""
+    d, out = s.base.d_model, [_job("dense", "frontier", dense(s.base), priority)]
+    for div in (64, 32, 16, 8):
+        k = max(1, d // div)
+        out.append(_job(f"subspace k={k} fixed U", "frontier", s.base.replace(rank=k), priority))
+        out.append(_job(f"subspace k={k} re-fit/{s.refit_interval}", "frontier",
+                        refit(s.base.replace(rank=k), s.refit_interval), priority if div == 16 else rest))
+        out.append(_job(f"bottleneck b={k}", "frontier", s.base.replace(codec="bottleneck", rank=k), rest))
+    for div in (32, 16, 8, 4):  # twice the rank in int8 at about the same bytes as bf16 at half of it
+        k = max(1, d // div)
+        out.append(_job(f"subspace int8 k={k} fixed U", "frontier", s.base.replace(rank=k, quant="int8"), rest,
+                        "int8 payload, one bf16 absmax scale per token"))
+    return out
+
+
+def seed_jobs(s: PlanShape, priority: int = 2) -> list[Job]:
+    """The baseline and dense again with other seeds (U, T_fixed and the weights; same data): how far
+    apart two draws of the same configuration end, the noise every other comparison must beat."""
+    out = []
+    for seed in (1, 2):
+        out.append(_job(f"dense seed {seed}", "seeds", dense(s.base, seed=seed), priority))
+        out.append(_job(f"subspace seed {seed}", "seeds", s.base.replace(seed=seed), priority))
+    return out
+
+
+def lr_jobs(s: PlanShape, priority: int = 3) -> list[Job]:
+    out = []
+    for m in (0.25, 0.5, 2.0, 4.0):
+        out.append(_job(f"dense lr x{m:g}", "lr", dense(s.base, lr=s.base.lr * m), priority))
+        out.append(_job(f"subspace lr x{m:g}", "lr", s.base.replace(lr=s.base.lr * m), priority))
+    return out
+
+
+def optimizer_jobs(s: PlanShape, priority: int = 3) -> list[Job]:
+    return [_job("v not scaled by d/k", "optimizer", s.base.replace(v_scale_by_rank=False), priority,
+                 "v = mean over the d rows: steps sqrt(d/k) larger in the k coordinates"),
+            _job("reparam W = U A (elementwise v)", "optimizer", s.base.replace(subspace_mode="reparam"), priority,
+                 "plain AdamW on A [k, n]: one v per coordinate")]
+
+
+def embed_jobs(s: PlanShape, priority: int = 3) -> list[Job]:
+    return [_job("per-stage token tables", "embed", s.base.replace(embed_split="per_stage"), priority,
+                 "every stage adds its own trainable [V, d] table (exact)")]
+
+
+def layer_jobs(s: PlanShape, priority: int = 3) -> list[Job]:
+    """The same layers cut so that the free last stage holds more of them (fewer constrained)."""
+    L, n = s.base.n_layers, s.base.n_stages
+    out = []
+    for free in sorted({L // 2, L - n + 1} - set(range(s.base.stage_layers[-1] + 1))):
+        head = L - free
+        layout = tuple(head // (n - 1) + (1 if i < head % (n - 1) else 0) for i in range(n - 1)) + (free,)
+        out.append(_job(f"{head} of {L} layers constrained {'-'.join(map(str, layout))}", "layers",
+                        s.base.replace(stage_layers=layout), priority))
+    free = s.base.stage_layers[-1]
+    out.append(_job(f"dense with only the {free} free layer(s)", "layers",
+                    dense(s.base, n_layers=free, stage_layers=(free,)), priority,
+                    "the floor: what the subspace model would reach if its constrained layers added nothing"))
+    return out
+
+
+def refit_jobs(s: PlanShape, priority: int = 3) -> list[Job]:
+    """The grad_cov row at the same interval is the frontier's re-fitted row at k = d/16."""
+    i, short = s.refit_interval, max(2, s.refit_interval // 4)
+    out = [_job(f"{stat} every {i}", "refit", refit(s.base, i, refit_statistic=stat), priority)
+           for stat in ("act_cov", "riemannian")]
+    out.append(_job(f"riemannian every {short}", "refit", refit(s.base, short, refit_statistic="riemannian"),
+                    priority))
+    out.append(_job(f"riemannian every {i}, angle 0.2", "refit",
+                    refit(s.base, i, refit_statistic="riemannian", grassmann_eta=0.2, grassmann_max_angle=0.2),
+                    priority))
+    out.append(_job(f"grad_cov every {i}, angle 0.2", "refit",
+                    refit(s.base, i, grassmann_eta=0.2, grassmann_max_angle=0.2), priority))
+    return out
+
+
+def headline_jobs(s: PlanShape, best: dict | None = None, priority: int = 1) -> list[Job]:
+    """`small` at the issue's length: dense, the issue's subspace defaults, and `best` (RunSpec overrides
+    the ablations chose), each at 16x."""
+    base = s.base.replace(total_steps=s.headline_steps)
+    out = [_job("dense", "headline", dense(base), priority),
+           _job("subspace k=d/16, issue defaults", "headline", base, priority)]
+    if best:
+        out.append(_job("subspace k=d/16, best settings", "headline", base.replace(**best), priority, str(best)))
+    return out
+
+
+def jobs_for(plan: str, groups: tuple[str, ...] = GROUPS, best: dict | None = None) -> list[Job]:
+    s = plan_shape(plan)
+    make = {"scale": scale_jobs, "frontier": frontier_jobs, "seeds": seed_jobs, "lr": lr_jobs,
+            "optimizer": optimizer_jobs, "embed": embed_jobs, "layers": layer_jobs, "refit": refit_jobs,
+            "headline": lambda s: headline_jobs(s, best)}
+    unknown = sorted(set(groups) - set(make))
+    if unknown:
+        raise ValueError(f"unknown groups {', '.join(unknown)}; choose among {', '.join(GROUPS)}.")
+    jobs = [j for g in GROUPS if g in groups for j in make[g](s)]
+    for j in jobs:  # the ablations and the frontier train the plan's step count
+        if j.group not in ("scale", "headline"):
+            j.spec = j.spec.replace(total_steps=s.steps)
+    keys = [j.key for j in jobs]
+    assert len(set(keys)) == len(keys), "every job of a plan needs its own group/name"
+    return jobs

@@ -1,0 +1,94 @@
+"""`swarm bench fidelity` at smoke size: every job of the plan runs in worker processes and comes
+back as one JSON line, the summary's comparisons are the losses' ratios, the figure is drawn;
+and a budget too small for the plan still ends on time, with every job accounted for."""
+from __future__ import annotations
+
+import json
+import math
+import time
+
+import pytest
+
+from swarm.bench.fidelity import run_fidelity_bench
+from swarm.bench.fidelity_plan import GROUPS, jobs_for, plan_shape
+from swarm.bench.fidelity_queue import estimated_seconds, run_queue
+from swarm.bench.fidelity_train import Job
+
+
+def test_fidelity_bench_smoke(tmp_path):
+    result = run_fidelity_bench(str(tmp_path), smoke=True, parallel=2, budget_s=300)
+    jobs = jobs_for("smoke")
+    lines = [json.loads(x) for x in (tmp_path / "fidelity.jsonl").read_text().splitlines()]
+    assert sorted((r["group"], r["name"]) for r in lines) == sorted((j.group, j.name) for j in jobs)
+    assert all(not r["error"] and not r["truncated"] and r["steps"] == 8 for r in lines)
+    assert all(r["val"][-1][1] < r["val"][0][1] + 0.5 and math.isfinite(r["final_val"]) for r in lines)
+    written = json.loads((tmp_path / "fidelity.json").read_text())
+    assert written["rows"] == result["rows"] and len(written["rows"]) == len(jobs)
+    assert (tmp_path / "fidelity.png").stat().st_size > 20_000
+    assert (tmp_path / "fidelity.md").read_text().count("\n") == len(jobs) + 2
+    loss = {(r["group"], r["name"]): r["final_val"] for r in lines}
+    rows = {(r["group"], r["name"]): r for r in written["rows"]}
+    dense, base = loss[("frontier", "dense")], loss[("frontier", "subspace k=4 fixed U")]
+    row = rows[("embed", "per-stage token tables")]
+    assert row["vs_dense"] == pytest.approx(loss[("embed", "per-stage token tables")] / dense - 1)
+    assert row["vs_base"] == pytest.approx(loss[("embed", "per-stage token tables")] / base - 1)
+    assert rows[("scale", "d=128 subspace k=8")]["vs_dense"] == \
+        pytest.approx(loss[("scale", "d=128 subspace k=8")] / loss[("scale", "d=128 dense")] - 1)
+    # the compression axis is payload bytes: bf16 k = d/16 is 16x, int8 at twice the rank a little less
+    assert rows[("frontier", "subspace k=4 fixed U")]["compression"] == 16
+    assert rows[("frontier", "subspace int8 k=8 fixed U")]["compression"] == pytest.approx(128 / 10)
+    # the re-fitted rows really switched U; the fixed ones never did
+    assert all(r["switches"] >= 1 for r in lines if r["spec"]["basis_updates"])
+    assert all(r["switches"] == 0 for r in lines if not r["spec"]["basis_updates"])
+
+
+def test_fidelity_budget_ends_on_time_and_accounts_for_every_job(tmp_path):
+    """Jobs far longer than the budget: the bench still ends within budget + grace, the first job
+    (started on an optimistic prior speed) is cut at the deadline with a held-out loss at the step it
+    reached, the next ones are skipped by the speed measured on it, and every job has a row."""
+    long = plan_shape("smoke").base.replace(total_steps=1_000_000)
+    slow = [Job(f"long {i}", "frontier", long.replace(seed=i)) for i in range(3)]
+    t0 = time.time()
+    results = run_queue(slow, tmp_path, None, "cpu", 1, 1, budget_s=12, reserve_s=2, grace_s=15, eval_batches=1,
+                        prior=(0.0, 1e18))
+    assert time.time() - t0 < 12 + 15
+    assert sorted(r["name"] for r in results) == ["long 0", "long 1", "long 2"]
+    cut = [r for r in results if r["truncated"]]
+    assert len(cut) == 1 and 0 < cut[0]["steps"] < 1_000_000 and math.isfinite(cut[0]["final_val"])
+    assert cut[0]["val"][-1][0] == cut[0]["tokens"]  # the last held-out loss is at the step it reached
+    others = [r for r in results if not r["truncated"]]
+    assert all(r["error"].startswith("skipped: needs") and r["steps"] == 0 for r in others)
+    lines = [json.loads(x) for x in (tmp_path / "fidelity.jsonl").read_text().splitlines()]
+    assert sorted(r["name"] for r in lines) == ["long 0", "long 1", "long 2"]
+
+
+def test_plans_are_consistent():
+    """Within a group every job trains the same tokens; the GPU plan's scale jobs are d >= 1024 at ~100x
+    with >= 20M tokens, and its frontier covers k = d/64 .. d/8."""
+    for plan in ("gpu", "cpu", "smoke"):
+        jobs = jobs_for(plan)
+        for g in GROUPS:
+            assert len({j.tokens for j in jobs if j.group == g}) <= 1, (plan, g)
+    gpu = jobs_for("gpu")
+    big = [j for j in gpu if j.group == "scale" and j.spec.d_model >= 1024]
+    assert {j.spec.codec for j in big} == {"dense", "subspace"}
+    assert all(j.tokens >= 20e6 and j.spec.dtype == "bf16" for j in big)
+    assert [j.compression() for j in big if j.spec.codec == "subspace"] == [pytest.approx(102.4)]
+    ranks = {j.spec.rank for j in gpu
+             if j.group == "frontier" and j.spec.codec == "subspace" and j.spec.quant == "none"}
+    assert ranks == {8, 16, 32, 64}
+    assert sum(estimated_seconds(j, "cuda") for j in gpu) / 4 < 540
+
+
+def test_fidelity_resume_runs_only_the_missing_jobs(tmp_path):
+    first = run_fidelity_bench(str(tmp_path), smoke=True, groups=("embed",), budget_s=120)
+    assert [r["name"] for r in first["jobs"]] == ["per-stage token tables"]
+    again = run_fidelity_bench(str(tmp_path), smoke=True, groups=("optimizer", "embed"), budget_s=120, resume=True)
+    kept = next(r for r in again["jobs"] if r["group"] == "embed")
+    assert kept == first["jobs"][0]  # taken over as it was, not trained again
+    assert sorted(r["group"] for r in again["jobs"]) == ["embed", "optimizer", "optimizer"]
+    lines = (tmp_path / "fidelity.jsonl").read_text().splitlines()
+    assert len(lines) == 3
+    fresh = run_fidelity_bench(str(tmp_path), smoke=True, groups=("embed",), budget_s=120)
+    assert fresh["jobs"][0]["finished_s"] != first["jobs"][0]["finished_s"]  # without --resume: trained anew
+    assert len((tmp_path / "fidelity.jsonl").read_text().splitlines()) == 1
