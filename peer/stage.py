@@ -22,6 +22,7 @@ from protocol.model import StageModule, build_stage, compute_dtype, lm_loss, spe
 from protocol.optim import clip_grad_norm, lr_at, make_optimizer, set_lr
 from protocol.spec import RunSpec
 from protocol.subspace import SubspaceBasis, project_cols, project_rows
+from protocol.sync_layout import SyncLayout
 
 
 class StageError(ValueError):
@@ -64,6 +65,8 @@ class StageRunner:
         self.optimizer = make_optimizer(spec, self.module)
         self.params = [p for p in self.module.parameters() if p.requires_grad]  # the order of flat gradients
         self.n_params = sum(p.numel() for p in self.params)
+        # how gradients travel between replicas: constrained ones in subspace coordinates
+        self.layout = SyncLayout.for_module(self.module, spec.rank if basis is not None else None)
         self.reduced: Reduced | None = None
         self.step = 0  # the step whose gradients are being accumulated
         self._pending: dict[int, _Pending] = {}
@@ -198,14 +201,20 @@ class StageRunner:
     def microbatches_done(self) -> list[int]:
         return sorted(self._backward_done)
 
-    def contribution(self) -> tuple[list[int], torch.Tensor | None, torch.Tensor | None]:
-        """(microbatches, flat gradient sum, statistic) of this replica's share of the step;
-        tensors are None when it computed nothing (it adds nothing to the sum)."""
+    def contribution(self, on_device: bool = False) -> tuple[list[int], torch.Tensor | None, torch.Tensor | None]:
+        """(microbatches, flat gradient sum in the `SyncLayout`, statistic) of this replica's
+        share of the step; tensors are None when it computed nothing (it adds nothing to the
+        sum). The flat sum is on the CPU unless `on_device`."""
         mbs = self.microbatches_done()
         if not mbs:
             return [], None, None
-        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in self.params])
-        return mbs, flat.detach().cpu(), (self._step_stat.detach().cpu() if self._step_stat is not None else None)
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        flat = self.layout.pack(grads, self.current_U())
+        return mbs, (flat if on_device else flat.cpu()), \
+            (self._step_stat.detach().cpu() if self._step_stat is not None else None)
+
+    def current_U(self) -> torch.Tensor | None:
+        return self.basis.U if self.basis is not None else None
 
     def set_reduced(self, reduced: Reduced) -> None:
         if reduced.step != self.step:
@@ -229,14 +238,11 @@ class StageRunner:
         return self._step()
 
     def load_flat_grads(self, flat: torch.Tensor, stat: torch.Tensor | None) -> None:
-        """Put a flat gradient (and the step's statistic) in place of whatever was accumulated."""
+        """Put a flat gradient in the `SyncLayout` (and the step's statistic) in place of whatever
+        was accumulated; constrained gradients are rebuilt in span(U) of the step's basis."""
         self._pending.clear()
-        flat = flat.to(self.device)
-        off = 0
-        for p in self.params:
-            n = p.numel()
-            p.grad = flat[off:off + n].view_as(p).to(p.dtype).clone()
-            off += n
+        for p, g in zip(self.params, self.layout.unpack(flat.to(self.device, self.dtype), self.current_U())):
+            p.grad = g.to(p.dtype).clone()
         if self._step_stat is not None:
             self._step_stat.copy_(stat.to(self._step_stat) if stat is not None else torch.zeros_like(self._step_stat))
 
