@@ -129,7 +129,15 @@ class StepCommit:
     async def _reduce(self, cmd: Command) -> CommandReply:
         d = self.daemon
         others = sorted({p for p in cmd.candidates if p != self.peer_id})
-        if self.power is None:
+        if not others and (self.power is None or self.power.quiet()):
+            # alone: nothing travels, so the gradient stays as it is (a lone replica equals the oracle)
+            mbs, flat, stat = await d.run(self.runner.contribution, False, False)
+            mine = Contribution(self.spec.run_hash, cmd.step, cmd.attempt, self.stage, mbs, flat, stat)
+            try:
+                reduced = _sum(cmd.step, cmd.attempt, {self.peer_id: mine}, self.spec.n_microbatches, in_layout=False)
+            except StageError as e:
+                reduced = str(e)
+        elif self.power is None:
             mbs, flat, stat = await d.run(self.runner.contribution)
             mine = Contribution(self.spec.run_hash, cmd.step, cmd.attempt, self.stage, mbs, flat, stat)
             got = await self._exchange(cmd, mine, others)
@@ -153,7 +161,9 @@ class StepCommit:
         d, power, run, key = self.daemon, self.power, self.spec.run_hash, (cmd.step, cmd.attempt)
         mbs, flat, stat = await d.run(self.runner.contribution, True)
         first = await d.run(power.first, flat)
-        mine = Contribution(run, cmd.step, cmd.attempt, self.stage, mbs, first.exact, stat, 0, first.P)
+        # a replica with nothing to add (a standby head, say) sends no tensors: zeros to the others
+        mine = Contribution(run, cmd.step, cmd.attempt, self.stage, mbs, None if first.zero else first.exact, stat, 0,
+                            None if first.zero else first.P)
         got = await self._exchange(cmd, mine, others)
         if isinstance(got, str):
             return got
@@ -165,7 +175,7 @@ class StepCommit:
             flat = await d.run(power.solo, key, first)
             return Reduced(cmd.step, cmd.attempt, flat, total.stat, total.contributors)
         P_hat, Q_mine, Q_flat = await d.run(power.second, first, _sum_factors(got, self.runner.dtype))
-        mine = Contribution(run, cmd.step, cmd.attempt, self.stage, [], None, None, 1, Q_flat)
+        mine = Contribution(run, cmd.step, cmd.attempt, self.stage, [], None, None, 1, None if first.zero else Q_flat)
         got2 = await self._exchange(cmd, mine, sorted(p for p in got if p != self.peer_id), everyone=True)
         if isinstance(got2, str):
             return got2
@@ -279,7 +289,7 @@ class StepCommit:
         self.followers[peer] = step
         last = self._last
         if last is not None and last.step >= step:
-            body = encode_follow(FollowUpdate(self.spec.run_hash, last.step, last.grads, last.stat))
+            body = encode_follow(FollowUpdate(self.spec.run_hash, last.step, last.grads, last.stat, last.in_layout))
             self.daemon.spawn(self._send_follow(peer, body))
 
     async def serve_follow(self, on_update: Callable[[FollowUpdate, str], str | None]) -> None:
@@ -300,7 +310,8 @@ class StepCommit:
             del self.followers[peer]  # it took part in the reduce itself: in step from here on
         for peer, first in list(self.followers.items()):
             if reduced.step >= first:
-                body = encode_follow(FollowUpdate(self.spec.run_hash, reduced.step, reduced.grads, reduced.stat))
+                body = encode_follow(FollowUpdate(self.spec.run_hash, reduced.step, reduced.grads, reduced.stat,
+                                                  reduced.in_layout))
                 self.daemon.spawn(self._send_follow(peer, body))
 
     async def _send_follow(self, peer: str, body: bytes) -> None:
@@ -315,12 +326,17 @@ def _sum_factors(contributions: dict[str, Contribution], dtype: torch.dtype) -> 
     """The contributions' factors added up in ascending peer-id order, in the compute dtype."""
     total: torch.Tensor | None = None
     for peer in sorted(contributions):
+        if contributions[peer].factors is None:
+            continue  # a replica with nothing to add
         f = contributions[peer].factors.to(dtype)
         total = f.clone() if total is None else total.add_(f)
+    if total is None:
+        raise StageError("no replica contributed factors to the reduce.")
     return total
 
 
-def _sum(step: int, attempt: int, contributions: dict[str, Contribution], n_microbatches: int) -> Reduced:
+def _sum(step: int, attempt: int, contributions: dict[str, Contribution], n_microbatches: int,
+         in_layout: bool = True) -> Reduced:
     """Add contributions in ascending peer-id order (the same bits on every replica); every
     microbatch of the step exactly once."""
     seen: dict[int, str] = {}
@@ -340,4 +356,4 @@ def _sum(step: int, attempt: int, contributions: dict[str, Contribution], n_micr
     if missing:
         raise StageError(f"microbatches {missing} of the step are in no replica's contribution.")
     assert total is not None  # every microbatch is somewhere, so some contribution carries tensors
-    return Reduced(step, attempt, total, stat, {p: c.microbatches for p, c in contributions.items()})
+    return Reduced(step, attempt, total, stat, {p: c.microbatches for p, c in contributions.items()}, in_layout)

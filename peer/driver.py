@@ -46,6 +46,8 @@ class StepLog:
     basis_version: int
     lr: float
     attempts: int = 1  # 1 + the attempts that failed and were re-driven
+    commit_seconds: float = 0.0  # the successful attempt's commit (replicas' reduce and apply)
+    sync_bytes: int = 0  # what this head's replica sent to the other heads in that reduce
 
 
 class AttemptFailed(RuntimeError):
@@ -137,7 +139,9 @@ class StepDriver:
             attempts += 1
             try:
                 losses, tokens = await self._run_microbatches(step, attempt)
+                t_commit = time.perf_counter()
                 await self._commit(step, attempt)
+                commit_seconds = time.perf_counter() - t_commit
                 break
             except AttemptFailed as e:
                 log.warning("step %d, attempt %d failed (%s); re-driving it", step + 1, attempt, e)
@@ -149,7 +153,7 @@ class StepDriver:
         self.daemon.throughput = tokens / max(seconds, 1e-9)
         self.daemon.last_loss = sum(losses) / len(losses)
         return StepLog(step + 1, self.daemon.last_loss, tokens, seconds, self.runner.version_for_step(step),
-                       record.lr, attempts)
+                       record.lr, attempts, commit_seconds, self.commit.last_sync_bytes)
 
     async def _wait_for_coverage(self) -> None:
         while True:

@@ -35,7 +35,7 @@ def flat_limits(spec: RunSpec, runner: StageRunner) -> FlatLimits:
         plan = PowerPlan.for_layout(runner.layout, spec.replica_sync_rank)
         phases, factor_dtype = ((plan.exact_numel, plan.p_numel), (0, plan.q_numel)), WIRE_DTYPES[spec.wire_dtype]
     return FlatLimits(spec.run_hash, runner.stage, runner.layout.numel, runner.dtype, stat, spec.n_microbatches,
-                      phases, factor_dtype)
+                      phases, factor_dtype, runner.n_params)
 
 
 class PowerSync:
@@ -62,9 +62,12 @@ class PowerSync:
             # the error and Q of the last steps were in the old basis's coordinates
             self.state.change_basis(self.layout, self.plan, U.T @ self._basis[1].to(U))
             self._basis = self._basis_now()
+        zero = flat is None and self.quiet()
         if flat is None:
             flat = torch.zeros(self.layout.numel, dtype=self.runner.dtype, device=self.runner.device)
-        return first_round(self.layout, self.plan, self.state, flat, self.factor_dtype)
+        first = first_round(self.layout, self.plan, self.state, flat, self.factor_dtype)
+        first.zero = zero
+        return first
 
     def second(self, first: FirstRound, P_sum: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor],
                                                                       torch.Tensor]:
@@ -92,6 +95,10 @@ class PowerSync:
             views[i].copy_(first.M[j].cpu())
         self._keep(key, PowerState(self.state.Q, [torch.zeros_like(e) for e in self.state.error]))
         return flat
+
+    def quiet(self) -> bool:
+        """No error feedback is waiting to be sent (this replica has been alone, or never computed)."""
+        return not any(bool(e.any()) for e in self.state.error)
 
     def _keep(self, key: tuple[int, int], state: PowerState) -> None:
         self._pending = {k: v for k, v in self._pending.items() if k[0] == key[0]}  # only this step's attempts

@@ -26,13 +26,14 @@ Maps (short keys; tensors are wire.py's ExtType):
                   the compute dtype (nil when m is empty: nothing to add); f is nil.
                   "powersgd" (two phases, docs/algorithms.md 5.2): p = 0 carries t = the
                   exactly-summed part (vectors, small matrices) and f = the P factors, both
-                  present even when m is empty (the replica's error feedback still counts);
-                  p = 1 carries only f = the Q factors and m = []. Factors are in the run's
-                  wire dtype. q: the basis re-fit statistic of the step (receiving subspace
-                  stages; with p = 0 and a non-empty m only)
-    FollowUpdate  {k: "fol", r, s, t: reduced flat gradient, q: reduced statistic | nil}
-                  the reduced gradient of step s (in the stage's `SyncLayout`, compute dtype),
-                  forwarded to a replica that is catching up
+                  present even when m is empty if the replica keeps error feedback (both nil:
+                  nothing to add); p = 1 carries only f = the Q factors (nil: zero) and m = [].
+                  Factors are in the run's wire dtype. q: the basis re-fit statistic of the
+                  step (receiving subspace stages; with p = 0 and a non-empty m only)
+    FollowUpdate  {k: "fol", r, s, t: reduced flat gradient, q: reduced statistic | nil, j: in layout}
+                  the reduced gradient of step s (compute dtype), forwarded to a replica that is
+                  catching up: in the stage's `SyncLayout` (j true), or, from a replica that
+                  was alone in its reduce, every parameter's gradient in full (j false)
     StateRequest  {k: "state", r, o: "meta" | "chunk", i: chunk index, n: snapshot id}
     StateMeta     {k: "statem", s: step, n: snapshot id, z: total bytes, c: chunk bytes, h: sha256 hex}
 """
@@ -94,6 +95,7 @@ class FollowUpdate:
     step: int
     grads: torch.Tensor
     stat: torch.Tensor | None = None
+    in_layout: bool = False  # grads in the stage's SyncLayout, else in full
 
 
 @dataclass
@@ -126,6 +128,7 @@ class FlatLimits:
     n_microbatches: int
     phases: tuple[tuple[int, int], ...] = ()  # (exact numbers, factor numbers) per phase; () = exact sync
     factor_dtype: torch.dtype | None = None
+    full_numel: int = 0  # every parameter's gradient in full (a lone replica's follow updates)
 
     @property
     def exchange(self) -> tuple[tuple[int, int], ...]:
@@ -136,7 +139,7 @@ class FlatLimits:
         elem = torch.tensor([], dtype=self.dtype).element_size()
         felem = torch.tensor([], dtype=self.factor_dtype).element_size() if self.factor_dtype else 0
         stat = 8 * math.prod(self.stat_shape) if self.stat_shape else 0
-        biggest = max([self.numel * elem] + [n * elem + f * felem for n, f in self.exchange])
+        biggest = max([self.numel * elem, self.full_numel * elem] + [n * elem + f * felem for n, f in self.exchange])
         return biggest + stat + 64 * self.n_microbatches + 4096
 
 
@@ -268,29 +271,36 @@ def decode_contribution(data: bytes, lim: FlatLimits) -> Contribution:
             return Contribution(lim.run, step, attempt, lim.stage, [], None)
         return Contribution(lim.run, step, attempt, lim.stage, mbs, _flat(d.get("t"), lim, "the contributed gradient"),
                             _stat(d.get("q"), lim))
-    factors = _flat(d.get("f"), lim, "the contributed factors", n_factors, lim.factor_dtype)
     if phase > 0:
         _need(not mbs and d.get("t") is None and d.get("q") is None,
               "a second-round contribution carries only factors.")
+        factors = None if d.get("f") is None else _flat(d["f"], lim, "the contributed factors", n_factors,
+                                                         lim.factor_dtype)
         return Contribution(lim.run, step, attempt, lim.stage, [], None, None, phase, factors)
-    grads = _flat(d.get("t"), lim, "the contributed exact part", n_exact)
     if not mbs:
         _need(d.get("q") is None, "a contribution without microbatches carries no statistic.")
+        if d.get("t") is None and d.get("f") is None:  # nothing to add, not even error feedback
+            return Contribution(lim.run, step, attempt, lim.stage, [], None, None, phase, None)
+    factors = _flat(d.get("f"), lim, "the contributed factors", n_factors, lim.factor_dtype)
+    grads = _flat(d.get("t"), lim, "the contributed exact part", n_exact)
     stat = _stat(d.get("q"), lim) if mbs else None
     return Contribution(lim.run, step, attempt, lim.stage, mbs, grads, stat, phase, factors)
 
 
 def encode_follow(f: FollowUpdate) -> bytes:
     return msgpack.packb({"k": KIND_FOLLOW, "r": f.run, "s": f.step, "t": _pack_tensor(f.grads),
-                          "q": _opt_tensor(f.stat)})
+                          "q": _opt_tensor(f.stat), "j": f.in_layout})
 
 
 def decode_follow(data: bytes, lim: FlatLimits) -> FollowUpdate:
     d = _unpack(data, lim.max_bytes, "a follow update")
     _need(_is(d.get("k"), KIND_FOLLOW), "not a follow update.")
     _run(d, lim.run, "the follow update")
-    return FollowUpdate(lim.run, _int(d, "s", "step"), _flat(d.get("t"), lim, "the reduced gradient"),
-                        _stat(d.get("q"), lim))
+    j = d.get("j", False)
+    _need(isinstance(j, bool), "a follow update's j must be true or false.")
+    numel = lim.numel if j else (lim.full_numel or lim.numel)
+    return FollowUpdate(lim.run, _int(d, "s", "step"), _flat(d.get("t"), lim, "the reduced gradient", numel),
+                        _stat(d.get("q"), lim), j)
 
 
 # ---------------------------------------------------------------- state transfer

@@ -93,6 +93,7 @@ class FirstRound:
     M: list[torch.Tensor]
     exact: torch.Tensor  # flat, compute dtype, CPU
     P: torch.Tensor  # flat, factor dtype, CPU
+    zero: bool = False  # nothing to add (no gradient and no error): the replica may send nothing
 
 
 def first_round(layout: SyncLayout, plan: PowerPlan, state: PowerState, flat: torch.Tensor,

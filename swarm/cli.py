@@ -25,7 +25,7 @@ import warnings
 
 warnings.filterwarnings("ignore", message=".*torch.jit.script.*")  # hivemind's import warns about its own use
 
-from protocol.spec import PRESETS, RunSpec, SpecError, preset  # noqa: E402
+from protocol.spec import PRESETS, REPLICA_SYNCS, RunSpec, SpecError, preset  # noqa: E402
 from swarm.options import add_options, from_args  # noqa: E402
 
 log = logging.getLogger("swarm")
@@ -92,13 +92,18 @@ def _add_spec_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--quant", choices=["none", "int8"], help="int8 quantization under the codec")
     g.add_argument("--basis-interval", type=int, help="steps between basis re-fits (default: 500)")
     g.add_argument("--seed", type=int, help="seed of weights and shared constants")
+    g.add_argument("--replica-sync", choices=list(REPLICA_SYNCS),
+                   help="how replicas of a stage agree on a step's gradient: exact (sum every step; LANs) or "
+                   "powersgd (rank-r factors with error feedback; home uplinks) (default: exact)")
+    g.add_argument("--replica-sync-rank", type=int, help="powersgd: rank r of the factors (default: 4)")
 
 
 def _spec_from_args(a: argparse.Namespace) -> RunSpec:
     if a.run_spec:
         return RunSpec.load(a.run_spec)
     return preset(a.preset, stages=a.stages, codec=a.codec, rank=a.rank, wire_dtype=a.wire_dtype, quant=a.quant,
-                  basis_interval=a.basis_interval, seed=a.seed)
+                  basis_interval=a.basis_interval, seed=a.seed, replica_sync=a.replica_sync,
+                  replica_sync_rank=a.replica_sync_rank)
 
 
 # ------------------------------------------------------------------ subcommands
@@ -118,7 +123,7 @@ def cmd_local(a: argparse.Namespace) -> int:
     if a.replicas < 1:
         raise ValueError("--replicas must be at least 1.")
     print(f"swarm local: {spec.name} preset, {spec.n_stages} stages"
-          f"{f' x {a.replicas} replicas' if a.replicas > 1 else ''}, codec {spec.codec}"
+          f"{f' x {a.replicas} replicas ({spec.replica_sync} sync)' if a.replicas > 1 else ''}, codec {spec.codec}"
           f"{'' if spec.codec == 'dense' else f' (rank {spec.rank})'}, {a.steps} steps, wire {spec.wire_dtype}"
           f"{', link ' + a.bandwidth if a.bandwidth else ''}{', latency ' + a.latency if a.latency != '0' else ''}")
     # SIGTERM (a job started with & ignores SIGINT) must stop the swarm too: run the same cleanup as Ctrl+C

@@ -22,7 +22,7 @@ from peer.data import BatchSource, load_corpus
 from peer.interfaces import LinkError
 from protocol.model import spec_basis
 from protocol.spec import RunSpec
-from protocol.wire import KIND_ACTIVATION, KIND_GRADIENT
+from protocol.wire import KIND_ACTIVATION, KIND_GRADIENT, KIND_REDUCE
 
 from .admission import AdmissionError, AdmissionPolicy, read_ticket
 from .dht import SwarmDHT, close_node, start_dht, stop_dht
@@ -155,9 +155,11 @@ def check_shared_constants(spec: RunSpec) -> None:
                         f"install the same torch version as the coordinator (torch {torch.__version__} here).")
 
 
-def _wire_summary(transport: Transport, sent_tokens: dict) -> dict:
-    out = {kind: transport.bytes_sent(kind) for kind in (KIND_ACTIVATION, KIND_GRADIENT)}
-    return {"bytes_out": out, "tokens_out": dict(sent_tokens)}
+def _wire_summary(transport: Transport, sent_tokens: dict, synced_steps: int = 0) -> dict:
+    """Bytes sent per kind (activations, gradients, replica-sync contributions), the tokens the
+    first two carried, and the steps this peer took together with other replicas of its stage."""
+    out = {kind: transport.bytes_sent(kind) for kind in (KIND_ACTIVATION, KIND_GRADIENT, KIND_REDUCE)}
+    return {"bytes_out": out, "tokens_out": dict(sent_tokens), "synced_steps": synced_steps}
 
 
 async def run_peer(opts: PeerOptions) -> int:
@@ -186,6 +188,7 @@ async def run_peer(opts: PeerOptions) -> int:
     p2p = transport = None
     monitor = PeerMonitor(opts.health_port, opts.health_host, opts.tensorboard)  # health record, /healthz, TensorBoard
     sent_tokens = {KIND_ACTIVATION: 0, KIND_GRADIENT: 0}
+    synced_steps = 0  # steps taken together with other replicas, over every stage this process served
     service: ReplicaService | None = None
     try:
         await monitor.start()  # /healthz answers "joining" (503) from here on
@@ -234,6 +237,7 @@ async def run_peer(opts: PeerOptions) -> int:
                 if service.peer is not None:
                     for kind in sent_tokens:
                         sent_tokens[kind] += service.peer.daemon.sent_tokens[kind]
+                    synced_steps += service.peer.commit.synced_steps
         return 0
     except PlacementError as e:
         raise JoinError(str(e)) from None
@@ -241,7 +245,7 @@ async def run_peer(opts: PeerOptions) -> int:
         # A second Ctrl+C may cancel this cleanup halfway: the report goes first (no await), and
         # the daemons are stopped in a `finally` of their own so that no p2pd is left behind.
         if transport is not None:
-            reporter.write("wire", **_wire_summary(transport, sent_tokens))
+            reporter.write("wire", **_wire_summary(transport, sent_tokens, synced_steps))
         try:
             await monitor.close()  # /healthz says "leaving" (503), then stops
         finally:

@@ -112,7 +112,7 @@ class ReplicaService:
             peer.commit.on_applied = self._after_step
             await peer.announce("online")
             ctx.monitor.attach(ctx.sdht, self.spec, ctx.peer_id, ctx.router.maddrs, ctx.transport, peer.daemon,
-                               ctx.router, ctx.device)
+                               ctx.router, ctx.device, peer.commit)
             heartbeat = asyncio.create_task(self._heartbeat())
             log.info("peer %s serves stage %d of run %s", ctx.peer_id, self.stage, self.spec.run_hash)
             ctx.report.write("ready", stage=self.stage, peer_id=ctx.peer_id, run=self.spec.run_hash,
