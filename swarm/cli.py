@@ -313,17 +313,21 @@ def build_parser() -> argparse.ArgumentParser:
     ad.set_defaults(func=cmd_admit)
 
     be = sub.add_parser("bench", help="benchmarks: JSON + PNG, ratios measured side by side")
-    be.add_argument("which", choices=["codecs", "throughput", "convergence", "replicas"],
+    be.add_argument("which", choices=["codecs", "throughput", "convergence", "replicas", "replica-sync"],
                     help="codecs: bytes/token and encode/decode time; throughput: tokens/s of local swarms per "
                     "codec, unlimited vs 80mbit; convergence: loss vs tokens, fixed U vs re-fitted U vs dense; "
-                    "replicas: tokens/s with 1-3 replicas per stage and failover time")
+                    "replicas: tokens/s with 1-3 replicas per stage and failover time; replica-sync: bytes per "
+                    "replica per step, tokens/s at --bandwidth and held-out loss per replica-sync mode")
     be.add_argument("--out", default="bench-out", help="output folder (default: bench-out)")
     be.add_argument("--smoke", action="store_true", help="tiny sizes, for CI")
     be.add_argument("--preset", default="small", choices=sorted(PRESETS),
                     help="throughput: model size (default: small)")
     be.add_argument("--steps", type=int,
-                    help="steps per run (default: 20 for throughput, 2000 for convergence)")
-    be.add_argument("--data", default="stdlib", help="convergence: corpus (default: the Python standard library)")
+                    help="steps per run (default: 20 for throughput, 2000 for convergence, 300 for the loss runs of "
+                    "replica-sync)")
+    be.add_argument("--sync-rank", type=int, default=4, help="replica-sync: powersgd rank r (default: 4)")
+    be.add_argument("--data", default="stdlib",
+                    help="convergence, replica-sync: corpus (default: the Python standard library)")
     be.add_argument("--bandwidth", default="80mbit", help="throughput: the limited link (default: 80mbit)")
     be.add_argument("--latency", default="0", help="throughput: one-way latency on the limited link")
     be.add_argument("--device", default="cpu", help="throughput: torch device of every peer")
