@@ -4,6 +4,8 @@ at least 20x fewer bytes per step than with "exact", a replica dying mid-step co
 and an aborted attempt leaves no trace in the error feedback."""
 from __future__ import annotations
 
+import asyncio
+
 import torch
 
 from peer.replica_sync import PowerSync
@@ -95,6 +97,34 @@ async def test_a_replica_dying_mid_step_under_powersgd_costs_a_retry_and_the_res
     assert max(log.attempts for log in logs) >= 2
     assert len({param_hash(p.runner) for p in swarm.stage(0)}) == 1
     assert logs[-1].loss < logs[0].loss
+
+
+async def test_a_replica_joining_a_powersgd_stage_mid_run_ends_equal_to_the_others():
+    """The joiner downloads weights (not the sync state): its Q is the seeded one while the others'
+    moved on, and its error starts at zero; the summed factors are still the same on every
+    replica, so every replica applies the same step."""
+    spec = wide_spec("powersgd")
+    swarm = await make_swarm(spec, [1, 2])
+    joined = {}
+
+    async def join_later():
+        while len(swarm.logs) < 2:
+            await asyncio.sleep(0.01)  # poll the run's progress
+        newcomer = await swarm.add(1, "s1new", announce="syncing")
+        joined["donor"] = await newcomer.join(["s1r0"])
+        await newcomer.announce("online")
+        joined["at"] = len(swarm.logs)
+
+    try:
+        task = asyncio.create_task(join_later())
+        await swarm.drive(STEPS + 1)
+        await task
+    finally:
+        await swarm.stop()
+    stage1 = [swarm.peers[n] for n in ("s1r0", "s1r1", "s1new")]
+    assert joined["at"] < STEPS, "the newcomer joined too late to be tested"
+    assert stage1[2].commit.synced_steps >= 1, "the newcomer never took part in a reduce"
+    assert len({p.runner.step for p in stage1}) == 1 and len({param_hash(p.runner) for p in stage1}) == 1
 
 
 def _backward(runner: StageRunner, seed: int) -> None:
