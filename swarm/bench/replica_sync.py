@@ -61,8 +61,15 @@ def shaped_link(bandwidth: str | None, latency: str = "0") -> type[LoopbackLink]
 async def _train(spec: RunSpec, replicas: int, steps: int, device: str, data: str | None,
                  link_cls: type[LoopbackLink] = LoopbackLink):
     swarm = await make_swarm(spec, [replicas] * spec.n_stages, link_cls, device=device, data=data, **SLOW)
+    t0 = time.perf_counter()
+
+    def progress(log) -> None:
+        if log.step % 50 == 0:
+            print(f"  {spec.replica_sync} x {replicas}: step {log.step}/{steps}, loss {log.loss:.3f} "
+                  f"({time.perf_counter() - t0:.0f} s)", flush=True)
+
     try:
-        logs = await swarm.drive(steps)
+        logs = await swarm.drive(steps, progress)
     finally:
         await swarm.stop()
     return swarm, logs
