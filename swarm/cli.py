@@ -252,6 +252,16 @@ def cmd_generate(a: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------ parser
 
+def _ranks(text: str) -> tuple[int, ...]:
+    try:
+        ranks = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of ranks such as 4,8.") from None
+    if not ranks or min(ranks) < 1:
+        raise argparse.ArgumentTypeError("every rank must be at least 1.")
+    return ranks
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .admission import AdmitOptions
     from .coordinator import CoordinatorOptions
@@ -325,7 +335,10 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--steps", type=int,
                     help="steps per run (default: 20 for throughput, 2000 for convergence, 300 for the loss runs of "
                     "replica-sync)")
-    be.add_argument("--sync-rank", type=int, default=4, help="replica-sync: powersgd rank r (default: 4)")
+    be.add_argument("--sync-rank", type=_ranks, default=(4,), metavar="R[,R...]",
+                    help="replica-sync: powersgd rank(s) r to compare with exact (default: 4)")
+    be.add_argument("--seeds", type=int, default=1, help="replica-sync: loss runs per mode, seeds +0..N-1 (default: 1)")
+    be.add_argument("--lr", type=float, help="replica-sync: learning rate instead of the preset's")
     be.add_argument("--data", default="stdlib",
                     help="convergence, replica-sync: corpus (default: the Python standard library)")
     be.add_argument("--bandwidth", default="80mbit", help="throughput: the limited link (default: 80mbit)")

@@ -23,9 +23,9 @@ def run_bench(a: argparse.Namespace) -> int:
                               data=a.data, device=a.device, smoke=a.smoke)
     elif a.which == "replica-sync":
         from .replica_sync import run_replica_sync_bench
-        run_replica_sync_bench(a.out, preset_name=a.preset, steps=a.steps or 300, rank=a.sync_rank,
+        run_replica_sync_bench(a.out, preset_name=a.preset, steps=a.steps or 300, ranks=a.sync_rank,
                                bandwidth=a.bandwidth, latency=a.latency, device=a.device, data=a.data,
-                               smoke=a.smoke)
+                               seeds=a.seeds, lr=a.lr, smoke=a.smoke)
     elif a.which == "replicas":
         from .replicas import run_replicas_bench
         run_replicas_bench(a.out, preset_name=a.preset, steps=a.steps or 20, device=a.device, smoke=a.smoke)

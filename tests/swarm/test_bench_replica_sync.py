@@ -37,17 +37,24 @@ def test_the_byte_rows_follow_the_layouts():
 
 
 def test_replica_sync_bench_smoke(tmp_path):
-    result = run_replica_sync_bench(str(tmp_path), smoke=True)
+    result = run_replica_sync_bench(str(tmp_path), ranks=(2, 4), seeds=2, smoke=True)
     written = json.loads((tmp_path / "replica_sync.json").read_text())
     assert (tmp_path / "replica_sync.png").stat().st_size > 10_000
     assert written["speed"] == result["speed"]
-    assert [(r["replicas"], r["mode"]) for r in written["speed"]] == [(1, "(alone)"), (2, "exact"), (2, "powersgd")]
+    assert [(r["replicas"], r["mode"]) for r in written["speed"]] == \
+        [(1, "(alone)"), (2, "exact"), (2, "powersgd r=2"), (2, "powersgd r=4")]
     assert written["speed"][0]["ratio_to_alone"] == 1.0 and written["speed"][0]["max_sync_bytes_per_step"] == 0
-    exact, power = written["speed"][1]["max_sync_bytes_per_step"], written["speed"][2]["max_sync_bytes_per_step"]
-    assert exact > 5 * power > 0  # tiny's matrices are small: rank 4 gains less than on small or large
+    exact, r2, r4 = (written["speed"][i]["max_sync_bytes_per_step"] for i in (1, 2, 3))
+    assert exact > 5 * r4 > 5 * r2 > 0  # tiny's matrices are small: rank 4 gains less than on small or large
     assert all(r["tokens_per_second"] > 0 and r["commit_seconds"] > 0 for r in written["speed"])
-    assert [r["mode"] for r in written["loss"]] == ["exact", "powersgd"]
+    assert [(r["mode"], r["seed"]) for r in written["loss"]] == \
+        [(m, s) for s in (0, 1) for m in ("exact", "powersgd r=2", "powersgd r=4")]
     assert all(math.isfinite(r["held_out_loss"]) and len(r["train"]) == 4 for r in written["loss"])
-    assert written["loss"][0]["tokens"] == written["loss"][1]["tokens"]  # equal tokens
+    assert len({r["tokens"] for r in written["loss"]}) == 1  # equal tokens
+    summary = {r["mode"]: r for r in written["loss_summary"]}
+    assert summary["exact"]["mean_vs_exact"] == 0 and summary["powersgd r=4"]["runs"] == 2
+    for_r4 = [r["held_out_loss"] / e["held_out_loss"] - 1 for r, e in zip(written["loss"][2::3], written["loss"][::3])]
+    assert summary["powersgd r=4"]["mean_vs_exact"] == sum(for_r4) / 2  # compared seed by seed
     summary = {(r["preset"], r["mode"]): r for r in written["bytes_summary"]}
-    assert summary[("tiny", "powersgd")]["bytes_per_step"] < summary[("tiny", "exact")]["bytes_per_step"]
+    assert summary[("tiny", "powersgd r=2")]["bytes_per_step"] < summary[("tiny", "powersgd r=4")]["bytes_per_step"] \
+        < summary[("tiny", "exact")]["bytes_per_step"]
