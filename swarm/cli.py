@@ -95,7 +95,7 @@ def _add_spec_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--replica-sync", choices=list(REPLICA_SYNCS),
                    help="how replicas of a stage agree on a step's gradient: exact (sum every step; LANs) or "
                    "powersgd (rank-r factors with error feedback; home uplinks) (default: exact)")
-    g.add_argument("--replica-sync-rank", type=int, help="powersgd: rank r of the factors (default: 4)")
+    g.add_argument("--replica-sync-rank", type=int, help="powersgd: rank r of the factors (default: 8)")
 
 
 def _spec_from_args(a: argparse.Namespace) -> RunSpec:
@@ -335,8 +335,8 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--steps", type=int,
                     help="steps per run (default: 20 for throughput, 2000 for convergence, 300 for the loss runs of "
                     "replica-sync)")
-    be.add_argument("--sync-rank", type=_ranks, default=(4,), metavar="R[,R...]",
-                    help="replica-sync: powersgd rank(s) r to compare with exact (default: 4)")
+    be.add_argument("--sync-rank", type=_ranks, default=(4, 8), metavar="R[,R...]",
+                    help="replica-sync: powersgd rank(s) r to compare with exact (default: 4,8)")
     be.add_argument("--seeds", type=int, default=1, help="replica-sync: loss runs per mode, seeds +0..N-1 (default: 1)")
     be.add_argument("--lr", type=float, help="replica-sync: learning rate instead of the preset's")
     be.add_argument("--data", default="stdlib",

@@ -105,7 +105,7 @@ def _loss_row(spec: RunSpec, steps: int, device: str, data: str | None, eval_bat
 
 
 def run_replica_sync_bench(out_dir: str, preset_name: str = "small", steps: int = 300, speed_steps: int = 6,
-                           ranks: tuple[int, ...] = (4,), bandwidth: str | None = "80mbit", latency: str = "0",
+                           ranks: tuple[int, ...] = (4, 8), bandwidth: str | None = "80mbit", latency: str = "0",
                            device: str = "cpu", data: str | None = None, stages: int | None = None,
                            eval_batches: int = 16, seeds: int = 1, lr: float | None = None,
                            smoke: bool = False) -> dict:

@@ -15,7 +15,7 @@ def test_replica_sync_flags_reach_the_run_spec(command):
     spec = _spec_from_args(args)
     assert (spec.replica_sync, spec.replica_sync_rank) == ("powersgd", 8)
     default = _spec_from_args(build_parser().parse_args([command, "--preset", "tiny"]))
-    assert (default.replica_sync, default.replica_sync_rank) == ("exact", 4)
+    assert (default.replica_sync, default.replica_sync_rank) == ("exact", 8)
     assert default.run_hash != spec.run_hash  # replicas that sync differently are in different runs
 
 
