@@ -129,7 +129,7 @@ class StepCommit:
     async def _reduce(self, cmd: Command) -> CommandReply:
         d = self.daemon
         others = sorted({p for p in cmd.candidates if p != self.peer_id})
-        if not others and (self.power is None or self.power.quiet()):
+        if not others and (self.power is None or await d.run(self.power.quiet)):
             # alone: nothing travels, so the gradient stays as it is (a lone replica equals the oracle)
             mbs, flat, stat = await d.run(self.runner.contribution, False, False)
             mine = Contribution(self.spec.run_hash, cmd.step, cmd.attempt, self.stage, mbs, flat, stat)
