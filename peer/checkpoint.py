@@ -20,11 +20,15 @@ def checkpoint_path(folder: str | os.PathLike, run_hash: str, stage: int) -> Pat
     return Path(folder) / f"{run_hash}-stage{stage}.pt"
 
 
-def save_checkpoint(path: str | os.PathLike, state: dict) -> None:
+def save_checkpoint(path: str | os.PathLike, state: dict | bytes) -> None:
+    """Write `state` (a state dict, or one already serialised with `torch.save`) atomically."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     buf = io.BytesIO()
-    torch.save(state, buf)
+    if isinstance(state, bytes):
+        buf.write(state)
+    else:
+        torch.save(state, buf)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
