@@ -74,7 +74,7 @@ class RunSpec:
     # replicas of a stage (docs/algorithms.md 5): "exact" sums their gradients every step;
     # "powersgd" sums a rank-r PowerSGD approximation with error feedback (for home uplinks)
     replica_sync: str = "exact"
-    replica_sync_rank: int = 8  # r of "powersgd" (4 costs ~4% held-out loss on tiny, 8 ~0.5%: benchmarks.md)
+    replica_sync_rank: int = 8  # r of "powersgd" (on tiny, 4 costs ~4% held-out loss, 8 ~1.5%: benchmarks.md)
     # the coordinator's public key (hex); empty until a coordinator signs the spec
     coordinator_key: str = ""
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)

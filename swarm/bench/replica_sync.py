@@ -188,7 +188,8 @@ def _plot(result: dict, path: Path) -> None:
     a.set_title("2 replicas per stage")
     a.legend(fontsize=8)
     speed = result["speed"]
-    b.bar([f"{r['replicas']} x {r['mode']}" for r in speed], [r["tokens_per_second"] for r in speed])
+    labels = [f"{r['replicas']} x {r['mode']}".replace(" r=", "\nr=") for r in speed]  # the ticks must not overlap
+    b.bar(labels, [r["tokens_per_second"] for r in speed])
     b.set_ylabel("tokens / s")
     b.set_title(f"{result['train_spec']['name']} on {result['device']}, {result['bandwidth']} per host", fontsize=9)
     gaps = {r["mode"]: r["mean_vs_exact"] for r in result["loss_summary"]}
