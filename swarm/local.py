@@ -273,7 +273,12 @@ class LocalSwarm:
                     seen, last_progress = len(steps), time.monotonic()
                 if done:
                     return steps
-                self._check_alive()
+                try:
+                    self._check_alive()
+                except LocalSwarmError:
+                    if self.step_events()[1]:  # a head wrote "done" and left between the two looks
+                        return self.step_events()[0]
+                    raise
                 if time.monotonic() - last_progress > timeout_per_step:
                     raise LocalSwarmError(f"no step finished in {timeout_per_step:g} s; see the logs in {self.dir}.")
                 time.sleep(0.2)  # poll interval of the head's report file
