@@ -17,6 +17,14 @@ like one process (to float rounding of the changed summation order). A replica h
 microbatches whose contribution did not arrive makes the reduce fail; the driver then aborts
 the attempt everywhere and re-drives the step: no microbatch is lost or counted twice.
 
+Gradients travel in the stage's `SyncLayout` (constrained weights in subspace coordinates).
+With replica_sync "powersgd" the reduce has two rounds (docs/algorithms.md 5.2): each replica
+sends its exact part and its P factors, every replica adds them up in the same order and
+orthonormalizes the summed P, then each sends its Q factors and adds those up; every replica
+rebuilds the same approximation of the summed gradient from the same sums, so replicas stay
+identical. Its error feedback and warm-started Q (`peer/replica_sync.py`) change only when the
+step is applied. The bytes a replica sends in reduces are counted here (`sync_bytes`).
+
 Replicas catching up after a state download (`peer/state_transfer.py`) get each reduced sum
 forwarded by their donor ("follow") until they take part in a reduce themselves.
 """
@@ -45,6 +53,7 @@ from protocol.control import (
 from protocol.wire import KIND_CONTROL, KIND_DRIVE, KIND_FOLLOW, KIND_REDUCE, ErrorReply, WireError, decode_message
 
 from .daemon import ACK, StageDaemon
+from .replica_sync import PowerSync, flat_limits
 from .stage import Reduced, StageError
 
 log = logging.getLogger(__name__)
@@ -55,16 +64,20 @@ class StepCommit:
         self.daemon, self.runner = daemon, daemon.runner
         self.spec, self.stage, self.peer_id = daemon.spec, daemon.stage, daemon.peer_id
         self.reduce_timeout = reduce_timeout
-        self._inbox: dict[tuple[int, int], dict[str, Contribution]] = {}
+        self._limits = flat_limits(self.spec, self.runner)
+        self.power = PowerSync(self.runner) if self.spec.replica_sync == "powersgd" else None
+        self._inbox: dict[tuple[int, int, int], dict[str, Contribution]] = {}  # (step, attempt, phase) -> sender ->
         self._arrived = asyncio.Event()
         self.followers: dict[str, int] = {}  # replicas catching up from this one -> first step they need
         self.records: list = []  # StepRecords of the steps applied here
         self.on_applied: Callable[[int], None] | None = None  # called with the new step number
+        self.sync_bytes = 0  # contribution bytes this replica sent to other replicas, every phase and attempt
+        self.synced_steps = 0  # steps applied here whose reduce had another replica in it
+        self.last_sync_bytes = 0  # what the last applied step's reduce sent
+        self._attempt_bytes: dict[tuple[int, int], int] = {}
 
     def limits(self) -> FlatLimits:
-        stat = (self.spec.d_model, self.spec.rank) if self.runner.stat is not None else None
-        return FlatLimits(self.spec.run_hash, self.stage, self.runner.n_params, self.runner.dtype, stat,
-                          self.spec.n_microbatches)
+        return self._limits
 
     async def start(self) -> None:
         await self.daemon.link.serve(KIND_CONTROL, self._on_command)
@@ -111,27 +124,26 @@ class StepCommit:
     # ------------------------------------------------------------------ reduce
     async def _reduce(self, cmd: Command) -> CommandReply:
         d = self.daemon
-        if not any(p != self.peer_id for p in cmd.candidates):
-            return await self._reduce_alone(cmd)
-        mbs, flat, stat = await d.run(self.runner.contribution)
-        mine = Contribution(self.spec.run_hash, cmd.step, cmd.attempt, self.stage, mbs, flat, stat)
-        body = encode_contribution(mine)
         others = sorted({p for p in cmd.candidates if p != self.peer_id})
-        offers = await asyncio.gather(*(self._offer(p, body) for p in others))
-        members = [p for p, ok in zip(others, offers) if ok]
-        got = await self._gather(cmd.step, cmd.attempt, members)
-        if got is None:
-            missing = [p[-8:] for p in members if p not in self._inbox.get((cmd.step, cmd.attempt), {})]
-            return self._reply(cmd, "failed", f"no contribution arrived from {', '.join(missing)}.")
-        contributions = {self.peer_id: mine, **got}
-        try:
-            reduced = _sum(cmd.step, cmd.attempt, contributions, self.spec.n_microbatches)
-        except StageError as e:
-            return self._reply(cmd, "failed", str(e))
+        if not others and (self.power is None or await d.run(self.power.quiet)):
+            return await self._reduce_alone(cmd)
+        elif self.power is None:
+            mbs, flat, stat = await d.run(self.runner.contribution)
+            mine = Contribution(self.spec.run_hash, cmd.step, cmd.attempt, self.stage, mbs, flat, stat)
+            got = await self._exchange(cmd, mine, others)
+            try:
+                reduced = got if isinstance(got, str) else _sum(cmd.step, cmd.attempt, got, self.spec.n_microbatches)
+            except StageError as e:
+                reduced = str(e)
+        else:
+            reduced = await self._reduce_powersgd(cmd, others)
+        if isinstance(reduced, str):
+            return self._reply(cmd, "failed", reduced)
         if (cmd.step, cmd.attempt) != (self.runner.step, d.attempt):
             return self._reply(cmd, "failed", "the attempt was superseded during the reduce.")
         await d.run(self.runner.set_reduced, reduced)
-        self._inbox.pop((cmd.step, cmd.attempt), None)
+        for key in [k for k in self._inbox if k[:2] == (cmd.step, cmd.attempt)]:
+            del self._inbox[key]
         return self._reply(cmd, "ok")
 
     async def _reduce_alone(self, cmd: Command) -> CommandReply:
@@ -141,8 +153,57 @@ class StepCommit:
         if mbs != list(range(self.spec.n_microbatches)):
             return self._reply(cmd, "failed", f"microbatches {sorted(set(range(self.spec.n_microbatches)) - set(mbs))}"
                                               f" of the step did not go through this replica.")
-        await self.daemon.run(self.runner.set_reduced, Reduced(cmd.step, cmd.attempt, None, None, {self.peer_id: mbs}))
+        await self.daemon.run(self.runner.set_reduced, Reduced(cmd.step, cmd.attempt, None, None, {self.peer_id: mbs},
+                                                               in_layout=False))
         return self._reply(cmd, "ok")
+
+    async def _reduce_powersgd(self, cmd: Command, others: list[str]) -> Reduced | str:
+        """The two rounds of docs/algorithms.md 5.2; the agreed sum, or why there is none."""
+        d, power, run, key = self.daemon, self.power, self.spec.run_hash, (cmd.step, cmd.attempt)
+        mbs, flat, stat = await d.run(self.runner.contribution, True)
+        first = await d.run(power.first, flat)
+        # a replica with nothing to add (a standby head, say) sends no tensors: zeros to the others
+        mine = Contribution(run, cmd.step, cmd.attempt, self.stage, mbs, None if first.zero else first.exact, stat, 0,
+                            None if first.zero else first.P)
+        got = await self._exchange(cmd, mine, others)
+        if isinstance(got, str):
+            return got
+        try:
+            total = _sum(cmd.step, cmd.attempt, got, self.spec.n_microbatches)
+        except StageError as e:
+            return str(e)
+        if len(got) == 1:  # alone: nothing to send, so nothing to compress
+            flat = await d.run(power.solo, key, first)
+            return Reduced(cmd.step, cmd.attempt, flat, total.stat, total.contributors)
+        P_hat, Q_mine, Q_flat = await d.run(power.second, first, _sum_factors(got, self.runner.dtype))
+        mine = Contribution(run, cmd.step, cmd.attempt, self.stage, [], None, None, 1, None if first.zero else Q_flat)
+        got2 = await self._exchange(cmd, mine, sorted(p for p in got if p != self.peer_id), everyone=True)
+        if isinstance(got2, str):
+            return got2
+        flat = await d.run(power.finish, key, first, total.grads, P_hat, Q_mine,
+                           _sum_factors(got2, self.runner.dtype))
+        return Reduced(cmd.step, cmd.attempt, flat, total.stat, total.contributors)
+
+    async def _exchange(self, cmd: Command, mine: Contribution, peers: list[str],
+                        everyone: bool = False) -> dict[str, Contribution] | str:
+        """Send `mine` to `peers` and gather theirs of the same phase: {peer: contribution}, ours
+        included. A peer that is not at this step is left out, unless `everyone` must take part;
+        a string says why the exchange failed."""
+        body = encode_contribution(mine)
+        offers = await asyncio.gather(*(self._offer(p, body) for p in peers))
+        key = (cmd.step, cmd.attempt)
+        self.sync_bytes += len(body) * len(peers)
+        self._attempt_bytes = {k: v for k, v in self._attempt_bytes.items() if k[0] == cmd.step}
+        self._attempt_bytes[key] = self._attempt_bytes.get(key, 0) + len(body) * len(peers)
+        members = [p for p, ok in zip(peers, offers) if ok]
+        if everyone and len(members) < len(peers):
+            return "a replica left the reduce between its two rounds."
+        got = await self._gather(cmd.step, cmd.attempt, mine.phase, members)
+        if got is None:
+            box = self._inbox.get((cmd.step, cmd.attempt, mine.phase), {})
+            missing = [p[-8:] for p in members if p not in box]
+            return f"no contribution arrived from {', '.join(missing)}."
+        return {self.peer_id: mine, **got}
 
     async def _offer(self, peer: str, body: bytes) -> bool:
         """Send our contribution to one candidate; False if it is not at this step or unreachable."""
@@ -161,10 +222,10 @@ class StepCommit:
         log.info("stage %d: replica %s takes no part in the reduce: %s", self.stage, peer[-8:], reason)
         return False
 
-    async def _gather(self, step: int, attempt: int, members: list[str]) -> dict[str, Contribution] | None:
+    async def _gather(self, step: int, attempt: int, phase: int, members: list[str]) -> dict[str, Contribution] | None:
         deadline = time.monotonic() + self.reduce_timeout
         while True:
-            box = self._inbox.get((step, attempt), {})
+            box = self._inbox.get((step, attempt, phase), {})
             if all(p in box for p in members):
                 return {p: box[p] for p in members}
             if time.monotonic() > deadline or (step, attempt) != (self.runner.step, self.daemon.attempt):
@@ -188,7 +249,7 @@ class StepCommit:
                             code="behind" if c.step > self.runner.step else "refused")
         if c.attempt < d.attempt:
             return d.refuse("the contribution belongs to an attempt that was superseded.", sender, code="stale")
-        box = self._inbox.setdefault((c.step, c.attempt), {})
+        box = self._inbox.setdefault((c.step, c.attempt, c.phase), {})
         if sender in box:
             return d.refuse("this replica's contribution is already here.", sender, code="duplicate")
         for key in [k for k in self._inbox if k[0] != c.step or k[1] < c.attempt]:
@@ -205,6 +266,8 @@ class StepCommit:
             return self._reply(cmd, "failed", "no reduced gradient is held for this attempt.")
         stats, record = await d.run(self._apply_job, cmd.step, cmd.attempt)
         self.records.append(record)
+        self.last_sync_bytes = self._attempt_bytes.pop((cmd.step, cmd.attempt), 0)
+        self.synced_steps += len(reduced.contributors) > 1
         self._forward_to_followers(reduced)
         d.stepped()
         if self.on_applied is not None:
@@ -214,10 +277,12 @@ class StepCommit:
         return CommandReply(cmd.step, cmd.attempt, "ok", [], reduced.contributors)
 
     def _apply_job(self, step: int, attempt: int):
-        if self.followers and self.runner.reduced.grads is None:  # a joiner needs the sum itself
-            _, flat, stat = self.runner.contribution()
+        if self.followers and self.runner.reduced.grads is None:  # a joiner needs the sum itself, in full
+            _, flat, stat = self.runner.contribution(False, False)
             self.runner.reduced.grads, self.runner.reduced.stat = flat, stat
         record = self.runner.apply_reduced(step, attempt)
+        if self.power is not None:
+            self.power.commit(step, attempt)
         return self.daemon.refit_statistic(), record
 
     # ------------------------------------------------------------------ followers
@@ -245,7 +310,8 @@ class StepCommit:
             del self.followers[peer]  # it took part in the reduce itself: in step from here on
         for peer, first in list(self.followers.items()):
             if reduced.step >= first:
-                body = encode_follow(FollowUpdate(self.spec.run_hash, reduced.step, reduced.grads, reduced.stat))
+                body = encode_follow(FollowUpdate(self.spec.run_hash, reduced.step, reduced.grads, reduced.stat,
+                                                  reduced.in_layout))
                 self.daemon.spawn(self._send_follow(peer, body))
 
     async def _send_follow(self, peer: str, body: bytes) -> None:
@@ -256,7 +322,21 @@ class StepCommit:
             self.followers.pop(peer, None)
 
 
-def _sum(step: int, attempt: int, contributions: dict[str, Contribution], n_microbatches: int) -> Reduced:
+def _sum_factors(contributions: dict[str, Contribution], dtype: torch.dtype) -> torch.Tensor:
+    """The contributions' factors added up in ascending peer-id order, in the compute dtype."""
+    total: torch.Tensor | None = None
+    for peer in sorted(contributions):
+        if contributions[peer].factors is None:
+            continue  # a replica with nothing to add
+        f = contributions[peer].factors.to(dtype)
+        total = f.clone() if total is None else total.add_(f)
+    if total is None:
+        raise StageError("no replica contributed factors to the reduce.")
+    return total
+
+
+def _sum(step: int, attempt: int, contributions: dict[str, Contribution], n_microbatches: int,
+         in_layout: bool = True) -> Reduced:
     """Add contributions in ascending peer-id order (the same bits on every replica); every
     microbatch of the step exactly once."""
     seen: dict[int, str] = {}
@@ -276,4 +356,4 @@ def _sum(step: int, attempt: int, contributions: dict[str, Contribution], n_micr
     if missing:
         raise StageError(f"microbatches {missing} of the step are in no replica's contribution.")
     assert total is not None  # every microbatch is somewhere, so some contribution carries tensors
-    return Reduced(step, attempt, total, stat, {p: c.microbatches for p, c in contributions.items()})
+    return Reduced(step, attempt, total, stat, {p: c.microbatches for p, c in contributions.items()}, in_layout)

@@ -46,6 +46,8 @@ class StepLog:
     basis_version: int
     lr: float
     attempts: int = 1  # 1 + the attempts that failed and were re-driven
+    commit_seconds: float = 0.0  # the successful attempt's commit (replicas' reduce and apply)
+    sync_bytes: int = 0  # what this head's replica sent to the other heads in that reduce
 
 
 class AttemptFailed(RuntimeError):
@@ -90,7 +92,9 @@ class StepDriver:
                 self._leading = True
                 if not await self._take_over():
                     continue
-            on_step(await self.train_step())
+            record = await self.train_step()
+            if record is not None:
+                on_step(record)
 
     async def _leader(self) -> str:
         now = time.monotonic()
@@ -141,30 +145,38 @@ class StepDriver:
         return True
 
     # ------------------------------------------------------------------ one step
-    async def train_step(self) -> StepLog:
-        """Drive the step in progress to completion, re-driving failed attempts; returns its log."""
+    async def train_step(self) -> StepLog | None:
+        """Drive the step in progress to completion, re-driving failed attempts; returns its log, or
+        None if the step was applied here by other means meanwhile (a head that joined by download
+        and leads at once may still get the step its donor was committing, forwarded)."""
         step, t0 = self.runner.step, time.perf_counter()
         await self.daemon.gate.wait_for_switch(step)
         attempts = 0
         while True:
+            if self.runner.step != step:
+                return None
             await self._wait_for_coverage()
             attempt = self.daemon.attempt  # after an abort every peer (this one too) is on the next attempt
             attempts += 1
             try:
                 losses, tokens = await self._run_microbatches(step, attempt)
+                t_commit = time.perf_counter()
                 await self._commit(step, attempt)
+                commit_seconds = time.perf_counter() - t_commit
                 break
             except AttemptFailed as e:
                 log.warning("step %d, attempt %d failed (%s); re-driving it", step + 1, attempt, e)
                 await self._broadcast(await self._members(), "abort", step, attempt)
                 await asyncio.sleep(min(attempts, 10) * 0.2)  # back off: what failed may need a moment to settle
-        record = self.commit.records[-1]
+        record = next((r for r in reversed(self.commit.records) if r.step == step), None)
+        if record is None:  # the commit found the step applied here already (not by this head's commit)
+            return None
         seconds = time.perf_counter() - t0
         self.daemon.tokens_done += tokens
         self.daemon.throughput = tokens / max(seconds, 1e-9)
         self.daemon.last_loss = sum(losses) / len(losses)
         return StepLog(step + 1, self.daemon.last_loss, tokens, seconds, self.runner.version_for_step(step),
-                       record.lr, attempts)
+                       record.lr, attempts, commit_seconds, self.commit.last_sync_bytes)
 
     async def _wait_for_coverage(self) -> None:
         while True:

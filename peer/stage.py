@@ -22,6 +22,7 @@ from protocol.model import StageModule, build_stage, compute_dtype, lm_loss, spe
 from protocol.optim import clip_grad_norm, lr_at, make_optimizer, set_lr
 from protocol.spec import RunSpec
 from protocol.subspace import SubspaceBasis, project_cols, project_rows
+from protocol.sync_layout import SyncLayout
 
 
 class StageError(ValueError):
@@ -61,6 +62,7 @@ class Reduced:
     grads: torch.Tensor | None  # flat, in `StageRunner.params` order; None: the accumulated gradients are the sum
     stat: torch.Tensor | None
     contributors: dict[str, list[int]]
+    in_layout: bool = True  # grads in the `SyncLayout`; False: every parameter's gradient in full (a lone replica's)
 
 
 class StageRunner:
@@ -73,6 +75,8 @@ class StageRunner:
         self.optimizer = make_optimizer(spec, self.module)
         self.params = [p for p in self.module.parameters() if p.requires_grad]  # the order of flat gradients
         self.n_params = sum(p.numel() for p in self.params)
+        # how gradients travel between replicas: constrained ones in subspace coordinates
+        self.layout = SyncLayout.for_module(self.module, spec.rank if basis is not None else None)
         self.reduced: Reduced | None = None
         self.step = 0  # the step whose gradients are being accumulated
         self._pending: dict[int, _Pending] = {}
@@ -228,14 +232,24 @@ class StageRunner:
     def microbatches_done(self) -> list[int]:
         return sorted(self._backward_done)
 
-    def contribution(self) -> tuple[list[int], torch.Tensor | None, torch.Tensor | None]:
+    def contribution(self, on_device: bool = False,
+                     in_layout: bool = True) -> tuple[list[int], torch.Tensor | None, torch.Tensor | None]:
         """(microbatches, flat gradient sum, statistic) of this replica's share of the step;
-        tensors are None when it computed nothing (it adds nothing to the sum)."""
+        tensors are None when it computed nothing (it adds nothing to the sum). The flat sum is
+        in the `SyncLayout` (to travel), or every parameter's gradient in full (`in_layout`
+        False: a lone replica's, which travels nowhere but to followers); on the CPU unless
+        `on_device`."""
         mbs = self.microbatches_done()
         if not mbs:
             return [], None, None
-        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in self.params])
-        return mbs, flat.detach().cpu(), (self._step_stat.detach().cpu() if self._step_stat is not None else None)
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        flat = self.layout.pack(grads, self.current_U()) if in_layout else \
+            torch.cat([g.detach().reshape(-1) for g in grads])
+        return mbs, (flat if on_device else flat.cpu()), \
+            (self._step_stat.detach().cpu() if self._step_stat is not None else None)
+
+    def current_U(self) -> torch.Tensor | None:
+        return self.basis.U if self.basis is not None else None
 
     def set_reduced(self, reduced: Reduced) -> None:
         if reduced.step != self.step:
@@ -247,27 +261,36 @@ class StageRunner:
         r = self.reduced
         if r is None or (r.step, r.attempt) != (step, attempt):
             raise StageError(f"no reduced gradient is held for attempt {attempt} of step {step}.")
-        if r.grads is not None:
-            self.load_flat_grads(r.grads, r.stat)
+        if r.grads is not None:  # None: the accumulated gradients are the sum (a lone replica's)
+            self.load_flat_grads(r.grads, r.stat, r.in_layout)
         return self._step()
 
-    def apply_flat(self, step: int, flat: torch.Tensor, stat: torch.Tensor | None) -> StepRecord:
+    def apply_flat(self, step: int, flat: torch.Tensor, stat: torch.Tensor | None,
+                   in_layout: bool = True) -> StepRecord:
         """Take step `step` with a reduced gradient computed elsewhere (a replica catching up)."""
         if step != self.step:
             raise StageError(f"a reduced gradient for step {step} reached a stage on step {self.step}.")
         self.abort_step()  # whatever this replica computed of the step, the agreed sum replaces it
-        self.load_flat_grads(flat, stat)
+        self.load_flat_grads(flat, stat, in_layout)
         return self._step()
 
-    def load_flat_grads(self, flat: torch.Tensor, stat: torch.Tensor | None) -> None:
-        """Put a flat gradient (and the step's statistic) in place of whatever was accumulated."""
+    def load_flat_grads(self, flat: torch.Tensor, stat: torch.Tensor | None, in_layout: bool = True) -> None:
+        """Put a flat gradient (and the step's statistic) in place of whatever was accumulated:
+        in the `SyncLayout` (constrained gradients are rebuilt in span(U) of the step's basis),
+        or, with `in_layout` False, every parameter's gradient in full."""
         self._pending.clear()
         flat = flat.to(self.device)
-        off = 0
-        for p in self.params:
-            n = p.numel()
-            p.grad = flat[off:off + n].view_as(p).to(p.dtype).clone()
-            off += n
+        if in_layout:
+            grads = self.layout.unpack(flat.to(self.dtype), self.current_U())
+        else:
+            if flat.numel() != self.n_params:
+                raise StageError(f"a full flat gradient of {flat.numel()} numbers does not fit {self.n_params}.")
+            offsets = [0]
+            for p in self.params:
+                offsets.append(offsets[-1] + p.numel())
+            grads = [flat[a:b].view_as(p) for p, a, b in zip(self.params, offsets, offsets[1:])]
+        for p, g in zip(self.params, grads):
+            p.grad = g.to(p.dtype).clone()
         if self._step_stat is not None:
             self._step_stat.copy_(stat.to(self._step_stat) if stat is not None else torch.zeros_like(self._step_stat))
 

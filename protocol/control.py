@@ -16,12 +16,22 @@ Maps (short keys; tensors are wire.py's ExtType):
     CommandReply  {k: "ctlr", s: step, a: attempt, o: outcome, m: [microbatches], x: {peer: [mb]}, e: text}
                   outcome in ok | behind | ahead | failed; m: what this replica computed in the
                   attempt; x: after a reduce, whose contributions it summed
-    Contribution  {k: "red", r, s, a, g: stage, m: [microbatches], t: flat gradient | nil, q: statistic | nil}
-                  t is every trainable parameter's gradient, flattened and concatenated in the
-                  module's parameter order, in the compute dtype (nil when m is empty: nothing
-                  to add); q the basis re-fit statistic of the step (receiving subspace stages)
-    FollowUpdate  {k: "fol", r, s, t: reduced flat gradient, q: reduced statistic | nil}
-                  the reduced gradient of step s, forwarded to a replica that is catching up
+    Contribution  {k: "red", r, s, a, g: stage, p: phase, m: [microbatches], t: flat gradient | nil,
+                   f: factors | nil, q: statistic | nil}
+                  replica_sync "exact" (one phase, p = 0): t is every trainable parameter's
+                  gradient in the stage's `SyncLayout` (flattened and concatenated in the
+                  module's parameter order, constrained weights in subspace coordinates), in
+                  the compute dtype (nil when m is empty: nothing to add); f is nil.
+                  "powersgd" (two phases, docs/algorithms.md 5.2): p = 0 carries t = the
+                  exactly-summed part (vectors, small matrices) and f = the P factors, both
+                  present even when m is empty if the replica keeps error feedback (both nil:
+                  nothing to add); p = 1 carries only f = the Q factors (nil: zero) and m = [].
+                  Factors are in the run's wire dtype. q: the basis re-fit statistic of the
+                  step (receiving subspace stages; with p = 0 and a non-empty m only)
+    FollowUpdate  {k: "fol", r, s, t: reduced flat gradient, q: reduced statistic | nil, j: in layout}
+                  the reduced gradient of step s (compute dtype), forwarded to a replica that is
+                  catching up: in the stage's `SyncLayout` (j true), or, from a replica that
+                  was alone in its reduce, every parameter's gradient in full (j false)
     StateRequest  {k: "state", r, o: "meta" | "chunk", i: chunk index, n: snapshot id}
     StateMeta     {k: "statem", s: step, n: snapshot id, z: total bytes, c: chunk bytes, h: sha256 hex}
 """
@@ -73,6 +83,8 @@ class Contribution:
     microbatches: list[int]
     grads: torch.Tensor | None  # flat, compute dtype; None when there is nothing to add
     stat: torch.Tensor | None = None
+    phase: int = 0  # the exchange round (replica_sync "powersgd" has two)
+    factors: torch.Tensor | None = None  # flat PowerSGD factors, wire dtype ("powersgd" only)
 
 
 @dataclass
@@ -81,6 +93,7 @@ class FollowUpdate:
     step: int
     grads: torch.Tensor
     stat: torch.Tensor | None = None
+    in_layout: bool = False  # grads in the stage's SyncLayout, else in full
 
 
 @dataclass
@@ -102,20 +115,30 @@ class StateMeta:
 
 @dataclass(frozen=True)
 class FlatLimits:
-    """What a stage accepts as a flat gradient: its own parameter count and compute dtype."""
+    """What a stage accepts as a flat gradient: its own `SyncLayout` size and compute dtype, and
+    per exchange phase the size of the exact part and of the factors (`phases`)."""
 
     run: str
     stage: int
-    numel: int
+    numel: int  # a whole gradient in the stage's SyncLayout (follow updates; "exact" contributions)
     dtype: torch.dtype
     stat_shape: tuple[int, int] | None  # (d, k) for receiving subspace stages
     n_microbatches: int
+    phases: tuple[tuple[int, int], ...] = ()  # (exact numbers, factor numbers) per phase; () = exact sync
+    factor_dtype: torch.dtype | None = None
+    full_numel: int = 0  # every parameter's gradient in full (a lone replica's follow updates)
+
+    @property
+    def exchange(self) -> tuple[tuple[int, int], ...]:
+        return self.phases or ((self.numel, 0),)
 
     @property
     def max_bytes(self) -> int:
         elem = torch.tensor([], dtype=self.dtype).element_size()
+        felem = torch.tensor([], dtype=self.factor_dtype).element_size() if self.factor_dtype else 0
         stat = 8 * math.prod(self.stat_shape) if self.stat_shape else 0
-        return self.numel * elem + stat + 64 * self.n_microbatches + 4096
+        biggest = max([self.numel * elem, self.full_numel * elem] + [n * elem + f * felem for n, f in self.exchange])
+        return biggest + stat + 64 * self.n_microbatches + 4096
 
 
 # ---------------------------------------------------------------- helpers
@@ -165,9 +188,11 @@ def _run(d: dict, run: str, what: str) -> None:
     _need(_is(d.get("r"), run), f"{what} is for another run.")
 
 
-def _flat(t: object, lim: FlatLimits, what: str) -> torch.Tensor:
-    _need(isinstance(t, torch.Tensor) and t.dtype == lim.dtype and t.ndim == 1 and t.numel() == lim.numel,
-          f"{what} must be a flat {lim.dtype} tensor of {lim.numel} numbers.")
+def _flat(t: object, lim: FlatLimits, what: str, numel: int | None = None,
+          dtype: torch.dtype | None = None) -> torch.Tensor:
+    numel, dtype = lim.numel if numel is None else numel, dtype or lim.dtype
+    _need(isinstance(t, torch.Tensor) and t.dtype == dtype and t.ndim == 1 and t.numel() == numel,
+          f"{what} must be a flat {dtype} tensor of {numel} numbers.")
     _need(bool(torch.isfinite(t).all()), f"{what} has NaN or infinite values.")
     return t
 
@@ -221,8 +246,9 @@ def decode_reply(data: bytes, n_microbatches: int) -> CommandReply:
 # ---------------------------------------------------------------- contributions and follow updates
 
 def encode_contribution(c: Contribution) -> bytes:
-    return msgpack.packb({"k": KIND_REDUCE, "r": c.run, "s": c.step, "a": c.attempt, "g": c.stage,
-                          "m": c.microbatches, "t": _opt_tensor(c.grads), "q": _opt_tensor(c.stat)})
+    return msgpack.packb({"k": KIND_REDUCE, "r": c.run, "s": c.step, "a": c.attempt, "g": c.stage, "p": c.phase,
+                          "m": c.microbatches, "t": _opt_tensor(c.grads), "f": _opt_tensor(c.factors),
+                          "q": _opt_tensor(c.stat)})
 
 
 def decode_contribution(data: bytes, lim: FlatLimits) -> Contribution:
@@ -230,25 +256,49 @@ def decode_contribution(data: bytes, lim: FlatLimits) -> Contribution:
     _need(_is(d.get("k"), KIND_REDUCE), "not a gradient contribution.")
     _run(d, lim.run, "the gradient contribution")
     _need(_is(d.get("g"), lim.stage), f"the contribution is not for stage {lim.stage}, which this replica serves.")
+    phase = d.get("p", 0)
+    _need(isinstance(phase, int) and not isinstance(phase, bool) and 0 <= phase < len(lim.exchange),
+          f"the contribution's phase must be an integer in [0, {len(lim.exchange)}).")
+    step, attempt = _int(d, "s", "step"), _int(d, "a", "attempt", 2**31)
     mbs = _mbs(d.get("m"), lim.n_microbatches)
+    n_exact, n_factors = lim.exchange[phase]
+    if not lim.phases:  # exact sync: the whole gradient, or nothing when nothing was computed
+        _need(d.get("f") is None, "an exact-sync contribution carries no factors.")
+        if not mbs:
+            _need(d.get("t") is None and d.get("q") is None, "an empty contribution carries no tensors.")
+            return Contribution(lim.run, step, attempt, lim.stage, [], None)
+        return Contribution(lim.run, step, attempt, lim.stage, mbs, _flat(d.get("t"), lim, "the contributed gradient"),
+                            _stat(d.get("q"), lim))
+    if phase > 0:
+        _need(not mbs and d.get("t") is None and d.get("q") is None,
+              "a second-round contribution carries only factors.")
+        factors = None if d.get("f") is None else _flat(d["f"], lim, "the contributed factors", n_factors,
+                                                         lim.factor_dtype)
+        return Contribution(lim.run, step, attempt, lim.stage, [], None, None, phase, factors)
     if not mbs:
-        _need(d.get("t") is None and d.get("q") is None, "an empty contribution carries no tensors.")
-        return Contribution(lim.run, _int(d, "s", "step"), _int(d, "a", "attempt", 2**31), lim.stage, [], None)
-    return Contribution(lim.run, _int(d, "s", "step"), _int(d, "a", "attempt", 2**31), lim.stage, mbs,
-                        _flat(d.get("t"), lim, "the contributed gradient"), _stat(d.get("q"), lim))
+        _need(d.get("q") is None, "a contribution without microbatches carries no statistic.")
+        if d.get("t") is None and d.get("f") is None:  # nothing to add, not even error feedback
+            return Contribution(lim.run, step, attempt, lim.stage, [], None, None, phase, None)
+    factors = _flat(d.get("f"), lim, "the contributed factors", n_factors, lim.factor_dtype)
+    grads = _flat(d.get("t"), lim, "the contributed exact part", n_exact)
+    stat = _stat(d.get("q"), lim) if mbs else None
+    return Contribution(lim.run, step, attempt, lim.stage, mbs, grads, stat, phase, factors)
 
 
 def encode_follow(f: FollowUpdate) -> bytes:
     return msgpack.packb({"k": KIND_FOLLOW, "r": f.run, "s": f.step, "t": _pack_tensor(f.grads),
-                          "q": _opt_tensor(f.stat)})
+                          "q": _opt_tensor(f.stat), "j": f.in_layout})
 
 
 def decode_follow(data: bytes, lim: FlatLimits) -> FollowUpdate:
     d = _unpack(data, lim.max_bytes, "a follow update")
     _need(_is(d.get("k"), KIND_FOLLOW), "not a follow update.")
     _run(d, lim.run, "the follow update")
-    return FollowUpdate(lim.run, _int(d, "s", "step"), _flat(d.get("t"), lim, "the reduced gradient"),
-                        _stat(d.get("q"), lim))
+    j = d.get("j", False)
+    _need(isinstance(j, bool), "a follow update's j must be true or false.")
+    numel = lim.numel if j else (lim.full_numel or lim.numel)
+    return FollowUpdate(lim.run, _int(d, "s", "step"), _flat(d.get("t"), lim, "the reduced gradient", numel),
+                        _stat(d.get("q"), lim), j)
 
 
 # ---------------------------------------------------------------- state transfer

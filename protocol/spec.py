@@ -30,6 +30,7 @@ SUBSPACE_MODES = ("project", "reparam")
 EMBED_SPLITS = ("subspace", "per_stage")
 # the statistic receiving stages send for a re-fit of U (docs/algorithms.md 1.7, docs/fidelity.md)
 REFIT_STATISTICS = ("grad_cov", "act_cov", "riemannian")
+REPLICA_SYNCS = ("exact", "powersgd")  # how a stage's replicas agree on a step's gradient (algorithms.md 5)
 
 
 class SpecError(ValueError):
@@ -79,6 +80,10 @@ class RunSpec:
     grassmann_max_angle: float = 0.05  # cap on the largest principal angle of one update
     stats_decay: float = 0.9  # EMA decay per step of the statistic M_s
     refit_statistic: str = "grad_cov"  # REFIT_STATISTICS: what M_s is (docs/algorithms.md 1.7)
+    # replicas of a stage (docs/algorithms.md 5): "exact" sums their gradients every step;
+    # "powersgd" sums a rank-r PowerSGD approximation with error feedback (for home uplinks)
+    replica_sync: str = "exact"
+    replica_sync_rank: int = 8  # r of "powersgd" (on tiny, 4 costs ~4% held-out loss, 8 ~1.5%: benchmarks.md)
     # the coordinator's public key (hex); empty until a coordinator signs the spec
     coordinator_key: str = ""
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
@@ -150,6 +155,9 @@ class RunSpec:
         need(self.grassmann_eta > 0 and 0 < self.grassmann_max_angle <= 1.0 and 0 <= self.stats_decay < 1,
              "grassmann_eta > 0, grassmann_max_angle in (0, 1] and stats_decay in [0, 1) are required.")
         need(self.warmup_steps >= 0 and self.total_steps >= 0, "warmup_steps and total_steps must be >= 0.")
+        need(self.replica_sync in REPLICA_SYNCS,
+             f"replica_sync must be one of {', '.join(REPLICA_SYNCS)}, not {self.replica_sync!r}.")
+        need(1 <= self.replica_sync_rank <= 1024, "replica_sync_rank must be between 1 and 1024.")
 
     # ----- identity
     def to_dict(self) -> dict[str, Any]:

@@ -25,7 +25,7 @@ import warnings
 
 warnings.filterwarnings("ignore", message=".*torch.jit.script.*")  # hivemind's import warns about its own use
 
-from protocol.spec import COMPUTE_DTYPES, PRESETS, RunSpec, SpecError, preset  # noqa: E402
+from protocol.spec import COMPUTE_DTYPES, PRESETS, REPLICA_SYNCS, RunSpec, SpecError, preset  # noqa: E402
 from swarm.options import add_options, from_args  # noqa: E402
 
 log = logging.getLogger("swarm")
@@ -94,13 +94,18 @@ def _add_spec_flags(p: argparse.ArgumentParser) -> None:
                    help="compute dtype: bf16 (autocast, fp32 master weights), fp32 or fp64 (default: fp32)")
     g.add_argument("--basis-interval", type=int, help="steps between basis re-fits (default: 500)")
     g.add_argument("--seed", type=int, help="seed of weights and shared constants")
+    g.add_argument("--replica-sync", choices=list(REPLICA_SYNCS),
+                   help="how replicas of a stage agree on a step's gradient: exact (sum every step; LANs) or "
+                   "powersgd (rank-r factors with error feedback; home uplinks) (default: exact)")
+    g.add_argument("--replica-sync-rank", type=int, help="powersgd: rank r of the factors (default: 8)")
 
 
 def _spec_from_args(a: argparse.Namespace) -> RunSpec:
     if a.run_spec:
         return RunSpec.load(a.run_spec)
     return preset(a.preset, stages=a.stages, codec=a.codec, rank=a.rank, wire_dtype=a.wire_dtype, quant=a.quant,
-                  basis_interval=a.basis_interval, seed=a.seed, dtype=a.dtype)
+                  basis_interval=a.basis_interval, seed=a.seed, dtype=a.dtype, replica_sync=a.replica_sync,
+                  replica_sync_rank=a.replica_sync_rank)
 
 
 # ------------------------------------------------------------------ subcommands
@@ -121,7 +126,7 @@ def cmd_local(a: argparse.Namespace) -> int:
     if a.replicas < 1:
         raise ValueError("--replicas must be at least 1.")
     print(f"swarm local: {spec.name} preset, {spec.n_stages} stages"
-          f"{f' x {a.replicas} replicas' if a.replicas > 1 else ''}, codec {spec.codec}"
+          f"{f' x {a.replicas} replicas ({spec.replica_sync} sync)' if a.replicas > 1 else ''}, codec {spec.codec}"
           f"{'' if spec.codec == 'dense' else f' (rank {spec.rank})'}, {a.steps} steps, wire {spec.wire_dtype}"
           f"{', link ' + a.bandwidth if a.bandwidth else ''}{', latency ' + a.latency if a.latency != '0' else ''}")
     # SIGTERM (a job started with & ignores SIGINT) must stop the swarm too: run the same cleanup as Ctrl+C
@@ -247,6 +252,16 @@ def cmd_generate(a: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------ parser
 
+def _ranks(text: str) -> tuple[int, ...]:
+    try:
+        ranks = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of ranks such as 4,8.") from None
+    if not ranks or min(ranks) < 1:
+        raise argparse.ArgumentTypeError("every rank must be at least 1.")
+    return ranks
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .admission import AdmitOptions
     from .coordinator import CoordinatorOptions
@@ -308,19 +323,22 @@ def build_parser() -> argparse.ArgumentParser:
     ad.set_defaults(func=cmd_admit)
 
     be = sub.add_parser("bench", help="benchmarks: JSON + PNG, ratios measured side by side")
-    be.add_argument("which", choices=["codecs", "throughput", "convergence", "mfu", "replicas", "fidelity"],
+    be.add_argument("which", choices=["codecs", "throughput", "convergence", "mfu", "replicas", "replica-sync",
+                                          "fidelity"],
                     help="codecs: bytes/token and encode/decode time; throughput: tokens/s of local swarms per "
                     "codec, unlimited vs 80mbit; convergence: loss vs tokens, fixed U vs re-fitted U vs dense; "
                     "mfu: the device's bf16 matmul rate and the share of it whole-model training uses; "
-                    "replicas: tokens/s with 1-3 replicas per stage and failover time; fidelity: held-out loss "
-                    "against compression, one-cause ablations and dense vs subspace across widths, as jobs spread "
-                    "over GPUs inside a time budget (docs/fidelity.md)")
+                    "replicas: tokens/s with 1-3 replicas per stage and failover time; replica-sync: bytes per "
+                    "replica per step, tokens/s at --bandwidth and held-out loss per replica-sync mode; "
+                    "fidelity: held-out loss against compression, one-cause ablations and dense vs subspace across "
+                    "widths, as jobs spread over GPUs inside a time budget (docs/fidelity.md)")
     be.add_argument("--out", default="bench-out", help="output folder (default: bench-out)")
     be.add_argument("--smoke", action="store_true", help="tiny sizes, for CI")
     be.add_argument("--preset", choices=sorted(PRESETS),
                     help="model size (default: small; large for mfu)")
     be.add_argument("--steps", type=int,
-                    help="steps per run (default: 20 for throughput, 2000 for convergence, 10 timed for mfu)")
+                    help="steps per run (default: 20 for throughput, 2000 for convergence, 10 timed for mfu, 300 "
+                    "for the loss runs of replica-sync)")
     be.add_argument("--stages", type=int, help="throughput: pipeline stages (default: the preset's)")
     be.add_argument("--codec", choices=["dense", "subspace", "bottleneck"], help="mfu: codec (default: dense)")
     be.add_argument("--dtype", choices=sorted(COMPUTE_DTYPES),
@@ -334,7 +352,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "(default: the throughput results' first)")
     be.add_argument("--curves-json", metavar="FILE",
                     help="convergence: take the loss curves from this convergence.json instead of training")
-    be.add_argument("--data", default="stdlib", help="convergence: corpus (default: the Python standard library)")
+    be.add_argument("--data", default="stdlib",
+                    help="convergence, replica-sync, fidelity: corpus (default: the Python standard library)")
     be.add_argument("--bandwidth", default="80mbit",
                     help="throughput: the limited links, comma-separated, e.g. 8mbit,80mbit (default: 80mbit)")
     be.add_argument("--latency", default="0", help="throughput: one-way latency on the limited links")
@@ -359,6 +378,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="fidelity: keep the jobs OUT/fidelity.jsonl already holds finished and run the others")
     be.add_argument("--best", help="fidelity: RunSpec overrides as JSON for the headline's 'best settings' row, "
                     "e.g. '{\"lr\": 0.002}'")
+    be.add_argument("--sync-rank", type=_ranks, default=(4, 8), metavar="R[,R...]",
+                    help="replica-sync: powersgd rank(s) r to compare with exact (default: 4,8)")
+    be.add_argument("--seeds", type=int, default=1, help="replica-sync: loss runs per mode, seeds +0..N-1 (default: 1)")
+    be.add_argument("--lr", type=float, help="replica-sync: learning rate instead of the preset's")
     be.set_defaults(func=cmd_bench)
 
     ex = sub.add_parser("export", help="a trained model as our model.safetensors or a Hugging Face folder",

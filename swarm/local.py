@@ -345,6 +345,9 @@ class LocalSwarm:
         bwd = sum(w["bytes_out"]["grad"] for w in wire)
         ftok = sum(w["tokens_out"]["act"] for w in wire)
         btok = sum(w["tokens_out"]["grad"] for w in wire)
+        # replica sync: what each replica sent in reduces, per step it took with another replica
+        sync = {name: e["bytes_out"].get("red", 0) / e["synced_steps"] for name in names for e in self.events(name)
+                if e["event"] == "wire" and e.get("synced_steps")}
         timed = steps[1:] or steps  # the first step includes warm-up (allocations, first connections)
         tps = sum(s["tokens"] for s in timed) / max(1e-9, sum(s["seconds"] for s in timed))
         return {
@@ -354,6 +357,9 @@ class LocalSwarm:
                      "dense_forward_bytes_per_token": dense_bytes_per_token(self.opts.spec),
                      "forward_bytes": fwd, "backward_bytes": bwd, "forward_tokens": ftok, "backward_tokens": btok},
             "tokens_per_second": tps,
+            "sync": {"mode": self.opts.spec.replica_sync, "bytes_per_step": sync,
+                     "max_bytes_per_step": max(sync.values(), default=0.0),
+                     "commit_seconds": sum(s.get("commit_seconds", 0.0) for s in timed) / max(1, len(timed))},
             "link": {"bandwidth": self.opts.bandwidth, "latency": self.opts.latency},
             "peers": self.peer_links(steps),
         }

@@ -22,7 +22,7 @@ from peer.data import BatchSource, load_corpus
 from peer.interfaces import LinkError
 from protocol.model import spec_basis
 from protocol.spec import RunSpec
-from protocol.wire import KIND_ACTIVATION, KIND_GRADIENT
+from protocol.wire import KIND_ACTIVATION, KIND_GRADIENT, KIND_REDUCE
 
 from .admission import AdmissionError, AdmissionPolicy, read_ticket
 from .dht import SwarmDHT, close_node, start_dht, stop_dht
@@ -158,12 +158,14 @@ def check_shared_constants(spec: RunSpec) -> None:
 
 
 def _wire_summary(transport: Transport, totals: dict) -> dict:
-    """What the peer put on the wire over its whole life (every stage it served), for the report."""
-    out = {kind: transport.bytes_sent(kind) for kind in (KIND_ACTIVATION, KIND_GRADIENT)}
+    """What the peer put on the wire over its whole life (every stage it served), for the report:
+    bytes per kind (activations, gradients, replica-sync contributions), the tokens the first two
+    carried, and the steps this peer took together with other replicas of its stage."""
+    out = {kind: transport.bytes_sent(kind) for kind in (KIND_ACTIVATION, KIND_GRADIENT, KIND_REDUCE)}
     link = transport.link.stats() if transport.link is not None else None
     return {"bytes_out": out, "tokens_out": dict(totals["sent_tokens"]), "refused": totals["refused"],
             "bytes_sent": transport.bytes_sent(), "bytes_received": transport.bytes_received(), "link": link,
-            "tokens_done": totals["tokens_done"]}
+            "tokens_done": totals["tokens_done"], "synced_steps": totals["synced_steps"]}
 
 
 async def run_peer(opts: PeerOptions) -> int:
@@ -191,7 +193,8 @@ async def run_peer(opts: PeerOptions) -> int:
                                   **reach_options)
     p2p = transport = None
     monitor = PeerMonitor(opts.health_port, opts.health_host, opts.tensorboard)  # health record, /healthz, TensorBoard
-    totals = {"sent_tokens": {KIND_ACTIVATION: 0, KIND_GRADIENT: 0}, "refused": 0, "tokens_done": 0}
+    totals = {"sent_tokens": {KIND_ACTIVATION: 0, KIND_GRADIENT: 0}, "refused": 0, "tokens_done": 0,
+              "synced_steps": 0}  # synced: steps taken together with other replicas, over every stage served
     service: ReplicaService | None = None
     try:
         await monitor.start()  # /healthz answers "joining" (503) from here on
@@ -243,6 +246,7 @@ async def run_peer(opts: PeerOptions) -> int:
                         totals["sent_tokens"][kind] += daemon.sent_tokens[kind]
                     totals["refused"] += daemon.refused
                     totals["tokens_done"] += daemon.tokens_done
+                    totals["synced_steps"] += service.peer.commit.synced_steps
         return 0
     except PlacementError as e:
         raise JoinError(str(e)) from None

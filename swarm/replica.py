@@ -17,10 +17,11 @@ from dataclasses import asdict, dataclass
 
 from peer.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint
 from peer.driver import StepLog
+from peer.replica_sync import flat_limits
 from peer.stage import StageRunner
 from peer.stage_peer import StagePeer
 from peer.state_transfer import StateError, state_bytes
-from protocol.control import STATE_CHUNK_BYTES, FlatLimits
+from protocol.control import STATE_CHUNK_BYTES
 from protocol.spec import RunSpec
 from protocol.wire import (
     KIND_ACTIVATION,
@@ -47,8 +48,7 @@ SERVED_KINDS = (KIND_ACTIVATION, KIND_GRADIENT, KIND_BASIS, KIND_CONTROL, KIND_R
 def frame_limits(spec: RunSpec, runner: StageRunner) -> dict[str, int]:
     """The largest request a replica of this stage accepts, per kind of message."""
     boundary = WireLimits.for_spec(spec).max_bytes
-    flat = FlatLimits(spec.run_hash, runner.stage, runner.n_params, runner.dtype,
-                      (spec.d_model, spec.rank) if runner.stat is not None else None, spec.n_microbatches).max_bytes
+    flat = flat_limits(spec, runner).max_bytes
     return {KIND_ACTIVATION: boundary, KIND_GRADIENT: boundary, KIND_BASIS: spec.d_model * spec.rank * 4 + 4096,
             KIND_CONTROL: 16 << 10, KIND_REDUCE: flat, KIND_FOLLOW: flat, KIND_STATE: 4096}
 
@@ -112,7 +112,7 @@ class ReplicaService:
             peer.commit.on_applied = self._after_step
             await peer.announce("online")
             ctx.monitor.attach(ctx.sdht, self.spec, ctx.peer_id, ctx.router.maddrs, ctx.transport, peer.daemon,
-                               ctx.router, ctx.device)
+                               ctx.router, ctx.device, peer.commit)
             heartbeat = asyncio.create_task(self._heartbeat())
             log.info("peer %s serves stage %d of run %s", ctx.peer_id, self.stage, self.spec.run_hash)
             ctx.report.write("ready", stage=self.stage, peer_id=ctx.peer_id, run=self.spec.run_hash,

@@ -9,6 +9,8 @@ measured side by side in one run.
 - `replicas.py`: tokens/s with 1, 2, 3 replicas per stage; seconds from a replica's death to the next step.
 - `fidelity.py`: held-out loss against compression, one-cause ablations of the loss gap, dense vs
   subspace across widths; jobs spread over GPUs inside a time budget (docs/fidelity.md).
+- `replica_sync.py` (+ `sync_bytes.py`): per replica-sync mode, bytes per replica per step (small, large),
+  tokens/s with 2 replicas per stage on shaped links, held-out loss at equal tokens.
 """
 from __future__ import annotations
 
@@ -56,6 +58,11 @@ def _dispatch(a: argparse.Namespace) -> None:
         run_fidelity_bench(a.out, plan=a.plan, device=a.device, parallel=a.parallel, per_device=a.per_device,
                            budget_s=a.budget_s, groups=groups, data=a.data, smoke=a.smoke,
                            best=json.loads(a.best) if a.best else None, resume=a.resume)
+    elif a.which == "replica-sync":
+        from .replica_sync import run_replica_sync_bench
+        run_replica_sync_bench(a.out, preset_name=a.preset or "small", steps=a.steps or 300, ranks=a.sync_rank,
+                               bandwidth=a.bandwidth, latency=a.latency, device=a.device, data=a.data,
+                               seeds=a.seeds, lr=a.lr, smoke=a.smoke)
     elif a.which == "replicas":
         from .replicas import run_replicas_bench
         run_replicas_bench(a.out, preset_name=a.preset or "small", steps=a.steps or 20, device=a.device,

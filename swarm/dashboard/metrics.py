@@ -4,10 +4,12 @@ Per peer (labels `peer`, `stage`), for peers that are online:
 
     swarm_peer_tokens_per_second   swarm_peer_loss (head/tail only)   swarm_peer_step
     swarm_peer_bytes_in_per_second swarm_peer_bytes_out_per_second    swarm_peer_basis_version
+    swarm_peer_sync_bytes_per_step (replicas: reduce bytes sent per step taken with other replicas)
 
 For the swarm: swarm_stages, swarm_stages_covered, swarm_peers (online), swarm_invalid_records
 (distinct malformed, forged or misfiled health records seen), swarm_forward_bytes_per_token and
-swarm_compression_ratio (dense bytes per token / forward bytes per token).
+swarm_compression_ratio (dense bytes per token / forward bytes per token), swarm_sync_bytes_per_step
+(the busiest replica's).
 
 Values are read from the latest snapshot at scrape time by a collector that belongs to one
 registry per dashboard (no process-global registry).
@@ -27,6 +29,8 @@ PEER_GAUGES = (  # (metric name, snapshot field, help)
     ("swarm_peer_bytes_in_per_second", "bytes_in_per_s", "Bytes per second this peer received on the wire."),
     ("swarm_peer_bytes_out_per_second", "bytes_out_per_s", "Bytes per second this peer sent on the wire."),
     ("swarm_peer_basis_version", "basis_version", "Version of the shared subspace basis this peer uses."),
+    ("swarm_peer_sync_bytes_per_step", "sync_bytes_per_step",
+     "Replica-sync bytes this peer sent per step it took with other replicas of its stage."),
 )
 
 
@@ -52,6 +56,8 @@ class SnapshotCollector(Collector):
             ("swarm_forward_bytes_per_token", wire.get("forward_bytes_per_token"), "Forward wire bytes per token."),
             ("swarm_compression_ratio", wire.get("compression_ratio"),
              "Dense bytes per token / forward bytes per token."),
+            ("swarm_sync_bytes_per_step", wire.get("sync_bytes_per_step"),
+             "Replica-sync bytes per step of the busiest replica."),
         ):
             gauge = GaugeMetricFamily(name, doc)
             if value is not None:

@@ -13,7 +13,8 @@ second (`state.py`) and serves, with aiohttp, everything from this package (no C
     error              null, or one sentence (no run spec yet, DHT trouble)
     run                null, or {hash, name, codec, rank (boundary width: d, k or b), stages,
                        stage_layers, d_model, n_layers, vocab, seq_len, batch_size, wire_dtype,
-                       quant, basis_interval, key (the coordinator key's fingerprint)}
+                       quant, basis_interval, replica_sync (exact|powersgd), replica_sync_rank,
+                       key (the coordinator key's fingerprint)}
     stages             [{stage, layers, peers (online), tokens_per_s (sum of its online peers),
                          covered, bottleneck (uncovered; else the slowest, if below 90% of the
                          fastest)}]
@@ -23,14 +24,18 @@ second (`state.py`) and serves, with aiohttp, everything from this package (no C
                          (fingerprint of its health key), tokens_per_s, queue, basis_version,
                          version, and from its health record: step, loss, bytes_in_per_s,
                          bytes_out_per_s, forward_bytes_per_token, backward_bytes_per_token,
-                         codec, rank, basis_updated_step, device, memory_bytes, uptime_s,
-                         reachability (direct|relayed), refused, banned {peer: failures}}]
+                         sync_bytes_per_step (replica-sync bytes sent per step taken with
+                         other replicas; null if none yet), codec, rank, basis_updated_step,
+                         device, memory_bytes, uptime_s, reachability (direct|relayed), refused,
+                         banned {peer: failures}}]
                        ("offline": seen in the last 5 minutes, no live record now;
                         "unannounced": a health record without a stage announcement)
     banned             [{peer_id, failures, reported_by: [peer ids]}] from the peers' routers
                        (banned, wire, basis and series use announced peers' records only)
     wire               {forward_bytes_per_token, backward_bytes_per_token,
-                        dense_bytes_per_token, compression_ratio (dense / forward)}
+                        dense_bytes_per_token, compression_ratio (dense / forward),
+                        sync_bytes_per_step (the busiest replica's; null without replicas),
+                        replica_sync (the run's mode)}
     basis              {version, updated_step, mixed (online peers disagree)}
     series             {loss: {time, step, value}, tokens_per_s: {time, step, value}}
                        (bounded: the last 2000 points each; loss per training step)

@@ -56,7 +56,7 @@ def _run_summary(spec: RunSpec, fingerprint: str) -> dict:
             "stages": spec.n_stages, "stage_layers": list(spec.stage_layers), "d_model": spec.d_model,
             "n_layers": spec.n_layers, "vocab": spec.vocab, "seq_len": spec.seq_len, "batch_size": spec.batch_size,
             "wire_dtype": spec.wire_dtype, "quant": spec.quant, "basis_interval": spec.basis_interval,
-            "key": fingerprint}
+            "replica_sync": spec.replica_sync, "replica_sync_rank": spec.replica_sync_rank, "key": fingerprint}
 
 
 def _peer_view(ann: StageAnnouncement | None, h: HealthRecord | None, key: str | None, now: float) -> dict:
@@ -76,7 +76,8 @@ def _peer_view(ann: StageAnnouncement | None, h: HealthRecord | None, key: str |
         view.update(
             step=h.step, tokens_per_s=h.tokens_per_s, queue=h.queue, loss=h.loss, bytes_in_per_s=h.bytes_in_per_s,
             bytes_out_per_s=h.bytes_out_per_s, forward_bytes_per_token=h.forward_bytes_per_token,
-            backward_bytes_per_token=h.backward_bytes_per_token, codec=h.codec, rank=h.rank,
+            backward_bytes_per_token=h.backward_bytes_per_token, sync_bytes_per_step=h.sync_bytes_per_step,
+            codec=h.codec, rank=h.rank,
             basis_version=h.basis_version, basis_updated_step=h.basis_updated_step, device=h.device,
             memory_bytes=h.memory_bytes, uptime_s=round(h.uptime_s, 1), reachability=h.reachability,
             version=h.version, refused=h.refused, banned=dict(h.banned))
@@ -200,10 +201,14 @@ class DashboardState:
         grad_bytes = sum(r.grad_bytes_out for r in records)
         grad_tokens = sum(r.grad_tokens_out for r in records)
         forward = act_bytes / act_tokens if act_tokens else None
+        # replica sync: bytes per step of the busiest replica (the sync is as slow as its slowest sender)
+        syncing = [r.sync_bytes_per_step for r in records if r.sync_bytes_per_step is not None]
         wire = {"forward_bytes_per_token": forward,
                 "backward_bytes_per_token": grad_bytes / grad_tokens if grad_tokens else None,
                 "dense_bytes_per_token": self._dense,
-                "compression_ratio": self._dense / forward if forward else None}
+                "compression_ratio": self._dense / forward if forward else None,
+                "sync_bytes_per_step": max(syncing) if syncing else None,
+                "replica_sync": spec.replica_sync}
 
         versions = [r for r in records if r.state == "online"]
         top = max(versions, key=lambda r: (r.basis_version, r.basis_updated_step), default=None)
@@ -261,5 +266,6 @@ class DashboardState:
             "swarm/stages_covered": sum(st["covered"] for st in snapshot["stages"]),
             "swarm/invalid_records": snapshot["invalid_records"],
             "wire/forward_bytes_per_token": wire["forward_bytes_per_token"],
-            "wire/compression_ratio": wire["compression_ratio"]})
+            "wire/compression_ratio": wire["compression_ratio"],
+            "wire/sync_bytes_per_step": wire["sync_bytes_per_step"]})
         self.scalars.flush()

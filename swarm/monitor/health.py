@@ -76,6 +76,10 @@ class HealthRecord:
     version: str  # software version
     refused: int  # inbound messages this peer refused
     banned: dict[str, int]  # peers this peer's router saw fail -> failures
+    # replica sync (docs/algorithms.md 5): reduce bytes this peer sent to other replicas of its
+    # stage (framing included, what the transport counted), and the steps it applied with them
+    sync_bytes_out: int = 0
+    sync_steps: int = 0
     timestamp: float = field(default_factory=get_dht_time)
 
     def __post_init__(self) -> None:
@@ -85,7 +89,7 @@ class HealthRecord:
                 _fail(f"the health record's {name} must be a short non-empty string.")
         for name in ("stage", "step", "queue", "bytes_in", "bytes_out", "act_bytes_out", "act_tokens_out",
                      "grad_bytes_out", "grad_tokens_out", "rank", "basis_version", "basis_updated_step",
-                     "memory_bytes", "refused"):
+                     "memory_bytes", "refused", "sync_bytes_out", "sync_steps"):
             value = getattr(self, name)
             if not (_is_int(value) and value >= 0):
                 _fail(f"the health record's {name} must be a non-negative integer, not {value!r}.")
@@ -119,6 +123,11 @@ class HealthRecord:
     @property
     def backward_bytes_per_token(self) -> float | None:
         return self.grad_bytes_out / self.grad_tokens_out if self.grad_tokens_out else None
+
+    @property
+    def sync_bytes_per_step(self) -> float | None:
+        """Replica-sync bytes this peer sent per step it took with other replicas."""
+        return self.sync_bytes_out / self.sync_steps if self.sync_steps else None
 
 
 @dataclass(frozen=True)

@@ -20,10 +20,12 @@ from dataclasses import dataclass
 
 import torch
 
+from peer.commit import StepCommit
 from peer.daemon import StageDaemon
 from protocol.spec import RunSpec
 from protocol.wire import KIND_ACTIVATION as KIND_FORWARD
 from protocol.wire import KIND_GRADIENT as KIND_BACKWARD
+from protocol.wire import KIND_REDUCE
 from swarm import __version__
 from swarm.dht import SwarmDHT
 from swarm.monitor.health import MAX_BANNED, MAX_HISTORY, HealthRecord, publish_health, reachability_of
@@ -47,6 +49,7 @@ class _Attached:
     daemon: StageDaemon
     router: Router
     device: str
+    commit: StepCommit | None = None
 
 
 @dataclass
@@ -98,9 +101,9 @@ class PeerMonitor:
             await self._healthz.start()
 
     def attach(self, sdht: SwarmDHT, spec: RunSpec, peer_id: str, maddrs: list[str], transport: Transport,
-               daemon: StageDaemon, router: Router, device: str) -> None:
+               daemon: StageDaemon, router: Router, device: str, commit: StepCommit | None = None) -> None:
         """The stage serves: from now on the monitor reports it, and says "online"."""
-        self._peer = _Attached(sdht, spec, peer_id, maddrs, transport, daemon, router, device)
+        self._peer = _Attached(sdht, spec, peer_id, maddrs, transport, daemon, router, device, commit)
         self.state = "online"
         if self.tensorboard and self._scalars is None:
             self._scalars = ScalarLog(self.tensorboard)
@@ -187,7 +190,8 @@ class PeerMonitor:
             codec=p.spec.codec, rank=p.spec.boundary_width, basis_version=runner.basis_version,
             basis_updated_step=int(getattr(runner, "basis_updated_step", 0)), device=device, memory_bytes=memory,
             uptime_s=now - self.started, reachability=reachability_of(p.maddrs), version=__version__,
-            refused=d.refused, banned=banned,
+            refused=d.refused, banned=banned, sync_bytes_out=t.bytes_sent(KIND_REDUCE),
+            sync_steps=p.commit.synced_steps if p.commit is not None else 0,
         )
 
     async def publish(self, ttl: float) -> bool:

@@ -101,7 +101,8 @@ async def test_attacks_are_refused_while_the_swarm_trains_exactly_like_the_oracl
             n2 = StageRunner(spec, 2).n_params
             outcomes["forged follow update to stage 2"] = await a.send(
                 ids[2], KIND_FOLLOW, encode_follow(FollowUpdate(a.spec.run_hash, step, torch.zeros(n2))))
-            forged = Contribution(a.spec.run_hash, step, 0, 1, [0], torch.full((StageRunner(spec, 1).n_params,), 1e3))
+            forged = Contribution(a.spec.run_hash, step, 0, 1, [0],
+                                  torch.full((StageRunner(spec, 1).layout.numel,), 1e3))  # the size it would have
             outcomes["forged contribution to stage 1"] = await a.send(ids[1], KIND_REDUCE, encode_contribution(forged))
             records = await asyncio.to_thread(swarm.follow)
             await asyncio.to_thread(swarm.wait_for_head)

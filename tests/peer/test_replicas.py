@@ -34,8 +34,7 @@ async def test_two_by_two_equals_the_oracle_and_replicas_stay_identical(codec, d
     hashes_equal, checks = [], []
 
     async def compare() -> None:  # once the driver has told every replica to apply the step
-        driver = next(p.driver for p in swarm.stage(0) if p.driver._leading)
-        await asyncio.gather(driver._applying, return_exceptions=True)
+        await swarm.applied()
         hashes_equal.append(all(len({param_hash(p.runner) for p in swarm.stage(s)}) == 1 for s in range(2)))
 
     def check(_log) -> None:

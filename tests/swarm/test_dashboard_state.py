@@ -44,7 +44,7 @@ async def populate(sdht: SwarmDHT, ttl: float = 30.0, middle_ttl: float = 30.0) 
                   loss_history=[[10, 4.5, 1.0], [11, 4.2, 2.0], [12, 4.0, 3.0]])
     middle = record(MIDDLE, run_hash=SPEC.run_hash, stage=1, step=12, tokens_per_s=5000.0, act_bytes_out=6600,
                     act_tokens_out=100, grad_bytes_out=6400, grad_tokens_out=100, loss=None, loss_history=[],
-                    timestamp=time.time())
+                    sync_bytes_out=600_000, sync_steps=12, timestamp=time.time())
     # a validly signed record of a peer that announces no stage: listed, but not part of the swarm's figures
     stranger = record(STRANGER, run_hash=SPEC.run_hash, stage=2, basis_version=9, act_bytes_out=10**9,
                       act_tokens_out=1, banned={"12D3KooWFramed": 5}, loss_history=[[99, 0.1, 5.0]],
@@ -82,6 +82,9 @@ async def test_snapshot_aggregates_what_the_peers_report(sdht, tmp_path):
     assert wire["backward_bytes_per_token"] == pytest.approx(64.0)
     assert wire["dense_bytes_per_token"] == pytest.approx(dense_bytes_per_token(SPEC))
     assert wire["compression_ratio"] == pytest.approx(dense_bytes_per_token(SPEC) / 65.5)
+    assert wire["sync_bytes_per_step"] == pytest.approx(50_000) and wire["replica_sync"] == "exact"
+    assert peers[MIDDLE]["sync_bytes_per_step"] == pytest.approx(50_000) and peers[HEAD]["sync_bytes_per_step"] is None
+    assert snap["run"]["replica_sync"] == "exact" and snap["run"]["replica_sync_rank"] == SPEC.replica_sync_rank
     assert snap["basis"] == {"version": 2, "updated_step": 40, "mixed": False}
     assert snap["banned"] == [{"peer_id": "12D3KooWGone", "failures": 2, "reported_by": [HEAD, MIDDLE]}]
     assert snap["series"]["loss"]["step"] == [10, 11, 12] and snap["series"]["loss"]["value"] == [4.5, 4.2, 4.0]
@@ -98,6 +101,8 @@ async def test_snapshot_aggregates_what_the_peers_report(sdht, tmp_path):
     assert values[("swarm_peer_basis_version", (("peer", MIDDLE), ("stage", "1")))] == 2
     assert values[("swarm_stages_covered", ())] == 2 and values[("swarm_peers", ())] == 2
     assert values[("swarm_invalid_records", ())] == 0
+    assert values[("swarm_sync_bytes_per_step", ())] == 50_000
+    assert values[("swarm_peer_sync_bytes_per_step", (("peer", MIDDLE), ("stage", "1")))] == 50_000
     assert not any(labels and dict(labels)["peer"] == STRANGER for _, labels in values)
 
     scalars.close()

@@ -47,6 +47,9 @@ def test_a_signed_record_round_trips_and_derives_bytes_per_token():
     assert got.record == record() and got.public_key == ALICE.public_proto
     assert got.record.forward_bytes_per_token == 65.0 and got.record.backward_bytes_per_token == 64.0
     assert record(act_tokens_out=0).forward_bytes_per_token is None
+    assert record().sync_bytes_per_step is None  # no step taken with another replica yet
+    synced = parse(signed_value(record(sync_bytes_out=9000, sync_steps=3))).record
+    assert synced.sync_bytes_out == 9000 and synced.sync_bytes_per_step == 3000.0
 
 
 @pytest.mark.parametrize("field,value", [("step", 999999), ("loss", 0.1), ("state", "leaving"),
@@ -91,6 +94,8 @@ def test_a_record_cannot_be_replayed_to_live_longer_or_claim_a_far_expiry():
     lambda v: {**v, "banned": {f"p{i}": 1 for i in range(MAX_BANNED + 1)}},
     lambda v: {**v, "loss_history": [[1, "nan", 2.0]]},
     lambda v: {**v, "banned": {"p": [1]}},
+    lambda v: {**v, "sync_bytes_out": -1},
+    lambda v: {**v, "sync_steps": 1.5},
     lambda v: "not a map",
 ])
 def test_malformed_records_signed_by_their_owner_are_refused_with_a_record_error(mangle):

@@ -47,7 +47,8 @@ function renderHeader(s) {
     ? `codec ${run.codec} (width ${run.rank}) · ${run.stages} stages of ${run.stage_layers.join("/")} layers · ` +
       `d_model ${run.d_model}, ${run.n_layers} layers, vocab ${run.vocab}, seq ${run.seq_len}, ` +
       `batch ${run.batch_size} · wire ${run.wire_dtype}${run.quant !== "none" ? " + " + run.quant : ""} · ` +
-      `basis re-fit every ${run.basis_interval} steps · coordinator key ${run.key}`
+      `basis re-fit every ${run.basis_interval} steps · replica sync ${run.replica_sync}` +
+      `${run.replica_sync === "powersgd" ? " (rank " + run.replica_sync_rank + ")" : ""} · coordinator key ${run.key}`
     : "";
   const err = $("error");
   err.hidden = !s.error;
@@ -72,6 +73,8 @@ function renderCards(s) {
     ? `backward ${num(w.backward_bytes_per_token, 1)}` : "";
   $("card-ratio").textContent = w.compression_ratio != null ? `${num(w.compression_ratio, 1)}×` : "–";
   $("card-dense").textContent = w.dense_bytes_per_token ? `dense ${num(w.dense_bytes_per_token, 1)} B/token` : "";
+  $("card-sync").textContent = w.sync_bytes_per_step != null ? bytes(w.sync_bytes_per_step) : "–";
+  $("card-sync-sub").textContent = w.replica_sync ? `${w.replica_sync}, per step of the busiest replica` : "";
   const b = s.basis || {};
   $("card-basis").textContent = b.version != null ? `v${b.version}` : "–";
   $("card-basis-sub").textContent = b.version != null
@@ -126,13 +129,14 @@ const COLUMNS = [
   ["queue", (p) => num(p.queue)], ["bytes_out_per_s", (p) => bytes(p.bytes_out_per_s)],
   ["bytes_in_per_s", (p) => bytes(p.bytes_in_per_s)],
   ["forward_bytes_per_token", (p) => num(p.forward_bytes_per_token, 1)],
+  ["sync_bytes_per_step", (p) => bytes(p.sync_bytes_per_step)],
   ["basis_version", (p) => (p.basis_version != null ? `v${p.basis_version}` : "–")], ["device", (p) => p.device || "–"],
   ["memory_bytes", (p) => bytes(p.memory_bytes)], ["uptime_s", (p) => duration(p.uptime_s)],
   ["reachability", (p) => p.reachability || "–"], ["version", (p) => p.version || "–"],
   ["refused", (p) => num(p.refused)], ["age_s", (p) => duration(p.age_s)],
 ];
 const NUMERIC = new Set(["stage", "step", "tokens_per_s", "loss", "queue", "bytes_out_per_s", "bytes_in_per_s",
-  "forward_bytes_per_token", "basis_version", "memory_bytes", "uptime_s", "refused", "age_s"]);
+  "forward_bytes_per_token", "sync_bytes_per_step", "basis_version", "memory_bytes", "uptime_s", "refused", "age_s"]);
 
 function compare(a, b) {
   const k = view.sortKey;

@@ -1,0 +1,105 @@
+"""A whole swarm of StagePeers in one process, over the loopback network: the peer tests'
+swarm, and the replica-sync benchmark's (which shapes its links). Also the single-replica
+in-process oracle the swarm is compared against, and a hash of a stage's parameters."""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from dataclasses import dataclass, field
+
+import torch
+
+from protocol.spec import RunSpec
+
+from .data import BatchSource, load_corpus
+from .driver import StepLog
+from .loopback import LoopbackLink, LoopbackNetwork
+from .pipeline import InProcessPipeline
+from .stage import StageRunner
+from .stage_peer import StagePeer
+
+
+def batches(spec: RunSpec, data: str | None = None):
+    return BatchSource(load_corpus(data, seq_len=spec.seq_len), spec.seq_len, spec.microbatch_size,
+                       spec.data_seed).microbatch
+
+
+def oracle(spec: RunSpec, steps: int) -> list[float]:
+    pipe = InProcessPipeline(spec)
+    src = batches(spec)
+    return [pipe.train_step(s, src).loss for s in range(steps)]
+
+
+def param_hash(runner: StageRunner) -> str:
+    h = hashlib.sha256()
+    for p in runner.module.parameters():
+        h.update(p.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+# short timeouts: a test's failures should cost seconds (a benchmark over slow links passes longer ones)
+TEST_DRIVER_OPTIONS = dict(min_timeout=2.0, first_timeout=20.0, ping_period=0.2)
+TEST_COMMIT_OPTIONS = dict(reduce_timeout=5.0)
+
+
+@dataclass
+class MemorySwarm:
+    spec: RunSpec
+    net: LoopbackNetwork
+    peers: dict[str, StagePeer] = field(default_factory=dict)
+    logs: list[StepLog] = field(default_factory=list)
+    device: str = "cpu"
+    data: str | None = None  # the heads' corpus (None: the embedded one)
+    driver_options: dict = field(default_factory=lambda: dict(TEST_DRIVER_OPTIONS))
+    commit_options: dict = field(default_factory=lambda: dict(TEST_COMMIT_OPTIONS))
+
+    def stage(self, s: int) -> list[StagePeer]:
+        return [p for p in self.peers.values() if p.runner.stage == s and p.peer_id not in self.net.down]
+
+    async def add(self, stage: int, name: str, link_cls=LoopbackLink, announce: str = "online") -> StagePeer:
+        peer = StagePeer(StageRunner(self.spec, stage, self.device), link_cls(self.net, name),
+                         self.net.directory(name), batches=batches(self.spec, self.data) if stage == 0 else None,
+                         driver_options=self.driver_options, commit_options=self.commit_options)
+        await peer.start()
+        await peer.announce(announce)
+        self.peers[name] = peer
+        return peer
+
+    async def drive(self, steps: int, on_step=None) -> list[StepLog]:
+        """Every head drives (the leader) or stands by until the swarm has done `steps` steps."""
+        def record(log: StepLog) -> None:
+            self.logs.append(log)
+            if on_step is not None:
+                on_step(log)
+        self.tasks = {h.peer_id: asyncio.create_task(h.drive(steps, record)) for h in self.stage(0)}
+        await asyncio.wait(self.tasks.values(), return_when=asyncio.ALL_COMPLETED)
+        for name, t in self.tasks.items():
+            if name not in self.net.down:
+                t.result()  # raise what a live head raised
+        return self.logs
+
+    async def applied(self) -> None:
+        """Wait until the leading head has told every replica to apply the last step (the driver
+        applies a step itself first and tells the others in the background)."""
+        await asyncio.gather(*(h.driver._applying for h in self.stage(0) if h.driver is not None
+                               and h.driver._applying is not None), return_exceptions=True)
+
+    def kill(self, name: str) -> None:
+        """The peer vanishes at once (its head loop, if any, stops with it)."""
+        self.net.kill(name)
+        task = getattr(self, "tasks", {}).get(name)
+        if task is not None:
+            task.cancel()
+
+    async def stop(self) -> None:
+        for p in self.peers.values():
+            await p.stop()
+
+
+async def make_swarm(spec: RunSpec, replicas: list[int], link_cls=LoopbackLink, **options) -> MemorySwarm:
+    """`replicas[s]` peers for stage s, named s{s}r{i}; `options`: MemorySwarm's fields (device, data, ...)."""
+    swarm = MemorySwarm(spec, LoopbackNetwork(), **options)
+    for s, n in enumerate(replicas):
+        for r in range(n):
+            await swarm.add(s, f"s{s}r{r}", link_cls)
+    return swarm

@@ -1,0 +1,43 @@
+"""A head that joined by download may get the step it is about to drive applied by other means
+(its donor forwards the step the swarm just committed). Its driver then logs no step of its
+own: it neither re-drives a step the swarm is past nor reports another step's record."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+from protocol.spec import preset
+from tests.peer.swarm_in_memory import make_swarm, param_hash
+
+
+async def test_a_step_forwarded_to_a_joined_head_while_it_starts_driving_is_not_logged_twice():
+    spec = preset("tiny", stages=2, dtype="fp64", wire_dtype="fp64", batch_size=32, microbatch_size=8, lr=1e-3)
+    swarm = await make_swarm(spec, [1, 1])
+    donor = swarm.peers["s0r0"]
+    try:
+        await swarm.drive(2)
+        late = await swarm.add(0, "s0a", announce="syncing")  # not a member yet: the donor still leads
+        await late.join(["s0r0"])  # from here the donor forwards every step it applies
+        assert late.runner.step == 2 and late.commit.records == []
+
+        release = asyncio.Event()
+        wait_for_switch = late.daemon.gate.wait_for_switch
+
+        async def held(step: int) -> None:  # the late head starts its step, then stalls before driving it
+            await release.wait()
+            await wait_for_switch(step)
+
+        late.daemon.gate.wait_for_switch = held
+        pending = asyncio.create_task(late.driver.train_step())
+        await donor.drive(3, swarm.logs.append)  # the donor commits step 3 and forwards it
+        deadline = time.monotonic() + 10
+        while late.runner.step != 3:
+            assert time.monotonic() < deadline, "the forwarded step was not applied by the late head"
+            await asyncio.sleep(0.01)  # poll the follower
+        release.set()
+        assert await asyncio.wait_for(pending, 10) is None
+        assert late.commit.records == [] and late.runner.step == donor.runner.step == 3
+        assert param_hash(late.runner) == param_hash(donor.runner)
+        assert [log.step for log in swarm.logs] == [1, 2, 3]
+    finally:
+        await swarm.stop()

@@ -1,0 +1,172 @@
+"""replica_sync "powersgd" in one process over the loopback network: replicas of a stage stay
+bit-identical after every step with their constrained weights in span(U), a replica sends
+at least 20x fewer bytes per step than with "exact", a replica dying mid-step costs a retry,
+and an aborted attempt leaves no trace in the error feedback."""
+from __future__ import annotations
+
+import asyncio
+
+import torch
+
+from peer.replica_sync import PowerSync
+from peer.stage import Reduced, StageRunner
+from protocol.spec import preset
+from protocol.subspace import out_of_subspace
+from tests.peer.swarm_in_memory import make_swarm, oracle, param_hash
+from tests.peer.test_replicas import KillOnActivation
+
+STEPS = 5
+
+
+def wide_spec(sync: str, **overrides):
+    """tiny with d=256, d_ff=1024: matrices big enough for rank-4 factors to pay off >= 20x."""
+    fields = dict(stages=2, codec="subspace", d_model=256, d_ff=1024, rank=16, batch_size=32, microbatch_size=8,
+                  lr=1e-3, replica_sync=sync, replica_sync_rank=4, basis_updates=False)
+    return preset("tiny", **{**fields, **overrides})
+
+
+def _drift(runner: StageRunner) -> float:
+    return max((out_of_subspace(w, runner.basis.U, rows) for _, w, rows in runner.module.constrained_weights()),
+               default=0.0)
+
+
+async def test_powersgd_replicas_stay_identical_and_in_the_subspace_after_every_step():
+    spec = wide_spec("powersgd")
+    swarm = await make_swarm(spec, [2, 2])
+    pending = []
+
+    async def measure() -> dict:  # once the driver has told every replica to apply the step
+        await swarm.applied()
+        return {"equal": [len({param_hash(p.runner) for p in swarm.stage(s)}) == 1 for s in range(2)],
+                "drift": max(_drift(p.runner) for p in swarm.peers.values() if not p.runner.is_last),
+                "bytes": [p.commit.last_sync_bytes for p in swarm.peers.values()]}
+
+    def check(_log) -> None:
+        pending.append(asyncio.ensure_future(measure()))
+
+    try:
+        logs = await swarm.drive(STEPS, check)
+        checks = await asyncio.gather(*pending)
+    finally:
+        await swarm.stop()
+    assert [log.step for log in logs] == list(range(1, STEPS + 1))
+    assert all(c["equal"] == [True, True] for c in checks), "replicas of a stage differ after a step"
+    assert max(c["drift"] for c in checks) < 1e-6  # fp32: the weights never leave span(U)
+    assert all(b > 0 for c in checks for b in c["bytes"])  # every replica really took part in every sync
+    # it trains: the first step (before any update) is the oracle's, and the loss goes down from there
+    want = oracle(spec.replace(replica_sync="exact"), STEPS)
+    assert abs(logs[0].loss - want[0]) <= 1e-5 * want[0]
+    assert logs[-1].loss < logs[0].loss - 0.1
+    # the error feedback is in use (a replica keeps what was not applied) and differs between replicas
+    errors = [p.commit.power.state.error for p in swarm.stage(1)]
+    assert all(float(e.abs().max()) > 0 for e in errors[0])
+    assert any(not torch.equal(a, b) for a, b in zip(*errors))
+
+
+async def _bytes_per_step(sync: str) -> dict[str, float]:
+    spec = wide_spec(sync)
+    swarm = await make_swarm(spec, [2, 2])
+    try:
+        await swarm.drive(2)
+    finally:
+        await swarm.stop()
+    for p in swarm.peers.values():
+        assert p.commit.synced_steps == 2
+    return {name: p.commit.sync_bytes / p.commit.synced_steps for name, p in swarm.peers.items()}
+
+
+async def test_powersgd_sends_at_least_20x_fewer_bytes_per_step_than_exact():
+    exact, power = await _bytes_per_step("exact"), await _bytes_per_step("powersgd")
+    runner = StageRunner(wide_spec("exact"), 1)
+    # exact: one contribution of the stage's whole layout (fp32) to the one other replica
+    assert exact["s1r0"] > 4 * runner.layout.numel
+    # the leading head computes every stage-0 microbatch; the standby head adds nothing and sends
+    # only envelopes in both modes
+    assert max(exact["s0r1"], power["s0r1"]) < 200
+    for name in ("s0r0", "s1r0", "s1r1"):
+        assert exact[name] >= 20 * power[name], f"{name}: {exact[name]:.0f} vs {power[name]:.0f} bytes per step"
+
+
+async def test_a_replica_dying_mid_step_under_powersgd_costs_a_retry_and_the_rest_stay_identical():
+    spec = wide_spec("powersgd")
+    link = type("Link", (KillOnActivation,), {"victim": "s1r0", "nth": 5})
+    swarm = await make_swarm(spec, [2, 2], link)
+    link.swarm = swarm
+    try:
+        logs = await swarm.drive(STEPS)
+    finally:
+        await swarm.stop()
+    assert "s1r0" in swarm.net.down
+    assert [log.step for log in logs] == list(range(1, STEPS + 1))
+    assert all(log.tokens == spec.batch_size * spec.seq_len for log in logs)
+    assert max(log.attempts for log in logs) >= 2
+    assert len({param_hash(p.runner) for p in swarm.stage(0)}) == 1
+    assert logs[-1].loss < logs[0].loss
+
+
+async def test_a_replica_joining_a_powersgd_stage_mid_run_ends_equal_to_the_others():
+    """The joiner downloads weights (not the sync state): its Q is the seeded one while the others'
+    moved on, and its error starts at zero; the summed factors are still the same on every
+    replica, so every replica applies the same step."""
+    spec = wide_spec("powersgd")
+    swarm = await make_swarm(spec, [1, 2])
+    joined = {}
+
+    async def join_later():
+        while len(swarm.logs) < 2:
+            await asyncio.sleep(0.01)  # poll the run's progress
+        newcomer = await swarm.add(1, "s1new", announce="syncing")
+        joined["donor"] = await newcomer.join(["s1r0"])
+        await newcomer.announce("online")
+        joined["at"] = len(swarm.logs)
+
+    try:
+        task = asyncio.create_task(join_later())
+        await swarm.drive(STEPS + 1)
+        await task
+    finally:
+        await swarm.stop()
+    stage1 = [swarm.peers[n] for n in ("s1r0", "s1r1", "s1new")]
+    assert joined["at"] < STEPS, "the newcomer joined too late to be tested"
+    assert stage1[2].commit.synced_steps >= 1, "the newcomer never took part in a reduce"
+    assert len({p.runner.step for p in stage1}) == 1 and len({param_hash(p.runner) for p in stage1}) == 1
+
+
+def _backward(runner: StageRunner, seed: int) -> None:
+    """Every microbatch of the step through forward and backward (a head, with seeded tokens and gradients)."""
+    g = torch.Generator().manual_seed(seed)
+    spec = runner.spec
+    for mb in range(spec.n_microbatches):
+        tokens = torch.randint(0, spec.vocab, (spec.microbatch_size, spec.seq_len + 1), generator=g)
+        out = runner.forward(runner.step, mb, tokens)
+        runner.backward(runner.step, mb, torch.randn(out.shape, generator=g, dtype=out.dtype))
+
+
+def _one_reduce(sync: PowerSync, key: tuple[int, int]) -> torch.Tensor:
+    """A reduce with two other (simulated) replicas whose contributions equal this one's."""
+    _, flat, _ = sync.runner.contribution(on_device=True)
+    first = sync.first(flat)
+    P_hat, Q_mine, Q_flat = sync.second(first, first.P.to(sync.runner.dtype) * 3)
+    return sync.finish(key, first, first.exact * 3, P_hat, Q_mine, Q_flat.to(sync.runner.dtype) * 3)
+
+
+def test_an_attempt_aborted_after_its_reduce_leaves_the_error_feedback_as_it_was():
+    spec = wide_spec("powersgd")
+    runs = []
+    for abort_first in (False, True):
+        runner = StageRunner(spec, 0)
+        sync = PowerSync(runner)
+        _backward(runner, 1)
+        if abort_first:
+            _one_reduce(sync, (0, 0))  # reduced, never applied: the driver aborts the attempt
+            runner.abort_step()
+            _backward(runner, 1)  # the step re-driven
+        flat = _one_reduce(sync, (0, 2))
+        runner.set_reduced(Reduced(0, 2, flat, None, {}))
+        runner.apply_reduced(0, 2)
+        sync.commit(0, 2)
+        _backward(runner, 2)
+        runs.append((_one_reduce(sync, (1, 0)), param_hash(runner), [e.clone() for e in sync.state.error]))
+    assert torch.equal(runs[0][0], runs[1][0]) and runs[0][1] == runs[1][1]
+    assert all(torch.equal(a, b) for a, b in zip(runs[0][2], runs[1][2]))
+    assert any(float(e.abs().max()) > 0 for e in runs[0][2])  # there was error feedback to disturb

@@ -1,0 +1,82 @@
+"""Replica-sync messages on the way in (protocol/control.py): contributions of both replica_sync
+modes and both powersgd phases round-trip, and anything of the wrong phase, size, dtype or
+shape is refused with a WireError; follow updates say which layout they are in."""
+from __future__ import annotations
+
+import msgpack
+import pytest
+import torch
+
+from protocol.control import (
+    Contribution,
+    FlatLimits,
+    FollowUpdate,
+    decode_contribution,
+    decode_follow,
+    encode_contribution,
+    encode_follow,
+)
+from protocol.wire import WireError
+
+RUN = "0123456789abcdef"
+EXACT = FlatLimits(RUN, 1, 100, torch.float32, (8, 2), 4, full_numel=300)
+POWER = FlatLimits(RUN, 1, 100, torch.float32, (8, 2), 4, ((10, 40), (0, 30)), torch.bfloat16, 300)
+STAT = torch.zeros(8, 2, dtype=torch.float64)
+
+
+def c(phase=0, mbs=(0, 1), grads=10, factors=40, stat=True, fdtype=torch.bfloat16) -> bytes:
+    return encode_contribution(Contribution(
+        RUN, 3, 1, 1, list(mbs), None if grads is None else torch.ones(grads), STAT if stat else None, phase,
+        None if factors is None else torch.ones(factors, dtype=fdtype)))
+
+
+def test_powersgd_contributions_of_both_phases_round_trip():
+    first = decode_contribution(c(), POWER)
+    assert (first.phase, first.microbatches, first.grads.numel(), first.factors.numel()) == (0, [0, 1], 10, 40)
+    assert first.factors.dtype == torch.bfloat16 and first.stat is not None
+    second = decode_contribution(c(1, (), None, 30, False), POWER)
+    assert (second.phase, second.microbatches, second.grads, second.factors.numel()) == (1, [], None, 30)
+    # a replica without microbatches: its error feedback travels, or nothing at all
+    idle = decode_contribution(c(0, (), 10, 40, False), POWER)
+    assert idle.grads is not None and idle.stat is None
+    empty = decode_contribution(c(0, (), None, None, False), POWER)
+    assert empty.grads is None and empty.factors is None
+    assert decode_contribution(c(1, (), None, None, False), POWER).factors is None
+
+
+@pytest.mark.parametrize("body,why", [
+    (c(2), "phase"),
+    (c(0, factors=30), "factors"),
+    (c(0, grads=11), "exact part"),
+    (c(0, fdtype=torch.float32), "factors"),
+    (c(0, factors=None), "factors"),
+    (c(1, (0,), None, 30, False), "only factors"),
+    (c(1, (), 10, 30, False), "only factors"),
+    (c(0, (), 10, 40, True), "statistic"),
+    (c(0, grads=None), "exact part"),
+])
+def test_malformed_powersgd_contributions_are_refused(body, why):
+    with pytest.raises(WireError, match=why):
+        decode_contribution(body, POWER)
+
+
+def test_exact_sync_takes_one_phase_without_factors():
+    ok = decode_contribution(c(0, grads=100, factors=None), EXACT)
+    assert ok.grads.numel() == 100 and ok.factors is None and ok.phase == 0
+    for body in (c(0, grads=100), c(1, (), None, 30, False), c(0, grads=300, factors=None)):
+        with pytest.raises(WireError):
+            decode_contribution(body, EXACT)
+
+
+def test_follow_updates_are_in_the_layout_or_in_full_and_say_which():
+    layout = decode_follow(encode_follow(FollowUpdate(RUN, 4, torch.ones(100), STAT, True)), EXACT)
+    full = decode_follow(encode_follow(FollowUpdate(RUN, 4, torch.ones(300), STAT, False)), EXACT)
+    assert (layout.in_layout, layout.grads.numel(), full.in_layout, full.grads.numel()) == (True, 100, False, 300)
+    for grads, j in ((torch.ones(300), True), (torch.ones(100), False)):
+        with pytest.raises(WireError, match="reduced gradient"):
+            decode_follow(encode_follow(FollowUpdate(RUN, 4, grads, STAT, j)), EXACT)
+    forged = msgpack.unpackb(encode_follow(FollowUpdate(RUN, 4, torch.ones(100), STAT, True)), raw=False,
+                             ext_hook=lambda code, data: msgpack.ExtType(code, data))
+    forged["j"] = 1
+    with pytest.raises(WireError, match="true or false"):
+        decode_follow(msgpack.packb(forged), EXACT)

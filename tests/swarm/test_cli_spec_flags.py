@@ -1,0 +1,28 @@
+"""The run-spec flags of `swarm local` and `swarm coordinator` reach the spec (replica sync included),
+and a bad value is refused with one sentence before anything starts."""
+from __future__ import annotations
+
+import pytest
+
+from protocol.spec import SpecError
+from swarm.cli import _spec_from_args, build_parser, main
+
+
+@pytest.mark.parametrize("command", ["local", "coordinator"])
+def test_replica_sync_flags_reach_the_run_spec(command):
+    args = build_parser().parse_args([command, "--preset", "tiny", "--replica-sync", "powersgd",
+                                      "--replica-sync-rank", "8"])
+    spec = _spec_from_args(args)
+    assert (spec.replica_sync, spec.replica_sync_rank) == ("powersgd", 8)
+    default = _spec_from_args(build_parser().parse_args([command, "--preset", "tiny"]))
+    assert (default.replica_sync, default.replica_sync_rank) == ("exact", 8)
+    assert default.run_hash != spec.run_hash  # replicas that sync differently are in different runs
+
+
+def test_a_bad_replica_sync_is_refused(capsys):
+    with pytest.raises(SpecError, match="replica_sync_rank"):
+        _spec_from_args(build_parser().parse_args(["local", "--replica-sync-rank", "0"]))
+    assert main(["local", "--replica-sync-rank", "0", "--no-dashboard"]) == 2
+    assert "replica_sync_rank must be between 1 and 1024" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["local", "--replica-sync", "sometimes"])
