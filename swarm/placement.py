@@ -87,6 +87,8 @@ async def move_target(router: Router, spec: RunSpec, stage: int, throughput: flo
     if empty:
         return empty[0]
     tput = {s: _load(anns)[1] for s, anns in peers.items()}
+    if min(tput.values()) <= 0:  # a stage with no measured speed (a stalled or starting swarm) is no evidence
+        return None
     weakest = min(tput, key=tput.get)
     if weakest == stage or throughput <= 0:
         return None

@@ -124,10 +124,12 @@ class Router:
             self._rtt[peer] = seconds if old is None else RTT_DECAY * old + (1 - RTT_DECAY) * seconds
 
     def report_failure(self, peer: str, bad_data: bool = False) -> None:
+        now = time.monotonic()
         ban = self._bans.get(peer, _Ban(0, 0))
-        ban.failures += 1
+        if ban.until <= now:  # a burst of failures inside one ban (every microbatch of a step) counts once
+            ban.failures += 1
         seconds = min(MAX_BAN_S, self.base_ban * 2 ** (ban.failures - 1))
-        ban.until = time.monotonic() + max(seconds, BAD_DATA_BAN_S if bad_data else 0.0)
+        ban.until = max(ban.until, now + max(seconds, BAD_DATA_BAN_S if bad_data else 0.0))
         self._bans[peer] = ban
         self._cache.clear()
         log.warning("peer %s failed; avoiding it for %.0f s", peer[-8:], ban.until - time.monotonic())
