@@ -70,6 +70,7 @@ class StepCommit:
         self._arrived = asyncio.Event()
         self.followers: dict[str, int] = {}  # replicas catching up from this one -> first step they need
         self.records: list = []  # StepRecords of the steps applied here
+        self.last_applied: tuple[int, int] | None = None  # (step, attempt) of the last sum applied here
         self.on_applied: Callable[[int], None] | None = None  # called with the new step number
         self.sync_bytes = 0  # contribution bytes this replica sent to other replicas, every phase and attempt
         self.synced_steps = 0  # steps applied here whose reduce had another replica in it
@@ -266,6 +267,7 @@ class StepCommit:
             return self._reply(cmd, "failed", "no reduced gradient is held for this attempt.")
         stats, record = await d.run(self._apply_job, cmd.step, cmd.attempt)
         self.records.append(record)
+        self.last_applied = (cmd.step, cmd.attempt)
         self.last_sync_bytes = self._attempt_bytes.pop((cmd.step, cmd.attempt), 0)
         self.synced_steps += len(reduced.contributors) > 1
         self._forward_to_followers(reduced)

@@ -97,10 +97,14 @@ class StepDriver:
                 on_step(record)
 
     async def _leader(self) -> str:
-        now = time.monotonic()
-        heads = {p.peer_id for p in await self.directory.members(0)} | {self.peer_id}
-        alive = sorted(p for p in heads if self._dead.get(p, 0.0) <= now)
-        return alive[0]
+        while True:
+            now = time.monotonic()
+            heads = {p.peer_id for p in await self.directory.members(0)} | {self.peer_id}
+            alive = sorted(p for p in heads if self._dead.get(p, 0.0) <= now)
+            if alive:
+                return alive[0]
+            # every head, this one too, is set aside for now (this one is behind): look again soon
+            await asyncio.sleep(min(5.0, max(0.5, min(self._dead[p] for p in heads) - now)))
 
     async def _stand_by(self, leader: str) -> None:
         """Ping the leader; after `ping_failures` failures in a row, count it as dead for a while."""
@@ -128,7 +132,13 @@ class StepDriver:
         step = self.runner.step
         members = await self._members()
         replies = await self._broadcast(members, "status", step, 0)
-        ahead = [p for p, r in replies.items() if r.outcome == "behind"]  # they are past our step
+        # a step the old leader applied here but not yet everywhere: finish it on the peers it missed
+        short = [p for p, r in replies.items() if r.outcome == "behind"]  # one step short of ours
+        last = self.commit.last_applied
+        if short and last is not None and last[0] == step - 1:
+            log.info("finishing step %d on %d peer(s) the previous leader did not reach", step, len(short))
+            await self._broadcast({p: 0 for p in short}, "apply", step - 1, last[1])
+        ahead = [p for p, r in replies.items() if r.outcome == "ahead"]  # they are past our step
         reduced = self.runner.reduced
         if ahead:
             if reduced is None or reduced.step != step:
