@@ -33,6 +33,7 @@ from protocol.wire import KIND_CONTROL
 from .commit import StepCommit
 from .daemon import StageDaemon
 from .interfaces import LinkError, PeerDirectory
+from .stage import StageError
 
 log = logging.getLogger(__name__)
 
@@ -174,6 +175,13 @@ class StepDriver:
                 await self._commit(step, attempt)
                 commit_seconds = time.perf_counter() - t_commit
                 break
+            except StageError:
+                if self.runner.step == step:
+                    raise
+                # two heads led at once for a moment (each saw itself lowest before the other's
+                # announcement arrived) and the other one's step was applied here: not ours to drive
+                log.info("step %d was applied here under another head; following it", step + 1)
+                return None
             except AttemptFailed as e:
                 log.warning("step %d, attempt %d failed (%s); re-driving it", step + 1, attempt, e)
                 await self._broadcast(await self._members(), "abort", step, attempt)

@@ -41,7 +41,7 @@ async def test_killing_a_replica_of_every_stage_mid_run_loses_no_step(tmp_path):
                    for name in (leader, swarm.peer_name(1, 0))]
         killed_at = len(swarm.step_events()[0])
         swarm.procs = [(n, p) for n, p in swarm.procs if n not in (leader, swarm.peer_name(1, 0))]
-        records = await asyncio.to_thread(swarm.follow)
+        records = await asyncio.to_thread(swarm.follow, 90.0)  # a stuck step fails in 90 s, not 300
     finally:
         await asyncio.to_thread(swarm.stop)
     assert killed_at < steps, "the run was over before the kills: nothing was tested"
