@@ -119,7 +119,17 @@ class ReplicaService:
                              maddrs=ctx.router.maddrs, step=runner.step, reachability=ctx.reachability)
             if peer.driver is not None:
                 ctx.report.write("start", step=runner.step)
-                await peer.drive(ctx.steps, self._on_step)
+                # a standby head rebalances too (the leader, the lowest id, never is the one that moves)
+                drive = asyncio.create_task(peer.drive(ctx.steps, self._on_step))
+                move = asyncio.create_task(self._serve_until_moved())
+                await asyncio.wait({drive, move}, return_when=asyncio.FIRST_COMPLETED)
+                moved = not drive.done()  # the driver finishing wins a tie: its steps are done
+                loser = drive if moved else move
+                loser.cancel()
+                await asyncio.gather(loser, return_exceptions=True)
+                if moved:
+                    return move.result()
+                drive.result()  # what the driver raised, if anything
                 ctx.report.write("done", steps=runner.step)
                 if not ctx.linger:
                     return None
