@@ -118,6 +118,8 @@ async def test_attacks_are_refused_while_the_swarm_trains_exactly_like_the_oracl
         await asyncio.to_thread(swarm.stop)
 
     harmless = {"forged contribution to stage 1"}  # stored until the step ends, summed by nobody (see below)
+    if any(h.stage == 1 and h.microbatch == 1 and h.step == step for h in received):
+        harmless.add("stray gradient to the head")  # not stray after all: the head had sent us that microbatch
     for name, (code, _) in outcomes.items():
         assert code != "accepted" or name in harmless, f"{name} was accepted"
     assert "leading head" in outcomes["current-step activation to stage 1"][1]
