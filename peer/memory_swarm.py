@@ -78,6 +78,16 @@ class MemorySwarm:
                 t.result()  # raise what a live head raised
         return self.logs
 
+    async def join_after(self, steps: int, stage: int, name: str, donor: str) -> tuple[StagePeer, int]:
+        """Once the swarm has done `steps` steps, a fresh peer joins `stage` by downloading the state
+        of `donor`; returns it and the number of steps done when it went online."""
+        while len(self.logs) < steps:
+            await asyncio.sleep(0.01)  # poll the run's progress
+        newcomer = await self.add(stage, name, announce="syncing")
+        await newcomer.join([donor])
+        await newcomer.announce("online")
+        return newcomer, len(self.logs)
+
     async def applied(self) -> None:
         """Wait until the leading head has told every replica to apply the last step (the driver
         applies a step itself first and tells the others in the background)."""

@@ -110,24 +110,14 @@ async def test_a_replica_joining_a_powersgd_stage_mid_run_ends_equal_to_the_othe
     replica, so every replica applies the same step."""
     spec = wide_spec("powersgd")
     swarm = await make_swarm(spec, [1, 2])
-    joined = {}
-
-    async def join_later():
-        while len(swarm.logs) < 2:
-            await asyncio.sleep(0.01)  # poll the run's progress
-        newcomer = await swarm.add(1, "s1new", announce="syncing")
-        joined["donor"] = await newcomer.join(["s1r0"])
-        await newcomer.announce("online")
-        joined["at"] = len(swarm.logs)
-
     try:
-        task = asyncio.create_task(join_later())
+        task = asyncio.create_task(swarm.join_after(2, 1, "s1new", "s1r0"))
         await swarm.drive(STEPS + 1)
-        await task
+        _, joined_at = await task
     finally:
         await swarm.stop()
     stage1 = [swarm.peers[n] for n in ("s1r0", "s1r1", "s1new")]
-    assert joined["at"] < STEPS, "the newcomer joined too late to be tested"
+    assert joined_at < STEPS, "the newcomer joined too late to be tested"
     assert stage1[2].commit.synced_steps >= 1, "the newcomer never took part in a reduce"
     assert len({p.runner.step for p in stage1}) == 1 and len({param_hash(p.runner) for p in stage1}) == 1
 

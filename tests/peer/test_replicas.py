@@ -107,25 +107,13 @@ class KillOnSend(LoopbackLink):
 async def test_a_fresh_replica_joins_mid_run_and_equals_its_donor():
     spec = spec_for("subspace", "fp64")
     swarm = await make_swarm(spec, [1, 1])
-    joined = {}
-
-    async def join_later():
-        while len(swarm.logs) < 3:
-            await asyncio.sleep(0.01)  # poll the run's progress
-        newcomer = await swarm.add(1, "s1new", announce="syncing")
-        joined["donor"] = await newcomer.join(["s1r0"])
-        await newcomer.announce("online")
-        joined["peer"] = newcomer
-        joined["at"] = len(swarm.logs)
-
     try:
-        task = asyncio.create_task(join_later())
+        task = asyncio.create_task(swarm.join_after(3, 1, "s1new", "s1r0"))
         logs = await swarm.drive(STEPS)
-        await task
+        newcomer, joined_at = await task
     finally:
         await swarm.stop()
-    newcomer = joined["peer"]
-    assert joined["at"] < STEPS - 1, "the newcomer joined too late to be tested"
+    assert joined_at < STEPS - 1, "the newcomer joined too late to be tested"
     assert newcomer.runner.step == swarm.peers["s1r0"].runner.step == STEPS
     assert param_hash(newcomer.runner) == param_hash(swarm.peers["s1r0"].runner)
     assert_close([log.loss for log in logs], oracle(spec, STEPS), 1e-10)
