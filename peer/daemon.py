@@ -44,7 +44,7 @@ from protocol.wire import (
 )
 
 from .basis_gate import BasisGate
-from .interfaces import LinkError, MessageLink, PeerDirectory, PeerStatus
+from .interfaces import Admit, LinkError, MessageLink, PeerDirectory, PeerStatus
 from .norm_band import NormBand
 from .stage import StageError, StageRunner
 
@@ -60,7 +60,7 @@ class StageDaemon:
                  on_refit: Callable[[StatsMessage], Awaitable[None]] | None = None,
                  verify_update: Callable[[BasisUpdate], bool] | None = None,
                  pull_updates: Callable[[], Awaitable[None]] | None = None, basis_wait: float = 30.0,
-                 admit: Callable[[str, str], Awaitable[str | None]] | None = None) -> None:
+                 admit: Admit | None = None) -> None:
         self.runner, self.link, self.directory = runner, link, directory
         self.spec = runner.spec
         self.stage = runner.stage
@@ -207,7 +207,7 @@ class StageDaemon:
         if self.admit is None:
             return None
         problem = await self.admit(sender, kind)
-        return self.refuse(problem, sender) if problem else None
+        return self.refuse(problem.reason, sender, code=problem.code) if problem else None
 
     def _out_of_band(self, kind: str, t: torch.Tensor, sender: str) -> bytes | None:
         """A refusal (and a ban of the sender) if the payload's size is far from what this stage receives."""
@@ -285,7 +285,8 @@ class StageDaemon:
         return "failed", last
 
     async def _retry_later(self, peer: str) -> bool:
-        """The receiver asked to retry (it is fetching a basis update): wait a little, bounded."""
+        """The receiver asked to retry (it is fetching a basis update, or has not read this peer's
+        announcement yet): wait a little, bounded by `basis_wait` in all."""
         n = self._retries.get(peer, 0)
         if n * 0.2 > self.basis_wait:
             return False

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from protocol.control import Command, CommandReply, decode_reply, encode_command
-from protocol.wire import KIND_CONTROL
+from protocol.wire import KIND_CONTROL, ErrorReply, WireError, WireLimits, decode_message
 
 from .commit import StepCommit
 from .daemon import StageDaemon
@@ -307,11 +307,27 @@ class StepDriver:
         return await self._send(peer, Command(self.spec.run_hash, step, attempt, op), timeout)
 
     async def _send(self, peer: str, cmd: Command, timeout: float | None = None) -> CommandReply:
+        """One command to one peer. A peer that asks to retry (it has not read this head's
+        announcement yet) is asked again every 0.2 s within the command's timeout."""
         if peer == self.peer_id:
             return await self.commit.handle(cmd)
-        try:
-            body = await self.daemon.link.request(peer, KIND_CONTROL, encode_command(cmd),
-                                                  timeout=timeout or self.command_timeout)
-            return decode_reply(body, self.spec.n_microbatches)
-        except Exception as e:  # unreachable, refused or garbled: this peer takes no part
-            return CommandReply(cmd.step, cmd.attempt, "failed", reason=str(e)[:200])
+        deadline = time.monotonic() + (timeout or self.command_timeout)
+        while True:
+            try:
+                body = await self.daemon.link.request(peer, KIND_CONTROL, encode_command(cmd),
+                                                      timeout=max(0.1, deadline - time.monotonic()))
+                if (retry := _retry_asked(body, self.daemon._limits())) is None or time.monotonic() + 0.2 > deadline:
+                    return decode_reply(body, self.spec.n_microbatches) if retry is None else \
+                        CommandReply(cmd.step, cmd.attempt, "failed", reason=retry[:200])
+            except Exception as e:  # unreachable, refused or garbled: this peer takes no part
+                return CommandReply(cmd.step, cmd.attempt, "failed", reason=str(e)[:200])
+            await asyncio.sleep(0.2)  # the peer is reading this head's announcement
+
+
+def _retry_asked(body: bytes, limits: WireLimits) -> str | None:
+    """The reason of a "retry" refusal, or None if `body` is anything else."""
+    try:
+        err = decode_message(body, limits)
+    except WireError:
+        return None
+    return err.reason if isinstance(err, ErrorReply) and err.code == "retry" else None

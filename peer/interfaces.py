@@ -17,6 +17,19 @@ class LinkError(RuntimeError):
     """A message could not be delivered (timeout, connection, or the remote refused the frame)."""
 
 
+@dataclass(frozen=True)
+class Refusal:
+    """Why a peer may not send a message here. `code` "retry" asks the sender to send it again
+    shortly, to the same peer and without counting a failure: this peer's view of the swarm may
+    lag the sender's (an announcement it has not read yet)."""
+
+    reason: str
+    code: str = "refused"
+
+
+Admit = Callable[[str, str], Awaitable["Refusal | None"]]  # (sender, message kind) -> why not, or None
+
+
 class MessageLink(Protocol):
     peer_id: str
 

@@ -187,7 +187,7 @@ def cmd_status(a: argparse.Namespace) -> int:
 
 
 def cmd_identity(a: argparse.Namespace) -> int:
-    from .identity import Identity
+    from .trust.identity import Identity
     existed = os.path.exists(a.path)
     identity = Identity.load_or_create(a.path)
     print(identity.peer_id)
@@ -200,7 +200,7 @@ def cmd_identity(a: argparse.Namespace) -> int:
 def cmd_admit(a: argparse.Namespace) -> int:
     import time
 
-    from .admission import AdmitOptions, issue_ticket
+    from .trust.admission import AdmitOptions, issue_ticket
     ticket = issue_ticket(from_args(AdmitOptions, a))
     print(ticket.encode())
     until = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(ticket.expires)) if ticket.expires else "never"
@@ -263,7 +263,6 @@ def _ranks(text: str) -> tuple[int, ...]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .admission import AdmitOptions
     from .coordinator import CoordinatorOptions
     from .dashboard.server import DashboardOptions
     from .export.evaluate import EvalOptions
@@ -271,6 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .export.generate import GenerateOptions
     from .local import LocalOptions
     from .node import PeerOptions
+    from .trust.admission import AdmitOptions
     p = argparse.ArgumentParser(prog="swarm", description="Train one transformer across many peers over the "
                                 "internet, with compressed pipeline boundaries (subspace ~100x, bottleneck ~128x).")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")

@@ -15,15 +15,15 @@ from protocol.model import spec_basis
 from protocol.spec import RunSpec
 from protocol.wire import KIND_STATS
 
-from .admission import AdmissionPolicy
 from .basis import BasisRefitter
 from .dht import SwarmDHT, close_node, start_dht
-from .identity import Identity
-from .keys import SigningKey
 from .net import Transport
 from .net.addresses import LOOPBACK, PRIVATE, PUBLIC, announce_addresses, scope_of
 from .net.reachability import DialBack
 from .options import opt
+from .trust.admission import AdmissionPolicy
+from .trust.identity import Identity
+from .trust.keys import SigningKey
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 `run_peer(options)` joins the swarm, reads and verifies the run spec, refuses to join if its
 shared constants (U, T_fixed) hash differently from the coordinator's, chooses a stage
-(`swarm/placement.py`) and serves it as one of its replicas (`swarm/replica.py`): state from
+(`swarm/replicas/placement.py`) and serves it as one of its replicas (`swarm/replicas/replica.py`): state from
 a live replica or a checkpoint, heartbeat, and (as a head) driving the steps. Whatever
 happens, it leaves the swarm cleanly: announcement "leaving", handlers removed, p2pd stopped.
 """
@@ -24,17 +24,17 @@ from protocol.model import spec_basis
 from protocol.spec import RunSpec
 from protocol.wire import KIND_ACTIVATION, KIND_GRADIENT, KIND_REDUCE
 
-from .admission import AdmissionError, AdmissionPolicy, read_ticket
 from .dht import SwarmDHT, close_node, start_dht, stop_dht
-from .identity import Identity, IdentityError
 from .monitor.peer_monitor import PeerMonitor
 from .net import HomeLink, Transport, TransportError
 from .net.reachability import DialBack, dht_options, settle_reachability
 from .options import opt
-from .placement import PlacementError, choose_stage
-from .replica import ReplicaContext, ReplicaService, transport_limit
-from .router import Router
+from .replicas.placement import PlacementError, choose_stage
+from .replicas.replica import ReplicaContext, ReplicaService, transport_limit
+from .replicas.router import Router
 from .stage_memory import recall_stage, remember_stage
+from .trust.admission import AdmissionError, AdmissionPolicy, read_ticket
+from .trust.identity import Identity, IdentityError
 
 log = logging.getLogger(__name__)
 
@@ -171,7 +171,7 @@ def _wire_summary(transport: Transport, totals: dict) -> dict:
 async def run_peer(opts: PeerOptions) -> int:
     """Run one peer until its steps are done (head) or it is cancelled; returns an exit code.
 
-    Joins the DHT, reads and checks the run spec, then serves a stage (`swarm/replica.py`)
+    Joins the DHT, reads and checks the run spec, then serves a stage (`swarm/replicas/replica.py`)
     and, when the rebalancer moves it, the next one, in the same session."""
     reporter = Reporter(opts.report)
     try:

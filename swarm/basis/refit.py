@@ -32,8 +32,8 @@ from protocol.model import compute_dtype, spec_basis
 from protocol.spec import RunSpec
 from protocol.wire import KIND_BASIS, ErrorReply, WireError, encode_message
 from swarm.dht import SwarmDHT
-from swarm.keys import SigningKey
 from swarm.net.transport import Transport
+from swarm.trust.keys import SigningKey
 
 log = logging.getLogger(__name__)
 

@@ -18,8 +18,8 @@ from protocol.model import compute_dtype, spec_basis
 from protocol.spec import RunSpec
 from protocol.wire import KIND_STATS, WireError
 from swarm.dht import SwarmDHT
-from swarm.keys import verify
 from swarm.net.transport import Transport, TransportError
+from swarm.trust.keys import verify
 
 log = logging.getLogger(__name__)
 

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 import msgpack
 
-from swarm.admission import AdmissionPolicy
 from swarm.dht import RecordError
 from swarm.monitor.health import SignedHealth, parse_health
+from swarm.trust.admission import AdmissionPolicy
 
 MAX_REMEMBERED_BAD = 4096  # digests of bad entries already counted
 MAX_PROBLEMS = 20  # the last reasons, shown on the page

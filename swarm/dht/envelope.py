@@ -2,7 +2,7 @@
 
 A record is stored as the map {"k": key, "b": body, "p": signer, "s": signature, "t": ticket}:
 `body` is the msgpack of the record itself (a StageAnnouncement, a HealthRecord, ...),
-`signer` the writer's libp2p public key (protobuf-encoded, `swarm/identity.py`), `ticket`
+`signer` the writer's libp2p public key (protobuf-encoded, `swarm/trust/identity.py`), `ticket`
 its admission ticket in a private swarm (else absent). The signature is
 
     sign(msgpack([RECORD_DOMAIN, key, subkey, body, expiration_time, ticket]))
@@ -20,7 +20,7 @@ readers (`store.py`, because a hostile node answers a lookup with whatever it li
 4. `signer` owns the subkey: peer records are filed under peer_id_of(signer); swarm-wide
    records under that key's fingerprint, and only the swarm key's once it is known;
 5. in a private swarm, a peer record carries a ticket for its peer id valid until the
-   record expires (`swarm/admission.py`).
+   record expires (`swarm/trust/admission.py`).
 """
 from __future__ import annotations
 
@@ -30,9 +30,9 @@ from dataclasses import dataclass
 
 import msgpack
 
-from swarm.admission import AdmissionError, AdmissionPolicy
-from swarm.identity import Identity, ed25519_public_key, peer_id_of, verify_by
-from swarm.keys import fingerprint_of
+from swarm.trust.admission import AdmissionError, AdmissionPolicy
+from swarm.trust.identity import Identity, ed25519_public_key, peer_id_of, verify_by
+from swarm.trust.keys import fingerprint_of
 
 from .records import KeyKind, RecordError, _require, kind_of, parse_basis_subkey
 

@@ -3,7 +3,7 @@
 hivemind runs each `DHT` in a child process that owns a `p2pd`; if that process dies the
 wrong way its p2pd lives on. Everything here makes sure a node's daemons go with it.
 
-Every node runs with a libp2p identity whose private key Python holds (`swarm/identity.py`),
+Every node runs with a libp2p identity whose private key Python holds (`swarm/trust/identity.py`),
 so that what it writes can be signed by its peer id, and with the swarm's record validator
 (`validator.py`), so that it stores and passes on only records their owner wrote.
 """
@@ -23,9 +23,9 @@ with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message=r".*torch\.jit\.script.*")
     import hivemind
 
-from swarm.admission import AdmissionPolicy
-from swarm.identity import Identity
 from swarm.net.addresses import check_initial_peers
+from swarm.trust.admission import AdmissionPolicy
+from swarm.trust.identity import Identity
 
 from .validator import SwarmRecordValidator, mark_lookups
 

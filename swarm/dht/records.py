@@ -41,7 +41,7 @@ with warnings.catch_warnings():
     from hivemind.utils import get_dht_time
 
 from peer.interfaces import STATES
-from swarm.keys import SigningKey, fingerprint_of, verify
+from swarm.trust.keys import SigningKey, fingerprint_of, verify
 
 __all__ = [
     "KEY_KINDS", "RUN_KEY", "RUN_SPEC_DOMAIN", "STATES", "KeyKind", "RecordError", "SignedRunSpec",

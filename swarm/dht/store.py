@@ -26,9 +26,9 @@ with warnings.catch_warnings():
     import hivemind
     from hivemind.utils import get_dht_time
 
-from swarm.admission import Admission, AdmissionPolicy, Ticket
-from swarm.identity import Identity, ed25519_public_key
-from swarm.keys import SigningKey, fingerprint_of
+from swarm.trust.admission import Admission, AdmissionPolicy, Ticket
+from swarm.trust.identity import Identity, ed25519_public_key
+from swarm.trust.keys import SigningKey, fingerprint_of
 
 from .envelope import Envelope, check_envelope
 from .records import (

@@ -39,7 +39,7 @@ with warnings.catch_warnings():
     from hivemind.dht.validation import DHTRecord, RecordValidatorBase
     from hivemind.utils import MSGPackSerializer, get_dht_time
 
-from swarm.admission import AdmissionPolicy
+from swarm.trust.admission import AdmissionPolicy
 
 from .envelope import Envelope, check_envelope
 from .records import RecordError

@@ -142,11 +142,11 @@ async def fetch_stage_states(initial_peers: list[str], timeout: float = 300.0) -
     from peer.stage import StageRunner
     from peer.state_transfer import StateError, download_state
     from swarm.dht import SwarmDHT, close_node, start_dht
-    from swarm.identity import Identity
     from swarm.net import Transport
     from swarm.node import LinkAdapter
-    from swarm.replica import transport_limit
-    from swarm.router import LIVE_STATES
+    from swarm.replicas.replica import transport_limit
+    from swarm.replicas.router import LIVE_STATES
+    from swarm.trust.identity import Identity
 
     identity = Identity.generate()
     dht = await asyncio.to_thread(start_dht, initial_peers, ["/ip4/0.0.0.0/tcp/0"], identity, True)

@@ -19,9 +19,9 @@ from dataclasses import asdict, dataclass, field, fields
 
 from hivemind.utils import get_dht_time
 
-from swarm.admission import AdmissionPolicy
 from swarm.dht import STATES, Envelope, RecordError, SwarmDHT, check_envelope, health_key
-from swarm.keys import fingerprint_of
+from swarm.trust.admission import AdmissionPolicy
+from swarm.trust.keys import fingerprint_of
 
 __all__ = ["REACHABILITY", "HealthRecord", "SignedHealth", "parse_health", "publish_health", "fetch_health",
            "reachability_of"]

@@ -32,7 +32,7 @@ from swarm.monitor.health import MAX_BANNED, MAX_HISTORY, HealthRecord, publish_
 from swarm.monitor.healthz import HealthzServer
 from swarm.monitor.scalars import ScalarLog
 from swarm.net.transport import Transport
-from swarm.router import Router
+from swarm.replicas.router import Router
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,8 @@ from protocol.spec import RunSpec
 from protocol.wire import ErrorReply, Header, WireLimits, decode_message, encode_activation, encode_gradient
 from swarm import __version__
 from swarm.dht import StageAnnouncement, SwarmDHT, close_node, start_dht
-from swarm.identity import Identity
 from swarm.net import Transport, TransportError
+from swarm.trust.identity import Identity
 
 
 class Attacker:

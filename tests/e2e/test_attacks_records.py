@@ -23,7 +23,6 @@ from contextlib import asynccontextmanager
 import pytest
 
 from protocol.spec import RunSpec, preset
-from swarm.admission import Ticket
 from swarm.dht import (
     RUN_KEY,
     Envelope,
@@ -38,10 +37,11 @@ from swarm.dht import (
     start_dht,
     stop_dht,
 )
-from swarm.identity import Identity
-from swarm.keys import SigningKey
 from swarm.local import LocalOptions, LocalSwarm
 from swarm.monitor.health import fetch_health, parse_health
+from swarm.trust.admission import Ticket
+from swarm.trust.identity import Identity
+from swarm.trust.keys import SigningKey
 from tests.e2e.conftest import wait_for_event
 from tests.swarm.test_health import record
 

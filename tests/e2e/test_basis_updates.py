@@ -15,9 +15,9 @@ from protocol.basis_update import BasisUpdate, decode_update, encode_update
 from protocol.spec import RunSpec, preset
 from protocol.wire import ErrorReply, WireLimits, decode_message
 from swarm.dht import SwarmDHT, close_node, start_dht
-from swarm.keys import SigningKey
 from swarm.local import LocalOptions, LocalSwarm
 from swarm.net.transport import Transport
+from swarm.trust.keys import SigningKey
 from tests.e2e.conftest import wait_for_event
 
 SPEC = dict(codec="subspace", stages=3, basis_interval=5)

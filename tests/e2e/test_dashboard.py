@@ -28,9 +28,9 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 import swarm as swarm_package
 from protocol.spec import preset
 from swarm.dht import Envelope, SwarmDHT, health_key, start_dht, stop_dht
-from swarm.identity import Identity
 from swarm.local import LocalOptions, LocalSwarm
 from swarm.monitor.health import fetch_health, parse_health
+from swarm.trust.identity import Identity
 from tests.e2e.conftest import wait_for_event
 from tests.swarm.test_health import record
 

@@ -33,7 +33,7 @@ from protocol.wire import (
     _pack_tensor,
 )
 from swarm.basis.refit import BasisRefitter
-from swarm.keys import SigningKey
+from swarm.trust.keys import SigningKey
 from tests.peer.swarm_in_memory import make_swarm
 from tests.swarm.test_refit_trust import FakeDHT, FakeTransport
 

@@ -7,7 +7,8 @@ import time
 import pytest
 
 from protocol.spec import preset
-from swarm.admission import (
+from swarm.cli import main
+from swarm.trust.admission import (
     Admission,
     AdmissionError,
     AdmissionPolicy,
@@ -17,9 +18,8 @@ from swarm.admission import (
     parse_duration,
     read_ticket,
 )
-from swarm.cli import main
-from swarm.identity import Identity
-from swarm.keys import SigningKey
+from swarm.trust.identity import Identity
+from swarm.trust.keys import SigningKey
 
 SWARM = SigningKey.generate()
 PEER, OTHER = Identity.generate().peer_id, Identity.generate().peer_id
@@ -111,7 +111,7 @@ def test_admission_remembers_valid_tickets_and_logs_a_refusal_once(caplog):
     assert admission.learn(PEER, Ticket.issue(SWARM, PEER).to_bytes())
     late = Identity.generate().peer_id
     assert admission.learn(late, Ticket.issue(SWARM, late, expires=time.time() + 0.2).to_bytes())
-    with caplog.at_level(logging.WARNING, logger="swarm.admission"):
+    with caplog.at_level(logging.WARNING, logger="swarm.trust.admission"):
         assert admission.admits(PEER) and admission.admits(late)
         assert not admission.admits(OTHER) and not admission.admits(OTHER)
     assert [r.getMessage() for r in caplog.records].count(

@@ -13,7 +13,6 @@ import pytest
 from hivemind.utils import get_dht_time
 
 from protocol.spec import preset
-from swarm.admission import AdmissionError, AdmissionPolicy, Ticket
 from swarm.dht import (
     CLOCK_SKEW_S,
     RUN_KEY,
@@ -30,8 +29,9 @@ from swarm.dht import (
     stop_dht,
 )
 from swarm.dht.process import _p2pd_children
-from swarm.identity import Identity
-from swarm.keys import SigningKey
+from swarm.trust.admission import AdmissionError, AdmissionPolicy, Ticket
+from swarm.trust.identity import Identity
+from swarm.trust.keys import SigningKey
 
 LOCAL = ["/ip4/127.0.0.1/tcp/0"]
 SPEC = json.dumps({"model": {"d": 64, "layers": 4}, "stages": 2, "codec": "subspace"}, sort_keys=True)

@@ -7,12 +7,12 @@ from dataclasses import asdict, replace
 import msgpack
 import pytest
 
-from swarm.admission import AdmissionPolicy, Ticket
 from swarm.dashboard.book import HealthBook
 from swarm.dht import Envelope, RecordError, health_key
-from swarm.identity import Identity
-from swarm.keys import SigningKey
 from swarm.monitor.health import MAX_BANNED, HealthRecord, parse_health, reachability_of
+from swarm.trust.admission import AdmissionPolicy, Ticket
+from swarm.trust.identity import Identity
+from swarm.trust.keys import SigningKey
 
 RUN = "a75f7a22fb141ca3"
 ALICE, BOB = Identity.generate(), Identity.generate()

@@ -9,7 +9,7 @@ from hivemind.p2p import P2P, PeerID
 from hivemind.proto import crypto_pb2
 
 from swarm.dht import start_dht, stop_dht
-from swarm.identity import Identity, IdentityError, ed25519_public_key, peer_id_of, public_key_proto, verify_by
+from swarm.trust.identity import Identity, IdentityError, ed25519_public_key, peer_id_of, public_key_proto, verify_by
 
 
 def test_an_ed25519_identity_round_trips_and_its_peer_id_holds_its_key():

@@ -7,7 +7,7 @@ import stat
 
 import pytest
 
-from swarm.keys import SigningKey, fingerprint_of, verify
+from swarm.trust.keys import SigningKey, fingerprint_of, verify
 
 
 def test_sign_verify_round_trip():

@@ -10,7 +10,6 @@ from hivemind.dht.routing import DHTID
 from hivemind.dht.validation import DHTRecord
 from hivemind.utils import MSGPackSerializer
 
-from swarm.admission import AdmissionPolicy, Ticket
 from swarm.dht import (
     CLOCK_SKEW_S,
     RUN_KEY,
@@ -24,8 +23,9 @@ from swarm.dht import (
     stage_key,
 )
 from swarm.dht.validator import in_lookup
-from swarm.identity import Identity
-from swarm.keys import SigningKey
+from swarm.trust.admission import AdmissionPolicy, Ticket
+from swarm.trust.identity import Identity
+from swarm.trust.keys import SigningKey
 
 RUN = "0123456789abcdef"
 KEY = stage_key(RUN, 1)

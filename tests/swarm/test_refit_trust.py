@@ -14,7 +14,7 @@ from protocol.spec import preset
 from protocol.wire import ErrorReply, WireLimits, decode_message
 from swarm.basis.refit import BasisRefitter
 from swarm.dht import StageAnnouncement
-from swarm.keys import SigningKey
+from swarm.trust.keys import SigningKey
 
 SPEC = preset("tiny", stages=3, basis_interval=5)
 

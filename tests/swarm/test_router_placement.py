@@ -5,8 +5,8 @@ import time
 
 from protocol.spec import preset
 from swarm.dht import StageAnnouncement
-from swarm.placement import move_target
-from swarm.router import BAD_DATA_BAN_S, Router
+from swarm.replicas.placement import move_target
+from swarm.replicas.router import BAD_DATA_BAN_S, Router
 
 
 class Directory(Router):

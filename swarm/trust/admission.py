@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 
 import msgpack
 
-from swarm.keys import PUBLIC_KEY_BYTES, SIGNATURE_BYTES, SigningKey, fingerprint_of, verify
 from swarm.options import opt
+from swarm.trust.keys import PUBLIC_KEY_BYTES, SIGNATURE_BYTES, SigningKey, fingerprint_of, verify
 
 __all__ = ["TICKET_DOMAIN", "Admission", "AdmissionError", "AdmissionPolicy", "AdmitOptions", "Ticket", "issue_ticket",
            "parse_duration", "read_ticket"]

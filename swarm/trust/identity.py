@@ -36,7 +36,7 @@ with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message=r".*torch\.jit\.script.*")
     from hivemind.proto import crypto_pb2
 
-from swarm.keys import SigningKey, verify
+from swarm.trust.keys import SigningKey, verify
 
 __all__ = ["Identity", "IdentityError", "ed25519_public_key", "peer_id_of", "public_key_proto", "verify_by"]
 

@@ -22,7 +22,7 @@ import random
 from peer.interfaces import PeerStatus
 from protocol.spec import RunSpec
 from swarm.dht import StageAnnouncement
-from swarm.router import LIVE_STATES, Router
+from swarm.replicas.router import LIVE_STATES, Router
 
 log = logging.getLogger(__name__)
 

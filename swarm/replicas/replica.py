@@ -5,7 +5,7 @@ else this peer's checkpoint with `--resume`, else the stage's initial weights at
 step: the last two are logged, since the stage then continues from less than the swarm knew),
 announces itself, beats the heartbeat, writes checkpoints (atomically, every
 `checkpoint_every` steps and when it stops), drives steps if it is a head, and every
-`rebalance_period` asks `swarm/placement.py` whether it should move to another stage.
+`rebalance_period` asks `swarm/replicas/placement.py` whether it should move to another stage.
 `serve()` returns the stage to move to, or None when it is done.
 """
 from __future__ import annotations
@@ -35,10 +35,10 @@ from protocol.wire import (
 )
 from swarm.basis import BasisSync
 from swarm.dht import SwarmDHT
-from swarm.membership import Membership
 from swarm.net import Transport
-from swarm.placement import move_target
-from swarm.router import Router
+from swarm.replicas.membership import Membership
+from swarm.replicas.placement import move_target
+from swarm.replicas.router import Router
 
 log = logging.getLogger(__name__)
 

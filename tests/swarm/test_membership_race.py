@@ -1,0 +1,85 @@
+"""The step-1 race of a fresh swarm: a peer whose view of the announcements lags behind the
+sender's (it has not read the sender's announcement yet) asks the sender to retry, and the step
+goes through: no ban, no failed attempt, no 60 s wait for another peer, losses equal to the oracle."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from protocol.spec import preset
+from protocol.wire import KIND_ACTIVATION, KIND_CONTROL, KIND_GRADIENT, KIND_REDUCE
+from swarm.replicas.membership import Membership
+from tests.peer.swarm_in_memory import make_swarm, oracle
+
+
+class LaggingView:
+    """A router and a DHT for `Membership` whose announcements of one stage show a peer only after
+    `lag` fresh reads of that stage: a DHT that has not yet spread that peer's announcement."""
+
+    def __init__(self, members: dict[int, list[str]], lag: int) -> None:
+        self.members, self.lag = members, lag
+        self.fresh_reads: dict[int, int] = {}
+        self.banned: set[str] = set()
+
+    def is_banned(self, peer: str) -> bool:
+        return peer in self.banned
+
+    async def admitted(self, peer: str) -> bool:
+        return True
+
+    async def announced(self, stage: int, fresh: bool = False) -> list[SimpleNamespace]:
+        if fresh:
+            self.fresh_reads[stage] = self.fresh_reads.get(stage, 0) + 1
+        if self.fresh_reads.get(stage, 0) < self.lag:
+            return []
+        return [SimpleNamespace(peer_id=p, state="online") for p in self.members.get(stage, [])]
+
+    async def live_peers(self, stage: int, fresh: bool = False) -> list[SimpleNamespace]:
+        return await self.announced(stage, fresh)
+
+
+async def test_an_unread_sender_of_a_boundary_message_is_asked_to_retry_and_then_admitted():
+    view = LaggingView({1: ["s1r0"]}, lag=2)
+    m = Membership(view, view, stage=2, n_stages=3, refresh_s=0.0)
+    first = await m.check("s1r0", KIND_ACTIVATION)
+    assert first is not None and first.code == "retry" and "s1r0"[-8:] in first.reason
+    assert await m.check("s1r0", KIND_ACTIVATION) is None  # the second fresh read finds it
+    assert view.fresh_reads[1] == 2
+
+
+async def test_fresh_reads_are_rate_limited_so_a_stranger_cannot_hammer_the_dht():
+    view = LaggingView({}, lag=0)
+    m = Membership(view, view, stage=1, n_stages=3, refresh_s=3600.0)
+    for _ in range(5):
+        refusal = await m.check("stranger", KIND_GRADIENT)
+        assert refusal is not None and refusal.code == "retry"
+    assert view.fresh_reads[2] == 1  # one fresh read in the hour, however often it asks
+
+
+async def test_a_head_read_late_is_asked_to_retry_its_commands_and_a_reduce_is_refused():
+    view = LaggingView({0: ["s0r0"], 1: ["s1r0"]}, lag=2)
+    m = Membership(view, view, stage=1, n_stages=3, refresh_s=3600.0)
+    refusal = await m.check("s1r1", KIND_REDUCE)  # the replicas' exchange has its own recovery
+    assert refusal is not None and refusal.code == "refused"
+    refusal = await m.check("s0r0", KIND_CONTROL)
+    assert refusal is not None and refusal.code == "retry"
+
+
+async def test_a_swarm_whose_last_stage_reads_announcements_late_trains_like_the_oracle():
+    spec = preset("tiny", stages=3)
+    steps = 3
+    swarm = await make_swarm(spec, [1, 1, 1])
+    view = LaggingView({1: ["s1r0"], 0: ["s0r0"]}, lag=4)
+    tail = swarm.stage(2)[0].daemon
+    tail.admit = Membership(view, view, stage=2, n_stages=3, refresh_s=0.0).check
+    failures: list[str] = []
+    middle = swarm.stage(1)[0].daemon
+    middle.directory.report_failure = lambda peer, bad_data=False: failures.append(peer)
+    try:
+        logs = await swarm.drive(steps)
+    finally:
+        await swarm.stop()
+    assert [log.loss for log in logs] == oracle(spec, steps)
+    assert all(log.attempts == 1 for log in logs)  # the retries stayed inside the first attempt
+    assert tail.refused >= 1  # the lagging view really refused (as "retry") before it read stage 1
+    assert view.fresh_reads[1] >= 4
+    assert failures == []  # a "retry" is no failure: nothing is banned
