@@ -106,3 +106,8 @@ def test_coordinator_keeps_its_key_and_identity_in_the_state_dir(tmp_path, capsy
         main(["coordinator", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "swarm.key in the state folder" in text and "a FILE you name is used as given" in text
+
+
+def test_gitignore_covers_key_and_identity_files_anyway():
+    ignored = (Path(__file__).resolve().parents[2] / ".gitignore").read_text().splitlines()
+    assert {"*.key", "*.id", "*.stages.json"} <= set(ignored)
