@@ -1,8 +1,8 @@
 """Read a swarm's state from its dashboard's JSON API and print a short summary.
 
     swarm dashboard --initial-peers /ip4/.../p2p/12D3KooW... --port 8080     # somewhere
-    python examples/dashboard_api.py http://127.0.0.1:8080/                   # here
-    python examples/dashboard_api.py http://127.0.0.1:8080/ --json           # the numbers, for scripts
+    python3 examples/dashboard_api.py http://127.0.0.1:8080/                   # here
+    python3 examples/dashboard_api.py http://127.0.0.1:8080/ --json           # the numbers, for scripts
 
 Standard library only: copy it anywhere. The schema of /api/v1/state is documented in
 swarm/dashboard/server.py.

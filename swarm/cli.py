@@ -152,7 +152,11 @@ def cmd_local(a: argparse.Namespace) -> int:
 def cmd_coordinator(a: argparse.Namespace) -> int:
     from .coordinator import CoordinatorOptions, run_coordinator
     opts = from_args(CoordinatorOptions, a, spec=_spec_from_args(a))
-    return _run_async(lambda: run_coordinator(opts))
+    try:
+        return _run_async(lambda: run_coordinator(opts))
+    except FileNotFoundError as e:  # a --key or --identity in a folder that does not exist
+        print(f"error: {e}", file=sys.stderr)
+        return 1
 
 
 def cmd_peer(a: argparse.Namespace) -> int:
@@ -188,12 +192,14 @@ def cmd_status(a: argparse.Namespace) -> int:
 
 def cmd_identity(a: argparse.Namespace) -> int:
     from .trust.identity import Identity
-    existed = os.path.exists(a.path)
-    identity = Identity.load_or_create(a.path)
+    from .trust.state_dir import default_file
+    path = a.path or default_file("peer.id", a.state_dir)
+    existed = os.path.exists(path)
+    identity = Identity.load_or_create(path)
     print(identity.peer_id)
     if not existed:
-        print(f"wrote a new Ed25519 identity to {a.path} (keep it private; start the peer with --identity "
-              f"{a.path})", file=sys.stderr)
+        print(f"wrote a new Ed25519 identity to {path} (keep it private; start the peer with --identity "
+              f"{os.path.abspath(path)})", file=sys.stderr)
     return 0
 
 
@@ -244,9 +250,12 @@ def cmd_eval(a: argparse.Namespace) -> int:
 def cmd_generate(a: argparse.Namespace) -> int:
     from .export.generate import GenerateOptions, run_generate
     try:
-        print(run_generate(from_args(GenerateOptions, a)))
+        text, note = run_generate(from_args(GenerateOptions, a))
     except ImportError as e:
         return _missing_extra(e)
+    print(text)
+    if note:
+        print(f"note: {note}", file=sys.stderr)
     return 0
 
 
@@ -271,6 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .local import LocalOptions
     from .node import PeerOptions
     from .trust.admission import AdmitOptions
+    from .trust.state_dir import WHERE
     p = argparse.ArgumentParser(prog="swarm", description="Train one transformer across many peers over the "
                                 "internet, with compressed pipeline boundaries (subspace ~100x, bottleneck ~128x).")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -313,7 +323,11 @@ def build_parser() -> argparse.ArgumentParser:
                          description="Print the peer id of the libp2p identity in FILE, creating a new Ed25519 one "
                          "there if there is none. A peer started with --identity FILE keeps that id; a private "
                          "swarm's coordinator admits it by that id (swarm admit).")
-    idn.add_argument("path", metavar="FILE", help="identity file (created, mode 0600, if missing)")
+    idn.add_argument("path", metavar="FILE", nargs="?",
+                     help="identity file, created (mode 0600) if missing, used as given (default: peer.id in the "
+                     "state folder)")
+    idn.add_argument("--state-dir", metavar="DIR",
+                     help=f"the state folder, where the default FILE lives (default: {WHERE}; created mode 0700)")
     idn.set_defaults(func=cmd_identity)
 
     ad = sub.add_parser("admit", help="sign a ticket admitting one peer to a private swarm",
@@ -388,19 +402,25 @@ def build_parser() -> argparse.ArgumentParser:
                         description="Gather every stage's state (one replica per stage, all at the same step, "
                         "hashes checked) from checkpoint folders or a running swarm, and write model.safetensors "
                         "with the run spec, basis version and tokenizer, or (--format hf) a LlamaForCausalLM "
-                        "folder that transformers loads without custom code (dense and subspace runs).")
+                        "folder that transformers loads without custom code (dense and subspace runs). Writing "
+                        "either needs only `pip install -e .`; loading the hf folder in transformers (or with "
+                        "swarm eval / generate) needs `pip install -e '.[export]'`.")
     add_options(ex, ExportOptions)
     ex.set_defaults(func=cmd_export)
 
     ev = sub.add_parser("eval", help="an exported model's held-out loss and perplexity",
                         description="Loss (nats per token) and perplexity of an exported model on the validation "
-                        "split of the corpus it trained on (or --data), or on a training step's microbatches.")
+                        "split of the corpus it trained on (recorded in the run spec by `swarm coordinator --data` "
+                        "or `swarm local --data`; the embedded corpus if none), or of --data, or on a training "
+                        "step's microbatches. The output names the corpus it scored.")
     add_options(ev, EvalOptions)
     ev.set_defaults(func=cmd_eval)
 
     ge = sub.add_parser("generate", help="text from an exported model",
                         description="Continue --prompt by sampling bytes from an exported model "
-                        "(temperature, top-k), on the CPU or a GPU.")
+                        "(temperature, top-k), on the CPU or a GPU. The model sees at most its context (the "
+                        "run's seq_len) of the last bytes: a longer text slides that window, and the command "
+                        "says so on stderr.")
     add_options(ge, GenerateOptions)
     ge.set_defaults(func=cmd_generate)
     return p

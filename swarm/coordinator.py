@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 from dataclasses import dataclass
 
 from protocol.model import spec_basis
@@ -16,14 +17,16 @@ from protocol.spec import RunSpec
 from protocol.wire import KIND_STATS
 
 from .basis import BasisRefitter
+from .corpus_record import with_corpus
 from .dht import SwarmDHT, close_node, start_dht
 from .net import Transport
 from .net.addresses import LOOPBACK, PRIVATE, PUBLIC, announce_addresses, scope_of
 from .net.reachability import DialBack
 from .options import opt
 from .trust.admission import AdmissionPolicy
-from .trust.identity import Identity
+from .trust.identity import Identity, IdentityError
 from .trust.keys import SigningKey
+from .trust.state_dir import WHERE, default_file
 
 log = logging.getLogger(__name__)
 
@@ -37,11 +40,21 @@ class CoordinatorOptions:
     spec: RunSpec
     host_maddrs: list[str] = opt(["/ip4/0.0.0.0/tcp/0"], "libp2p listen addresses (default: all interfaces, "
                                  "random port)", metavar="MADDR")
-    identity: str | None = opt(None, "libp2p identity file for a stable peer id and address", metavar="FILE")
+    identity: str | None = opt(None, "libp2p identity file: its peer id, and so the address peers join with, "
+                               "stays the same across restarts; created (mode 0600) if missing (default: "
+                               "coordinator.id in the state folder; a FILE you name is used as given, relative to "
+                               "the current folder)", metavar="FILE")
     public_ip: str | None = opt(None, "your router's public IP, with the TCP port of --host-maddrs forwarded to "
                                 "this machine: announces /ip4/IP/tcp/PORT", metavar="IP")
     announce_maddrs: list[str] = opt([], "announce exactly these addresses", metavar="MADDR")
-    key: str | None = opt(None, "swarm signing key file (created if missing; default: a new key)", metavar="FILE")
+    key: str | None = opt(None, "swarm signing key file: whoever holds it decides the run; created (mode 0600) if "
+                          "missing (default: swarm.key in the state folder, so a restarted coordinator keeps its "
+                          "swarm; a FILE you name is used as given, relative to the current folder)", metavar="FILE")
+    state_dir: str | None = opt(None, f"the state folder, where the default identity and key live (default: "
+                                f"{WHERE}; created mode 0700)", metavar="DIR")
+    data: str | None = opt(None, "the text file or folder this run trains on: its path and sha256 go into the run "
+                           "spec, so that heads started without --data read it, a head with other text refuses "
+                           "to start, and `swarm eval` scores it (default: the embedded corpus)", metavar="PATH")
     maddrs_file: str | None = opt(None, "write the coordinator's addresses here as JSON", metavar="FILE")
     private: bool = opt(False, "admit only peers with a ticket signed by the swarm key (`swarm admit`)")
     ttl: float = 60.0
@@ -64,10 +77,25 @@ def sealed_spec(spec: RunSpec, key: SigningKey, peer_id: str = "", private: bool
 
 
 async def run_coordinator(opts: CoordinatorOptions) -> int:
-    if opts.private and not opts.key:
-        raise ValueError("a private swarm needs --key FILE: its tickets are signed with that key (`swarm admit`).")
-    key = SigningKey.load_or_create(opts.key) if opts.key else SigningKey.generate()
-    identity = Identity.load_or_create(opts.identity) if opts.identity else Identity.generate()
+    key_file = opts.key or default_file("swarm.key", opts.state_dir)
+    identity_file = opts.identity or default_file("coordinator.id", opts.state_dir)
+    spec = with_corpus(opts.spec, opts.data)  # reads the corpus: a bad --data fails before any daemon starts
+    key = SigningKey.load_or_create(key_file)
+    identity = Identity.load_or_create(identity_file)
+    try:  # two coordinators with one peer id would be one node to the swarm
+        lock = Identity.lock(identity_file)
+    except IdentityError:
+        raise IdentityError(f"another running coordinator uses the identity {identity_file}; give this one its "
+                            f"own --identity FILE or --state-dir DIR.") from None
+    try:
+        log.info("swarm key %s, identity %s (peer id %s)", key_file, identity_file, identity.peer_id)
+        return await _coordinate(opts, spec, key, key_file, identity)
+    finally:
+        os.close(lock)
+
+
+async def _coordinate(opts: CoordinatorOptions, spec: RunSpec, key: SigningKey, key_file: str,
+                      identity: Identity) -> int:
     policy = AdmissionPolicy(opts.private, key.public_bytes(), identity.peer_id)  # in force before any record
     announce = announce_addresses(opts.host_maddrs, opts.public_ip, opts.announce_maddrs)
     dht = await asyncio.to_thread(start_dht, [], opts.host_maddrs, identity, False, policy,
@@ -75,7 +103,7 @@ async def run_coordinator(opts: CoordinatorOptions) -> int:
     p2p = transport = None
     try:
         p2p = await dht.replicate_p2p()
-        spec = sealed_spec(opts.spec, key, identity.peer_id, opts.private)
+        spec = sealed_spec(spec, key, identity.peer_id, opts.private)
         sdht = SwarmDHT(dht, identity, swarm_key=key, policy=policy)
         transport = Transport(p2p, f"subspace-swarm-{spec.run_hash}", max_frame_bytes=spec.d_model * spec.rank * 4
                               + (1 << 16))
@@ -91,7 +119,7 @@ async def run_coordinator(opts: CoordinatorOptions) -> int:
         log.info("coordinator of %s run %s (%s), key %s (public key %s)", "private" if opts.private else "public",
                  spec.run_hash, spec.name, key.fingerprint(), key.public_bytes().hex())
         if opts.private:
-            log.info("admit a peer with: swarm admit --key %s --peer-id PEER_ID", opts.key or "SWARM_KEY_FILE")
+            log.info("admit a peer with: swarm admit --key %s --peer-id PEER_ID", key_file)
         for m in sorted(maddrs, key=scope_of, reverse=True):  # public first: those work from anywhere
             log.info("peers join with: swarm peer --initial-peers %s%s", m, _REACH_NOTE[scope_of(m)])
         while True:

@@ -56,7 +56,7 @@ class LocalOptions:
     workdir: str | None = opt(None, "keep logs and reports here (default: a temporary folder)", metavar="DIR")
     threads: int | None = opt(None, "torch threads per peer (default: cores / processes)")
     quiet: bool = opt(False, "no progress bar")
-    coordinator_key: str | None = None  # the swarm's signing key file (default: a fresh key)
+    coordinator_key: str | None = None  # the swarm's signing key file (default: a fresh key in the run's folder)
     extra_peer_args: list[str] = field(default_factory=list)
     dashboard: bool = False  # `swarm local` turns it on (unless --no-dashboard); tests leave it off
     dashboard_port: int = opt(8080, "dashboard port (a free one if it is taken)")
@@ -188,9 +188,10 @@ class LocalSwarm:
         maddrs_file = self.dir / "coordinator.json"
         maddrs_file.unlink(missing_ok=True)  # a workdir may be reused: never read an old run's address
         key = ["--key", self.opts.coordinator_key] if self.opts.coordinator_key else []
+        data = ["--data", self.opts.data] if self.opts.data else []  # recorded in the run spec (swarm eval reads it)
         self.spawn("coordinator", ["coordinator", "--run-spec", str(spec_path), "--host-maddrs",
                                    f"/ip4/{self.placement.host('coordinator')}/tcp/0", "--maddrs-file",
-                                   str(maddrs_file), *key, *extra])
+                                   str(maddrs_file), "--state-dir", str(self.dir), *key, *data, *extra])
         self.wait_for_file(maddrs_file, "the coordinator", 90)
         served = json.loads(maddrs_file.read_text())
         self.maddrs, self.run_hash = served["maddrs"], served["run"]

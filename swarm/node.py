@@ -18,12 +18,13 @@ from dataclasses import dataclass
 
 import torch
 
-from peer.data import BatchSource, load_corpus
+from peer.data import BatchSource
 from peer.interfaces import LinkError
 from protocol.model import spec_basis
 from protocol.spec import RunSpec
 from protocol.wire import KIND_ACTIVATION, KIND_GRADIENT, KIND_REDUCE
 
+from .corpus_record import check_corpus, run_corpus
 from .dht import SwarmDHT, close_node, start_dht, stop_dht
 from .monitor.peer_monitor import PeerMonitor
 from .net import HomeLink, Transport, TransportError
@@ -55,14 +56,18 @@ class PeerOptions:
                             "start of the run (default: until stopped)")
     linger: bool = opt(False, "head only: after --steps, keep serving (e.g. for `swarm export --initial-peers`) "
                        "until stopped")
-    data: str | None = opt(None, "head only: text file or folder (default: embedded corpus)", metavar="PATH")
+    data: str | None = opt(None, "head only: text file or folder; must be the text the run spec records, if it "
+                           "records one (default: the recorded corpus, else the embedded one)", metavar="PATH")
     host_maddrs: list[str] = opt(["/ip4/0.0.0.0/tcp/0"], "libp2p listen addresses", metavar="MADDR")
     public_ip: str | None = opt(None, "your router's public IP, with the TCP port of --host-maddrs forwarded to "
                                 "this machine: announces /ip4/IP/tcp/PORT", metavar="IP")
     announce_maddrs: list[str] = opt([], "announce exactly these addresses to the swarm", metavar="MADDR")
     reachability: str = opt("auto", "auto: ask other peers to dial back and use a relay if they cannot; direct: "
                             "skip the check; relayed: serve through a relay", choices=("auto", "direct", "relayed"))
-    identity: str | None = opt(None, "libp2p identity file for a stable peer id", metavar="FILE")
+    identity: str | None = opt(None, "libp2p identity file for a stable peer id (and stage: remembered in "
+                               "FILE.stages.json), created mode 0600 if missing, used as given (default: a new "
+                               "identity each start, so several peers on one machine never share one; "
+                               "examples/two_machines/peer.sh keeps one in the state folder)", metavar="FILE")
     checkpoint_dir: str | None = opt(None, "save this stage's state here every --checkpoint-every steps and when "
                                      "stopping", metavar="DIR")
     checkpoint_every: int = opt(50, "steps between checkpoints (0: only when stopping)")
@@ -224,7 +229,9 @@ async def run_peer(opts: PeerOptions) -> int:
         reporter.listeners.append(monitor.on_event)
 
         def batches():
-            corpus = load_corpus(opts.data, seq_len=spec.seq_len)
+            corpus, origin = run_corpus(spec, opts.data)  # --data, else what the run spec records
+            check_corpus(spec, corpus)  # every head of the run reads the same text
+            log.info("head: training on %s, %s (%d bytes)", corpus.name, origin, len(corpus))
             return BatchSource(corpus, spec.seq_len, spec.microbatch_size, spec.data_seed).microbatch
 
         ctx = ReplicaContext(spec, peer_id, sdht, transport, router, LinkAdapter(transport, peer_id), opts.device,

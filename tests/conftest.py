@@ -1,5 +1,5 @@
-"""Guards for every test: no p2pd started by a test module may outlive that module, and
-tiny matrices run on one torch thread.
+"""Guards for every test: no p2pd started by a test module may outlive that module, tiny
+matrices run on one torch thread, and the swarm's state folder is a temporary one.
 
 Every p2pd this session starts inherits an environment marker (hivemind copies os.environ
 into the daemon's environment), so the check sees our daemons, orphans included, and never
@@ -50,6 +50,15 @@ def p2pd_marker():
         os.environ.pop(MARKER, None)
     else:
         os.environ[MARKER] = previous
+
+
+@pytest.fixture(scope="session", autouse=True)
+def state_dir_in_tmp(tmp_path_factory):
+    """Keys and identities that commands keep by default go to a temporary folder, never the
+    real ~/.local/share (subprocesses inherit the variable)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SWARM_STATE_DIR", str(tmp_path_factory.mktemp("swarm-state") / "state"))
+        yield
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -8,6 +8,7 @@ if [ $# -lt 1 ] || [ ! -d "$1" ]; then
     echo "usage: $0 FOLDER [swarm local flags]   (FOLDER holds .txt/.md/.py files)" >&2
     exit 2
 fi
+source "$(cd "$(dirname "$0")" && pwd)/../swarm_env.sh"
 folder="$1"
 shift
-exec swarm local --data "$folder" --steps "${STEPS:-200}" "$@"
+exec "$swarm" local --data "$folder" --steps "${STEPS:-200}" "$@"

@@ -1,6 +1,6 @@
 """Getting a trained model out of a swarm: export, Hugging Face, eval, generate (issue 13).
 
-    gather.py     a run's stage states (checkpoint folders now, live peers with issue 9): one
+    gather.py     a run's stage states (checkpoint folders or live peers): one
                   replica per stage, all at one step, hashes checked, or a clear refusal
     model.py      `StagedModel`: the whole network rebuilt from those states, stage by stage
     safetensors_io.py  byte-deterministic safetensors files (sorted metadata, atomic write)

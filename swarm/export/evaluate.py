@@ -2,8 +2,9 @@
 
 loss = mean over predicted tokens of -log p(next token), in nats; perplexity = exp(loss).
 By default the batches are `--batches` windows-of-microbatches spread evenly over the
-validation split of the corpus (`BatchSource.val_batches`, the run's seq_len and
-microbatch size, so the same windows every time). With `--train-step N` they are instead
+validation split (`BatchSource.val_batches`, the run's seq_len and microbatch size, so the
+same windows every time) of the corpus the run trained on, as its run spec records it
+(`swarm/corpus_record.py`; `--data` scores other text). With `--train-step N` they are instead
 the head's training microbatches of step N (0-based: what a swarm whose stages stand at
 step N trains on next, reported by the head as step N + 1), so the result can be compared
 with the loss the tail reported for that step.
@@ -15,9 +16,10 @@ from dataclasses import dataclass
 
 import torch
 
-from peer.data import BatchSource, load_corpus
+from peer.data import BatchSource
 from protocol.model import lm_loss
 
+from ..corpus_record import check_corpus, run_corpus
 from ..options import opt
 from .load import LoadedModel, load_model
 
@@ -27,8 +29,9 @@ class EvalOptions:
     """What `swarm eval` can be told; each field is also its flag."""
 
     model: str = opt(None, "folder written by swarm export (native or hf)", metavar="DIR", required=True)
-    data: str | None = opt(None, "text file or folder (default: the embedded corpus, as in training)",
-                           metavar="PATH")
+    data: str | None = opt(None, "text file or folder to score (default: the corpus the run trained on, as its "
+                           "run spec records it: its path on the machine that started the run, checked by "
+                           "sha256; the embedded corpus for a run that recorded none)", metavar="PATH")
     batches: int = opt(16, "validation microbatches to average over")
     train_step: int | None = opt(None, "evaluate on the head's training microbatches of this (0-based) step "
                                  "instead of the validation split", metavar="N")
@@ -47,19 +50,24 @@ class EvalResult:
     source: str  # which batches: "validation split of CORPUS" or "training step N of CORPUS"
     run_hash: str
     step: int
+    corpus: str = ""  # why that corpus: "--data", "the corpus this run trained on", or the embedded one
 
 
-def batches_for(model: LoadedModel, data: str | None, n: int, train_step: int | None) -> tuple[list, str]:
+def batches_for(model: LoadedModel, data: str | None, n: int, train_step: int | None) -> tuple[list, str, str]:
+    """(batches, which batches, why that corpus): `data` if given, else the corpus the run spec
+    records (`swarm/corpus_record.py`: refused if it is absent here or its sha256 differs)."""
     spec = model.meta.spec
     seq_len = min(spec.seq_len, model.max_len)
-    corpus = load_corpus(data, seq_len=seq_len)
+    corpus, origin = run_corpus(spec, data, seq_len=seq_len)
+    if not data:
+        check_corpus(spec, corpus)
     src = BatchSource(corpus, seq_len, spec.microbatch_size, spec.data_seed)
     if train_step is not None:
         return ([src.microbatch(train_step, mb) for mb in range(spec.n_microbatches)],
-                f"training step {train_step} of {corpus.name}")
+                f"training step {train_step} of {corpus.name}", origin)
     if n < 1:
         raise ValueError("--batches must be at least 1.")
-    return src.val_batches(n), f"validation split of {corpus.name}"
+    return src.val_batches(n), f"validation split of {corpus.name}", origin
 
 
 @torch.no_grad()
@@ -77,10 +85,10 @@ def loss_on(model: LoadedModel, batches: list[torch.Tensor]) -> tuple[float, int
 
 def evaluate(model: LoadedModel, data: str | None = None, batches: int = 16, train_step: int | None = None
              ) -> EvalResult:
-    chosen, source = batches_for(model, data, batches, train_step)
+    chosen, source, origin = batches_for(model, data, batches, train_step)
     loss, tokens = loss_on(model, chosen)
     return EvalResult(loss, math.exp(min(loss, 700.0)), tokens, len(chosen), source, model.meta.run_hash,
-                      model.meta.step)
+                      model.meta.step, origin)
 
 
 def run_eval(opts: EvalOptions) -> EvalResult:
@@ -90,4 +98,4 @@ def run_eval(opts: EvalOptions) -> EvalResult:
 
 def describe(r: EvalResult) -> str:
     return (f"loss {r.loss:.4f} nats/token, perplexity {r.perplexity:.3f} over {r.tokens} tokens "
-            f"({r.batches} microbatches, {r.source}); run {r.run_hash} at step {r.step}")
+            f"({r.batches} microbatches, {r.source}: {r.corpus}); run {r.run_hash} at step {r.step}")

@@ -9,8 +9,10 @@ from pathlib import Path
 from ..options import opt
 from .gather import ExportError, GatheredRun, gather_from_checkpoints, gather_from_peers
 from .hf import check_hf_exportable, off_subspace, write_hf
+from .hf_tokenizer import byte_tokenizer
 from .model import StagedModel
 from .native import ExportMeta, write_native
+from .safetensors_io import safetensors_module
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +63,16 @@ def export_run(run: GatheredRun, out: str | Path, fmt: str = "native") -> list[P
     return write_hf(model, ExportMeta.of(run, "hf"), out)
 
 
+def check_writers(fmt: str) -> None:
+    """ImportError (one sentence) if a library that writing `fmt` needs is missing: said before
+    gathering anything (a live swarm's states take a while) and before --out is created."""
+    safetensors_module()
+    if fmt == "hf":
+        byte_tokenizer()
+
+
 def run_export(opts: ExportOptions) -> list[Path]:
+    check_writers(opts.format)
     run = gather(opts)
     log.info("run %s (%s, codec %s): %d stages at step %d, basis version %d, from %s", run.spec.run_hash,
              run.spec.name, run.spec.codec, run.spec.n_stages, run.step, run.basis_version, ", ".join(run.sources))

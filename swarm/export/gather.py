@@ -2,7 +2,8 @@
 
 A source yields state dicts in the `StageRunner.state_dict()` format (run spec JSON, stage,
 step, basis version and U, module weights, optimizer, ...): checkpoint files written by
-`swarm peer --checkpoint-dir` now, live peers once they serve their state (issue 9).
+`swarm peer --checkpoint-dir`, or live peers (`fetch_stage_states`: the state transfer that
+replicas joining mid-run use).
 `select_stages` makes one model of them or refuses with the reason: checkpoints of several
 runs, a missing stage, stages at different steps, stages on different bases, or replicas of
 one stage whose weights differ at the same step.

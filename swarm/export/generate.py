@@ -3,8 +3,9 @@
 Each new token is drawn from softmax(logits / temperature) restricted to the `top_k` most
 likely tokens (all of them when top_k is 0); temperature 0 takes the most likely token.
 The context is the last `max_len` tokens (the run's seq_len): the model was trained on
-windows no longer than that. Draws come from one CPU generator seeded by `--seed`, so the
-same prompt and seed give the same text on any device.
+windows no longer than that, so a longer text is generated with a sliding window (and the
+command says so). By default it generates `max_len` new tokens. Draws come from one CPU
+generator seeded by `--seed`, so the same prompt and seed give the same text on any device.
 """
 from __future__ import annotations
 
@@ -24,7 +25,10 @@ class GenerateOptions:
 
     model: str = opt(None, "folder written by swarm export (native or hf)", metavar="DIR", required=True)
     prompt: str = opt(None, "text to continue", metavar="TEXT", required=True)
-    max_new_tokens: int = opt(200, "bytes to generate")
+    max_new_tokens: int | None = opt(None, "bytes to generate (default: the model's context, the run's seq_len). "
+                                     "Each byte is predicted from the last seq_len bytes at most: past the "
+                                     "context, the window slides and the start of the text is no longer seen",
+                                     metavar="N")
     temperature: float = opt(0.8, "sampling temperature; 0 takes the most likely byte")
     top_k: int = opt(40, "sample among the k most likely bytes; 0 for all")
     seed: int = opt(0, "seed of the sampling generator")
@@ -67,6 +71,18 @@ def generate_text(model: LoadedModel, prompt: str, max_new_tokens: int = 200, te
     return tok.decode(ids)
 
 
-def run_generate(opts: GenerateOptions) -> str:
+def window_note(model: LoadedModel, prompt_tokens: int, new_tokens: int) -> str | None:
+    """The sentence that says the context slides, if prompt + new bytes exceed the model's context."""
+    if prompt_tokens + new_tokens <= model.max_len:
+        return None
+    return (f"the prompt ({prompt_tokens} bytes) and {new_tokens} new bytes exceed this model's context of "
+            f"{model.max_len} bytes: each byte past it is predicted from the last {model.max_len} bytes only "
+            f"(a sliding window).")
+
+
+def run_generate(opts: GenerateOptions) -> tuple[str, str | None]:
+    """(the text, the sliding-window note or None)."""
     model = load_model(opts.model, opts.device)
-    return generate_text(model, opts.prompt, opts.max_new_tokens, opts.temperature, opts.top_k, opts.seed)
+    new = model.max_len if opts.max_new_tokens is None else opts.max_new_tokens
+    note = window_note(model, len(ByteTokenizer().encode(opts.prompt)), new)
+    return generate_text(model, opts.prompt, new, opts.temperature, opts.top_k, opts.seed), note

@@ -33,10 +33,10 @@ from protocol.spec import RunSpec
 from protocol.subspace import out_of_subspace
 
 from .gather import ExportError
-from .hf_tokenizer import write_hf_tokenizer
+from .hf_tokenizer import hf_tokenizer_files
 from .model import StagedModel
 from .native import NATIVE_FILE, ExportMeta
-from .safetensors_io import write_safetensors
+from .safetensors_io import canonical_bytes, write_atomic
 
 ROPE_THETA = 10000.0
 HF_DTYPE = torch.float32
@@ -149,11 +149,13 @@ def hf_config(model: StagedModel) -> dict:
 
 def write_hf(model: StagedModel, meta: ExportMeta, out_dir: str | Path,
              permutation: Callable[[int], torch.Tensor] = rope_permutation) -> list[Path]:
-    """config.json, model.safetensors (with the export's metadata) and the byte tokenizer."""
+    """config.json, model.safetensors (with the export's metadata) and the byte tokenizer, written
+    with safetensors and tokenizers only (transformers is needed to load the folder, not to write it).
+    Every file's bytes are made before the folder is touched: a failure leaves nothing behind."""
     check_hf_exportable(model.spec)
+    files = {NATIVE_FILE: canonical_bytes(hf_state_dict(model, permutation), meta.to_metadata()),
+             "config.json": (json.dumps(hf_config(model), indent=2, sort_keys=True) + "\n").encode(),
+             **{name: text.encode() for name, text in hf_tokenizer_files(model.spec.seq_len).items()}}
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    weights = write_safetensors(out / NATIVE_FILE, hf_state_dict(model, permutation), meta.to_metadata())
-    config = out / "config.json"
-    config.write_text(json.dumps(hf_config(model), indent=2, sort_keys=True) + "\n")
-    return [config, weights, *write_hf_tokenizer(out, model.spec.seq_len)]
+    return [write_atomic(out / name, data) for name, data in files.items()]

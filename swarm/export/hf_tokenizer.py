@@ -9,7 +9,8 @@ vocabulary maps the character of byte b to id b then encodes text to exactly the
 from __future__ import annotations
 
 import json
-from pathlib import Path
+
+from .safetensors_io import MISSING
 
 VISIBLE_BYTES = [*range(33, 127), *range(161, 173), *range(174, 256)]
 
@@ -27,7 +28,7 @@ def byte_tokenizer():
     try:
         from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     except ImportError as e:
-        raise ImportError("the Hugging Face export needs tokenizers: pip install -e '.[export]'") from e
+        raise ImportError(MISSING.format(what="the Hugging Face export", package="tokenizers")) from e
     vocab = {ch: b for b, ch in byte_characters().items()}
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
@@ -35,9 +36,10 @@ def byte_tokenizer():
     return tok
 
 
-def write_hf_tokenizer(out_dir: Path, max_len: int) -> list[Path]:
-    tokenizer, config = out_dir / "tokenizer.json", out_dir / "tokenizer_config.json"
-    tokenizer.write_text(byte_tokenizer().to_str(pretty=True) + "\n")
-    config.write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": max_len,
-                                  "clean_up_tokenization_spaces": False}, indent=2, sort_keys=True) + "\n")
-    return [tokenizer, config]
+def hf_tokenizer_files(max_len: int) -> dict[str, str]:
+    """{file name: text} of the tokenizer files a Hugging Face folder holds."""
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": max_len,
+              "clean_up_tokenization_spaces": False}
+    return {"tokenizer.json": byte_tokenizer().to_str(pretty=True) + "\n",
+            "tokenizer_config.json": json.dumps(config, indent=2, sort_keys=True) + "\n"}
+

@@ -43,7 +43,9 @@ def _load_hf(path: Path, device: torch.device) -> LoadedModel:
     try:
         from transformers import LlamaForCausalLM
     except ImportError as e:
-        raise ImportError("loading a Hugging Face folder needs transformers: pip install -e '.[export]'") from e
+        raise ImportError("loading a Hugging Face folder needs transformers, which the base install leaves out: "
+                          "run `pip install -e '.[export]'` in the clone, or load the native export (swarm export "
+                          "without --format hf) instead.") from e
     weights = path / NATIVE_FILE
     if not weights.is_file():
         raise ExportError(f"{path} has a config.json but no {NATIVE_FILE}; pass a folder written by swarm export.")

@@ -21,7 +21,7 @@ from protocol.model import spec_basis
 from protocol.spec import RunSpec
 
 from .gather import ExportError, GatheredRun
-from .safetensors_io import read_metadata, read_safetensors, write_safetensors
+from .safetensors_io import canonical_bytes, read_metadata, read_safetensors, write_atomic
 
 NATIVE_FILE = "model.safetensors"
 META_KEY = "swarm"
@@ -81,8 +81,9 @@ def write_native(run: GatheredRun, out_dir: str | Path) -> Path:
     if (out / "config.json").exists():
         raise ExportError(f"{out} holds a Hugging Face export (config.json); write the native file to another "
                           f"--out folder.")
-    out.mkdir(parents=True, exist_ok=True)
-    return write_safetensors(out / NATIVE_FILE, native_tensors(run), ExportMeta.of(run, "native").to_metadata())
+    data = canonical_bytes(native_tensors(run), ExportMeta.of(run, "native").to_metadata())
+    out.mkdir(parents=True, exist_ok=True)  # only now: a failure above leaves no empty folder
+    return write_atomic(out / NATIVE_FILE, data)
 
 
 def native_path(path: str | Path) -> Path:

@@ -2,9 +2,9 @@
 
 `safetensors` lays out the tensors deterministically but writes the `__metadata__` map in
 hash-map order, which changes from process to process; the same export would then hash
-differently each time. `write_safetensors` re-emits the header with the metadata keys
+differently each time. `canonical_bytes` re-emits the header with the metadata keys
 sorted (the format allows any key order and pads the header with spaces to 8 bytes), and
-replaces the file only once it is complete.
+`write_atomic` replaces a file only once it is complete.
 """
 from __future__ import annotations
 
@@ -15,18 +15,21 @@ from pathlib import Path
 
 import torch
 
+MISSING = ("{what} needs the {package} package, which subspace-swarm's own install brings: run "
+           "`pip install -e .` in the clone (or `pip install {package}`) and try again.")
 
-def _safetensors():
+
+def safetensors_module():
     try:
         import safetensors.torch as st
     except ImportError as e:
-        raise ImportError("exported models are safetensors files: pip install -e '.[export]'") from e
+        raise ImportError(MISSING.format(what="reading or writing an exported model", package="safetensors")) from e
     return st
 
 
 def canonical_bytes(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> bytes:
     """The safetensors serialization of `tensors` with the header keys in a fixed order."""
-    raw = _safetensors().save({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, metadata=metadata)
+    raw = safetensors_module().save({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, metadata=metadata)
     (n,) = struct.unpack("<Q", raw[:8])
     header = json.loads(raw[8:8 + n])
     meta = header.pop("__metadata__", None)
@@ -37,17 +40,18 @@ def canonical_bytes(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) 
     return struct.pack("<Q", len(text)) + text + raw[8 + n:]
 
 
-def write_safetensors(path: str | Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> Path:
+def write_atomic(path: str | Path, data: bytes) -> Path:
+    """Write `data` to `path` whole: a reader sees the old file or the new one, never half of one."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(canonical_bytes(tensors, metadata))
+    tmp.write_bytes(data)
     os.replace(tmp, path)
     return path
 
 
 def read_safetensors(path: str | Path, device: str = "cpu") -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """(tensors, metadata) of a safetensors file."""
-    _safetensors()
+    safetensors_module()
     from safetensors import safe_open
     with safe_open(str(path), framework="pt", device=device) as f:
         return {k: f.get_tensor(k) for k in f.keys()}, dict(f.metadata() or {})

@@ -37,6 +37,7 @@ with warnings.catch_warnings():
     from hivemind.proto import crypto_pb2
 
 from swarm.trust.keys import SigningKey, verify
+from swarm.trust.state_dir import warn_if_exposed
 
 __all__ = ["Identity", "IdentityError", "ed25519_public_key", "peer_id_of", "public_key_proto", "verify_by"]
 
@@ -174,6 +175,7 @@ class Identity:
         if os.path.exists(path):
             if not os.path.isfile(path):
                 raise IdentityError(f"the identity path {path} exists but is not a regular file.")
+            warn_if_exposed(path)
             with open(path, "rb") as f:
                 return cls.from_bytes(f.read(), f"the file {path}")
         directory = os.path.dirname(os.path.abspath(path))

@@ -3,7 +3,8 @@
 docs/design.md section 4: only the coordinator's key may sign run specs and basis updates. This room
 holds that key (Ed25519, from the `cryptography` package) and the one function every peer
 uses to check a signature. The key file is PEM (PKCS#8, unencrypted), readable by its owner
-only; peers pin the coordinator by its raw 32-byte public key or its short fingerprint.
+only (one readable by others is used, with a warning); peers pin the coordinator by its raw
+32-byte public key or its short fingerprint.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from dataclasses import dataclass
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from swarm.trust.state_dir import warn_if_exposed
 
 __all__ = ["SigningKey", "verify", "fingerprint_of", "PUBLIC_KEY_BYTES", "SIGNATURE_BYTES"]
 
@@ -66,6 +69,7 @@ class SigningKey:
     def _load(cls, path: str) -> SigningKey:
         if not os.path.isfile(path):
             raise ValueError(f"the signing key path {path} exists but is not a regular file.")
+        warn_if_exposed(path)
         with open(path, "rb") as f:
             data = f.read()
         try:

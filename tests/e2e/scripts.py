@@ -31,13 +31,14 @@ def swarm_on_path(folder: Path) -> dict[str, str]:
 class Scripts:
     """Processes started from example scripts; `stop()` ends each one's whole process group."""
 
-    def __init__(self, workdir: Path, env: dict[str, str]) -> None:
-        self.dir, self.env = workdir, env
+    def __init__(self, workdir: Path, env: dict[str, str], cwd: Path | None = None) -> None:
+        """Logs go to `workdir`; the scripts run in `cwd` (default: `workdir`), e.g. a clone's root as a user would."""
+        self.dir, self.env, self.cwd = workdir, env, cwd or workdir
         self.procs: dict[str, subprocess.Popen] = {}
 
     def start(self, name: str, cmd: Sequence[str], prefix: Sequence[str] = (), **env: str) -> subprocess.Popen:
         with open(self.dir / f"{name}.log", "w") as log:
-            proc = subprocess.Popen([*prefix, *map(str, cmd)], stdout=log, stderr=subprocess.STDOUT, cwd=self.dir,
+            proc = subprocess.Popen([*prefix, *map(str, cmd)], stdout=log, stderr=subprocess.STDOUT, cwd=self.cwd,
                                     env={**self.env, **env}, start_new_session=True)
         self.procs[name] = proc
         return proc

@@ -4,13 +4,20 @@
 - docker_gpu/run.sh for stage 2, with a stand-in `docker` that runs the Dockerfile's
   ENTRYPOINT here (tests/docker_shim.py), and the Dockerfile's HEALTHCHECK command against it;
 - dashboard_api.py against `swarm dashboard` on that swarm;
-- own_text/train.sh on a folder of .txt/.md/.py files (and its refusal of an empty folder).
+- own_text/train.sh on a folder of .txt/.md/.py files (and its refusal of an empty folder);
+- how every script finds `swarm` (PATH, else the clone's .venv, else one line on how to install).
+
+They run from the clone's root, as a user would, and must leave no new file in the clone: keys,
+identities and checkpoints go to the per-user state folder.
 """
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -41,6 +48,17 @@ def wait_for(check, what: str, timeout: float = 180.0):
     return result
 
 
+def clone_state() -> tuple[str, list[str]]:
+    """What a user would see change in the clone: `git status` (untracked files one by one) and
+    every file under examples/, ignored ones included (caches aside)."""
+    status = ""
+    if (ROOT / ".git").exists():
+        status = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=all"],
+                                capture_output=True, text=True, timeout=60).stdout
+    files = sorted(str(p.relative_to(ROOT)) for p in EXAMPLES.rglob("*") if "__pycache__" not in p.parts)
+    return status, files
+
+
 @pytest.fixture
 def scripts(tmp_path):
     env = swarm_on_path(tmp_path / "bin")
@@ -48,18 +66,24 @@ def scripts(tmp_path):
     docker.write_text(f"#!/bin/sh\nexec {sys.executable} {ROOT / 'tests' / 'docker_shim.py'} \"$@\"\n")
     docker.chmod(0o755)
     env.update(DOCKER_SHIM_LOG=str(tmp_path / "docker-calls.jsonl"), DOCKER_SHIM_DATA=str(tmp_path / "container-data"))
-    s = Scripts(tmp_path, env)
+    before = clone_state()
+    s = Scripts(tmp_path, env, cwd=ROOT)  # run from the clone's root, as the README says
     yield s
     s.stop()
+    assert clone_state() == before, "running the examples left new files in the clone"
 
 
 def test_two_machines_docker_peer_and_dashboard_api(scripts, tmp_path):
     d = tmp_path
+    # no STATE_DIR: the identity and the swarm key go to the per-user state folder ($XDG_DATA_HOME here)
     scripts.start("coordinator", ["bash", EXAMPLES / "two_machines" / "coordinator.sh"], HOST="127.0.0.1",
-                  PORT=str(free_port()), STATE_DIR=str(d / "coordinator"))
+                  PORT=str(free_port()), SWARM_STATE_DIR="", XDG_DATA_HOME=str(d / "xdg"))
     address = scripts.coordinator_address()
     assert address.startswith("/ip4/127.0.0.1/")
-    assert (d / "coordinator" / "coordinator.id").exists() and (d / "coordinator" / "swarm.key").exists()
+    state = d / "xdg" / "subspace-swarm"
+    assert stat.S_IMODE(os.stat(state).st_mode) == 0o700
+    assert {p.name: stat.S_IMODE(p.stat().st_mode) for p in state.iterdir() if not p.name.endswith(".lock")} == {
+        "coordinator.id": 0o600, "swarm.key": 0o600}
 
     loopback = ["--host-maddrs", "/ip4/127.0.0.1/tcp/0"]
     scripts.start("head", ["bash", EXAMPLES / "two_machines" / "peer.sh", address, "--stage", "0", "--steps", "1000",
@@ -136,7 +160,7 @@ def test_own_text_example(scripts, tmp_path):
     (folder / "ignored.bin").write_bytes(b"\0" * 100)
     train = EXAMPLES / "own_text" / "train.sh"
     done = subprocess.run(["bash", train, folder, "--steps", "3", "--quiet", "--no-dashboard", "--threads", "1"],
-                          capture_output=True, text=True, timeout=400, env=scripts.env)
+                          capture_output=True, text=True, timeout=400, env=scripts.env, cwd=ROOT)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert re.search(r"done: 3 steps, loss [\d.]+ -> [\d.]+", done.stdout), done.stdout
 
@@ -144,5 +168,46 @@ def test_own_text_example(scripts, tmp_path):
     empty.mkdir()
     (empty / "photo.jpg").write_bytes(b"\xff\xd8")
     refused = subprocess.run(["bash", train, empty, "--steps", "3", "--quiet", "--no-dashboard"], capture_output=True,
-                             text=True, timeout=120, env=scripts.env)
+                             text=True, timeout=120, env=scripts.env, cwd=ROOT)
     assert refused.returncode != 0 and "contains no" in refused.stderr, refused.stderr
+
+
+def test_scripts_find_swarm_on_path_else_in_the_clones_venv_else_say_how_to_install(tmp_path):
+    bare_path = "/usr/bin:/bin"
+    if shutil.which("swarm", path=bare_path):
+        pytest.skip("a swarm command is installed system-wide: cannot test a PATH without one")
+    clone = tmp_path / "clone"  # a copy of the examples in a clone that has no .venv yet
+    shutil.copytree(EXAMPLES, clone / "examples")
+    folder = tmp_path / "texts"
+    folder.mkdir()
+    env = {**os.environ, "PATH": bare_path, "SWARM_STATE_DIR": str(tmp_path / "state")}
+
+    def run(script: str, *args: str, path: str = bare_path) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", clone / "examples" / script, *args], capture_output=True, text=True,
+                              timeout=60, env={**env, "PATH": path}, cwd=tmp_path)
+
+    for script, args in (("own_text/train.sh", [str(folder)]), ("two_machines/coordinator.sh", []),
+                         ("two_machines/peer.sh", ["/ip4/127.0.0.1/tcp/1/p2p/x"])):
+        missing = run(script, *args)
+        assert missing.returncode == 127 and missing.stdout == "", missing.stderr
+        line = missing.stderr.strip()
+        assert "\n" not in line and "python3 -m venv .venv && .venv/bin/pip install -e ." in line, line
+
+    def fake_swarm(where, says: str) -> None:
+        where.mkdir(parents=True, exist_ok=True)
+        (where / "swarm").write_text(f'#!/bin/sh\necho "{says}: $*"\n')
+        (where / "swarm").chmod(0o755)
+
+    fake_swarm(clone / ".venv" / "bin", "venv")  # the README's install
+    done = run("own_text/train.sh", str(folder), "--quiet")
+    assert done.returncode == 0 and done.stdout == f"venv: local --data {folder} --steps 200 --quiet\n", done
+    peer = run("two_machines/peer.sh", "/ip4/127.0.0.1/tcp/1/p2p/x")
+    assert peer.stdout.startswith("venv: peer --initial-peers /ip4/127.0.0.1/tcp/1/p2p/x"), peer
+    assert f"--identity {tmp_path / 'state' / 'peer.id'} --checkpoint-dir {tmp_path / 'state' / 'checkpoints'}" in (
+        peer.stdout)
+    fake_swarm(tmp_path / "bin", "path")  # a swarm on PATH comes first
+    coord = run("two_machines/coordinator.sh", path=f"{tmp_path / 'bin'}:{bare_path}")
+    assert coord.stdout.startswith(f"path: coordinator --run-spec {clone / 'examples' / 'two_machines' / 'run.toml'}")
+    assert "--identity" not in coord.stdout and "--key" not in coord.stdout  # the CLI's defaults: the state folder
+    assert sorted(p.name for p in (clone / "examples").rglob("*") if p.is_file()) == sorted(
+        p.name for p in EXAMPLES.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
