@@ -230,8 +230,11 @@ class StepDriver:
                 batch = self.batches(step, mb)
                 tokens += batch.shape[0] * self.spec.seq_len
                 futures.append(await d.start_microbatch(step, mb, batch))
-            losses = await asyncio.wait_for(asyncio.gather(*futures), timeout=self._timeout())
-        except asyncio.TimeoutError:
+            # asyncio.timeout, not wait_for: cancelled (Ctrl+C), 3.11's wait_for cancels the gather
+            # without reading its outcome, and asyncio logs "exception was never retrieved"
+            async with asyncio.timeout(self._timeout()):
+                losses = await asyncio.gather(*futures)
+        except TimeoutError:
             raise AttemptFailed(f"not every gradient came back within {self._timeout():.0f} s") from None
         except (LinkError, asyncio.CancelledError) as e:
             if isinstance(e, asyncio.CancelledError) and asyncio.current_task().cancelling():

@@ -217,6 +217,8 @@ def cmd_admit(a: argparse.Namespace) -> int:
 
 def cmd_bench(a: argparse.Namespace) -> int:
     from .bench import run_bench
+    from .optional import require
+    require("matplotlib", "swarm bench (its plots)")  # before a long run: the Docker image leaves it out
     return run_bench(a)
 
 

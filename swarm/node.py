@@ -29,6 +29,7 @@ from .dht import SwarmDHT, close_node, start_dht, stop_dht
 from .monitor.peer_monitor import PeerMonitor
 from .net import HomeLink, Transport, TransportError
 from .net.reachability import DialBack, dht_options, settle_reachability
+from .optional import require
 from .options import opt
 from .replicas.placement import PlacementError, choose_stage
 from .replicas.replica import ReplicaContext, ReplicaService, transport_limit
@@ -180,6 +181,8 @@ async def run_peer(opts: PeerOptions) -> int:
     and, when the rebalancer moves it, the next one, in the same session."""
     reporter = Reporter(opts.report)
     try:
+        if opts.tensorboard:
+            require("tensorboard", "--tensorboard")  # before joining: the Docker image leaves it out
         ticket = read_ticket(opts.ticket)
         reach_options = dht_options(opts.reachability, opts.initial_peers, opts.host_maddrs, opts.public_ip,
                                     opts.announce_maddrs)

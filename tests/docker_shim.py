@@ -1,6 +1,7 @@
 """A stand-in for `docker` in tests (Docker does not run here): `build` checks the context,
-`run` runs the image's ENTRYPOINT from the Dockerfile on this machine, with the container's
-/data mapped to a folder, and the arguments given after the image, as the container would.
+`run` runs the image's ENTRYPOINT from the Dockerfile on this machine (`swarm` is the one on PATH),
+with the container's /data mapped to a folder, the image's ENV and the `-e` variables set, and the
+arguments given after the image, as the container would.
 Every call is appended to $DOCKER_SHIM_LOG as JSON, so tests can check what a script asked for.
 """
 from __future__ import annotations
@@ -20,6 +21,24 @@ def instruction(dockerfile: Path, name: str) -> list[str]:
         if line.startswith(name + " "):
             return json.loads(line[len(name) + 1:])
     raise SystemExit(f"docker shim: the Dockerfile has no JSON {name}")
+
+
+def image_env(dockerfile: Path) -> dict[str, str]:
+    """The image's `ENV NAME=VALUE` lines (one variable each, as this Dockerfile writes them)."""
+    pairs = [line[4:].strip().partition("=") for line in dockerfile.read_text().splitlines() if line.startswith("ENV ")]
+    return {name: value for name, _, value in pairs}
+
+
+def container_env(dockerfile: Path, given: list[str]) -> dict[str, str]:
+    """The image's ENV, then each `-e NAME=VALUE`, or `-e NAME` (this shell's value, if it has one)."""
+    env = {**os.environ, **image_env(dockerfile)}
+    for item in given:
+        name, eq, value = item.partition("=")
+        if eq:
+            env[name] = value
+        elif name in os.environ:
+            env[name] = os.environ[name]
+    return env
 
 
 def main(argv: list[str]) -> int:
@@ -47,11 +66,12 @@ def main(argv: list[str]) -> int:
         raise SystemExit(f"docker shim: {command} is not supported")
     data = Path(os.environ["DOCKER_SHIM_DATA"])
     data.mkdir(parents=True, exist_ok=True)
-    entry = [a.replace("/data", str(data), 1) if a.startswith("/data") else a
-             for a in instruction(ROOT / "Dockerfile", "ENTRYPOINT")]
-    assert entry[0] == "swarm"
-    cmd = [sys.executable, "-m", "swarm.cli", *entry[1:], *positional[1:]]
-    os.execv(cmd[0], cmd)
+    dockerfile = ROOT / "Dockerfile"
+    shell, dash_c, script, name = instruction(dockerfile, "ENTRYPOINT")
+    assert (shell, dash_c) == ("sh", "-c") and " swarm peer " in script
+    script = script.replace(" /data/", f" {data}/")
+    env = container_env(dockerfile, flags.get("-e", []) + flags.get("--env", []))
+    os.execvpe("sh", ["sh", "-c", script, name, *positional[1:]], env)
 
 
 if __name__ == "__main__":

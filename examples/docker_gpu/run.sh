@@ -5,6 +5,7 @@
 # connections; without that the peer is served through a relay).
 #   usage: run.sh /ip4/<coordinator ip>/tcp/31337/p2p/12D3KooW... [swarm peer flags]
 #   IMAGE=subspace-swarm  NAME=swarm-peer  GPUS=all  PORT=31337  VOLUME=swarm-data  NO_BUILD=1 (skip the build)
+#   SWARM_HEALTH_PORT=8081 (the peer's /healthz inside the container; the image's health check follows it)
 set -euo pipefail
 if [ $# -lt 1 ]; then
     echo "usage: $0 /ip4/<coordinator ip>/tcp/31337/p2p/12D3KooW... [swarm peer flags]" >&2
@@ -19,5 +20,5 @@ coordinator="$1"
 shift
 # Ctrl+C or `docker stop` sends SIGTERM: the peer leaves the swarm and saves its checkpoint in the volume
 exec docker run --rm --init --name "${NAME:-swarm-peer}" --gpus "${GPUS:-all}" \
-    -p "${PORT:-31337}:31337" -v "${VOLUME:-swarm-data}:/data" \
+    -p "${PORT:-31337}:31337" -v "${VOLUME:-swarm-data}:/data" -e SWARM_HEALTH_PORT \
     "$image" --initial-peers "$coordinator" "$@"

@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from ..optional import require
+
 FLUSH_S = 5  # TensorBoard's default (120 s) is too slow to follow a live run
 
 
@@ -16,10 +18,9 @@ class ScalarLog:
     """Writes named scalars at a step into event files under `directory`."""
 
     def __init__(self, directory: str | Path) -> None:
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError as e:  # tensorboard is an install requirement, but a trimmed env may lack it
-            raise RuntimeError(f"--tensorboard needs the tensorboard package ({e}); pip install tensorboard.") from None
+        require("tensorboard", "--tensorboard")  # the Docker image leaves it out
+        from torch.utils.tensorboard import SummaryWriter
+
         Path(directory).mkdir(parents=True, exist_ok=True)
         self.directory = Path(directory)
         self._writer = SummaryWriter(log_dir=str(directory), flush_secs=FLUSH_S)

@@ -122,11 +122,15 @@ class ReplicaService:
                 # a standby head rebalances too (the leader, the lowest id, never is the one that moves)
                 drive = asyncio.create_task(peer.drive(ctx.steps, self._on_step))
                 move = asyncio.create_task(self._serve_until_moved())
-                await asyncio.wait({drive, move}, return_when=asyncio.FIRST_COMPLETED)
-                moved = not drive.done()  # the driver finishing wins a tie: its steps are done
-                loser = drive if moved else move
-                loser.cancel()
-                await asyncio.gather(loser, return_exceptions=True)
+                try:
+                    await asyncio.wait({drive, move}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    # the loser, or both on Ctrl+C: the driver must be done before _leave stops the
+                    # daemon under it, and no task may outlive this one (its error would go unread)
+                    moved = not drive.done()  # the driver finishing wins a tie: its steps are done
+                    for task in (drive, move):
+                        task.cancel()
+                    await asyncio.gather(drive, move, return_exceptions=True)
                 if moved:
                     return move.result()
                 drive.result()  # what the driver raised, if anything

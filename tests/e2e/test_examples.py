@@ -97,7 +97,7 @@ def test_two_machines_docker_peer_and_dashboard_api(scripts, tmp_path):
     ready = {n: ready_of(n) for n in ("head", "middle")}
     health = free_port()  # the container's peer takes the stage left: 2
     scripts.start("docker", ["bash", EXAMPLES / "docker_gpu" / "run.sh", address, "--device", "cpu", *loopback,
-                             "--health-port", str(health), "--report", d / "docker.jsonl"])
+                             "--report", d / "docker.jsonl"], SWARM_HEALTH_PORT=str(health))
     ready["docker"] = ready_of("docker")
     assert {n: r["stage"] for n, r in ready.items()} == {"head": 0, "middle": 1, "docker": 2}
     assert all(r["reachability"] == "direct" for r in ready.values())
@@ -113,11 +113,13 @@ def test_two_machines_docker_peer_and_dashboard_api(scripts, tmp_path):
     # the container's identity and checkpoint folder went to its /data volume
     assert (d / "container-data" / "identity.key").exists()
 
-    # the image's HEALTHCHECK command, pointed at this peer's health port
+    # run.sh passed SWARM_HEALTH_PORT on (docker run -e), and the image's HEALTHCHECK command, in the
+    # container's environment, reads the peer's /healthz there
+    assert run[run.index("-e") + 1] == "SWARM_HEALTH_PORT"
     check = json.loads(instructions()["HEALTHCHECK"][0].split("CMD", 1)[1])
     assert check[:2] == ["sh", "-c"]
-    probe = subprocess.run(["sh", "-c", check[2].replace(":8081/", f":{health}/")], capture_output=True, text=True,
-                           timeout=30)
+    probe = subprocess.run(check, capture_output=True, text=True, timeout=30,
+                           env={**os.environ, "SWARM_HEALTH_PORT": str(health)})
     assert probe.returncode == 0 and json.loads(probe.stdout)["state"] == "online", probe.stdout + probe.stderr
 
     # the dashboard, read by the example script
