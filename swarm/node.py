@@ -31,7 +31,7 @@ from .net import HomeLink, Transport, TransportError
 from .net.reachability import DialBack, dht_options, settle_reachability
 from .optional import require
 from .options import opt
-from .replicas.placement import PlacementError, choose_stage
+from .replicas.placement import HOLD_S, PlacementError, choose_stage
 from .replicas.replica import ReplicaContext, ReplicaService, transport_limit
 from .replicas.router import Router
 from .stage_memory import recall_stage, remember_stage
@@ -76,6 +76,8 @@ class PeerOptions:
                        "can give its state")
     rebalance_period: float = opt(30.0, "seconds between checks whether moving to another stage would balance the "
                                   "swarm (0: never move)")
+    rebalance_hold: float = opt(HOLD_S, "seconds a peer stays at a stage it joined or moved to, unless a stage is "
+                                "empty (keeps peers from moving back and forth while others come and go)")
     bandwidth: str | None = opt(None, "emulated home connection: uplink and downlink of this rate, each shared by "
                                 "all of this peer's traffic, e.g. 80mbit (benchmarks)")
     latency: str = opt("0", "emulated one-way latency of every frame this peer sends, e.g. 20ms (benchmarks)")
@@ -240,7 +242,7 @@ async def run_peer(opts: PeerOptions) -> int:
         ctx = ReplicaContext(spec, peer_id, sdht, transport, router, LinkAdapter(transport, peer_id), opts.device,
                              batches, reporter, monitor, opts.ttl, opts.checkpoint_dir, opts.checkpoint_every,
                              opts.resume, opts.rebalance_period, opts.steps, opts.step_timeout, reach.mode,
-                             opts.linger)
+                             opts.linger, opts.rebalance_hold)
         stage = recall_stage(opts.identity, spec.run_hash) if opts.stage == "auto" else None
         if stage is None:
             stage = await choose_stage(router, spec, opts.stage)

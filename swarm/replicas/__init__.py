@@ -6,7 +6,7 @@ are shared among them.
 - `membership.py`: `Membership`, who may send which message to this stage (the leading head,
   the previous and next stages, this stage's replicas).
 - `placement.py`: which stage a peer takes when it joins (`choose_stage`) and whether it
-  should move later (`move_target`).
+  should move later (`move_target`; `Rebalancer` holds a peer that just joined or moved).
 - `replica.py`: `ReplicaService`, this process serving one stage as one of its replicas:
   state download, announcements, checkpoints, driving steps when it is a head.
 

@@ -1,23 +1,44 @@
-"""Which stage a peer serves: the choice at join time and the periodic re-check.
+"""Which stage a peer serves: the choice at join time and the periodic re-check. Counts decide.
 
-Joining with `--stage auto` (as Petals' `choose_best_blocks` / `should_choose_other_blocks`
-do for blocks): take the stage with the fewest peers, then the lowest total throughput (ties:
-the earliest stage), announce "joining" there, wait a random moment, and look again: peers
-that started at the same time saw the same empty directory and may have piled onto one
-stage. If a stage is still empty while ours has two or more peers, the joining peer with the
-highest id among ours moves to it (one mover per stage per round, deterministic, so two never
-swap past each other); a few rounds settle any simultaneous start.
+Let n_s be the number of peers present at stage s (announced online, paused, syncing or
+joining) and T_s the sum of the tokens/s they announce. An announcement not refreshed for
+two heartbeats (older than 2/3 of this peer's ttl; a heartbeat re-announces every ttl/3, and
+the peers of a swarm share the ttl) is a dead peer's whose record has not expired yet: it is
+not counted. The emptiest stage is
 
-While serving, every `rebalance_period` a peer asks `move_target`: it moves (with a state
-download) only when its stage keeps at least one other live peer and either a stage is empty
-or moving raises the swarm's weakest stage throughput clearly (by `gain`, 1.25x). Only the
-highest id of a stage moves in one period, so a stage is never emptied by its own peers.
+    b = argmin_s (n_s, T_s, s)        (fewest peers, then the lowest throughput, then the earliest)
+
+Joining with `--stage auto` (as Petals' `choose_best_blocks` does for blocks), a peer takes
+b (not counting itself), announces "joining" there, waits a random moment and looks again:
+peers that started at the same time saw the same directory and may have piled onto one stage.
+If the moving rule below then says "move", the joining peer with the highest id among the
+joiners of our stage moves; a few rounds settle any simultaneous start.
+
+While serving, every `rebalance_period` a peer p of stage a asks `move_target`; it moves to b
+(with a state download) if and only if
+
+    n_a - n_b >= 2,  a = min{s : n_s = max_t n_t},  p = max{peer ids of a},  and (n_b = 0 or not held(p))
+
+where held(p) means p took stage a (joined or moved) less than `hold` seconds ago (5 min by
+default, `--rebalance-hold`). So 2/2/1 stays, 3/2/1 becomes 2/2/2, and an empty stage draws
+one peer of the fullest stage whenever some stage has two or more. One peer of one stage
+moves per period, and never the last of its stage. A move lowers sum_s n_s^2 by
+2 (n_a - n_b - 1) >= 2, so without joins and deaths moving stops, and no peer moves back and
+forth; the hold keeps a peer in place while the swarm churns.
+
+Throughput never makes a peer move: announced speeds are claims nobody checks (routers
+measure for themselves), and a standby head announces its own forward speed while the other
+replicas announce the traffic they passed on, so sums of stages are not comparable enough
+to move state across the swarm on; they only break ties between equally covered stages.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from peer.interfaces import PeerStatus
 from protocol.spec import RunSpec
@@ -27,24 +48,41 @@ from swarm.replicas.router import LIVE_STATES, Router
 log = logging.getLogger(__name__)
 
 PRESENT = (*LIVE_STATES, "joining", "syncing")  # announced states that count as a stage's peers
+HOLD_S = 300.0  # how long a peer that joined or moved stays put, unless a stage is empty
+# hivemind's DHT time (get_dht_time) is the wall clock: announcement timestamps are in it
+DHT_TIME: Callable[[], float] = time.time
 
 
 class PlacementError(ValueError):
     """A stage that cannot be chosen; the text says what to pass instead."""
 
 
-async def directory(router: Router, n_stages: int, states=PRESENT) -> dict[int, list[StageAnnouncement]]:
+async def directory(router: Router, n_stages: int, states=PRESENT,
+                    now: Callable[[], float] = DHT_TIME) -> dict[int, list[StageAnnouncement]]:
+    """Per stage, the announcements in `states` that were refreshed within the last two heartbeats."""
     found = await asyncio.gather(*(router.announced(s, fresh=True) for s in range(n_stages)))
-    return {s: [a for a in anns if a.state in states] for s, anns in enumerate(found)}
+    oldest = now() - 2 * router.ttl / 3
+    return {s: [a for a in anns if a.state in states and a.timestamp >= oldest] for s, anns in enumerate(found)}
 
 
-def _load(anns: list[StageAnnouncement]) -> tuple[int, float]:
-    return len(anns), sum(a.throughput for a in anns)
+def emptiest(peers: dict[int, list[StageAnnouncement]]) -> int:
+    """argmin_s (n_s, T_s, s)."""
+    return min(peers, key=lambda s: (len(peers[s]), sum(a.throughput for a in peers[s]), s))
+
+
+def destination(peers: dict[int, list[StageAnnouncement]], stage: int) -> int | None:
+    """The emptiest stage b if `stage` is the first of the fullest and has two or more peers more
+    than b, else None: whether one peer of `stage` should move (see the module docstring)."""
+    counts = {s: len(anns) for s, anns in peers.items()}
+    fullest = min(s for s, n in counts.items() if n == max(counts.values()))
+    target = emptiest(peers)
+    return target if stage == fullest and counts[stage] - counts[target] >= 2 else None
 
 
 async def choose_stage(router: Router, spec: RunSpec, requested: str, rng: random.Random | None = None,
-                       jitter: tuple[float, float] = (0.3, 1.2), rounds: int = 6) -> int:
-    """The stage to serve: `requested` if it is a number, else the least covered (see above)."""
+                       jitter: tuple[float, float] = (0.3, 1.2), rounds: int = 6,
+                       now: Callable[[], float] = DHT_TIME) -> int:
+    """The stage to serve: `requested` if it is a number, else the emptiest (see above)."""
     if requested != "auto":
         try:
             stage = int(requested)
@@ -54,45 +92,53 @@ async def choose_stage(router: Router, spec: RunSpec, requested: str, rng: rando
             raise PlacementError(f"--stage {stage} does not exist: this run has stages 0..{spec.n_stages - 1}.")
         return stage
     rng = rng or random.Random()
-    peers = await directory(router, spec.n_stages)
-    loads = {s: _load([a for a in anns if a.peer_id != router.peer_id]) for s, anns in peers.items()}
-    best = min(loads.values())
-    stage = min(s for s, load in loads.items() if load == best)  # ties: the earliest stage (a lone first peer heads)
+    peers = await directory(router, spec.n_stages, now=now)
+    stage = emptiest({s: [a for a in anns if a.peer_id != router.peer_id] for s, anns in peers.items()})
     for _ in range(rounds):
         await router.announce(PeerStatus(stage, "joining"))
         await asyncio.sleep(rng.uniform(*jitter))  # deliberate jitter: simultaneous joiners look at different moments
-        peers = await directory(router, spec.n_stages)
-        peers[stage] = [a for a in peers[stage] if a.peer_id != router.peer_id] + [_me(router, stage)]
-        empty = sorted(s for s, anns in peers.items() if not anns)
+        peers = {s: [a for a in anns if a.peer_id != router.peer_id]
+                 for s, anns in (await directory(router, spec.n_stages, now=now)).items()}
+        peers[stage].append(router.announcement(PeerStatus(stage, "joining")))
+        target = destination(peers, stage)
         joining_here = sorted(a.peer_id for a in peers[stage] if a.state == "joining")
-        if not empty or len(peers[stage]) < 2 or joining_here[-1] != router.peer_id:
+        if target is None or joining_here[-1] != router.peer_id:
             break
-        log.info("stage %d is empty and stage %d has %d peers: this peer moves to stage %d", empty[0], stage,
-                 len(peers[stage]), empty[0])
-        stage = empty[0]
+        log.info("stage %d has %d peers and stage %d has %d: this joining peer moves to stage %d", stage,
+                 len(peers[stage]), target, len(peers[target]), target)
+        stage = target
     return stage
 
 
-def _me(router: Router, stage: int) -> StageAnnouncement:
-    return router.announcement(PeerStatus(stage, "joining"))
-
-
-async def move_target(router: Router, spec: RunSpec, stage: int, throughput: float, gain: float = 1.25) -> int | None:
+async def move_target(router: Router, spec: RunSpec, stage: int, held: bool = False,
+                      now: Callable[[], float] = DHT_TIME) -> int | None:
     """The stage this peer should move to now, or None (see the module docstring)."""
-    peers = await directory(router, spec.n_stages, LIVE_STATES + ("syncing",))
-    mine = peers[stage]
-    if len(mine) < 2 or max(a.peer_id for a in mine) != router.peer_id:
+    peers = await directory(router, spec.n_stages, now=now)
+    if router.peer_id not in {a.peer_id for a in peers[stage]}:  # our own beat may be late: we are here
+        peers[stage].append(router.announcement(PeerStatus(stage, "online")))
+    target = destination(peers, stage)
+    if target is None or max(a.peer_id for a in peers[stage]) != router.peer_id:
         return None
-    empty = [s for s, anns in peers.items() if not anns]
-    if empty:
-        return empty[0]
-    tput = {s: _load(anns)[1] for s, anns in peers.items()}
-    if min(tput.values()) <= 0:  # a stage with no measured speed (a stalled or starting swarm) is no evidence
-        return None
-    weakest = min(tput, key=tput.get)
-    if weakest == stage or throughput <= 0:
-        return None
-    after = dict(tput)
-    after[stage] -= throughput
-    after[weakest] += throughput
-    return weakest if min(after.values()) > gain * min(tput.values()) else None
+    return target if not held or not peers[target] else None
+
+
+@dataclass
+class Rebalancer:
+    """One peer's periodic re-check at its stage: `move_target`, with the hold that starts when
+    it takes the stage (this object is made then)."""
+
+    router: Router
+    spec: RunSpec
+    hold: float = HOLD_S
+    clock: Callable[[], float] = time.monotonic
+    now: Callable[[], float] = DHT_TIME
+    since: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.since = self.clock()
+
+    def held(self) -> bool:
+        return self.clock() - self.since < self.hold
+
+    async def target(self, stage: int) -> int | None:
+        return await move_target(self.router, self.spec, stage, self.held(), self.now)

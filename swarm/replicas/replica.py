@@ -5,7 +5,8 @@ else this peer's checkpoint with `--resume`, else the stage's initial weights at
 step: the last two are logged, since the stage then continues from less than the swarm knew),
 announces itself, beats the heartbeat, writes checkpoints (atomically, every
 `checkpoint_every` steps and when it stops), drives steps if it is a head, and every
-`rebalance_period` asks `swarm/replicas/placement.py` whether it should move to another stage.
+`rebalance_period` asks `swarm/replicas/placement.py` whether it should move to another stage
+(never within `rebalance_hold` of taking this one, unless a stage is empty).
 `serve()` returns the stage to move to, or None when it is done.
 """
 from __future__ import annotations
@@ -37,7 +38,7 @@ from swarm.basis import BasisSync
 from swarm.dht import SwarmDHT
 from swarm.net import Transport
 from swarm.replicas.membership import Membership
-from swarm.replicas.placement import move_target
+from swarm.replicas.placement import HOLD_S, Rebalancer
 from swarm.replicas.router import Router
 
 log = logging.getLogger(__name__)
@@ -82,6 +83,7 @@ class ReplicaContext:
     step_timeout: float
     reachability: str = "direct"  # or "relayed": how others reach this peer
     linger: bool = False  # a head keeps serving after its last step
+    rebalance_hold: float = HOLD_S  # seconds a peer stays at a stage it took, unless a stage is empty
 
 
 class ReplicaService:
@@ -92,6 +94,7 @@ class ReplicaService:
         self.peer: StagePeer | None = None
         self.sync: BasisSync | None = None
         self._saving: asyncio.Task | None = None
+        self.rebalancer = Rebalancer(ctx.router, ctx.spec, ctx.rebalance_hold)  # the hold starts now
 
     async def serve(self) -> int | None:
         ctx = self.ctx
@@ -226,7 +229,7 @@ class ReplicaService:
             await asyncio.sleep(period if period > 0 else 3600.0)  # the rebalance period: a schedule, not a wait
             if period <= 0:
                 continue
-            target = await move_target(self.ctx.router, self.spec, self.stage, self.peer.daemon.throughput)
+            target = await self.rebalancer.target(self.stage)
             if target is not None and target != self.stage:
                 log.info("moving from stage %d to stage %d to balance the swarm", self.stage, target)
                 self.ctx.report.write("moved", stage=self.stage, to=target)

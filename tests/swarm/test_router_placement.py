@@ -1,11 +1,9 @@
-"""The router's bans and the rebalancing rule, on a directory given in memory (no DHT)."""
+"""The router's bans, on a directory given in memory (no DHT); placement: test_placement_balance.py."""
 from __future__ import annotations
 
 import time
 
-from protocol.spec import preset
 from swarm.dht import StageAnnouncement
-from swarm.replicas.placement import move_target
 from swarm.replicas.router import BAD_DATA_BAN_S, Router
 
 
@@ -35,12 +33,3 @@ def test_bad_data_bans_for_longer_than_any_retry():
     r = Directory("me", {})
     r.report_failure("liar", bad_data=True)
     assert r._bans["liar"].until - time.monotonic() > BAD_DATA_BAN_S - 1
-
-
-async def test_no_move_towards_a_stage_whose_speed_is_unmeasured():
-    spec = preset("tiny", stages=2)
-    stalled = {0: [("a", 0.0), ("b", 0.0)], 1: [("c", 900.0), ("z", 800.0)]}  # stage 0 not measured yet
-    assert await move_target(Directory("z", stalled), spec, 1, 800.0) is None
-    slow = {0: [("a", 100.0)], 1: [("c", 900.0), ("z", 800.0)]}  # measured, and moving helps clearly
-    assert await move_target(Directory("z", slow), spec, 1, 800.0) == 0
-    assert await move_target(Directory("c", slow), spec, 1, 900.0) is None  # only the highest id moves
