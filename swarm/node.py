@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-from peer.data import BatchSource, load_corpus
+from peer.corpus import load_corpus
+from peer.data import BatchSource
 from peer.interfaces import LinkError
 from protocol.model import spec_basis
 from protocol.spec import RunSpec

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
-from peer.data import BatchSource, load_corpus
+from peer.corpus import load_corpus
+from peer.data import BatchSource
 from protocol.model import lm_loss
 
 from ..options import opt
