@@ -52,9 +52,11 @@ from protocol.control import (
 )
 from protocol.wire import KIND_CONTROL, KIND_DRIVE, KIND_FOLLOW, KIND_REDUCE, ErrorReply, WireError, decode_message
 
-from .daemon import ACK, StageDaemon
+from .daemon import StageDaemon
+from .delivery import ACK
+from .reduced import Reduced
 from .replica_sync import PowerSync, flat_limits
-from .stage import Reduced, StageError
+from .stage import StageError
 
 log = logging.getLogger(__name__)
 

@@ -13,6 +13,8 @@ progress means the older one failed: its partial work is dropped before the new 
 Inbound messages are validated (wire.py, then step, attempt and microbatch checks) before
 they are acknowledged; a refusal is an `ErrorReply`, and refused messages never touch the
 runner's state. Accepted work runs on one worker thread, in order, never on the event loop.
+The handlers of inbound messages are in `peer/inbound.py`; delivery to other peers (router
+picks, retries) in `peer/delivery.py`.
 """
 from __future__ import annotations
 
@@ -25,36 +27,31 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from protocol.basis_update import BasisUpdate, StatsMessage, decode_update
+from protocol.basis_update import BasisUpdate, StatsMessage
 from protocol.codecs import WirePacker
 from protocol.wire import (
     KIND_ACTIVATION,
     KIND_BASIS,
     KIND_GRADIENT,
-    ActivationMessage,
     ErrorReply,
-    GradientMessage,
     Header,
-    WireError,
     WireLimits,
-    decode_message,
     encode_activation,
     encode_gradient,
     encode_message,
 )
 
 from .basis_gate import BasisGate
+from .delivery import Courier
+from .inbound import SKIPPED, InboundHandlers
 from .interfaces import Admit, LinkError, MessageLink, PeerDirectory, PeerStatus
 from .norm_band import NormBand
 from .stage import StageError, StageRunner
 
 log = logging.getLogger(__name__)
 
-ACK = b""
-SKIPPED = object()  # what `run_for` returns for work of an aborted attempt
 
-
-class StageDaemon:
+class StageDaemon(InboundHandlers):
     def __init__(self, runner: StageRunner, link: MessageLink, directory: PeerDirectory, *,
                  send_retries: int = 3, future_step_wait: float = 10.0,
                  on_refit: Callable[[StatsMessage], Awaitable[None]] | None = None,
@@ -66,8 +63,11 @@ class StageDaemon:
         self.stage = runner.stage
         self.peer_id = link.peer_id
         self.packer = WirePacker.for_spec(self.spec)
-        self.send_retries, self.future_step_wait = send_retries, future_step_wait
+        self.future_step_wait = future_step_wait
         self.on_refit, self.basis_wait = on_refit, basis_wait
+        self.courier = Courier(link, directory, self.stage, self._limits, send_retries=send_retries,
+                               basis_wait=basis_wait)
+        self.sent_tokens = self.courier.sent_tokens  # tokens per kind, for bytes-per-token
         # (sender, kind) -> why that sender may not send this kind of message here, or None
         self.admit = admit
         self.bands = {KIND_ACTIVATION: NormBand(), KIND_GRADIENT: NormBand()}
@@ -79,12 +79,10 @@ class StageDaemon:
         self._downstream: dict[int, tuple[str, float]] = {}  # microbatch -> (next-stage peer, time sent)
         self.waiting: dict[int, asyncio.Future] = {}  # head: microbatch -> future of its loss
         self._step_changed = asyncio.Event()
-        self._retries: dict[str, int] = {}
         self._window: deque[tuple[float, int]] = deque()
         self._tasks: set[asyncio.Task] = set()
         self.state = "online"
         self.refused = 0
-        self.sent_tokens = {KIND_ACTIVATION: 0, KIND_GRADIENT: 0}  # tokens per kind, for bytes-per-token
         self.tokens_done = 0
         self.throughput = 0.0
         self.last_loss = float("nan")
@@ -227,73 +225,6 @@ class StageDaemon:
             self.spawn(self.gate.pull_updates())
         return self.refuse(reason, sender, code=code)
 
-    # ------------------------------------------------------------------ sending
-    async def _send(self, stage: int, kind: str, body: bytes, tokens: int, to: str | None = None,
-                    chosen: Callable[[str | None], None] | None = None) -> str:
-        """Deliver to `to`, or to a peer of `stage` picked by the router, trying other peers;
-        returns the peer that took it. `chosen(peer)` hears of each peer before it is sent to
-        (its answer may come back before its acknowledgement does), and `chosen(None)` if it
-        did not take the message."""
-        tried: set[str] = set()
-        last = ""
-        for _ in range(self.send_retries if to is None else 1):
-            peer = to or await self.directory.pick(stage, exclude=tried)
-            if chosen is not None:
-                chosen(peer)
-            outcome, last = await self._deliver(peer, kind, body)
-            if outcome == "ok":
-                self.sent_tokens[kind] += tokens
-                self._retries.pop(peer, None)
-                return peer
-            if chosen is not None:
-                chosen(None)
-            if to is None:
-                self.directory.release(peer, None)
-            if outcome == "retry" and await self._retry_later(peer):
-                return await self._send(stage, kind, body, tokens, to=peer, chosen=chosen)
-            tried.add(peer)
-        raise LinkError(f"stage {self.stage} could not deliver a '{kind}' message to stage {stage}: {last}")
-
-    async def _deliver(self, peer: str, kind: str, body: bytes) -> tuple[str, str]:
-        """One message to one peer: ("ok" | "retry" | "failed", why).
-
-        A transport failure can hide a message that arrived but whose reply was lost, so the
-        same peer is asked once more; a "duplicate" refusal then means the first one arrived.
-        """
-        last = ""
-        for attempt in range(2):
-            try:
-                reply = await self.link.request(peer, kind, body)
-            except Exception as e:  # transport failures of any kind
-                last = str(e)
-                if attempt == 0:
-                    await asyncio.sleep(0.2)  # a short pause before asking the same peer again
-                    continue
-                self.directory.report_failure(peer)
-                return "failed", last
-            if reply == ACK:
-                return "ok", ""
-            try:
-                err = decode_message(reply, self._limits())
-            except WireError as e:
-                return "failed", f"an unreadable reply ({e})"
-            if not isinstance(err, ErrorReply):
-                return "failed", "an unexpected reply"
-            if err.code == "duplicate" and attempt == 1:
-                return "ok", ""
-            return ("retry" if err.code == "retry" else "failed"), err.reason
-        return "failed", last
-
-    async def _retry_later(self, peer: str) -> bool:
-        """The receiver asked to retry (it is fetching a basis update, or has not read this peer's
-        announcement yet): wait a little, bounded by `basis_wait` in all."""
-        n = self._retries.get(peer, 0)
-        if n * 0.2 > self.basis_wait:
-            return False
-        self._retries[peer] = n + 1
-        await asyncio.sleep(0.2)  # back-off before re-sending to a peer that asked for it
-        return True
-
     def _forward_job(self, h: Header, tokens: torch.Tensor, z: torch.Tensor | None) -> tuple[bytes, int]:
         """Worker thread: forward, and the bytes of the activation for the next stage (packing
         waits for the device, so it stays off the event loop)."""
@@ -326,7 +257,7 @@ class StageDaemon:
             elif self.current(h):
                 self._downstream[h.microbatch] = (peer, time.monotonic())
 
-        peer = await self._send(self.stage + 1, KIND_ACTIVATION, body, ntokens, chosen=chosen)
+        peer = await self.courier.send(self.stage + 1, KIND_ACTIVATION, body, ntokens, chosen=chosen)
         if not self.current(h):
             self.directory.release(peer, None)  # superseded while it was on its way
 
@@ -350,128 +281,7 @@ class StageDaemon:
             if not fut.done():
                 fut.set_exception(e)
 
-    # ------------------------------------------------------------------ inbound
-    async def _on_activation(self, body: bytes, sender: str) -> bytes:
-        if (refusal := await self.admitted(sender, KIND_ACTIVATION)) is not None:
-            return refusal
-        try:
-            msg = decode_message(body, self._limits())
-        except WireError as e:
-            return self.refuse(str(e), sender)
-        if not isinstance(msg, ActivationMessage):
-            return self.refuse("the forward handler takes activation messages only.", sender)
-        h = msg.header
-        if h.stage != self.stage:
-            return self.refuse(f"this peer serves stage {self.stage}, not {h.stage}.", sender)
-        # the size check comes before the step checks: enormous values ban their sender whatever
-        # step or microbatch they claim (a stale or duplicate one included)
-        z = self.packer.unpack(msg.payload, self.runner.dtype, self.runner.device)
-        if (refusal := self._out_of_band(KIND_ACTIVATION, z, sender)) is not None:
-            return refusal
-        problem = await self._admit(h, sender)
-        if problem:
-            return self.refuse(problem[0], sender, code=problem[1])
-        refusal = self._check_version(h, sender)
-        if refusal is not None:
-            return refusal
-        if not 0 <= h.microbatch < self.spec.n_microbatches:
-            return self.refuse(f"microbatch {h.microbatch} is outside 0..{self.spec.n_microbatches - 1}.", sender)
-        if h.microbatch in self._upstream or self.runner.has_seen(h.microbatch):
-            return self.refuse("this microbatch is already here.", sender, code="duplicate")
-        self._upstream[h.microbatch] = (sender, msg.tokens)
-        self.spawn(self._process_activation(h, msg.tokens, z, sender))
-        return ACK
-
-    def _note_tokens(self, n: int) -> None:
-        """Throughput of this stage: tokens through forward over the last ~10 s."""
-        now = time.monotonic()
-        self._window.append((now, n))
-        while self._window and now - self._window[0][0] > 10.0:
-            self._window.popleft()
-        span = max(now - self._window[0][0], 1.0)
-        self.throughput = sum(k for _, k in self._window) / span
-        self.tokens_done += n
-
-    async def _process_activation(self, h: Header, tokens: torch.Tensor, z: torch.Tensor, sender: str) -> None:
-        self._note_tokens(z.shape[0] * z.shape[1])
-        if self.runner.is_last:
-            done = await self.run_for(h, self._tail_job, h, tokens, z)
-            if done is SKIPPED or not self.current(h):
-                return  # the attempt was aborted while this stage computed
-            body, ntokens, self.last_loss = done
-            self._upstream.pop(h.microbatch, None)
-            await self._send(self.stage - 1, KIND_GRADIENT, body, ntokens, to=sender)
-            return
-        done = await self.run_for(h, self._forward_job, h, tokens, z)
-        if done is not SKIPPED:
-            await self._forward(h, *done)
-
-    async def _on_gradient(self, body: bytes, sender: str) -> bytes:
-        if (refusal := await self.admitted(sender, KIND_GRADIENT)) is not None:
-            return refusal
-        try:
-            msg = decode_message(body, self._limits())
-        except WireError as e:
-            return self.refuse(str(e), sender)
-        if not isinstance(msg, GradientMessage):
-            return self.refuse("the backward handler takes gradient messages only.", sender)
-        h = msg.header
-        if h.stage != self.stage:
-            return self.refuse(f"this peer serves stage {self.stage}, not {h.stage}.", sender)
-        if h.step != self.runner.step or h.attempt != self.attempt:
-            old = h.step < self.runner.step or (h.step == self.runner.step and h.attempt < self.attempt)
-            return self.refuse("the gradient is not for the step and attempt in progress here.", sender,
-                               code="duplicate" if h.step < self.runner.step else "stale" if old else "refused")
-        refusal = self._check_version(h, sender)
-        if refusal is not None:
-            return refusal
-        sent = self._downstream.get(h.microbatch)
-        pending = self.runner.pending_shape(h.microbatch)
-        if pending is None or sent is None:
-            if self.runner.has_seen(h.microbatch):
-                return self.refuse("the gradient of this microbatch was already applied.", sender, code="duplicate")
-            return self.refuse("no forward pass is waiting for this microbatch.", sender)
-        if sent[0] != sender:
-            return self.refuse("this microbatch's gradient must come from the peer its activation went to.", sender)
-        if tuple(msg.payload.values.shape) != pending:
-            return self.refuse(f"gradient shape {list(msg.payload.values.shape)} does not match the activation "
-                               f"{list(pending)}.", sender)
-        grad = self.packer.unpack(msg.payload, self.runner.dtype, self.runner.device)
-        if (refusal := self._out_of_band(KIND_GRADIENT, grad, sender)) is not None:
-            fut = self.waiting.get(h.microbatch)
-            if fut is not None and not fut.done():  # the head: this attempt fails now, not at its deadline
-                fut.set_exception(LinkError(f"peer {sender[-8:]} answered microbatch {h.microbatch} with "
-                                            "out-of-band gradients"))
-            return refusal
-        del self._downstream[h.microbatch]
-        self.directory.release(sender, time.monotonic() - sent[1])
-        self.spawn(self._process_gradient(h, grad, msg.loss))
-        return ACK
-
-    async def _process_gradient(self, h: Header, grad: torch.Tensor, loss: float) -> None:
-        done = await self.run_for(h, self._backward_job, h, grad, loss)
-        if done is SKIPPED:
-            return
-        body, ntokens, _ = done
-        if self.runner.is_first:
-            fut = self.waiting.get(h.microbatch)
-            if fut is not None and not fut.done():
-                fut.set_result(loss)
-            return
-        upstream = self._upstream.pop(h.microbatch, None)
-        if upstream is None or not self.current(h):
-            return  # the attempt was superseded while this backward ran
-        await self._send(self.stage - 1, KIND_GRADIENT, body, ntokens, to=upstream[0])
-
     # ------------------------------------------------------------------ basis updates
-    async def _on_basis(self, body: bytes, sender: str) -> bytes:
-        try:
-            update = decode_update(body, self.spec)
-        except WireError as e:
-            return self.refuse(str(e), sender)
-        problem = await self.accept_update(update)
-        return self.refuse(problem, sender) if problem else ACK
-
     async def accept_update(self, update: BasisUpdate) -> str | None:
         """Take a basis update (pushed, or pulled from the DHT), or say why not."""
         return await self.gate.accept(update)

@@ -11,7 +11,8 @@ import torch
 
 from protocol.spec import RunSpec
 
-from .data import BatchSource, load_corpus
+from .corpus import load_corpus
+from .data import BatchSource
 from .driver import StepLog
 from .loopback import LoopbackLink, LoopbackNetwork
 from .pipeline import InProcessPipeline

@@ -8,7 +8,8 @@ hands its gradient sum to the all-reduce (`contribution`), keeps the agreed sum
 (`set_reduced`) and steps with it when told (`apply_reduced`): with the same sum and the same
 state every replica takes the same step. Steps never mix: work for any step other than the
 one in progress is refused with `StageError`. The caller (the in-process pipeline, or the
-asyncio daemon on a worker thread) serializes calls.
+asyncio daemon on a worker thread) serializes calls. The replica half (flat gradients, the
+agreed sum) is in `peer/reduced.py`.
 """
 from __future__ import annotations
 
@@ -24,9 +25,8 @@ from protocol.spec import RunSpec
 from protocol.subspace import SubspaceBasis, project_cols, project_rows
 from protocol.sync_layout import SyncLayout
 
-
-class StageError(ValueError):
-    """Work this stage must refuse (wrong step, unknown or duplicate microbatch)."""
+from .reduced import Reduced, ReducedGradients
+from .stage_error import StageError
 
 
 @dataclass
@@ -53,19 +53,7 @@ class StepRecord:
     lr: float
 
 
-@dataclass
-class Reduced:
-    """The agreed gradient sum of one attempt at a step, waiting to be applied."""
-
-    step: int
-    attempt: int
-    grads: torch.Tensor | None  # flat, in `StageRunner.params` order; None: the accumulated gradients are the sum
-    stat: torch.Tensor | None
-    contributors: dict[str, list[int]]
-    in_layout: bool = True  # grads in the `SyncLayout`; False: every parameter's gradient in full (a lone replica's)
-
-
-class StageRunner:
+class StageRunner(ReducedGradients):
     def __init__(self, spec: RunSpec, stage: int, device: str | torch.device = "cpu",
                  basis: SubspaceBasis | None = None) -> None:
         self.spec, self.stage, self.device = spec, stage, torch.device(device)
@@ -227,72 +215,6 @@ class StageRunner:
             raise StageError(f"step {self.step} has {len(self._backward_done)} of "
                              f"{self.spec.n_microbatches} microbatches through backward.")
         return self._step()
-
-    # ------------------------------------------------------------------ replicas
-    def microbatches_done(self) -> list[int]:
-        return sorted(self._backward_done)
-
-    def contribution(self, on_device: bool = False,
-                     in_layout: bool = True) -> tuple[list[int], torch.Tensor | None, torch.Tensor | None]:
-        """(microbatches, flat gradient sum, statistic) of this replica's share of the step;
-        tensors are None when it computed nothing (it adds nothing to the sum). The flat sum is
-        in the `SyncLayout` (to travel), or every parameter's gradient in full (`in_layout`
-        False: a lone replica's, which travels nowhere but to followers); on the CPU unless
-        `on_device`."""
-        mbs = self.microbatches_done()
-        if not mbs:
-            return [], None, None
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-        flat = self.layout.pack(grads, self.current_U()) if in_layout else \
-            torch.cat([g.detach().reshape(-1) for g in grads])
-        return mbs, (flat if on_device else flat.cpu()), \
-            (self._step_stat.detach().cpu() if self._step_stat is not None else None)
-
-    def current_U(self) -> torch.Tensor | None:
-        return self.basis.U if self.basis is not None else None
-
-    def set_reduced(self, reduced: Reduced) -> None:
-        if reduced.step != self.step:
-            raise StageError(f"a reduced gradient for step {reduced.step} reached a stage on step {self.step}.")
-        self.reduced = reduced
-
-    def apply_reduced(self, step: int, attempt: int) -> StepRecord:
-        """Take the optimizer step with the agreed gradient sum of (step, attempt)."""
-        r = self.reduced
-        if r is None or (r.step, r.attempt) != (step, attempt):
-            raise StageError(f"no reduced gradient is held for attempt {attempt} of step {step}.")
-        if r.grads is not None:  # None: the accumulated gradients are the sum (a lone replica's)
-            self.load_flat_grads(r.grads, r.stat, r.in_layout)
-        return self._step()
-
-    def apply_flat(self, step: int, flat: torch.Tensor, stat: torch.Tensor | None,
-                   in_layout: bool = True) -> StepRecord:
-        """Take step `step` with a reduced gradient computed elsewhere (a replica catching up)."""
-        if step != self.step:
-            raise StageError(f"a reduced gradient for step {step} reached a stage on step {self.step}.")
-        self.abort_step()  # whatever this replica computed of the step, the agreed sum replaces it
-        self.load_flat_grads(flat, stat, in_layout)
-        return self._step()
-
-    def load_flat_grads(self, flat: torch.Tensor, stat: torch.Tensor | None, in_layout: bool = True) -> None:
-        """Put a flat gradient (and the step's statistic) in place of whatever was accumulated:
-        in the `SyncLayout` (constrained gradients are rebuilt in span(U) of the step's basis),
-        or, with `in_layout` False, every parameter's gradient in full."""
-        self._pending.clear()
-        flat = flat.to(self.device)
-        if in_layout:
-            grads = self.layout.unpack(flat.to(self.dtype), self.current_U())
-        else:
-            if flat.numel() != self.n_params:
-                raise StageError(f"a full flat gradient of {flat.numel()} numbers does not fit {self.n_params}.")
-            offsets = [0]
-            for p in self.params:
-                offsets.append(offsets[-1] + p.numel())
-            grads = [flat[a:b].view_as(p) for p, a, b in zip(self.params, offsets, offsets[1:])]
-        for p, g in zip(self.params, grads):
-            p.grad = g.to(p.dtype).clone()
-        if self._step_stat is not None:
-            self._step_stat.copy_(stat.to(self._step_stat) if stat is not None else torch.zeros_like(self._step_stat))
 
     def _step(self) -> StepRecord:
         """Clip, step and zero the gradients; the stage moves on to the next step."""

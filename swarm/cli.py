@@ -115,7 +115,7 @@ def _raise_interrupt(signum, frame) -> None:
 
 
 def cmd_local(a: argparse.Namespace) -> int:
-    from peer.data import load_corpus
+    from peer.corpus import load_corpus
 
     from .local import LocalOptions, LocalSwarmError, parse_devices, run_local
     from .net import parse_bandwidth, parse_latency
@@ -215,13 +215,6 @@ def cmd_admit(a: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_bench(a: argparse.Namespace) -> int:
-    from .bench import run_bench
-    from .optional import require
-    require("matplotlib", "swarm bench (its plots)")  # before a long run: the Docker image leaves it out
-    return run_bench(a)
-
-
 def _missing_extra(e: ImportError) -> int:
     print(f"error: {e}", file=sys.stderr)
     return 1
@@ -263,17 +256,8 @@ def cmd_generate(a: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------ parser
 
-def _ranks(text: str) -> tuple[int, ...]:
-    try:
-        ranks = tuple(int(x) for x in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of ranks such as 4,8.") from None
-    if not ranks or min(ranks) < 1:
-        raise argparse.ArgumentTypeError("every rank must be at least 1.")
-    return ranks
-
-
 def build_parser() -> argparse.ArgumentParser:
+    from .bench.cli import register as register_bench
     from .coordinator import CoordinatorOptions
     from .dashboard.server import DashboardOptions
     from .export.evaluate import EvalOptions
@@ -338,67 +322,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_options(ad, AdmitOptions)
     ad.set_defaults(func=cmd_admit)
 
-    be = sub.add_parser("bench", help="benchmarks: JSON + PNG, ratios measured side by side")
-    be.add_argument("which", choices=["codecs", "throughput", "convergence", "mfu", "replicas", "replica-sync",
-                                          "fidelity"],
-                    help="codecs: bytes/token and encode/decode time; throughput: tokens/s of local swarms per "
-                    "codec, unlimited vs 80mbit; convergence: loss vs tokens, fixed U vs re-fitted U vs dense; "
-                    "mfu: the device's bf16 matmul rate and the share of it whole-model training uses; "
-                    "replicas: tokens/s with 1-3 replicas per stage and failover time; replica-sync: bytes per "
-                    "replica per step, tokens/s at --bandwidth and held-out loss per replica-sync mode; "
-                    "fidelity: held-out loss against compression, one-cause ablations and dense vs subspace across "
-                    "widths, as jobs spread over GPUs inside a time budget (docs/fidelity.md)")
-    be.add_argument("--out", default="bench-out", help="output folder (default: bench-out)")
-    be.add_argument("--smoke", action="store_true", help="tiny sizes, for CI")
-    be.add_argument("--preset", choices=sorted(PRESETS),
-                    help="model size (default: small; large for mfu)")
-    be.add_argument("--steps", type=int,
-                    help="steps per run (default: 20 for throughput, 2000 for convergence, 10 timed for mfu, 300 "
-                    "for the loss runs of replica-sync)")
-    be.add_argument("--stages", type=int, help="throughput: pipeline stages (default: the preset's)")
-    be.add_argument("--codec", choices=["dense", "subspace", "bottleneck"], help="mfu: codec (default: dense)")
-    be.add_argument("--dtype", choices=sorted(COMPUTE_DTYPES),
-                    help="compute dtype (default: bf16 for mfu, the preset's otherwise)")
-    be.add_argument("--microbatch-size", type=int, help="mfu: sequences per microbatch (default: the preset's)")
-    be.add_argument("--matmul-size", type=int, default=8192, help="mfu: n of the n^3 bf16 matmul (default: 8192)")
-    be.add_argument("--compile", action="store_true", help="mfu: torch.compile every block")
-    be.add_argument("--throughput-json", metavar="FILE",
-                    help="convergence: throughput results for the time-to-loss plot (default: OUT/throughput.json)")
-    be.add_argument("--link", help="convergence: the limited link of the time-to-loss plot, e.g. 80mbit "
-                    "(default: the throughput results' first)")
-    be.add_argument("--curves-json", metavar="FILE",
-                    help="convergence: take the loss curves from this convergence.json instead of training")
-    be.add_argument("--data", default="stdlib",
-                    help="convergence, replica-sync, fidelity: corpus (default: the Python standard library)")
-    be.add_argument("--bandwidth", default="80mbit",
-                    help="throughput: the limited links, comma-separated, e.g. 8mbit,80mbit (default: 80mbit)")
-    be.add_argument("--latency", default="0", help="throughput: one-way latency on the limited links")
-    be.add_argument("--device", default="cpu", help="torch device (throughput: of every peer)")
-    be.add_argument("--devices", help="throughput: comma-separated devices, one per peer in turn (e.g. cuda:0,cuda:1)")
-    be.add_argument("--codecs", help="throughput: comma-separated codecs to run (default: dense,subspace,bottleneck)")
-    be.add_argument("--kernel-shaping", action="store_true",
-                    help="throughput: also run each limited link with every process in its own network namespace "
-                    "and tc tbf on its uplink and downlink (needs root; skipped with a message where not allowed)")
-    be.add_argument("--plan", choices=["gpu", "cpu"], default="gpu",
-                    help="fidelity: gpu (bf16, the small shape, ~10 min of 4 H100s) or cpu (d=128, the reduced "
-                    "size of the CPU results)")
-    be.add_argument("--groups", help="fidelity: comma-separated job groups (default: all): "
-                    "scale,headline,frontier,seeds,lr,optimizer,embed,layers,refit")
-    be.add_argument("--parallel", type=int, default=1,
-                    help="fidelity: GPUs to use, cuda:0..N-1 (on a CPU: worker processes) (default: 1)")
-    be.add_argument("--per-device", type=int, default=1, help="fidelity: worker processes per GPU (default: 1)")
-    be.add_argument("--budget-s", type=float, default=540.0,
-                    help="fidelity: wall-clock budget in seconds; jobs that cannot finish are skipped or cut "
-                    "(default: 540)")
-    be.add_argument("--resume", action="store_true",
-                    help="fidelity: keep the jobs OUT/fidelity.jsonl already holds finished and run the others")
-    be.add_argument("--best", help="fidelity: RunSpec overrides as JSON for the headline's 'best settings' row, "
-                    "e.g. '{\"lr\": 0.002}'")
-    be.add_argument("--sync-rank", type=_ranks, default=(4, 8), metavar="R[,R...]",
-                    help="replica-sync: powersgd rank(s) r to compare with exact (default: 4,8)")
-    be.add_argument("--seeds", type=int, default=1, help="replica-sync: loss runs per mode, seeds +0..N-1 (default: 1)")
-    be.add_argument("--lr", type=float, help="replica-sync: learning rate instead of the preset's")
-    be.set_defaults(func=cmd_bench)
+    register_bench(sub)
 
     ex = sub.add_parser("export", help="a trained model as our model.safetensors or a Hugging Face folder",
                         description="Gather every stage's state (one replica per stage, all at the same step, "

@@ -12,12 +12,12 @@ import logging
 import os
 from dataclasses import dataclass
 
+from peer.run_corpus import with_corpus
 from protocol.model import spec_basis
 from protocol.spec import RunSpec
 from protocol.wire import KIND_STATS
 
 from .basis import BasisRefitter
-from .corpus_record import with_corpus
 from .dht import SwarmDHT, close_node, start_dht
 from .net import Transport
 from .net.addresses import LOOPBACK, PRIVATE, PUBLIC, announce_addresses, scope_of

@@ -2,7 +2,8 @@
 
 It starts a coordinator and one peer per stage (each in its own process group, so that it
 and its p2pd can be stopped together), shows a progress bar fed by the head's report,
-writes the metrics JSON, and on finish, error or Ctrl+C stops everything it started.
+writes the metrics JSON, and on finish, error or Ctrl+C stops everything it started. Reading
+the peers' reports back (progress, metrics) is in `swarm/local_reports.py`.
 """
 from __future__ import annotations
 
@@ -21,21 +22,13 @@ from pathlib import Path
 from typing import Protocol
 
 import torch
-from tqdm import tqdm
 
-from protocol.codecs import WirePacker
 from protocol.spec import RunSpec
-from protocol.wire import ActivationMessage, Header, encode_message, tokens_for_wire
 
-from .monitor.scalars import ScalarLog
-from .net import REPLY_OVERHEAD, REQUEST_OVERHEAD
+from .local_reports import LocalSwarmError, RunReports
 from .options import opt
 
 log = logging.getLogger(__name__)
-
-
-class LocalSwarmError(RuntimeError):
-    """The local swarm could not run; the message says what failed and where its logs are."""
 
 
 @dataclass
@@ -63,16 +56,6 @@ class LocalOptions:
     tensorboard: str | None = opt(None, "write the head's per-step scalars here for TensorBoard", metavar="DIR")
     checkpoint_dir: str | None = opt(None, "every peer saves its stage here when the run ends (for swarm export)",
                                      metavar="DIR")
-
-
-def dense_bytes_per_token(spec: RunSpec) -> float:
-    """Bytes per token a dense boundary would put on the wire: a real dense message, framed and acked."""
-    dense = spec.replace(codec="dense", quant="none")
-    B, T = spec.microbatch_size, spec.seq_len
-    tokens = torch.zeros(B, T + 1, dtype=torch.long)
-    msg = ActivationMessage(Header(dense.run_hash, 0, 0, 0, "dense", 1), tokens_for_wire(tokens, spec.vocab),
-                            WirePacker.for_spec(dense).pack(torch.zeros(B, T, spec.d_model)))
-    return (len(encode_message(msg)) + REQUEST_OVERHEAD + REPLY_OVERHEAD) / (B * T)
 
 
 def dashboard_port(preferred: int, host: str = "127.0.0.1") -> tuple[int, str | None]:
@@ -127,7 +110,7 @@ def _python_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "swarm.cli", *args]
 
 
-class LocalSwarm:
+class LocalSwarm(RunReports):
     def __init__(self, opts: LocalOptions, placement: Placement | None = None) -> None:
         self.opts = opts
         self.placement = placement or Loopback()
@@ -285,106 +268,6 @@ class LocalSwarm:
     def cleanup(self) -> None:
         if self._tmp is not None:
             self._tmp.cleanup()
-
-    # ---------------------------------------------------------------- the run
-    def events(self, stage: int | str) -> list[dict]:
-        path = self.dir / (f"stage{stage}.jsonl" if isinstance(stage, int) else f"{stage}.jsonl")
-        if not path.exists():
-            return []
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-    def step_events(self) -> tuple[list[dict], bool]:
-        """Every step record so far, from whichever head drove it, in step order; and whether the
-        run is done (a head said so)."""
-        by_step, done = {}, False
-        for name in self.head_names():
-            for e in self.events(name):
-                if e["event"] == "step":
-                    by_step.setdefault(e["step"], e)
-                done = done or e["event"] == "done"
-        steps = [by_step[k] for k in sorted(by_step)]
-        return steps, done
-
-    def follow(self, timeout_per_step: float = 300.0) -> list[dict]:
-        """Feed the progress bar from the heads' reports until one says done; returns the step records."""
-        bar = tqdm(total=self.opts.steps, unit="step", disable=self.opts.quiet, dynamic_ncols=True)
-        seen, last_progress = 0, time.monotonic()
-        scalars = ScalarLog(self.opts.tensorboard) if self.opts.tensorboard else None
-        try:
-            while True:
-                steps, done = self.step_events()
-                for rec in steps[seen:]:
-                    bar.update(1)
-                    bar.set_postfix(loss=f"{rec['loss']:.3f}", tok_s=f"{rec['tokens'] / max(rec['seconds'], 1e-9):.0f}",
-                                    B_tok=f"{rec.get('forward_bytes_per_token', 0):.1f}")
-                    if scalars is not None:
-                        scalars.write(rec["step"], {"loss": rec["loss"], "tokens_per_s": rec["tokens"] / max(
-                            rec["seconds"], 1e-9), "lr": rec.get("lr"), "basis_version": rec["basis_version"]},
-                            wall_time=rec.get("time"))
-                if len(steps) > seen:
-                    seen, last_progress = len(steps), time.monotonic()
-                if done:
-                    return steps
-                try:
-                    self._check_alive()
-                except LocalSwarmError:
-                    if self.step_events()[1]:  # a head wrote "done" and left between the two looks
-                        return self.step_events()[0]
-                    raise
-                if time.monotonic() - last_progress > timeout_per_step:
-                    raise LocalSwarmError(f"no step finished in {timeout_per_step:g} s; see the logs in {self.dir}.")
-                time.sleep(0.2)  # poll interval of the head's report file
-        finally:
-            bar.close()
-            if scalars is not None:
-                scalars.close()
-
-    def metrics(self, steps: list[dict]) -> dict:
-        names = [self.peer_name(s, r) for s in range(self.opts.spec.n_stages) for r in range(self.opts.replicas)]
-        wire = [e for name in names for e in self.events(name) if e["event"] == "wire"]
-        fwd = sum(w["bytes_out"]["act"] for w in wire)
-        bwd = sum(w["bytes_out"]["grad"] for w in wire)
-        ftok = sum(w["tokens_out"]["act"] for w in wire)
-        btok = sum(w["tokens_out"]["grad"] for w in wire)
-        # replica sync: what each replica sent in reduces, per step it took with another replica
-        sync = {name: e["bytes_out"].get("red", 0) / e["synced_steps"] for name in names for e in self.events(name)
-                if e["event"] == "wire" and e.get("synced_steps")}
-        timed = steps[1:] or steps  # the first step includes warm-up (allocations, first connections)
-        tps = sum(s["tokens"] for s in timed) / max(1e-9, sum(s["seconds"] for s in timed))
-        return {
-            "run": {**self.opts.spec.to_dict(), "run_hash": self.opts.spec.run_hash},
-            "steps": [{k: s[k] for k in ("step", "loss", "tokens", "seconds", "basis_version")} for s in steps],
-            "wire": {"forward_bytes_per_token": fwd / max(1, ftok), "backward_bytes_per_token": bwd / max(1, btok),
-                     "dense_forward_bytes_per_token": dense_bytes_per_token(self.opts.spec),
-                     "forward_bytes": fwd, "backward_bytes": bwd, "forward_tokens": ftok, "backward_tokens": btok},
-            "tokens_per_second": tps,
-            "sync": {"mode": self.opts.spec.replica_sync, "bytes_per_step": sync,
-                     "max_bytes_per_step": max(sync.values(), default=0.0),
-                     "commit_seconds": sum(s.get("commit_seconds", 0.0) for s in timed) / max(1, len(timed))},
-            "link": {"bandwidth": self.opts.bandwidth, "latency": self.opts.latency},
-            "peers": self.peer_links(steps),
-        }
-
-    def peer_links(self, steps: list[dict]) -> list[dict]:
-        """Per stage: every byte its transport sent and received (frames, all kinds), bytes sent per
-        token it processed, and (when shaped) its link's busy seconds and the uplink's busy fraction
-        of the training time (the sum of the head's step times)."""
-        seconds = sum(s["seconds"] for s in steps)
-        out = []
-        for stage in range(self.opts.spec.n_stages):
-            wire = [e for e in self.events(stage) if e["event"] == "wire"]
-            if not wire:
-                continue
-            w = wire[-1]
-            row = {"stage": stage, "bytes_sent": w.get("bytes_sent"), "bytes_received": w.get("bytes_received"),
-                   "tokens": w.get("tokens_done"), "link": w.get("link")}
-            if row["bytes_sent"] is not None and row["tokens"]:
-                row["bytes_sent_per_token"] = row["bytes_sent"] / row["tokens"]
-            if row["link"] and seconds > 0:
-                row["uplink_busy_fraction"] = row["link"]["uplink_busy_s"] / seconds
-            out.append(row)
-        return out
-
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:
     try:

@@ -20,11 +20,11 @@ import torch
 
 from peer.data import BatchSource
 from peer.interfaces import LinkError
+from peer.run_corpus import check_corpus, run_corpus
 from protocol.model import spec_basis
 from protocol.spec import RunSpec
 from protocol.wire import KIND_ACTIVATION, KIND_GRADIENT, KIND_REDUCE
 
-from .corpus_record import check_corpus, run_corpus
 from .dht import SwarmDHT, close_node, start_dht, stop_dht
 from .monitor.peer_monitor import PeerMonitor
 from .net import HomeLink, Transport, TransportError

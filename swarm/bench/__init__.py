@@ -11,6 +11,8 @@ measured side by side in one run.
   subspace across widths; jobs spread over GPUs inside a time budget (docs/fidelity.md).
 - `replica_sync.py` (+ `sync_bytes.py`): per replica-sync mode, bytes per replica per step (small, large),
   tokens/s with 2 replicas per stage on shaped links, held-out loss at equal tokens.
+- `cli.py`: each bench's flags (`swarm bench BENCH --help`); `machine.py`: the devices and machine
+  every bench's JSON records.
 """
 from __future__ import annotations
 
@@ -26,6 +28,8 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
 def run_bench(a: argparse.Namespace) -> int:
     """Run one benchmark; SIGTERM stops it like Ctrl+C, through every `finally` (processes stopped,
     namespaces removed)."""
+    from swarm.optional import require
+    require("matplotlib", "swarm bench (its plots)")  # before a long run: the Docker image leaves it out
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         _dispatch(a)
@@ -36,19 +40,20 @@ def run_bench(a: argparse.Namespace) -> int:
 
 
 def _dispatch(a: argparse.Namespace) -> None:
+    """Run the bench `a.which` with its flags (swarm/bench/cli.py gives each bench only its own)."""
     if a.which == "mfu":
         from .mfu import run_mfu_bench
-        run_mfu_bench(a.out, preset_name=a.preset or "large", codec=a.codec or "dense", dtype=a.dtype or "bf16",
-                      device=a.device, steps=a.steps or 10, matmul_n=a.matmul_size,
-                      microbatch_size=a.microbatch_size, compile_blocks=a.compile, smoke=a.smoke)
+        run_mfu_bench(a.out, preset_name=a.preset, codec=a.codec, dtype=a.dtype, device=a.device, steps=a.steps,
+                      matmul_n=a.matmul_size, microbatch_size=a.microbatch_size, compile_blocks=a.compile,
+                      smoke=a.smoke)
     elif a.which == "codecs":
         from .codecs import run_codecs_bench
         run_codecs_bench(a.out, smoke=a.smoke)
     elif a.which == "convergence":
         from .convergence import run_convergence_bench
-        run_convergence_bench(a.out, preset_name=a.preset or "small", steps=a.steps or 2000,
-                              data=a.data, device=a.device, smoke=a.smoke, throughput_json=a.throughput_json,
-                              link=a.link, curves_json=a.curves_json, dtype=a.dtype)
+        run_convergence_bench(a.out, preset_name=a.preset, steps=a.steps, data=a.data, device=a.device,
+                              smoke=a.smoke, throughput_json=a.throughput_json, link=a.link,
+                              curves_json=a.curves_json, dtype=a.dtype)
     elif a.which == "fidelity":
         import json
 
@@ -60,15 +65,14 @@ def _dispatch(a: argparse.Namespace) -> None:
                            best=json.loads(a.best) if a.best else None, resume=a.resume)
     elif a.which == "replica-sync":
         from .replica_sync import run_replica_sync_bench
-        run_replica_sync_bench(a.out, preset_name=a.preset or "small", steps=a.steps or 300, ranks=a.sync_rank,
+        run_replica_sync_bench(a.out, preset_name=a.preset, steps=a.steps, ranks=a.sync_rank,
                                bandwidth=a.bandwidth, latency=a.latency, device=a.device, data=a.data,
                                seeds=a.seeds, lr=a.lr, smoke=a.smoke)
     elif a.which == "replicas":
         from .replicas import run_replicas_bench
-        run_replicas_bench(a.out, preset_name=a.preset or "small", steps=a.steps or 20, device=a.device,
-                           smoke=a.smoke)
+        run_replicas_bench(a.out, preset_name=a.preset, steps=a.steps, device=a.device, smoke=a.smoke)
     else:
         from .throughput import run_throughput_bench
-        run_throughput_bench(a.out, preset_name=a.preset or "small", steps=a.steps or 20, bandwidth=a.bandwidth,
+        run_throughput_bench(a.out, preset_name=a.preset, steps=a.steps, bandwidth=a.bandwidth,
                              latency=a.latency, device=a.device, smoke=a.smoke, devices=a.devices, dtype=a.dtype,
                              kernel_shaping=a.kernel_shaping, stages=a.stages, codecs=a.codecs)

@@ -27,6 +27,8 @@ from protocol.spec import preset
 from protocol.subspace import make_basis
 from protocol.wire import ActivationMessage, Header, WireLimits, decode_message, encode_message, tokens_for_wire
 
+from .machine import machine_info
+
 CODECS = ("dense", "subspace", "bottleneck")
 VOCAB = 32000
 B = 4
@@ -100,7 +102,8 @@ def run_codecs_bench(out_dir: str, dims=(512, 1024, 4096), repeats: int = 20, sm
                              "encode_us_per_token": 1e6 * statistics.median(times[name][0]) / (B * T),
                              "decode_us_per_token": 1e6 * statistics.median(times[name][1]) / (B * T)})
     result = {"B": B, "T": T, "vocab": VOCAB, "wire_dtype": "bf16", "repeats": repeats, "smoke": smoke,
-              "torch_threads": torch.get_num_threads(), "rows": rows,
+              "torch_threads": torch.get_num_threads(), "devices": ["cpu"], "machine": machine_info(["cpu"]),
+              "rows": rows,
               "ratios": {str(d): {r["codec"]: r["ratio_vs_dense"] for r in rows if r["d"] == d} for d in dims}}
     (out / "codecs.json").write_text(json.dumps(result, indent=1) + "\n")
     _print_table(rows)

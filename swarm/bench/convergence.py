@@ -22,10 +22,12 @@ from pathlib import Path
 
 import torch
 
-from peer.data import BatchSource, load_corpus
+from peer.corpus import load_corpus
+from peer.data import BatchSource
 from peer.pipeline import InProcessPipeline
 from protocol.spec import RunSpec, preset
 
+from .machine import machine_info
 from .time_to_loss import time_to_loss, write_time_to_loss
 
 
@@ -134,7 +136,8 @@ def _train_all(out: Path, preset_name: str, steps: int, intervals: tuple[int, ..
     summary = {name: {"final_val": c["final_val"], "vs_fixed": c["final_val"] / fixed - 1,
                       "vs_dense": c["final_val"] / dense - 1, "seconds": c["seconds"]} for name, c in curves.items()}
     result = {"preset": preset_name, "steps": steps, "data": recs[0]["data"], "tokens": recs[0]["tokens"],
-              "device": device, "dtype": base.dtype, "summary": summary, "curves": curves}
+              "device": device, "devices": [device], "machine": machine_info([device]), "dtype": base.dtype,
+              "summary": summary, "curves": curves}
     (out / "convergence.json").write_text(json.dumps(result) + "\n")
     _plot(result, out / "convergence.png")
     for name, s in summary.items():

@@ -18,8 +18,9 @@ from pathlib import Path
 import torch
 
 from .fidelity_plan import GROUPS, jobs_for
-from .fidelity_queue import estimated_seconds, run_queue
+from .fidelity_queue import estimated_seconds, run_queue, slots
 from .fidelity_report import markdown_table, plot, summarize
+from .machine import machine_info
 
 
 def _device_name(device: str) -> str:
@@ -58,7 +59,9 @@ def run_fidelity_bench(out_dir: str, plan: str = "gpu", device: str = "cpu", par
     order = {(j.group, j.name): i for i, j in enumerate(jobs)}
     results.sort(key=lambda r: order[(r["group"], r["name"])])
     rows = summarize(results)
-    result = {"plan": plan, "device": device, "device_name": _device_name(device), "parallel": parallel,
+    used = list(dict.fromkeys(slots(device, parallel, per_device)))  # the devices the workers ran on
+    result = {"plan": plan, "device": device, "device_name": _device_name(device), "devices": used,
+              "machine": machine_info(used), "parallel": parallel,
               "per_device": per_device, "budget_s": budget_s, "wall_s": time.time() - t0, "groups": list(groups),
               "data": data, "rows": rows, "jobs": results}
     (out / "fidelity.json").write_text(json.dumps(result) + "\n")

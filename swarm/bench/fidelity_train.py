@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from peer.data import BatchSource, load_corpus
+from peer.corpus import load_corpus
+from peer.data import BatchSource
 from peer.pipeline import InProcessPipeline
 from protocol.spec import WIRE_DTYPES, RunSpec
 

@@ -31,6 +31,8 @@ from protocol.model import SubspaceLinear
 from protocol.reference import ReferenceModel
 from protocol.spec import RunSpec, preset
 
+from .machine import machine_info
+
 
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
@@ -122,6 +124,7 @@ def run_mfu_bench(out_dir: str, preset_name: str = "large", codec: str = "dense"
     result = {
         "preset": preset_name, "codec": codec, "dtype": dtype, "device": device,
         "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+        "devices": [device], "machine": machine_info([device]),
         "torch": torch.__version__, "compile": compile_blocks, "spec": spec.to_dict(),
         "matmul": rate, "train": train, "flops_per_token": flops, "flops_per_token_causal": causal,
         "model_flops_per_second": achieved, "mfu": achieved / rate["flops_per_second"],

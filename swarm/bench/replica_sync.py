@@ -25,7 +25,8 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from peer.data import BatchSource, load_corpus
+from peer.corpus import load_corpus
+from peer.data import BatchSource
 from peer.loopback import LoopbackLink
 from peer.memory_swarm import make_swarm
 from protocol.codecs import WirePacker
@@ -33,6 +34,7 @@ from protocol.spec import RunSpec, preset
 from swarm.net import REPLY_OVERHEAD, REQUEST_OVERHEAD, LinkShaper
 
 from .convergence import held_out_loss
+from .machine import machine_info
 from .sync_bytes import sync_bytes
 
 # the benchmark's links are slow and its steps long: give every wait room
@@ -145,7 +147,8 @@ def run_replica_sync_bench(out_dir: str, preset_name: str = "small", steps: int 
                              "mean_held_out_loss": sum(r["held_out_loss"] for r in rows) / len(rows),
                              "mean_vs_exact": sum(gaps) / len(gaps), "min_vs_exact": min(gaps),
                              "max_vs_exact": max(gaps)})
-    result = {"device": device, "bandwidth": bandwidth, "latency": latency, "ranks": list(ranks),
+    result = {"device": device, "devices": [device], "machine": machine_info([device]), "bandwidth": bandwidth,
+              "latency": latency, "ranks": list(ranks),
               "train_spec": base.to_dict(), "bytes": byte_rows, "bytes_summary": _bytes_summary(byte_rows, bandwidth),
               "speed": speed, "loss": losses, "loss_summary": loss_summary}
     (out / "replica_sync.json").write_text(json.dumps(result, indent=1) + "\n")

@@ -20,6 +20,8 @@ from pathlib import Path
 from protocol.spec import preset
 from swarm.local import LocalOptions, LocalSwarm, run_local
 
+from .machine import machine_info
+
 
 def run_replicas_bench(out_dir: str, preset_name: str = "small", steps: int = 20, device: str = "cpu",
                        smoke: bool = False) -> dict:
@@ -37,7 +39,8 @@ def run_replicas_bench(out_dir: str, preset_name: str = "small", steps: int = 20
     failover = _failover(spec, max(steps, 8), device, out / "failover")
     print(f"failover: {failover['seconds_to_next_step']:.1f} s from the kill to the next completed step "
           f"(step {failover['next_step']}, {failover['attempts']} attempts)")
-    result = {"preset": preset_name, "device": device, "runs": rows, "failover": failover,
+    result = {"preset": preset_name, "device": device, "devices": [device], "machine": machine_info([device]),
+              "runs": rows, "failover": failover,
               "ratios": {f"replicas_{r['replicas']}_over_1": r["tokens_per_second"] / rows[0]["tokens_per_second"]
                          for r in rows}}
     (out / "replicas.json").write_text(json.dumps(result, indent=1) + "\n")

@@ -18,13 +18,14 @@ Absolute tokens/s mean something only on the machine named in the JSON.
 from __future__ import annotations
 
 import json
-import platform
 from pathlib import Path
 
 from protocol.spec import RunSpec, preset
 from swarm.local import LocalOptions, run_local
 from swarm.net.namespaces import KernelLinks, KernelShapingUnavailable
 from swarm.net.shaper import parse_bandwidth
+
+from .machine import devices_used, machine_info
 
 CODECS = ("dense", "subspace", "bottleneck")
 
@@ -119,16 +120,24 @@ def run_throughput_bench(out_dir: str, preset_name: str = "small", steps: int = 
                 row["of_roofline"] = row["tokens_per_second"] / row["roofline_tokens_per_second"]
                 runs.append(row)
                 _print(row)
-    result = {"preset": preset_name, "stages": spec.n_stages, "device": device, "devices": devices,
-              "dtype": spec.dtype,
-              "machine": f"{platform.node()} ({platform.processor() or platform.machine()})",
-              "latency": latency, "bandwidths": bandwidths, "kernel_shaping": kernel_shaping,
-              "kernel_shaping_skipped": kernel_note, "runs": runs, "ratios": _ratios(runs, codecs, bandwidths)}
+    result = throughput_record(preset_name, spec, device, devices, latency, bandwidths, kernel_shaping, kernel_note,
+                               runs, _ratios(runs, codecs, bandwidths))
     (out / "throughput.json").write_text(json.dumps(result, indent=1) + "\n")
     _plot(result, out / "throughput.png", codecs)
     for k, v in result["ratios"].items():
         print(f"{k}: {v:.2f}")
     return result
+
+
+def throughput_record(preset_name: str, spec: RunSpec, device: str, devices: str | None, latency: str,
+                      bandwidths: list[str], kernel_shaping: bool, kernel_note: str | None, runs: list[dict],
+                      ratios: dict[str, float]) -> dict:
+    """The JSON of a throughput bench: "device" names every device the peers used (--devices when
+    given, else --device), "devices" lists them, and "machine" says what machine that was."""
+    used = devices_used(device, devices)
+    return {"preset": preset_name, "stages": spec.n_stages, "device": ",".join(used), "devices": used,
+            "dtype": spec.dtype, "machine": machine_info(used), "latency": latency, "bandwidths": bandwidths,
+            "kernel_shaping": kernel_shaping, "kernel_shaping_skipped": kernel_note, "runs": runs, "ratios": ratios}
 
 
 def _ratios(runs: list[dict], codecs: tuple[str, ...], bandwidths: list[str]) -> dict[str, float]:

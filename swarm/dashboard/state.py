@@ -19,7 +19,7 @@ from hivemind.utils import get_dht_time
 
 from protocol.spec import RunSpec
 from swarm.dht import RecordError, StageAnnouncement, SwarmDHT
-from swarm.local import dense_bytes_per_token
+from swarm.local_reports import dense_bytes_per_token
 from swarm.monitor.health import HealthRecord, fetch_health
 from swarm.monitor.scalars import ScalarLog
 from swarm.trust.admission import AdmissionPolicy

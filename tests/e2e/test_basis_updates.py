@@ -9,7 +9,8 @@ import asyncio
 
 import torch
 
-from peer.data import BatchSource, load_corpus
+from peer.corpus import load_corpus
+from peer.data import BatchSource
 from peer.pipeline import InProcessPipeline
 from protocol.basis_update import BasisUpdate, decode_update, encode_update
 from protocol.spec import RunSpec, preset

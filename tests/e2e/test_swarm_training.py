@@ -10,7 +10,8 @@ import json
 import pytest
 import torch
 
-from peer.data import BatchSource, load_corpus
+from peer.corpus import load_corpus
+from peer.data import BatchSource
 from peer.pipeline import InProcessPipeline
 from protocol.codecs import WireTensors
 from protocol.spec import WIRE_DTYPES, preset

@@ -14,7 +14,8 @@ import time
 import pytest
 import torch
 
-from peer.data import BatchSource, load_corpus, unigram_entropy_nats
+from peer.corpus import load_corpus
+from peer.data import BatchSource, unigram_entropy_nats
 from peer.pipeline import InProcessPipeline
 from protocol.codecs import WirePacker
 from protocol.reference import ReferenceModel

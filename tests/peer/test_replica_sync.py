@@ -8,8 +8,9 @@ import asyncio
 
 import torch
 
+from peer.reduced import Reduced
 from peer.replica_sync import PowerSync
-from peer.stage import Reduced, StageRunner
+from peer.stage import StageRunner
 from protocol.spec import preset
 from protocol.subspace import out_of_subspace
 from tests.peer.swarm_in_memory import make_swarm, oracle, param_hash

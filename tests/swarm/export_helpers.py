@@ -5,7 +5,8 @@ from pathlib import Path
 
 import torch
 
-from peer.data import BatchSource, load_corpus
+from peer.corpus import load_corpus
+from peer.data import BatchSource
 from peer.pipeline import InProcessPipeline
 from protocol.spec import RunSpec, preset
 from protocol.subspace import SubspaceBasis, orthonormalize

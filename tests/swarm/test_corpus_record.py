@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from peer.data import DataError, load_corpus
+from peer.run_corpus import check_corpus, recorded, run_corpus, with_corpus
 from swarm.cli import main
-from swarm.corpus_record import check_corpus, recorded, run_corpus, with_corpus
 from swarm.export.evaluate import evaluate
 from swarm.export.exporter import export_run
 from swarm.export.generate import GenerateOptions, generate_text, run_generate

@@ -12,7 +12,7 @@ from protocol.spec import preset
 from swarm.dashboard.metrics import make_registry, render
 from swarm.dashboard.state import DashboardState, _mark_bottleneck
 from swarm.dht import StageAnnouncement, SwarmDHT, start_dht, stop_dht
-from swarm.local import dense_bytes_per_token
+from swarm.local_reports import dense_bytes_per_token
 from swarm.monitor.health import publish_health
 from swarm.monitor.scalars import ScalarLog
 from swarm.trust.identity import Identity

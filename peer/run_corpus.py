@@ -2,7 +2,7 @@
 
 `swarm coordinator --data PATH` (and `swarm local --data PATH`) records the corpus in the
 spec's `extra["data"]`: `{"path": absolute path (or "stdlib"), "sha256": sha256 of the
-corpus bytes as `peer.data.load_corpus` builds them, "tokens": their count}`. The path only
+corpus bytes as `peer.corpus.load_corpus` builds them, "tokens": their count}`. The path only
 means something on the machine that recorded it; the hash says whether another copy is the
 same text. A spec without the entry trained on the embedded corpus (or on whatever its heads
 were given: runs older than this record).
@@ -18,8 +18,9 @@ from __future__ import annotations
 import hashlib
 import os
 
-from peer.data import EMBEDDED_CORPUS_NAME, STDLIB_CORPUS_NAME, Corpus, DataError, load_corpus
 from protocol.spec import RunSpec
+
+from .corpus import EMBEDDED_CORPUS_NAME, STDLIB_CORPUS_NAME, Corpus, DataError, load_corpus
 
 KEY = "data"
 

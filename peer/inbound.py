@@ -1,0 +1,154 @@
+"""The inbound half of a `StageDaemon`: what a stage does with an activation, a gradient or a
+basis update that another peer sends it.
+
+Every message is validated before it is acknowledged (admission, wire format, stage, size
+band, step and attempt, basis version, microbatch), in an order that matters: the size check
+comes before the step checks, so enormous values ban their sender whatever step they claim.
+A refusal is an `ErrorReply` and never touches the runner's state; accepted work is queued on
+the daemon's worker thread (`run_for`) and its result sent on by the daemon's `Courier`.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from protocol.basis_update import decode_update
+from protocol.wire import (
+    KIND_ACTIVATION,
+    KIND_GRADIENT,
+    ActivationMessage,
+    GradientMessage,
+    Header,
+    WireError,
+    decode_message,
+)
+
+from .delivery import ACK
+from .interfaces import LinkError
+
+SKIPPED = object()  # what `StageDaemon.run_for` returns for work of an aborted attempt
+
+
+class InboundHandlers:
+    """Mixed into `StageDaemon` (peer/daemon.py), whose state and helpers these handlers use."""
+
+    async def _on_activation(self, body: bytes, sender: str) -> bytes:
+        if (refusal := await self.admitted(sender, KIND_ACTIVATION)) is not None:
+            return refusal
+        try:
+            msg = decode_message(body, self._limits())
+        except WireError as e:
+            return self.refuse(str(e), sender)
+        if not isinstance(msg, ActivationMessage):
+            return self.refuse("the forward handler takes activation messages only.", sender)
+        h = msg.header
+        if h.stage != self.stage:
+            return self.refuse(f"this peer serves stage {self.stage}, not {h.stage}.", sender)
+        # the size check comes before the step checks: enormous values ban their sender whatever
+        # step or microbatch they claim (a stale or duplicate one included)
+        z = self.packer.unpack(msg.payload, self.runner.dtype, self.runner.device)
+        if (refusal := self._out_of_band(KIND_ACTIVATION, z, sender)) is not None:
+            return refusal
+        problem = await self._admit(h, sender)
+        if problem:
+            return self.refuse(problem[0], sender, code=problem[1])
+        refusal = self._check_version(h, sender)
+        if refusal is not None:
+            return refusal
+        if not 0 <= h.microbatch < self.spec.n_microbatches:
+            return self.refuse(f"microbatch {h.microbatch} is outside 0..{self.spec.n_microbatches - 1}.", sender)
+        if h.microbatch in self._upstream or self.runner.has_seen(h.microbatch):
+            return self.refuse("this microbatch is already here.", sender, code="duplicate")
+        self._upstream[h.microbatch] = (sender, msg.tokens)
+        self.spawn(self._process_activation(h, msg.tokens, z, sender))
+        return ACK
+
+    def _note_tokens(self, n: int) -> None:
+        """Throughput of this stage: tokens through forward over the last ~10 s."""
+        now = time.monotonic()
+        self._window.append((now, n))
+        while self._window and now - self._window[0][0] > 10.0:
+            self._window.popleft()
+        span = max(now - self._window[0][0], 1.0)
+        self.throughput = sum(k for _, k in self._window) / span
+        self.tokens_done += n
+
+    async def _process_activation(self, h: Header, tokens: torch.Tensor, z: torch.Tensor, sender: str) -> None:
+        self._note_tokens(z.shape[0] * z.shape[1])
+        if self.runner.is_last:
+            done = await self.run_for(h, self._tail_job, h, tokens, z)
+            if done is SKIPPED or not self.current(h):
+                return  # the attempt was aborted while this stage computed
+            body, ntokens, self.last_loss = done
+            self._upstream.pop(h.microbatch, None)
+            await self.courier.send(self.stage - 1, KIND_GRADIENT, body, ntokens, to=sender)
+            return
+        done = await self.run_for(h, self._forward_job, h, tokens, z)
+        if done is not SKIPPED:
+            await self._forward(h, *done)
+
+    async def _on_gradient(self, body: bytes, sender: str) -> bytes:
+        if (refusal := await self.admitted(sender, KIND_GRADIENT)) is not None:
+            return refusal
+        try:
+            msg = decode_message(body, self._limits())
+        except WireError as e:
+            return self.refuse(str(e), sender)
+        if not isinstance(msg, GradientMessage):
+            return self.refuse("the backward handler takes gradient messages only.", sender)
+        h = msg.header
+        if h.stage != self.stage:
+            return self.refuse(f"this peer serves stage {self.stage}, not {h.stage}.", sender)
+        if h.step != self.runner.step or h.attempt != self.attempt:
+            old = h.step < self.runner.step or (h.step == self.runner.step and h.attempt < self.attempt)
+            return self.refuse("the gradient is not for the step and attempt in progress here.", sender,
+                               code="duplicate" if h.step < self.runner.step else "stale" if old else "refused")
+        refusal = self._check_version(h, sender)
+        if refusal is not None:
+            return refusal
+        sent = self._downstream.get(h.microbatch)
+        pending = self.runner.pending_shape(h.microbatch)
+        if pending is None or sent is None:
+            if self.runner.has_seen(h.microbatch):
+                return self.refuse("the gradient of this microbatch was already applied.", sender, code="duplicate")
+            return self.refuse("no forward pass is waiting for this microbatch.", sender)
+        if sent[0] != sender:
+            return self.refuse("this microbatch's gradient must come from the peer its activation went to.", sender)
+        if tuple(msg.payload.values.shape) != pending:
+            return self.refuse(f"gradient shape {list(msg.payload.values.shape)} does not match the activation "
+                               f"{list(pending)}.", sender)
+        grad = self.packer.unpack(msg.payload, self.runner.dtype, self.runner.device)
+        if (refusal := self._out_of_band(KIND_GRADIENT, grad, sender)) is not None:
+            fut = self.waiting.get(h.microbatch)
+            if fut is not None and not fut.done():  # the head: this attempt fails now, not at its deadline
+                fut.set_exception(LinkError(f"peer {sender[-8:]} answered microbatch {h.microbatch} with "
+                                            "out-of-band gradients"))
+            return refusal
+        del self._downstream[h.microbatch]
+        self.directory.release(sender, time.monotonic() - sent[1])
+        self.spawn(self._process_gradient(h, grad, msg.loss))
+        return ACK
+
+    async def _process_gradient(self, h: Header, grad: torch.Tensor, loss: float) -> None:
+        done = await self.run_for(h, self._backward_job, h, grad, loss)
+        if done is SKIPPED:
+            return
+        body, ntokens, _ = done
+        if self.runner.is_first:
+            fut = self.waiting.get(h.microbatch)
+            if fut is not None and not fut.done():
+                fut.set_result(loss)
+            return
+        upstream = self._upstream.pop(h.microbatch, None)
+        if upstream is None or not self.current(h):
+            return  # the attempt was superseded while this backward ran
+        await self.courier.send(self.stage - 1, KIND_GRADIENT, body, ntokens, to=upstream[0])
+
+    async def _on_basis(self, body: bytes, sender: str) -> bytes:
+        try:
+            update = decode_update(body, self.spec)
+        except WireError as e:
+            return self.refuse(str(e), sender)
+        problem = await self.accept_update(update)
+        return self.refuse(problem, sender) if problem else ACK

@@ -1,0 +1,162 @@
+"""The flags of `swarm bench`: one subcommand per benchmark, each with only the flags it uses,
+so that `swarm bench fidelity --help` lists fidelity's flags and nothing else. `register`
+adds them to the `swarm` parser; `swarm/bench/__init__.py` runs the one chosen."""
+from __future__ import annotations
+
+import argparse
+
+from protocol.spec import COMPUTE_DTYPES, PRESETS
+
+CODECS = ["dense", "subspace", "bottleneck"]
+
+
+def _ranks(text: str) -> tuple[int, ...]:
+    try:
+        ranks = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of ranks such as 4,8.") from None
+    if not ranks or min(ranks) < 1:
+        raise argparse.ArgumentTypeError("every rank must be at least 1.")
+    return ranks
+
+
+def _common(p: argparse.ArgumentParser, device: bool = True) -> None:
+    p.add_argument("--out", default="bench-out", metavar="DIR", help="output folder (default: bench-out)")
+    p.add_argument("--smoke", action="store_true", help="tiny sizes, for CI (default: off)")
+    if device:
+        p.add_argument("--device", default="cpu", help="torch device, e.g. cuda or cuda:0 (default: cpu)")
+
+
+def _preset(p: argparse.ArgumentParser, default: str) -> None:
+    p.add_argument("--preset", default=default, choices=sorted(PRESETS), help=f"model size (default: {default})")
+
+
+def _data(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data", default="stdlib", metavar="PATH",
+                   help="corpus: a text file or folder, or stdlib for the Python standard library's sources "
+                   "(default: stdlib)")
+
+
+def _link(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--bandwidth", default="80mbit", help=f"{what} (default: 80mbit)")
+    p.add_argument("--latency", default="0", help="one-way latency on the limited links, e.g. 20ms (default: 0)")
+
+
+def _add_codecs(sub) -> None:
+    p = sub.add_parser("codecs", help="bytes/token and encode/decode time per codec",
+                       description="Bytes per token on the wire and encode/decode time of each codec (dense, "
+                       "subspace, bottleneck) at d = 512, 1024, 4096, on the CPU; writes codecs.json and a PNG.")
+    _common(p, device=False)
+
+
+def _add_throughput(sub) -> None:
+    p = sub.add_parser("throughput", help="tokens/s of local swarms per codec, unlimited vs limited links",
+                       description="Tokens/s of whole local swarms (one process per stage) per codec, unlimited "
+                       "and on limited links, against each run's roofline; writes throughput.json and a PNG.")
+    _common(p)
+    _preset(p, "small")
+    p.add_argument("--steps", type=int, default=20, help="steps per run (default: 20)")
+    p.add_argument("--stages", type=int, help="pipeline stages (default: the preset's)")
+    p.add_argument("--dtype", choices=sorted(COMPUTE_DTYPES), help="compute dtype (default: the preset's)")
+    p.add_argument("--devices", help="comma-separated devices, one per peer in turn, e.g. cuda:0,cuda:1 "
+                   "(default: --device for every peer)")
+    p.add_argument("--codecs", help=f"comma-separated codecs to run (default: {','.join(CODECS)})")
+    _link(p, "the limited links, comma-separated, e.g. 8mbit,80mbit")
+    p.add_argument("--kernel-shaping", action="store_true",
+                   help="also run each limited link with every process in its own network namespace and tc tbf "
+                   "on its uplink and downlink (needs root; skipped with a message where not allowed) (default: off)")
+
+
+def _add_convergence(sub) -> None:
+    p = sub.add_parser("convergence", help="held-out loss vs tokens: fixed U vs re-fitted U vs dense",
+                       description="Held-out loss against tokens for the subspace codec with a fixed and a re-fitted "
+                       "basis, dense and bottleneck, trained side by side; with throughput results, held-out loss "
+                       "against wall-clock time on a limited link (time_to_loss.json).")
+    _common(p)
+    _preset(p, "small")
+    p.add_argument("--steps", type=int, default=2000, help="steps per curve (default: 2000)")
+    p.add_argument("--dtype", choices=sorted(COMPUTE_DTYPES), help="compute dtype (default: the preset's)")
+    _data(p)
+    p.add_argument("--throughput-json", metavar="FILE",
+                   help="throughput results for the time-to-loss plot (default: OUT/throughput.json)")
+    p.add_argument("--link", help="the limited link of the time-to-loss plot, e.g. 80mbit "
+                   "(default: the throughput results' first)")
+    p.add_argument("--curves-json", metavar="FILE",
+                   help="take the loss curves from this convergence.json instead of training (default: train)")
+
+
+def _add_mfu(sub) -> None:
+    p = sub.add_parser("mfu", help="the device's bf16 matmul rate and the share of it training uses",
+                       description="The device's bf16 n^3 matmul rate and the share of it (MFU) that training the "
+                       "whole model on that one device uses; writes mfu.json and a PNG.")
+    _common(p)
+    _preset(p, "large")
+    p.add_argument("--steps", type=int, default=10, help="timed steps (default: 10)")
+    p.add_argument("--codec", default="dense", choices=CODECS, help="codec (default: dense)")
+    p.add_argument("--dtype", default="bf16", choices=sorted(COMPUTE_DTYPES), help="compute dtype (default: bf16)")
+    p.add_argument("--microbatch-size", type=int, help="sequences per microbatch (default: the preset's)")
+    p.add_argument("--matmul-size", type=int, default=8192, help="n of the n^3 bf16 matmul (default: 8192)")
+    p.add_argument("--compile", action="store_true", help="torch.compile every block (default: off)")
+
+
+def _add_replicas(sub) -> None:
+    p = sub.add_parser("replicas", help="tokens/s with 1-3 replicas per stage, and failover time",
+                       description="Tokens/s of local swarms with 1, 2 and 3 replicas per stage, and the seconds "
+                       "from a replica's death to the next completed step; writes replicas.json and a PNG.")
+    _common(p)
+    _preset(p, "small")
+    p.add_argument("--steps", type=int, default=20, help="steps per run (default: 20)")
+
+
+def _add_replica_sync(sub) -> None:
+    p = sub.add_parser("replica-sync", help="bytes, tokens/s and held-out loss per replica-sync mode",
+                       description="Per replica-sync mode (exact, powersgd at each --sync-rank): bytes per replica "
+                       "per step, tokens/s with 2 replicas per stage at --bandwidth, and held-out loss at equal "
+                       "tokens; writes replica_sync.json and a PNG.")
+    _common(p)
+    _preset(p, "small")
+    p.add_argument("--steps", type=int, default=300, help="steps of each loss run (default: 300)")
+    p.add_argument("--sync-rank", type=_ranks, default=(4, 8), metavar="R[,R...]",
+                   help="powersgd rank(s) r to compare with exact (default: 4,8)")
+    p.add_argument("--seeds", type=int, default=1, help="loss runs per mode, seeds +0..N-1 (default: 1)")
+    p.add_argument("--lr", type=float, help="learning rate (default: the preset's)")
+    _link(p, "every host's link")
+    _data(p)
+
+
+def _add_fidelity(sub) -> None:
+    p = sub.add_parser("fidelity", help="held-out loss against compression, ablations, widths",
+                       description="Held-out loss against compression, one-cause ablations of the loss gap and "
+                       "dense vs subspace across widths, as jobs spread over GPUs inside a time budget "
+                       "(docs/fidelity.md); writes fidelity.json, fidelity.md and a PNG.")
+    _common(p)
+    p.add_argument("--plan", choices=["gpu", "cpu"], default="gpu",
+                   help="gpu (bf16, the small shape, ~10 min of 4 H100s) or cpu (d=128, the reduced size of the "
+                   "CPU results) (default: gpu)")
+    p.add_argument("--groups", help="comma-separated job groups: scale,headline,frontier,seeds,lr,optimizer,embed,"
+                   "layers,refit (default: all)")
+    p.add_argument("--parallel", type=int, default=1,
+                   help="GPUs to use, cuda:0..N-1 (on a CPU: worker processes) (default: 1)")
+    p.add_argument("--per-device", type=int, default=1, help="worker processes per GPU (default: 1)")
+    p.add_argument("--budget-s", type=float, default=540.0,
+                   help="wall-clock budget in seconds; jobs that cannot finish are skipped or cut (default: 540)")
+    p.add_argument("--resume", action="store_true",
+                   help="keep the jobs OUT/fidelity.jsonl already holds finished and run the others (default: off)")
+    p.add_argument("--best", metavar="JSON", help="RunSpec overrides for the headline's 'best settings' row, "
+                   "e.g. '{\"lr\": 0.002}' (default: none)")
+    _data(p)
+
+
+def register(sub) -> argparse.ArgumentParser:
+    """Add `bench` and its one subcommand per benchmark to the `swarm` subparsers `sub`."""
+    from . import run_bench
+    be = sub.add_parser("bench", help="benchmarks: JSON + PNG, ratios measured side by side",
+                        description="Benchmarks. Each writes JSON (with the devices and machine it ran on) and a "
+                        "PNG into --out and measures the ratios it reports side by side in one run. "
+                        "`swarm bench BENCH --help` lists a benchmark's flags.")
+    benches = be.add_subparsers(dest="which", required=True, metavar="BENCH")
+    for add in (_add_codecs, _add_throughput, _add_convergence, _add_mfu, _add_replicas, _add_replica_sync,
+                _add_fidelity):
+        add(benches)
+    be.set_defaults(func=run_bench)
+    return be
