@@ -9,7 +9,7 @@ import os
 import pytest
 import torch
 
-from peer.data import DataError, load_corpus
+from peer.corpus import DataError, load_corpus
 from peer.run_corpus import check_corpus, recorded, run_corpus, with_corpus
 from swarm.cli import main
 from swarm.export.evaluate import evaluate
