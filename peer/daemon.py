@@ -77,6 +77,9 @@ class StageDaemon(InboundHandlers):
         self.attempt = 0  # the driver's attempt at the step in progress that this stage works for
         self._upstream: dict[int, tuple[str, torch.Tensor]] = {}  # microbatch -> (sender, tokens)
         self._downstream: dict[int, tuple[str, float]] = {}  # microbatch -> (next-stage peer, time sent)
+        # microbatch -> the peer whose gradient for it this attempt took: a repeat of that gradient
+        # (its reply was lost) may arrive while the backward still runs, and is a duplicate
+        self._gradient_taken: dict[int, str] = {}
         self.waiting: dict[int, asyncio.Future] = {}  # head: microbatch -> future of its loss
         self._step_changed = asyncio.Event()
         self._window: deque[tuple[float, int]] = deque()
@@ -159,6 +162,7 @@ class StageDaemon(InboundHandlers):
         for peer, _ in self._downstream.values():
             self.directory.release(peer, None)
         self._downstream.clear()
+        self._gradient_taken.clear()
         self._upstream.clear()
         for fut in self.waiting.values():
             if not fut.done():

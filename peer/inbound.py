@@ -110,7 +110,7 @@ class InboundHandlers:
         sent = self._downstream.get(h.microbatch)
         pending = self.runner.pending_shape(h.microbatch)
         if pending is None or sent is None:
-            if self.runner.has_seen(h.microbatch):
+            if self._gradient_taken.get(h.microbatch) == sender or self.runner.has_seen(h.microbatch):
                 return self.refuse("the gradient of this microbatch was already applied.", sender, code="duplicate")
             return self.refuse("no forward pass is waiting for this microbatch.", sender)
         if sent[0] != sender:
@@ -126,6 +126,7 @@ class InboundHandlers:
                                             "out-of-band gradients"))
             return refusal
         del self._downstream[h.microbatch]
+        self._gradient_taken[h.microbatch] = sender
         self.directory.release(sender, time.monotonic() - sent[1])
         self.spawn(self._process_gradient(h, grad, msg.loss))
         return ACK
