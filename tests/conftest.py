@@ -1,5 +1,6 @@
 """Guards for every test: no p2pd started by a test module may outlive that module, tiny
-matrices run on one torch thread, and the swarm's state folder is a temporary one.
+matrices run on one torch thread, the swarm's state folder is a temporary one, and the fast
+lane (`pytest -m "not e2e"`) stays in-process.
 
 Every p2pd this session starts inherits an environment marker (hivemind copies os.environ
 into the daemon's environment), so the check sees our daemons, orphans included, and never
@@ -8,8 +9,10 @@ those of another test session that happens to run on the same machine.
 
 from __future__ import annotations
 
+import multiprocessing.process
 import os
 import signal
+import subprocess
 import time
 import uuid
 
@@ -38,6 +41,25 @@ def marked_p2pd(token: str) -> set[int]:
         except (OSError, ValueError):
             continue  # the process ended while we looked, or is not ours to read
     return found
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """A test not marked e2e that starts a process (a subprocess, a DHT, p2pd, worker processes) fails,
+    so the marker keeps one meaning: `-m "not e2e"` is units and in-memory swarms, nothing else.
+    Fixtures are covered too: a module fixture is set up inside its first test's protocol."""
+    if item.get_closest_marker("e2e"):
+        return (yield)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"{item.nodeid} starts a process; mark it @pytest.mark.e2e (see setup.cfg).")
+
+    saved = subprocess.Popen._execute_child, multiprocessing.process.BaseProcess.start
+    subprocess.Popen._execute_child, multiprocessing.process.BaseProcess.start = refuse, refuse
+    try:
+        return (yield)
+    finally:
+        subprocess.Popen._execute_child, multiprocessing.process.BaseProcess.start = saved
 
 
 @pytest.fixture(scope="session", autouse=True)

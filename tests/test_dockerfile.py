@@ -23,6 +23,8 @@ import pytest
 from tests.e2e.scripts import swarm_on_path
 
 ROOT = Path(__file__).resolve().parents[1]
+# hadolint, the entrypoint, the health check and the requirements one-liner run as processes
+pytestmark = pytest.mark.e2e
 DOCKERFILE = ROOT / "Dockerfile"
 SOURCE = ("protocol", "peer", "swarm")  # the packages' folders
 LEFT_OUT = {"matplotlib", "tensorboard"}  # what a peer never imports (benches' plots, --tensorboard)

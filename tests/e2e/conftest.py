@@ -3,11 +3,21 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import pytest
 
 from protocol.spec import preset
 from swarm.local import LocalOptions, LocalSwarm
+
+HERE = Path(__file__).parent
+
+
+def pytest_collection_modifyitems(items):
+    """Every test under tests/e2e starts real processes: all of them are e2e (this hook sees every item)."""
+    for item in items:
+        if HERE in item.path.parents:
+            item.add_marker(pytest.mark.e2e)
 
 
 @pytest.fixture

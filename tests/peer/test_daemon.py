@@ -1,15 +1,18 @@
 """The peers' behaviour over the in-memory loopback network: one replica per stage trains
 exactly like the in-process pipeline, and a delivered message whose reply was lost is neither
-lost nor applied twice."""
+lost nor applied twice. No attempt may fail here, so the swarms get deadlines no loaded machine
+misses (`patient_options`): every step takes one attempt, and the traffic is counted exactly."""
 from __future__ import annotations
+
+import threading
 
 import torch
 
 from peer.interfaces import LinkError
 from peer.loopback import LoopbackLink
 from protocol.spec import preset
-from protocol.wire import KIND_ACTIVATION, KIND_GRADIENT
-from tests.peer.swarm_in_memory import make_swarm, oracle
+from protocol.wire import KIND_ACTIVATION, KIND_GRADIENT, ErrorReply, decode_message
+from tests.peer.swarm_in_memory import make_swarm, oracle, patient_options
 
 STEPS = 6
 
@@ -33,7 +36,7 @@ class LossyLink(LoopbackLink):
 
 async def _train(link_cls):
     spec = preset("tiny", stages=3)
-    swarm = await make_swarm(spec, [1, 1, 1], link_cls)
+    swarm = await make_swarm(spec, [1, 1, 1], link_cls, **patient_options())
     try:
         logs = await swarm.drive(STEPS)
     finally:
@@ -61,4 +64,54 @@ async def test_lost_replies_are_neither_lost_nor_applied_twice():
     assert [d.sent_tokens[KIND_ACTIVATION] for d in daemons] == [tokens, tokens, 0]
     assert [d.sent_tokens[KIND_GRADIENT] for d in daemons] == [0, tokens, tokens]
     assert sum(d.refused for d in daemons) > 0  # the repeats were recognised and refused as duplicates
+    # a lost reply costs a repeat of that one message, never a re-driven step (which would resend all)
+    assert all(log.attempts == 1 for log in swarm.logs)
     assert all(torch.isfinite(p).all() for d in daemons for p in d.runner.module.parameters())
+
+
+class LoseFirstGradientReply(LoopbackLink):
+    """Loses the reply of the swarm's first gradient message (it was delivered, so its sender
+    repeats it), and keeps the reply the repeat gets; `repeat_answered` is set once it came."""
+    repeat_answered = threading.Event()
+    replies: list[bytes] = []
+
+    async def request(self, peer: str, kind: str, body: bytes, timeout: float | None = None) -> bytes:
+        reply = await super().request(peer, kind, body, timeout)
+        if kind != KIND_GRADIENT:
+            return reply
+        cls = type(self)
+        cls.replies.append(reply)
+        if len(cls.replies) == 1:
+            raise LinkError("the stream closed before the reply arrived")
+        if len(cls.replies) == 2:
+            cls.repeat_answered.set()
+        return reply
+
+
+async def test_a_gradient_repeated_while_its_backward_runs_is_a_duplicate():
+    """The repeat of a delivered gradient whose reply was lost can arrive while the receiver still
+    runs that microbatch's backward (a loaded machine makes this window seconds wide; here it is
+    held open until the repeat was answered): it must be answered "duplicate", so the sender
+    counts it delivered once, and the swarm still trains like the oracle."""
+    link = type("Link", (LoseFirstGradientReply,), {"repeat_answered": threading.Event(), "replies": []})
+    spec = preset("tiny", stages=3)
+    swarm = await make_swarm(spec, [1, 1, 1], link, **patient_options())
+    middle = swarm.stage(1)[0]
+    accumulate = middle.runner._accumulate_stat  # called inside backward, in the worker thread
+    held = []
+
+    def held_open(probe) -> None:
+        if not held:  # the first backward here is the lost reply's microbatch: finish it after the repeat
+            held.append(link.repeat_answered.wait(timeout=60))
+        accumulate(probe)
+
+    middle.runner._accumulate_stat = held_open
+    try:
+        logs = await swarm.drive(2)
+    finally:
+        await swarm.stop()
+    assert held == [True], "the repeat never came while the backward was held open"
+    repeat = decode_message(link.replies[1], middle.daemon._limits())
+    assert isinstance(repeat, ErrorReply) and repeat.code == "duplicate", repeat
+    assert [log.loss for log in logs] == oracle(spec, 2)
+    assert swarm.stage(2)[0].daemon.sent_tokens[KIND_GRADIENT] == 2 * 16 * 64  # the repeat is counted once

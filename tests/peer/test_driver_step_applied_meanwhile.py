@@ -30,12 +30,12 @@ async def test_a_step_forwarded_to_a_joined_head_while_it_starts_driving_is_not_
         late.daemon.gate.wait_for_switch = held
         pending = asyncio.create_task(late.driver.train_step())
         await donor.drive(3, swarm.logs.append)  # the donor commits step 3 and forwards it
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60  # the margin of a loaded machine: how soon is not what this tests
         while late.runner.step != 3:
             assert time.monotonic() < deadline, "the forwarded step was not applied by the late head"
             await asyncio.sleep(0.01)  # poll the follower
         release.set()
-        assert await asyncio.wait_for(pending, 10) is None
+        assert await asyncio.wait_for(pending, 60) is None
         assert late.commit.records == [] and late.runner.step == donor.runner.step == 3
         assert param_hash(late.runner) == param_hash(donor.runner)
         assert [log.step for log in swarm.logs] == [1, 2, 3]

@@ -74,6 +74,7 @@ def test_basis_deterministic_and_seeded():
     assert SubspaceBasis(a.U, T).hash() != a.hash()
 
 
+@pytest.mark.e2e
 def test_basis_hash_equal_across_processes():
     """docs/algorithms.md section 3 test 9: a fresh interpreter regenerates the same constants from the seed."""
     code = ("import torch; from protocol.subspace import make_basis; "

@@ -15,6 +15,7 @@ from swarm.bench.fidelity_queue import estimated_seconds, run_queue
 from swarm.bench.fidelity_train import Job
 
 
+@pytest.mark.e2e
 def test_fidelity_bench_smoke(tmp_path):
     result = run_fidelity_bench(str(tmp_path), smoke=True, parallel=2, budget_s=300)
     jobs = jobs_for("smoke")
@@ -42,6 +43,7 @@ def test_fidelity_bench_smoke(tmp_path):
     assert all(r["switches"] == 0 for r in lines if not r["spec"]["basis_updates"])
 
 
+@pytest.mark.e2e
 def test_fidelity_budget_ends_on_time_and_accounts_for_every_job(tmp_path):
     """Jobs far longer than the budget: the bench still ends within budget + grace, the first job
     (started on an optimistic prior speed) is cut at the deadline with a held-out loss at the step it
@@ -80,6 +82,7 @@ def test_plans_are_consistent():
     assert sum(estimated_seconds(j, "cuda") for j in gpu) / 4 < 540
 
 
+@pytest.mark.e2e
 def test_fidelity_resume_runs_only_the_missing_jobs(tmp_path):
     first = run_fidelity_bench(str(tmp_path), smoke=True, groups=("embed",), budget_s=120)
     assert [r["name"] for r in first["jobs"]] == ["per-stage token tables"]

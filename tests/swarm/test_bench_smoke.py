@@ -13,7 +13,10 @@ from swarm.bench.mfu import matmul_weights, run_mfu_bench
 from swarm.bench.throughput import CODECS, run_throughput_bench
 
 
-def test_convergence_bench_smoke(tmp_path):
+def test_convergence_bench_smoke(tmp_path, monkeypatch):
+    # one torch thread, as every test has (tests/conftest.py): the bench takes all cores, and on a busy
+    # 2-core box a second thread mostly spins waiting for the first
+    monkeypatch.setattr("swarm.bench.convergence.os.cpu_count", lambda: 1)
     # the throughput bench's figures at 80mbit (as its JSON has them), for the time-to-loss plot
     throughput = {"preset": "tiny", "device": "cpu", "runs": [
         {"codec": c, "bandwidth": b, "shaping": s, "tokens_per_second": t}
@@ -44,6 +47,7 @@ def test_convergence_bench_smoke(tmp_path):
     assert all(c["seconds_to_target"] is not None for c in ttl["curves"].values())
 
 
+@pytest.mark.e2e  # the bench runs local swarms of real processes
 def test_throughput_bench_smoke(tmp_path):
     result = run_throughput_bench(str(tmp_path), smoke=True)
     written = json.loads((tmp_path / "throughput.json").read_text())

@@ -61,6 +61,7 @@ def metric_values(text: str) -> dict:
     return out
 
 
+@pytest.mark.e2e
 async def test_snapshot_aggregates_what_the_peers_report(sdht, tmp_path):
     await populate(sdht)
     scalars = ScalarLog(tmp_path / "tb")
@@ -112,6 +113,7 @@ async def test_snapshot_aggregates_what_the_peers_report(sdht, tmp_path):
     assert acc.Scalars("swarm/stages_covered")[-1].value == 2
 
 
+@pytest.mark.e2e
 async def test_a_peer_whose_records_expire_is_shown_offline(sdht):
     await populate(sdht, middle_ttl=2.0)
     state = DashboardState(sdht)
@@ -129,6 +131,7 @@ async def test_a_peer_whose_records_expire_is_shown_offline(sdht):
     assert not middle["online"] and snap["stages"][1]["peers"] == 0 and snap["stages"][1]["bottleneck"]
 
 
+@pytest.mark.e2e
 async def test_without_a_run_spec_the_snapshot_says_so(sdht):
     state = DashboardState(sdht)
     await state.sample()

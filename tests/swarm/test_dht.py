@@ -83,6 +83,7 @@ def announcement(peer_id: str, stage: int = 1, run_hash: str | None = None, **ov
     return replace(base, **overrides)
 
 
+@pytest.mark.e2e
 async def test_publish_and_fetch_run_spec(swarm):
     key = SigningKey.generate()
     assert await swarm.second.fetch_run_spec() is None
@@ -94,6 +95,7 @@ async def test_publish_and_fetch_run_spec(swarm):
     assert await swarm.second.fetch_run_spec() == published
 
 
+@pytest.mark.e2e
 async def test_run_spec_by_another_key_is_refused_when_pinned(swarm):
     real, impostor = SigningKey.generate(), SigningKey.generate()
     await swarm.first.publish_run_spec(SPEC.replace("subspace", "dense"), impostor, ttl=60)
@@ -107,6 +109,7 @@ async def test_run_spec_by_another_key_is_refused_when_pinned(swarm):
         await swarm.second.fetch_run_spec()
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("tamper", ["signature", "spec", "spec_and_hash"])
 async def test_run_spec_that_does_not_verify_is_refused(swarm, tamper):
     key = SigningKey.generate()
@@ -130,6 +133,7 @@ async def test_run_spec_that_does_not_verify_is_refused(swarm, tamper):
     assert swarm.second.skipped_records >= 1
 
 
+@pytest.mark.e2e
 async def test_announcements_appear_and_vanish_after_ttl(swarm):
     run_hash = run_hash_of(SPEC)
     ann = announcement(swarm.me, stage=1)
@@ -148,6 +152,7 @@ async def test_announcements_appear_and_vanish_after_ttl(swarm):
     assert time.monotonic() - announced_at > 1.0  # it did live for about its ttl, not less
 
 
+@pytest.mark.e2e
 async def test_heartbeat_keeps_a_peer_alive_until_cancelled(swarm):
     run_hash = run_hash_of(SPEC)
     beats = []
@@ -178,6 +183,7 @@ async def test_heartbeat_keeps_a_peer_alive_until_cancelled(swarm):
         await swarm.first.heartbeat(make, ttl=1.0, period=1.0)
 
 
+@pytest.mark.e2e
 async def test_malformed_announcements_are_skipped_and_counted(swarm):
     run_hash = run_hash_of(SPEC)
     key = stage_key(run_hash, 2)
@@ -209,6 +215,7 @@ async def test_malformed_announcements_are_skipped_and_counted(swarm):
         await swarm.first.announce(announcement(swarm.second.identity.peer_id, stage=2), ttl=60)
 
 
+@pytest.mark.e2e
 async def test_visible_maddrs_and_stop_leaves_no_p2pd(swarm):
     maddrs = await swarm.first.visible_maddrs()
     assert maddrs and all(m.startswith("/ip4/127.0.0.1/tcp/") and "/p2p/" in m for m in maddrs)
@@ -243,6 +250,7 @@ def test_announcement_record_round_trip_ignores_unknown_fields():
         StageAnnouncement.from_record([1, 2])
 
 
+@pytest.mark.e2e
 async def test_a_node_that_learns_the_swarm_is_private_drops_what_it_no_longer_accepts(swarm):
     run_hash = run_hash_of(SPEC)
     swarm_key = SigningKey.generate()
@@ -276,6 +284,7 @@ async def _lag_clock(_dht, _node, seconds: float) -> None:
     validator.get_dht_time = lambda: real() - seconds
 
 
+@pytest.mark.e2e
 async def test_a_record_at_the_edge_of_the_expiry_bound_cannot_hide_a_stage_from_a_lagging_reader(swarm):
     run_hash = run_hash_of(SPEC)
     key = stage_key(run_hash, 1)

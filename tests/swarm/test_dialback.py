@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import socket
 
+import pytest
+
 from swarm.dht import close_node, start_dht
 from swarm.net import Transport
 from swarm.net.reachability import DialBack, check_reachability
@@ -18,6 +20,7 @@ def closed_port() -> int:
         return s.getsockname()[1]  # free once closed: nothing listens there
 
 
+@pytest.mark.e2e
 async def test_dialback_between_real_daemons():
     helper_dht = await asyncio.to_thread(start_dht, [], ["/ip4/127.0.0.1/tcp/0"])
     helper_p2p = helper = asker_dht = asker_p2p = asker = None

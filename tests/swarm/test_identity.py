@@ -89,6 +89,7 @@ def test_peer_ids_of_long_keys_are_hashed():
     assert PeerID.from_base58(peer_id_of(long_key)).to_bytes()[:2] == b"\x12\x20"
 
 
+@pytest.mark.e2e
 def test_p2pd_runs_as_the_identity_in_an_rsa_file(tmp_path):
     path = str(tmp_path / "rsa.key")
     P2P.generate_identity(path)

@@ -64,6 +64,7 @@ def test_devices_are_given_to_peers_round_robin(tmp_path, monkeypatch):
         parse_devices("cuda:0,gpu0")
 
 
+@pytest.mark.e2e  # it runs the placed command
 def test_a_placement_prefixes_each_command_and_names_its_address(tmp_path):
     """The prefix really runs in front of the command (here: a program that prints what follows it)."""
 

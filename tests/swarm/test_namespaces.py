@@ -42,6 +42,7 @@ c.close()
 """
 
 
+@pytest.mark.e2e
 @needs_netns
 def test_namespaces_reach_each_other_through_shaped_links_and_are_removed():
     with KernelLinks(["a", "b"], "8mbit") as links:
@@ -68,6 +69,7 @@ def test_namespaces_reach_each_other_through_shaped_links_and_are_removed():
     assert not made & _namespaces()
 
 
+@pytest.mark.e2e
 @needs_netns
 def test_namespaces_are_removed_when_the_run_fails():
     links = KernelLinks(["coordinator"], "80mbit")
@@ -88,6 +90,7 @@ def test_without_root_kernel_shaping_says_why(monkeypatch):
         KernelLinks(["coordinator"], "unlimited")
 
 
+@pytest.mark.e2e
 @needs_netns
 def test_a_local_swarm_runs_in_kernel_shaped_namespaces():
     """Every byte a peer's transport sent crossed its namespace's shaped uplink (with headers on top)."""

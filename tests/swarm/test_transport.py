@@ -14,6 +14,7 @@ from swarm.net.transport import REPLY_OVERHEAD, REQUEST_OVERHEAD, Transport, Tra
 
 LOCAL = ["/ip4/127.0.0.1/tcp/0"]
 SERVER_LIMIT = 2 << 20
+pytestmark = pytest.mark.e2e  # every test here runs over two real p2pd daemons
 
 
 @dataclass
