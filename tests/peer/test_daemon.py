@@ -71,19 +71,23 @@ async def test_lost_replies_are_neither_lost_nor_applied_twice():
 
 class LoseFirstGradientReply(LoopbackLink):
     """Loses the reply of the swarm's first gradient message (it was delivered, so its sender
-    repeats it), and keeps the reply the repeat gets; `repeat_answered` is set once it came."""
+    repeats it: the same bytes), and keeps the reply the repeat gets in `replies` (the lost one
+    first); `repeat_answered` is set once it came. Other gradients may pass in between."""
     repeat_answered = threading.Event()
     replies: list[bytes] = []
+    first: list[bytes] = []
 
     async def request(self, peer: str, kind: str, body: bytes, timeout: float | None = None) -> bytes:
         reply = await super().request(peer, kind, body, timeout)
         if kind != KIND_GRADIENT:
             return reply
         cls = type(self)
-        cls.replies.append(reply)
-        if len(cls.replies) == 1:
+        if not cls.first:
+            cls.first.append(body)
+            cls.replies.append(reply)
             raise LinkError("the stream closed before the reply arrived")
-        if len(cls.replies) == 2:
+        if body == cls.first[0] and not cls.repeat_answered.is_set():
+            cls.replies.append(reply)
             cls.repeat_answered.set()
         return reply
 
@@ -93,7 +97,7 @@ async def test_a_gradient_repeated_while_its_backward_runs_is_a_duplicate():
     runs that microbatch's backward (a loaded machine makes this window seconds wide; here it is
     held open until the repeat was answered): it must be answered "duplicate", so the sender
     counts it delivered once, and the swarm still trains like the oracle."""
-    link = type("Link", (LoseFirstGradientReply,), {"repeat_answered": threading.Event(), "replies": []})
+    link = type("Link", (LoseFirstGradientReply,), {"repeat_answered": threading.Event(), "replies": [], "first": []})
     spec = preset("tiny", stages=3)
     swarm = await make_swarm(spec, [1, 1, 1], link, **patient_options())
     middle = swarm.stage(1)[0]
