@@ -154,6 +154,7 @@ def test_wire_message_sizes_match_header_bytes(dtype, corpus):
 LEARNS_WITHIN = {"dense": 100, "bottleneck": 140, "subspace": 200}
 
 
+@pytest.mark.e2e  # three training runs to a loss bound (a minute on 2 cores)
 def test_tiny_preset_learns_the_corpus_with_every_codec(tmp_path, corpus):
     """The real `tiny` preset (fp32) learns the embedded corpus with each codec through the pipeline."""
     curves, started = {}, time.perf_counter()

@@ -3,9 +3,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from swarm.bench.codecs import run_codecs_bench
 
 
+@pytest.mark.e2e  # a whole benchmark
 def test_codecs_bench_smoke(tmp_path):
     result = run_codecs_bench(str(tmp_path), smoke=True)
     data = json.loads((tmp_path / "codecs.json").read_text())

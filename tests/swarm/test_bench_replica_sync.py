@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
 import torch
 
 from protocol.control import Contribution, encode_contribution
@@ -36,6 +37,7 @@ def test_the_byte_rows_follow_the_layouts():
     assert by[(1, "powersgd")] > 2 * FRAMING
 
 
+@pytest.mark.e2e  # a whole benchmark (in-memory swarms, loss runs and a plot)
 def test_replica_sync_bench_smoke(tmp_path):
     result = run_replica_sync_bench(str(tmp_path), ranks=(2, 4), seeds=2, smoke=True)
     written = json.loads((tmp_path / "replica_sync.json").read_text())

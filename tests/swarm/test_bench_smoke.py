@@ -13,6 +13,7 @@ from swarm.bench.mfu import matmul_weights, run_mfu_bench
 from swarm.bench.throughput import CODECS, run_throughput_bench
 
 
+@pytest.mark.e2e  # a whole benchmark (three training runs and a plot)
 def test_convergence_bench_smoke(tmp_path, monkeypatch):
     # one torch thread, as every test has (tests/conftest.py): the bench takes all cores, and on a busy
     # 2-core box a second thread mostly spins waiting for the first
@@ -62,6 +63,7 @@ def test_throughput_bench_smoke(tmp_path):
         sub["tokens_per_second"] / dense["tokens_per_second"]
 
 
+@pytest.mark.e2e  # a whole benchmark
 def test_mfu_bench_smoke(tmp_path):
     result = run_mfu_bench(str(tmp_path), device="cpu", smoke=True)
     written = json.loads((tmp_path / "mfu.json").read_text())
