@@ -80,8 +80,18 @@ def test_swarm_matches_oracle_and_counts_bytes(codec, tmp_path):
     n_boundaries = spec.n_stages - 1
     tokens_per_step = spec.batch_size * spec.seq_len
     assert wire["forward_tokens"] == wire["backward_tokens"] == STEPS * tokens_per_step * n_boundaries
-    assert wire["forward_bytes_per_token"] == pytest.approx(framed_bytes_per_token(spec, "act"), rel=1e-9)
-    assert wire["backward_bytes_per_token"] == pytest.approx(framed_bytes_per_token(spec, "grad"), rel=1e-9)
+    for kind, direction in (("act", "forward"), ("grad", "backward")):
+        # every message is exactly its framed size; a message sent again (a receiver that had not read
+        # the sender's announcement yet asks it to retry, docs/security.md) costs one more message and
+        # a refusal of under 1 KiB. Counted, never waved through: at most 2 re-sends in the run.
+        per_message = framed_bytes_per_token(spec, kind) * spec.microbatch_size * spec.seq_len
+        extra = wire[f"{direction}_bytes"] - framed_bytes_per_token(spec, kind) * wire[f"{direction}_tokens"]
+        resent = round(extra / per_message)
+        assert 0 <= resent <= 2, (direction, extra)
+        if resent == 0:
+            assert extra == pytest.approx(0, abs=1e-6), (direction, extra)
+        else:
+            assert 0 <= extra - resent * per_message < 1024 * resent, (direction, extra)
     per_number = 4  # fp32 wire
     assert wire["forward_bytes_per_token"] >= spec.boundary_width * per_number
     if codec != "dense":
