@@ -2,9 +2,6 @@
 
 Every head (stage-0 replica) runs one. The head with the lowest peer id among the live heads
 leads; the others stand by, ping it, and the next in line takes over when it stops answering.
-A head announces the tokens/s of the steps it drove (tokens / seconds of the last one); one
-that stands by keeps that figure, and one that never led announces the measured speed of its
-own forward pass (tokens / seconds of one microbatch through its stage, without a graph).
 A step, as the leader drives it (docs/design.md section 3):
 
 1. wait until every stage has a live peer (the swarm pauses, it does not exit, and says
@@ -75,7 +72,6 @@ class StepDriver:
         self._leading = False
         self._applying: asyncio.Task | None = None  # telling the other peers to apply the last step
         self.paused: list[int] = []  # stages without a live peer while paused, else []
-        self._speed_measured = False
 
     # ------------------------------------------------------------------ leading and standing by
     async def drive(self, until: int | None, on_step: Callable[[StepLog], None]) -> None:
@@ -91,8 +87,6 @@ class StepDriver:
             leader = await self._leader()
             if leader != self.peer_id:
                 self._leading = False
-                if self.daemon.throughput <= 0 and not self._speed_measured:
-                    await self._measure_speed()
                 await self._stand_by(leader)
                 continue
             if not self._leading:
@@ -132,19 +126,6 @@ class StepDriver:
         deadline = time.monotonic() + self.takeover_wait
         while any(p.peer_id == leader for p in await self.directory.members(0)) and time.monotonic() < deadline:
             await asyncio.sleep(0.5)  # poll the directory until the old leader's announcement is gone
-
-    async def _measure_speed(self) -> None:
-        """A standby head that never led: its announced tokens/s = tokens of one microbatch of the
-        step in progress / seconds of its forward pass here (measured, never made up)."""
-        self._speed_measured = True
-        tokens = self.batches(self.runner.step, 0)
-        try:
-            seconds = await self.daemon.run(forward_seconds, self.runner, tokens)
-        except Exception as e:  # a failed measurement leaves the figure unmeasured (0), not the head dead
-            log.warning("could not measure this head's forward speed: %s", e)
-            return
-        self.daemon.throughput = tokens.shape[0] * self.spec.seq_len / max(seconds, 1e-9)
-        log.info("standing by; this head's forward pass runs at %.0f tokens/s", self.daemon.throughput)
 
     async def _take_over(self) -> bool:
         """Becoming the leader: finish a step the old leader left half-applied, or start a fresh
@@ -344,20 +325,6 @@ class StepDriver:
             except Exception as e:  # unreachable, refused or garbled: this peer takes no part
                 return CommandReply(cmd.step, cmd.attempt, "failed", reason=str(e)[:200])
             await asyncio.sleep(0.2)  # the peer is reading this head's announcement
-
-
-def forward_seconds(runner, tokens: torch.Tensor) -> float:
-    """Seconds of the second of two forward passes of `tokens` [B, T+1] through a head's stage (the
-    first allocates), without a graph and without touching the runner's state."""
-    inp = tokens[:, :-1].to(runner.device)
-    sync = torch.cuda.synchronize if runner.device.type == "cuda" else (lambda: None)
-    with torch.no_grad():
-        runner.module(inp)
-        sync()
-        t0 = time.perf_counter()
-        runner.module(inp)
-        sync()
-    return time.perf_counter() - t0
 
 
 def _retry_asked(body: bytes, limits: WireLimits) -> str | None:

@@ -27,9 +27,9 @@ moves per period, and never the last of its stage. A move lowers sum_s n_s^2 by
 forth; the hold keeps a peer in place while the swarm churns.
 
 Throughput never makes a peer move: announced speeds are claims nobody checks (routers
-measure for themselves), and a standby head announces its own forward speed while the other
-replicas announce the traffic they passed on, so sums of stages are not comparable enough
-to move state across the swarm on; they only break ties between equally covered stages.
+measure for themselves), and a standby head announces 0 while the other replicas announce
+the traffic they passed on, so sums of stages are not comparable enough to move state across
+the swarm on; they only break ties between equally covered stages.
 """
 from __future__ import annotations
 
