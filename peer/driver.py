@@ -314,14 +314,19 @@ class StepDriver:
         announcement yet) is asked again every 0.2 s within the command's timeout."""
         if peer == self.peer_id:
             return await self.commit.handle(cmd)
-        deadline = time.monotonic() + (timeout or self.command_timeout)
+        body, deadline = encode_command(cmd), time.monotonic() + (timeout or self.command_timeout)
         while True:
             try:
-                body = await self.daemon.link.request(peer, KIND_CONTROL, encode_command(cmd),
-                                                      timeout=max(0.1, deadline - time.monotonic()))
-                if (retry := _retry_asked(body, self.daemon._limits())) is None or time.monotonic() + 0.2 > deadline:
-                    return decode_reply(body, self.spec.n_microbatches) if retry is None else \
-                        CommandReply(cmd.step, cmd.attempt, "failed", reason=retry[:200])
+                reply = await self.daemon.link.request(peer, KIND_CONTROL, body,
+                                                       timeout=max(0.1, deadline - time.monotonic()))
+                try:
+                    return decode_reply(reply, self.spec.n_microbatches)
+                except WireError:  # not a reply: a refusal, perhaps one that asks to retry
+                    retry = _retry_asked(reply, self.daemon._limits())
+                    if retry is None:
+                        raise
+                    if time.monotonic() + 0.2 > deadline:
+                        raise WireError(retry) from None
             except Exception as e:  # unreachable, refused or garbled: this peer takes no part
                 return CommandReply(cmd.step, cmd.attempt, "failed", reason=str(e)[:200])
             await asyncio.sleep(0.2)  # the peer is reading this head's announcement
