@@ -85,6 +85,7 @@ class StageDaemon(InboundHandlers):
         self._window: deque[tuple[float, int]] = deque()
         self._tasks: set[asyncio.Task] = set()
         self.state = "online"
+        self.leads = False  # set by the head's driver while it drives the steps
         self.refused = 0
         self.tokens_done = 0
         self.throughput = 0.0
@@ -102,7 +103,7 @@ class StageDaemon(InboundHandlers):
     def status(self, state: str | None = None) -> PeerStatus:
         extra = {"loss": self.last_loss, "refused": self.refused}
         return PeerStatus(self.stage, state or self.state, self.throughput, len(self._upstream),
-                          self.runner.basis_version, self.runner.step, extra)
+                          self.runner.basis_version, self.runner.step, self.leads, extra)
 
     async def drain(self, timeout: float = 2.0) -> None:
         """Give work in flight (sends waiting for a confirmation, say) a moment to finish."""

@@ -1,7 +1,9 @@
 """`StepDriver`: the leading head's loop: one synchronous step of the whole swarm at a time.
 
-Every head (stage-0 replica) runs one. The head with the lowest peer id among the live heads
-leads; the others stand by, ping it, and the next in line takes over when it stops answering.
+Every head (stage-0 replica) runs one. One head leads (`peer/leadership.py`: the head that
+announces it leads stays the leader; a newcomer stands by whatever its id); the others stand by,
+ping it, and the next in line takes over at once when it stops answering (every other peer
+checks for itself that the old leader is gone before it follows the new one).
 A step, as the leader drives it (docs/design.md section 3):
 
 1. wait until every stage has a live peer (the swarm pauses, it does not exit, and says
@@ -32,7 +34,8 @@ from protocol.wire import KIND_CONTROL, ErrorReply, WireError, WireLimits, decod
 
 from .commit import StepCommit
 from .daemon import StageDaemon
-from .interfaces import LinkError, PeerDirectory
+from .interfaces import LinkError, PeerDirectory, PeerInfo
+from .leadership import leader_of
 from .stage import StageError
 
 log = logging.getLogger(__name__)
@@ -59,14 +62,13 @@ class StepDriver:
     def __init__(self, daemon: StageDaemon, commit: StepCommit, directory: PeerDirectory,
                  batches: Callable[[int, int], torch.Tensor], *, min_timeout: float = 15.0,
                  first_timeout: float = 120.0, command_timeout: float = 90.0, ping_period: float = 1.0,
-                 ping_failures: int = 3, takeover_wait: float = 60.0) -> None:
+                 ping_failures: int = 3) -> None:
         if not daemon.runner.is_first:
             raise ValueError("only a head peer drives steps.")
         self.daemon, self.commit, self.directory, self.batches = daemon, commit, directory, batches
         self.runner, self.spec, self.peer_id = daemon.runner, daemon.spec, daemon.peer_id
         self.min_timeout, self.first_timeout = min_timeout, first_timeout
         self.command_timeout, self.ping_period, self.ping_failures = command_timeout, ping_period, ping_failures
-        self.takeover_wait = takeover_wait
         self._step_seconds: float | None = None  # EWMA of a step's microbatch phase
         self._dead: dict[str, float] = {}  # heads that stopped answering -> when we may try them again
         self._leading = False
@@ -86,46 +88,56 @@ class StepDriver:
         while until is None or self.runner.step < until:
             leader = await self._leader()
             if leader != self.peer_id:
-                self._leading = False
+                if self._leading:
+                    log.info("head %s leads; this head stands by", leader[-8:])
+                    self._leading = False
+                    await self._claim(False)
                 await self._stand_by(leader)
                 continue
             if not self._leading:
                 self._leading = True
+                await self._claim(True)  # at once: heads that join from now on stand by for this one
                 if not await self._take_over():
+                    self._leading = False
+                    await self._claim(False)
                     continue
             record = await self.train_step()
             if record is not None:
                 on_step(record)
 
+    async def _claim(self, leads: bool) -> None:
+        self.daemon.leads = leads
+        await self.directory.announce(self.daemon.status())
+
     async def _leader(self) -> str:
+        """`leader_of` over the live heads this head sees, itself included, less those it found dead."""
         while True:
             now = time.monotonic()
-            heads = {p.peer_id for p in await self.directory.members(0)} | {self.peer_id}
-            alive = sorted(p for p in heads if self._dead.get(p, 0.0) <= now)
-            if alive:
-                return alive[0]
+            me = PeerInfo(self.peer_id, 0, "online", self.runner.step, 0.0, self._leading)
+            heads = [p for p in await self.directory.members(0) if p.peer_id != self.peer_id] + [me]
+            leader = leader_of(p for p in heads if self._dead.get(p.peer_id, 0.0) <= now)
+            if leader is not None:
+                return leader
             # every head, this one too, is set aside for now (this one is behind): look again soon
-            await asyncio.sleep(min(5.0, max(0.5, min(self._dead[p] for p in heads) - now)))
+            await asyncio.sleep(min(5.0, max(0.5, min(self._dead[p.peer_id] for p in heads) - now)))
 
     async def _stand_by(self, leader: str) -> None:
-        """Ping the leader; after `ping_failures` failures in a row, count it as dead for a while."""
-        failures = 0
+        """Ping the leader; after `ping_failures` failures in a row, count it as dead for a while
+        (the others check for themselves: each peer probes a leader it still sees before it
+        follows this head, `swarm/replicas/membership.py`)."""
+        failures, pings = 0, 0
         step = self.runner.step
         while failures < self.ping_failures:
             reply = await self._command(leader, "status", step, 0, timeout=max(1.0, self.ping_period * 2))
-            failures = failures + 1 if reply.outcome == "failed" else 0
+            failures, pings = failures + 1 if reply.outcome == "failed" else 0, pings + 1
             if self.runner.step != step and failures == 0:
                 return  # the swarm moves on under the leader: look again
+            if failures == 0 and pings % 5 == 0 and await self._leader() != leader:
+                return  # another head claimed the lead meanwhile (two heads started together)
             await asyncio.sleep(self.ping_period)  # the ping interval of a standby head
-        log.warning("head %s stopped answering; the next head in line takes over once its announcement is gone",
-                    leader[-8:])
+        log.warning("head %s stopped answering; the next head in line takes over", leader[-8:])
         self._dead[leader] = time.monotonic() + 60.0
         self.directory.report_failure(leader)
-        # every peer follows the lowest live head it sees: lead only once the others can see that
-        # the old leader is gone too (its announcement expires, or it said it leaves), or they refuse us
-        deadline = time.monotonic() + self.takeover_wait
-        while any(p.peer_id == leader for p in await self.directory.members(0)) and time.monotonic() < deadline:
-            await asyncio.sleep(0.5)  # poll the directory until the old leader's announcement is gone
 
     async def _take_over(self) -> bool:
         """Becoming the leader: finish a step the old leader left half-applied, or start a fresh
@@ -178,11 +190,14 @@ class StepDriver:
             except StageError:
                 if self.runner.step == step:
                     raise
-                # two heads led at once for a moment (each saw itself lowest before the other's
-                # announcement arrived) and the other one's step was applied here: not ours to drive
+                # two heads led at once for a moment (each claimed before it saw the other's claim)
+                # and the other one's step was applied here: not ours to drive
                 log.info("step %d was applied here under another head; following it", step + 1)
                 return None
             except AttemptFailed as e:
+                if await self._leader() != self.peer_id:
+                    log.info("step %d, attempt %d failed (%s); another head leads now", step + 1, attempt, e)
+                    return None
                 log.warning("step %d, attempt %d failed (%s); re-driving it", step + 1, attempt, e)
                 await self._broadcast(await self._members(), "abort", step, attempt)
                 await asyncio.sleep(min(attempts, 10) * 0.2)  # back off: what failed may need a moment to settle

@@ -48,6 +48,7 @@ class PeerStatus:
     queue: int = 0
     basis_version: int = 0
     step: int = 0
+    leads: bool = False  # a head that drives the steps says so (peer/leadership.py)
     extra: dict = field(default_factory=dict)
 
 
@@ -60,6 +61,7 @@ class PeerInfo:
     state: str
     step: int
     throughput: float  # claimed; for placement and display only
+    leads: bool = False  # the head says it drives the steps (peer/leadership.py)
 
 
 class PeerDirectory(Protocol):

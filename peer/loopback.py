@@ -73,6 +73,7 @@ class LoopbackDirectory:
         pass
 
     async def members(self, stage: int) -> list[PeerInfo]:
-        return sorted((PeerInfo(p, st.stage, st.state, st.step, st.throughput) for p, st in self.net.status.items()
+        return sorted((PeerInfo(p, st.stage, st.state, st.step, st.throughput, st.leads)
+                       for p, st in self.net.status.items()
                        if st.stage == stage and st.state in ("online", "paused") and p not in self.net.down),
                       key=lambda i: i.peer_id)

@@ -31,7 +31,7 @@ import hashlib
 import math
 import re
 import warnings
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 
 import msgpack
 
@@ -127,10 +127,11 @@ def _is_int(x: object) -> bool:
 
 def _from_dict(cls, record: object, what: str) -> dict:
     _require(isinstance(record, dict), f"a {what} record must be a map, not {type(record).__name__}.")
-    names = [f.name for f in fields(cls)]
-    missing = [n for n in names if n not in record]
+    # a field with a plain default may be absent (older peers did not send it); unknown keys are
+    # ignored (newer peers may add fields)
+    missing = [f.name for f in fields(cls) if f.name not in record and f.default is MISSING]
     _require(not missing, f"the {what} record lacks {', '.join(missing)}.")
-    return {n: record[n] for n in names}  # unknown keys are ignored: newer peers may add fields
+    return {f.name: record[f.name] for f in fields(cls) if f.name in record}
 
 
 @dataclass(frozen=True)
@@ -188,6 +189,7 @@ class StageAnnouncement:
     state: str  # one of STATES
     version: str  # software version
     step: int = 0  # the step this peer's stage is on
+    leads: bool = False  # a head that drives the steps (peer/leadership.py)
     timestamp: float = field(default_factory=get_dht_time)
 
     def __post_init__(self) -> None:
@@ -211,6 +213,7 @@ class StageAnnouncement:
         _require(self.throughput >= 0, "throughput must not be negative.")
         _require(self.state in STATES, f"state must be one of {', '.join(STATES)}, not {self.state!r}.")
         _require(isinstance(self.version, str) and len(self.version) <= 64, "version must be a short string.")
+        _require(isinstance(self.leads, bool) and (not self.leads or self.stage == 0), "only a head may lead.")
 
     def to_record(self) -> dict:
         return asdict(self)

@@ -10,9 +10,14 @@ admitted with a ticket) for the stage it belongs to:
     state        any admitted peer: a joining replica, or `swarm export` (the model is the swarm's)
     basis        anyone: the update itself is signed by the swarm key
 
-The leading head is the one the heads themselves follow (`peer/driver.py`): the lowest peer id
-among the live heads this peer has not seen fail. So a peer that merely announces itself as a
-head cannot feed stage 1 microbatches of its own, nor abort or commit the leader's steps.
+The leading head is the one the heads themselves follow (`peer/leadership.py`, computed here over
+the live heads this peer sees). So a peer that merely announces itself as a head cannot feed
+stage 1 microbatches of its own, nor abort or commit the leader's steps. When a head that
+claims the lead sends what only the leader may send while this peer still follows another, this
+peer probes that other head itself (a status request, at most once per `probe_s`): only if it
+does not answer is it set aside, until it announces again, and the claimant followed. A dead
+leader's successor is so followed within seconds, and no head's word that the leader died is
+taken on trust.
 
 and never from a peer this process banned for sending bad data. Announcements are read
 through the router's 2 s cache; a sender not found there causes one fresh read of that
@@ -21,9 +26,12 @@ cannot make this peer hammer the DHT.
 """
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Awaitable, Callable
 
-from peer.interfaces import Refusal
+from peer.interfaces import PeerInfo, Refusal
+from peer.leadership import leader_of
 from protocol.wire import (
     KIND_ACTIVATION,
     KIND_BASIS,
@@ -38,13 +46,18 @@ from swarm.dht import SwarmDHT
 from swarm.replicas.router import LIVE_STATES, Router
 
 REFRESH_S = 1.0
+PROBE_S = 2.0  # the least time between two probes of one head, and how long a probe waits for its answer
 
 
 class Membership:
-    def __init__(self, router: Router, sdht: SwarmDHT, stage: int, n_stages: int, refresh_s: float = REFRESH_S) -> None:
+    def __init__(self, router: Router, sdht: SwarmDHT, stage: int, n_stages: int, refresh_s: float = REFRESH_S,
+                 probe: Callable[[str], Awaitable[bool]] | None = None) -> None:
         self.router, self.sdht, self.stage, self.n_stages = router, sdht, stage, n_stages
         self.refresh_s = refresh_s  # the least time between two fresh reads of one stage's announcements
+        self.probe = probe  # peer id -> whether it answers (any reply, even a refusal, counts)
         self._refreshed: dict[int, float] = {}
+        self._gone: dict[str, float] = {}  # head that failed a probe -> its last announcement's timestamp then
+        self._probes: dict[str, tuple[float, asyncio.Task]] = {}
 
     def _source(self, kind: str) -> tuple[int, tuple[str, ...]] | None:
         """(stage the sender must serve, the states that count), or None if anyone may send it."""
@@ -53,12 +66,42 @@ class Membership:
                 KIND_CONTROL: (0, LIVE_STATES), KIND_DRIVE: (0, LIVE_STATES),
                 KIND_REDUCE: (s, LIVE_STATES + ("syncing",)), KIND_FOLLOW: (s, LIVE_STATES)}.get(kind)
 
-    async def _leader(self) -> str | None:
-        """The lowest peer id among the live heads this peer has not seen fail (a head that died is
-        followed by its successor once this peer's router failed to reach it, or its
-        announcement expired, or it announced that it leaves)."""
-        heads = [a.peer_id for a in await self.router.live_peers(0)]
-        return min(heads) if heads else None
+    async def _heads(self, fresh: bool = False) -> list[PeerInfo]:
+        """The live heads, less those that failed a probe and have not announced since."""
+        anns = await self.router.live_peers(0, fresh)
+        return [PeerInfo(a.peer_id, 0, a.state, a.step, a.throughput, a.leads) for a in anns
+                if a.timestamp > self._gone.get(a.peer_id, float("-inf"))]
+
+    async def _leads(self, sender: str) -> bool:
+        """Whether `sender` is the head this peer follows, probing a leader it would replace."""
+        if leader_of(await self._heads()) == sender:
+            return True
+        now = time.monotonic()
+        fresh = now - self._refreshed.get(0, -self.refresh_s) >= self.refresh_s
+        if fresh:
+            self._refreshed[0] = now
+        heads = await self._heads(fresh)
+        if fresh:  # forget heads set aside that no longer announce at all
+            announced = {a.peer_id for a in await self.router.announced(0)}
+            self._gone = {p: t for p, t in self._gone.items() if p in announced}
+        leader = leader_of(heads)
+        if leader == sender or leader is None or self.probe is None:
+            return leader == sender
+        if not any(h.peer_id == sender and h.leads for h in heads):
+            return False  # only a head that claims the lead makes this peer look at the leader again
+        if await self._answers(leader):
+            return False
+        stamps = [a.timestamp for a in await self.router.announced(0) if a.peer_id == leader]
+        self._gone[leader] = max(stamps, default=float("inf"))
+        return leader_of(await self._heads()) == sender
+
+    async def _answers(self, head: str) -> bool:
+        """One probe of `head` shared by every message that asks meanwhile; at most one per PROBE_S."""
+        started, task = self._probes.get(head, (float("-inf"), None))
+        if task is None or task.done() and time.monotonic() - started >= PROBE_S:
+            task = asyncio.ensure_future(self.probe(head))
+            self._probes = {p: v for p, v in self._probes.items() if not v[1].done()} | {head: (time.monotonic(), task)}
+        return await asyncio.shield(task)
 
     async def check(self, sender: str, kind: str) -> Refusal | None:
         """Why `sender` may not send `kind` here, or None. One sentence, with nothing of this stage's state.
@@ -85,7 +128,7 @@ class Membership:
             code = "retry" if kind in (KIND_ACTIVATION, KIND_GRADIENT, KIND_CONTROL, KIND_DRIVE) else "refused"
             return Refusal(f"only peers announced for stage {stage} may send this kind of message here "
                            f"(this peer has not read an announcement of {sender[-8:]} yet).", code)
-        if (kind == KIND_DRIVE or kind == KIND_ACTIVATION and stage == 0) and sender != await self._leader():
+        if (kind == KIND_DRIVE or kind == KIND_ACTIVATION and stage == 0) and not await self._leads(sender):
             return Refusal("only the leading head drives the steps.")
         return None
 

@@ -17,7 +17,8 @@ joiners of our stage moves; a few rounds settle any simultaneous start.
 While serving, every `rebalance_period` a peer p of stage a asks `move_target`; it moves to b
 (with a state download) if and only if
 
-    n_a - n_b >= 2,  a = min{s : n_s = max_t n_t},  p = max{peer ids of a},  and (n_b = 0 or not held(p))
+    n_a - n_b >= 2,  a = min{s : n_s = max_t n_t},  p = max{peer ids of a but the leading head's},
+    and (n_b = 0 or not held(p))
 
 where held(p) means p took stage a (joined or moved) less than `hold` seconds ago (5 min by
 default, `--rebalance-hold`). So 2/2/1 stays, 3/2/1 becomes 2/2/2, and an empty stage draws
@@ -117,7 +118,8 @@ async def move_target(router: Router, spec: RunSpec, stage: int, held: bool = Fa
     if router.peer_id not in {a.peer_id for a in peers[stage]}:  # our own beat may be late: we are here
         peers[stage].append(router.announcement(PeerStatus(stage, "online")))
     target = destination(peers, stage)
-    if target is None or max(a.peer_id for a in peers[stage]) != router.peer_id:
+    movable = [a.peer_id for a in peers[stage] if not a.leads]  # the leading head stays: it drives the swarm
+    if target is None or max(movable, default=None) != router.peer_id:
         return None
     return target if not held or not peers[target] else None
 

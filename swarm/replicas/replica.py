@@ -18,11 +18,12 @@ from dataclasses import asdict, dataclass
 
 from peer.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint
 from peer.driver import StepLog
+from peer.interfaces import LinkError
 from peer.replica_sync import flat_limits
 from peer.stage import StageRunner
 from peer.stage_peer import StagePeer
 from peer.state_transfer import StateError, state_bytes
-from protocol.control import STATE_CHUNK_BYTES
+from protocol.control import STATE_CHUNK_BYTES, Command, encode_command
 from protocol.spec import RunSpec
 from protocol.wire import (
     KIND_ACTIVATION,
@@ -37,7 +38,7 @@ from protocol.wire import (
 from swarm.basis import BasisSync
 from swarm.dht import SwarmDHT
 from swarm.net import Transport
-from swarm.replicas.membership import Membership
+from swarm.replicas.membership import PROBE_S, Membership
 from swarm.replicas.placement import HOLD_S, Rebalancer
 from swarm.replicas.router import Router
 
@@ -104,7 +105,8 @@ class ReplicaService:
         self.peer = peer = StagePeer(
             runner, ctx.link, ctx.router, batches=batches, verify_state=sync.verify_state,
             daemon_options=dict(on_refit=sync.send_stats, verify_update=sync.verify, pull_updates=sync.pull,
-                                admit=Membership(ctx.router, ctx.sdht, self.stage, self.spec.n_stages).check),
+                                admit=Membership(ctx.router, ctx.sdht, self.stage, self.spec.n_stages,
+                                                 probe=self._answers).check),
             driver_options=dict(first_timeout=ctx.step_timeout))
         sync.daemon = peer.daemon
         ctx.link.limits.update(frame_limits(self.spec, runner))
@@ -122,7 +124,7 @@ class ReplicaService:
                              maddrs=ctx.router.maddrs, step=runner.step, reachability=ctx.reachability)
             if peer.driver is not None:
                 ctx.report.write("start", step=runner.step)
-                # a standby head rebalances too (the leader, the lowest id, never is the one that moves)
+                # a standby head rebalances too (the leader never is the one that moves: placement.py)
                 drive = asyncio.create_task(peer.drive(ctx.steps, self._on_step))
                 move = asyncio.create_task(self._serve_until_moved())
                 try:
@@ -192,6 +194,15 @@ class ReplicaService:
             if waited > 2 * ttl or waited > ttl / 3 + 1 and not any(a.stage == 0 for a in peers):
                 return max(a.step for a in peers)
             await asyncio.sleep(0.5)  # poll the announcements while the swarm settles
+
+    async def _answers(self, peer: str) -> bool:
+        """Whether `peer` answers a status request at all (a refusal is an answer): a liveness probe."""
+        body = encode_command(Command(self.spec.run_hash, self.runner.step, 0, "status"))
+        try:
+            await self.ctx.link.request(peer, KIND_CONTROL, body, timeout=PROBE_S)
+            return True
+        except LinkError:
+            return False
 
     # ------------------------------------------------------------------ while serving
     def _on_step(self, record: StepLog) -> None:

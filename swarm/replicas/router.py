@@ -59,7 +59,7 @@ class Router:
     def announcement(self, status: PeerStatus) -> StageAnnouncement:
         return StageAnnouncement(self.peer_id, self.run_hash, status.stage, self.maddrs, float(status.throughput),
                                  int(status.queue), int(status.basis_version), status.state, __version__,
-                                 step=int(status.step))
+                                 step=int(status.step), leads=bool(status.leads))
 
     async def announce(self, status: PeerStatus) -> None:
         self.last_status = status
@@ -90,7 +90,7 @@ class Router:
                 and not self._banned(a.peer_id, now)]
 
     async def members(self, stage: int) -> list[PeerInfo]:
-        return [PeerInfo(a.peer_id, a.stage, a.state, a.step, a.throughput)
+        return [PeerInfo(a.peer_id, a.stage, a.state, a.step, a.throughput, a.leads)
                 for a in await self.live_peers(stage, fresh=True)]
 
     # ---------------------------------------------------------------- routing

@@ -32,10 +32,12 @@ async def test_killing_a_replica_of_every_stage_mid_run_loses_no_step(tmp_path):
     try:
         await asyncio.to_thread(swarm.start)
         names = [swarm.peer_name(s, r) for s in range(2) for r in range(2)]
-        ids = {n: wait_for_event(swarm, n, "ready")[0]["peer_id"] for n in names}
+        for name in names:
+            wait_for_event(swarm, name, "ready")
         await asyncio.to_thread(wait_for_steps, swarm, 4)
-        # the leading head (lowest peer id) and one replica of stage 1, while steps are under way
-        leader = min(swarm.head_names(), key=lambda n: ids[n])
+        # the leading head (the one that drove the latest step) and one replica of stage 1, while steps are under way
+        leader = max(swarm.head_names(), key=lambda n: max((e["step"] for e in swarm.events(n) if e["event"] == "step"),
+                                                             default=0))
         procs = dict(swarm.procs)
         seconds = [await asyncio.to_thread(sigkill_and_wait_for_group, procs[name])
                    for name in (leader, swarm.peer_name(1, 0))]

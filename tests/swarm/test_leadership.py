@@ -1,0 +1,81 @@
+"""Which head leads (peer/leadership.py) and how a stage follows a new one (membership.py): a
+leader keeps the lead against a later head with a lower id; a claimant is followed only once
+the old leader fails this peer's own probe, at most one probe per period however many messages
+ask; a set-aside leader that announces again is followed again."""
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+from peer.interfaces import PeerInfo
+from peer.leadership import leader_of
+from protocol.wire import KIND_ACTIVATION, KIND_DRIVE
+from swarm.replicas.membership import Membership
+
+
+def head(peer_id: str, step: int = 5, leads: bool = False) -> PeerInfo:
+    return PeerInfo(peer_id, 0, "online", step, 0.0, leads)
+
+
+def test_a_leader_keeps_the_lead_against_a_lower_id_that_joins_later():
+    assert leader_of([head("B", leads=True), head("A")]) == "B"
+
+
+def test_without_a_claim_the_lowest_id_at_the_swarms_step_leads_and_a_head_behind_never_does():
+    assert leader_of([head("C"), head("B"), head("A", step=4)]) == "B"
+    assert leader_of([]) is None
+
+
+def test_claims_that_collide_go_to_the_lowest_claimant():
+    assert leader_of([head("C", leads=True), head("B", leads=True), head("A")]) == "B"
+
+
+class Heads:
+    """Router and DHT for `Membership`: stage 0's announcements, each with a timestamp."""
+
+    def __init__(self, **claims: bool) -> None:
+        self.heads = {p: SimpleNamespace(peer_id=p, state="online", step=5, throughput=0.0, leads=lead, timestamp=1.0)
+                      for p, lead in claims.items()}
+
+    def is_banned(self, peer: str) -> bool:
+        return False
+
+    async def admitted(self, peer: str) -> bool:
+        return True
+
+    async def announced(self, stage: int, fresh: bool = False) -> list[SimpleNamespace]:
+        return list(self.heads.values()) if stage == 0 else []
+
+    async def live_peers(self, stage: int, fresh: bool = False) -> list[SimpleNamespace]:
+        return await self.announced(stage, fresh)
+
+
+class Prober:
+    def __init__(self, alive: set[str]) -> None:
+        self.alive, self.probed = alive, []
+
+    async def __call__(self, peer: str) -> bool:
+        self.probed.append(peer)
+        await asyncio.sleep(0.05)  # a probe takes a round trip: concurrent checks must share it
+        return peer in self.alive
+
+
+async def test_the_successor_of_a_dead_leader_is_followed_after_one_probe_and_the_old_one_when_it_announces_again():
+    view, probe = Heads(A=True, B=False), Prober(alive={"B"})
+    m = Membership(view, view, stage=1, n_stages=2, refresh_s=0.0, probe=probe)
+    assert (await m.check("B", KIND_ACTIVATION)) is not None  # B does not claim: A leads, no probe
+    assert probe.probed == []
+    view.heads["B"].leads = True  # B found A dead and claims the lead
+    refusals = await asyncio.gather(*(m.check("B", KIND_ACTIVATION) for _ in range(8)))
+    assert refusals == [None] * 8 and probe.probed == ["A"]  # eight microbatches, one probe
+    assert await m.check("A", KIND_DRIVE) is not None  # the set-aside leader is not followed
+    view.heads["A"].timestamp = 2.0  # ... until it announces again (it was alive after all)
+    assert await m.check("A", KIND_DRIVE) is None
+
+
+async def test_a_claimant_is_refused_while_the_leader_answers():
+    view, probe = Heads(A=True, B=True), Prober(alive={"A", "B"})
+    m = Membership(view, view, stage=1, n_stages=2, refresh_s=0.0, probe=probe)
+    refusal = await m.check("B", KIND_DRIVE)  # two claims: the lowest claimant, A, leads; A answers
+    assert refusal is not None and refusal.code == "refused" and probe.probed == ["A"]
+    assert await m.check("A", KIND_DRIVE) is None
