@@ -25,6 +25,10 @@ rebuilds the same approximation of the summed gradient from the same sums, so re
 identical. Its error feedback and warm-started Q (`peer/replica_sync.py`) change only when the
 step is applied. The bytes a replica sends in reduces are counted here (`sync_bytes`).
 
+While it waits for contributions a replica probes the ones still missing (`peer/reduce_watch.py`):
+one that died, or that will never send (its reduce ended, it got no reduce command), fails the
+reduce within seconds; one that is alive and sending is waited for up to `reduce_timeout`.
+
 Replicas catching up after a state download (`peer/state_transfer.py`) get each reduced sum
 forwarded by their donor ("follow") until they take part in a reduce themselves.
 """
@@ -32,7 +36,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable
 
 import torch
@@ -43,17 +46,21 @@ from protocol.control import (
     Contribution,
     FlatLimits,
     FollowUpdate,
+    ReduceProbe,
     decode_command,
-    decode_contribution,
     decode_follow,
+    decode_reduce,
     encode_contribution,
     encode_follow,
+    encode_probe,
+    encode_probe_reply,
     encode_reply,
 )
 from protocol.wire import KIND_CONTROL, KIND_DRIVE, KIND_FOLLOW, KIND_REDUCE, ErrorReply, WireError, decode_message
 
 from .daemon import StageDaemon
 from .delivery import ACK
+from .reduce_watch import ReduceWatch, RunningReduces
 from .reduced import Reduced
 from .replica_sync import PowerSync, flat_limits
 from .stage import StageError
@@ -62,10 +69,14 @@ log = logging.getLogger(__name__)
 
 
 class StepCommit:
-    def __init__(self, daemon: StageDaemon, *, reduce_timeout: float = 60.0) -> None:
+    def __init__(self, daemon: StageDaemon, *, reduce_timeout: float = 60.0, probe_period: float = 1.0,
+                 dead_after: float = 5.0, mute_after: float = 15.0) -> None:
         self.daemon, self.runner = daemon, daemon.runner
         self.spec, self.stage, self.peer_id = daemon.spec, daemon.stage, daemon.peer_id
         self.reduce_timeout = reduce_timeout
+        # how missing contributors are probed (peer/reduce_watch.py)
+        self._watch_options = dict(period=probe_period, dead_after=dead_after, mute_after=mute_after)
+        self._running = RunningReduces()
         self._limits = flat_limits(self.spec, self.runner)
         self.power = PowerSync(self.runner) if self.spec.replica_sync == "powersgd" else None
         self._inbox: dict[tuple[int, int, int], dict[str, Contribution]] = {}  # (step, attempt, phase) -> sender ->
@@ -84,7 +95,7 @@ class StepCommit:
 
     async def start(self) -> None:
         await self.daemon.link.serve(KIND_CONTROL, self._on_command)
-        await self.daemon.link.serve(KIND_REDUCE, self._on_contribution)
+        await self.daemon.link.serve(KIND_REDUCE, self._on_reduce)
 
     # ------------------------------------------------------------------ commands
     async def _on_command(self, body: bytes, sender: str) -> bytes:
@@ -114,8 +125,9 @@ class StepCommit:
         if cmd.attempt < d.attempt:
             return self._reply(cmd, "failed", "the attempt was superseded here.")
         if cmd.op == "reduce":
-            await d.adopt_attempt(cmd.attempt)
-            return await self._reduce(cmd)
+            with self._running.running(cmd.step, cmd.attempt):
+                await d.adopt_attempt(cmd.attempt)
+                return await self._reduce(cmd)
         return await self._apply(cmd)
 
     def _reply(self, cmd: Command, outcome: str, reason: str = "") -> CommandReply:
@@ -202,10 +214,9 @@ class StepCommit:
         if everyone and len(members) < len(peers):
             return "a replica left the reduce between its two rounds."
         got = await self._gather(cmd.step, cmd.attempt, mine.phase, members)
-        if got is None:
-            box = self._inbox.get((cmd.step, cmd.attempt, mine.phase), {})
-            missing = [p[-8:] for p in members if p not in box]
-            return f"no contribution arrived from {', '.join(missing)}."
+        if isinstance(got, str):
+            log.info("stage %d: reduce of step %d, attempt %d: %s", self.stage, cmd.step + 1, cmd.attempt, got)
+            return got
         return {self.peer_id: mine, **got}
 
     async def _offer(self, peer: str, body: bytes) -> bool:
@@ -225,28 +236,24 @@ class StepCommit:
         log.info("stage %d: replica %s takes no part in the reduce: %s", self.stage, peer[-8:], reason)
         return False
 
-    async def _gather(self, step: int, attempt: int, phase: int, members: list[str]) -> dict[str, Contribution] | None:
-        deadline = time.monotonic() + self.reduce_timeout
-        while True:
-            box = self._inbox.get((step, attempt, phase), {})
-            if all(p in box for p in members):
-                return {p: box[p] for p in members}
-            if time.monotonic() > deadline or (step, attempt) != (self.runner.step, self.daemon.attempt):
-                return None
-            self._arrived.clear()
-            try:
-                await asyncio.wait_for(self._arrived.wait(), timeout=max(0.01, deadline - time.monotonic()))
-            except asyncio.TimeoutError:
-                pass
+    async def _gather(self, step: int, attempt: int, phase: int, members: list[str]) -> dict[str, Contribution] | str:
+        """The `members`' contributions of this phase, or why they will not all come."""
+        probe = encode_probe(ReduceProbe(self.spec.run_hash, step, attempt, self.stage))
+        watch = ReduceWatch(self.daemon.link, probe, members, self._arrived, **self._watch_options)
+        def current() -> bool:
+            return (step, attempt) == (self.runner.step, self.daemon.attempt)
+        return await watch.gather(lambda: self._inbox.get((step, attempt, phase), {}), current, self.reduce_timeout)
 
-    async def _on_contribution(self, body: bytes, sender: str) -> bytes:
+    async def _on_reduce(self, body: bytes, sender: str) -> bytes:
         d = self.daemon
         if (refusal := await d.admitted(sender, KIND_REDUCE)) is not None:
             return refusal
         try:
-            c = decode_contribution(body, self.limits())
+            c = decode_reduce(body, self.limits())
         except WireError as e:
             return d.refuse(str(e), sender)
+        if isinstance(c, ReduceProbe):
+            return encode_probe_reply(self._running.state(c.step, c.attempt, (self.runner.step, d.attempt)))
         if c.step != self.runner.step:
             return d.refuse("the contribution is not for the step in progress here.", sender,
                             code="behind" if c.step > self.runner.step else "refused")

@@ -28,6 +28,11 @@ Maps (short keys; tensors are wire.py's ExtType):
                   nothing to add); p = 1 carries only f = the Q factors (nil: zero) and m = [].
                   Factors are in the run's wire dtype. q: the basis re-fit statistic of the
                   step (receiving subspace stages; with p = 0 and a non-empty m only)
+    ReduceProbe   {k: "redq", r, s, a, g}, also over `red`: asked of a replica whose contribution
+                  a reduce still waits for (peer/reduce_watch.py); the reply {k: "redqr", o: state}
+                  says how its reduce of step s, attempt a goes: reducing | idle (at the step and
+                  attempt, no reduce begun) | ended (its reduce is over) | elsewhere (another step
+                  or a newer attempt)
     FollowUpdate  {k: "fol", r, s, t: reduced flat gradient, q: reduced statistic | nil, j: in layout}
                   the reduced gradient of step s (compute dtype), forwarded to a replica that is
                   catching up: in the stage's `SyncLayout` (j true), or, from a replica that
@@ -48,11 +53,13 @@ from .wire import KIND_CONTROL, KIND_FOLLOW, KIND_REDUCE, KIND_STATE, WireError,
 
 OPS = ("status", "reduce", "apply", "abort")
 OUTCOMES = ("ok", "behind", "ahead", "failed")
+PROBE_STATES = ("reducing", "idle", "ended", "elsewhere")
 STATE_OPS = ("meta", "chunk")
 MAX_GROUP = 64  # replicas of one stage that one command may name
 STATE_CHUNK_BYTES = 8 << 20
 _REPLY = "ctlr"
 _STATE_META = "statem"
+_PROBE, _PROBE_REPLY = "redq", "redqr"
 
 
 @dataclass
@@ -85,6 +92,14 @@ class Contribution:
     stat: torch.Tensor | None = None
     phase: int = 0  # the exchange round (replica_sync "powersgd" has two)
     factors: torch.Tensor | None = None  # flat PowerSGD factors, wire dtype ("powersgd" only)
+
+
+@dataclass
+class ReduceProbe:
+    run: str
+    step: int
+    attempt: int
+    stage: int
 
 
 @dataclass
@@ -251,8 +266,35 @@ def encode_contribution(c: Contribution) -> bytes:
                           "q": _opt_tensor(c.stat)})
 
 
+def encode_probe(p: ReduceProbe) -> bytes:
+    return msgpack.packb({"k": _PROBE, "r": p.run, "s": p.step, "a": p.attempt, "g": p.stage})
+
+
+def encode_probe_reply(state: str) -> bytes:
+    return msgpack.packb({"k": _PROBE_REPLY, "o": state})
+
+
+def decode_probe_reply(data: bytes) -> str:
+    d = _unpack(data, 256, "a probe reply")
+    _need(_is(d.get("k"), _PROBE_REPLY) and d.get("o") in PROBE_STATES, "not a probe reply.")
+    return d["o"]
+
+
+def decode_reduce(data: bytes, lim: FlatLimits) -> Contribution | ReduceProbe:
+    """What arrives over `red`: a contribution, or a probe of how this replica's reduce goes."""
+    d = _unpack(data, lim.max_bytes, "a reduce message")
+    if not _is(d.get("k"), _PROBE):
+        return _contribution(d, lim)
+    _run(d, lim.run, "the reduce probe")
+    _need(_is(d.get("g"), lim.stage), f"the probe is not for stage {lim.stage}, which this replica serves.")
+    return ReduceProbe(lim.run, _int(d, "s", "step"), _int(d, "a", "attempt", 2**31), lim.stage)
+
+
 def decode_contribution(data: bytes, lim: FlatLimits) -> Contribution:
-    d = _unpack(data, lim.max_bytes, "a gradient contribution")
+    return _contribution(_unpack(data, lim.max_bytes, "a gradient contribution"), lim)
+
+
+def _contribution(d: dict, lim: FlatLimits) -> Contribution:
     _need(_is(d.get("k"), KIND_REDUCE), "not a gradient contribution.")
     _run(d, lim.run, "the gradient contribution")
     _need(_is(d.get("g"), lim.stage), f"the contribution is not for stage {lim.stage}, which this replica serves.")

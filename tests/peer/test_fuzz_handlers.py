@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from peer.stage import StageRunner
 from protocol.basis_update import StatsMessage, encode_stats
-from protocol.control import Command, Contribution, encode_command, encode_contribution
+from protocol.control import Command, Contribution, ReduceProbe, encode_command, encode_contribution, encode_probe
 from protocol.spec import preset
 from protocol.wire import (
     KIND_ACTIVATION,
@@ -99,6 +99,8 @@ def bodies(draw, kind: str, step: int) -> bytes:
     if choice == 0:
         return draw(st.binary(max_size=300))
     base = dict(valid_bodies(step)[kind])
+    if kind == KIND_REDUCE and draw(st.booleans()):  # a probe of how the replica's reduce goes, not a contribution
+        base = msgpack.unpackb(encode_probe(ReduceProbe(SPEC.run_hash, step, 0, 1)), raw=False)
     for _ in range(draw(st.integers(1, 3))):
         key = draw(st.sampled_from(sorted(base) + ["zz"]))
         if draw(st.booleans()):

@@ -1,6 +1,7 @@
 """Replica-sync messages on the way in (protocol/control.py): contributions of both replica_sync
 modes and both powersgd phases round-trip, and anything of the wrong phase, size, dtype or
-shape is refused with a WireError; follow updates say which layout they are in."""
+shape is refused with a WireError; follow updates say which layout they are in; a probe of a
+replica's reduce comes through the same decoder and is told from a contribution."""
 from __future__ import annotations
 
 import msgpack
@@ -11,10 +12,15 @@ from protocol.control import (
     Contribution,
     FlatLimits,
     FollowUpdate,
+    ReduceProbe,
     decode_contribution,
     decode_follow,
+    decode_probe_reply,
+    decode_reduce,
     encode_contribution,
     encode_follow,
+    encode_probe,
+    encode_probe_reply,
 )
 from protocol.wire import WireError
 
@@ -80,3 +86,18 @@ def test_follow_updates_are_in_the_layout_or_in_full_and_say_which():
     forged["j"] = 1
     with pytest.raises(WireError, match="true or false"):
         decode_follow(msgpack.packb(forged), EXACT)
+
+
+def test_a_reduce_probe_is_told_from_a_contribution_and_checked_like_one():
+    assert decode_reduce(encode_probe(ReduceProbe(RUN, 3, 1, 1)), POWER) == ReduceProbe(RUN, 3, 1, 1)
+    assert isinstance(decode_reduce(c(), POWER), Contribution)
+    for probe, why in ((ReduceProbe("another run", 3, 1, 1), "another run"), (ReduceProbe(RUN, 3, 1, 2), "stage 1")):
+        with pytest.raises(WireError, match=why):
+            decode_reduce(encode_probe(probe), POWER)
+    with pytest.raises(WireError, match="not a gradient contribution"):  # a probe is no contribution
+        decode_contribution(encode_probe(ReduceProbe(RUN, 3, 1, 1)), POWER)
+    assert [decode_probe_reply(encode_probe_reply(s)) for s in ("reducing", "idle", "ended", "elsewhere")] == [
+        "reducing", "idle", "ended", "elsewhere"]
+    for reply in (encode_probe_reply("done"), msgpack.packb({"k": "ctlr", "o": "idle"}), b"\x00"):
+        with pytest.raises(WireError):
+            decode_probe_reply(reply)
