@@ -116,8 +116,11 @@ class StepCommit:
             return self._reply(cmd, "ok")  # applied already: a repeat of a command whose reply was lost
         if cmd.step != step:
             return self._reply(cmd, "behind" if cmd.step > step else "ahead", "not at this step.")
-        if cmd.op == "status":
-            return self._reply(cmd, "ok")
+        if cmd.op == "status":  # where this peer is: its attempt, or the attempt of a sum it holds for the step
+            reduced = self.runner.reduced
+            held = reduced is not None and reduced.step == step
+            return CommandReply(step, reduced.attempt if held else d.attempt, "ok", self.runner.microbatches_done(),
+                                reduced.contributors if held else {})
         if cmd.op == "abort":
             if cmd.attempt >= d.attempt:
                 await d.adopt_attempt(cmd.attempt + 1)

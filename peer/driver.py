@@ -160,7 +160,8 @@ class StepDriver:
                 self._dead[self.peer_id] = time.monotonic() + 30.0
                 return False
             log.info("finishing step %d, which the previous leader applied only in part", step + 1)
-            holders = [p for p, r in replies.items() if r.outcome == "ok" and r.contributors]
+            holders = [p for p, r in replies.items() if r.outcome == "ok" and r.contributors
+                       and r.attempt == reduced.attempt]
             await self._broadcast({p: 0 for p in holders} | {self.peer_id: 0}, "apply", step, reduced.attempt)
             return True
         top = max([r.attempt for r in replies.values() if r.outcome == "ok"] + [self.daemon.attempt])

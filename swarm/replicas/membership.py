@@ -72,10 +72,11 @@ class Membership:
         return [PeerInfo(a.peer_id, 0, a.state, a.step, a.throughput, a.leads) for a in anns
                 if a.timestamp > self._gone.get(a.peer_id, float("-inf"))]
 
-    async def _leads(self, sender: str) -> bool:
-        """Whether `sender` is the head this peer follows, probing a leader it would replace."""
+    async def _leads(self, sender: str) -> Refusal | None:
+        """None if `sender` is the head this peer follows (probing a leader it would replace), else
+        why not: "retry" while this peer's view may not hold the sender's claim yet."""
         if leader_of(await self._heads()) == sender:
-            return True
+            return None
         now = time.monotonic()
         fresh = now - self._refreshed.get(0, -self.refresh_s) >= self.refresh_s
         if fresh:
@@ -85,15 +86,17 @@ class Membership:
             announced = {a.peer_id for a in await self.router.announced(0)}
             self._gone = {p: t for p, t in self._gone.items() if p in announced}
         leader = leader_of(heads)
-        if leader == sender or leader is None or self.probe is None:
-            return leader == sender
+        if leader == sender:
+            return None
+        refused = Refusal("only the leading head drives the steps.")
         if not any(h.peer_id == sender and h.leads for h in heads):
-            return False  # only a head that claims the lead makes this peer look at the leader again
-        if await self._answers(leader):
-            return False
+            # only a claim makes this peer look at the leader again; one it has not read yet may be on its way
+            return refused if fresh else Refusal(refused.reason, "retry")
+        if leader is None or self.probe is None or await self._answers(leader):
+            return refused
         stamps = [a.timestamp for a in await self.router.announced(0) if a.peer_id == leader]
         self._gone[leader] = max(stamps, default=float("inf"))
-        return leader_of(await self._heads()) == sender
+        return None if leader_of(await self._heads()) == sender else refused
 
     async def _answers(self, head: str) -> bool:
         """One probe of `head` shared by every message that asks meanwhile; at most one per PROBE_S."""
@@ -128,8 +131,8 @@ class Membership:
             code = "retry" if kind in (KIND_ACTIVATION, KIND_GRADIENT, KIND_CONTROL, KIND_DRIVE) else "refused"
             return Refusal(f"only peers announced for stage {stage} may send this kind of message here "
                            f"(this peer has not read an announcement of {sender[-8:]} yet).", code)
-        if (kind == KIND_DRIVE or kind == KIND_ACTIVATION and stage == 0) and not await self._leads(sender):
-            return Refusal("only the leading head drives the steps.")
+        if kind == KIND_DRIVE or kind == KIND_ACTIVATION and stage == 0:
+            return await self._leads(sender)
         return None
 
     async def _announced(self, sender: str, stage: int, states: tuple[str, ...]) -> bool:

@@ -117,3 +117,31 @@ async def test_a_fresh_replica_joins_mid_run_and_equals_its_donor():
     assert newcomer.runner.step == swarm.peers["s1r0"].runner.step == STEPS
     assert param_hash(newcomer.runner) == param_hash(swarm.peers["s1r0"].runner)
     assert_close([log.loss for log in logs], oracle(spec, STEPS), 1e-10)
+
+
+async def test_a_head_that_joins_later_with_a_lower_id_stands_by_and_takes_over_when_the_leader_dies():
+    """A leader keeps the lead (peer/leadership.py): the newcomer's lower id does not take it; the
+    newcomer drives only after the leader is killed, and no step is lost or applied twice."""
+    spec = spec_for("subspace", "fp64")
+    steps, kill_after = 6, 4
+    swarm = await make_swarm(spec, [0, 1])
+    await swarm.add(0, "s0r9")
+    by: dict[str, list[int]] = {"s0r9": [], "s0r0": []}
+    try:
+        swarm.tasks = {"s0r9": asyncio.create_task(swarm.peers["s0r9"].drive(
+            steps, lambda log: (swarm.logs.append(log), by["s0r9"].append(log.step))))}
+        newcomer, _ = await swarm.join_after(2, 0, "s0r0", "s0r9")
+        assert "s0r0" < "s0r9" and newcomer.runner.step < kill_after
+        swarm.tasks["s0r0"] = asyncio.create_task(newcomer.drive(
+            steps, lambda log: (swarm.logs.append(log), by["s0r0"].append(log.step))))
+        while len(swarm.logs) < kill_after:
+            await asyncio.sleep(0.01)  # poll the run's progress
+        swarm.kill("s0r9")
+        await swarm.tasks["s0r0"]
+    finally:
+        await swarm.stop()
+    assert by["s0r9"] == list(range(1, len(by["s0r9"]) + 1)) and len(by["s0r9"]) >= kill_after
+    assert by["s0r0"] and by["s0r0"][0] > kill_after - 1 and by["s0r0"][-1] == steps
+    logs = sorted(swarm.logs, key=lambda log: log.step)
+    assert [log.step for log in logs] == list(range(1, steps + 1))
+    assert_close([log.loss for log in logs], oracle(spec, steps), 1e-10)
