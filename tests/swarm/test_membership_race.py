@@ -31,7 +31,8 @@ class LaggingView:
             self.fresh_reads[stage] = self.fresh_reads.get(stage, 0) + 1
         if self.fresh_reads.get(stage, 0) < self.lag:
             return []
-        return [SimpleNamespace(peer_id=p, state="online") for p in self.members.get(stage, [])]
+        return [SimpleNamespace(peer_id=p, state="online", step=0, throughput=0.0, leads=False, timestamp=0.0)
+                for p in self.members.get(stage, [])]
 
     async def live_peers(self, stage: int, fresh: bool = False) -> list[SimpleNamespace]:
         return await self.announced(stage, fresh)
