@@ -207,11 +207,12 @@ def cmd_admit(a: argparse.Namespace) -> int:
     import time
 
     from .trust.admission import AdmitOptions, issue_ticket
+    from .trust.keys import fingerprint_of
     ticket = issue_ticket(from_args(AdmitOptions, a))
     print(ticket.encode())
     until = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(ticket.expires)) if ticket.expires else "never"
-    print(f"admits peer {ticket.peer_id} to the swarm of key {a.key}; expires: {until}. The peer starts with "
-          f"`swarm peer --identity ITS_FILE --ticket TICKET ...`.", file=sys.stderr)
+    print(f"admits peer {ticket.peer_id} to the swarm of key {fingerprint_of(ticket.swarm_key)}; expires: "
+          f"{until}. The peer starts with `swarm peer --identity ITS_FILE --ticket TICKET ...`.", file=sys.stderr)
     return 0
 
 

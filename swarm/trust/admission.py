@@ -33,6 +33,7 @@ import msgpack
 
 from swarm.options import opt
 from swarm.trust.keys import PUBLIC_KEY_BYTES, SIGNATURE_BYTES, SigningKey, fingerprint_of, verify
+from swarm.trust.state_dir import WHERE, state_dir_path
 
 __all__ = ["TICKET_DOMAIN", "Admission", "AdmissionError", "AdmissionPolicy", "AdmitOptions", "Ticket", "issue_ticket",
            "parse_duration", "read_ticket"]
@@ -132,9 +133,11 @@ class Ticket:
 class AdmitOptions:
     """What `swarm admit` is told; each field is also its flag."""
 
-    key: str = opt("", "the swarm key file (the coordinator's --key)", metavar="FILE", required=True)
+    key: str | None = opt(None, "the swarm key file, as the coordinator runs with it (default: swarm.key in the "
+                          "state folder, the coordinator's default)", metavar="FILE")
     peer_id: str = opt("", "the peer's id, as `swarm identity FILE` prints it", metavar="ID", required=True)
     expires: str = opt("30d", "how long the ticket is valid: seconds, or 15m, 12h, 30d, never", metavar="T")
+    state_dir: str | None = opt(None, f"the state folder of the default key (default: {WHERE})", metavar="DIR")
 
 
 _PEER_ID = re.compile(r"[1-9A-HJ-NP-Za-km-z]{32,128}")  # base58btc
@@ -142,13 +145,14 @@ _PEER_ID = re.compile(r"[1-9A-HJ-NP-Za-km-z]{32,128}")  # base58btc
 
 def issue_ticket(opts: AdmitOptions, now: float | None = None) -> Ticket:
     """The ticket `swarm admit` prints; ValueError (one sentence) for a missing key or a malformed peer id."""
-    if not os.path.isfile(opts.key):
-        raise ValueError(f"there is no swarm key at {opts.key}; pass the file the coordinator runs with (--key).")
+    key = opts.key or str(state_dir_path(opts.state_dir) / "swarm.key")
+    if not os.path.isfile(key):
+        raise ValueError(f"there is no swarm key at {key}; pass the file the coordinator runs with (--key).")
     if not _PEER_ID.fullmatch(opts.peer_id):
         raise ValueError(f"--peer-id {opts.peer_id!r} is not a peer id; `swarm identity FILE` prints a peer's id.")
     seconds = parse_duration(opts.expires)
     expires = (time.time() if now is None else now) + seconds if seconds else 0.0
-    return Ticket.issue(SigningKey.load_or_create(opts.key), opts.peer_id, expires)
+    return Ticket.issue(SigningKey.load_or_create(key), opts.peer_id, expires)
 
 
 def read_ticket(value: str | None) -> Ticket | None:

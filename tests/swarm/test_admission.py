@@ -148,3 +148,16 @@ def test_swarm_admit_prints_a_ticket_and_swarm_identity_a_peer_id(tmp_path, caps
     assert "is not a peer id" in capsys.readouterr().err
     assert not (tmp_path / "nokey").exists()  # admit never makes a key up
     assert issue_ticket(AdmitOptions(str(key_path), peer, "never")).expires == 0
+
+
+def test_swarm_admit_finds_the_coordinators_default_key_in_the_state_folder(tmp_path, capsys):
+    state = tmp_path / "state"
+    state.mkdir()
+    key = SigningKey.load_or_create(state / "swarm.key")  # where `swarm coordinator` keeps it by default
+    peer = Identity.load_or_create(tmp_path / "peer.key").peer_id
+    assert main(["admit", "--state-dir", str(state), "--peer-id", peer]) == 0
+    out = capsys.readouterr()
+    Ticket.decode(out.out).verify(key.public_bytes(), peer, until=time.time())
+    assert key.fingerprint() in out.err
+    assert main(["admit", "--state-dir", str(tmp_path / "empty"), "--peer-id", peer]) == 2
+    assert f"no swarm key at {tmp_path / 'empty' / 'swarm.key'}" in capsys.readouterr().err
