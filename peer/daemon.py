@@ -191,7 +191,7 @@ class StageDaemon(InboundHandlers):
                 self._step_changed.clear()
                 try:
                     await asyncio.wait_for(self._step_changed.wait(), timeout=max(0.01, deadline - time.monotonic()))
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
         if h.step < self.runner.step:
             return "the message is for a step already finished here.", "duplicate"

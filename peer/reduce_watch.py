@@ -81,7 +81,7 @@ class ReduceWatch:
                 try:  # woken by a contribution or a probe's answer, or when the next probe is due
                     await asyncio.wait_for(self.arrived.wait(),
                                            timeout=max(0.01, min(self.period, deadline - time.monotonic())))
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
         finally:
             await self._close()
@@ -112,7 +112,7 @@ class ReduceWatch:
             # the link's own timeout is longer, so that a request that hangs is told from one that failed
             request = self.link.request(peer, KIND_REDUCE, self.probe, timeout=2 * self.mute_after)
             reply = await asyncio.wait_for(request, self.mute_after)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             m.verdict = f"did not answer for {self.mute_after:g} s during the reduce."
         except Exception as e:  # a dead peer's connection fails in whatever way
             m.failing = str(e)[:120].rstrip(".") or type(e).__name__

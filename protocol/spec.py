@@ -10,11 +10,11 @@ import dataclasses
 import functools
 import hashlib
 import json
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import tomllib
 import torch
 
 CODECS = ("dense", "subspace", "bottleneck")

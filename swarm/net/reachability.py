@@ -97,7 +97,7 @@ async def probe_dial(peer_id: str, maddrs: list[str], timeout: float = DIAL_TIME
         addrs = [daemon_maddr(without_peer(m)) for m in maddrs]
         await asyncio.wait_for(probe._client.connect(PeerID.from_base58(peer_id), addrs), timeout)
         return True, ""
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return False, f"no connection within {timeout:g} s"
     except Exception as e:  # p2pd's ControlFailure: every dial failed
         return False, str(e).splitlines()[0][:200]

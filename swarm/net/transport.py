@@ -214,7 +214,7 @@ class Transport:
         try:
             try:
                 body = await asyncio.wait_for(self._read_request(peer, kind, reader), self.timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 raise _FrameError(f"the request was not received within {self.timeout:g} s.") from None
             try:
                 reply = await handler(body, peer)
@@ -250,7 +250,7 @@ class Transport:
         frame = _REPLY_HEADER.pack(status, len(body)) + body
         try:
             await asyncio.wait_for(self._shaped_write(writer, frame), self.timeout)
-        except (ConnectionError, OSError, asyncio.TimeoutError) as e:
+        except (TimeoutError, ConnectionError, OSError) as e:
             # debug only: the caller already logged why this stream went wrong, or the client
             # gave up (and logs that on its side).
             log.debug("could not reply to a '%s' request from %s: %s", kind, peer, type(e).__name__)
@@ -275,7 +275,7 @@ class Transport:
                                  reason="connection") from None
         try:
             return await asyncio.wait_for(self._exchange(remote, peer_id, kind, proto, bytes(body)), limit)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise TransportError(
                 f"'{kind}' request to {peer_id} got no reply within {limit:g} s.",
                 kind=kind, peer=peer_id, reason="timeout",
@@ -353,7 +353,7 @@ REPLY_LINGER_S = 10.0
 async def _wait_for_close(reader: asyncio.StreamReader, seconds: float) -> None:
     try:
         await asyncio.wait_for(reader.read(1), seconds)
-    except (asyncio.TimeoutError, ConnectionError, OSError, asyncio.IncompleteReadError):
+    except (TimeoutError, ConnectionError, OSError, asyncio.IncompleteReadError):
         pass
 
 
@@ -364,7 +364,7 @@ async def _discard(reader: asyncio.StreamReader, seconds: float) -> None:
 
     try:
         await asyncio.wait_for(drain(), seconds)
-    except (asyncio.TimeoutError, ConnectionError, OSError):
+    except (TimeoutError, ConnectionError, OSError):
         pass
 
 
