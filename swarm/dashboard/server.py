@@ -1,7 +1,9 @@
 """`swarm dashboard`: the swarm's health in a browser, as JSON, and for Prometheus.
 
 It joins the swarm's DHT as a client (it hosts nothing and stores nothing), samples it every
-second (`state.py`) and serves, with aiohttp, everything from this package (no CDN):
+second (`state.py`), probes every listed peer over libp2p every ~2 s (one small "status"
+command each, `swarm/monitor/liveness.py`: a killed peer shows offline within ~5 s, long
+before its records expire) and serves, with aiohttp, everything from this package (no CDN):
 
     GET /                 the page (static/index.html, app.js, style.css, vendor/uPlot)
     GET /api/v1/state     the latest snapshot as JSON (below); the page polls it every 1.5 s
@@ -18,8 +20,10 @@ second (`state.py`) and serves, with aiohttp, everything from this package (no C
     stages             [{stage, layers, peers (online), tokens_per_s (sum of its online peers),
                          covered, bottleneck (uncovered; else the slowest, if below 90% of the
                          fastest)}]
-    peers              [{peer_id, stage, state (joining|online|leaving|offline|unannounced), online
-                         (announced and online: what counts for coverage), announced, age_s
+    peers              [{peer_id, stage, state (joining|syncing|online|paused|leaving|offline|unannounced),
+                         online (announced, online and answering: what counts for coverage),
+                         answers (true: answered the last probe; false: missed it; null: not
+                         probed yet), announced, age_s
                          (since its newest record), health (has a valid health record), key
                          (fingerprint of its health key), tokens_per_s, queue, basis_version,
                          version, and from its health record: step, loss, bytes_in_per_s,
@@ -28,8 +32,9 @@ second (`state.py`) and serves, with aiohttp, everything from this package (no C
                          other replicas; null if none yet), codec, rank, basis_updated_step,
                          device, memory_bytes, uptime_s, reachability (direct|relayed), refused,
                          banned {peer: failures}}]
-                       ("offline": seen in the last 5 minutes, no live record now;
-                        "unannounced": a health record without a stage announcement)
+                       ("offline": missed two probes in a row, or no live record now; such a
+                        row is listed for 60 s (presence.OFFLINE_KEEP_S) after the peer went
+                        offline; "unannounced": a health record without a stage announcement)
     banned             [{peer_id, failures, reported_by: [peer ids]}] from the peers' routers
                        (banned, wire, basis and series use announced peers' records only)
     wire               {forward_bytes_per_token, backward_bytes_per_token,
@@ -54,7 +59,8 @@ from pathlib import Path
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from swarm.dht import SwarmDHT, start_dht, stop_dht
+from swarm.dht import SwarmDHT, close_node, start_dht
+from swarm.monitor.liveness import LivenessProbe
 from swarm.monitor.scalars import ScalarLog
 from swarm.options import opt
 
@@ -146,13 +152,15 @@ async def run_dashboard(opts: DashboardOptions) -> int:
     """Serve the dashboard until cancelled; stops its DHT client (and p2pd) on the way out."""
     dashboard = Dashboard()
     runner = await serve(dashboard.app(), opts.host, opts.port)  # first, so a taken port fails fast
-    dht = task = scalars = None
+    dht = p2p = task = scalars = None
     try:
         url = f"http://{'127.0.0.1' if opts.host in ('0.0.0.0', '') else opts.host}:{opts.port}/"
         dht = await asyncio.to_thread(start_dht, opts.initial_peers, ["/ip4/127.0.0.1/tcp/0"], None, True)
+        p2p = await dht.replicate_p2p()  # for the liveness probes; it serves nothing
         scalars = ScalarLog(opts.tensorboard) if opts.tensorboard else None
         dashboard.state = DashboardState(SwarmDHT(dht), interval=opts.interval, scalars=scalars,
-                                         trusted_key=bytes.fromhex(opts.trusted_key) if opts.trusted_key else None)
+                                         trusted_key=bytes.fromhex(opts.trusted_key) if opts.trusted_key else None,
+                                         probe=LivenessProbe(p2p))
         task = asyncio.create_task(dashboard.state.run())
         if opts.url_file:
             Path(opts.url_file).write_text(json.dumps({"url": url}))
@@ -168,4 +176,4 @@ async def run_dashboard(opts: DashboardOptions) -> int:
             scalars.close()
         await runner.cleanup()
         if dht is not None:
-            await asyncio.to_thread(stop_dht, dht)
+            await close_node(dht, p2p)

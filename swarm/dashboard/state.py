@@ -4,8 +4,14 @@ Each sample reads the run spec (`SwarmDHT.fetch_run_spec`), every stage's announ
 (`all_stage_peers`) and the health records (verified by a `HealthBook`), and turns them into
 one JSON-ready snapshot, the body of `/api/v1/state` (its schema is in `server.py`). Bounded
 time series of loss (per training step, from the head's records) and swarm tokens/s live in
-memory; peers that vanished are remembered as "offline" for a few minutes, so that a page
-shows what went away instead of silently shrinking.
+memory.
+
+A killed peer's records live on until their ttl, so the records alone would show it online
+for up to 15 s: with a `LivenessProbe`, every listed peer is also probed every
+`PROBE_INTERVAL_S` (all at once, bounded), and `Presence` shows a peer that missed two probes
+in a row as offline at once (so within ~5 s of its death), and any peer that went offline as
+an "offline" row for `OFFLINE_KEEP_S`, so that a page shows what went away instead of
+silently shrinking.
 """
 from __future__ import annotations
 
@@ -21,15 +27,17 @@ from protocol.spec import RunSpec
 from swarm.dht import RecordError, StageAnnouncement, SwarmDHT
 from swarm.local_reports import dense_bytes_per_token
 from swarm.monitor.health import HealthRecord, fetch_health
+from swarm.monitor.liveness import LivenessProbe
 from swarm.monitor.scalars import ScalarLog
 from swarm.trust.admission import AdmissionPolicy
 
 from .book import HealthBook
+from .presence import Presence
 
 log = logging.getLogger(__name__)
 
 SPEC_REFRESH_S = 30.0  # re-read the run spec this often (it is re-published, rarely changes)
-OFFLINE_KEEP_S = 300.0  # show a vanished peer as "offline" this long
+PROBE_INTERVAL_S = 2.0  # probe every listed peer this often (a round that takes longer starts the next at once)
 BALANCED = 0.9  # a stage is the bottleneck only below this fraction of the fastest stage's tokens/s
 
 
@@ -97,8 +105,12 @@ def _mark_bottleneck(stages: list[dict]) -> None:
 
 class DashboardState:
     def __init__(self, sdht: SwarmDHT, *, trusted_key: bytes | None = None, interval: float = 1.0,
-                 history: int = 2000, scalars: ScalarLog | None = None) -> None:
+                 history: int = 2000, scalars: ScalarLog | None = None, probe: LivenessProbe | None = None,
+                 presence: Presence | None = None) -> None:
         self.sdht, self.trusted_key, self.interval, self.scalars = sdht, trusted_key, interval, scalars
+        self.probe = probe  # None: the records alone say who is there
+        self.presence = presence or Presence()
+        self._listed: list[str] = []  # peers with live records at the last sample: the next probe round's
         self.spec: RunSpec | None = None
         self.samples = 0
         self._fingerprint = ""
@@ -106,7 +118,6 @@ class DashboardState:
         self._spec_read = -SPEC_REFRESH_S
         self._book: HealthBook | None = None
         self._error: str | None = "no sample yet."
-        self._gone: dict[str, tuple[float, dict]] = {}  # peer -> (monotonic time last seen, last view)
         self._loss = _Series(history)
         self._speed = _Series(history)
         self._last_loss_step = 0
@@ -124,17 +135,41 @@ class DashboardState:
         return self._snapshot
 
     async def run(self) -> None:
-        """Sample until cancelled; a failed sample is logged and shown on the page, never fatal."""
+        """Sample (and probe) until cancelled; a failed sample is logged and shown on the page, never fatal."""
+        probing = asyncio.create_task(self._probe_forever()) if self.probe is not None else None
+        try:
+            while True:
+                try:
+                    await self.sample()
+                except asyncio.CancelledError:
+                    raise
+                except Exception as e:  # a DHT hiccup: say so on the page and try again next tick
+                    log.warning("dashboard sample failed (%s: %s)", type(e).__name__, e)
+                    self._error = f"the last sample failed ({type(e).__name__}: {e})."
+                    self._snapshot = {**self._snapshot, "error": self._error}
+                await asyncio.sleep(self.interval)
+        finally:
+            if probing is not None:
+                probing.cancel()
+                await asyncio.gather(probing, return_exceptions=True)
+
+    async def _probe_forever(self) -> None:
         while True:
+            started = time.monotonic()
             try:
-                await self.sample()
+                await self.probe_once()
             except asyncio.CancelledError:
                 raise
-            except Exception as e:  # a DHT hiccup: say so on the page and try again next tick
-                log.warning("dashboard sample failed (%s: %s)", type(e).__name__, e)
-                self._error = f"the last sample failed ({type(e).__name__}: {e})."
-                self._snapshot = {**self._snapshot, "error": self._error}
-            await asyncio.sleep(self.interval)
+            except Exception as e:  # never let a probe take the dashboard down; the records still show
+                log.debug("a probe round failed (%s: %s)", type(e).__name__, e)
+            await asyncio.sleep(max(0.0, PROBE_INTERVAL_S - (time.monotonic() - started)))
+
+    async def probe_once(self) -> None:
+        """Probe every peer listed at the last sample, and tell `presence` who answered."""
+        if self.probe is None or self.spec is None or not self._listed:
+            return
+        for peer, answered in (await self.probe.probe_all(self.spec.run_hash, list(self._listed))).items():
+            self.presence.probed(peer, answered)
 
     async def _refresh_spec(self) -> None:
         if self.spec is not None and time.monotonic() - self._spec_read < SPEC_REFRESH_S:
@@ -173,17 +208,10 @@ class DashboardState:
     def _build(self, spec: RunSpec, anns: dict[int, list[StageAnnouncement]], book: HealthBook, now: float) -> dict:
         health = book.live()
         by_peer = {a.peer_id: a for stage in anns.values() for a in stage}
-        peers = [_peer_view(by_peer.get(p), health[p].record if p in health else None, book.key_of(p), now)
-                 for p in sorted(set(by_peer) | set(health))]
-        mono = time.monotonic()
-        for view in peers:
-            self._gone[view["peer_id"]] = (mono, view)
-        live_ids = {v["peer_id"] for v in peers}
-        self._gone = {p: (t, v) for p, (t, v) in self._gone.items() if mono - t < OFFLINE_KEEP_S}
-        for peer, (seen, view) in sorted(self._gone.items()):
-            if peer not in live_ids:
-                peers.append({**view, "state": "offline", "online": False, "tokens_per_s": 0.0,
-                              "age_s": round(view["age_s"] + mono - seen, 1)})
+        listed = sorted(set(by_peer) | set(health))
+        self._listed = listed
+        peers = self.presence.rows([_peer_view(by_peer.get(p), health[p].record if p in health else None,
+                                               book.key_of(p), now) for p in listed])
         online = [v for v in peers if v["online"]]
 
         stages = []
@@ -194,8 +222,9 @@ class DashboardState:
                            "bottleneck": False})
         _mark_bottleneck(stages)
 
-        # Swarm figures come from announced peers only: a health record alone may be anyone's.
-        records = [s.record for p, s in health.items() if p in by_peer]
+        # Swarm figures come from announced peers only (a health record alone may be anyone's),
+        # and not from those that stopped answering (their records outlive them).
+        records = [s.record for p, s in health.items() if p in by_peer and not self.presence.dead(p)]
         act_bytes = sum(r.act_bytes_out for r in records)
         act_tokens = sum(r.act_tokens_out for r in records)
         grad_bytes = sum(r.grad_bytes_out for r in records)

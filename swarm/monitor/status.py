@@ -1,4 +1,10 @@
-"""`swarm status`: a table of a swarm's stages and the peers that serve them, read from the DHT."""
+"""`swarm status`: a table of a swarm's stages and the peers that serve them, read from the DHT.
+
+A killed peer's announcement lives on until its ttl, so before printing, every listed peer is
+probed once over libp2p (`liveness.py`, at most 2 s): one that does not answer is shown with
+state "offline" and `answers` no (its announced state stays in the JSON as `announced_state`),
+and does not count as serving its stage.
+"""
 from __future__ import annotations
 
 import asyncio
@@ -7,13 +13,15 @@ import json
 from hivemind.utils import get_dht_time
 
 from protocol.spec import RunSpec
-from swarm.dht import SwarmDHT, start_dht, stop_dht
+from swarm.dht import SwarmDHT, close_node, start_dht
 from swarm.monitor.health import reachability_of
+from swarm.monitor.liveness import LivenessProbe
 
 
 async def swarm_state(initial_peers: list[str]) -> dict:
-    """The run spec and every live announcement, as plain data."""
+    """The run spec and every live announcement, each with whether its peer answers, as plain data."""
     dht = await asyncio.to_thread(start_dht, initial_peers, ["/ip4/127.0.0.1/tcp/0"], None, True)
+    p2p = None
     try:
         sdht = SwarmDHT(dht)
         signed = await sdht.fetch_run_spec()
@@ -23,16 +31,20 @@ async def swarm_state(initial_peers: list[str]) -> dict:
         await sdht.adopt(spec)  # a private swarm's announcements count only with a ticket
         peers = await sdht.all_stage_peers(spec.run_hash, spec.n_stages)
         now = get_dht_time()
+        p2p = await dht.replicate_p2p()
+        answers = await LivenessProbe(p2p).probe_all(spec.run_hash, sorted({a.peer_id for s in peers.values()
+                                                                           for a in s}))
         return {
             "run": {"hash": spec.run_hash, "name": spec.name, "codec": spec.codec, "rank": spec.rank,
                     "stages": spec.n_stages, "key": signed.fingerprint},
-            "stages": {s: [{"peer": a.peer_id, "state": a.state, "throughput": a.throughput, "queue": a.queue,
-                            "basis_version": a.basis_version, "age_s": round(now - a.timestamp, 1),
+            "stages": {s: [{"peer": a.peer_id, "state": a.state if answers[a.peer_id] else "offline",
+                            "announced_state": a.state, "answers": answers[a.peer_id], "throughput": a.throughput,
+                            "queue": a.queue, "basis_version": a.basis_version, "age_s": round(now - a.timestamp, 1),
                             "reachability": reachability_of(a.maddrs)} for a in anns]
                        for s, anns in peers.items()},
         }
     finally:
-        await asyncio.to_thread(stop_dht, dht)
+        await close_node(dht, p2p)
 
 
 def format_table(state: dict) -> str:
@@ -41,16 +53,22 @@ def format_table(state: dict) -> str:
         return "no run spec found: is the coordinator running, and is --initial-peers its address?"
     lines = [f"run {run['hash']} ({run['name']}), codec {run['codec']} rank {run['rank']}, "
              f"{run['stages']} stages, coordinator key {run['key']}",
-             f"{'stage':>5}  {'peer':<12} {'state':<8} {'reach':<8} {'tok/s':>8} {'queue':>5} {'basis':>5} "
-             f"{'age s':>6}"]
+             f"{'stage':>5}  {'peer':<12} {'state':<8} {'answers':<7} {'reach':<8} {'tok/s':>8} {'queue':>5} "
+             f"{'basis':>5} {'age s':>6}"]
+    silent = []
     for s in range(run["stages"]):
         peers = state["stages"].get(s, [])
-        if not peers:
-            lines.append(f"{s:>5}  {'(none)':<12} {'MISSING':<8}")
         for p in peers:
-            lines.append(f"{s:>5}  {'…' + p['peer'][-10:]:<12} {p['state']:<8} {p['reachability']:<8} "
-                         f"{p['throughput']:>8.0f} "
+            lines.append(f"{s:>5}  {'…' + p['peer'][-10:]:<12} {p['state']:<8} {'yes' if p['answers'] else 'no':<7} "
+                         f"{p['reachability']:<8} {p['throughput']:>8.0f} "
                          f"{p['queue']:>5} {p['basis_version']:>5} {p['age_s']:>6}")
+            if not p["answers"]:
+                silent.append(f"…{p['peer'][-10:]}")
+        if not any(p["answers"] for p in peers):
+            lines.append(f"{s:>5}  {'(none)':<12} MISSING")
+    if silent:
+        lines.append(f"offline (did not answer a probe: stopped, or unreachable from here): {', '.join(silent)}; "
+                     f"a stopped peer's announcement lives on until its ttl.")
     return "\n".join(lines)
 
 

@@ -41,7 +41,8 @@ SCREENSHOT = Path(swarm_package.__file__).parent / "dashboard" / "screenshot.png
 # a mark (not only the skip inside page_of) so that pytest's -rs summary lists each browser test on its own line
 needs_chromium = pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"browser test: no Chromium at {CHROMIUM}; "
                                     "install it with apt-get install -y chromium (as .ci/run does)")
-RECORD_TTL = 15.0  # the peers' ttl (PeerOptions.ttl): how long a dead peer's records live on
+RECORD_TTL = 30.0  # the peers' --ttl: a dead peer's records live on 20 to 30 s (refreshed every ttl/3)
+OFFLINE_WITHIN_S = 12.0  # a killed peer shows offline within this (probes), well before its records expire
 
 
 @dataclass
@@ -92,9 +93,11 @@ def live(tmp_path_factory):
         swarm.start_coordinator()
         ports = {s: free_port() for s in range(3)}
         tb = {name: tmp / f"tb-{name}" for name in ("head", "tail", "dashboard")}
-        swarm.start_peer(0, "--steps", "100000", "--health-port", str(ports[0]), "--tensorboard", str(tb["head"]))
-        swarm.start_peer(1, "--health-port", str(ports[1]))
-        swarm.start_peer(2, "--health-port", str(ports[2]), "--tensorboard", str(tb["tail"]))
+        ttl = ("--ttl", f"{RECORD_TTL:g}")
+        swarm.start_peer(0, "--steps", "100000", "--health-port", str(ports[0]), "--tensorboard", str(tb["head"]),
+                         *ttl)
+        swarm.start_peer(1, "--health-port", str(ports[1]), *ttl)
+        swarm.start_peer(2, "--health-port", str(ports[2]), "--tensorboard", str(tb["tail"]), *ttl)
         url = swarm.start_dashboard(0, "--tensorboard", str(tb["dashboard"]))
         wait_for_event(swarm, "stage0", "step", count=2)
         yield Live(swarm, url, ports, tb)
@@ -317,13 +320,16 @@ def test_page_hides_forgeries_and_shows_a_killed_peer_going_offline(live):
         proc.wait(timeout=10)
         row = page.locator(f"#peers tbody tr[data-peer='{victim}']")
 
-        def gone_or_offline() -> bool:
-            return ((row.count() == 0 or row.get_attribute("data-state") == "offline")
+        def offline() -> bool:  # the dashboard probes every ~2 s: two missed probes, not the record's expiry
+            return (row.count() == 1 and row.get_attribute("data-state") == "offline"
                     and page.get_attribute("#stages .stage[data-stage='1']", "data-peers") == "0")
 
-        eventually(gone_or_offline, RECORD_TTL + 10, "the killed peer gone or offline on the page")
+        eventually(offline, OFFLINE_WITHIN_S, "the killed peer offline on the page (its records live on)")
         assert page.locator(f"#banned tbody tr[data-peer='{victim}']").count() >= 1
         assert "uncovered" in page.inner_text("#stages .stage[data-stage='1']")
+        seen = {p["peer_id"]: p for p in state(live)["peers"]}
+        assert seen[victim]["answers"] is False and not seen[victim]["online"]
+        assert all(p["state"] != "offline" for p in seen.values() if p["peer_id"] != victim), "a live peer is offline"
 
 
 # ---------------------------------------------------------------------------------------------- TensorBoard

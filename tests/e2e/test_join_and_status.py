@@ -1,7 +1,10 @@
-"""A peer started by hand joins a running swarm, and `swarm status` lists every stage and peer."""
+"""A peer started by hand joins a running swarm, and `swarm status` lists every stage and peer,
+and right after a peer is killed no longer lists it as serving (though its announcement lives)."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 
@@ -11,8 +14,8 @@ from tests.e2e.conftest import wait_for_event
 def test_peer_started_by_hand_joins_and_status_lists_it(make_swarm):
     swarm = make_swarm(codec="subspace")
     maddrs = swarm.start_coordinator()
-    for stage in (1, 2):
-        swarm.start_peer(stage)
+    swarm.start_peer(1)
+    swarm.start_peer(2, "--ttl", "30")  # killed at the end: its announcement outlives it by 20 s or more
     for stage in (1, 2):
         wait_for_event(swarm, f"stage{stage}", "ready")
 
@@ -33,7 +36,25 @@ def test_peer_started_by_hand_joins_and_status_lists_it(make_swarm):
     assert online[0] == [ready["peer_id"]]
     assert len(online[1]) == 1 and len(online[2]) == 1
 
-    table = subprocess.run([sys.executable, "-m", "swarm.cli", "status", "--initial-peers", maddrs[0]],
-                           capture_output=True, text=True, timeout=120, env=swarm._env())
-    assert table.returncode == 0 and "online" in table.stdout and ready["peer_id"][-10:] in table.stdout
+    def status(*flags: str) -> str:
+        out = subprocess.run([sys.executable, "-m", "swarm.cli", "status", "--initial-peers", maddrs[0], *flags],
+                             capture_output=True, text=True, timeout=120, env=swarm._env())
+        assert out.returncode == 0, out.stderr[-2000:]
+        return out.stdout
+
+    table = status()
+    assert "online" in table and ready["peer_id"][-10:] in table
     assert head.poll() is None, "the head stopped while training"
+    assert all(p["answers"] for peers in state["stages"].values() for p in peers), "a live peer failed its probe"
+
+    tail = wait_for_event(swarm, "stage2", "ready")[0]["peer_id"]
+    proc = dict(swarm.procs)["stage2"]
+    os.killpg(proc.pid, signal.SIGKILL)  # the peer and its p2pd, as a crash or `kill -9` of the group
+    proc.wait(timeout=10)
+    listed = {p["peer"]: p for peers in json.loads(status("--json"))["stages"].values() for p in peers}
+    assert tail in listed, "its announcement should still live (ttl 30 s); else this check proves nothing"
+    assert listed[tail]["answers"] is False and listed[tail]["state"] == "offline", listed[tail]
+    assert listed[tail]["announced_state"] == "online"
+    assert listed[ready["peer_id"]]["answers"] and listed[ready["peer_id"]]["state"] == "online"
+    rows = {line.split()[1]: line for line in status().splitlines() if line.split()[0].isdigit()}
+    assert rows["…" + tail[-10:]].split()[2:4] == ["offline", "no"], rows

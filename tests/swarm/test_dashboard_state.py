@@ -153,3 +153,66 @@ def test_a_stage_is_the_bottleneck_when_uncovered_or_clearly_slowest():
     assert marks(5000.0, 2000.0, 5100.0) == [False, True, False]
     assert marks(5000.0, None, None) == [False, True, True]
     assert marks(0.0, 0.0, 0.0) == [False, False, False]
+
+
+class FakeProbe:
+    """Stands in for LivenessProbe: says who answers, or fails the whole round."""
+
+    def __init__(self, silent: set[str] = frozenset(), broken: bool = False) -> None:
+        self.silent, self.broken, self.rounds = set(silent), broken, []
+
+    async def probe_all(self, run_hash: str, peers: list[str]) -> dict[str, bool]:
+        self.rounds.append((run_hash, sorted(peers)))
+        if self.broken:
+            raise ConnectionError("p2pd went away")
+        return {p: p not in self.silent for p in peers}
+
+
+@pytest.mark.e2e
+async def test_a_peer_that_misses_two_probes_is_offline_while_its_records_live(sdht):
+    await populate(sdht, ttl=60.0)  # its records outlive this test
+    probe = FakeProbe(silent={MIDDLE})
+    state = DashboardState(sdht, probe=probe)
+    await state.probe_once()  # nothing listed before the first sample: nothing to probe
+    assert probe.rounds == []
+    await state.sample()
+    for _ in range(2):
+        await state.probe_once()
+    assert probe.rounds[-1] == (SPEC.run_hash, sorted([HEAD, MIDDLE, STRANGER]))
+    await state.sample()
+    snap = state.snapshot()
+    peers = {p["peer_id"]: p for p in snap["peers"]}
+    assert peers[MIDDLE]["state"] == "offline" and not peers[MIDDLE]["online"] and peers[MIDDLE]["answers"] is False
+    assert peers[HEAD]["online"] and peers[HEAD]["answers"] is True
+    assert [(s["peers"], s["covered"]) for s in snap["stages"]] == [(1, True), (0, False), (0, False)]
+    assert snap["wire"]["forward_bytes_per_token"] == pytest.approx(65.0), "the silent peer's figures are left out"
+    assert snap["wire"]["sync_bytes_per_step"] is None
+    values = metric_values(render(make_registry(state.snapshot)).decode())
+    assert values[("swarm_peers", ())] == 1 and values[("swarm_stages_covered", ())] == 1
+
+    probe.silent.clear()  # it answers again
+    await state.probe_once()
+    await state.sample()
+    peers = {p["peer_id"]: p for p in state.snapshot()["peers"]}
+    assert peers[MIDDLE]["online"] and peers[MIDDLE]["answers"] is True
+    assert state.snapshot()["stages"][1]["covered"]
+
+
+@pytest.mark.e2e
+async def test_a_failing_probe_never_stops_the_dashboard(sdht):
+    await populate(sdht)
+    probe = FakeProbe(broken=True)
+    state = DashboardState(sdht, interval=0.1, probe=probe)
+    task = asyncio.create_task(state.run())
+    try:
+        deadline = time.monotonic() + 20
+        while not (probe.rounds and state.samples >= 3):
+            assert not task.done(), f"the dashboard stopped: {task.exception() if task.done() else ''}"
+            assert time.monotonic() < deadline, "no probe round and three samples within 20 s"
+            await asyncio.sleep(0.1)  # poll the sampling task
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    snap = state.snapshot()
+    assert snap["error"] is None and sum(p["online"] for p in snap["peers"]) == 2
+    assert all(p["answers"] is None for p in snap["peers"]), "a failed round is no verdict"

@@ -114,9 +114,9 @@ def test_relay_penalty_and_reachability_of_announcements():
 def test_status_table_shows_reachability():
     state = {"run": {"hash": "ab" * 8, "name": "tiny", "codec": "subspace", "rank": 16, "stages": 2, "key": "k"},
              "stages": {0: [{"peer": "A" * 20, "state": "online", "throughput": 10.0, "queue": 0, "basis_version": 0,
-                             "age_s": 1.0, "reachability": "direct"}],
+                             "age_s": 1.0, "reachability": "direct", "answers": True}],
                         1: [{"peer": "B" * 20, "state": "online", "throughput": 5.0, "queue": 1, "basis_version": 0,
-                             "age_s": 2.0, "reachability": "relayed"}]}}
+                             "age_s": 2.0, "reachability": "relayed", "answers": True}]}}
     lines = format_table(state).splitlines()
     assert "reach" in lines[1]
     assert "direct" in lines[2] and "relayed" in lines[3] and "B" * 10 in lines[3]

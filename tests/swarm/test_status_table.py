@@ -1,0 +1,29 @@
+"""`swarm status`'s table: a peer that did not answer its probe is shown offline and named below."""
+from __future__ import annotations
+
+from swarm.monitor.status import format_table
+
+RUN = {"hash": "0123456789abcdef", "name": "tiny", "codec": "subspace", "rank": 16, "stages": 3, "key": "b13c482f"}
+
+
+def peer(peer_id: str, answers: bool, state: str = "online") -> dict:
+    return {"peer": peer_id, "state": state if answers else "offline", "announced_state": state, "answers": answers,
+            "throughput": 4000.0, "queue": 1, "basis_version": 0, "age_s": 2.5, "reachability": "direct"}
+
+
+def test_a_silent_peer_is_offline_and_its_stage_missing():
+    table = format_table({"run": RUN, "stages": {0: [peer("12D3KooWHeadHeadHead", True)],
+                                                 1: [peer("12D3KooWDeadDeadDead", False)],
+                                                 2: []}})
+    rows = [line.split() for line in table.splitlines()[2:] if line.split()[0].isdigit()]
+    assert rows[0][:4] == ["0", "…adHeadHead", "online", "yes"]
+    assert rows[1][:4] == ["1", "…adDeadDead", "offline", "no"]
+    assert rows[2] == ["1", "(none)", "MISSING"], "a stage whose only peer is silent is not covered"
+    assert rows[3] == ["2", "(none)", "MISSING"]
+    assert table.splitlines()[-1].startswith("offline (did not answer a probe") and "…adDeadDead" in table
+    assert "answers" in table.splitlines()[1]
+
+
+def test_no_note_when_every_peer_answers():
+    table = format_table({"run": RUN, "stages": {s: [peer(f"12D3KooWPeer{s}Peer{s}", True)] for s in range(3)}})
+    assert "MISSING" not in table and "offline" not in table and len(table.splitlines()) == 5
