@@ -5,7 +5,8 @@ admitted with a ticket) for the stage it belongs to:
 
     act          peers of the previous stage; at stage 1, only the leading head
     grad         peers of the next stage
-    ctl          status: any head; reduce, apply, abort: only the leading head
+    ctl          status: any admitted peer (a liveness probe, a dashboard); reduce, apply, abort:
+                 only the leading head
     red          replicas of this stage             fol    peers of this stage (the donor)
     state        any admitted peer: a joining replica, or `swarm export` (the model is the swarm's)
     basis        anyone: the update itself is signed by the swarm key
@@ -119,8 +120,11 @@ class Membership:
             return Refusal("this peer is banned for a while after failing or sending bad data.")
         if not await self.sdht.admitted(sender):
             return Refusal("this swarm is private: its coordinator admits peers with a ticket (swarm admit).")
-        if kind in (KIND_BASIS, KIND_STATE):
-            return None  # a basis update carries the swarm key's signature; a stage's state is the public model
+        if kind in (KIND_BASIS, KIND_STATE, KIND_CONTROL):
+            # a basis update carries the swarm key's signature; a stage's state is the public model; a
+            # command is read first, and only "status" (where this stage is: a liveness probe) is
+            # answered without the leader's right (KIND_DRIVE), so a probe costs no DHT read
+            return None
         source = self._source(kind)
         if source is None:
             return Refusal(f"messages of kind {kind!r} are not served here.")

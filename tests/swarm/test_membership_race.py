@@ -6,7 +6,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from protocol.spec import preset
-from protocol.wire import KIND_ACTIVATION, KIND_CONTROL, KIND_GRADIENT, KIND_REDUCE
+from protocol.wire import KIND_ACTIVATION, KIND_CONTROL, KIND_DRIVE, KIND_GRADIENT, KIND_REDUCE
 from swarm.replicas.membership import Membership
 from tests.peer.swarm_in_memory import make_swarm, oracle, patient_options
 
@@ -61,8 +61,9 @@ async def test_a_head_read_late_is_asked_to_retry_its_commands_and_a_reduce_is_r
     m = Membership(view, view, stage=1, n_stages=3, refresh_s=3600.0)
     refusal = await m.check("s1r1", KIND_REDUCE)  # the replicas' exchange has its own recovery
     assert refusal is not None and refusal.code == "refused"
-    refusal = await m.check("s0r0", KIND_CONTROL)
+    refusal = await m.check("s0r0", KIND_DRIVE)
     assert refusal is not None and refusal.code == "retry"
+    assert await m.check("stranger", KIND_CONTROL) is None  # a status query: anyone admitted may probe
 
 
 async def test_a_swarm_whose_last_stage_reads_announcements_late_trains_like_the_oracle():
