@@ -18,12 +18,11 @@ from dataclasses import asdict, dataclass
 
 from peer.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint
 from peer.driver import StepLog
-from peer.interfaces import LinkError
 from peer.replica_sync import flat_limits
 from peer.stage import StageRunner
 from peer.stage_peer import StagePeer
 from peer.state_transfer import StateError, state_bytes
-from protocol.control import STATE_CHUNK_BYTES, Command, encode_command
+from protocol.control import STATE_CHUNK_BYTES
 from protocol.spec import RunSpec
 from protocol.wire import (
     KIND_ACTIVATION,
@@ -37,6 +36,7 @@ from protocol.wire import (
 )
 from swarm.basis import BasisSync
 from swarm.dht import SwarmDHT
+from swarm.monitor.liveness import LivenessProbe
 from swarm.net import Transport
 from swarm.replicas.membership import PROBE_S, Membership
 from swarm.replicas.placement import HOLD_S, Rebalancer
@@ -197,12 +197,8 @@ class ReplicaService:
 
     async def _answers(self, peer: str) -> bool:
         """Whether `peer` answers a status request at all (a refusal is an answer): a liveness probe."""
-        body = encode_command(Command(self.spec.run_hash, self.runner.step, 0, "status"))
-        try:
-            await self.ctx.link.request(peer, KIND_CONTROL, body, timeout=PROBE_S)
-            return True
-        except LinkError:
-            return False
+        return await LivenessProbe(self.ctx.transport.p2p, PROBE_S).answers(self.spec.run_hash, peer,
+                                                                             self.ctx.transport)
 
     # ------------------------------------------------------------------ while serving
     def _on_step(self, record: StepLog) -> None:
