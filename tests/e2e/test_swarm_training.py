@@ -10,9 +10,6 @@ import json
 import pytest
 import torch
 
-from peer.corpus import load_corpus
-from peer.data import BatchSource
-from peer.pipeline import InProcessPipeline
 from protocol.codecs import WireTensors
 from protocol.spec import WIRE_DTYPES, preset
 from protocol.wire import ActivationMessage, GradientMessage, Header, token_bytes
@@ -21,23 +18,6 @@ from swarm.net.transport import REPLY_OVERHEAD, REQUEST_OVERHEAD
 from tests.protocol.test_wire import expected_header
 
 STEPS = 20
-
-
-def oracle_losses(spec, steps: int) -> list[float]:
-    """Per-step losses of the in-process pipeline, with one torch thread like the swarm's peers
-    (fp32 sums in another order differ in the last bits, and 20 steps of training amplify that)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return _oracle_losses(spec, steps)
-    finally:
-        torch.set_num_threads(threads)
-
-
-def _oracle_losses(spec, steps: int) -> list[float]:
-    src = BatchSource(load_corpus(None, seq_len=spec.seq_len), spec.seq_len, spec.microbatch_size, spec.data_seed)
-    pipe = InProcessPipeline(spec)
-    return [pipe.train_step(s, src.microbatch).loss for s in range(steps)]
 
 
 def framed_bytes_per_token(spec, kind: str, step: int = 1, mb: int = 1, attempt: int = 0) -> float:
@@ -59,7 +39,7 @@ def framed_bytes_per_token(spec, kind: str, step: int = 1, mb: int = 1, attempt:
 
 
 @pytest.mark.parametrize("codec", ["subspace", "bottleneck", "dense"])
-def test_swarm_matches_oracle_and_counts_bytes(codec, tmp_path):
+def test_swarm_matches_oracle_and_counts_bytes(codec, tmp_path, oracle_runs):
     spec = preset("tiny", codec=codec, stages=3)
     metrics_file = tmp_path / "metrics.json"
     result = run_local(LocalOptions(spec, steps=STEPS, workdir=str(tmp_path / "run"), metrics_out=str(metrics_file),
@@ -71,7 +51,7 @@ def test_swarm_matches_oracle_and_counts_bytes(codec, tmp_path):
     assert written["run"]["codec"] == codec
 
     swarm = [s["loss"] for s in result["steps"]]
-    oracle = oracle_losses(spec, STEPS)
+    oracle = oracle_runs.losses(spec, STEPS)  # one torch thread, as in the peers (tests/oracle_runs.py)
     for step, (a, b) in enumerate(zip(swarm, oracle), start=1):
         assert abs(a - b) / abs(b) < 1e-5, f"step {step}: swarm loss {a} vs oracle {b}"
     assert swarm[-1] < swarm[0] - 0.5, "the swarm did not learn"
