@@ -12,7 +12,6 @@ import shutil
 import signal
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -22,6 +21,7 @@ from swarm.export import StagedModel, gather_from_checkpoints
 from swarm.export.exporter import export_run
 from swarm.local import LocalOptions, run_local
 from tests.e2e.conftest import wait_for_event
+from tests.e2e.processes import at_once
 
 transformers = pytest.importorskip("transformers")
 
@@ -40,8 +40,7 @@ def cli(*args: str) -> str:
 
 def cli_at_once(*commands: tuple[str, ...]) -> list[str]:
     """Independent commands run side by side (each is mostly its own start-up): their outputs, in order."""
-    with ThreadPoolExecutor(len(commands)) as pool:
-        return list(pool.map(lambda args: cli(*args), commands))
+    return at_once(*[lambda args=args: cli(*args) for args in commands])
 
 
 def hf_matches_our_model(ck, hf_dir) -> None:

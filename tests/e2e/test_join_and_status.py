@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 from tests.e2e.conftest import wait_for_event
+from tests.e2e.processes import at_once
 
 
 def test_peer_started_by_hand_joins_and_status_lists_it(make_swarm):
@@ -24,8 +25,11 @@ def test_peer_started_by_hand_joins_and_status_lists_it(make_swarm):
     steps = wait_for_event(swarm, "by-hand", "step", count=3)
     assert steps[2]["loss"] < steps[0]["loss"] + 0.5 and all(s["tokens"] > 0 for s in steps)
 
-    out = subprocess.run([sys.executable, "-m", "swarm.cli", "status", "--initial-peers", maddrs[0], "--json"],
-                         capture_output=True, text=True, timeout=120, env=swarm._env())
+    def status(*flags: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "swarm.cli", "status", "--initial-peers", maddrs[0], *flags],
+                              capture_output=True, text=True, timeout=120, env=swarm._env())
+
+    out, table = at_once(lambda: status("--json"), status)  # both forms, side by side
     assert out.returncode == 0, out.stderr[-2000:]
     state = json.loads(out.stdout)
     assert state["run"]["stages"] == 3 and state["run"]["codec"] == "subspace"
@@ -33,7 +37,5 @@ def test_peer_started_by_hand_joins_and_status_lists_it(make_swarm):
     assert online[0] == [ready["peer_id"]]
     assert len(online[1]) == 1 and len(online[2]) == 1
 
-    table = subprocess.run([sys.executable, "-m", "swarm.cli", "status", "--initial-peers", maddrs[0]],
-                           capture_output=True, text=True, timeout=120, env=swarm._env())
     assert table.returncode == 0 and "online" in table.stdout and ready["peer_id"][-10:] in table.stdout
     assert head.poll() is None, "the head stopped while training"
