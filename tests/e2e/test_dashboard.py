@@ -41,7 +41,9 @@ SCREENSHOT = Path(swarm_package.__file__).parent / "dashboard" / "screenshot.png
 # a mark (not only the skip inside page_of) so that pytest's -rs summary lists each browser test on its own line
 needs_chromium = pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"browser test: no Chromium at {CHROMIUM}; "
                                     "install it with apt-get install -y chromium (as .ci/run does)")
-RECORD_TTL = 15.0  # the peers' ttl (PeerOptions.ttl): how long a dead peer's records live on
+# the peers' --ttl: how long a dead peer's records live on (a heartbeat every ttl/3); as short as
+# the other multi-process tests have it, since the killed-peer test waits it out
+RECORD_TTL = 6.0
 
 
 @dataclass
@@ -92,9 +94,10 @@ def live(tmp_path_factory):
         swarm.start_coordinator()
         ports = {s: free_port() for s in range(3)}
         tb = {name: tmp / f"tb-{name}" for name in ("head", "tail", "dashboard")}
-        swarm.start_peer(0, "--steps", "100000", "--health-port", str(ports[0]), "--tensorboard", str(tb["head"]))
-        swarm.start_peer(1, "--health-port", str(ports[1]))
-        swarm.start_peer(2, "--health-port", str(ports[2]), "--tensorboard", str(tb["tail"]))
+        ttl = ["--ttl", str(RECORD_TTL)]
+        swarm.start_peer(0, "--steps", "100000", "--health-port", str(ports[0]), "--tensorboard", str(tb["head"]), *ttl)
+        swarm.start_peer(1, "--health-port", str(ports[1]), *ttl)
+        swarm.start_peer(2, "--health-port", str(ports[2]), "--tensorboard", str(tb["tail"]), *ttl)
         url = swarm.start_dashboard(0, "--tensorboard", str(tb["dashboard"]))
         wait_for_event(swarm, "stage0", "step", count=2)
         yield Live(swarm, url, ports, tb)
@@ -157,7 +160,7 @@ async def test_api_state_matches_the_records_the_peers_publish(live):
             if same:
                 break
             assert time.monotonic() < deadline, f"the API never matched the DHT's records: {api} vs {records}"
-            await asyncio.sleep(0.3)  # the dashboard samples every second, the peers publish every 5 s
+            await asyncio.sleep(0.3)  # the dashboard samples every second, the peers publish every RECORD_TTL / 3
     assert sorted(r.stage for r in records.values()) == [0, 1, 2]
     assert records[next(p for p, r in records.items() if r.stage == 0)].loss is not None
 
