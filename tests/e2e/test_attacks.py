@@ -112,6 +112,8 @@ async def test_attacks_are_refused_while_the_swarm_trains_exactly_like_the_oracl
             forged = Contribution(a.spec.run_hash, step, 0, 1, [0],
                                   torch.full((StageRunner(spec, 1).layout.numel,), 1e3))  # the size it would have
             outcomes["forged contribution to stage 1"] = await a.send(ids[1], KIND_REDUCE, encode_contribution(forged))
+            # the oracle trains while the swarm finishes: its retried step waits out a timeout with idle cores
+            oracle = asyncio.create_task(asyncio.to_thread(_oracle, spec, STEPS))
             records = await asyncio.to_thread(swarm.follow)
             await asyncio.to_thread(swarm.wait_for_head)
     finally:
@@ -128,7 +130,7 @@ async def test_attacks_are_refused_while_the_swarm_trains_exactly_like_the_oracl
     assert "banned" in outcomes["activation to stage 2 after the ban"][1]
     assert 1 <= len(received) <= 4, f"the hostile replica got {len(received)} microbatches"
 
-    losses, pipe = _oracle(spec, STEPS)
+    losses, pipe = await oracle
     assert [r["step"] for r in records] == list(range(1, STEPS + 1))
     for step, (r, want) in enumerate(zip(records, losses), start=1):
         assert r["loss"] == pytest.approx(want, rel=1e-9), f"step {step}"
