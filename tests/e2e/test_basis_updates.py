@@ -85,6 +85,8 @@ async def test_swarm_matches_oracle_across_switches_and_refuses_bad_updates(tmp_
             # v1 takes effect at step 7 on every stage: once the head has done step 8, all have applied it,
             # so a replay of it can only be refused as due at a step already started (no race with the push)
             await asyncio.to_thread(wait_for_event, swarm, "stage0", "step", 120, 8)
+            # the oracle trains while the swarm does (one thread per peer, over links with latency: a core idles)
+            oracle = asyncio.create_task(asyncio.to_thread(oracle_runs.losses, spec, steps))
             stranger = SigningKey.generate()
             for peer in peers:
                 reasons = [
@@ -102,7 +104,7 @@ async def test_swarm_matches_oracle_across_switches_and_refuses_bad_updates(tmp_
     finally:
         await asyncio.to_thread(swarm.stop)
 
-    losses, log = oracle_runs.losses(spec, steps), oracle_runs.basis_log(spec, steps)
+    losses, log = await oracle, oracle_runs.basis_log(spec, steps)
     assert_matches(swarm_steps, losses)
     assert [(u.version, u.effective_step) for u in published] == log[:5]
     # the steps report the basis version they trained with: each switch is where the oracle put it
