@@ -52,8 +52,10 @@ async def test_attacks_are_refused_while_the_swarm_trains_exactly_like_the_oracl
     # so the swarm must equal the oracle to far tighter bounds than any attack could hide in
     spec = preset("tiny", stages=3, basis_updates=False, dtype="fp64", wire_dtype="fp64")
     ckpt = {s: tmp_path / f"ckpt{s}" for s in range(3)}
+    # the step the hostile replica spoils is re-driven once its gradients are overdue: after 5 s,
+    # not the default 15 (a step takes well under a second here)
     swarm = LocalSwarm(LocalOptions(spec, steps=STEPS, workdir=str(tmp_path / "run"), quiet=True, threads=1,
-                                    extra_peer_args=["--ttl", "6"]))
+                                    extra_peer_args=["--ttl", "6", "--min-step-timeout", "5"]))
     outcomes: dict[str, tuple[str, str]] = {}
     received = []
     try:

@@ -25,7 +25,8 @@ async def test_live_peers_refuse_bad_input_and_their_state_does_not_change(make_
     swarm = make_swarm(codec="subspace")
     ck = tmp_path / "ck"
     maddrs = await asyncio.to_thread(swarm.start_coordinator)
-    peers = {s: swarm.start_peer(s, "--checkpoint-dir", str(ck)) for s in (1, 2)}
+    # a message for the next step waits 1 s (not the default 10) for a step that never comes here
+    peers = {s: swarm.start_peer(s, "--checkpoint-dir", str(ck), "--next-step-wait", "1") for s in (1, 2)}
     ids = {s: (await asyncio.to_thread(wait_for_event, swarm, f"stage{s}", "ready"))[0]["peer_id"] for s in (1, 2)}
     async with Attacker(maddrs) as stranger:
         for s, kinds in ((1, (KIND_ACTIVATION, KIND_GRADIENT)), (2, (KIND_ACTIVATION,))):
