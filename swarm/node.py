@@ -90,6 +90,10 @@ class PeerOptions:
     join_timeout: float = opt(60.0, "seconds to wait for the run spec")
     step_timeout: float = opt(120.0, "seconds the first step may take before it is re-driven (later steps: 4x "
                               "their measured time)")
+    min_step_timeout: float | None = opt(None, "head only: the least time a later step gets before it is re-driven, "
+                                         "however fast the steps before it were (default: 15 s)", metavar="S")
+    next_step_wait: float | None = opt(None, "seconds a message for the next step may wait while this peer finishes "
+                                       "the current one, before it is refused (default: 10 s)", metavar="S")
     ttl: float = opt(15.0, "seconds this peer's announcements live without a heartbeat (a dead peer is forgotten "
                      "after this)")
     health_port: int = opt(0, "serve GET /healthz on this port for Docker/systemd health checks (default: off)")
@@ -242,7 +246,7 @@ async def run_peer(opts: PeerOptions) -> int:
         ctx = ReplicaContext(spec, peer_id, sdht, transport, router, LinkAdapter(transport, peer_id), opts.device,
                              batches, reporter, monitor, opts.ttl, opts.checkpoint_dir, opts.checkpoint_every,
                              opts.resume, opts.rebalance_period, opts.steps, opts.step_timeout, reach.mode,
-                             opts.linger, opts.rebalance_hold)
+                             opts.linger, opts.rebalance_hold, opts.min_step_timeout, opts.next_step_wait)
         stage = recall_stage(opts.identity, spec.run_hash) if opts.stage == "auto" else None
         if stage is None:
             stage = await choose_stage(router, spec, opts.stage)

@@ -1,6 +1,7 @@
 """Guards for every test: no p2pd started by a test module may outlive that module, tiny
 matrices run on one torch thread, the swarm's state folder is a temporary one, and the fast
-lane (`pytest -m "not e2e"`) stays in-process.
+lane (`pytest -m "not e2e"`) stays in-process. Also the session's oracle runs (`oracle_runs`):
+the in-process pipeline trained once per run spec, for every test that compares with it.
 
 Every p2pd this session starts inherits an environment marker (hivemind copies os.environ
 into the daemon's environment), so the check sees our daemons, orphans included, and never
@@ -97,6 +98,14 @@ def no_leftover_p2pd(p2pd_marker):
             except ProcessLookupError:
                 pass
         pytest.fail(f"p2pd processes {sorted(left)} outlived the test module that started them.")
+
+
+@pytest.fixture(scope="session")
+def oracle_runs():
+    """The in-process oracle's runs, each trained once in the session (tests/oracle_runs.py)."""
+    from tests.oracle_runs import OracleRuns
+
+    return OracleRuns()
 
 
 @pytest.fixture(autouse=True)

@@ -47,6 +47,11 @@ log = logging.getLogger(__name__)
 SERVED_KINDS = (KIND_ACTIVATION, KIND_GRADIENT, KIND_BASIS, KIND_CONTROL, KIND_REDUCE, KIND_FOLLOW, KIND_STATE)
 
 
+def given(**options: object) -> dict[str, object]:
+    """The options that were set (not None): the others keep the daemon's or driver's default."""
+    return {k: v for k, v in options.items() if v is not None}
+
+
 def frame_limits(spec: RunSpec, runner: StageRunner) -> dict[str, int]:
     """The largest request a replica of this stage accepts, per kind of message."""
     boundary = WireLimits.for_spec(spec).max_bytes
@@ -85,6 +90,8 @@ class ReplicaContext:
     reachability: str = "direct"  # or "relayed": how others reach this peer
     linger: bool = False  # a head keeps serving after its last step
     rebalance_hold: float = HOLD_S  # seconds a peer stays at a stage it took, unless a stage is empty
+    min_step_timeout: float | None = None  # the driver's floor for a later step's timeout (None: its default)
+    next_step_wait: float | None = None  # how long the daemon holds a next-step message (None: its default)
 
 
 class ReplicaService:
@@ -106,8 +113,9 @@ class ReplicaService:
             runner, ctx.link, ctx.router, batches=batches, verify_state=sync.verify_state,
             daemon_options=dict(on_refit=sync.send_stats, verify_update=sync.verify, pull_updates=sync.pull,
                                 admit=Membership(ctx.router, ctx.sdht, self.stage, self.spec.n_stages,
-                                                 probe=self._answers).check),
-            driver_options=dict(first_timeout=ctx.step_timeout))
+                                                 probe=self._answers).check,
+                                **given(future_step_wait=ctx.next_step_wait)),
+            driver_options=dict(first_timeout=ctx.step_timeout, **given(min_timeout=ctx.min_step_timeout)))
         sync.daemon = peer.daemon
         ctx.link.limits.update(frame_limits(self.spec, runner))
         heartbeat = None

@@ -1,10 +1,24 @@
-"""Process helpers for the multi-process tests: kill one peer hard, and see what it left behind."""
+"""Process helpers for the multi-process tests: kill one peer hard, see what it left behind, and
+run independent commands side by side."""
 from __future__ import annotations
 
 import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+def at_once(*calls: Callable[[], T]) -> list[T]:
+    """Run independent blocking calls side by side (e.g. CLI commands, each mostly its own start-up,
+    on one torch thread each); their results in order, or the first error."""
+    with ThreadPoolExecutor(len(calls)) as pool:
+        futures = [pool.submit(call) for call in calls]
+        return [f.result() for f in futures]
 
 
 def group_members(pgid: int) -> list[tuple[int, str]]:

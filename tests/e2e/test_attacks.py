@@ -52,8 +52,10 @@ async def test_attacks_are_refused_while_the_swarm_trains_exactly_like_the_oracl
     # so the swarm must equal the oracle to far tighter bounds than any attack could hide in
     spec = preset("tiny", stages=3, basis_updates=False, dtype="fp64", wire_dtype="fp64")
     ckpt = {s: tmp_path / f"ckpt{s}" for s in range(3)}
+    # the step the hostile replica spoils is re-driven once its gradients are overdue: after 5 s,
+    # not the default 15 (a step takes well under a second here)
     swarm = LocalSwarm(LocalOptions(spec, steps=STEPS, workdir=str(tmp_path / "run"), quiet=True, threads=1,
-                                    extra_peer_args=["--ttl", "6"]))
+                                    extra_peer_args=["--ttl", "6", "--min-step-timeout", "5"]))
     outcomes: dict[str, tuple[str, str]] = {}
     received = []
     try:
@@ -112,6 +114,8 @@ async def test_attacks_are_refused_while_the_swarm_trains_exactly_like_the_oracl
             forged = Contribution(a.spec.run_hash, step, 0, 1, [0],
                                   torch.full((StageRunner(spec, 1).layout.numel,), 1e3))  # the size it would have
             outcomes["forged contribution to stage 1"] = await a.send(ids[1], KIND_REDUCE, encode_contribution(forged))
+            # the oracle trains while the swarm finishes: its retried step waits out a timeout with idle cores
+            oracle = asyncio.create_task(asyncio.to_thread(_oracle, spec, STEPS))
             records = await asyncio.to_thread(swarm.follow)
             await asyncio.to_thread(swarm.wait_for_head)
     finally:
@@ -128,11 +132,15 @@ async def test_attacks_are_refused_while_the_swarm_trains_exactly_like_the_oracl
     assert "banned" in outcomes["activation to stage 2 after the ban"][1]
     assert 1 <= len(received) <= 4, f"the hostile replica got {len(received)} microbatches"
 
-    losses, pipe = _oracle(spec, STEPS)
+    losses, pipe = await oracle
     assert [r["step"] for r in records] == list(range(1, STEPS + 1))
     for step, (r, want) in enumerate(zip(records, losses), start=1):
         assert r["loss"] == pytest.approx(want, rel=1e-9), f"step {step}"
     assert any(r["attempts"] > 1 for r in records), "the enormous gradients cost no retry: were they ever sent?"
+    # the spoiled step was re-driven after --min-step-timeout (5 s; steps take well under 1 s here):
+    # with the default floor of 15 s it could not have taken less than 15 s
+    retried = max(r["seconds"] for r in records if r["attempts"] > 1)
+    assert retried < 15, f"a retried step took {retried:.1f} s: --min-step-timeout did not apply"
     for s in range(3):  # what each peer holds at the end is the oracle's state, to fp64 noise of its scale
         saved, want = load_checkpoint(checkpoint_path(ckpt[s], swarm.run_hash, s)), pipe.runners[s].state_dict()
         assert saved["step"] == want["step"] == STEPS and saved["basis_version"] == want["basis_version"]

@@ -102,7 +102,7 @@ def coordinator_key(swarm: LocalSwarm) -> str:
 async def test_an_attacker_node_cannot_replace_or_lock_the_swarms_records(make_swarm):
     swarm = make_swarm(stages=2)
     maddrs = await asyncio.to_thread(swarm.start_coordinator)
-    swarm.start_peer(1)
+    swarm.start_peer(1, "--ttl", "6")  # a heartbeat every 2 s: the test waits for the one after the attacks
     victim = (await asyncio.to_thread(wait_for_event, swarm, "stage1", "ready"))[0]["peer_id"]
 
     async with honest_reader(maddrs) as reader, attacker_node(maddrs) as attacker:
@@ -202,12 +202,17 @@ async def test_a_private_swarm_accepts_no_record_from_an_outsider(tmp_path):
     swarm = LocalSwarm(LocalOptions(preset("tiny", stages=2), workdir=str(tmp_path / "run"), threads=1, quiet=True,
                                     coordinator_key=str(key_path)))
     try:
-        maddrs = await asyncio.to_thread(swarm.start_coordinator, "--private")
         cli = [sys.executable, "-m", "swarm.cli"]
-        peer = subprocess.run([*cli, "identity", str(id_path)], capture_output=True, text=True, check=True,
-                              env=swarm._env()).stdout.strip()
-        ticket = subprocess.run([*cli, "admit", "--key", str(key_path), "--peer-id", peer, "--expires", "1h"],
-                                capture_output=True, text=True, check=True, env=swarm._env()).stdout.strip()
+
+        def admit() -> tuple[str, str]:  # the volunteer's identity and its ticket, made while the coordinator starts
+            peer = subprocess.run([*cli, "identity", str(id_path)], capture_output=True, text=True, check=True,
+                                  env=swarm._env()).stdout.strip()
+            ticket = subprocess.run([*cli, "admit", "--key", str(key_path), "--peer-id", peer, "--expires", "1h"],
+                                    capture_output=True, text=True, check=True, env=swarm._env()).stdout.strip()
+            return peer, ticket
+
+        maddrs, (peer, ticket) = await asyncio.gather(asyncio.to_thread(swarm.start_coordinator, "--private"),
+                                                      asyncio.to_thread(admit))
         swarm.start_peer(1, "--identity", str(id_path), "--ticket", ticket)
         outsider = swarm.start_peer(1, name="outsider")  # no ticket
         assert await asyncio.to_thread(outsider.wait, 120) == 1

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import time
 
 import msgpack
 import torch
@@ -25,7 +26,8 @@ async def test_live_peers_refuse_bad_input_and_their_state_does_not_change(make_
     swarm = make_swarm(codec="subspace")
     ck = tmp_path / "ck"
     maddrs = await asyncio.to_thread(swarm.start_coordinator)
-    peers = {s: swarm.start_peer(s, "--checkpoint-dir", str(ck)) for s in (1, 2)}
+    # a message for the next step waits 1 s (not the default 10) for a step that never comes here
+    peers = {s: swarm.start_peer(s, "--checkpoint-dir", str(ck), "--next-step-wait", "1") for s in (1, 2)}
     ids = {s: (await asyncio.to_thread(wait_for_event, swarm, f"stage{s}", "ready"))[0]["peer_id"] for s in (1, 2)}
     async with Attacker(maddrs) as stranger:
         for s, kinds in ((1, (KIND_ACTIVATION, KIND_GRADIENT)), (2, (KIND_ACTIVATION,))):
@@ -58,9 +60,12 @@ async def test_live_peers_refuse_bad_input_and_their_state_does_not_change(make_
             "after a ban": (act(), "banned"),  # the enormous values got this sender banned
         }
         for name, (body, words) in cases.items():
+            sent = time.monotonic()
             code, reason = await a.send(ids[2], KIND_ACTIVATION, body)
             assert code not in ("accepted", "transport"), f"{name} was not refused ({code})"
             assert words.lower() in reason.lower(), f"{name}: unclear refusal {reason!r}"
+            if name == "next step":  # held --next-step-wait (1 s), not the default 10 s
+                assert time.monotonic() - sent < 8, f"the next-step message was held {time.monotonic() - sent:.1f} s"
     for p in peers.values():
         assert p.poll() is None, "a peer died"
         p.send_signal(signal.SIGTERM)  # it writes its checkpoint as it stops

@@ -9,9 +9,6 @@ import asyncio
 
 import torch
 
-from peer.corpus import load_corpus
-from peer.data import BatchSource
-from peer.pipeline import InProcessPipeline
 from protocol.basis_update import BasisUpdate, decode_update, encode_update
 from protocol.spec import RunSpec, preset
 from protocol.wire import ErrorReply, WireLimits, decode_message
@@ -22,18 +19,6 @@ from swarm.trust.keys import SigningKey
 from tests.e2e.conftest import wait_for_event
 
 SPEC = dict(codec="subspace", stages=3, basis_interval=5)
-
-
-def oracle(spec: RunSpec, steps: int) -> tuple[list[float], list[tuple[int, int]]]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        src = BatchSource(load_corpus(None, seq_len=spec.seq_len), spec.seq_len, spec.microbatch_size, spec.data_seed)
-        pipe = InProcessPipeline(spec)
-        losses = [pipe.train_step(s, src.microbatch).loss for s in range(steps)]
-        return losses, pipe.basis_log
-    finally:
-        torch.set_num_threads(threads)
 
 
 def assert_matches(swarm_steps: list[dict], losses: list[float], first_step: int = 1) -> None:
@@ -84,7 +69,7 @@ def _signed(spec: RunSpec, key: SigningKey, version: int, step: int, U: torch.Te
     return u
 
 
-async def test_swarm_matches_oracle_across_switches_and_refuses_bad_updates(tmp_path):
+async def test_swarm_matches_oracle_across_switches_and_refuses_bad_updates(tmp_path, oracle_runs):
     steps = 30
     spec = preset("tiny", **SPEC)
     key_path = tmp_path / "swarm.key"
@@ -100,6 +85,8 @@ async def test_swarm_matches_oracle_across_switches_and_refuses_bad_updates(tmp_
             # v1 takes effect at step 7 on every stage: once the head has done step 8, all have applied it,
             # so a replay of it can only be refused as due at a step already started (no race with the push)
             await asyncio.to_thread(wait_for_event, swarm, "stage0", "step", 120, 8)
+            # the oracle trains while the swarm does (one thread per peer, over links with latency: a core idles)
+            oracle = asyncio.create_task(asyncio.to_thread(oracle_runs.losses, spec, steps))
             stranger = SigningKey.generate()
             for peer in peers:
                 reasons = [
@@ -117,7 +104,7 @@ async def test_swarm_matches_oracle_across_switches_and_refuses_bad_updates(tmp_
     finally:
         await asyncio.to_thread(swarm.stop)
 
-    losses, log = oracle(spec, steps)
+    losses, log = await oracle, oracle_runs.basis_log(spec, steps)
     assert_matches(swarm_steps, losses)
     assert [(u.version, u.effective_step) for u in published] == log[:5]
     # the steps report the basis version they trained with: each switch is where the oracle put it
@@ -126,7 +113,7 @@ async def test_swarm_matches_oracle_across_switches_and_refuses_bad_updates(tmp_
         assert rec["basis_version"] == want, f"step {rec['step']} on version {rec['basis_version']}, want {want}"
 
 
-async def test_restarted_head_comes_back_on_the_current_basis(tmp_path):
+async def test_restarted_head_comes_back_on_the_current_basis(tmp_path, oracle_runs):
     spec = preset("tiny", **SPEC)
     ckpt = tmp_path / "ckpt"
     swarm = LocalSwarm(LocalOptions(spec, steps=13, workdir=str(tmp_path / "run"), quiet=True, threads=1))
@@ -146,7 +133,7 @@ async def test_restarted_head_comes_back_on_the_current_basis(tmp_path):
     finally:
         await asyncio.to_thread(swarm.stop)
 
-    losses, _ = oracle(spec, 17)
+    losses = oracle_runs.losses(spec, 17)
     assert_matches(before, losses, first_step=1)
     assert_matches(after, losses, first_step=14)
     assert after[0]["basis_version"] == 2

@@ -160,7 +160,7 @@ async def test_api_state_matches_the_records_the_peers_publish(live):
             if same:
                 break
             assert time.monotonic() < deadline, f"the API never matched the DHT's records: {api} vs {records}"
-            await asyncio.sleep(0.3)  # the dashboard samples every second, the peers publish every 5 s
+            await asyncio.sleep(0.3)  # the dashboard samples every second, the peers publish every RECORD_TTL / 3
     assert sorted(r.stage for r in records.values()) == [0, 1, 2]
     assert records[next(p for p, r in records.items() if r.stage == 0)].loss is not None
 

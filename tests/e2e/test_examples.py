@@ -25,6 +25,7 @@ import urllib.request
 
 import pytest
 
+from tests.e2e.processes import at_once
 from tests.e2e.scripts import EXAMPLES, ROOT, Scripts, swarm_on_path
 from tests.test_dockerfile import instructions
 
@@ -90,6 +91,11 @@ def test_two_machines_docker_peer_and_dashboard_api(scripts, tmp_path):
                            "--report", d / "head.jsonl"], HOST="127.0.0.1", STATE_DIR=str(d / "head"))
     scripts.start("middle", ["bash", EXAMPLES / "two_machines" / "peer.sh", address, "--stage", "1",
                              "--report", d / "middle.jsonl"], HOST="127.0.0.1", STATE_DIR=str(d / "middle"))
+    # the dashboard, read by the example script at the end: it comes up while the peers do
+    port = free_port()
+    scripts.start("dashboard", [sys.executable, "-m", "swarm.cli", "dashboard", "--initial-peers", address,
+                                "--port", str(port)])
+    url = f"http://127.0.0.1:{port}/"
 
     def ready_of(name: str) -> dict:
         return wait_for(lambda: [e for e in events(d / f"{name}.jsonl") if e["event"] == "ready"], f"{name} ready")[0]
@@ -123,11 +129,6 @@ def test_two_machines_docker_peer_and_dashboard_api(scripts, tmp_path):
     assert probe.returncode == 0 and json.loads(probe.stdout)["state"] == "online", probe.stdout + probe.stderr
 
     # the dashboard, read by the example script
-    port = free_port()
-    scripts.start("dashboard", [sys.executable, "-m", "swarm.cli", "dashboard", "--initial-peers", address,
-                                "--port", str(port)])
-    url = f"http://127.0.0.1:{port}/"
-
     def three_online() -> dict | None:
         try:
             with urllib.request.urlopen(url + "api/v1/state", timeout=5) as r:
@@ -160,17 +161,19 @@ def test_own_text_example(scripts, tmp_path):
         (folder / "notes" / f"{module}.py").write_text(open(source).read())
         (folder / f"page{i}.md").write_text(f"# Page {i}\n\n" + "Volunteers train one model together. " * 50)
     (folder / "ignored.bin").write_bytes(b"\0" * 100)
-    train = EXAMPLES / "own_text" / "train.sh"
-    done = subprocess.run(["bash", train, folder, "--steps", "3", "--quiet", "--no-dashboard", "--threads", "1"],
-                          capture_output=True, text=True, timeout=400, env=scripts.env, cwd=ROOT)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert re.search(r"done: 3 steps, loss [\d.]+ -> [\d.]+", done.stdout), done.stdout
-
     empty = tmp_path / "empty"
     empty.mkdir()
     (empty / "photo.jpg").write_bytes(b"\xff\xd8")
-    refused = subprocess.run(["bash", train, empty, "--steps", "3", "--quiet", "--no-dashboard"], capture_output=True,
-                             text=True, timeout=120, env=scripts.env, cwd=ROOT)
+    train = EXAMPLES / "own_text" / "train.sh"
+
+    def run(texts, timeout: float, *extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", train, texts, "--steps", "3", "--quiet", "--no-dashboard", *extra],
+                              capture_output=True, text=True, timeout=timeout, env=scripts.env, cwd=ROOT)
+
+    # the run, and the refusal of a folder with no text, side by side
+    done, refused = at_once(lambda: run(folder, 400, "--threads", "1"), lambda: run(empty, 120))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert re.search(r"done: 3 steps, loss [\d.]+ -> [\d.]+", done.stdout), done.stdout
     assert refused.returncode != 0 and "contains no" in refused.stderr, refused.stderr
 
 

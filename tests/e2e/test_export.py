@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -20,6 +21,7 @@ from swarm.export import StagedModel, gather_from_checkpoints
 from swarm.export.exporter import export_run
 from swarm.local import LocalOptions, run_local
 from tests.e2e.conftest import wait_for_event
+from tests.e2e.processes import at_once
 
 transformers = pytest.importorskip("transformers")
 
@@ -28,9 +30,17 @@ TOL = 1e-4
 
 
 def cli(*args: str) -> str:
-    done = subprocess.run([sys.executable, "-m", "swarm.cli", *args], capture_output=True, text=True, timeout=300)
+    # one torch thread, as in every test (tests/conftest.py): commands run side by side here, and
+    # on a 2-core box their second threads only spin (three at once took twice as long as in turn)
+    done = subprocess.run([sys.executable, "-m", "swarm.cli", *args], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout
+
+
+def cli_at_once(*commands: tuple[str, ...]) -> list[str]:
+    """Independent commands run side by side (each is mostly its own start-up): their outputs, in order."""
+    return at_once(*[lambda args=args: cli(*args) for args in commands])
 
 
 def hf_matches_our_model(ck, hf_dir) -> None:
@@ -64,30 +74,34 @@ def test_export_a_trained_subspace_swarm(make_swarm, tmp_path):
     swarm.procs = [(n, p) for n, p in swarm.procs if p not in peers]  # they stopped as asked, not crashed
     assert len(list(ck.glob("*-stage*.pt"))) == 3
 
-    cli("export", "--from-checkpoints", str(ck), "--out", str(tmp_path / "native"))
-    cli("export", "--from-checkpoints", str(ck), "--out", str(tmp_path / "hf"), "--format", "hf")
+    # the swarm trains one more step from copies of those checkpoints (started now: it comes up
+    # while the exports run); the tail's loss of that step is what `swarm eval` computes on the
+    # same microbatches from the export
+    resumed = tmp_path / "resumed"
+    shutil.copytree(ck, resumed)
+    for s in (1, 2):
+        swarm.start_peer(s, "--checkpoint-dir", str(resumed), "--resume", name=f"again{s}")
+    swarm.start_peer(0, "--checkpoint-dir", str(resumed), "--resume", "--steps", str(STEPS + 1), name="again0")
+
+    cli_at_once(("export", "--from-checkpoints", str(ck), "--out", str(tmp_path / "native")),
+                ("export", "--from-checkpoints", str(ck), "--out", str(tmp_path / "hf"), "--format", "hf"))
     hf_matches_our_model(ck, tmp_path / "hf")
     # another process exporting the same states writes the same bytes, and so did the live export
     again = export_run(gather_from_checkpoints([ck]), tmp_path / "again")[0]
     assert sha(again) == sha(tmp_path / "native" / "model.safetensors")
     assert sha(tmp_path / "live" / "model.safetensors") == sha(tmp_path / "native" / "model.safetensors")
 
-    # the swarm trains one more step from those checkpoints; the tail's loss of that step is
-    # what `swarm eval` computes on the same microbatches from the export
-    resumed = tmp_path / "resumed"
-    shutil.copytree(ck, resumed)
-    for s in (1, 2):
-        swarm.start_peer(s, "--checkpoint-dir", str(resumed), "--resume", name=f"again{s}")
-    swarm.start_peer(0, "--checkpoint-dir", str(resumed), "--resume", "--steps", str(STEPS + 1), name="again0")
     wait_for_event(swarm, "again0", "done", timeout=240)
     (step,) = [e for e in swarm.events("again0") if e["event"] == "step"]
     assert step["step"] == STEPS + 1
-    for folder in ("native", "hf"):
-        result = json.loads(cli("eval", "--model", str(tmp_path / folder), "--train-step", str(STEPS), "--json"))
+    folders = ("native", "hf")
+    *evals, text = cli_at_once(
+        *[("eval", "--model", str(tmp_path / folder), "--train-step", str(STEPS), "--json") for folder in folders],
+        ("generate", "--model", str(tmp_path / "native"), "--prompt", "The ", "--max-new-tokens", "40"))
+    for folder, out in zip(folders, evals):
+        result = json.loads(out)
         assert result["step"] == STEPS
         assert result["loss"] == pytest.approx(step["loss"], rel=1e-5), folder
-
-    text = cli("generate", "--model", str(tmp_path / "native"), "--prompt", "The ", "--max-new-tokens", "40")
     assert text.startswith("The ") and len(text.rstrip("\n")) > len("The ")
 
 

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 from tests.e2e.conftest import wait_for_event
+from tests.e2e.processes import at_once
 
 
 def test_peer_started_by_hand_joins_and_status_lists_it(make_swarm):
@@ -27,8 +28,11 @@ def test_peer_started_by_hand_joins_and_status_lists_it(make_swarm):
     steps = wait_for_event(swarm, "by-hand", "step", count=3)
     assert steps[2]["loss"] < steps[0]["loss"] + 0.5 and all(s["tokens"] > 0 for s in steps)
 
-    out = subprocess.run([sys.executable, "-m", "swarm.cli", "status", "--initial-peers", maddrs[0], "--json"],
-                         capture_output=True, text=True, timeout=120, env=swarm._env())
+    def status(*flags: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "swarm.cli", "status", "--initial-peers", maddrs[0], *flags],
+                              capture_output=True, text=True, timeout=120, env=swarm._env())
+
+    out, table = at_once(lambda: status("--json"), status)  # both forms, side by side
     assert out.returncode == 0, out.stderr[-2000:]
     state = json.loads(out.stdout)
     assert state["run"]["stages"] == 3 and state["run"]["codec"] == "subspace"
@@ -36,14 +40,7 @@ def test_peer_started_by_hand_joins_and_status_lists_it(make_swarm):
     assert online[0] == [ready["peer_id"]]
     assert len(online[1]) == 1 and len(online[2]) == 1
 
-    def status(*flags: str) -> str:
-        out = subprocess.run([sys.executable, "-m", "swarm.cli", "status", "--initial-peers", maddrs[0], *flags],
-                             capture_output=True, text=True, timeout=120, env=swarm._env())
-        assert out.returncode == 0, out.stderr[-2000:]
-        return out.stdout
-
-    table = status()
-    assert "online" in table and ready["peer_id"][-10:] in table
+    assert table.returncode == 0 and "online" in table.stdout and ready["peer_id"][-10:] in table.stdout
     assert head.poll() is None, "the head stopped while training"
     assert all(p["answers"] for peers in state["stages"].values() for p in peers), "a live peer failed its probe"
 
@@ -51,10 +48,10 @@ def test_peer_started_by_hand_joins_and_status_lists_it(make_swarm):
     proc = dict(swarm.procs)["stage2"]
     os.killpg(proc.pid, signal.SIGKILL)  # the peer and its p2pd, as a crash or `kill -9` of the group
     proc.wait(timeout=10)
-    listed = {p["peer"]: p for peers in json.loads(status("--json"))["stages"].values() for p in peers}
+    listed = {p["peer"]: p for peers in json.loads(status("--json").stdout)["stages"].values() for p in peers}
     assert tail in listed, "its announcement should still live (ttl 30 s); else this check proves nothing"
     assert listed[tail]["answers"] is False and listed[tail]["state"] == "offline", listed[tail]
     assert listed[tail]["announced_state"] == "online"
     assert listed[ready["peer_id"]]["answers"] and listed[ready["peer_id"]]["state"] == "online"
-    rows = {line.split()[1]: line for line in status().splitlines() if line.split()[0].isdigit()}
+    rows = {line.split()[1]: line for line in status().stdout.splitlines() if line.split()[0].isdigit()}
     assert rows["…" + tail[-10:]].split()[2:4] == ["offline", "no"], rows

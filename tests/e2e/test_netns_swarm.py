@@ -27,6 +27,7 @@ import time
 
 import pytest
 
+from tests.e2e.processes import at_once
 from tests.e2e.scripts import EXAMPLES, Scripts, swarm_on_path
 from tests.netlab import NetLab, missing_requirements
 
@@ -97,23 +98,25 @@ def test_swarm_across_namespaces_with_a_relayed_peer(tmp_path):
                                                      and "/p2p-circuit" in m for m in ready[name]["maddrs"])
                 assert "serving through a relay" in scripts.log(name)
 
+            # the dashboard (in A's namespace) comes up while the swarm trains and `swarm status` runs
+            scripts.start("dashboard", [sys.executable, "-m", "swarm.cli", "dashboard", "--initial-peers", address,
+                                        "--port", "8080"], hosts["a"].prefix())
             steps = wait_for_event(scripts, "a", "step", count=4)
             assert steps[-1]["loss"] < steps[0]["loss"] + 0.5 and all(s["tokens"] > 0 for s in steps)
 
-            status = lab.run(hosts["a"], sys.executable, "-m", "swarm.cli", "status", "--initial-peers", address,
-                             "--json", timeout=120)
+            def run_status(*flags: str) -> subprocess.CompletedProcess:
+                return lab.run(hosts["a"], sys.executable, "-m", "swarm.cli", "status", "--initial-peers", address,
+                               *flags, timeout=120)
+
+            status, table = at_once(lambda: run_status("--json"), run_status)  # both forms, side by side
             assert status.returncode == 0, status.stderr[-2000:]
             reach = {p["peer"]: p["reachability"] for peers in json.loads(status.stdout)["stages"].values()
                      for p in peers if p["state"] == "online"}
             assert reach == {ready["a"]["peer_id"]: "direct", ready["b"]["peer_id"]: "relayed",
                              ready["c"]["peer_id"]: "relayed"}
-            table = lab.run(hosts["a"], sys.executable, "-m", "swarm.cli", "status", "--initial-peers", address,
-                            timeout=120)
             assert "relayed" in table.stdout and ready["b"]["peer_id"][-10:] in table.stdout
 
-            # the dashboard (in A's namespace) shows B as relayed too: read by examples/dashboard_api.py
-            scripts.start("dashboard", [sys.executable, "-m", "swarm.cli", "dashboard", "--initial-peers", address,
-                                        "--port", "8080"], hosts["a"].prefix())
+            # the dashboard shows B as relayed too: read by examples/dashboard_api.py
             summary = poll_dashboard(lab, hosts["a"], expect_online=3)
             assert summary["relayed_peers"] == sorted([ready["b"]["peer_id"], ready["c"]["peer_id"]])
             assert summary["stages_covered"] == 3

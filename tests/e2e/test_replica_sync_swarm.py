@@ -26,8 +26,9 @@ def test_powersgd_replicas_over_libp2p_end_identical_and_send_a_fraction_of_exac
     dirs = {n: tmp_path / f"ckpt-{n}" for n in replicas}
     try:
         swarm.start_coordinator()
-        for name in replicas:  # both serve before the head starts, so both take part in every step
+        for name in replicas:  # started together (a replica that sees the other serve downloads its state)
             swarm.start_peer(1, "--checkpoint-dir", str(dirs[name]), name=name)
+        for name in replicas:  # both serve before the head starts, so both take part in every step
             run = wait_for_event(swarm, name, "ready")[0]["run"]  # the signed spec's hash
         swarm.start_peer(0, "--steps", str(steps), name="stage0")
         records = swarm.follow()

@@ -10,12 +10,12 @@ from peer.checkpoint import checkpoint_path, load_checkpoint
 from protocol.spec import preset
 from swarm.local import LocalOptions, LocalSwarm
 from tests.e2e.conftest import wait_for_event
-from tests.e2e.test_basis_updates import Client, oracle
+from tests.e2e.test_basis_updates import Client
 
 STEPS = 20
 
 
-async def test_head_resumes_exactly_and_catches_up_a_basis_update_published_while_it_was_down(tmp_path):
+async def test_head_resumes_exactly_and_catches_up_a_basis_update_published_while_it_was_down(tmp_path, oracle_runs):
     # re-fits after steps 5, 10, 15 take effect at 7, 12, 17; the coordinator publishes each 4 s
     # after its statistics arrive, so the one of step 10 appears while the head is down
     spec = preset("tiny", stages=3, codec="subspace", basis_interval=5)
@@ -42,7 +42,7 @@ async def test_head_resumes_exactly_and_catches_up_a_basis_update_published_whil
     finally:
         await asyncio.to_thread(swarm.stop)
 
-    losses, log = oracle(spec, STEPS)
+    losses, log = oracle_runs.losses(spec, STEPS), oracle_runs.basis_log(spec, STEPS)
     assert [r["step"] for r in resumed] == list(range(saved["step"] + 1, STEPS + 1))
     for rec in resumed:
         want = losses[rec["step"] - 1]

@@ -6,13 +6,13 @@ coordinator + 3 peers (3 stages) on 127.0.0.1, `tiny` preset, fp32, 20 steps, pe
 from __future__ import annotations
 
 import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 import torch
 
-from peer.corpus import load_corpus
-from peer.data import BatchSource
-from peer.pipeline import InProcessPipeline
 from protocol.codecs import WireTensors
 from protocol.spec import WIRE_DTYPES, preset
 from protocol.wire import ActivationMessage, GradientMessage, Header, token_bytes
@@ -21,23 +21,6 @@ from swarm.net.transport import REPLY_OVERHEAD, REQUEST_OVERHEAD
 from tests.protocol.test_wire import expected_header
 
 STEPS = 20
-
-
-def oracle_losses(spec, steps: int) -> list[float]:
-    """Per-step losses of the in-process pipeline, with one torch thread like the swarm's peers
-    (fp32 sums in another order differ in the last bits, and 20 steps of training amplify that)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return _oracle_losses(spec, steps)
-    finally:
-        torch.set_num_threads(threads)
-
-
-def _oracle_losses(spec, steps: int) -> list[float]:
-    src = BatchSource(load_corpus(None, seq_len=spec.seq_len), spec.seq_len, spec.microbatch_size, spec.data_seed)
-    pipe = InProcessPipeline(spec)
-    return [pipe.train_step(s, src.microbatch).loss for s in range(steps)]
 
 
 def framed_bytes_per_token(spec, kind: str, step: int = 1, mb: int = 1, attempt: int = 0) -> float:
@@ -58,12 +41,27 @@ def framed_bytes_per_token(spec, kind: str, step: int = 1, mb: int = 1, attempt:
     return (data + expected_header(msg, spec.vocab) + REQUEST_OVERHEAD + REPLY_OVERHEAD) / (B * T)
 
 
+def oracle_once_training(oracle_runs, spec, head_report: Path, stop: threading.Event) -> list[float]:
+    """The oracle's losses, trained once the swarm trains: its start-up takes both cores, its steps
+    (one thread per peer, each waiting on the next stage) leave one mostly idle."""
+    while not stop.is_set() and not (head_report.exists() and '"event": "step"' in head_report.read_text()):
+        stop.wait(0.2)  # poll interval of the head's report
+    return oracle_runs.losses(spec, STEPS)  # one torch thread, as in the peers (tests/oracle_runs.py)
+
+
 @pytest.mark.parametrize("codec", ["subspace", "bottleneck", "dense"])
-def test_swarm_matches_oracle_and_counts_bytes(codec, tmp_path):
+def test_swarm_matches_oracle_and_counts_bytes(codec, tmp_path, oracle_runs):
     spec = preset("tiny", codec=codec, stages=3)
     metrics_file = tmp_path / "metrics.json"
-    result = run_local(LocalOptions(spec, steps=STEPS, workdir=str(tmp_path / "run"), metrics_out=str(metrics_file),
-                                    quiet=True, threads=1))
+    ran = threading.Event()
+    with ThreadPoolExecutor(1) as pool:
+        oracle = pool.submit(oracle_once_training, oracle_runs, spec, tmp_path / "run" / "stage0.jsonl", ran)
+        try:
+            result = run_local(LocalOptions(spec, steps=STEPS, workdir=str(tmp_path / "run"),
+                                            metrics_out=str(metrics_file), quiet=True, threads=1))
+        finally:
+            ran.set()
+        oracle = oracle.result()
 
     # the metrics file is what the user gets
     written = json.loads(metrics_file.read_text())
@@ -71,7 +69,6 @@ def test_swarm_matches_oracle_and_counts_bytes(codec, tmp_path):
     assert written["run"]["codec"] == codec
 
     swarm = [s["loss"] for s in result["steps"]]
-    oracle = oracle_losses(spec, STEPS)
     for step, (a, b) in enumerate(zip(swarm, oracle), start=1):
         assert abs(a - b) / abs(b) < 1e-5, f"step {step}: swarm loss {a} vs oracle {b}"
     assert swarm[-1] < swarm[0] - 0.5, "the swarm did not learn"

@@ -12,7 +12,7 @@ from peer.interfaces import LinkError
 from peer.loopback import LoopbackLink
 from protocol.spec import preset
 from protocol.wire import KIND_ACTIVATION, KIND_GRADIENT, ErrorReply, decode_message
-from tests.peer.swarm_in_memory import make_swarm, oracle, patient_options
+from tests.peer.swarm_in_memory import make_swarm, patient_options
 
 STEPS = 6
 
@@ -44,9 +44,9 @@ async def _train(link_cls):
     return spec, [log.loss for log in logs], swarm
 
 
-async def test_daemons_over_loopback_equal_the_pipeline():
+async def test_daemons_over_loopback_equal_the_pipeline(oracle_runs):
     spec, losses, swarm = await _train(LoopbackLink)
-    assert losses == oracle(spec, STEPS)
+    assert losses == oracle_runs.losses(spec, STEPS)
     tokens = STEPS * 16 * 64
     daemons = [swarm.stage(s)[0].daemon for s in range(3)]
     assert [d.sent_tokens[KIND_ACTIVATION] for d in daemons] == [tokens, tokens, 0]
@@ -55,10 +55,10 @@ async def test_daemons_over_loopback_equal_the_pipeline():
     assert all(log.attempts == 1 for log in swarm.logs)
 
 
-async def test_lost_replies_are_neither_lost_nor_applied_twice():
+async def test_lost_replies_are_neither_lost_nor_applied_twice(oracle_runs):
     spec, losses, swarm = await _train(LossyLink)
     assert swarm.net.sent >= 4 * STEPS * 2  # two boundaries, both directions, two microbatches a step
-    assert losses == oracle(spec, STEPS)  # every microbatch applied exactly once
+    assert losses == oracle_runs.losses(spec, STEPS)  # every microbatch applied exactly once
     tokens = STEPS * 16 * 64
     daemons = [swarm.stage(s)[0].daemon for s in range(3)]
     assert [d.sent_tokens[KIND_ACTIVATION] for d in daemons] == [tokens, tokens, 0]
@@ -92,7 +92,7 @@ class LoseFirstGradientReply(LoopbackLink):
         return reply
 
 
-async def test_a_gradient_repeated_while_its_backward_runs_is_a_duplicate():
+async def test_a_gradient_repeated_while_its_backward_runs_is_a_duplicate(oracle_runs):
     """The repeat of a delivered gradient whose reply was lost can arrive while the receiver still
     runs that microbatch's backward (a loaded machine makes this window seconds wide; here it is
     held open until the repeat was answered): it must be answered "duplicate", so the sender
@@ -117,5 +117,5 @@ async def test_a_gradient_repeated_while_its_backward_runs_is_a_duplicate():
     assert held == [True], "the repeat never came while the backward was held open"
     repeat = decode_message(link.replies[1], middle.daemon._limits())
     assert isinstance(repeat, ErrorReply) and repeat.code == "duplicate", repeat
-    assert [log.loss for log in logs] == oracle(spec, 2)
+    assert [log.loss for log in logs] == oracle_runs.losses(spec, 2)
     assert swarm.stage(2)[0].daemon.sent_tokens[KIND_GRADIENT] == 2 * 16 * 64  # the repeat is counted once

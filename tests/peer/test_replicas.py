@@ -10,7 +10,7 @@ import pytest
 from peer.loopback import LoopbackLink
 from protocol.spec import preset
 from protocol.wire import KIND_ACTIVATION
-from tests.peer.swarm_in_memory import make_swarm, oracle, param_hash
+from tests.peer.swarm_in_memory import make_swarm, param_hash
 
 STEPS = 6
 
@@ -28,7 +28,7 @@ def assert_close(losses: list[float], want: list[float], rel: float) -> None:
 
 @pytest.mark.parametrize("codec,dtype,rel", [("subspace", "fp64", 1e-10), ("bottleneck", "fp64", 1e-10),
                                              ("dense", "fp64", 1e-10), ("subspace", "fp32", 1e-5)])
-async def test_two_by_two_equals_the_oracle_and_replicas_stay_identical(codec, dtype, rel):
+async def test_two_by_two_equals_the_oracle_and_replicas_stay_identical(codec, dtype, rel, oracle_runs):
     spec = spec_for(codec, dtype)
     swarm = await make_swarm(spec, [2, 2])
     hashes_equal, checks = [], []
@@ -46,7 +46,7 @@ async def test_two_by_two_equals_the_oracle_and_replicas_stay_identical(codec, d
     finally:
         await swarm.stop()
     assert [log.step for log in logs] == list(range(1, STEPS + 1))
-    assert_close([log.loss for log in logs], oracle(spec, STEPS), rel)
+    assert_close([log.loss for log in logs], oracle_runs.losses(spec, STEPS), rel)
     assert hashes_equal == [True] * STEPS, "replicas of a stage differ after a step"
     # both replicas of stage 1 did real work: the head spread its microbatches over them
     assert all(p.daemon.tokens_done > 0 for p in swarm.stage(1))
@@ -70,7 +70,7 @@ class KillOnActivation(LoopbackLink):
 
 
 @pytest.mark.parametrize("victim", ["s1r0", "s0r0"], ids=["a middle replica", "the leading head"])
-async def test_a_replica_dying_mid_step_costs_a_retry_not_a_step(victim):
+async def test_a_replica_dying_mid_step_costs_a_retry_not_a_step(victim, oracle_runs):
     spec = spec_for("subspace", "fp64")
     link = type("Link", (KillOnActivation,), {"victim": victim, "nth": 5})
     if victim == "s0r0":  # the head sends activations, it does not receive them: kill it on its 11th send
@@ -85,7 +85,8 @@ async def test_a_replica_dying_mid_step_costs_a_retry_not_a_step(victim):
     assert [log.step for log in logs] == list(range(1, STEPS + 1))
     assert all(log.tokens == spec.batch_size * spec.seq_len for log in logs)  # every step had all its tokens
     assert max(log.attempts for log in logs) >= 2 or victim == "s0r0"
-    assert_close([log.loss for log in logs], oracle(spec, STEPS), 1e-10)  # no microbatch lost or counted twice
+    # no microbatch lost or counted twice
+    assert_close([log.loss for log in logs], oracle_runs.losses(spec, STEPS), 1e-10)
 
 
 class KillOnSend(LoopbackLink):
@@ -104,7 +105,7 @@ class KillOnSend(LoopbackLink):
         return reply
 
 
-async def test_a_fresh_replica_joins_mid_run_and_equals_its_donor():
+async def test_a_fresh_replica_joins_mid_run_and_equals_its_donor(oracle_runs):
     spec = spec_for("subspace", "fp64")
     swarm = await make_swarm(spec, [1, 1])
     try:
@@ -116,10 +117,10 @@ async def test_a_fresh_replica_joins_mid_run_and_equals_its_donor():
     assert joined_at < STEPS - 1, "the newcomer joined too late to be tested"
     assert newcomer.runner.step == swarm.peers["s1r0"].runner.step == STEPS
     assert param_hash(newcomer.runner) == param_hash(swarm.peers["s1r0"].runner)
-    assert_close([log.loss for log in logs], oracle(spec, STEPS), 1e-10)
+    assert_close([log.loss for log in logs], oracle_runs.losses(spec, STEPS), 1e-10)
 
 
-async def test_a_head_that_joins_later_with_a_lower_id_stands_by_and_takes_over_when_the_leader_dies():
+async def test_a_head_that_joins_later_with_a_lower_id_stands_by_and_takes_over_when_the_leader_dies(oracle_runs):
     """A leader keeps the lead (peer/leadership.py): the newcomer's lower id does not take it; the
     newcomer drives only after the leader is killed, and no step is lost or applied twice."""
     spec = spec_for("subspace", "fp64")
@@ -144,4 +145,4 @@ async def test_a_head_that_joins_later_with_a_lower_id_stands_by_and_takes_over_
     assert by["s0r0"] and by["s0r0"][0] > kill_after - 1 and by["s0r0"][-1] == steps
     logs = sorted(swarm.logs, key=lambda log: log.step)
     assert [log.step for log in logs] == list(range(1, steps + 1))
-    assert_close([log.loss for log in logs], oracle(spec, steps), 1e-10)
+    assert_close([log.loss for log in logs], oracle_runs.losses(spec, steps), 1e-10)

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 from protocol.spec import preset
 from protocol.wire import KIND_ACTIVATION, KIND_CONTROL, KIND_DRIVE, KIND_GRADIENT, KIND_REDUCE
 from swarm.replicas.membership import Membership
-from tests.peer.swarm_in_memory import make_swarm, oracle, patient_options
+from tests.peer.swarm_in_memory import make_swarm, patient_options
 
 
 class LaggingView:
@@ -66,7 +66,7 @@ async def test_a_head_read_late_is_asked_to_retry_its_commands_and_a_reduce_is_r
     assert await m.check("stranger", KIND_CONTROL) is None  # a status query: anyone admitted may probe
 
 
-async def test_a_swarm_whose_last_stage_reads_announcements_late_trains_like_the_oracle():
+async def test_a_swarm_whose_last_stage_reads_announcements_late_trains_like_the_oracle(oracle_runs):
     spec = preset("tiny", stages=3)
     steps = 3
     # deadlines a loaded machine cannot miss: a failed attempt here is the retries' doing, not the load's
@@ -81,7 +81,7 @@ async def test_a_swarm_whose_last_stage_reads_announcements_late_trains_like_the
         logs = await swarm.drive(steps)
     finally:
         await swarm.stop()
-    assert [log.loss for log in logs] == oracle(spec, steps)
+    assert [log.loss for log in logs] == oracle_runs.losses(spec, steps)
     assert all(log.attempts == 1 for log in logs)  # the retries stayed inside the first attempt
     assert max(log.seconds for log in logs) < 30.0  # and no step waited 60 s for another peer
     assert tail.refused >= 1  # the lagging view really refused (as "retry") before it read stage 1
