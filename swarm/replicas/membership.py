@@ -8,6 +8,8 @@ admitted with a ticket) for the stage it belongs to:
     ctl          status: any head; reduce, apply, abort: only the leading head
     red          replicas of this stage             fol    peers of this stage (the donor)
     state        any admitted peer: a joining replica, or `swarm export` (the model is the swarm's)
+    snap         any admitted peer (listing and fetching snapshots: the model is the swarm's); an
+                 offer is taken only from a live replica of the offered stage (peer/snapshots.py)
     basis        anyone: the update itself is signed by the swarm key
 
 The leading head is the one the heads themselves follow (`peer/leadership.py`, computed here over
@@ -40,6 +42,7 @@ from protocol.wire import (
     KIND_FOLLOW,
     KIND_GRADIENT,
     KIND_REDUCE,
+    KIND_SNAPSHOT,
     KIND_STATE,
 )
 from swarm.dht import SwarmDHT
@@ -119,7 +122,7 @@ class Membership:
             return Refusal("this peer is banned for a while after failing or sending bad data.")
         if not await self.sdht.admitted(sender):
             return Refusal("this swarm is private: its coordinator admits peers with a ticket (swarm admit).")
-        if kind in (KIND_BASIS, KIND_STATE):
+        if kind in (KIND_BASIS, KIND_STATE, KIND_SNAPSHOT):
             return None  # a basis update carries the swarm key's signature; a stage's state is the public model
         source = self._source(kind)
         if source is None:
