@@ -6,7 +6,8 @@ The step driver sends every peer of every stage a command (protocol/control.py):
     reduce  exchange gradient sums with the named candidate replicas of this stage and keep
             their total; the reply names whose contributions were summed;
     apply   take the optimizer step with that total;
-    abort   drop the partial work of a failed attempt.
+    abort   drop the partial work of a failed attempt;
+    rollback  go back to the stage's snapshot at the step (`peer/rollback.py`).
 
 The all-reduce: every replica sends its contribution (its microbatches and the flat sum of
 their gradients) to every other candidate; a candidate that is not at this step says so and
@@ -36,7 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import torch
 
@@ -85,6 +86,7 @@ class StepCommit:
         self.records: list = []  # StepRecords of the steps applied here
         self.last_applied: tuple[int, int] | None = None  # (step, attempt) of the last sum applied here
         self.on_applied: Callable[[int], None] | None = None  # called with the new step number
+        self.on_rollback: Callable[[Command], Awaitable[CommandReply]] | None = None  # peer/rollback.py
         self.sync_bytes = 0  # contribution bytes this replica sent to other replicas, every phase and attempt
         self.synced_steps = 0  # steps applied here whose reduce had another replica in it
         self.last_sync_bytes = 0  # what the last applied step's reduce sent
@@ -112,6 +114,10 @@ class StepCommit:
     async def handle(self, cmd: Command) -> CommandReply:
         """Carry out one command of the driver (also called directly by a driver on this peer)."""
         step, d = self.runner.step, self.daemon
+        if cmd.op == "rollback":  # back to the stage's snapshot at cmd.step, wherever this replica is
+            if self.on_rollback is None:
+                return self._reply(cmd, "failed", "this peer keeps no snapshots.")
+            return await self.on_rollback(cmd)
         if cmd.op == "apply" and cmd.step < step:
             return self._reply(cmd, "ok")  # applied already: a repeat of a command whose reply was lost
         if cmd.step != step:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import torch
@@ -74,6 +74,9 @@ class StepDriver:
         self._leading = False
         self._applying: asyncio.Task | None = None  # telling the other peers to apply the last step
         self.paused: list[int] = []  # stages without a live peer while paused, else []
+        # called when a pause ends and after a failed attempt: True if the swarm rolled back to a
+        # snapshot meanwhile (peer/rollback.py), and the driver goes on from the head's new step
+        self.realign: Callable[[], Awaitable[bool]] | None = None
 
     # ------------------------------------------------------------------ leading and standing by
     async def drive(self, until: int | None, on_step: Callable[[StepLog], None]) -> None:
@@ -179,7 +182,8 @@ class StepDriver:
         while True:
             if self.runner.step != step:
                 return None
-            await self._wait_for_coverage()
+            if await self._wait_for_coverage() and await self._realigned():
+                return None
             attempt = self.daemon.attempt  # after an abort every peer (this one too) is on the next attempt
             attempts += 1
             try:
@@ -201,6 +205,8 @@ class StepDriver:
                     return None
                 log.warning("step %d, attempt %d failed (%s); re-driving it", step + 1, attempt, e)
                 await self._broadcast(await self._members(), "abort", step, attempt)
+                if await self._realigned():
+                    return None
                 await asyncio.sleep(min(attempts, 10) * 0.2)  # back off: what failed may need a moment to settle
         record = next((r for r in reversed(self.commit.records) if r.step == step), None)
         if record is None:  # the commit found the step applied here already (not by this head's commit)
@@ -212,16 +218,21 @@ class StepDriver:
         return StepLog(step + 1, self.daemon.last_loss, tokens, seconds, self.runner.version_for_step(step),
                        record.lr, attempts, commit_seconds, self.commit.last_sync_bytes)
 
-    async def _wait_for_coverage(self) -> None:
+    async def _realigned(self) -> bool:
+        return self.realign is not None and await self.realign()
+
+    async def _wait_for_coverage(self) -> bool:
+        """Wait until every stage has a live peer; True if the swarm was paused meanwhile."""
         while True:
             missing = [s for s in range(1, self.spec.n_stages) if not await self.directory.members(s)]
             if not missing:
+                resumed = bool(self.paused)
                 if self.paused:
                     log.info("every stage has a live peer again; training resumes")
                     self.daemon.state = "online"
                     await self.directory.announce(self.daemon.status())
                 self.paused = []
-                return
+                return resumed
             if missing != self.paused:
                 log.warning("paused: stage%s %s ha%s no live peer; waiting for one to join",
                             "s" if len(missing) > 1 else "", ", ".join(map(str, missing)),

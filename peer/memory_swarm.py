@@ -61,6 +61,7 @@ class MemorySwarm:
     data: str | None = None  # the heads' corpus (None: the embedded one)
     driver_options: dict = field(default_factory=lambda: dict(TEST_DRIVER_OPTIONS))
     commit_options: dict = field(default_factory=lambda: dict(TEST_COMMIT_OPTIONS))
+    snapshot_options: dict = field(default_factory=dict)  # SnapshotService's (every, copies, keep, ...)
 
     def stage(self, s: int) -> list[StagePeer]:
         return [p for p in self.peers.values() if p.runner.stage == s and p.peer_id not in self.net.down]
@@ -68,7 +69,8 @@ class MemorySwarm:
     async def add(self, stage: int, name: str, link_cls=LoopbackLink, announce: str = "online") -> StagePeer:
         peer = StagePeer(StageRunner(self.spec, stage, self.device), link_cls(self.net, name),
                          self.net.directory(name), batches=batches(self.spec, self.data) if stage == 0 else None,
-                         driver_options=self.driver_options, commit_options=self.commit_options)
+                         driver_options=self.driver_options, commit_options=self.commit_options,
+                         snapshot_options=self.snapshot_options)
         await peer.start()
         await peer.announce(announce)
         self.peers[name] = peer

@@ -1,6 +1,8 @@
 """`StagePeer`: one replica of one stage, whole: its daemon (the microbatches), its commit
 (reduce and apply with the other replicas), its state service (joiners download from it),
-its follower (when it joins late itself) and, on a head, the step driver.
+its follower (when it joins late itself), its snapshots (taken every `every` steps, kept for
+other stages, restored from when a stage lost every replica) and rollback, and, on a head,
+the step driver.
 
 It is written against the two interfaces of `peer/interfaces.py` only, so the same peer runs
 over the in-memory loopback in tests and over libp2p in `swarm/node.py`.
@@ -18,6 +20,8 @@ from .commit import StepCommit
 from .daemon import StageDaemon
 from .driver import StepDriver, StepLog
 from .interfaces import MessageLink, PeerDirectory, PeerStatus
+from .rollback import Rollback
+from .snapshots import SnapshotService
 from .stage import StageError, StageRunner
 from .state_transfer import Follower, StateError, StateService, download_state
 
@@ -29,7 +33,7 @@ class StagePeer:
                  batches: Callable[[int, int], torch.Tensor] | None = None,
                  verify_state: Callable[[dict], Awaitable[str | None]] | None = None,
                  daemon_options: dict | None = None, commit_options: dict | None = None,
-                 driver_options: dict | None = None) -> None:
+                 driver_options: dict | None = None, snapshot_options: dict | None = None) -> None:
         self.runner, self.link, self.directory = runner, link, directory
         self.spec: RunSpec = runner.spec
         self.daemon = StageDaemon(runner, link, directory, **(daemon_options or {}))
@@ -39,6 +43,13 @@ class StagePeer:
         self.verify_state = verify_state  # extra checks of a downloaded state (e.g. its basis is the signed one)
         self.driver = StepDriver(self.daemon, self.commit, directory, batches, **(driver_options or {})) \
             if runner.is_first and batches is not None else None
+        self.snapshots = SnapshotService(self.daemon, **(snapshot_options or {}))
+        self.rollback = Rollback(self.daemon, self.commit, self.snapshots, self.follower, self._check_state)
+        self.on_applied: Callable[[int], None] | None = None  # the owner's hook, called with the new step number
+        self.commit.on_applied = self.follower.on_applied = self._applied
+        self.commit.on_rollback = self.rollback.on_command
+        if self.driver is not None and self.snapshots.every > 0:  # no snapshots: nothing to roll back to
+            self.driver.realign = lambda: self.rollback.realign(self.driver)
 
     @property
     def peer_id(self) -> str:
@@ -50,6 +61,12 @@ class StagePeer:
         await self.commit.start()
         await self.state.start()
         await self.commit.serve_follow(self.follower.on_update)
+        await self.snapshots.start()
+
+    def _applied(self, step: int) -> None:
+        self.snapshots.after_step(step)
+        if self.on_applied is not None:
+            self.on_applied(step)
 
     def status(self, state: str | None = None) -> PeerStatus:
         return self.daemon.status(state)
@@ -81,6 +98,11 @@ class StagePeer:
                      step + 1, applied)
             return donor
         raise StateError("no replica gave a usable state: " + ("; ".join(problems) or "none was reachable."))
+
+    async def restore(self, step: int | None = None) -> int:
+        """Load this stage's newest snapshot that a live peer holds (or the one at `step`), for a
+        stage with no live replica; returns its step. Raises `NoSnapshot` if none is held."""
+        return await self.snapshots.restore(self._check_state, step)
 
     async def _check_state(self, state: dict, step: int) -> str | None:
         if state.get("spec") != self.spec.to_json() or state.get("stage") != self.runner.stage:

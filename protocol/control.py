@@ -6,12 +6,13 @@ microbatch's gradient is back (docs/design.md section 3):
     reduce  each stage's replicas exchange their gradient sums (`Contribution`) and add them
             up in one agreed order, so that every replica holds the same summed gradient;
     apply   every replica that reduced takes the optimizer step with it;
-    abort   a failed attempt's partial work is dropped everywhere, and the step is re-driven.
+    abort   a failed attempt's partial work is dropped everywhere, and the step is re-driven;
+    rollback  every replica goes back to the stage's snapshot at step s (peer/rollback.py).
 
 Maps (short keys; tensors are wire.py's ExtType):
 
     Command       {k: "ctl", r: run, s: step, a: attempt, o: op, c: [peer ids]}
-                  op in status | reduce | apply | abort; c: for reduce, the candidate replicas
+                  op in status | reduce | apply | abort | rollback; c: for reduce, the candidate replicas
                   of the receiver's stage (it exchanges contributions with those)
     CommandReply  {k: "ctlr", s: step, a: attempt, o: outcome, m: [microbatches], x: {peer: [mb]}, e: text}
                   outcome in ok | behind | ahead | failed; m: what this replica computed in the
@@ -51,7 +52,7 @@ import torch
 
 from .wire import KIND_CONTROL, KIND_FOLLOW, KIND_REDUCE, KIND_STATE, WireError, _ext_hook, _need, _pack_tensor
 
-OPS = ("status", "reduce", "apply", "abort")
+OPS = ("status", "reduce", "apply", "abort", "rollback")
 OUTCOMES = ("ok", "behind", "ahead", "failed")
 PROBE_STATES = ("reducing", "idle", "ended", "elsewhere")
 STATE_OPS = ("meta", "chunk")

@@ -9,6 +9,8 @@ admitted with a ticket) for the stage it belongs to:
                  only the leading head
     red          replicas of this stage             fol    peers of this stage (the donor)
     state        any admitted peer: a joining replica, or `swarm export` (the model is the swarm's)
+    snap         any admitted peer (listing and fetching snapshots: the model is the swarm's); an
+                 offer is taken only from a live replica of the offered stage (peer/snapshots.py)
     basis        anyone: the update itself is signed by the swarm key
 
 The leading head is the one the heads themselves follow (`peer/leadership.py`, computed here over
@@ -41,6 +43,7 @@ from protocol.wire import (
     KIND_FOLLOW,
     KIND_GRADIENT,
     KIND_REDUCE,
+    KIND_SNAPSHOT,
     KIND_STATE,
 )
 from swarm.dht import SwarmDHT
@@ -120,10 +123,10 @@ class Membership:
             return Refusal("this peer is banned for a while after failing or sending bad data.")
         if not await self.sdht.admitted(sender):
             return Refusal("this swarm is private: its coordinator admits peers with a ticket (swarm admit).")
-        if kind in (KIND_BASIS, KIND_STATE, KIND_CONTROL):
-            # a basis update carries the swarm key's signature; a stage's state is the public model; a
-            # command is read first, and only "status" (where this stage is: a liveness probe) is
-            # answered without the leader's right (KIND_DRIVE), so a probe costs no DHT read
+        if kind in (KIND_BASIS, KIND_STATE, KIND_SNAPSHOT, KIND_CONTROL):
+            # a basis update carries the swarm key's signature; a stage's state (and its snapshots) is
+            # the public model; a command is read first, and only "status" (where this stage is: a
+            # liveness probe) is answered without the leader's right (KIND_DRIVE), so a probe costs no DHT read
             return None
         source = self._source(kind)
         if source is None:

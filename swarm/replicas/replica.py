@@ -31,6 +31,7 @@ from protocol.wire import (
     KIND_FOLLOW,
     KIND_GRADIENT,
     KIND_REDUCE,
+    KIND_SNAPSHOT,
     KIND_STATE,
     WireLimits,
 )
@@ -44,7 +45,8 @@ from swarm.replicas.router import Router
 
 log = logging.getLogger(__name__)
 
-SERVED_KINDS = (KIND_ACTIVATION, KIND_GRADIENT, KIND_BASIS, KIND_CONTROL, KIND_REDUCE, KIND_FOLLOW, KIND_STATE)
+SERVED_KINDS = (KIND_ACTIVATION, KIND_GRADIENT, KIND_BASIS, KIND_CONTROL, KIND_REDUCE, KIND_FOLLOW, KIND_STATE,
+                KIND_SNAPSHOT)
 
 
 def given(**options: object) -> dict[str, object]:
@@ -57,7 +59,8 @@ def frame_limits(spec: RunSpec, runner: StageRunner) -> dict[str, int]:
     boundary = WireLimits.for_spec(spec).max_bytes
     flat = flat_limits(spec, runner).max_bytes
     return {KIND_ACTIVATION: boundary, KIND_GRADIENT: boundary, KIND_BASIS: spec.d_model * spec.rank * 4 + 4096,
-            KIND_CONTROL: 16 << 10, KIND_REDUCE: flat, KIND_FOLLOW: flat, KIND_STATE: 4096}
+            KIND_CONTROL: 16 << 10, KIND_REDUCE: flat, KIND_FOLLOW: flat, KIND_STATE: 4096,
+            KIND_SNAPSHOT: 4096}
 
 
 def transport_limit(spec: RunSpec) -> int:
@@ -115,14 +118,17 @@ class ReplicaService:
                                 admit=Membership(ctx.router, ctx.sdht, self.stage, self.spec.n_stages,
                                                  probe=self._answers).check,
                                 **given(future_step_wait=ctx.next_step_wait)),
-            driver_options=dict(first_timeout=ctx.step_timeout, **given(min_timeout=ctx.min_step_timeout)))
+            driver_options=dict(first_timeout=ctx.step_timeout, **given(min_timeout=ctx.min_step_timeout)),
+            # off in processes until a peer that takes an emptied stage restores from them
+            # (`_acquire_state`): the in-memory swarm proves them (tests/peer/test_snapshots.py)
+            snapshot_options=dict(every=0))
         sync.daemon = peer.daemon
         ctx.link.limits.update(frame_limits(self.spec, runner))
         heartbeat = None
         try:
             await peer.start()
             await self._acquire_state()
-            peer.commit.on_applied = self._after_step
+            peer.on_applied = self._after_step
             await peer.announce("online")
             ctx.monitor.attach(ctx.sdht, self.spec, ctx.peer_id, ctx.router.maddrs, ctx.transport, peer.daemon,
                                ctx.router, ctx.device, peer.commit)

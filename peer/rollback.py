@@ -1,0 +1,111 @@
+"""`Rollback`: the whole swarm goes back to a step at which every stage has a snapshot, after a
+stage whose every replica died was restored from an older one (`peer/snapshots.py`).
+
+The leading head's side (`realign`, called by its `StepDriver` when a pause ends and after a
+failed attempt): it asks every live peer its step and which snapshots of its own stage it
+holds, and whether its state is a snapshot it restored. If a stage's every replica was restored
+at a step S behind the swarm's step N, and every stage has a replica at S or holding its
+snapshot of S,
+it sends "rollback to S" to every peer; the steps S+1.. are then driven again. Since the data
+of a step is a function of the step number, and every stage's state at S is what it was at S,
+the run still equals the one-process run. A stage that cannot reach S keeps the swarm where
+it is, and the log says which.
+
+Every replica's side (`on_command`, the "rollback" command, from the leading head only): load
+its own snapshot of S, or fetch the stage's snapshot of S from a peer that holds it; a replica
+already at S just drops its partial work. What a replica holds besides its state (the reduced
+sums it would forward to a follower, a follower's queue) belongs to the abandoned steps and
+is dropped. Not restored: replica_sync "powersgd"'s error feedback (it is not in the state), so
+a rolled-back powersgd swarm continues close to, not equal to, the one-process run.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+
+from protocol.control import Command, CommandReply
+
+from .commit import StepCommit
+from .daemon import StageDaemon
+from .snapshots import NoSnapshot, SnapshotRefused, SnapshotService
+from .stage import StageError
+from .state_transfer import Follower
+
+log = logging.getLogger(__name__)
+
+
+class Rollback:
+    def __init__(self, daemon: StageDaemon, commit: StepCommit, snapshots: SnapshotService, follower: Follower,
+                 check: Callable[[dict, int], Awaitable[str | None]]) -> None:
+        self.daemon, self.commit, self.snapshots, self.follower, self.check = daemon, commit, snapshots, follower, check
+        self.runner = daemon.runner
+        self.rollbacks = 0  # rollbacks carried out here
+
+    # ------------------------------------------------------------------ every replica
+    async def on_command(self, cmd: Command) -> CommandReply:
+        target, d = cmd.step, self.daemon
+        if self.runner.step != target:
+            snap = self.snapshots.store.get(self.runner.stage, target)
+            try:
+                if snap is not None:
+                    await self.snapshots.load(snap, None)  # its own: taken here, checked when it was taken
+                else:
+                    await self.snapshots.restore(self.check, target)
+            except (NoSnapshot, SnapshotRefused, StageError) as e:
+                log.warning("stage %d: could not roll back to step %d (%s)", self.runner.stage, target, e)
+                return CommandReply(cmd.step, cmd.attempt, "failed", reason=str(e)[:400])
+        else:
+            await d.run(self.runner.abort_step)
+            d.stepped()
+        self.snapshots.restored = False
+        self.commit.last_applied = None
+        self.commit.followers.clear()
+        self.follower.queue.clear()
+        self.rollbacks += 1
+        log.warning("stage %d: rolled back to step %d", self.runner.stage, target)
+        return CommandReply(cmd.step, cmd.attempt, "ok")
+
+    # ------------------------------------------------------------------ the leading head
+    async def realign(self, driver) -> bool:
+        """Roll the swarm back if a stage came back behind it; True if it did (the driver then goes
+        on from the head's new step). `driver` is this head's `StepDriver`."""
+        step = self.runner.step
+        members = await driver._members()
+        lists = await self.snapshots.survey(members)
+        top: dict[int, int] = {}
+        restored: dict[int, bool] = {}
+        for p, lst in lists.items():
+            top[members[p]] = max(top.get(members[p], -1), lst.step)
+            restored[members[p]] = restored.get(members[p], True) and lst.restored
+        # a stage whose every replica was restored from a snapshot behind the swarm (a stage that is
+        # merely slow to apply the last step, or failed to, is not restored: no reason to go back)
+        behind = {s: t for s, t in top.items() if t < step and restored[s]}
+        if not behind:
+            return False
+        target = min(behind.values())
+        unable = sorted(s for s in top if not any(members[p] == s and (lst.step == target or any(
+            i.step == target for i in lst.held)) for p, lst in lists.items()))
+        if unable:
+            log.warning("stage%s %s came back at step %d, behind the swarm's %d, but stage%s %s hold%s no snapshot of "
+                        "step %d: the swarm cannot roll back to it", _s(behind), _list(behind), target, step,
+                        _s(unable), _list(unable), "" if len(unable) > 1 else "s", target)
+            return False
+        log.warning("stage%s %s came back at step %d (restored from a snapshot), behind the swarm's step %d: every "
+                    "stage rolls back to step %d and steps %d-%d are driven again", _s(behind), _list(behind), target,
+                    step, target, target + 1, step)
+        if driver._applying is not None:  # its retries of an abandoned step must not reach the re-driven one
+            driver._applying.cancel()
+        replies = await driver._broadcast(members, "rollback", target, 0)
+        failed = sorted({members[p] for p, r in replies.items() if r.outcome != "ok"})
+        if failed:
+            log.warning("some replicas of stage%s %s could not roll back: they will not take part until they rejoin",
+                        _s(failed), _list(failed))
+        return self.runner.step != step
+
+
+def _s(stages) -> str:
+    return "s" if len(stages) > 1 else ""
+
+
+def _list(stages) -> str:
+    return ", ".join(map(str, sorted(stages)))

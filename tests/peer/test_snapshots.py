@@ -1,0 +1,133 @@
+"""A stage whose only replica dies is restored from a snapshot that peers of other stages keep;
+the swarm rolls back to that step and drives the lost steps again, and the run still equals the
+one-process run (in memory, fp64). With no snapshot anywhere the swarm stays paused."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import torch
+
+from peer.memory_swarm import TEST_DRIVER_OPTIONS
+from peer.pipeline import InProcessPipeline
+from peer.snapshot_store import Snapshot, sha256_hex
+from peer.snapshots import NoSnapshot
+from protocol.snapshot_wire import SnapshotRequest, encode_snapshot_request
+from protocol.spec import preset
+from protocol.wire import KIND_SNAPSHOT
+from tests.peer.swarm_in_memory import batches, make_swarm, oracle
+
+STEPS, KILL_AT = 8, 5
+# the head stops asking a dead replica to apply a step after 10 s (a test's failures cost seconds)
+DRIVER = dict(TEST_DRIVER_OPTIONS, command_timeout=10.0)
+
+
+def spec3():
+    return preset("tiny", stages=3, codec="subspace", dtype="fp64", wire_dtype="fp64", batch_size=32,
+                  microbatch_size=8, lr=1e-3)
+
+
+async def until(cond, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        await asyncio.sleep(0.01)  # poll the swarm's progress
+
+
+def kill_at(swarm, step: int, victim: str):
+    def on_step(log) -> None:
+        if log.step == step and victim not in swarm.net.down:
+            swarm.kill(victim)  # right after the head finished `step`: the others may not have applied it
+    return on_step
+
+
+async def test_a_stage_whose_only_replica_died_is_restored_and_the_swarm_re_drives_to_the_oracle():
+    spec = spec3()
+    swarm = await make_swarm(spec, [1, 1, 1], snapshot_options=dict(every=2), driver_options=DRIVER)
+    head = swarm.peers["s0r0"]
+
+    async def replace() -> tuple:
+        await until(lambda: head.driver.paused == [1], 60, "the swarm pauses for stage 1")
+        newcomer = await swarm.add(1, "s1new", announce="syncing")
+        restored_at = await newcomer.restore()
+        await newcomer.announce("online")
+        return newcomer, restored_at
+
+    task = asyncio.create_task(replace())
+    try:
+        logs = await asyncio.wait_for(swarm.drive(STEPS, kill_at(swarm, KILL_AT, "s1r0")), 300)
+        newcomer, restored_at = await task
+        await swarm.applied()
+    finally:
+        task.cancel()
+        await swarm.stop()
+    assert "s1r0" in swarm.net.down
+    # stage 1's snapshots were kept by the peers of both other stages
+    assert all(swarm.peers[p].snapshots.store.listed(1) for p in ("s0r0", "s2r0"))
+    assert restored_at in (2, 4), f"restored from step {restored_at}"
+    # the steps after the snapshot were driven twice, the final logs of every step equal the oracle
+    numbers = [log.step for log in logs]
+    assert numbers.count(restored_at + 1) == 2 and numbers.count(KILL_AT) == 2, numbers
+    final = {log.step: log.loss for log in logs}
+    assert sorted(final) == list(range(1, STEPS + 1))
+    want = oracle(spec, STEPS)
+    for step in range(1, STEPS + 1):
+        a, b = final[step], want[step - 1]
+        assert abs(a - b) <= 1e-10 * abs(b), f"step {step}: swarm {a!r} vs oracle {b!r}"
+    assert all(swarm.peers[p].rollback.rollbacks == 1 for p in ("s0r0", "s1new", "s2r0"))
+    # every stage's parameters, the restored one's included, equal a replica-free one-process run's
+    pipe, src = InProcessPipeline(spec), batches(spec)
+    for s in range(STEPS):
+        pipe.train_step(s, src)
+    for stage, name in enumerate(("s0r0", "s1new", "s2r0")):
+        runner = swarm.peers[name].runner
+        assert runner.step == STEPS
+        for (pname, p), q in zip(runner.module.named_parameters(), pipe.runners[stage].module.parameters()):
+            assert torch.allclose(p, q, rtol=1e-10, atol=1e-12), f"stage {stage} {pname} differs from the oracle"
+
+
+async def test_with_no_snapshot_anywhere_the_stage_is_not_started_afresh_and_the_swarm_stays_paused():
+    spec = spec3()
+    swarm = await make_swarm(spec, [1, 1, 1], snapshot_options=dict(every=100), driver_options=DRIVER)
+    head = swarm.peers["s0r0"]
+    drive = asyncio.create_task(swarm.drive(STEPS, kill_at(swarm, 3, "s1r0")))
+    try:
+        await until(lambda: head.driver.paused == [1], 60, "the swarm pauses for stage 1")
+        newcomer = await swarm.add(1, "s1new", announce="syncing")
+        with pytest.raises(NoSnapshot, match="no live peer holds a usable snapshot of stage 1"):
+            await newcomer.restore()
+        assert newcomer.runner.step == 0  # nothing was loaded, nothing started afresh
+        done = len(swarm.logs)
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline:  # an observation window: the swarm must not move in it
+            assert head.driver.paused == [1] and swarm.net.status["s0r0"].state == "paused"
+            assert len(swarm.logs) == done and not drive.done()
+            await asyncio.sleep(0.05)
+    finally:
+        for t in swarm.tasks.values():
+            t.cancel()
+        await asyncio.gather(drive, return_exceptions=True)
+        await swarm.stop()
+    assert done == 3
+
+
+async def test_a_custodian_takes_an_offer_only_from_a_replica_of_the_offered_stage():
+    spec = spec3()
+    swarm = await make_swarm(spec, [1, 1, 1], snapshot_options=dict(every=100))
+    try:
+        fake = encode_snapshot_request(SnapshotRequest(spec.run_hash, "offer", 1, 2, 0, "a" * 64, 1000))
+        reply = await swarm.peers["s2r0"].link.request("s0r0", KIND_SNAPSHOT, fake)
+        assert b"only a live replica of stage 1" in reply
+        own = encode_snapshot_request(SnapshotRequest(spec.run_hash, "offer", 0, 2, 0, "a" * 64, 1000))
+        reply = await swarm.peers["s0r0"].link.request("s0r0", KIND_SNAPSHOT, own)
+        assert b"keep their own snapshots" in reply
+        # a replica of stage 1 that offers bytes not matching its sha256: fetched, refused, not kept
+        s1 = swarm.peers["s1r0"]
+        s1.snapshots.store.put(Snapshot(1, 2, sha256_hex(b"state"), b"state"))
+        forged = encode_snapshot_request(SnapshotRequest(spec.run_hash, "offer", 1, 2, 0, "b" * 64, 5))
+        assert await s1.link.request("s0r0", KIND_SNAPSHOT, forged) == b""  # accepted for fetching
+        await until(lambda: not swarm.peers["s0r0"].snapshots._fetching, 10, "the custodian's fetch ends")
+        assert swarm.peers["s0r0"].snapshots.store.listed(1) == []
+    finally:
+        await swarm.stop()
