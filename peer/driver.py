@@ -144,7 +144,9 @@ class StepDriver:
 
     async def _take_over(self) -> bool:
         """Becoming the leader: finish a step the old leader left half-applied, or start a fresh
-        attempt above every attempt seen. False if this head is behind and must not lead."""
+        attempt above every attempt seen. False if this head is behind and must not lead (unless
+        its stage was restored from a snapshot: then the swarm rolls back to it first)."""
+        await self._realigned()
         step = self.runner.step
         members = await self._members()
         replies = await self._broadcast(members, "status", step, 0)

@@ -68,8 +68,8 @@ class Rollback:
     # ------------------------------------------------------------------ the leading head
     async def realign(self, driver) -> bool:
         """Roll the swarm back if a stage came back behind it; True if it did (the driver then goes
-        on from the head's new step). `driver` is this head's `StepDriver`."""
-        step = self.runner.step
+        on from the head's step). `driver` is this head's `StepDriver`; this head's own stage may be
+        the one that came back (every head died and this one restored stage 0)."""
         members = await driver._members()
         lists = await self.snapshots.survey(members)
         top: dict[int, int] = {}
@@ -77,6 +77,7 @@ class Rollback:
         for p, lst in lists.items():
             top[members[p]] = max(top.get(members[p], -1), lst.step)
             restored[members[p]] = restored.get(members[p], True) and lst.restored
+        step = max(top.values(), default=self.runner.step)  # the swarm's step: its most advanced stage's
         # a stage whose every replica was restored from a snapshot behind the swarm (a stage that is
         # merely slow to apply the last step, or failed to, is not restored: no reason to go back)
         behind = {s: t for s, t in top.items() if t < step and restored[s]}
@@ -100,7 +101,7 @@ class Rollback:
         if failed:
             log.warning("some replicas of stage%s %s could not roll back: they will not take part until they rejoin",
                         _s(failed), _list(failed))
-        return self.runner.step != step
+        return replies.get(self.daemon.peer_id) is not None and replies[self.daemon.peer_id].outcome == "ok"
 
 
 def _s(stages) -> str:

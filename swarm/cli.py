@@ -152,6 +152,9 @@ def cmd_local(a: argparse.Namespace) -> int:
 def cmd_coordinator(a: argparse.Namespace) -> int:
     from .coordinator import CoordinatorOptions, run_coordinator
     opts = from_args(CoordinatorOptions, a, spec=_spec_from_args(a))
+    if opts.snapshot_every < 0:
+        print("error: --snapshot-every must be 0 (no snapshots) or a positive number of steps.", file=sys.stderr)
+        return 2
     try:
         return _run_async(lambda: run_coordinator(opts))
     except FileNotFoundError as e:  # a --key or --identity in a folder that does not exist

@@ -57,15 +57,22 @@ class CoordinatorOptions:
                            "to start, and `swarm eval` scores it (default: the embedded corpus)", metavar="PATH")
     maddrs_file: str | None = opt(None, "write the coordinator's addresses here as JSON", metavar="FILE")
     private: bool = opt(False, "admit only peers with a ticket signed by the swarm key (`swarm admit`)")
+    snapshot_every: int = opt(50, "every stage snapshots its state every this many steps, and peers of other stages "
+                              "keep the snapshots, so that a stage whose every replica left is restored, not reset "
+                              "(0: never)")
     ttl: float = 60.0
     refit_delay: float = opt(0.0, "seconds to wait before publishing each basis update (tests: a slow coordinator)",
                              hidden=True)
 
 
-def sealed_spec(spec: RunSpec, key: SigningKey, peer_id: str = "", private: bool = False) -> RunSpec:
+def sealed_spec(spec: RunSpec, key: SigningKey, peer_id: str = "", private: bool = False,
+                snapshot_every: int = 0) -> RunSpec:
     """The spec as the swarm sees it: with the coordinator's key, its peer id (where stages send
-    their re-fit statistics), the shared-constant hash, and whether only ticket holders may join."""
+    their re-fit statistics), the shared-constant hash, whether only ticket holders may join, and
+    every how many steps all stages snapshot (so that they snapshot at the same steps)."""
     extra = dict(spec.extra)
+    if snapshot_every:
+        extra["snapshot_every"] = snapshot_every
     if peer_id:
         extra["coordinator_peer"] = peer_id
     if private:
@@ -103,7 +110,7 @@ async def _coordinate(opts: CoordinatorOptions, spec: RunSpec, key: SigningKey, 
     p2p = transport = None
     try:
         p2p = await dht.replicate_p2p()
-        spec = sealed_spec(spec, key, identity.peer_id, opts.private)
+        spec = sealed_spec(spec, key, identity.peer_id, opts.private, opts.snapshot_every)
         sdht = SwarmDHT(dht, identity, swarm_key=key, policy=policy)
         transport = Transport(p2p, f"subspace-swarm-{spec.run_hash}", max_frame_bytes=spec.d_model * spec.rank * 4
                               + (1 << 16))

@@ -44,12 +44,13 @@ class RunReports:
 
     def step_events(self) -> tuple[list[dict], bool]:
         """Every step record so far, from whichever head drove it, in step order; and whether the
-        run is done (a head said so)."""
+        run is done (a head said so). A step driven again after a rollback to a snapshot
+        (peer/rollback.py) is the one that stands: of two records of a step, the later counts."""
         by_step, done = {}, False
         for name in self.head_names():
             for e in self.events(name):
-                if e["event"] == "step":
-                    by_step.setdefault(e["step"], e)
+                if e["event"] == "step" and (e["step"] not in by_step or e["time"] >= by_step[e["step"]]["time"]):
+                    by_step[e["step"]] = e
                 done = done or e["event"] == "done"
         steps = [by_step[k] for k in sorted(by_step)]
         return steps, done

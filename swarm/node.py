@@ -74,6 +74,9 @@ class PeerOptions:
     checkpoint_every: int = opt(50, "steps between checkpoints (0: only when stopping)")
     resume: bool = opt(False, "resume from the checkpoint in --checkpoint-dir when no live replica of the stage "
                        "can give its state")
+    allow_fresh_stage: bool = opt(False, "if this peer takes a stage that lost every replica and no peer holds a "
+                                  "snapshot of it, start the stage again from its initial weights (its training is "
+                                  "lost) instead of waiting, the swarm paused, for a peer that holds one to return")
     rebalance_period: float = opt(30.0, "seconds between checks whether moving to another stage would balance the "
                                   "swarm (0: never move)")
     rebalance_hold: float = opt(HOLD_S, "seconds a peer stays at a stage it joined or moved to, unless a stage is "
@@ -246,7 +249,8 @@ async def run_peer(opts: PeerOptions) -> int:
         ctx = ReplicaContext(spec, peer_id, sdht, transport, router, LinkAdapter(transport, peer_id), opts.device,
                              batches, reporter, monitor, opts.ttl, opts.checkpoint_dir, opts.checkpoint_every,
                              opts.resume, opts.rebalance_period, opts.steps, opts.step_timeout, reach.mode,
-                             opts.linger, opts.rebalance_hold, opts.min_step_timeout, opts.next_step_wait)
+                             opts.linger, opts.rebalance_hold, opts.min_step_timeout, opts.next_step_wait,
+                             opts.allow_fresh_stage)
         stage = recall_stage(opts.identity, spec.run_hash) if opts.stage == "auto" else None
         if stage is None:
             stage = await choose_stage(router, spec, opts.stage)

@@ -26,6 +26,7 @@ from hivemind.utils import get_dht_time
 from protocol.spec import RunSpec
 from swarm.dht import RecordError, StageAnnouncement, SwarmDHT
 from swarm.local_reports import dense_bytes_per_token
+from swarm.monitor.coverage import uncovered_reason
 from swarm.monitor.health import HealthRecord, fetch_health
 from swarm.monitor.liveness import LivenessProbe
 from swarm.monitor.scalars import ScalarLog
@@ -217,9 +218,10 @@ class DashboardState:
         stages = []
         for s in range(spec.n_stages):
             here = [v for v in online if v["stage"] == s]
+            why = uncovered_reason(s, [v["state"] for v in peers if v["stage"] == s])
             stages.append({"stage": s, "layers": spec.stage_layers[s], "peers": len(here),
-                           "tokens_per_s": sum(v["tokens_per_s"] for v in here), "covered": bool(here),
-                           "bottleneck": False})
+                           "tokens_per_s": sum(v["tokens_per_s"] for v in here), "covered": why is None,
+                           "why": why, "bottleneck": False})
         _mark_bottleneck(stages)
 
         # Swarm figures come from announced peers only (a health record alone may be anyone's),

@@ -14,6 +14,7 @@ from hivemind.utils import get_dht_time
 
 from protocol.spec import RunSpec
 from swarm.dht import SwarmDHT, close_node, start_dht
+from swarm.monitor.coverage import uncovered_reason
 from swarm.monitor.health import reachability_of
 from swarm.monitor.liveness import LivenessProbe
 
@@ -34,14 +35,17 @@ async def swarm_state(initial_peers: list[str]) -> dict:
         p2p = await dht.replicate_p2p()
         answers = await LivenessProbe(p2p).probe_all(spec.run_hash, sorted({a.peer_id for s in peers.values()
                                                                            for a in s}))
+        stages = {s: [{"peer": a.peer_id, "state": a.state if answers[a.peer_id] else "offline",
+                       "announced_state": a.state, "answers": answers[a.peer_id], "throughput": a.throughput,
+                       "queue": a.queue, "basis_version": a.basis_version, "age_s": round(now - a.timestamp, 1),
+                       "reachability": reachability_of(a.maddrs)} for a in anns]
+                  for s, anns in peers.items()}
         return {
             "run": {"hash": spec.run_hash, "name": spec.name, "codec": spec.codec, "rank": spec.rank,
                     "stages": spec.n_stages, "key": signed.fingerprint},
-            "stages": {s: [{"peer": a.peer_id, "state": a.state if answers[a.peer_id] else "offline",
-                            "announced_state": a.state, "answers": answers[a.peer_id], "throughput": a.throughput,
-                            "queue": a.queue, "basis_version": a.basis_version, "age_s": round(now - a.timestamp, 1),
-                            "reachability": reachability_of(a.maddrs)} for a in anns]
-                       for s, anns in peers.items()},
+            "stages": stages,
+            "paused": {s: why for s in range(spec.n_stages)
+                       if (why := uncovered_reason(s, [p["state"] for p in stages.get(s, [])]))},
         }
     finally:
         await close_node(dht, p2p)
@@ -66,6 +70,8 @@ def format_table(state: dict) -> str:
                 silent.append(f"…{p['peer'][-10:]}")
         if not any(p["answers"] for p in peers):
             lines.append(f"{s:>5}  {'(none)':<12} MISSING")
+    for _, why in sorted(state.get("paused", {}).items()):
+        lines.append(f"paused: {why}.")
     if silent:
         lines.append(f"offline (did not answer a probe: stopped, or unreachable from here): {', '.join(silent)}; "
                      f"a stopped peer's announcement lives on until its ttl.")

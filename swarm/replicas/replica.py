@@ -1,8 +1,10 @@
 """`ReplicaService`: this process serving one stage as one of its replicas, over libp2p.
 
 It builds the stage's `StagePeer`, gets the stage's state (downloaded from a live replica,
-else this peer's checkpoint with `--resume`, else the stage's initial weights at the swarm's
-step: the last two are logged, since the stage then continues from less than the swarm knew),
+else this peer's checkpoint with `--resume`, else, if the swarm has trained, the stage's newest
+snapshot that peers of other stages hold, after which the swarm rolls back to it; with no
+snapshot anywhere it waits, the swarm paused, unless `--allow-fresh-stage` lets the stage start
+from its initial weights at the swarm's step; a swarm that has not trained starts afresh),
 announces itself, beats the heartbeat, writes checkpoints (atomically, every
 `checkpoint_every` steps and when it stops), drives steps if it is a head, and every
 `rebalance_period` asks `swarm/replicas/placement.py` whether it should move to another stage
@@ -19,6 +21,7 @@ from dataclasses import asdict, dataclass
 from peer.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint
 from peer.driver import StepLog
 from peer.replica_sync import flat_limits
+from peer.snapshots import NoSnapshot
 from peer.stage import StageRunner
 from peer.stage_peer import StagePeer
 from peer.state_transfer import StateError, state_bytes
@@ -45,6 +48,7 @@ from swarm.replicas.router import Router
 
 log = logging.getLogger(__name__)
 
+RESTORE_RETRY_S = 5.0  # how often a peer waiting for a snapshot of its emptied stage asks again
 SERVED_KINDS = (KIND_ACTIVATION, KIND_GRADIENT, KIND_BASIS, KIND_CONTROL, KIND_REDUCE, KIND_FOLLOW, KIND_STATE,
                 KIND_SNAPSHOT)
 
@@ -52,6 +56,11 @@ SERVED_KINDS = (KIND_ACTIVATION, KIND_GRADIENT, KIND_BASIS, KIND_CONTROL, KIND_R
 def given(**options: object) -> dict[str, object]:
     """The options that were set (not None): the others keep the daemon's or driver's default."""
     return {k: v for k, v in options.items() if v is not None}
+
+
+def snapshot_interval(spec: RunSpec) -> int:
+    """Steps between snapshots of every stage, as the coordinator sealed it into the spec (0: none)."""
+    return int(spec.extra.get("snapshot_every", 0))
 
 
 def frame_limits(spec: RunSpec, runner: StageRunner) -> dict[str, int]:
@@ -95,6 +104,7 @@ class ReplicaContext:
     rebalance_hold: float = HOLD_S  # seconds a peer stays at a stage it took, unless a stage is empty
     min_step_timeout: float | None = None  # the driver's floor for a later step's timeout (None: its default)
     next_step_wait: float | None = None  # how long the daemon holds a next-step message (None: its default)
+    allow_fresh_stage: bool = False  # a stage nobody holds a snapshot of may start from its initial weights
 
 
 class ReplicaService:
@@ -119,9 +129,8 @@ class ReplicaService:
                                                  probe=self._answers).check,
                                 **given(future_step_wait=ctx.next_step_wait)),
             driver_options=dict(first_timeout=ctx.step_timeout, **given(min_timeout=ctx.min_step_timeout)),
-            # off in processes until a peer that takes an emptied stage restores from them
-            # (`_acquire_state`): the in-memory swarm proves them (tests/peer/test_snapshots.py)
-            snapshot_options=dict(every=0))
+            # every stage snapshots at the same steps: the interval is the coordinator's, in the signed spec
+            snapshot_options=dict(every=snapshot_interval(self.spec)))
         sync.daemon = peer.daemon
         ctx.link.limits.update(frame_limits(self.spec, runner))
         heartbeat = None
@@ -183,11 +192,41 @@ class ReplicaService:
         else:
             swarm_step = await self._swarm_step()
             if swarm_step:
-                log.warning("stage %d had no live replica and this peer has no checkpoint of it: the stage starts "
-                            "again from its initial weights, at the swarm's step %d", self.stage, swarm_step + 1)
-                runner.step = swarm_step
+                await self._restore(swarm_step)
         await self.sync.catch_up(peer.daemon)
         peer.daemon.stepped()
+
+    async def _restore(self, swarm_step: int) -> None:
+        """The stage lost every replica after the swarm trained: load its newest snapshot (the swarm
+        then rolls back to it, `peer/rollback.py`). With none anywhere, start afresh only if the
+        owner said so (`--allow-fresh-stage`); else wait, the swarm paused, until a snapshot's
+        holder is back."""
+        ctx, peer, runner = self.ctx, self.peer, self.runner
+        await peer.announce("syncing")
+        said = False
+        while True:
+            try:
+                step = await peer.restore()
+            except NoSnapshot as e:
+                if ctx.allow_fresh_stage:
+                    log.warning("stage %d had no live replica and no peer holds a snapshot of it: the stage starts "
+                                "again from its initial weights, at the swarm's step %d (--allow-fresh-stage)",
+                                self.stage, swarm_step + 1)
+                    ctx.report.write("fresh_stage", stage=self.stage, step=swarm_step)
+                    runner.step = swarm_step
+                    return
+                if not said:
+                    log.error("stage %d: %s", self.stage, e)
+                    ctx.report.write("waiting_for_snapshot", stage=self.stage, swarm_step=swarm_step)
+                    said = True
+                await asyncio.sleep(RESTORE_RETRY_S)  # the retry schedule: a holder may come back
+                await peer.announce("syncing")  # the heartbeat does not run yet
+                continue
+            log.warning("stage %d had no live replica: restored from its snapshot at step %d; the swarm is at step %d, "
+                        "so every stage rolls back to step %d and the steps after it are driven again", self.stage,
+                        step, swarm_step, step)
+            ctx.report.write("restored", stage=self.stage, step=step, swarm_step=swarm_step)
+            return
 
     async def _swarm_step(self) -> int:
         """The step the swarm is on, for a stage that had no live replica (so the swarm is paused).

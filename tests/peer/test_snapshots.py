@@ -87,6 +87,40 @@ async def test_a_stage_whose_only_replica_died_is_restored_and_the_swarm_re_driv
             assert torch.allclose(p, q, rtol=1e-10, atol=1e-12), f"stage {stage} {pname} differs from the oracle"
 
 
+async def test_when_the_only_head_dies_a_new_head_restores_stage_0_and_rolls_the_swarm_back_to_the_oracle():
+    spec = spec3()
+    swarm = await make_swarm(spec, [1, 1, 1], snapshot_options=dict(every=2), driver_options=DRIVER)
+    try:
+        # killed right after step 6: the others applied step 5 (a step's share waits for the last
+        # one's apply), the newest snapshot of stage 0 the others keep is step 4's. drive returns when
+        # its only head is gone: nothing drives, the other stages wait
+        await asyncio.wait_for(swarm.drive(STEPS, kill_at(swarm, 6, "s0r0")), 300)
+        assert "s0r0" in swarm.net.down and len(swarm.logs) == 6
+        await until(lambda: all(swarm.peers[p].snapshots.store.listed(0) for p in ("s1r0", "s2r0")), 30,
+                    "the other stages keep stage 0's snapshot")
+        newcomer = await swarm.add(0, "s0new", announce="syncing")
+        restored_at = await newcomer.restore()
+        await newcomer.announce("online")
+        # behind the others (they may hold step 5 too), the new head still leads: it rolls them back first
+        await asyncio.wait_for(newcomer.drive(STEPS, swarm.logs.append), 300)
+        await swarm.applied()
+    finally:
+        await swarm.stop()
+    assert restored_at == 4, f"restored from step {restored_at}"
+    # the new head was behind the swarm: it rolled every stage back to its step 4 before it led
+    assert all(swarm.peers[p].rollback.rollbacks == 1 for p in ("s1r0", "s2r0"))
+    numbers = [log.step for log in swarm.logs]
+    assert numbers.count(5) == numbers.count(6) == 2, numbers  # driven by the dead head, then again
+    final = {log.step: log.loss for log in swarm.logs}
+    assert sorted(final) == list(range(1, STEPS + 1))
+    want = oracle(spec, STEPS)
+    for step in range(1, STEPS + 1):
+        a, b = final[step], want[step - 1]
+        assert abs(a - b) <= 1e-10 * abs(b), f"step {step}: swarm {a!r} vs oracle {b!r}"
+    for stage, name in enumerate(("s0new", "s1r0", "s2r0")):
+        assert swarm.peers[name].runner.step == STEPS, f"stage {stage} is at step {swarm.peers[name].runner.step}"
+
+
 async def test_with_no_snapshot_anywhere_the_stage_is_not_started_afresh_and_the_swarm_stays_paused():
     spec = spec3()
     swarm = await make_swarm(spec, [1, 1, 1], snapshot_options=dict(every=100), driver_options=DRIVER)

@@ -1,6 +1,7 @@
 """`swarm status`'s table: a peer that did not answer its probe is shown offline and named below."""
 from __future__ import annotations
 
+from swarm.monitor.coverage import uncovered_reason
 from swarm.monitor.status import format_table
 
 RUN = {"hash": "0123456789abcdef", "name": "tiny", "codec": "subspace", "rank": 16, "stages": 3, "key": "b13c482f"}
@@ -22,6 +23,17 @@ def test_a_silent_peer_is_offline_and_its_stage_missing():
     assert rows[3] == ["2", "(none)", "MISSING"]
     assert table.splitlines()[-1].startswith("offline (did not answer a probe") and "…adDeadDead" in table
     assert "answers" in table.splitlines()[1]
+
+
+def test_the_stages_that_pause_the_swarm_and_why():
+    stages = {0: [peer("12D3KooWHeadHeadHead", True, "paused")],
+              1: [peer("12D3KooWDeadDeadDead", False), peer("12D3KooWFreshFresh", True, "syncing")], 2: []}
+    paused = {s: why for s in range(3) if (why := uncovered_reason(s, [p["state"] for p in stages[s]]))}
+    assert sorted(paused) == [1, 2], "a paused head still serves stage 0; a dead peer serves nothing"
+    assert "a peer is getting its state" in paused[1] and "until a peer joins it" in paused[2]
+    table = format_table({"run": RUN, "stages": stages, "paused": paused})
+    assert [line for line in table.splitlines() if line.startswith("paused: ")] == [
+        f"paused: {paused[1]}.", f"paused: {paused[2]}."]
 
 
 def test_no_note_when_every_peer_answers():

@@ -95,6 +95,7 @@ function renderStages(s) {
       el("span", st.covered ? `${st.peers} peer${st.peers === 1 ? "" : "s"}` : "no peer", "peers"),
       el("span", `${num(st.tokens_per_s)} tok/s`, "speed"));
     if (st.bottleneck) node.append(el("span", st.covered ? "bottleneck" : "uncovered", "badge"));
+    if (st.why) { node.title = st.why; node.append(el("div", st.why, "why")); }
     return node;
   }));
 }
