@@ -75,7 +75,8 @@ def _dispatch(a: argparse.Namespace) -> None:
         run_churn_bench(a.out, preset_name=a.preset, hosts=a.hosts, replicas=a.replicas, period=a.period,
                         minutes=a.minutes, leader_every=a.leader_every, bandwidth=a.bandwidth,
                         baseline_minutes=a.baseline_minutes, seed=a.seed, checkpoint_every=a.checkpoint_every,
-                        peer_args=a.peer_args, device=a.device, smoke=a.smoke)
+                        peer_args=a.peer_args, coordinator_args=a.coordinator_args, device=a.device,
+                        smoke=a.smoke)
     elif a.which == "replicas":
         from .replicas import run_replicas_bench
         run_replicas_bench(a.out, preset_name=a.preset, steps=a.steps, device=a.device, smoke=a.smoke)

@@ -180,9 +180,9 @@ class ChurnRun:
             self.poll()
             time.sleep(min(POLL_S, max(0.0, t - time.time())))  # the schedule's next point, polling meanwhile
 
-    def start(self, hosts: int, timeout: float = 300.0) -> None:
+    def start(self, hosts: int, coordinator_args: list[str], timeout: float = 300.0) -> None:
         """The coordinator and `hosts` peers; returns once each serves a stage and a step is done."""
-        self.swarm.start_coordinator()
+        self.swarm.start_coordinator(*coordinator_args)
         first = [self.start_peer() for _ in range(hosts)]
         deadline = time.monotonic() + timeout
         while not (self.records and all(self.placed.get(n) for n in first)):
@@ -234,7 +234,7 @@ class ChurnRun:
 def run_churn_bench(out_dir: str, preset_name: str = "tiny", hosts: int = 6, replicas: int = 2, period: float = 60.0,
                     minutes: float = 15.0, leader_every: int = 5, bandwidth: str = "50mbit",
                     baseline_minutes: float = 5.0, seed: int = 0, checkpoint_every: int = 10, peer_args: str = "",
-                    device: str = "cpu", smoke: bool = False) -> dict:
+                    coordinator_args: str = "", device: str = "cpu", smoke: bool = False) -> dict:
     if smoke:
         preset_name, hosts, replicas, period, minutes, leader_every, baseline_minutes, checkpoint_every = (
             SMOKE[k] for k in ("preset_name", "hosts", "replicas", "period", "minutes", "leader_every",
@@ -259,7 +259,7 @@ def run_churn_bench(out_dir: str, preset_name: str = "tiny", hosts: int = 6, rep
     settings = {"preset": preset_name, "hosts": hosts, "replicas": replicas, "stages": spec.n_stages,
                 "bandwidth": bandwidth, "period_s": period, "minutes": minutes, "leader_every": leader_every,
                 "baseline_minutes": baseline_minutes, "seed": seed, "checkpoint_every": checkpoint_every,
-                "peer_args": peer_args, "device": device}
+                "peer_args": peer_args, "coordinator_args": coordinator_args, "device": device}
     rng = random.Random(seed)
     try:
         links = KernelLinks(names, bandwidth).__enter__()
@@ -272,7 +272,7 @@ def run_churn_bench(out_dir: str, preset_name: str = "tiny", hosts: int = 6, rep
         run = ChurnRun(swarm, links, names[1:], checkpoint_every, shlex.split(peer_args))
         started = time.time()
         try:
-            run.start(hosts)
+            run.start(hosts, shlex.split(coordinator_args))
             calm0 = time.time()
             print(f"{hosts} peers train; {baseline_minutes:g} min without churn", flush=True)
             run.wait_until(calm0 + baseline_minutes * 60)

@@ -227,7 +227,7 @@ def coverage(spans: list[Span], stages: int, a: float, b: float) -> dict:
         mid = (t0 + t1) / 2
         least = min(sum(1 for s in spans if s.stage == st and s.start <= mid < s.end) for st in range(stages))
         seconds[least] = seconds.get(least, 0.0) + t1 - t0
-    return {str(k): round(v, 1) for k, v in sorted(seconds.items())}
+    return {str(k): round(v, 1) for k, v in sorted(seconds.items()) if round(v, 1) > 0}
 
 
 def agreement(hashes: list[StateHash]) -> dict:

@@ -173,6 +173,9 @@ def _add_churn(sub) -> None:
                    help="steps between the checkpoints each peer writes, whose hashes compare replicas (default: 10)")
     p.add_argument("--peer-args", default="", metavar="ARGS",
                    help="more flags for every `swarm peer`, e.g. --peer-args='--ttl 6' (default: none)")
+    p.add_argument("--coordinator-args", default="", metavar="ARGS",
+                   help="more flags for `swarm coordinator`, e.g. --coordinator-args='--checkpoint-dir DIR' "
+                   "(default: none)")
 
 
 def register(sub) -> argparse.ArgumentParser:
