@@ -289,10 +289,8 @@ def run_churn_bench(out_dir: str, preset_name: str = "tiny", hosts: int = 6, rep
             left = run.stop()
     finally:
         links.__exit__(None, None, None)
-    if churn0 is None:
-        if interrupted:
-            raise KeyboardInterrupt
-        raise LocalSwarmError("the run ended before its churn phase began.")
+    if churn0 is None:  # interrupted before the churn: nothing to report (every process and host is gone)
+        raise SystemExit("interrupted before the churn phase began: nothing written.")
     events = [e for name in ["coordinator", *run.procs] if (swarm.dir / f"{name}.log").exists()
               for e in log_events(name, (swarm.dir / f"{name}.log").read_text(errors="replace"), started)]
     summary = analyse(run.records, run.kills, events, run.hashes, run.spans(end), spec.n_stages, (calm0, churn0),
@@ -313,7 +311,8 @@ def run_churn_bench(out_dir: str, preset_name: str = "tiny", hosts: int = 6, rep
     plot(result, out / "churn.png")
     _print(summary)
     if interrupted:
-        raise KeyboardInterrupt
+        print(f"interrupted after {(end - churn0) / 60:.1f} min of churn: churn.json says what happened until then",
+              flush=True)
     return result
 
 
