@@ -16,7 +16,7 @@ Then every process is stopped with SIGTERM (each peer leaves and writes its last
 whatever is still running on any host 15 s later is listed in the JSON and killed, and every
 namespace is deleted, also on error, Ctrl+C or SIGTERM. Each peer writes a checkpoint every
 --checkpoint-every steps into its own folder; the bench hashes each as it appears
-(`churn_report.state_hash`), so replicas of a stage are compared at the same step.
+(`churn_report.field_hashes`), so replicas of a stage are compared at the same step.
 
 Figures and their definitions: swarm/bench/churn_report.py. Writes churn.json (settings,
 summary, every kill, peer and step record) and churn.png (step and loss against time, the
@@ -42,7 +42,18 @@ from swarm.local_reports import LocalSwarmError
 from swarm.net.namespaces import KernelLinks, KernelShapingUnavailable
 from swarm.net.shaper import parse_bandwidth
 
-from .churn_report import Kill, Span, StateHash, StepRecord, analyse, classify, log_events, rollbacks, state_hash
+from .churn_report import (
+    Kill,
+    Span,
+    StateHash,
+    StepRecord,
+    analyse,
+    classify,
+    field_hashes,
+    log_events,
+    plot,
+    rollbacks,
+)
 from .machine import machine_info
 
 FOREVER = 10**9  # --steps of every peer: the bench, not a step count, ends the run
@@ -101,6 +112,7 @@ class ChurnRun:
         self.hashes: list[StateHash] = []
         self.kills: list[Kill] = []
         self.exited: dict[str, int] = {}  # peers that ended by themselves -> exit code
+        self.ended: dict[str, float] = {}  # ... and when that was seen
         self._seen: dict[Path, tuple[int, int]] = {}
         self._going: list[Kill] = []
 
@@ -155,7 +167,7 @@ class ChurnRun:
                 self._going.remove(kill)
         for name, proc in self.procs.items():
             if name not in self.killed and name not in self.exited and proc.poll() is not None:
-                self.exited[name] = proc.returncode
+                self.exited[name], self.ended[name] = proc.returncode, time.time()
                 print(f"{name} exited by itself with code {proc.returncode}", flush=True)
         coordinator = dict(self.swarm.procs)["coordinator"]
         if coordinator.poll() is not None:
@@ -173,7 +185,7 @@ class ChurnRun:
                 except (OSError, RuntimeError, EOFError):
                     continue  # replaced while we looked: the next look reads the new one
                 self._seen[path] = (st.st_mtime_ns, st.st_size)
-                self.hashes.append(StateHash(name, int(state["stage"]), int(state["step"]), state_hash(state)))
+                self.hashes.append(StateHash(name, int(state["stage"]), int(state["step"]), field_hashes(state)))
 
     def wait_until(self, t: float) -> None:
         while time.time() < t:
@@ -224,7 +236,7 @@ class ChurnRun:
     def spans(self, end: float) -> list[Span]:
         out = []
         for name, placed in self.placed.items():
-            stop = self.killed.get(name, end)
+            stop = self.killed.get(name, self.ended.get(name, end))
             for (t, stage), nxt in zip(placed, [*placed[1:], (stop, None)]):
                 if stage is not None:
                     out.append(Span(name, stage, t, min(nxt[0], stop)))
@@ -307,7 +319,6 @@ def run_churn_bench(out_dir: str, preset_name: str = "tiny", hosts: int = 6, rep
               "workdir": str(work)}
     out.mkdir(parents=True, exist_ok=True)
     (out / "churn.json").write_text(json.dumps(result, indent=1) + "\n")
-    from .churn_report import plot
     plot(result, out / "churn.png")
     _print(summary)
     if interrupted:
@@ -317,12 +328,13 @@ def run_churn_bench(out_dir: str, preset_name: str = "tiny", hosts: int = 6, rep
 
 
 def _print(s: dict) -> None:
-    g = s["goodput"]
+    g, a = s["goodput"], s["replica_agreement"]
     ratio = f"{g['ratio']:.2f}" if g["ratio"] is not None else "n/a"
     print(f"goodput {ratio} of no churn ({g['churn_steps_per_min'] or 0:.1f} against "
           f"{g['calm_steps_per_min'] or 0:.1f} steps/min); longest gap {s['longest_gap_s']:.1f} s; "
           f"{len(s['lost_steps'])} lost, "
           f"{len(s['doubled_steps'])} doubled, {s['redriven_records']} re-driven; {len(s['stage_resets'])} stage "
           f"resets, {len(s['rollbacks'])} rollbacks ({s['rollback_steps']} steps); failover {s['failover_s']} s; "
-          f"replicas bit-identical: {s['replica_agreement']['bit_identical']} "
-          f"({s['replica_agreement']['pairs_compared']} pairs)", flush=True)
+          f"replicas bit-identical in weights and optimizer state: {a['bit_identical']} ({a['pairs_compared']} "
+          f"pairs)" + (f"; other fields differing: {a['other_fields_differing']}" if a["other_fields_differing"]
+                       else ""), flush=True)

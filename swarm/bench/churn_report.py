@@ -3,7 +3,7 @@ runs the swarm and collects the records). Everything here is a pure function of 
 
 Inputs: every "step" event of every head's report (`StepRecord`: when it was written, the step,
 which head wrote it); the kills; the reset and rollback lines of the peers' logs (`log_events`);
-the hash of every checkpoint the peers wrote (`StateHash`, `state_hash`); each peer's stage spans.
+the hashes of every checkpoint the peers wrote (`StateHash`, `field_hashes`); each peer's stage spans.
 
 Definitions (over the step records in the order they were written):
 
@@ -27,7 +27,9 @@ Definitions (over the step records in the order they were written):
 - **Failover**: for a kill of the leading head (the head that wrote the latest record), the
   seconds from the SIGKILL to the next record written by another head.
 - **Replica agreement**: checkpoints of the same stage at the same step, written by different
-  peers, compared by `state_hash` (weights, optimizer moments, step, basis: every tensor's bytes).
+  peers, compared field by field (`field_hashes`: every tensor's bytes). Replicas are
+  **bit-identical** when weights ("module") and optimizer state agree in every such group; the
+  other fields (basis, re-fit statistic, ...) that differ are counted apart.
 """
 from __future__ import annotations
 
@@ -76,12 +78,15 @@ class LogEvent:
     until: int | None = None  # rollback: the last step driven again
 
 
+WEIGHT_FIELDS = ("module", "optimizer")  # what "bit-identical replicas" means
+
+
 @dataclass
 class StateHash:
     peer: str
     stage: int
     step: int
-    sha256: str
+    fields: dict[str, str]  # top-level key of the checkpoint -> state_hash of its value
 
 
 @dataclass
@@ -116,6 +121,11 @@ def state_hash(state: object) -> str:
 
     feed(state)
     return h.hexdigest()
+
+
+def field_hashes(state: dict) -> dict[str, str]:
+    """`state_hash` of each top-level field of a checkpoint (module, optimizer, stat, U, ...)."""
+    return {str(k): state_hash(v) for k, v in state.items()}
 
 
 def log_events(peer: str, text: str, start: float) -> list[LogEvent]:
@@ -230,17 +240,28 @@ def coverage(spans: list[Span], stages: int, a: float, b: float) -> dict:
     return {str(k): round(v, 1) for k, v in sorted(seconds.items()) if round(v, 1) > 0}
 
 
-def agreement(hashes: list[StateHash]) -> dict:
-    """Same stage, same step, different peers: how many such groups, how many differ (each peer's
-    last checkpoint of that step counts)."""
-    groups: dict[tuple[int, int], dict[str, str]] = {}
+def agreement(hashes: list[StateHash], shown: int = 20) -> dict:
+    """Same stage, same step, different peers (each peer's last checkpoint of that step counts):
+    how many such groups; the first `shown` whose weights or optimizer state differ, with the
+    peers' hashes; and per other field, in how many groups it differs."""
+    groups: dict[tuple[int, int], dict[str, dict[str, str]]] = {}
     for h in hashes:
-        groups.setdefault((h.stage, h.step), {})[h.peer] = h.sha256
+        groups.setdefault((h.stage, h.step), {})[h.peer] = h.fields
     compared = {k: v for k, v in sorted(groups.items()) if len(v) >= 2}
-    differing = [{"stage": s, "step": n, "hashes": v} for (s, n), v in compared.items() if len(set(v.values())) > 1]
+    differing, others = [], {}
+    for (stage, step), peers in compared.items():
+        fields = sorted({f for p in peers.values() for f in p})
+        odd = [f for f in fields if len({p.get(f) for p in peers.values()}) > 1]
+        for f in odd:
+            if f not in WEIGHT_FIELDS:
+                others[f] = others.get(f, 0) + 1
+        if any(f in WEIGHT_FIELDS for f in odd):
+            differing.append({"stage": stage, "step": step, "fields": odd,
+                              "hashes": {peer: {f: p.get(f, "")[:16] for f in odd} for peer, p in peers.items()}})
     return {"groups_compared": len(compared), "pairs_compared": sum(len(v) * (len(v) - 1) // 2
                                                                      for v in compared.values()),
-            "differing": differing, "bit_identical": bool(compared) and not differing}
+            "bit_identical": bool(compared) and not differing, "groups_differing": len(differing),
+            "differing": differing[:shown], "other_fields_differing": others}
 
 
 def analyse(records: list[StepRecord], kills: list[Kill], events: list[LogEvent], hashes: list[StateHash],

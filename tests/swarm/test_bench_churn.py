@@ -19,6 +19,7 @@ from swarm.bench.churn_report import (
     analyse,
     classify,
     coverage,
+    field_hashes,
     log_events,
     rollbacks,
     state_hash,
@@ -129,18 +130,35 @@ def test_log_lines_give_resets_and_rollbacks_at_their_local_second():
     assert [r["to_step"] for r in s["rollbacks"]] == [600]
 
 
+def _h(peer: str, stage: int, step: int, module: str, stat: str = "s") -> StateHash:
+    return StateHash(peer, stage, step, {"module": module, "optimizer": "o" + module, "stat": stat})
+
+
 def test_replica_agreement_compares_same_stage_same_step_checkpoints_of_different_peers():
-    hashes = [StateHash("a", 1, 10, "x"), StateHash("b", 1, 10, "x"), StateHash("c", 1, 10, "x"),
-              StateHash("a", 1, 20, "y"), StateHash("d", 0, 20, "z")]  # alone at its (stage, step)
+    hashes = [_h("a", 1, 10, "x"), _h("b", 1, 10, "x"), _h("c", 1, 10, "x"),
+              _h("a", 1, 20, "y"), _h("d", 0, 20, "z")]  # alone at its (stage, step)
     same = agreement(hashes)
-    assert same == {"groups_compared": 1, "pairs_compared": 3, "differing": [], "bit_identical": True}
-    differ = agreement([*hashes, StateHash("b", 1, 20, "w")])
-    assert differ["groups_compared"] == 2 and not differ["bit_identical"]
-    assert differ["differing"] == [{"stage": 1, "step": 20, "hashes": {"a": "y", "b": "w"}}]
+    assert same == {"groups_compared": 1, "pairs_compared": 3, "bit_identical": True, "groups_differing": 0,
+                    "differing": [], "other_fields_differing": {}}
+    differ = agreement([*hashes, _h("b", 1, 20, "w")])
+    assert differ["groups_compared"] == 2 and not differ["bit_identical"] and differ["groups_differing"] == 1
+    assert differ["differing"] == [{"stage": 1, "step": 20, "fields": ["module", "optimizer"],
+                                    "hashes": {"a": {"module": "y", "optimizer": "oy"},
+                                               "b": {"module": "w", "optimizer": "ow"}}}]
+    # weights and optimizer state equal, the re-fit statistic not: bit-identical, the field counted apart
+    stat = agreement([*hashes, _h("b", 1, 20, "y", stat="t")])
+    assert stat["bit_identical"] and stat["other_fields_differing"] == {"stat": 1}
     assert agreement([])["bit_identical"] is False  # nothing compared proves nothing
     # a peer's last checkpoint of a step is the one that counts (it may write one again after a rollback)
-    assert agreement([StateHash("a", 1, 5, "old"), StateHash("a", 1, 5, "x"), StateHash("b", 1, 5, "x")])[
-        "bit_identical"]
+    assert agreement([_h("a", 1, 5, "old"), _h("a", 1, 5, "x"), _h("b", 1, 5, "x")])["bit_identical"]
+
+
+def test_field_hashes_hash_each_top_level_field():
+    state = {"step": 3, "module": {"w": torch.ones(2)}, "stat": torch.zeros(2, dtype=torch.float64)}
+    fields = field_hashes(state)
+    assert set(fields) == {"step", "module", "stat"} and fields["module"] == state_hash(state["module"])
+    changed = field_hashes({**state, "stat": torch.tensor([0.0, 5e-14], dtype=torch.float64)})
+    assert changed["stat"] != fields["stat"] and changed["module"] == fields["module"]
 
 
 def test_state_hash_sees_every_tensor_byte_and_not_the_layout_of_the_file():
