@@ -303,8 +303,8 @@ def analyse(records: list[StepRecord], kills: list[Kill], events: list[LogEvent]
 
 
 def plot(result: dict, path) -> None:
-    """Step and loss against minutes: standing records dark, re-driven ones grey; kills as vertical
-    lines (the leading head's red), stage resets and rollbacks marked; the churn phase shaded."""
+    """Step and loss against minutes, one colour per head (superseded records grey); kills as
+    vertical lines (the leading head's red), stage resets and rollbacks marked; churn shaded."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -312,11 +312,11 @@ def plot(result: dict, path) -> None:
     s = result["summary"]
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 6.5), sharex=True, height_ratios=(2, 1))
     rows = result["records"]
+    heads = list(dict.fromkeys(r[3] for r in rows))  # one colour per head: who led when
+    colours = [f"C{heads.index(r[3]) % 10}" if r[5] else "0.6" for r in rows]
     for ax, col, label in ((top, 1, "step"), (bottom, 2, "loss")):
-        for stand, colour in ((True, "tab:blue"), (False, "0.6")):
-            pts = [(r[0] / 60, r[col]) for r in rows if r[5] == stand]
-            if pts:
-                ax.scatter(*zip(*pts), s=4, color=colour, label=None if stand else "re-driven")
+        if rows:
+            ax.scatter([r[0] / 60 for r in rows], [r[col] for r in rows], s=4, c=colours)
         ax.set_ylabel(label)
         ax.axvspan(result["calm_s"] / 60, (result["calm_s"] + result["churn_s"]) / 60, color="0.95", zorder=0)
         for k in s["kills"]:
@@ -326,6 +326,8 @@ def plot(result: dict, path) -> None:
             ax.axvline(r["at_s"] / 60, color="tab:orange", lw=2)
         for r in s["rollbacks"]:
             ax.axvline(r["at_s"] / 60, color="tab:purple", lw=2, ls=":")
+    if any(not r[5] for r in rows):
+        top.scatter([], [], s=4, color="0.6", label="re-driven (superseded)")
     top.plot([], [], color="tab:red", label="leading head killed")
     top.plot([], [], color="0.5", ls="--", label="peer killed")
     if s["stage_resets"]:
@@ -333,7 +335,7 @@ def plot(result: dict, path) -> None:
     if s["rollbacks"]:
         top.plot([], [], color="tab:purple", lw=2, ls=":", label="rollback")
     top.legend(fontsize=8, loc="upper left")
-    bottom.set_xlabel("minutes (churn phase shaded)")
+    bottom.set_xlabel("minutes (churn phase shaded; one colour per head that wrote the step)")
     g = s["goodput"]
     ratio = f"{g['ratio']:.2f}" if g["ratio"] is not None else "n/a"
     fo = f"{s['failover_median_s']:.1f} s" if s["failover_median_s"] is not None else "n/a"
