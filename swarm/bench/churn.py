@@ -333,7 +333,8 @@ def _print(s: dict) -> None:
     print(f"goodput {ratio} of no churn ({g['churn_steps_per_min'] or 0:.1f} against "
           f"{g['calm_steps_per_min'] or 0:.1f} steps/min); longest gap {s['longest_gap_s']:.1f} s; "
           f"{len(s['lost_steps'])} lost, "
-          f"{len(s['doubled_steps'])} doubled, {s['redriven_records']} re-driven; {len(s['stage_resets'])} stage "
+          f"{len(s['doubled_steps'])} doubled, {len(s['repeated_steps'])} repeated, {s['redriven_records']} "
+          f"re-driven; {len(s['stage_resets'])} stage "
           f"resets, {len(s['rollbacks'])} rollbacks ({s['rollback_steps']} steps); failover {s['failover_s']} s; "
           f"replicas bit-identical in weights and optimizer state: {a['bit_identical']} ({a['pairs_compared']} "
           f"pairs)" + (f"; other fields differing: {a['other_fields_differing']}" if a["other_fields_differing"]

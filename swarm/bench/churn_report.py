@@ -12,10 +12,14 @@ Definitions (over the step records in the order they were written):
   > T superseded, and the steps T+1.. are then **re-driven**, not doubled. A rollback is matched
   to the first record after it that goes back to a step the swarm had already recorded; a
   rollback no record followed (the run ended first) supersedes the records it was ordered over.
-- The records that are not superseded **stand**. A step with two standing records is **doubled**
-  (two heads each drove it, or the swarm went back without a rollback); a step between 1 and the
-  highest standing step with no standing record is **lost**. A step applied by every replica
-  whose leading head died before writing its record also counts as lost: the reports are the
+- The records that are not superseded **stand**. A step with two standing records whose losses
+  differ (relative difference > `SAME_LOSS`) is **doubled**: the second drive ran on weights
+  the first had already changed (two heads each drove it, or the swarm went back without a
+  rollback). Standing records of one step with the same loss were driven on the same weights
+  (a leading head wrote its record and died before every replica applied the step, and the
+  next one drove it again): the step counts once, as **repeated**. A step between 1 and the
+  highest standing step with no standing record is **lost**; a step applied by every replica
+  whose leading head died before writing its record counts as lost too: the reports are the
   only account of it.
 - A rollback **costs** the steps between its target and the highest step recorded before it.
 - A **stage reset** is a peer's "the stage starts again from its initial weights" line.
@@ -79,6 +83,9 @@ class LogEvent:
 
 
 WEIGHT_FIELDS = ("module", "optimizer")  # what "bit-identical replicas" means
+# the same step on the same weights: microbatches summed in another order (replicas share them
+# out differently) move the fp32 loss by ~1e-7; one optimizer step moves it far more than this
+SAME_LOSS = 1e-5
 
 
 @dataclass
@@ -205,7 +212,13 @@ def classify(records: list[StepRecord], orders: list[LogEvent]) -> dict:
     top = max(standing, default=0)
     return {"standing": standing, "superseded": superseded, "costs": costs,
             "lost": [s for s in range(1, top + 1) if s not in standing],
-            "doubled": sorted(s for s, rs in standing.items() if len(rs) > 1)}
+            "doubled": sorted(s for s, rs in standing.items() if len(rs) > 1 and not _same_loss(rs)),
+            "repeated": sorted(s for s, rs in standing.items() if len(rs) > 1 and _same_loss(rs))}
+
+
+def _same_loss(recs: list[StepRecord]) -> bool:
+    lo, hi = min(r.loss for r in recs), max(r.loss for r in recs)
+    return hi - lo <= SAME_LOSS * max(abs(hi), 1e-12)
 
 
 def _step_at(recs: list[StepRecord], t: float) -> int:
@@ -287,7 +300,7 @@ def analyse(records: list[StepRecord], kills: list[Kill], events: list[LogEvent]
                     "ratio": churn_rate / calm_rate if calm_rate and churn_rate is not None else None},
         "longest_gap_s": round(gap, 2), "longest_gap_at_s": round(gap_at - calm[0], 2),
         "steps": max(c["standing"], default=0), "records": len(recs),
-        "lost_steps": c["lost"], "doubled_steps": c["doubled"],
+        "lost_steps": c["lost"], "doubled_steps": c["doubled"], "repeated_steps": c["repeated"],
         "redriven_records": len(c["superseded"]),
         "stage_resets": [{"at_s": round(e.time - calm[0], 1), "peer": e.peer, "stage": e.stage, "step": e.step}
                          for e in resets],

@@ -29,8 +29,11 @@ from swarm.cli import main
 T0 = 1_800_000_000.0  # calm phase starts here
 
 
-def steps(first: int, last: int, start: float, every: float, head: str) -> list[StepRecord]:
-    return [StepRecord(start + i * every, s, head, 5.0 - 0.01 * s) for i, s in enumerate(range(first, last + 1))]
+def steps(first: int, last: int, start: float, every: float, head: str, shift: float = 0.0) -> list[StepRecord]:
+    """Records of steps first..last; the loss is a function of the step (the same weights give the
+    same loss) plus `shift` (other weights)."""
+    return [StepRecord(start + i * every, s, head, 5.0 - 0.01 * s + shift)
+            for i, s in enumerate(range(first, last + 1))]
 
 
 def order(t: float, target: int, until: int | None = None) -> LogEvent:
@@ -63,10 +66,22 @@ def test_a_random_kill_has_no_failover_but_a_time_to_the_next_step():
 def test_a_missing_step_is_lost_and_two_standing_records_of_one_step_are_doubled():
     recs = steps(1, 4, T0, 1.0, "a") + steps(6, 8, T0 + 5, 1.0, "a") + [StepRecord(T0 + 8, 8, "b", 4.9)]
     c = classify(recs, [])
-    assert c["lost"] == [5] and c["doubled"] == [8] and c["superseded"] == []
-    # a head going back to a recorded step without any rollback: every step it repeats is doubled
-    back = steps(1, 10, T0, 1.0, "a") + steps(7, 12, T0 + 12, 1.0, "b")
+    assert c["lost"] == [5] and c["doubled"] == [8] and c["repeated"] == [] and c["superseded"] == []
+    # a head going back to a recorded step without any rollback, on other weights: every step it repeats
+    # is doubled
+    back = steps(1, 10, T0, 1.0, "a") + steps(7, 12, T0 + 12, 1.0, "b", shift=0.02)
     assert classify(back, [])["doubled"] == [7, 8, 9, 10]
+
+
+def test_a_step_driven_again_on_the_same_weights_counts_once_as_repeated():
+    # a wrote step 10 and died before every replica applied it; b drove step 10 again on the same weights
+    # (its fp32 loss a hair off: the microbatches summed in another order)
+    recs = steps(1, 10, T0, 1.0, "a") + [StepRecord(T0 + 16, 10, "b", 4.9 * (1 + 2e-7))] + steps(11, 14, T0 + 17,
+                                                                                                   1.0, "b")
+    c = classify(recs, [])
+    assert c["repeated"] == [10] and c["doubled"] == [] and c["lost"] == []
+    s = analyse(recs, [], [], [], [], 2, (T0, T0 + 5), (T0 + 5, T0 + 21))
+    assert s["repeated_steps"] == [10] and s["doubled_steps"] == [] and s["steps"] == 14
 
 
 def test_steps_re_driven_after_a_rollback_are_not_doubled_and_the_rollback_costs_the_steps_it_undid():
