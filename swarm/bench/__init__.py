@@ -11,6 +11,8 @@ measured side by side in one run.
   subspace across widths; jobs spread over GPUs inside a time budget (docs/fidelity.md).
 - `replica_sync.py` (+ `sync_bytes.py`): per replica-sync mode, bytes per replica per step (small, large),
   tokens/s with 2 replicas per stage on shaped links, held-out loss at equal tokens.
+- `churn.py` (+ `churn_report.py`): peers in network namespaces killed and replaced all the time:
+  goodput, gaps, lost/doubled steps, resets, rollbacks, replica agreement, failover.
 - `cli.py`: each bench's flags (`swarm bench BENCH --help`); `machine.py`: the devices and machine
   every bench's JSON records.
 """
@@ -68,6 +70,13 @@ def _dispatch(a: argparse.Namespace) -> None:
         run_replica_sync_bench(a.out, preset_name=a.preset, steps=a.steps, ranks=a.sync_rank,
                                bandwidth=a.bandwidth, latency=a.latency, device=a.device, data=a.data,
                                seeds=a.seeds, lr=a.lr, smoke=a.smoke)
+    elif a.which == "churn":
+        from .churn import run_churn_bench
+        run_churn_bench(a.out, preset_name=a.preset, hosts=a.hosts, replicas=a.replicas, period=a.period,
+                        minutes=a.minutes, leader_every=a.leader_every, bandwidth=a.bandwidth,
+                        baseline_minutes=a.baseline_minutes, seed=a.seed, checkpoint_every=a.checkpoint_every,
+                        peer_args=a.peer_args, coordinator_args=a.coordinator_args, device=a.device,
+                        smoke=a.smoke)
     elif a.which == "replicas":
         from .replicas import run_replicas_bench
         run_replicas_bench(a.out, preset_name=a.preset, steps=a.steps, device=a.device, smoke=a.smoke)

@@ -147,6 +147,37 @@ def _add_fidelity(sub) -> None:
     _data(p)
 
 
+def _add_churn(sub) -> None:
+    p = sub.add_parser("churn", help="a swarm whose peers are killed and replaced all the time",
+                       description="Peer hosts in network namespaces (tc tbf on each uplink and downlink; needs "
+                       "root), every peer joining with --stage auto; the swarm trains without churn for "
+                       "--baseline-minutes, then for --minutes one peer is killed with SIGKILL every --period "
+                       "seconds (the leading head every --leader-every-th time) and a fresh peer starts on a "
+                       "fresh host. Reports goodput against the calm phase, the longest gap between steps, "
+                       "lost, doubled and re-driven steps, stage resets, rollbacks and the steps they cost, "
+                       "replica agreement (checkpoint hashes) and failover times; writes churn.json and a PNG.")
+    _common(p)
+    _preset(p, "tiny")
+    p.add_argument("--hosts", type=int, default=6, help="peer hosts at any time (default: 6)")
+    p.add_argument("--replicas", type=int, default=2,
+                   help="replicas per stage: the run has hosts / replicas stages (default: 2)")
+    p.add_argument("--period", type=float, default=60.0, metavar="S", help="seconds between kills (default: 60)")
+    p.add_argument("--minutes", type=float, default=15.0, help="length of the churn phase (default: 15)")
+    p.add_argument("--leader-every", type=int, default=5, metavar="K",
+                   help="every K-th kill takes the leading head; 0: every kill is random (default: 5)")
+    p.add_argument("--bandwidth", default="50mbit", help="every host's uplink and downlink (tc tbf) (default: 50mbit)")
+    p.add_argument("--baseline-minutes", type=float, default=5.0,
+                   help="minutes without churn first, whose steps/min the goodput is compared with (default: 5)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random choice of victims (default: 0)")
+    p.add_argument("--checkpoint-every", type=int, default=10,
+                   help="steps between the checkpoints each peer writes, whose hashes compare replicas (default: 10)")
+    p.add_argument("--peer-args", default="", metavar="ARGS",
+                   help="more flags for every `swarm peer`, e.g. --peer-args='--ttl 6' (default: none)")
+    p.add_argument("--coordinator-args", default="", metavar="ARGS",
+                   help="more flags for `swarm coordinator`, e.g. --coordinator-args='--checkpoint-dir DIR' "
+                   "(default: none)")
+
+
 def register(sub) -> argparse.ArgumentParser:
     """Add `bench` and its one subcommand per benchmark to the `swarm` subparsers `sub`."""
     from . import run_bench
@@ -156,7 +187,7 @@ def register(sub) -> argparse.ArgumentParser:
                         "`swarm bench BENCH --help` lists a benchmark's flags.")
     benches = be.add_subparsers(dest="which", required=True, metavar="BENCH")
     for add in (_add_codecs, _add_throughput, _add_convergence, _add_mfu, _add_replicas, _add_replica_sync,
-                _add_fidelity):
+                _add_fidelity, _add_churn):
         add(benches)
     be.set_defaults(func=run_bench)
     return be

@@ -17,7 +17,7 @@ from swarm.bench.throughput import throughput_record
 from swarm.cli import build_parser, main
 
 ROOT = Path(__file__).resolve().parents[2]
-BENCHES = ["codecs", "throughput", "convergence", "mfu", "replicas", "replica-sync", "fidelity"]
+BENCHES = ["codecs", "throughput", "convergence", "mfu", "replicas", "replica-sync", "fidelity", "churn"]
 
 
 def _help(capsys, *argv: str) -> str:
@@ -107,6 +107,10 @@ def test_the_documented_bench_invocations_parse():
     (["fidelity", "--groups", "embed,seeds", "--best", '{"lr": 0.002}'], "fidelity", "run_fidelity_bench",
      {"plan": "gpu", "parallel": 1, "per_device": 1, "budget_s": 540.0, "groups": ("embed", "seeds"),
       "best": {"lr": 0.002}, "resume": False}),
+    (["churn", "--peer-args=--ttl 6"], "churn", "run_churn_bench",
+     {"preset_name": "tiny", "hosts": 6, "replicas": 2, "period": 60.0, "minutes": 15.0, "leader_every": 5,
+      "bandwidth": "50mbit", "baseline_minutes": 5.0, "seed": 0, "checkpoint_every": 10, "peer_args": "--ttl 6",
+      "coordinator_args": ""}),
 ])
 def test_a_bench_invocation_reaches_its_bench_with_its_defaults(argv, module, function, expected, monkeypatch,
                                                                 tmp_path):

@@ -1,16 +1,19 @@
-"""`swarm bench throughput`, `convergence` and `mfu` at smoke size: they run end to end and
+"""`swarm bench throughput`, `convergence`, `mfu` and `churn` at smoke size: they run end to end and
 write JSON and a PNG whose figures are consistent (benchmarks are not tests: no speed is asserted)."""
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pytest
 
 from protocol.model import build_stage
 from protocol.spec import preset
+from swarm.bench.churn import run_churn_bench
 from swarm.bench.convergence import run_convergence_bench
 from swarm.bench.mfu import matmul_weights, run_mfu_bench
 from swarm.bench.throughput import CODECS, run_throughput_bench
+from tests.netlab import missing_requirements
 
 
 @pytest.mark.e2e  # a whole benchmark (three training runs and a plot)
@@ -90,3 +93,38 @@ def test_mfu_counts_the_factored_subspace_maps_at_rank_k():
     assert matmul_weights(stages) == want
     fp32 = [build_stage(spec.replace(dtype="fp32"), s) for s in range(spec.n_stages)]
     assert matmul_weights(fp32) == spec.n_layers * (4 * d * d + 3 * d * f) + d * V
+
+
+@pytest.mark.e2e  # peers in network namespaces, one of them killed
+@pytest.mark.skipif(bool(missing_requirements(nat=False)), reason=str(missing_requirements(nat=False)))
+def test_churn_bench_smoke(tmp_path):
+    """4 hosts, 2 stages x 2 replicas, 10 s calm, then the leading head killed and a fresh peer started."""
+    run_churn_bench(str(tmp_path), smoke=True)
+    written = json.loads((tmp_path / "churn.json").read_text())
+    assert (tmp_path / "churn.png").stat().st_size > 10_000
+    s, records = written["summary"], written["records"]
+    [kill] = s["kills"]
+    assert kill["targeted"] and kill["leader"] and kill["stage"] == 0
+    peers = {p["name"]: p for p in written["peers"]}
+    assert len(peers) == 5 and kill["newcomer"] not in {"h0", "h1", "h2", "h3"}
+    assert peers[kill["victim"]]["killed_at_s"] == pytest.approx(kill["at_s"], abs=0.06)
+    assert kill["gone_s"] is not None and kill["gone_s"] < 20  # its DHT child and p2pd went by themselves
+    assert any(r[0] < kill["at_s"] and r[3] == kill["victim"] for r in records)  # it led before the kill
+    # the figures are those of the records: failover = the next record of another head, if any came
+    after = [r for r in records if r[0] > kill["at_s"]]
+    other = next((r for r in after if r[3] != kill["victim"]), None)
+    if other is None:
+        assert kill["failover_s"] is None and s["failover_s"] == []
+    else:
+        assert kill["failover_s"] == pytest.approx(other[0] - kill["at_s"], abs=0.02)
+    steps = sorted(r[1] for r in records if r[5])
+    assert s["steps"] == steps[-1] and s["records"] == len(records)
+    assert s["lost_steps"] == sorted(set(range(1, steps[-1] + 1)) - set(steps))
+    assert sorted(s["doubled_steps"] + s["repeated_steps"]) == sorted({n for n in steps if steps.count(n) > 1})
+    assert s["goodput"]["calm_steps_per_min"] > 0 and s["goodput"]["churn_steps_per_min"] is not None
+    # replicas of a stage compared through their checkpoints (every 3 steps), and equal
+    assert s["replica_agreement"]["pairs_compared"] >= 1 and s["replica_agreement"]["bit_identical"]
+    # nothing left on any host 15 s after the stop, and every namespace gone
+    assert written["left_behind"] == {}
+    assert written["namespace_tag"] not in subprocess.run(["ip", "netns", "list"], capture_output=True,
+                                                           text=True).stdout
