@@ -12,7 +12,8 @@ protocol/snapshot_wire.py) to `copies` peers of other stages, ranked by sha256(s
 so that custody spreads over the swarm. A custodian takes an offer only from a peer announced
 for the offered stage, fetches the snapshot in chunks from it, checks it against the offered
 sha256 and keeps the newest `keep` per stage (`peer/snapshot_store.py`: memory is bounded by
-the stage sizes).
+the stage sizes). It fetches at a pace that leaves the holder's uplink mostly to training
+(`CUSTODY_SHARE`).
 
 Restore: a peer that takes a stage with no live replica asks every live peer which snapshots
 of the stage it holds, and loads the newest step whose sha256 the most holders report, after
@@ -31,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 
 import torch
@@ -58,6 +60,7 @@ from .state_transfer import load_state_bytes, state_bytes
 
 log = logging.getLogger(__name__)
 
+CUSTODY_SHARE = 0.2  # the most of a holder's uplink a custodian's fetch of a snapshot takes
 StateCheck = Callable[[dict, int], Awaitable[str | None]]  # (state, step) -> why it is refused, or None
 
 
@@ -183,7 +186,7 @@ class SnapshotService:
         try:
             info = SnapshotInfo(req.step, req.sha256, req.size)
             data = await fetch_snapshot(self.link, sender, self.spec.run_hash, req.stage, info, self.chunk_bytes,
-                                        self.timeout)
+                                        self.timeout, share=CUSTODY_SHARE)
             self.store.put(Snapshot(req.stage, req.step, req.sha256, data))
             log.info("keeping stage %d's snapshot at step %d (%.1f MB) from %s", req.stage, req.step, len(data) / 1e6,
                      sender[-8:])
@@ -262,16 +265,23 @@ class SnapshotService:
 
 
 async def fetch_snapshot(link, peer: str, run: str, stage: int, info: SnapshotInfo, chunk_bytes: int,
-                         timeout: float) -> bytes:
-    """Stage `stage`'s snapshot `info` from `peer`, in chunks, checked against its size and sha256."""
+                         timeout: float, share: float = 1.0) -> bytes:
+    """Stage `stage`'s snapshot `info` from `peer`, in chunks, checked against its size and sha256.
+
+    With `share` < 1 the fetch paces itself: after a chunk that took t seconds it waits
+    t (1/share - 1), so that it takes at most about `share` of the holder's uplink, which carries
+    the swarm's activations and gradients too. A restore (the swarm is paused) takes it all."""
     parts = []
     try:
         for i in range(n_chunks(info.size, chunk_bytes)):
             body = encode_snapshot_request(SnapshotRequest(run, "chunk", stage, info.step, i))
+            t0 = time.monotonic()
             part = await link.request(peer, KIND_SNAPSHOT, body, timeout=timeout)
             if len(part) > chunk_bytes:
                 raise NoSnapshot(f"{peer[-8:]} sent a chunk larger than a chunk.")
             parts.append(part)
+            if share < 1.0:
+                await asyncio.sleep((time.monotonic() - t0) * (1.0 / share - 1.0))  # pacing, not waiting on a condition
     except NoSnapshot:
         raise
     except Exception as e:  # transport failures of any kind

@@ -26,11 +26,13 @@ from protocol.spec import RunSpec
 from protocol.wire import KIND_ACTIVATION, KIND_GRADIENT, KIND_REDUCE
 
 from .dht import SwarmDHT, close_node, start_dht, stop_dht
+from .monitor.liveness import LivenessProbe
 from .monitor.peer_monitor import PeerMonitor
 from .net import HomeLink, Transport, TransportError
 from .net.reachability import DialBack, dht_options, settle_reachability
 from .optional import require
 from .options import opt
+from .replicas.membership import PROBE_S
 from .replicas.placement import HOLD_S, PlacementError, choose_stage
 from .replicas.replica import ReplicaContext, ReplicaService, transport_limit
 from .replicas.router import Router
@@ -253,7 +255,11 @@ async def run_peer(opts: PeerOptions) -> int:
                              opts.allow_fresh_stage)
         stage = recall_stage(opts.identity, spec.run_hash) if opts.stage == "auto" else None
         if stage is None:
-            stage = await choose_stage(router, spec, opts.stage)
+            probe = LivenessProbe(transport.p2p, PROBE_S)
+
+            async def answers(peer: str) -> bool:  # a peer killed a moment ago still has a fresh record
+                return await probe.answers(spec.run_hash, peer, transport)
+            stage = await choose_stage(router, spec, opts.stage, answers=answers)
         while stage is not None:
             remember_stage(opts.identity, spec.run_hash, stage)  # a restart with this identity comes back here
             service = ReplicaService(ctx, stage)

@@ -4,7 +4,8 @@ Let n_s be the number of peers present at stage s (announced online, paused, syn
 joining) and T_s the sum of the tokens/s they announce. An announcement not refreshed for
 two heartbeats (older than 2/3 of this peer's ttl; a heartbeat re-announces every ttl/3, and
 the peers of a swarm share the ttl) is a dead peer's whose record has not expired yet: it is
-not counted. The emptiest stage is
+not counted; nor is a peer that does not answer a liveness probe (`swarm/monitor/liveness.py`:
+one killed a moment ago, whose record is still fresh). The emptiest stage is
 
     b = argmin_s (n_s, T_s, s)        (fewest peers, then the lowest throughput, then the earliest)
 
@@ -38,7 +39,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from peer.interfaces import PeerStatus
@@ -52,18 +53,26 @@ PRESENT = (*LIVE_STATES, "joining", "syncing")  # announced states that count as
 HOLD_S = 300.0  # how long a peer that joined or moved stays put, unless a stage is empty
 # hivemind's DHT time (get_dht_time) is the wall clock: announcement timestamps are in it
 DHT_TIME: Callable[[], float] = time.time
+Answers = Callable[[str], Awaitable[bool]]  # peer id -> whether it answers a liveness probe
 
 
 class PlacementError(ValueError):
     """A stage that cannot be chosen; the text says what to pass instead."""
 
 
-async def directory(router: Router, n_stages: int, states=PRESENT,
-                    now: Callable[[], float] = DHT_TIME) -> dict[int, list[StageAnnouncement]]:
-    """Per stage, the announcements in `states` that were refreshed within the last two heartbeats."""
+async def directory(router: Router, n_stages: int, states=PRESENT, now: Callable[[], float] = DHT_TIME,
+                    answers: Answers | None = None) -> dict[int, list[StageAnnouncement]]:
+    """Per stage, the announcements in `states` that were refreshed within the last two heartbeats,
+    less those of peers that do not answer a probe (`answers`, if given: a peer killed a moment ago
+    still has a fresh record)."""
     found = await asyncio.gather(*(router.announced(s, fresh=True) for s in range(n_stages)))
     oldest = now() - 2 * router.ttl / 3
-    return {s: [a for a in anns if a.state in states and a.timestamp >= oldest] for s, anns in enumerate(found)}
+    peers = {s: [a for a in anns if a.state in states and a.timestamp >= oldest] for s, anns in enumerate(found)}
+    if answers is not None:
+        others = sorted({a.peer_id for anns in peers.values() for a in anns} - {router.peer_id})
+        silent = {p for p, ok in zip(others, await asyncio.gather(*map(answers, others))) if not ok}
+        peers = {s: [a for a in anns if a.peer_id not in silent] for s, anns in peers.items()}
+    return peers
 
 
 def emptiest(peers: dict[int, list[StageAnnouncement]]) -> int:
@@ -82,7 +91,7 @@ def destination(peers: dict[int, list[StageAnnouncement]], stage: int) -> int | 
 
 async def choose_stage(router: Router, spec: RunSpec, requested: str, rng: random.Random | None = None,
                        jitter: tuple[float, float] = (0.3, 1.2), rounds: int = 6,
-                       now: Callable[[], float] = DHT_TIME) -> int:
+                       now: Callable[[], float] = DHT_TIME, answers: Answers | None = None) -> int:
     """The stage to serve: `requested` if it is a number, else the emptiest (see above)."""
     if requested != "auto":
         try:
@@ -93,13 +102,13 @@ async def choose_stage(router: Router, spec: RunSpec, requested: str, rng: rando
             raise PlacementError(f"--stage {stage} does not exist: this run has stages 0..{spec.n_stages - 1}.")
         return stage
     rng = rng or random.Random()
-    peers = await directory(router, spec.n_stages, now=now)
+    peers = await directory(router, spec.n_stages, now=now, answers=answers)
     stage = emptiest({s: [a for a in anns if a.peer_id != router.peer_id] for s, anns in peers.items()})
     for _ in range(rounds):
         await router.announce(PeerStatus(stage, "joining"))
         await asyncio.sleep(rng.uniform(*jitter))  # deliberate jitter: simultaneous joiners look at different moments
         peers = {s: [a for a in anns if a.peer_id != router.peer_id]
-                 for s, anns in (await directory(router, spec.n_stages, now=now)).items()}
+                 for s, anns in (await directory(router, spec.n_stages, now=now, answers=answers)).items()}
         peers[stage].append(router.announcement(PeerStatus(stage, "joining")))
         target = destination(peers, stage)
         joining_here = sorted(a.peer_id for a in peers[stage] if a.state == "joining")
@@ -112,9 +121,9 @@ async def choose_stage(router: Router, spec: RunSpec, requested: str, rng: rando
 
 
 async def move_target(router: Router, spec: RunSpec, stage: int, held: bool = False,
-                      now: Callable[[], float] = DHT_TIME) -> int | None:
+                      now: Callable[[], float] = DHT_TIME, answers: Answers | None = None) -> int | None:
     """The stage this peer should move to now, or None (see the module docstring)."""
-    peers = await directory(router, spec.n_stages, now=now)
+    peers = await directory(router, spec.n_stages, now=now, answers=answers)
     if router.peer_id not in {a.peer_id for a in peers[stage]}:  # our own beat may be late: we are here
         peers[stage].append(router.announcement(PeerStatus(stage, "online")))
     target = destination(peers, stage)
@@ -134,6 +143,7 @@ class Rebalancer:
     hold: float = HOLD_S
     clock: Callable[[], float] = time.monotonic
     now: Callable[[], float] = DHT_TIME
+    answers: Answers | None = None
     since: float = field(init=False)
 
     def __post_init__(self) -> None:
@@ -143,4 +153,4 @@ class Rebalancer:
         return self.clock() - self.since < self.hold
 
     async def target(self, stage: int) -> int | None:
-        return await move_target(self.router, self.spec, stage, self.held(), self.now)
+        return await move_target(self.router, self.spec, stage, self.held(), self.now, self.answers)

@@ -115,7 +115,7 @@ class ReplicaService:
         self.peer: StagePeer | None = None
         self.sync: BasisSync | None = None
         self._saving: asyncio.Task | None = None
-        self.rebalancer = Rebalancer(ctx.router, ctx.spec, ctx.rebalance_hold)  # the hold starts now
+        self.rebalancer = Rebalancer(ctx.router, ctx.spec, ctx.rebalance_hold, answers=self._answers)  # held from now
 
     async def serve(self) -> int | None:
         ctx = self.ctx

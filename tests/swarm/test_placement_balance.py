@@ -118,6 +118,27 @@ async def test_a_record_one_heartbeat_late_counts_and_one_two_heartbeats_late_do
     assert await _join(board, "z", random.Random(1)) == 2
 
 
+async def test_a_peer_killed_a_moment_ago_does_not_count_when_it_does_not_answer_a_probe():
+    board = _board(["a", "b"], ["c", "d"], ["e", "f"])
+    board.time += 1.0  # "e" was SIGKILLed a second after its beat: its record is as fresh as the others'
+    board.beat({"a", "b", "c", "d", "f"})
+    probed = []
+
+    async def answers(peer: str) -> bool:
+        probed.append(peer)
+        return peer != "e"
+    router = BoardRouter(board, "z")
+    assert await choose_stage(router, SPEC, "auto", random.Random(1), jitter=(0.0, 0.0), now=board.now) == 0
+    assert await choose_stage(router, SPEC, "auto", random.Random(1), jitter=(0.0, 0.0), now=board.now,
+                              answers=answers) == 2
+    assert "e" in probed and "z" not in probed  # every listed peer is probed, never the one choosing
+    # and the periodic check: stage 0 has 3 against the probed 1 of stage 2, so one peer of stage 0 moves
+    board.put("z", 0)
+    rebalancer = Rebalancer(BoardRouter(board, "z"), SPEC, hold=0.0, now=board.now, answers=answers)
+    assert await move_target(BoardRouter(board, "z"), SPEC, 0, now=board.now) is None  # 3/2/2 by records
+    assert await rebalancer.target(0) == 2
+
+
 async def test_ties_go_to_the_lowest_throughput_then_the_earliest_stage():
     board = Board()
     for peer, stage, tput in (("a", 0, 300.0), ("b", 1, 100.0), ("c", 2, 200.0)):
