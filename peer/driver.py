@@ -32,6 +32,7 @@ import torch
 from protocol.control import Command, CommandReply, decode_reply, encode_command
 from protocol.wire import KIND_CONTROL, ErrorReply, WireError, WireLimits, decode_message
 
+from .attempt_watch import AttemptWatch
 from .commit import StepCommit
 from .daemon import StageDaemon
 from .interfaces import LinkError, PeerDirectory, PeerInfo
@@ -62,7 +63,7 @@ class StepDriver:
     def __init__(self, daemon: StageDaemon, commit: StepCommit, directory: PeerDirectory,
                  batches: Callable[[int, int], torch.Tensor], *, min_timeout: float = 15.0,
                  first_timeout: float = 120.0, command_timeout: float = 90.0, ping_period: float = 1.0,
-                 ping_failures: int = 3) -> None:
+                 ping_failures: int = 3, watch_period: float | None = 1.0) -> None:
         if not daemon.runner.is_first:
             raise ValueError("only a head peer drives steps.")
         self.daemon, self.commit, self.directory, self.batches = daemon, commit, directory, batches
@@ -77,6 +78,9 @@ class StepDriver:
         # called when a pause ends and after a failed attempt: True if the swarm rolled back to a
         # snapshot meanwhile (peer/rollback.py), and the driver goes on from the head's new step
         self.realign: Callable[[], Awaitable[bool]] | None = None
+        # pings the swarm while microbatches are out: a peer that died holding one is seen in seconds
+        self.watch = AttemptWatch(daemon.link, directory, self.spec.run_hash, watch_period) \
+            if watch_period else None
 
     # ------------------------------------------------------------------ leading and standing by
     async def drive(self, until: int | None, on_step: Callable[[StepLog], None]) -> None:
@@ -262,7 +266,7 @@ class StepDriver:
             # asyncio.timeout, not wait_for: cancelled (Ctrl+C), 3.11's wait_for cancels the gather
             # without reading its outcome, and asyncio logs "exception was never retrieved"
             async with asyncio.timeout(self._timeout()):
-                losses = await asyncio.gather(*futures)
+                losses = await self._gather_watched(futures, step)
         except TimeoutError:
             raise AttemptFailed(f"not every gradient came back within {self._timeout():.0f} s") from None
         except (LinkError, asyncio.CancelledError) as e:
@@ -272,6 +276,29 @@ class StepDriver:
         seconds = time.monotonic() - t0
         self._step_seconds = seconds if self._step_seconds is None else 0.8 * self._step_seconds + 0.2 * seconds
         return list(losses), tokens
+
+    async def _gather_watched(self, futures: list[asyncio.Future], step: int) -> list[float]:
+        """The microbatches' losses, or AttemptFailed as soon as a peer stops answering (`AttemptWatch`)."""
+        gathered = asyncio.gather(*futures)
+        if self.watch is None:
+            return await gathered
+
+        async def others() -> list[str]:
+            return [p for p in await self._members() if p != self.peer_id]
+        watch = asyncio.ensure_future(self.watch.first_silent(others, step))
+        try:
+            done, _ = await asyncio.wait({gathered, watch}, return_when=asyncio.FIRST_COMPLETED)
+            if gathered not in done and watch.exception() is not None:  # the watch broke, not a peer: wait on
+                log.warning("the watch over step %d's peers failed (%s)", step + 1, watch.exception())
+                await gathered
+                done = {gathered}
+        finally:
+            if not gathered.done():
+                gathered.cancel()
+            watch.cancel()
+        if gathered in done:
+            return gathered.result()
+        raise AttemptFailed(f"peer {watch.result()[-8:]} stopped answering while it held work of the step")
 
     async def _members(self) -> dict[str, int]:
         """Every live peer of every stage -> its stage (this head included)."""

@@ -39,7 +39,7 @@ def param_hash(runner: StageRunner) -> str:
 
 
 # short timeouts: a test's failures should cost seconds (a benchmark over slow links passes longer ones)
-TEST_DRIVER_OPTIONS = dict(min_timeout=2.0, first_timeout=20.0, ping_period=0.2)
+TEST_DRIVER_OPTIONS = dict(min_timeout=2.0, first_timeout=20.0, ping_period=0.2, watch_period=None)
 TEST_COMMIT_OPTIONS = dict(reduce_timeout=5.0)
 
 

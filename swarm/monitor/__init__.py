@@ -5,6 +5,7 @@
   `/healthz`, TensorBoard).
 - `healthz.py`: the `/healthz` HTTP endpoint for Docker and systemd.
 - `status.py`: `swarm status`, a table of stages and peers.
+- `coverage.py`: `uncovered_reason`, which stage pauses the swarm and why.
 - `liveness.py`: `LivenessProbe`, whether a listed peer still answers (its records outlive it).
 - `scalars.py`: `ScalarLog`, per-step scalars for TensorBoard.
 The browser dashboard that reads the health records is `swarm/dashboard/`.
