@@ -1,9 +1,11 @@
 """`BasisRefitter`: the coordinator's side of the Grassmann basis updates (docs/algorithms.md 1.7).
 
 At every re-fit step the receiving stages send their statistic (EMA of C_s U). Replicas of a
-stage hold bit-identical statistics (they are summed in the replicas' all-reduce), so the
-refitter takes a stage's statistic only once a quorum agrees on it: more than half of the
-stage's live replicas, by hash; one replica, lying or not, cannot outvote the others. Once
+stage hold the same statistic (they are summed in the replicas' all-reduce; one that joined by
+download was seen to differ in the last bits, ~1e-12 relative), so the refitter takes a
+stage's statistic only once a quorum agrees on it: more than half of the stage's live
+replicas, equal to within a relative 1e-6 (`STAT_RTOL`); one replica, lying or not, cannot
+outvote the others. Once
 every stage 1..n-1 has a quorum for (basis version v, step t), it takes one capped Grassmann
 step from U_v, signs (run, v+1, t + switch delay, U_{v+1}) with the swarm key, stores it in
 the DHT (where late joiners and peers that missed the push find it) and pushes it to every
@@ -23,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-from collections import Counter
 
 import torch
 
@@ -38,7 +39,12 @@ from swarm.trust.keys import SigningKey
 log = logging.getLogger(__name__)
 
 LIVE = ("online", "paused")
+STAT_RTOL = 1e-6  # statistics of one stage closer than this (relative, Frobenius) are one vote
 STEP_WINDOW_INTERVALS = 10  # how far past the swarm's announced step a re-fit step may be (announcements lag)
+
+
+def _agree(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return float(torch.linalg.norm(a.double() - b.double())) <= STAT_RTOL * float(torch.linalg.norm(a.double()))
 
 
 def _refuse(reason: str) -> bytes:
@@ -103,14 +109,22 @@ class BasisRefitter:
         return {a.peer_id: a.step for a in await self.sdht.stage_peers(self.spec.run_hash, stage) if a.state in LIVE}
 
     def _quorum(self, key: tuple[int, int], stage: int, n_live: int) -> torch.Tensor | None:
-        """The statistic more than half of the stage's live replicas agree on, if any."""
+        """The statistic more than half of the stage's live replicas agree on, if any: two agree
+        when ||A - B||_F <= STAT_RTOL ||A||_F (replicas sum the same numbers, but a replica that
+        joined by download can differ in the last bits; a lie differs by far more). The group's
+        statistic from the lowest peer id is the one used, so the choice is the same every time."""
         got = self._stats.get(key, {}).get(stage, {})
-        if not got:
+        groups: list[list[torch.Tensor]] = []
+        for _, (_, M) in sorted(got.items()):
+            group = next((g for g in groups if _agree(g[0], M)), None)
+            if group is None:
+                groups.append([M])
+            else:
+                group.append(M)
+        best = max(groups, key=len, default=[])  # of equal groups, the first: its lowest id came first
+        if len(best) * 2 <= max(n_live, 1):
             return None
-        digest, votes = Counter(h for h, _ in got.values()).most_common(1)[0]
-        if votes * 2 <= max(n_live, 1):
-            return None
-        return next(M for h, M in got.values() if h == digest)
+        return best[0]
 
     async def _refit(self, version: int, step: int, stats: dict[int, torch.Tensor]) -> None:
         if self.delay:

@@ -94,3 +94,25 @@ async def test_a_basis_is_refitted_only_from_a_majority_of_each_stages_replicas(
     await _settle()
     assert torch.equal(r.published[0].U, want.published[0].U), "the re-fit did not use the honest statistic"
     assert r.published[0].effective_step == 5 + SPEC.basis_switch_delay
+
+
+async def test_replicas_whose_statistics_differ_in_the_last_bits_still_agree_and_a_lie_does_not():
+    dht = FakeDHT({1: ["a1", "b1", "evil"], 2: ["a2"]})
+    r = BasisRefitter(SPEC, SigningKey.generate(), dht, FakeTransport(), ttl=60)
+    honest = stat(1)  # statistics travel as float32
+    rounded = honest.clone()  # a replica that joined by download: the same sum, another last bit
+    rounded[0, :3] = torch.nextafter(rounded[0, :3], torch.full((3,), float("inf")))
+    assert not torch.equal(honest, rounded)
+    assert await r.on_stats(body(1, 5, honest * (1 + 1e-3)), "evil") == b""  # close, but not within 1e-6
+    assert await r.on_stats(body(2, 5, stat(2)), "a2") == b""
+    assert await r.on_stats(body(1, 5, rounded), "b1") == b""
+    await _settle()
+    assert dht.published == [], "2 different statistics of 3 replicas are no majority"
+    assert await r.on_stats(body(1, 5, honest), "a1") == b""
+    await _settle()
+    assert dht.published == [1]
+    want = BasisRefitter(SPEC, SigningKey.generate(), FakeDHT({1: ["x"], 2: ["y"]}), FakeTransport(), ttl=60)
+    await want.on_stats(body(1, 5, honest), "x")  # a1's: the lowest id of the agreeing replicas
+    await want.on_stats(body(2, 5, stat(2)), "y")
+    await _settle()
+    assert torch.equal(r.published[0].U, want.published[0].U)
