@@ -1,9 +1,11 @@
 """Like fid_extra.py (its jobs, resumed) plus: the dense floor of the 1-1-(L-2) layout (its L-2 free layers
 alone), that layout at k=5 (~100x), k=5 at lr x0.5 with seeds 0-1; with `floor2000` that floor at the
-headline's length, with `d1024` the scale group's d=1024 pair. Usage: fid_extra2.py PLAN OUT PER_DEVICE BUDGET_S [floor2000] [d1024]"""
+headline's length, with `d1024` the scale group's d=1024 pair.
+Usage: fid_extra2.py PLAN OUT PER_DEVICE BUDGET_S [floor2000] [d1024]"""
 import sys
 
 from fid_extra import b, extra_jobs, few
+
 from swarm.bench import fidelity
 from swarm.bench.fidelity_plan import GROUPS, _job, dense, jobs_for, plan_shape, scale_jobs
 
@@ -22,7 +24,8 @@ def more_jobs() -> list:
                         dense(b, n_layers=free, stage_layers=(free,), total_steps=plan_shape(plan).headline_steps), 1,
                         f"the floor of layers {'-'.join(map(str, few))}"))
     if "d1024" in sys.argv[5:]:
-        out += [j for j in scale_jobs(plan_shape(plan)) if j.name.startswith(f"d={max(plan_shape(plan).scale_widths)} ")]
+        widest = max(plan_shape(plan).scale_widths)
+        out += [j for j in scale_jobs(plan_shape(plan)) if j.name.startswith(f"d={widest} ")]
     return out
 
 
