@@ -1,7 +1,8 @@
 """Like fid_extra.py (its jobs, resumed) plus: the dense floor of the 1-1-(L-2) layout (its L-2 free layers
 alone), that layout at k=5 (~100x), k=5 at lr x0.5 with seeds 0-1; with `floor2000` that floor at the
-headline's length, with `d1024` the scale group's d=1024 pair.
-Usage: fid_extra2.py PLAN OUT PER_DEVICE BUDGET_S [floor2000] [d1024]"""
+headline's length, with `seeds3` seeds 1-2 of the bottleneck at k=d/16 and d/8, int8 at d/8 and the
+floors, with `d1024` the scale group's d=1024 pair.
+Usage: fid_extra2.py PLAN OUT PER_DEVICE BUDGET_S [floor2000] [seeds3] [d1024]"""
 import sys
 
 from fid_extra import b, extra_jobs, few
@@ -23,6 +24,16 @@ def more_jobs() -> list:
         out.append(_job(f"dense with only {free} layers", "headline",
                         dense(b, n_layers=free, stage_layers=(free,), total_steps=plan_shape(plan).headline_steps), 1,
                         f"the floor of layers {'-'.join(map(str, few))}"))
+    if "seeds3" in sys.argv[5:]:  # seeds 1-2 of the frontier rows that beat the subspace codec, and of the floors
+        k = b.d_model // 16
+        for i in (1, 2):
+            out += [_job(f"bottleneck b={k} seed {i}", "seeds", b.replace(codec="bottleneck", rank=k, seed=i), 1),
+                    _job(f"bottleneck b={2 * k} seed {i}", "seeds",
+                         b.replace(codec="bottleneck", rank=2 * k, seed=i), 1)]
+        out.append(_job(f"subspace int8 k={2 * k} seed 1", "seeds", b.replace(rank=2 * k, quant="int8", seed=1), 1))
+        for layers in (b.stage_layers[-1], free):
+            out.append(_job(f"dense with only {layers} layers seed 1", "seeds",
+                            dense(b, n_layers=layers, stage_layers=(layers,), seed=1), 1))
     if "d1024" in sys.argv[5:]:
         widest = max(plan_shape(plan).scale_widths)
         out += [j for j in scale_jobs(plan_shape(plan)) if j.name.startswith(f"d={widest} ")]
