@@ -283,7 +283,7 @@ class StepCommit:
         reduced = self.runner.reduced
         if reduced is None or (reduced.step, reduced.attempt) != (cmd.step, cmd.attempt):
             return self._reply(cmd, "failed", "no reduced gradient is held for this attempt.")
-        stats, record = await d.run(self._apply_job, cmd.step, cmd.attempt)
+        stats, record = await d.run_step(self._apply_job, cmd.step, cmd.attempt)
         self.records.append(record)
         self.last_applied = (cmd.step, cmd.attempt)
         self.last_sync_bytes = self._attempt_bytes.pop((cmd.step, cmd.attempt), 0)

@@ -75,6 +75,8 @@ class StageDaemon(InboundHandlers):
         self.gate = BasisGate(runner, self.run, verify_update=verify_update, pull_updates=pull_updates,
                               wait=basis_wait)
         self.attempt = 0  # the driver's attempt at the step in progress that this stage works for
+        # an optimizer step runs on the worker: runner.step has moved there before stepped() runs here
+        self.stepping = False
         self._upstream: dict[int, tuple[str, torch.Tensor]] = {}  # microbatch -> (sender, tokens)
         self._downstream: dict[int, tuple[str, float]] = {}  # microbatch -> (next-stage peer, time sent)
         # microbatch -> the peer whose gradient for it this attempt took: a repeat of that gradient
@@ -120,6 +122,17 @@ class StageDaemon(InboundHandlers):
     async def run(self, fn, *args):
         """Run `fn(*args)` on the stage's worker thread, after everything queued before it."""
         return await asyncio.get_running_loop().run_in_executor(self._worker, fn, *args)
+
+    async def run_step(self, fn, *args):
+        """`run` for a job that takes the optimizer step (moves runner.step); the caller calls `stepped()`
+        when it returns. Meanwhile a message of the next step waits in `_admit`: seen between the
+        worker's `step += 1` and `stepped()`, it would meet the old step's attempt and be refused."""
+        self.stepping = True
+        try:
+            return await self.run(fn, *args)
+        finally:
+            self.stepping = False
+            self._step_changed.set()
 
     async def run_for(self, h: Header, fn, *args):
         """`run`, but skipped (returns SKIPPED) if by the time the worker gets to it the attempt of
@@ -185,9 +198,9 @@ class StageDaemon(InboundHandlers):
         """(reason, code) to refuse a message that is not for this stage's step and attempt in
         progress. A message of the next step waits (bounded) while this stage applies the
         current one. Refusals say which rule failed, never which step this stage is on."""
-        if h.step == self.runner.step + 1:
+        if h.step == self.runner.step + 1 or self.stepping:
             deadline = time.monotonic() + self.future_step_wait
-            while h.step > self.runner.step and time.monotonic() < deadline:
+            while (h.step > self.runner.step or self.stepping) and time.monotonic() < deadline:
                 self._step_changed.clear()
                 try:
                     await asyncio.wait_for(self._step_changed.wait(), timeout=max(0.01, deadline - time.monotonic()))

@@ -5,6 +5,7 @@ misses (`patient_options`): every step takes one attempt, and the traffic is cou
 from __future__ import annotations
 
 import threading
+import time
 
 import torch
 
@@ -119,3 +120,46 @@ async def test_a_gradient_repeated_while_its_backward_runs_is_a_duplicate(oracle
     assert isinstance(repeat, ErrorReply) and repeat.code == "duplicate", repeat
     assert [log.loss for log in logs] == oracle_runs.losses(spec, 2)
     assert swarm.stage(2)[0].daemon.sent_tokens[KIND_GRADIENT] == 2 * 16 * 64  # the repeat is counted once
+
+
+class NotesActivations(LoopbackLink):
+    """Sets `sent` when an activation leaves for the middle stage while `watching` is set."""
+    watching = threading.Event()
+    sent = threading.Event()
+
+    async def request(self, peer: str, kind: str, body: bytes, timeout: float | None = None) -> bytes:
+        if kind == KIND_ACTIVATION and peer == "s1r0" and type(self).watching.is_set():
+            type(self).sent.set()
+        return await super().request(peer, kind, body, timeout)
+
+
+async def test_a_next_step_message_during_the_optimizer_step_waits_for_it(oracle_runs):
+    """The worker thread counts the step (runner.step += 1) before the event loop hears that the step
+    is done (`stepped()`, which starts attempt 0). An activation of the next step arriving in between
+    (on a GPU the head is that fast) must wait, not meet the old step's attempt and be refused as
+    stale (which failed the attempt, and a re-driven one could stall until the step timeout). Here
+    the middle stage's optimizer step is held open until such an activation was sent to it."""
+    link = type("Link", (NotesActivations,), {"watching": threading.Event(), "sent": threading.Event()})
+    spec = preset("tiny", stages=3)
+    swarm = await make_swarm(spec, [1, 1, 1], link, **patient_options())
+    middle = swarm.stage(1)[0]
+    apply_reduced = middle.runner.apply_reduced  # runs in the middle stage's worker thread
+    held = []
+
+    def held_open(step: int, attempt: int):
+        record = apply_reduced(step, attempt)  # the step is counted here
+        if not held:
+            link.watching.set()
+            held.append(link.sent.wait(timeout=60))
+            time.sleep(0.2)  # the activation reaches the middle stage's event loop meanwhile
+        return record
+
+    middle.runner.apply_reduced = held_open
+    try:
+        logs = await swarm.drive(3)
+    finally:
+        await swarm.stop()
+    assert held == [True], "no activation of the next step came while the optimizer step was held open"
+    assert all(log.attempts == 1 for log in logs), [log.attempts for log in logs]
+    assert middle.daemon.refused == 0
+    assert [log.loss for log in logs] == oracle_runs.losses(spec, 3)
