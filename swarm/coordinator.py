@@ -19,6 +19,7 @@ from protocol.wire import KIND_STATS
 
 from .basis import BasisRefitter
 from .dht import SwarmDHT, close_node, start_dht
+from .monitor.liveness import LivenessProbe
 from .net import Transport
 from .net.addresses import LOOPBACK, PRIVATE, PUBLIC, announce_addresses, scope_of
 from .net.reachability import DialBack
@@ -107,14 +108,18 @@ async def _coordinate(opts: CoordinatorOptions, spec: RunSpec, key: SigningKey, 
     announce = announce_addresses(opts.host_maddrs, opts.public_ip, opts.announce_maddrs)
     dht = await asyncio.to_thread(start_dht, [], opts.host_maddrs, identity, False, policy,
                                   **({"announce_maddrs": announce} if announce else {}))
-    p2p = transport = None
+    p2p = transport = refitter = None
     try:
         p2p = await dht.replicate_p2p()
         spec = sealed_spec(spec, key, identity.peer_id, opts.private, opts.snapshot_every)
         sdht = SwarmDHT(dht, identity, swarm_key=key, policy=policy)
         transport = Transport(p2p, f"subspace-swarm-{spec.run_hash}", max_frame_bytes=spec.d_model * spec.rank * 4
                               + (1 << 16))
-        refitter = BasisRefitter(spec, key, sdht, transport, opts.ttl * 100, delay=opts.refit_delay)
+        probe = LivenessProbe(p2p)
+
+        async def answers(peer: str) -> bool:  # a killed replica's record outlives it: its vote must not
+            return await probe.answers(spec.run_hash, peer, transport)
+        refitter = BasisRefitter(spec, key, sdht, transport, opts.ttl * 100, delay=opts.refit_delay, answers=answers)
         if spec.codec == "subspace" and spec.basis_updates:
             await transport.serve(KIND_STATS, refitter.on_stats)
         await DialBack().serve(transport)  # joining peers ask whether they can be reached
@@ -137,4 +142,6 @@ async def _coordinate(opts: CoordinatorOptions, spec: RunSpec, key: SigningKey, 
             except Exception as e:  # keep coordinating; the next round retries
                 log.warning("could not re-publish the run spec: %s", e)
     finally:
+        if refitter is not None:
+            refitter.stop()
         await close_node(dht, p2p, transport)

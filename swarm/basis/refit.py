@@ -5,7 +5,9 @@ stage hold the same statistic (they are summed in the replicas' all-reduce; one 
 download was seen to differ in the last bits, ~1e-12 relative), so the refitter takes a
 stage's statistic only once a quorum agrees on it: more than half of the stage's live
 replicas, equal to within a relative 1e-6 (`STAT_RTOL`); one replica, lying or not, cannot
-outvote the others. Once
+outvote the others. A replica counts only if it answers a liveness probe (a killed one's record
+lives on for its ttl), and while statistics wait for a quorum it is looked for again every 2 s:
+a replica that died after the others sent theirs no longer loses the re-fit. Once
 every stage 1..n-1 has a quorum for (basis version v, step t), it takes one capped Grassmann
 step from U_v, signs (run, v+1, t + switch delay, U_{v+1}) with the swarm key, stores it in
 the DHT (where late joiners and peers that missed the push find it) and pushes it to every
@@ -25,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+from collections.abc import Awaitable, Callable
 
 import torch
 
@@ -40,6 +43,8 @@ log = logging.getLogger(__name__)
 
 LIVE = ("online", "paused")
 STAT_RTOL = 1e-6  # statistics of one stage closer than this (relative, Frobenius) are one vote
+RECHECK_S = 2.0  # while statistics wait for a quorum, how often it is looked for again
+RECHECK_FOR_S = 120.0  # and for how long
 STEP_WINDOW_INTERVALS = 10  # how far past the swarm's announced step a re-fit step may be (announcements lag)
 
 
@@ -53,9 +58,13 @@ def _refuse(reason: str) -> bytes:
 
 class BasisRefitter:
     def __init__(self, spec: RunSpec, key: SigningKey, sdht: SwarmDHT, transport: Transport, ttl: float,
-                 delay: float = 0.0) -> None:
+                 delay: float = 0.0, answers: Callable[[str], Awaitable[bool]] | None = None,
+                 recheck_s: float = RECHECK_S) -> None:
         self.spec, self.key, self.sdht, self.transport, self.ttl = spec, key, sdht, transport, ttl
         self.delay = delay  # seconds between a re-fit and its publication (a slow coordinator, for tests)
+        self.answers = answers  # peer -> whether it answers a liveness probe (None: every announced one counts)
+        self.recheck_s = recheck_s
+        self._rechecks: dict[tuple[int, int], asyncio.Task] = {}
         basis = spec_basis(spec)
         self.bases: dict[int, torch.Tensor] = {0: basis.U} if basis is not None else {}
         # (basis version, re-fit step) -> stage -> peer -> (hash of M, M); at most one entry per peer
@@ -90,14 +99,49 @@ class BasisRefitter:
         self._pending[sender] = key
         self._stats.setdefault(key, {}).setdefault(msg.stage, {})[sender] = (
             hashlib.sha256(msg.M.numpy().tobytes()).hexdigest(), msg.M)
-        agreed = {s: self._quorum(key, s, len(await self._replicas(s))) for s in range(1, self.spec.n_stages)}
-        if all(M is not None for M in agreed.values()):
-            self.last_refit = msg.step
-            for k in [k for k in self._stats if k[1] <= msg.step]:
-                del self._stats[k]
-            self._pending = {p: k for p, k in self._pending.items() if k in self._stats}
-            asyncio.get_running_loop().create_task(self._refit(msg.basis_version, msg.step, agreed))
+        if not await self._try_refit(key) and key not in self._rechecks:
+            self._rechecks[key] = asyncio.get_running_loop().create_task(self._recheck(key))
         return b""
+
+    async def _try_refit(self, key: tuple[int, int]) -> bool:
+        """Re-fit from (version, step)'s statistics if every receiving stage has a quorum; True if
+        that re-fit is done or started (here or before)."""
+        version, step = key
+        if step <= self.last_refit:
+            return True
+        agreed = {s: self._quorum(key, s, len(await self._voters(s))) for s in range(1, self.spec.n_stages)}
+        if step <= self.last_refit:  # started meanwhile, by a statistic or a re-check
+            return True
+        if any(M is None for M in agreed.values()):
+            return False
+        self.last_refit = step
+        for k in [k for k in self._stats if k[1] <= step]:
+            del self._stats[k]
+        self._pending = {p: k for p, k in self._pending.items() if k in self._stats}
+        asyncio.get_running_loop().create_task(self._refit(version, step, agreed))
+        return True
+
+    async def _recheck(self, key: tuple[int, int]) -> None:
+        """A replica that died after the others sent their statistic still counts until its record
+        expires or it fails a probe, and no statistic may come to look again: so look again."""
+        try:
+            for _ in range(int(RECHECK_FOR_S / self.recheck_s)):
+                await asyncio.sleep(self.recheck_s)  # the re-check schedule
+                if key not in self._stats or await self._try_refit(key):
+                    return
+        finally:
+            self._rechecks.pop(key, None)
+
+    def stop(self) -> None:
+        for task in self._rechecks.values():
+            task.cancel()
+
+    async def _voters(self, stage: int) -> list[str]:
+        """The replicas of `stage` a quorum counts: announced live, and answering a probe if there is one."""
+        live = sorted(await self._replicas(stage))
+        if self.answers is None or not live:
+            return live
+        return [p for p, ok in zip(live, await asyncio.gather(*map(self.answers, live))) if ok]
 
     def _refused(self, reason: str) -> bytes:
         self.refused += 1

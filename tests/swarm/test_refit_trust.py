@@ -116,3 +116,23 @@ async def test_replicas_whose_statistics_differ_in_the_last_bits_still_agree_and
     await want.on_stats(body(2, 5, stat(2)), "y")
     await _settle()
     assert torch.equal(r.published[0].U, want.published[0].U)
+
+
+async def test_a_replica_that_died_after_the_others_sent_their_statistic_does_not_lose_the_re_fit():
+    dht = FakeDHT({1: ["a1", "dead"], 2: ["a2"]})  # its record lives on: the DHT still lists it
+    alive = {"a1", "a2", "dead"}
+
+    async def answers(peer: str) -> bool:
+        return peer in alive
+    r = BasisRefitter(SPEC, SigningKey.generate(), dht, FakeTransport(), ttl=60, answers=answers, recheck_s=0.01)
+    assert await r.on_stats(body(2, 5, stat(2)), "a2") == b""
+    assert await r.on_stats(body(1, 5, stat(1)), "a1") == b""
+    await _settle()
+    assert dht.published == [], "1 of stage 1's 2 live replicas is no majority"
+    alive.discard("dead")  # killed before it sent its statistic: no statistic will come to trigger a look
+    deadline = asyncio.get_running_loop().time() + 10
+    while not dht.published:
+        assert asyncio.get_running_loop().time() < deadline, "the re-fit was lost with the dead replica"
+        await asyncio.sleep(0.01)  # poll the refitter's re-check
+    assert dht.published == [1] and r.published[0].effective_step == 5 + SPEC.basis_switch_delay
+    r.stop()
