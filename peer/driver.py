@@ -282,6 +282,8 @@ class StepDriver:
         gathered = asyncio.gather(*futures)
         if self.watch is None:
             return await gathered
+        # cancelled below, a gather ends with CancelledError set as its exception: read it, or asyncio logs it
+        gathered.add_done_callback(lambda f: f.cancelled() or f.exception())
 
         async def others() -> list[str]:
             return [p for p in await self._members() if p != self.peer_id]

@@ -17,21 +17,8 @@ from torch import nn
 from .spec import RunSpec
 
 
-def _undecorated(name: str):
-    """torch.optim.Optimizer's method without its `torch._disable_dynamo` wrapper, which imports
-    torch._dynamo (1-1.5 s of CPU) the first time it runs, in every process; this optimizer is
-    never compiled, so the wrapper has nothing to do here."""
-    method = getattr(torch.optim.Optimizer, name)
-    return getattr(method, "__wrapped__", method)
-
-
 class SubspaceAdamW(torch.optim.Optimizer):
     """AdamW with per-group `constraint` in {None, "col", "row"} and a shared basis U."""
-
-    add_param_group = _undecorated("add_param_group")
-    state_dict = _undecorated("state_dict")
-    load_state_dict = _undecorated("load_state_dict")
-    zero_grad = _undecorated("zero_grad")
 
     def __init__(self, groups: list[dict], U: torch.Tensor | None, lr: float, betas: tuple[float, float],
                  eps: float, weight_decay: float, v_scale: float = 1.0) -> None:

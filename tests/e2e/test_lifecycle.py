@@ -52,8 +52,9 @@ def test_restart_with_the_same_identity_keeps_peer_id_and_stage(make_swarm, tmp_
     first.send_signal(signal.SIGTERM)
     assert first.wait(timeout=60) == 0
     forget_ended(swarm)
-    # meanwhile stage 1 gets another peer, so that `--stage auto` alone would now pick stage 0
-    swarm.start_peer(1, name="other")
+    # meanwhile stage 1 gets another peer, so that `--stage auto` alone would now pick stage 0 (the
+    # volunteer kept no checkpoint and the run is younger than its first snapshot: stage 1 starts afresh)
+    swarm.start_peer(1, "--allow-fresh-stage", name="other")
     wait_for_event(swarm, "other", "ready")
 
     swarm.spawn("volunteer-again", peer_args(swarm, "volunteer-again", "--identity", identity))
