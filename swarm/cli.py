@@ -129,8 +129,10 @@ def cmd_local(a: argparse.Namespace) -> int:
           f"{f' x {a.replicas} replicas ({spec.replica_sync} sync)' if a.replicas > 1 else ''}, codec {spec.codec}"
           f"{'' if spec.codec == 'dense' else f' (rank {spec.rank})'}, {a.steps} steps, wire {spec.wire_dtype}"
           f"{', link ' + a.bandwidth if a.bandwidth else ''}{', latency ' + a.latency if a.latency != '0' else ''}")
-    # SIGTERM (a job started with & ignores SIGINT) must stop the swarm too: run the same cleanup as Ctrl+C
+    # SIGTERM must stop the swarm too, and so must a SIGINT sent to a job started with & from a script
+    # (it inherits SIGINT ignored, which Python keeps): run the same cleanup as Ctrl+C
     signal.signal(signal.SIGTERM, _raise_interrupt)
+    signal.signal(signal.SIGINT, _raise_interrupt)
     try:
         result = run_local(from_args(LocalOptions, a, spec=spec, dashboard=not a.no_dashboard))
     except KeyboardInterrupt:
