@@ -4,8 +4,10 @@ Let n_s be the number of peers present at stage s (announced online, paused, syn
 joining) and T_s the sum of the tokens/s they announce. An announcement not refreshed for
 two heartbeats (older than 2/3 of this peer's ttl; a heartbeat re-announces every ttl/3, and
 the peers of a swarm share the ttl) is a dead peer's whose record has not expired yet: it is
-not counted; nor is a peer that does not answer a liveness probe (`swarm/monitor/liveness.py`:
-one killed a moment ago, whose record is still fresh). The emptiest stage is
+not counted; nor, when a peer joins, is a peer that does not answer a liveness probe
+(`swarm/monitor/liveness.py`: one killed a moment ago, whose record is still fresh; the periodic
+re-check does not probe, since a live peer with a busy uplink can miss a probe and a stage that
+looks empty draws a peer away at once). The emptiest stage is
 
     b = argmin_s (n_s, T_s, s)        (fewest peers, then the lowest throughput, then the earliest)
 

@@ -115,7 +115,9 @@ class ReplicaService:
         self.peer: StagePeer | None = None
         self.sync: BasisSync | None = None
         self._saving: asyncio.Task | None = None
-        self.rebalancer = Rebalancer(ctx.router, ctx.spec, ctx.rebalance_hold, answers=self._answers)  # held from now
+        # the hold starts now. No liveness probe here: a live peer whose uplink is busy (a snapshot over
+        # 1 Mbit/s) can miss one, and a stage that looks empty draws a peer away at once
+        self.rebalancer = Rebalancer(ctx.router, ctx.spec, ctx.rebalance_hold)
 
     async def serve(self) -> int | None:
         ctx = self.ctx
