@@ -115,11 +115,9 @@ async def _coordinate(opts: CoordinatorOptions, spec: RunSpec, key: SigningKey, 
         sdht = SwarmDHT(dht, identity, swarm_key=key, policy=policy)
         transport = Transport(p2p, f"subspace-swarm-{spec.run_hash}", max_frame_bytes=spec.d_model * spec.rank * 4
                               + (1 << 16))
-        probe = LivenessProbe(p2p)
-
-        async def answers(peer: str) -> bool:  # a killed replica's record outlives it: its vote must not
-            return await probe.answers(spec.run_hash, peer, transport)
-        refitter = BasisRefitter(spec, key, sdht, transport, opts.ttl * 100, delay=opts.refit_delay, answers=answers)
+        # a killed replica's record outlives it: only replicas that answer vote in a re-fit
+        refitter = BasisRefitter(spec, key, sdht, transport, opts.ttl * 100, delay=opts.refit_delay,
+                                 answers=LivenessProbe(p2p).checker(spec.run_hash, transport))
         if spec.codec == "subspace" and spec.basis_updates:
             await transport.serve(KIND_STATS, refitter.on_stats)
         await DialBack().serve(transport)  # joining peers ask whether they can be reached

@@ -255,10 +255,8 @@ async def run_peer(opts: PeerOptions) -> int:
                              opts.allow_fresh_stage)
         stage = recall_stage(opts.identity, spec.run_hash) if opts.stage == "auto" else None
         if stage is None:
-            probe = LivenessProbe(transport.p2p, PROBE_S)
-
-            async def answers(peer: str) -> bool:  # a peer killed a moment ago still has a fresh record
-                return await probe.answers(spec.run_hash, peer, transport)
+            # a peer killed a moment ago still has a fresh record: count only those that answer
+            answers = LivenessProbe(transport.p2p, PROBE_S).checker(spec.run_hash, transport)
             stage = await choose_stage(router, spec, opts.stage, answers=answers)
         while stage is not None:
             remember_stage(opts.identity, spec.run_hash, stage)  # a restart with this identity comes back here

@@ -16,7 +16,9 @@ it: p2pd dials it through its relay.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+from collections.abc import Awaitable, Callable
 
 from protocol.control import Command, encode_command
 from protocol.wire import KIND_CONTROL
@@ -62,6 +64,10 @@ class LivenessProbe:
             except Exception as e:  # the local p2pd itself failing: say so, count it as no answer
                 log.debug("could not probe peer %s (%s: %s)", peer, type(e).__name__, e)
                 return False
+
+    def checker(self, run_hash: str, transport: Transport | None = None) -> Callable[[str], Awaitable[bool]]:
+        """`answers` bound to one run (and transport): peer id -> whether it answers."""
+        return functools.partial(self.answers, run_hash, transport=transport)
 
     async def probe_all(self, run_hash: str, peers: list[str]) -> dict[str, bool]:
         """peer -> answers, for every peer of `peers`, at most `concurrency` probes at a time."""
