@@ -12,10 +12,16 @@ trainable numbers and N = microbatch_size * seq_len tokens per microbatch:
     buffers    = e (copies of U [d,k] and T_fixed [V,d] in the codec, the constrained maps and
                     the runner's basis) + the rope tables + 16 d k (the fp64 re-fit statistic)
     activations = m (n_blocks a_block + a_ends) N      (per microbatch, m of them in flight)
-    workspace  = the largest extra at the backward peak, or at the optimizer step
+    workspace  = the extra at the backward peak, at the optimizer step, or in forward (autocast's
+                 bf16 copies of every block weight live until the stage's forward ends)
     sync       = e P_layout                (the flat gradient sum of a replica sync; `replicated`)
+    runtime    = cuBLAS's workspaces on CUDA (allocated by torch's allocator at the first matmul)
 
-    peak = weights + optimizer + buffers + grads + max(activations + workspace_bwd, workspace_opt) + sync
+    peak = weights + optimizer + buffers + runtime + sync
+           + max(grads + activations + workspace_bwd, grads + workspace_opt, [grads] + activations + workspace_fwd)
+
+([grads]: only on the last stage, whose next microbatch's forward comes after the previous one's
+backward; a non-last stage runs every forward of a step before the first gradient exists.)
 
 m is `spec.n_microbatches` for a non-last stage (the head forwards every microbatch before
 the gradients come back) and 1 for the last stage (it runs backward right after forward).
@@ -44,6 +50,7 @@ from protocol.spec import RunSpec
 GIB = 2**30
 CARDS_GB = (8, 12, 16, 24, 48, 80)  # common card classes, GiB of memory
 CARD_OVERHEAD = GIB // 2  # CUDA context and libraries: memory a card has but the allocator never gets
+CUBLAS_WORKSPACES = 64 * 2**20  # cuBLAS and cuBLASLt workspaces (measured on an H100: `swarm bench memory`)
 HEADROOM = 1.10  # allocator fragmentation and the estimate's own error
 
 
@@ -60,9 +67,12 @@ class StageMemory:
     activations: int  # every microbatch in flight
     workspace_backward: int
     workspace_optimizer: int
+    workspace_forward: int
     sync: int
+    runtime: int
     in_flight: int
     checkpointing: bool
+    is_last: bool
 
     @property
     def resident(self) -> int:
@@ -71,8 +81,9 @@ class StageMemory:
 
     @property
     def peak(self) -> int:
-        return self.resident + self.grads + self.sync + max(self.activations + self.workspace_backward,
-                                                            self.workspace_optimizer)
+        forward = self.activations + self.workspace_forward + (self.grads if self.is_last else 0)
+        return self.resident + self.runtime + self.sync + max(
+            self.grads + self.activations + self.workspace_backward, self.grads + self.workspace_optimizer, forward)
 
     def to_dict(self) -> dict:
         return {**asdict(self), "resident": self.resident, "peak": self.peak}
@@ -122,14 +133,14 @@ def _shapes(spec: RunSpec, stage: int) -> dict:
             "matmul_block": matmul_block, "largest": max(d * f, V * d, d * d)}
 
 
-def _block_bytes_per_token(spec: RunSpec, c: int, autocast: bool) -> int:
+def _block_bytes_per_token(spec: RunSpec, c: int, autocast: bool, fused_norm: bool) -> int:
     d, f, H = spec.d_model, spec.d_ff, spec.n_heads
     if autocast:
-        return 36 * d + 8 * f + 4 * H + 8
-    return (11 * d + 4 * f) * c + 4 * H + 2 * c
+        return (28 if fused_norm else 36) * d + 8 * f + 4 * H + 8
+    return ((9 if fused_norm else 11) * d + 4 * f) * c + 4 * H + 2 * c
 
 
-def _ends_bytes_per_token(spec: RunSpec, stage: int, e: int, c: int, autocast: bool) -> int:
+def _ends_bytes_per_token(spec: RunSpec, stage: int, e: int, c: int, autocast: bool, fused_norm: bool) -> int:
     """Per token, what the stage's entry and exit keep for backward beyond the blocks."""
     d, V, w = spec.d_model, spec.vocab, spec.boundary_width
     first, last = stage == 0, stage == spec.n_stages - 1
@@ -140,7 +151,7 @@ def _ends_bytes_per_token(spec: RunSpec, stage: int, e: int, c: int, autocast: b
             out += 9 * spec.rank * e  # z, and the decoder's up output and its silu
     if last:
         # final norm (in, normed, rstd), the head's input, log_softmax's fp32 output and the targets
-        out += 2 * d * e + e + (2 * d if autocast else d * c) + 4 * V + 8
+        out += (1 if fused_norm else 2) * d * e + e + (2 * d if autocast else d * c) + 4 * V + 8
     else:
         out += w * e  # the boundary output, kept with its graph until its gradient comes
         if spec.codec == "bottleneck":
@@ -148,14 +159,16 @@ def _ends_bytes_per_token(spec: RunSpec, stage: int, e: int, c: int, autocast: b
     return out
 
 
-def estimate_stage(spec: RunSpec, stage: int, *, checkpointing: bool = False, replicated: bool = False,
-                   in_flight: int | None = None) -> StageMemory:
+def estimate_stage(spec: RunSpec, stage: int, *, device: str = "cuda", checkpointing: bool = False,
+                   replicated: bool = False, in_flight: int | None = None) -> StageMemory:
     """Stage `stage`'s peak memory for one training step (see the module docstring).
 
     `replicated` adds the flat gradient sum a replica sync holds; `in_flight` overrides the
-    number of microbatches whose activations a non-last stage keeps."""
+    number of microbatches whose activations a non-last stage keeps. On CUDA `F.rms_norm` is one
+    kernel that keeps its input and rstd; elsewhere it also keeps its normalized output."""
     spec.layer_range(stage)  # a stage that does not exist raises SpecError
     e, c, autocast = _elem(spec)
+    fused_norm = torch_device_type(device) == "cuda"
     last = stage == spec.n_stages - 1
     d, V, k, T = spec.d_model, spec.vocab, spec.rank, spec.seq_len
     n = spec.stage_layers[stage]
@@ -173,10 +186,10 @@ def estimate_stage(spec: RunSpec, stage: int, *, checkpointing: bool = False, re
         if spec.basis_updates and stage > 0:
             buffers += 2 * d * k * 8  # the re-fit statistic and this step's part of it, fp64
 
-    block = _block_bytes_per_token(spec, c, autocast)
+    block = _block_bytes_per_token(spec, c, autocast, fused_norm)
     casts = sh["matmul_block"] * 2 if autocast else 0  # bf16 copies of a block's weights, per microbatch
     head_cast = V * d * 2 if autocast and last else 0
-    ends = _ends_bytes_per_token(spec, stage, e, c, autocast) * N + head_cast
+    ends = _ends_bytes_per_token(spec, stage, e, c, autocast, fused_norm) * N + head_cast
     if checkpointing:
         per_mb = n * d * e * N + ends
         recompute = block * N + casts  # one block's activations, back for its backward
@@ -186,14 +199,26 @@ def estimate_stage(spec: RunSpec, stage: int, *, checkpointing: bool = False, re
     f, ec = spec.d_ff, c
     # backward: the gradient flowing through a block (fp32 residual, f-wide SwiGLU parts) and one
     # weight's fresh gradient before it is added to .grad (computed in bf16 under autocast, then cast)
-    workspace_bwd = recompute + N * (2 * d * e + 3 * f * ec) + sh["largest"] * (e + (2 if autocast else 0))
+    # (checkpointed: the recomputed block's f-wide activations are freed as their gradients appear)
+    flowing = N * (2 * d * e + (0 if checkpointing else 3 * f * ec))
+    workspace_bwd = recompute + flowing + sh["largest"] * (e + (2 if autocast else 0))
     if last:
         workspace_bwd += 2 * N * V * 4  # dL/dlogits, and the logits' own gradient buffer
     workspace_opt = 2 * sh["largest"] * e  # g*g and the denominator of the largest parameter
+    # autocast caches its bf16 weight copies until the stage's forward ends; without checkpointing
+    # they are saved for backward anyway (in `activations`)
+    workspace_fwd = n * casts + head_cast if checkpointing else 0
     sync = (P - sh["layout_saved"]) * e if replicated else 0
     return StageMemory(stage=stage, params=P, weights=P * e, grads=P * e, optimizer=(2 * P - sh["v_saved"]) * e,
                        buffers=buffers, activations=m * per_mb, workspace_backward=workspace_bwd,
-                       workspace_optimizer=workspace_opt, sync=sync, in_flight=m, checkpointing=checkpointing)
+                       workspace_optimizer=workspace_opt, workspace_forward=workspace_fwd, sync=sync,
+                       runtime=CUBLAS_WORKSPACES if fused_norm else 0, in_flight=m, checkpointing=checkpointing,
+                       is_last=last)
+
+
+def torch_device_type(device: str) -> str:
+    """"cuda:1" -> "cuda" (without importing torch)."""
+    return device.split(":", 1)[0]
 
 
 def estimate_stages(spec: RunSpec, **options) -> list[StageMemory]:

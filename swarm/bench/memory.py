@@ -62,8 +62,23 @@ def _free(device: torch.device) -> None:
     torch.cuda.set_per_process_memory_fraction(1.0, device)
 
 
-def measure_stage(spec, stage: int, device: torch.device, checkpointing: bool, caps: list[int]) -> dict:
-    """Peak allocated bytes of two steps of `stage`, its step time, and the smallest cap in `caps` it runs under."""
+def cublas_runtime(device: torch.device) -> int:
+    """Bytes cuBLAS's workspaces take from torch's allocator once matmuls ran (fp32 and bf16, forward
+    and backward): allocated once per process, before any stage, so each stage's measurement adds them."""
+    before = torch.cuda.memory_allocated(device)
+    for dtype in (torch.float32, torch.bfloat16):
+        a = torch.randn(256, 256, device=device, dtype=dtype, requires_grad=True)
+        (a @ a).sum().backward()
+        del a
+    gc.collect()
+    torch.cuda.synchronize(device)
+    return torch.cuda.memory_allocated(device) - before
+
+
+def measure_stage(spec, stage: int, device: torch.device, checkpointing: bool, caps: list[int],
+                  runtime: int = 0) -> dict:
+    """Peak allocated bytes of two steps of `stage` (plus `runtime`, the cuBLAS workspaces allocated
+    before it), its step time, and the smallest cap in `caps` it runs under."""
     _free(device)
     base = torch.cuda.memory_allocated(device)
     torch.cuda.reset_peak_memory_stats(device)
@@ -77,8 +92,8 @@ def measure_stage(spec, stage: int, device: torch.device, checkpointing: bool, c
     _train_step(runner, inputs)
     torch.cuda.synchronize(device)
     step_s = time.perf_counter() - t0
-    measured = torch.cuda.max_memory_allocated(device) - base
-    est = estimate_stage(spec, stage, checkpointing=checkpointing)
+    measured = torch.cuda.max_memory_allocated(device) - base + runtime
+    est = estimate_stage(spec, stage, device=str(device), checkpointing=checkpointing)
     row = {"stage": stage, "checkpointing": checkpointing, "measured": measured, "estimate": est.peak,
            "error": est.peak / measured - 1, "breakdown": est.to_dict(), "build_s": build_s, "step_s": step_s,
            "tokens_per_s": spec.batch_size * spec.seq_len / step_s,
@@ -111,30 +126,35 @@ def run_memory_bench(out_dir: str, presets: list[str], device: str = "cuda", dty
                      stages: str = "ends", options: str = "both", caps: bool = True, smoke: bool = False) -> dict:
     """Every chosen (preset, option, stage): measured vs estimated peak, and the smallest card it trains on."""
     dev = torch.device(device)
-    if dev.type != "cuda":
-        raise SystemExit("swarm bench memory measures torch.cuda.max_memory_allocated: run it with --device cuda.")
+    if dev.type != "cuda" or not torch.cuda.is_available():
+        raise SystemExit("swarm bench memory measures torch.cuda.max_memory_allocated: run it on a GPU "
+                         "(--device cuda).")
+    if dev.index is None:  # the memory calls want an index
+        dev = torch.device("cuda", torch.cuda.current_device())
     if smoke:
         presets = ["tiny"]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     checkpoint_options = {"both": [False, True], "off": [False], "on": [True]}[options]
     rows = []
+    runtime = cublas_runtime(dev)
+    print(f"cuBLAS workspaces: {runtime} bytes", flush=True)
     for name in presets:
         spec = preset(name, dtype=dtype)
         chosen = _stages(spec.n_stages, stages)
         for ck in checkpoint_options:
             for s in chosen:
                 try:
-                    row = measure_stage(spec, s, dev, ck, list(CARDS_GB) if caps else [])
+                    row = measure_stage(spec, s, dev, ck, list(CARDS_GB) if caps else [], runtime)
                 except torch.OutOfMemoryError as e:  # larger than the whole device: say so and go on
                     _free(dev)
-                    row = {"stage": s, "checkpointing": ck, "measured": None, "error": None,
-                           "estimate": estimate_stage(spec, s, checkpointing=ck).peak, "oom": str(e)[:200]}
+                    row = {"stage": s, "checkpointing": ck, "measured": None, "error": None, "oom": str(e)[:200],
+                           "estimate": estimate_stage(spec, s, device=str(dev), checkpointing=ck).peak}
                 row["preset"] = name
                 rows.append(row)
                 print(json.dumps({k: v for k, v in row.items() if k != "breakdown"}), flush=True)
-                (out / "memory.json").write_text(json.dumps(_result(rows, device, dtype), indent=1) + "\n")
-    result = _result(rows, device, dtype)
+                (out / "memory.json").write_text(json.dumps(_result(rows, dev, dtype, runtime), indent=1) + "\n")
+    result = _result(rows, dev, dtype, runtime)
     (out / "memory.json").write_text(json.dumps(result, indent=1) + "\n")
     try:
         plot(result, out / "memory.png")
@@ -151,11 +171,11 @@ def _stages(n: int, which: str) -> list[int]:
     return [int(x) for x in which.split(",")]
 
 
-def _result(rows: list[dict], device: str, dtype: str) -> dict:
-    return {"bench": "memory", "device": device, "device_name": torch.cuda.get_device_name(torch.device(device)),
-            "total_memory": torch.cuda.get_device_properties(torch.device(device)).total_memory,
-            "machine": machine_info([device]), "torch": torch.__version__, "dtype": dtype, "cards_gb": list(CARDS_GB),
-            "card_overhead": CARD_OVERHEAD, "rows": rows}
+def _result(rows: list[dict], device: torch.device, dtype: str, runtime: int) -> dict:
+    return {"bench": "memory", "device": str(device), "device_name": torch.cuda.get_device_name(device),
+            "total_memory": torch.cuda.get_device_properties(device).total_memory,
+            "machine": machine_info([str(device)]), "torch": torch.__version__, "dtype": dtype,
+            "cards_gb": list(CARDS_GB), "card_overhead": CARD_OVERHEAD, "cublas_runtime": runtime, "rows": rows}
 
 
 def plot(result: dict, path: Path) -> None:
@@ -171,8 +191,8 @@ def plot(result: dict, path: Path) -> None:
     ax.bar([i + 0.2 for i in x], [r["measured"] / GIB for r in rows], 0.4, label="measured (max_memory_allocated)")
     for gb in (8, 12, 16, 24):
         ax.axhline((gb * GIB - result["card_overhead"]) / GIB, color="grey", lw=0.8, ls="--")
-        ax.text(len(rows) - 0.5, (gb * GIB - result["card_overhead"]) / GIB, f"{gb} GB card", fontsize=7,
-                va="bottom", ha="right", color="grey")
+        ax.text(-0.6, (gb * GIB - result["card_overhead"]) / GIB, f"{gb} GB card", fontsize=7,
+                va="bottom", ha="left", color="grey")
     ax.set_xticks(list(x), labels, rotation=60, ha="right", fontsize=7)
     ax.set_ylabel("peak memory of one stage, GiB")
     ax.set_title(f"Stage peak memory, {result['dtype']}, {result['device_name']}", fontsize=9)
