@@ -13,8 +13,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from peer.memory_estimate import (CARDS_GB, GIB, card_budget, estimate_stage, fits, format_bytes, parse_size,
-                                  smallest_card)
+from peer.memory_estimate import (
+    CARDS_GB,
+    GIB,
+    card_budget,
+    estimate_stage,
+    fits,
+    format_bytes,
+    parse_size,
+    smallest_card,
+)
 from peer.stage import StageRunner
 from protocol.spec import PRESETS, preset
 
@@ -47,7 +55,8 @@ def _measure(spec, stage: int) -> int:
         else:
             for mb in range(spec.n_microbatches):
                 out = runner.forward(0, mb, tokens, z_in)
-                kept += out.numel() * out.element_size() + (z_in.numel() * z_in.element_size() if z_in is not None else 0)
+                kept += out.numel() * out.element_size()
+                kept += z_in.numel() * z_in.element_size() if z_in is not None else 0
     activations = sum(saved.values()) + kept
     for mb in range(0 if runner.is_last else spec.n_microbatches):
         runner.backward(0, mb, torch.randn(B, T, w, generator=g) * 1e-3)
@@ -72,9 +81,9 @@ def test_estimate_matches_what_a_stage_holds_on_cpu_within_15_percent(name: str,
         assert abs(estimated / measured - 1) < 0.15, (name, dtype, stage, estimated, measured)
 
 
-@pytest.mark.parametrize("codec,mode,split", [("subspace", "project", "subspace"), ("subspace", "reparam", "subspace"),
-                                              ("subspace", "project", "per_stage"), ("bottleneck", "project", "subspace"),
-                                              ("dense", "project", "subspace")])
+@pytest.mark.parametrize("codec,mode,split", [
+    ("subspace", "project", "subspace"), ("subspace", "reparam", "subspace"), ("subspace", "project", "per_stage"),
+    ("bottleneck", "project", "subspace"), ("dense", "project", "subspace")])
 def test_parameter_count_is_the_built_stage_s(codec: str, mode: str, split: str) -> None:
     spec = preset("tiny", codec=codec, subspace_mode=mode, embed_split=split)
     for stage in range(spec.n_stages):
