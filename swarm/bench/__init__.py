@@ -80,7 +80,7 @@ def _dispatch(a: argparse.Namespace) -> None:
                         smoke=a.smoke)
     elif a.which == "memory":
         from .memory import run_memory_bench
-        run_memory_bench(a.out, a.presets.split(","), device=a.device, dtype=a.dtype, stages=a.stages,
+        run_memory_bench(a.out, presets=a.presets.split(","), device=a.device, dtype=a.dtype, stages=a.stages,
                          options=a.checkpointing, caps=not a.no_caps, smoke=a.smoke)
     elif a.which == "replicas":
         from .replicas import run_replicas_bench

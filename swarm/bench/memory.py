@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m swarm.bench.memory")
     _add_memory(parser.add_subparsers(dest="which", required=True))
     a = parser.parse_args(["memory", *argv])
-    run_memory_bench(a.out, a.presets.split(","), device=a.device, dtype=a.dtype, stages=a.stages,
+    run_memory_bench(a.out, presets=a.presets.split(","), device=a.device, dtype=a.dtype, stages=a.stages,
                      options=a.checkpointing, caps=not a.no_caps, smoke=a.smoke)
     return 0
 
