@@ -28,13 +28,17 @@ the gradients come back) and 1 for the last stage (it runs backward right after 
 a_block, bytes per token saved for backward by one block (the tensors autograd keeps, as
 `torch.autograd.graph.saved_tensors_hooks` lists them; H heads, d_ff = f):
 
-    fp32/fp64 (c = e):  (11 d + 4 f) c + 4 H + 2 c      (norm in/out and the linear input
-                        twice, q k v and the attention output, the wo input, SwiGLU's four f-wide
-                        tensors; the attention's log-sum-exp and the norms' rstd)
-    bf16 autocast:      36 d + 8 f + 4 H + 8           (the fp32 norm in/out, a bf16 cast of the
-                        normed input per consuming matmul (3 + 2), q k v out and the wo input in
-                        bf16, SwiGLU in bf16), plus a bf16 cast of every block weight per
-                        microbatch: autocast's weight cache lives for one forward only
+    fp32/fp64 (c = e), CPU:  (11 d + 4 f) c + 4 H + 2 c  (per norm its input, normalized output and
+                             the linear input; q k v and the attention output; the wo input;
+                             SwiGLU's four f-wide tensors; the log-sum-exp and the norms' rstd)
+                       CUDA: (8 d + 4 f) c + 4 H + 2 c   (`F.rms_norm` is one kernel keeping its input
+                             and rstd; the wo input is a view of the attention output)
+    bf16 autocast, CPU:      36 d + 8 f + 4 H + 8      (the fp32 norm in/out, a bf16 cast of the
+                             normed input per consuming matmul (3 + 2), q k v out and the wo input
+                             in bf16, SwiGLU in bf16)
+                   CUDA:     28 d + 8 f + 4 H + 8      (the fused norm: no fp32 normalized output)
+                   and both: a bf16 cast of every block weight per microbatch (autocast's weight
+                             cache lives for one forward only)
     checkpointed:       e d                            (the block's input; the block's activations
                         come back for one microbatch at a time, in the workspace)
 
@@ -137,7 +141,8 @@ def _block_bytes_per_token(spec: RunSpec, c: int, autocast: bool, fused_norm: bo
     d, f, H = spec.d_model, spec.d_ff, spec.n_heads
     if autocast:
         return (28 if fused_norm else 36) * d + 8 * f + 4 * H + 8
-    return ((9 if fused_norm else 11) * d + 4 * f) * c + 4 * H + 2 * c
+    # on CUDA the attention output's transpose back is a view, so the wo input is no extra tensor
+    return ((8 if fused_norm else 11) * d + 4 * f) * c + 4 * H + 2 * c
 
 
 def _ends_bytes_per_token(spec: RunSpec, stage: int, e: int, c: int, autocast: bool, fused_norm: bool) -> int:
