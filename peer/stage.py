@@ -55,11 +55,14 @@ class StepRecord:
 
 class StageRunner(ReducedGradients):
     def __init__(self, spec: RunSpec, stage: int, device: str | torch.device = "cpu",
-                 basis: SubspaceBasis | None = None) -> None:
+                 basis: SubspaceBasis | None = None, checkpointing: bool = False) -> None:
+        """`checkpointing`: keep only each block's input for backward and recompute the rest there
+        (less memory, about one more forward pass; the same numbers)."""
         self.spec, self.stage, self.device = spec, stage, torch.device(device)
         self.dtype = compute_dtype(spec)
         basis = basis if basis is not None else spec_basis(spec)
         self.module: StageModule = build_stage(spec, stage, basis).to(self.device)
+        self.module.checkpointing = checkpointing
         self.optimizer = make_optimizer(spec, self.module)
         self.params = [p for p in self.module.parameters() if p.requires_grad]  # the order of flat gradients
         self.n_params = sum(p.numel() for p in self.params)

@@ -27,6 +27,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from .bottleneck import RMSNorm, zero_init_outputs
 from .codecs import BottleneckDecoder, BottleneckEncoder, make_decoder, make_encoder
@@ -198,6 +199,7 @@ class StageModule(nn.Module):
     def __init__(self, spec: RunSpec, stage: int, basis: SubspaceBasis | None = None) -> None:
         super().__init__()
         self.spec, self.stage = spec, stage
+        self.checkpointing = False  # activation checkpointing per block (`body`)
         self.is_first, self.is_last = stage == 0, stage == spec.n_stages - 1
         dtype = compute_dtype(spec)
         if spec.codec == "subspace" and basis is None:
@@ -270,9 +272,15 @@ class StageModule(nn.Module):
         return torch.autocast(device_type, dtype=dtype)
 
     def body(self, h: torch.Tensor) -> torch.Tensor:
+        """The blocks; with `checkpointing` (a runtime choice of this process, not part of the run spec)
+        each block keeps only its input for backward and runs its forward again there: the same
+        operations on the same inputs, so the same numbers, for about one more forward pass."""
         with self.compute(h.device.type):
             for block in self.blocks:
-                h = block(h, self.rope_cos, self.rope_sin)
+                if self.checkpointing and torch.is_grad_enabled():
+                    h = checkpoint(block, h, self.rope_cos, self.rope_sin, use_reentrant=False)
+                else:
+                    h = block(h, self.rope_cos, self.rope_sin)
         return h
 
     def compile_blocks(self) -> None:

@@ -244,6 +244,16 @@ PRESETS: dict[str, dict[str, Any]] = {
     "large": dict(name="large", d_model=2048, n_layers=16, n_heads=16, d_ff=5504, seq_len=1024,
                   stage_layers=(4, 4, 4, 4), rank=20, wire_dtype="bf16", batch_size=32,
                   microbatch_size=4, lr=3e-4, warmup_steps=200),
+    # ~1.5B (1.51e9 parameters): d=2048, 30 layers in 6 stages of 5, k=20 (~100x); a stage is ~250M.
+    "xl": dict(name="xl", d_model=2048, n_layers=30, n_heads=16, d_ff=5504, seq_len=1024,
+               stage_layers=(5,) * 6, rank=20, wire_dtype="bf16", batch_size=16, microbatch_size=2,
+               lr=2.5e-4, warmup_steps=200),
+    # The paper's largest shape, LLaMA-3-8B's: 32 layers, d=4096, 32 heads (no grouped-query attention
+    # here: 7.8e9 parameters), d_ff=14336, 8 stages of 4 layers (~1e9 each), k=40 (~100x). Byte vocabulary,
+    # like every preset. A stage fits a 24 GB card with activation checkpointing (docs/consumer-gpus.md).
+    "paper8b": dict(name="paper8b", d_model=4096, n_layers=32, n_heads=32, d_ff=14336, seq_len=1024,
+                    stage_layers=(4,) * 8, rank=40, wire_dtype="bf16", batch_size=8, microbatch_size=1,
+                    lr=1.5e-4, warmup_steps=200),
 }
 
 

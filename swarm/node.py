@@ -20,6 +20,7 @@ import torch
 
 from peer.data import BatchSource
 from peer.interfaces import LinkError
+from peer.memory_estimate import parse_size
 from peer.run_corpus import check_corpus, run_corpus
 from protocol.model import spec_basis
 from protocol.spec import RunSpec
@@ -33,6 +34,7 @@ from .net.reachability import DialBack, dht_options, settle_reachability
 from .optional import require
 from .options import opt
 from .replicas.membership import PROBE_S
+from .replicas.memory_fit import fitting_stages, memory_budget
 from .replicas.placement import HOLD_S, PlacementError, choose_stage
 from .replicas.replica import ReplicaContext, ReplicaService, transport_limit
 from .replicas.router import Router
@@ -105,6 +107,12 @@ class PeerOptions:
     health_host: str = opt("127.0.0.1", "address /healthz listens on")
     tensorboard: str | None = opt(None, "head/tail: per-step loss, tokens/s and wire bytes per token for "
                                   "TensorBoard", metavar="DIR")
+    max_memory: str | None = opt(None, "take only a stage whose estimated peak memory fits this, e.g. 8GB, 8GiB or "
+                                 "7.5G (default: the free memory of a CUDA --device; no cap on the CPU)",
+                                 metavar="SIZE")
+    activation_checkpointing: bool = opt(False, "keep only each block's input for backward and recompute the rest "
+                                         "there: far less memory (a 24 GB card holds a paper8b stage), about a "
+                                         "third more compute, the same numbers")
 
 
 class LinkAdapter:
@@ -195,6 +203,8 @@ async def run_peer(opts: PeerOptions) -> int:
         if opts.tensorboard:
             require("tensorboard", "--tensorboard")  # before joining: the Docker image leaves it out
         ticket = read_ticket(opts.ticket)
+        if opts.max_memory:
+            parse_size(opts.max_memory)  # a bad size is refused before joining
         reach_options = dht_options(opts.reachability, opts.initial_peers, opts.host_maddrs, opts.public_ip,
                                     opts.announce_maddrs)
     except (AdmissionError, ValueError) as e:
@@ -224,6 +234,12 @@ async def run_peer(opts: PeerOptions) -> int:
         except AdmissionError as e:
             raise JoinError(str(e)) from None
         check_shared_constants(spec)
+        requested = int(opts.stage) if opts.stage.isdigit() else None
+        try:  # before any network work for the stage: a peer whose memory holds no stage says so and leaves
+            allowed = fitting_stages(spec, memory_budget(opts.max_memory, opts.device), opts.device,
+                                     opts.activation_checkpointing, requested)
+        except ValueError as e:
+            raise JoinError(str(e)) from None
         dht, reach = await settle_reachability(  # a peer nobody can dial moves behind a relay (a new DHT node)
             dht, sdht, spec, f"subspace-swarm-{spec.run_hash}", opts.initial_peers, opts.reachability,
             restart=lambda o: start_dht(opts.initial_peers, opts.host_maddrs, identity, policy=policy, **o),
@@ -252,12 +268,15 @@ async def run_peer(opts: PeerOptions) -> int:
                              batches, reporter, monitor, opts.ttl, opts.checkpoint_dir, opts.checkpoint_every,
                              opts.resume, opts.rebalance_period, opts.steps, opts.step_timeout, reach.mode,
                              opts.linger, opts.rebalance_hold, opts.min_step_timeout, opts.next_step_wait,
-                             opts.allow_fresh_stage)
+                             opts.allow_fresh_stage, allowed, opts.activation_checkpointing)
         stage = recall_stage(opts.identity, spec.run_hash) if opts.stage == "auto" else None
+        if stage is not None and stage not in allowed:
+            log.info("this identity served stage %d, which does not fit this peer's memory: choosing again", stage)
+            stage = None
         if stage is None:
             # a peer killed a moment ago still has a fresh record: count only those that answer
             answers = LivenessProbe(transport.p2p, PROBE_S).checker(spec.run_hash, transport)
-            stage = await choose_stage(router, spec, opts.stage, answers=answers)
+            stage = await choose_stage(router, spec, opts.stage, answers=answers, allowed=allowed)
         while stage is not None:
             remember_stage(opts.identity, spec.run_hash, stage)  # a restart with this identity comes back here
             service = ReplicaService(ctx, stage)

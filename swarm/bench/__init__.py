@@ -13,6 +13,7 @@ measured side by side in one run.
   tokens/s with 2 replicas per stage on shaped links, held-out loss at equal tokens.
 - `churn.py` (+ `churn_report.py`): peers in network namespaces killed and replaced all the time:
   goodput, gaps, lost/doubled steps, resets, rollbacks, replica agreement, failover.
+- `memory.py`: each stage's peak GPU memory against `peer/memory_estimate.py`, and the smallest card it fits.
 - `cli.py`: each bench's flags (`swarm bench BENCH --help`); `machine.py`: the devices and machine
   every bench's JSON records.
 """
@@ -77,6 +78,10 @@ def _dispatch(a: argparse.Namespace) -> None:
                         baseline_minutes=a.baseline_minutes, seed=a.seed, checkpoint_every=a.checkpoint_every,
                         peer_args=a.peer_args, coordinator_args=a.coordinator_args, device=a.device,
                         smoke=a.smoke)
+    elif a.which == "memory":
+        from .memory import run_memory_bench
+        run_memory_bench(a.out, presets=a.presets.split(","), device=a.device, dtype=a.dtype, stages=a.stages,
+                         options=a.checkpointing, caps=not a.no_caps, smoke=a.smoke)
     elif a.which == "replicas":
         from .replicas import run_replicas_bench
         run_replicas_bench(a.out, preset_name=a.preset, steps=a.steps, device=a.device, smoke=a.smoke)

@@ -178,6 +178,23 @@ def _add_churn(sub) -> None:
                    "(default: none)")
 
 
+def _add_memory(sub) -> None:
+    p = sub.add_parser("memory", help="each stage's peak GPU memory against the estimate, and the card it fits",
+                       description="Builds stages of each preset on the GPU, runs two training steps as a pipeline "
+                       "stage does, and records torch.cuda.max_memory_allocated against peer/memory_estimate.py; "
+                       "then caps the process at 8/12/16/24/48/80 GB cards in turn until a step fits. Writes "
+                       "memory.json and memory.png.")
+    _common(p, device=False)
+    p.add_argument("--device", default="cuda", help="CUDA device, e.g. cuda:1 (default: cuda)")
+    p.add_argument("--presets", default="small,large,xl", help="comma-separated presets (default: small,large,xl)")
+    p.add_argument("--dtype", default="bf16", choices=sorted(COMPUTE_DTYPES), help="compute dtype (default: bf16)")
+    p.add_argument("--stages", default="ends", help="ends (the first, one middle, the last), all, or "
+                   "comma-separated stage numbers (default: ends)")
+    p.add_argument("--checkpointing", default="both", choices=("both", "off", "on"),
+                   help="activation checkpointing per block: measure without it, with it, or both (default: both)")
+    p.add_argument("--no-caps", action="store_true", help="skip the runs under card-sized memory caps (default: off)")
+
+
 def register(sub) -> argparse.ArgumentParser:
     """Add `bench` and its one subcommand per benchmark to the `swarm` subparsers `sub`."""
     from . import run_bench
@@ -187,7 +204,7 @@ def register(sub) -> argparse.ArgumentParser:
                         "`swarm bench BENCH --help` lists a benchmark's flags.")
     benches = be.add_subparsers(dest="which", required=True, metavar="BENCH")
     for add in (_add_codecs, _add_throughput, _add_convergence, _add_mfu, _add_replicas, _add_replica_sync,
-                _add_fidelity, _add_churn):
+                _add_fidelity, _add_churn, _add_memory):
         add(benches)
     be.set_defaults(func=run_bench)
     return be

@@ -88,7 +88,8 @@ def _peer_view(ann: StageAnnouncement | None, h: HealthRecord | None, key: str |
             backward_bytes_per_token=h.backward_bytes_per_token, sync_bytes_per_step=h.sync_bytes_per_step,
             codec=h.codec, rank=h.rank,
             basis_version=h.basis_version, basis_updated_step=h.basis_updated_step, device=h.device,
-            memory_bytes=h.memory_bytes, uptime_s=round(h.uptime_s, 1), reachability=h.reachability,
+            memory_bytes=h.memory_bytes, peak_memory_bytes=h.peak_memory_bytes, uptime_s=round(h.uptime_s, 1),
+            reachability=h.reachability,
             version=h.version, refused=h.refused, banned=dict(h.banned))
     return view
 

@@ -71,6 +71,8 @@ class HealthRecord:
     basis_updated_step: int  # the step at which the current basis took effect (0: the initial one)
     device: str  # "cpu" or the GPU's name
     memory_bytes: int  # GPU memory allocated, or the process's resident memory on CPU
+    # the most memory it held: torch.cuda.max_memory_allocated on a GPU, the process's peak RSS on CPU
+    peak_memory_bytes: int
     uptime_s: float
     reachability: str  # one of REACHABILITY
     version: str  # software version
@@ -89,7 +91,7 @@ class HealthRecord:
                 _fail(f"the health record's {name} must be a short non-empty string.")
         for name in ("stage", "step", "queue", "bytes_in", "bytes_out", "act_bytes_out", "act_tokens_out",
                      "grad_bytes_out", "grad_tokens_out", "rank", "basis_version", "basis_updated_step",
-                     "memory_bytes", "refused", "sync_bytes_out", "sync_steps"):
+                     "memory_bytes", "peak_memory_bytes", "refused", "sync_bytes_out", "sync_steps"):
             value = getattr(self, name)
             if not (_is_int(value) and value >= 0):
                 _fail(f"the health record's {name} must be a non-negative integer, not {value!r}.")

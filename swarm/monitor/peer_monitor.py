@@ -70,6 +70,16 @@ def device_and_memory(device: str) -> tuple[str, int]:
     return (device if device not in ("", "cpu") else "cpu")[:128], _rss_bytes()
 
 
+def peak_memory(device: str) -> int:
+    """The most memory this peer held: `torch.cuda.max_memory_allocated` on a GPU (its stage's tensors,
+    what `peer/memory_estimate.py` estimates), else the process's peak resident set (all of Python,
+    torch and the DHT with it)."""
+    if device.startswith("cuda") and torch.cuda.is_available():
+        return int(torch.cuda.max_memory_allocated(torch.device(device)))
+    import resource
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # KiB on Linux
+
+
 def _rss_bytes() -> int:
     try:
         with open("/proc/self/statm") as f:
@@ -189,6 +199,7 @@ class PeerMonitor:
             grad_bytes_out=t.bytes_sent(KIND_BACKWARD), grad_tokens_out=d.sent_tokens[KIND_BACKWARD],
             codec=p.spec.codec, rank=p.spec.boundary_width, basis_version=runner.basis_version,
             basis_updated_step=int(getattr(runner, "basis_updated_step", 0)), device=device, memory_bytes=memory,
+            peak_memory_bytes=peak_memory(p.device),
             uptime_s=now - self.started, reachability=reachability_of(p.maddrs), version=__version__,
             refused=d.refused, banned=banned, sync_bytes_out=t.bytes_sent(KIND_REDUCE),
             sync_steps=p.commit.synced_steps if p.commit is not None else 0,

@@ -3,7 +3,9 @@
 A killed peer's announcement lives on until its ttl, so before printing, every listed peer is
 probed once over libp2p (`liveness.py`, at most 2 s): one that does not answer is shown with
 state "offline" and `answers` no (its announced state stays in the JSON as `announced_state`),
-and does not count as serving its stage.
+and does not count as serving its stage. Each peer's peak memory comes from its signed health
+record (`peak_memory_bytes`: `torch.cuda.max_memory_allocated` on a GPU, peak RSS on a CPU; null
+without a valid record).
 """
 from __future__ import annotations
 
@@ -13,10 +15,11 @@ import json
 from hivemind.utils import get_dht_time
 
 from protocol.spec import RunSpec
-from swarm.dht import SwarmDHT, close_node, start_dht
+from swarm.dht import RecordError, SwarmDHT, close_node, start_dht
 from swarm.monitor.coverage import uncovered_reason
-from swarm.monitor.health import reachability_of
+from swarm.monitor.health import fetch_health, parse_health, reachability_of
 from swarm.monitor.liveness import LivenessProbe
+from swarm.trust.admission import AdmissionPolicy
 
 
 async def swarm_state(initial_peers: list[str]) -> dict:
@@ -35,10 +38,12 @@ async def swarm_state(initial_peers: list[str]) -> dict:
         p2p = await dht.replicate_p2p()
         answers = await LivenessProbe(p2p).probe_all(spec.run_hash, sorted({a.peer_id for s in peers.values()
                                                                            for a in s}))
+        peaks = await _peak_memory(sdht, spec)
         stages = {s: [{"peer": a.peer_id, "state": a.state if answers[a.peer_id] else "offline",
                        "announced_state": a.state, "answers": answers[a.peer_id], "throughput": a.throughput,
                        "queue": a.queue, "basis_version": a.basis_version, "age_s": round(now - a.timestamp, 1),
-                       "reachability": reachability_of(a.maddrs)} for a in anns]
+                       "reachability": reachability_of(a.maddrs), "peak_memory_bytes": peaks.get(a.peer_id)}
+                      for a in anns]
                   for s, anns in peers.items()}
         return {
             "run": {"hash": spec.run_hash, "name": spec.name, "codec": spec.codec, "rank": spec.rank,
@@ -51,6 +56,22 @@ async def swarm_state(initial_peers: list[str]) -> dict:
         await close_node(dht, p2p)
 
 
+async def _peak_memory(sdht: SwarmDHT, spec: RunSpec) -> dict[str, int]:
+    """Peer id -> the peak memory its valid health record states."""
+    out = {}
+    policy = AdmissionPolicy.for_spec(spec)
+    for subkey, value, expires in await fetch_health(sdht, spec.run_hash):
+        try:
+            out[str(subkey)] = parse_health(subkey, value, expires, policy).record.peak_memory_bytes
+        except RecordError:
+            continue  # not a peer's valid record: nothing to show
+    return out
+
+
+def _gib(n: int | None) -> str:
+    return "-" if n is None else f"{n / 2**30:.1f}G"
+
+
 def format_table(state: dict) -> str:
     run = state["run"]
     if run is None:
@@ -58,14 +79,15 @@ def format_table(state: dict) -> str:
     lines = [f"run {run['hash']} ({run['name']}), codec {run['codec']} rank {run['rank']}, "
              f"{run['stages']} stages, coordinator key {run['key']}",
              f"{'stage':>5}  {'peer':<12} {'state':<8} {'answers':<7} {'reach':<8} {'tok/s':>8} {'queue':>5} "
-             f"{'basis':>5} {'age s':>6}"]
+             f"{'basis':>5} {'age s':>6} {'peak mem':>8}"]
     silent = []
     for s in range(run["stages"]):
         peers = state["stages"].get(s, [])
         for p in peers:
             lines.append(f"{s:>5}  {'…' + p['peer'][-10:]:<12} {p['state']:<8} {'yes' if p['answers'] else 'no':<7} "
                          f"{p['reachability']:<8} {p['throughput']:>8.0f} "
-                         f"{p['queue']:>5} {p['basis_version']:>5} {p['age_s']:>6}")
+                         f"{p['queue']:>5} {p['basis_version']:>5} {p['age_s']:>6} "
+                         f"{_gib(p.get('peak_memory_bytes')):>8}")
             if not p["answers"]:
                 silent.append(f"…{p['peer'][-10:]}")
         if not any(p["answers"] for p in peers):

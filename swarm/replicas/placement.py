@@ -11,6 +11,9 @@ looks empty draws a peer away at once). The emptiest stage is
 
     b = argmin_s (n_s, T_s, s)        (fewest peers, then the lowest throughput, then the earliest)
 
+Only the stages that fit the peer's memory take part (`allowed`, from `memory_fit.py`): the
+emptiest is the emptiest of those, and a peer is never moved to a stage that does not fit it.
+
 Joining with `--stage auto` (as Petals' `choose_best_blocks` does for blocks), a peer takes
 b (not counting itself), announces "joining" there, waits a random moment and looks again:
 peers that started at the same time saw the same directory and may have piled onto one stage.
@@ -93,8 +96,9 @@ def destination(peers: dict[int, list[StageAnnouncement]], stage: int) -> int | 
 
 async def choose_stage(router: Router, spec: RunSpec, requested: str, rng: random.Random | None = None,
                        jitter: tuple[float, float] = (0.3, 1.2), rounds: int = 6,
-                       now: Callable[[], float] = DHT_TIME, answers: Answers | None = None) -> int:
-    """The stage to serve: `requested` if it is a number, else the emptiest (see above)."""
+                       now: Callable[[], float] = DHT_TIME, answers: Answers | None = None,
+                       allowed: frozenset[int] | None = None) -> int:
+    """The stage to serve: `requested` if it is a number, else the emptiest of the `allowed` ones (see above)."""
     if requested != "auto":
         try:
             stage = int(requested)
@@ -105,7 +109,8 @@ async def choose_stage(router: Router, spec: RunSpec, requested: str, rng: rando
         return stage
     rng = rng or random.Random()
     peers = await directory(router, spec.n_stages, now=now, answers=answers)
-    stage = emptiest({s: [a for a in anns if a.peer_id != router.peer_id] for s, anns in peers.items()})
+    stage = emptiest({s: [a for a in anns if a.peer_id != router.peer_id] for s, anns in peers.items()
+                      if allowed is None or s in allowed})
     for _ in range(rounds):
         await router.announce(PeerStatus(stage, "joining"))
         await asyncio.sleep(rng.uniform(*jitter))  # deliberate jitter: simultaneous joiners look at different moments
@@ -113,6 +118,8 @@ async def choose_stage(router: Router, spec: RunSpec, requested: str, rng: rando
                  for s, anns in (await directory(router, spec.n_stages, now=now, answers=answers)).items()}
         peers[stage].append(router.announcement(PeerStatus(stage, "joining")))
         target = destination(peers, stage)
+        if allowed is not None and target not in allowed:
+            break
         joining_here = sorted(a.peer_id for a in peers[stage] if a.state == "joining")
         if target is None or joining_here[-1] != router.peer_id:
             break
@@ -123,14 +130,16 @@ async def choose_stage(router: Router, spec: RunSpec, requested: str, rng: rando
 
 
 async def move_target(router: Router, spec: RunSpec, stage: int, held: bool = False,
-                      now: Callable[[], float] = DHT_TIME, answers: Answers | None = None) -> int | None:
+                      now: Callable[[], float] = DHT_TIME, answers: Answers | None = None,
+                      allowed: frozenset[int] | None = None) -> int | None:
     """The stage this peer should move to now, or None (see the module docstring)."""
     peers = await directory(router, spec.n_stages, now=now, answers=answers)
     if router.peer_id not in {a.peer_id for a in peers[stage]}:  # our own beat may be late: we are here
         peers[stage].append(router.announcement(PeerStatus(stage, "online")))
     target = destination(peers, stage)
     movable = [a.peer_id for a in peers[stage] if not a.leads]  # the leading head stays: it drives the swarm
-    if target is None or max(movable, default=None) != router.peer_id:
+    if target is None or max(movable, default=None) != router.peer_id or (allowed is not None
+                                                                          and target not in allowed):
         return None
     return target if not held or not peers[target] else None
 
@@ -146,6 +155,7 @@ class Rebalancer:
     clock: Callable[[], float] = time.monotonic
     now: Callable[[], float] = DHT_TIME
     answers: Answers | None = None
+    allowed: frozenset[int] | None = None  # the stages that fit this peer's memory (None: all)
     since: float = field(init=False)
 
     def __post_init__(self) -> None:
@@ -155,4 +165,4 @@ class Rebalancer:
         return self.clock() - self.since < self.hold
 
     async def target(self, stage: int) -> int | None:
-        return await move_target(self.router, self.spec, stage, self.held(), self.now, self.answers)
+        return await move_target(self.router, self.spec, stage, self.held(), self.now, self.answers, self.allowed)

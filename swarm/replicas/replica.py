@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 
 from peer.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint
 from peer.driver import StepLog
+from peer.memory_estimate import estimate_stage
 from peer.replica_sync import flat_limits
 from peer.snapshots import NoSnapshot
 from peer.stage import StageRunner
@@ -74,7 +75,8 @@ def frame_limits(spec: RunSpec, runner: StageRunner) -> dict[str, int]:
 
 def transport_limit(spec: RunSpec) -> int:
     """The largest frame any replica of this run sends or receives (replies included)."""
-    runners = max(sum(p.numel() for p in StageRunner(spec, s).module.parameters()) for s in range(spec.n_stages))
+    # counted from the spec: building every stage to count would take paper8b's 8e9 parameters into memory
+    runners = max(estimate_stage(spec, s).params for s in range(spec.n_stages))
     return max(WireLimits.for_spec(spec).max_bytes, STATE_CHUNK_BYTES + 4096, 8 * runners + (1 << 20))
 
 
@@ -105,6 +107,8 @@ class ReplicaContext:
     min_step_timeout: float | None = None  # the driver's floor for a later step's timeout (None: its default)
     next_step_wait: float | None = None  # how long the daemon holds a next-step message (None: its default)
     allow_fresh_stage: bool = False  # a stage nobody holds a snapshot of may start from its initial weights
+    allowed_stages: frozenset[int] | None = None  # the stages that fit this peer's memory (None: all)
+    checkpointing: bool = False  # activation checkpointing per block (peer/stage.py)
 
 
 class ReplicaService:
@@ -117,11 +121,12 @@ class ReplicaService:
         self._saving: asyncio.Task | None = None
         # the hold starts now. No liveness probe here: a live peer whose uplink is busy (a snapshot over
         # 1 Mbit/s) can miss one, and a stage that looks empty draws a peer away at once
-        self.rebalancer = Rebalancer(ctx.router, ctx.spec, ctx.rebalance_hold)
+        self.rebalancer = Rebalancer(ctx.router, ctx.spec, ctx.rebalance_hold, allowed=ctx.allowed_stages)
 
     async def serve(self) -> int | None:
         ctx = self.ctx
-        self.runner = runner = await asyncio.to_thread(StageRunner, self.spec, self.stage, ctx.device)
+        self.runner = runner = await asyncio.to_thread(StageRunner, self.spec, self.stage, ctx.device,
+                                                       checkpointing=ctx.checkpointing)
         self.sync = sync = BasisSync(self.spec, ctx.sdht, ctx.transport)
         batches = ctx.batches() if self.stage == 0 else None
         self.peer = peer = StagePeer(

@@ -17,7 +17,7 @@ from swarm.bench.throughput import throughput_record
 from swarm.cli import build_parser, main
 
 ROOT = Path(__file__).resolve().parents[2]
-BENCHES = ["codecs", "throughput", "convergence", "mfu", "replicas", "replica-sync", "fidelity", "churn"]
+BENCHES = ["codecs", "throughput", "convergence", "mfu", "replicas", "replica-sync", "fidelity", "churn", "memory"]
 
 
 def _help(capsys, *argv: str) -> str:
@@ -111,6 +111,8 @@ def test_the_documented_bench_invocations_parse():
      {"preset_name": "tiny", "hosts": 6, "replicas": 2, "period": 60.0, "minutes": 15.0, "leader_every": 5,
       "bandwidth": "50mbit", "baseline_minutes": 5.0, "seed": 0, "checkpoint_every": 10, "peer_args": "--ttl 6",
       "coordinator_args": ""}),
+    (["memory", "--presets", "paper8b", "--stages", "1"], "memory", "run_memory_bench",
+     {"presets": ["paper8b"], "device": "cuda", "dtype": "bf16", "stages": "1", "options": "both", "caps": True}),
 ])
 def test_a_bench_invocation_reaches_its_bench_with_its_defaults(argv, module, function, expected, monkeypatch,
                                                                 tmp_path):

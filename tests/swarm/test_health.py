@@ -25,7 +25,8 @@ def record(peer_id: str = ALICE.peer_id, **overrides) -> HealthRecord:
         loss_history=[[41, 3.3, 1000.0], [42, 3.25, 1001.0]], bytes_in_per_s=4e5, bytes_out_per_s=4.1e5,
         bytes_in=10**7, bytes_out=10**7 + 5, act_bytes_out=65_000, act_tokens_out=1000, grad_bytes_out=64_000,
         grad_tokens_out=1000, codec="subspace", rank=16, basis_version=2, basis_updated_step=40, device="cpu",
-        memory_bytes=450 * 2**20, uptime_s=12.5, reachability="direct", version="0.1.0", refused=0,
+        memory_bytes=450 * 2**20, peak_memory_bytes=600 * 2**20, uptime_s=12.5, reachability="direct",
+        version="0.1.0", refused=0,
         banned={"12D3KooWGone": 2}, timestamp=1000.0,
     )
     return HealthRecord(**{**base, **overrides})
@@ -50,6 +51,7 @@ def test_a_signed_record_round_trips_and_derives_bytes_per_token():
     assert record().sync_bytes_per_step is None  # no step taken with another replica yet
     synced = parse(signed_value(record(sync_bytes_out=9000, sync_steps=3))).record
     assert synced.sync_bytes_out == 9000 and synced.sync_bytes_per_step == 3000.0
+    assert got.record.peak_memory_bytes == 600 * 2**20
 
 
 @pytest.mark.parametrize("field,value", [("step", 999999), ("loss", 0.1), ("state", "leaving"),
@@ -96,6 +98,8 @@ def test_a_record_cannot_be_replayed_to_live_longer_or_claim_a_far_expiry():
     lambda v: {**v, "banned": {"p": [1]}},
     lambda v: {**v, "sync_bytes_out": -1},
     lambda v: {**v, "sync_steps": 1.5},
+    lambda v: {**v, "peak_memory_bytes": -1},
+    lambda v: {k: x for k, x in v.items() if k != "peak_memory_bytes"},
     lambda v: "not a map",
 ])
 def test_malformed_records_signed_by_their_owner_are_refused_with_a_record_error(mangle):

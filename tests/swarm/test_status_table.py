@@ -39,3 +39,11 @@ def test_the_stages_that_pause_the_swarm_and_why():
 def test_no_note_when_every_peer_answers():
     table = format_table({"run": RUN, "stages": {s: [peer(f"12D3KooWPeer{s}Peer{s}", True)] for s in range(3)}})
     assert "MISSING" not in table and "offline" not in table and len(table.splitlines()) == 5
+
+
+def test_each_peer_s_peak_memory_from_its_health_record_or_a_dash_without_one():
+    with_record = {**peer("12D3KooWHeadHeadHead", True), "peak_memory_bytes": 3 * 2**29}
+    table = format_table({"run": RUN, "stages": {0: [with_record], 1: [peer("12D3KooWNoRecordNo", True)], 2: []}})
+    assert table.splitlines()[1].split()[-2:] == ["peak", "mem"]
+    rows = [line.split() for line in table.splitlines()[2:] if line.split()[0].isdigit()]
+    assert rows[0][-1] == "1.5G" and rows[1][-1] == "-"

@@ -132,12 +132,14 @@ const COLUMNS = [
   ["forward_bytes_per_token", (p) => num(p.forward_bytes_per_token, 1)],
   ["sync_bytes_per_step", (p) => bytes(p.sync_bytes_per_step)],
   ["basis_version", (p) => (p.basis_version != null ? `v${p.basis_version}` : "–")], ["device", (p) => p.device || "–"],
-  ["memory_bytes", (p) => bytes(p.memory_bytes)], ["uptime_s", (p) => duration(p.uptime_s)],
+  ["memory_bytes", (p) => bytes(p.memory_bytes)], ["peak_memory_bytes", (p) => bytes(p.peak_memory_bytes)],
+  ["uptime_s", (p) => duration(p.uptime_s)],
   ["reachability", (p) => p.reachability || "–"], ["version", (p) => p.version || "–"],
   ["refused", (p) => num(p.refused)], ["age_s", (p) => duration(p.age_s)],
 ];
 const NUMERIC = new Set(["stage", "step", "tokens_per_s", "loss", "queue", "bytes_out_per_s", "bytes_in_per_s",
-  "forward_bytes_per_token", "sync_bytes_per_step", "basis_version", "memory_bytes", "uptime_s", "refused", "age_s"]);
+  "forward_bytes_per_token", "sync_bytes_per_step", "basis_version", "memory_bytes",
+  "peak_memory_bytes", "uptime_s", "refused", "age_s"]);
 
 function compare(a, b) {
   const k = view.sortKey;
