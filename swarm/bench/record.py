@@ -11,7 +11,8 @@ bottleneck, composed from two benches whose JSONs stay in the output folder:
 - tokens/s: `throughput.run_throughput_bench`, a real local swarm (a process per stage) per
   codec on the built-in shaper's link -> OUT/throughput.json.
 
-`--resume` reuses either JSON when it matches the asked setting. With both, per codec c
+`--resume` reuses either JSON when it matches the asked setting; `--smoke`: dense and subspace on
+`tiny` (16 steps), the shaped link only (no unshaped ceiling runs: two swarms). With both parts, per codec c
 (`record_figures`), for the target L* = dense's final held-out loss:
 
   tokens_to(c)  = the first tokens at which c's held-out curve reaches L* (interpolated)
@@ -44,14 +45,14 @@ PARTS = ("curves", "throughput")
 
 
 def record_specs(tokens: int, smoke: bool = False, codec_tokens: float = 1.0) -> dict[str, RunSpec]:
-    """Dense, subspace (fixed U) and bottleneck on the `record` preset (smoke: `tiny` in 3 stages),
-    bf16 (smoke: fp32 on the CPU), dense trained for `tokens` and the others for `codec_tokens` x that."""
+    """Dense, subspace (fixed U) and bottleneck on the `record` preset, bf16 (smoke: dense and subspace
+    on `tiny`, fp32), dense trained for `tokens` and the others for `codec_tokens` x that."""
     base = preset("tiny", stages=3, basis_updates=False) if smoke else \
         preset("record", dtype="bf16", basis_updates=False)
     per_step = base.batch_size * base.seq_len
     steps = max(2, tokens // per_step)
     return {c: base.replace(codec=c, total_steps=steps if c == "dense" else max(2, round(steps * codec_tokens)))
-            for c in CODECS}
+            for c in (CODECS[:2] if smoke else CODECS)}
 
 
 def shape(spec: RunSpec) -> dict:
@@ -103,7 +104,8 @@ def combine(convergence: dict, throughput: dict, bandwidth: str, specs: dict[str
                          "max_peer_bytes_sent_per_token": max(p["bytes_sent_per_token"] or 0.0 for p in r["peers"])}
             for r in rows}
     unlimited = {r["codec"]: r["tokens_per_second"] for r in throughput["runs"] if r["bandwidth"] == "unlimited"}
-    return {"record": RECORD, "model": shape(specs["subspace"]), "bottleneck_rank": specs["bottleneck"].rank,
+    return {"record": RECORD, "model": shape(specs["subspace"]), "codecs": list(specs),
+            "bottleneck_rank": specs["bottleneck"].rank if "bottleneck" in specs else None,
             "data": convergence["data"], "corpus_tokens": convergence["tokens"],
             "token_budget": {name: c["val"][-1][0] for name, c in curves.items()},
             "bandwidth": bandwidth, "latency": throughput["latency"], "shaping": "builtin",
@@ -146,11 +148,11 @@ def run_record_bench(out_dir: str, tokens: int = 12_000_000, data: str | None = 
     elif convergence is not None:
         print(f"reusing the training curves of {conv_path}")
     throughput = _matches(tp_path, lambda j: resume and j["preset"] == dense.name and j["latency"] == latency
-                          and bandwidth in j["bandwidths"] and {r["codec"] for r in j["runs"]} >= set(CODECS))
+                          and bandwidth in j["bandwidths"] and {r["codec"] for r in j["runs"]} >= set(specs))
     if throughput is None and "throughput" in parts:
         throughput = run_throughput_bench(str(out), preset_name=dense.name, steps=steps, bandwidth=bandwidth,
                                           latency=latency, device=device, devices=devices, dtype=dense.dtype,
-                                          stages=dense.n_stages)
+                                          stages=dense.n_stages, codecs=",".join(specs), ceiling=not smoke)
     elif throughput is not None:
         print(f"reusing the throughput rows of {tp_path}")
     if convergence is None or throughput is None:

@@ -17,7 +17,8 @@ from swarm.bench.throughput import throughput_record
 from swarm.cli import build_parser, main
 
 ROOT = Path(__file__).resolve().parents[2]
-BENCHES = ["codecs", "throughput", "convergence", "mfu", "replicas", "replica-sync", "fidelity", "churn", "memory"]
+BENCHES = ["codecs", "throughput", "convergence", "mfu", "replicas", "replica-sync", "fidelity", "churn", "memory",
+           "record"]
 
 
 def _help(capsys, *argv: str) -> str:
