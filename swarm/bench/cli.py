@@ -221,8 +221,8 @@ def _add_record(sub) -> None:
     p.add_argument("--latency", default="50ms", help="one-way latency per link (default: 50ms)")
     p.add_argument("--parts", type=_parts, default=("curves", "throughput"), metavar="PART[,PART]",
                    help="which parts to run: curves (training), throughput (the swarms) (default: both)")
-    p.add_argument("--resume", action="store_true", help="reuse OUT/convergence.json and OUT/throughput.json "
-                   "where they match this setting (default: off)")
+    p.add_argument("--resume", action="store_true", help="reuse OUT/convergence.json where it has the same steps "
+                   "per codec, and OUT/throughput.json where it has the same preset, link and latency (default: off)")
     _data(p)
 
 
