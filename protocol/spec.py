@@ -248,6 +248,12 @@ PRESETS: dict[str, dict[str, Any]] = {
     "xl": dict(name="xl", d_model=2048, n_layers=30, n_heads=16, d_ff=5504, seq_len=1024,
                stage_layers=(5,) * 6, rank=20, wire_dtype="bf16", batch_size=16, microbatch_size=2,
                lr=2.5e-4, warmup_steps=200),
+    # The public record on slow links' shape (Pluralis' ProtocolNanoGPT: ~203M parameters, d=1024, 8 stages;
+    # `swarm bench record`): 16 layers in 8 stages of 2, 2.02e8 parameters with the byte vocabulary,
+    # k = d/100 = 10 (~100x, the subspace codec's default ratio), batch 64 x 256 tokens.
+    "record": dict(name="record", d_model=1024, n_layers=16, n_heads=16, d_ff=2752, seq_len=256,
+                   stage_layers=(2,) * 8, rank=10, wire_dtype="bf16", batch_size=64, microbatch_size=8,
+                   lr=7e-4, warmup_steps=100),
     # The paper's largest shape, LLaMA-3-8B's: 32 layers, d=4096, 32 heads (no grouped-query attention
     # here: 7.8e9 parameters), d_ff=14336, 8 stages of 4 layers (~1e9 each), k=40 (~100x). Byte vocabulary,
     # like every preset. A stage fits a 24 GB card with activation checkpointing (docs/consumer-gpus.md).

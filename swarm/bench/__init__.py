@@ -13,6 +13,8 @@ measured side by side in one run.
   tokens/s with 2 replicas per stage on shaped links, held-out loss at equal tokens.
 - `churn.py` (+ `churn_report.py`): peers in network namespaces killed and replaced all the time:
   goodput, gaps, lost/doubled steps, resets, rollbacks, replica agreement, failover.
+- `record.py`: the public slow-link record's setting (d=1024, 8 stages, 200 Mbit/s, 50 ms): time to
+  dense's final loss per codec, from convergence's curves and throughput's swarms.
 - `memory.py`: each stage's peak GPU memory against `peer/memory_estimate.py`, and the smallest card it fits.
 - `cli.py`: each bench's flags (`swarm bench BENCH --help`); `machine.py`: the devices and machine
   every bench's JSON records.
@@ -82,6 +84,11 @@ def _dispatch(a: argparse.Namespace) -> None:
         from .memory import run_memory_bench
         run_memory_bench(a.out, presets=a.presets.split(","), device=a.device, dtype=a.dtype, stages=a.stages,
                          options=a.checkpointing, caps=not a.no_caps, smoke=a.smoke)
+    elif a.which == "record":
+        from .record import run_record_bench
+        run_record_bench(a.out, tokens=a.tokens, data=a.data, device=a.device, devices=a.devices,
+                         bandwidth=a.bandwidth, latency=a.latency, steps=a.steps, codec_tokens=a.codec_tokens,
+                         resume=a.resume, parts=a.parts, smoke=a.smoke)
     elif a.which == "replicas":
         from .replicas import run_replicas_bench
         run_replicas_bench(a.out, preset_name=a.preset, steps=a.steps, device=a.device, smoke=a.smoke)

@@ -195,6 +195,37 @@ def _add_memory(sub) -> None:
     p.add_argument("--no-caps", action="store_true", help="skip the runs under card-sized memory caps (default: off)")
 
 
+def _parts(text: str) -> tuple[str, ...]:
+    parts = tuple(p.strip() for p in text.split(",") if p.strip())
+    if not parts or set(parts) - {"curves", "throughput"}:
+        raise argparse.ArgumentTypeError(f"{text!r}: name curves, throughput or both (curves,throughput).")
+    return parts
+
+
+def _add_record(sub) -> None:
+    p = sub.add_parser("record", help="the public slow-link record's setting: time to dense's loss per codec",
+                       description="The setting of the public record on slow links (Pluralis' ProtocolNanoGPT: "
+                       "~203M parameters, d=1024, 8 stages, 200 Mbit/s and 50 ms per link) on our data: the record "
+                       "preset trained with dense, subspace (k=10, ~100x) and bottleneck side by side to a token "
+                       "budget (convergence.json), each codec's tokens/s measured as a real local swarm on the "
+                       "shaped link (throughput.json), and the time to dense's final held-out loss per codec, with "
+                       "the steps and tokens/s ratios that bound it; writes record.json and record.png.")
+    _common(p)
+    p.add_argument("--tokens", type=int, default=12_000_000, help="dense's token budget (default: 12000000)")
+    p.add_argument("--codec-tokens", type=float, default=1.0, metavar="X",
+                   help="train subspace and bottleneck for X times dense's tokens, so they can reach its final "
+                   "loss (default: 1.0)")
+    p.add_argument("--devices", help="comma-separated devices, one per swarm peer in turn (default: --device)")
+    p.add_argument("--steps", type=int, default=8, help="steps per throughput run, the first untimed (default: 8)")
+    p.add_argument("--bandwidth", default="200mbit", help="every host's link (default: 200mbit)")
+    p.add_argument("--latency", default="50ms", help="one-way latency per link (default: 50ms)")
+    p.add_argument("--parts", type=_parts, default=("curves", "throughput"), metavar="PART[,PART]",
+                   help="which parts to run: curves (training), throughput (the swarms) (default: both)")
+    p.add_argument("--resume", action="store_true", help="reuse OUT/convergence.json where it has the same steps "
+                   "per codec, and OUT/throughput.json where it has the same preset, link and latency (default: off)")
+    _data(p)
+
+
 def register(sub) -> argparse.ArgumentParser:
     """Add `bench` and its one subcommand per benchmark to the `swarm` subparsers `sub`."""
     from . import run_bench
@@ -204,7 +235,7 @@ def register(sub) -> argparse.ArgumentParser:
                         "`swarm bench BENCH --help` lists a benchmark's flags.")
     benches = be.add_subparsers(dest="which", required=True, metavar="BENCH")
     for add in (_add_codecs, _add_throughput, _add_convergence, _add_mfu, _add_replicas, _add_replica_sync,
-                _add_fidelity, _add_churn, _add_memory):
+                _add_fidelity, _add_churn, _add_memory, _add_record):
         add(benches)
     be.set_defaults(func=run_bench)
     return be

@@ -121,7 +121,15 @@ def _train_all(out: Path, preset_name: str, steps: int, intervals: tuple[int, ..
     if smoke:
         preset_name, steps, intervals, eval_every, eval_batches = "tiny", 30, (10,), 10, 2
     base = preset(preset_name, codec="subspace", total_steps=steps, dtype=dtype)
-    variants = _variants(base, intervals)
+    return train_curves(out, preset_name, _variants(base, intervals), data, device, eval_every, eval_batches,
+                        parallel)
+
+
+def train_curves(out: Path, preset_name: str, variants: dict[str, RunSpec], data: str | None, device: str,
+                 eval_every: int, eval_batches: int, parallel: bool | None = None) -> dict:
+    """Train `variants` side by side (same data and seeds; in parallel processes on a GPU unless
+    `parallel` says otherwise); write OUT/convergence.json and its plot. Each summary row's vs_dense
+    is final / dense's final - 1, and vs_fixed the same against the "fixed U" variant, if any."""
     parallel = device.startswith("cuda") if parallel is None else parallel
     threads = max(1, (os.cpu_count() or 1) // (len(variants) if parallel else 1))
     args = [(name, spec.to_json(), data, device, eval_every, eval_batches, threads) for name, spec in variants.items()]
@@ -132,17 +140,21 @@ def _train_all(out: Path, preset_name: str, steps: int, intervals: tuple[int, ..
     else:
         recs = [_train_variant(*a) for a in args]
     curves = dict(zip(variants, recs))
-    fixed, dense = curves["fixed U"]["final_val"], curves["dense"]["final_val"]
+    fixed, dense = curves.get("fixed U", curves["dense"])["final_val"], curves["dense"]["final_val"]
     summary = {name: {"final_val": c["final_val"], "vs_fixed": c["final_val"] / fixed - 1,
                       "vs_dense": c["final_val"] / dense - 1, "seconds": c["seconds"]} for name, c in curves.items()}
-    result = {"preset": preset_name, "steps": steps, "data": recs[0]["data"], "tokens": recs[0]["tokens"],
-              "device": device, "devices": [device], "machine": machine_info([device]), "dtype": base.dtype,
+    if "fixed U" not in curves:
+        for s in summary.values():
+            del s["vs_fixed"]
+    first = next(iter(variants.values()))
+    result = {"preset": preset_name, "steps": first.total_steps, "data": recs[0]["data"], "tokens": recs[0]["tokens"],
+              "device": device, "devices": [device], "machine": machine_info([device]), "dtype": first.dtype,
               "summary": summary, "curves": curves}
     (out / "convergence.json").write_text(json.dumps(result) + "\n")
     _plot(result, out / "convergence.png")
     for name, s in summary.items():
-        print(f"{name:>22}: final val {s['final_val']:.4f} ({100 * s['vs_fixed']:+.2f}% vs fixed U, "
-              f"{100 * s['vs_dense']:+.2f}% vs dense)")
+        vs_fixed = f"{100 * s['vs_fixed']:+.2f}% vs fixed U, " if "vs_fixed" in s else ""
+        print(f"{name:>22}: final val {s['final_val']:.4f} ({vs_fixed}{100 * s['vs_dense']:+.2f}% vs dense)")
     return result
 
 

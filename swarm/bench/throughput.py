@@ -83,7 +83,8 @@ def roofline(ceiling: float, bandwidth: str, peers: list[dict]) -> float:
 def run_throughput_bench(out_dir: str, preset_name: str = "small", steps: int = 20, bandwidth: str = "80mbit",
                          latency: str = "0", device: str = "cpu", smoke: bool = False, devices: str | None = None,
                          dtype: str | None = None, kernel_shaping: bool = False, stages: int | None = None,
-                         codecs: str | None = None) -> dict:
+                         codecs: str | None = None, ceiling: bool = True) -> dict:
+    """`ceiling=False` skips each codec's unshaped run: the rooflines are then the link's alone."""
     chosen = tuple(c.strip() for c in codecs.split(",")) if codecs else CODECS
     unknown = [c for c in chosen if c not in CODECS]
     if unknown:
@@ -108,15 +109,17 @@ def run_throughput_bench(out_dir: str, preset_name: str = "small", steps: int = 
     runs = []
     for codec in codecs:
         spec = preset(preset_name, codec=codec, dtype=dtype, stages=stages)
-        base = _one_run(spec, steps, None, "0", "none", device, devices)
-        ceiling = base["tokens_per_second"]
-        base.update(roofline_tokens_per_second=ceiling, of_roofline=1.0)
-        runs.append(base)
-        _print(base)
+        top = float("inf")
+        if ceiling:
+            base = _one_run(spec, steps, None, "0", "none", device, devices)
+            top = base["tokens_per_second"]
+            base.update(roofline_tokens_per_second=top, of_roofline=1.0)
+            runs.append(base)
+            _print(base)
         for b in bandwidths:
             for shaping in shapings:
                 row = _one_run(spec, steps, b, latency, shaping, device, devices)
-                row["roofline_tokens_per_second"] = roofline(ceiling, b, row["peers"])
+                row["roofline_tokens_per_second"] = roofline(top, b, row["peers"])
                 row["of_roofline"] = row["tokens_per_second"] / row["roofline_tokens_per_second"]
                 runs.append(row)
                 _print(row)
@@ -144,7 +147,7 @@ def _ratios(runs: list[dict], codecs: tuple[str, ...], bandwidths: list[str]) ->
     tps = {(r["codec"], r["bandwidth"], r["shaping"]): r["tokens_per_second"] for r in runs}
     first = bandwidths[0]
     ratios = {f"{c}_limited_over_unlimited": tps[(c, first, "builtin")] / tps[(c, "unlimited", "none")]
-              for c in codecs}
+              for c in codecs if (c, "unlimited", "none") in tps}
     if ("dense", first, "builtin") in tps:  # dense may run in another invocation (--codecs)
         ratios.update({f"{c}_over_dense_limited": tps[(c, first, "builtin")] / tps[("dense", first, "builtin")]
                        for c in codecs if c != "dense"})
@@ -169,9 +172,11 @@ def _plot(result: dict, path: Path, codecs: tuple[str, ...]) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    configs = [("unlimited", "none")] + [(b, s) for b in result["bandwidths"]
+    configs = [("unlimited", "none")] * any(r["shaping"] == "none" for r in result["runs"])
+    configs += [(b, s) for b in result["bandwidths"]
                                          for s in ("builtin", "kernel") if any(
                                              r["bandwidth"] == b and r["shaping"] == s for r in result["runs"])]
+    shaped = [c for c in configs if c[1] != "none"]
     fig, ax = plt.subplots(figsize=(max(7, 2.2 * len(codecs) * len(configs) / 3), 4.5))
     width = 0.8 / len(configs)
     for i, (link, shaping) in enumerate(configs):
@@ -182,7 +187,7 @@ def _plot(result: dict, path: Path, codecs: tuple[str, ...]) -> None:
         ax.bar(xs, [r["tokens_per_second"] for r in rows], width, label=label)
         if shaping != "none":
             ax.scatter(xs, [r["roofline_tokens_per_second"] for r in rows], marker="_", s=300, color="black",
-                       zorder=3, label="roofline" if i == 1 else None)
+                       zorder=3, label="roofline" if i == len(configs) - len(shaped) else None)
     ax.set_xticks(range(len(codecs)), codecs)
     ax.set_ylabel("tokens / s")
     values = [r["tokens_per_second"] for r in result["runs"]]

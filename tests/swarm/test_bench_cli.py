@@ -17,7 +17,8 @@ from swarm.bench.throughput import throughput_record
 from swarm.cli import build_parser, main
 
 ROOT = Path(__file__).resolve().parents[2]
-BENCHES = ["codecs", "throughput", "convergence", "mfu", "replicas", "replica-sync", "fidelity", "churn", "memory"]
+BENCHES = ["codecs", "throughput", "convergence", "mfu", "replicas", "replica-sync", "fidelity", "churn", "memory",
+           "record"]
 
 
 def _help(capsys, *argv: str) -> str:
@@ -113,6 +114,9 @@ def test_the_documented_bench_invocations_parse():
       "coordinator_args": ""}),
     (["memory", "--presets", "paper8b", "--stages", "1"], "memory", "run_memory_bench",
      {"presets": ["paper8b"], "device": "cuda", "dtype": "bf16", "stages": "1", "options": "both", "caps": True}),
+    (["record", "--parts", "throughput", "--resume"], "record", "run_record_bench",
+     {"tokens": 12_000_000, "bandwidth": "200mbit", "latency": "50ms", "steps": 8, "codec_tokens": 1.0,
+      "parts": ("throughput",), "resume": True, "data": "stdlib", "device": "cpu"}),
 ])
 def test_a_bench_invocation_reaches_its_bench_with_its_defaults(argv, module, function, expected, monkeypatch,
                                                                 tmp_path):
