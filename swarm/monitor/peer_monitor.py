@@ -76,8 +76,7 @@ def peak_memory(device: str) -> int:
     torch and the DHT with it)."""
     if device.startswith("cuda") and torch.cuda.is_available():
         return int(torch.cuda.max_memory_allocated(torch.device(device)))
-    import resource
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # KiB on Linux
+    return _peak_rss_bytes()
 
 
 def _rss_bytes() -> int:
@@ -85,8 +84,12 @@ def _rss_bytes() -> int:
         with open("/proc/self/statm") as f:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
-        import resource  # not Linux: the peak is the best the standard library offers
-        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+        return _peak_rss_bytes()  # not Linux: the peak is the best the standard library offers
+
+
+def _peak_rss_bytes() -> int:
+    import resource
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # KiB on Linux
 
 
 def _finite(x: float | None) -> float | None:
