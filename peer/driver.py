@@ -1,7 +1,8 @@
 """`StepDriver`: the leading head's loop: one synchronous step of the whole swarm at a time.
 
-Every head (stage-0 replica) runs one. One head leads (`peer/leadership.py`: the head that
-announces it leads stays the leader; a newcomer stands by whatever its id); the others stand by,
+Every head (stage-0 replica) runs one. One head leads (`peer/leadership.py`: the first live head
+of the swarm key's lease; without a coordinator, the head that announces it leads stays the
+leader); the others stand by,
 ping it, and the next in line takes over at once when it stops answering (every other peer
 checks for itself that the old leader is gone before it follows the new one).
 A step, as the leader drives it (docs/design.md section 3):
@@ -93,6 +94,9 @@ class StepDriver:
 
     async def _drive(self, until: int | None, on_step: Callable[[StepLog], None]) -> None:
         while until is None or self.runner.step < until:
+            if self.daemon.state == "syncing" and self._dead.get(self.peer_id, 0.0) <= time.monotonic():
+                self.daemon.state = "online"  # set aside for being behind: a candidate again
+                await self.directory.announce(self.daemon.status())
             leader = await self._leader()
             if leader != self.peer_id:
                 if self._leading:
@@ -118,15 +122,23 @@ class StepDriver:
 
     async def _leader(self) -> str:
         """`leader_of` over the live heads this head sees, itself included, less those it found dead."""
+        waited = False
         while True:
             now = time.monotonic()
             me = PeerInfo(self.peer_id, 0, "online", self.runner.step, 0.0, self._leading)
             heads = [p for p in await self.directory.members(0) if p.peer_id != self.peer_id] + [me]
-            leader = leader_of(p for p in heads if self._dead.get(p.peer_id, 0.0) <= now)
+            order = await self.directory.lease_order()
+            leader = leader_of((p for p in heads if self._dead.get(p.peer_id, 0.0) <= now), order)
             if leader is not None:
                 return leader
-            # every head, this one too, is set aside for now (this one is behind): look again soon
-            await asyncio.sleep(min(5.0, max(0.5, min(self._dead[p.peer_id] for p in heads) - now)))
+            if order is not None and not waited:
+                waited = True
+                log.info("no live head holds the coordinator's lease yet (lease: %s); waiting for one",
+                         ", ".join(p[-8:] for p in order) or "none granted")
+            # every head, this one too, is set aside for now (this one is behind), or none holds the
+            # lease yet: look again soon
+            ends = [self._dead[p.peer_id] - now for p in heads if p.peer_id in self._dead]
+            await asyncio.sleep(min(5.0, max(0.5, min(ends, default=0.5))))
 
     async def _stand_by(self, leader: str) -> None:
         """Ping the leader; after `ping_failures` failures in a row, count it as dead for a while
@@ -167,6 +179,10 @@ class StepDriver:
                 log.warning("this head is behind the swarm (peers at a later step); it will not lead")
                 self._leading = False
                 self._dead[self.peer_id] = time.monotonic() + 30.0
+                # announced "syncing", it is no live head to anyone: the next head in the lease's order
+                # leads meanwhile instead of every peer waiting on this one
+                self.daemon.state = "syncing"
+                await self.directory.announce(self.daemon.status())
                 return False
             log.info("finishing step %d, which the previous leader applied only in part", step + 1)
             holders = [p for p, r in replies.items() if r.outcome == "ok" and r.contributors

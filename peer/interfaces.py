@@ -84,3 +84,8 @@ class PeerDirectory(Protocol):
     async def members(self, stage: int) -> list[PeerInfo]:
         """The peers announced online for `stage` right now (fresh, not from a cache), by peer id."""
         ...
+
+    async def lease_order(self) -> list[str] | None:
+        """The heads that may lead, in order, from the swarm key's newest lease (`peer/leadership.py`);
+        None if the swarm has no coordinator to grant one; [] while it has granted none yet."""
+        ...

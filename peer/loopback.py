@@ -20,6 +20,7 @@ class LoopbackNetwork:
     bytes_sent: dict[str, int] = field(default_factory=dict)  # kind -> request bytes
     down: set[str] = field(default_factory=set)
     inflight: dict[str, int] = field(default_factory=dict)
+    lease: list[str] | None = None  # the heads that may lead, in order, as a coordinator's lease would say
 
     def link(self, peer_id: str) -> LoopbackLink:
         return LoopbackLink(self, peer_id)
@@ -71,6 +72,9 @@ class LoopbackDirectory:
 
     def report_failure(self, peer: str, bad_data: bool = False) -> None:
         pass
+
+    async def lease_order(self) -> list[str] | None:
+        return None if self.net.lease is None else list(self.net.lease)
 
     async def members(self, stage: int) -> list[PeerInfo]:
         return sorted((PeerInfo(p, st.stage, st.state, st.step, st.throughput, st.leads)

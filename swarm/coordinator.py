@@ -24,6 +24,7 @@ from .net import Transport
 from .net.addresses import LOOPBACK, PRIVATE, PUBLIC, announce_addresses, scope_of
 from .net.reachability import DialBack
 from .options import opt
+from .replicas.leases import LeaseKeeper
 from .trust.admission import AdmissionPolicy
 from .trust.identity import Identity, IdentityError
 from .trust.keys import SigningKey
@@ -61,6 +62,10 @@ class CoordinatorOptions:
     snapshot_every: int = opt(50, "every stage snapshots its state every this many steps, and peers of other stages "
                               "keep the snapshots, so that a stage whose every replica left is restored, not reset "
                               "(0: never)")
+    trusted_heads: list[str] = opt([], "only these heads (peer ids, in this order) may lead; the coordinator's lease "
+                                   "names them (default: every head, in the order the coordinator first saw them, so "
+                                   "a head that joins later never leads while an earlier one lives)",
+                                   metavar="PEER_ID")
     ttl: float = 60.0
     refit_delay: float = opt(0.0, "seconds to wait before publishing each basis update (tests: a slow coordinator)",
                              hidden=True)
@@ -108,7 +113,7 @@ async def _coordinate(opts: CoordinatorOptions, spec: RunSpec, key: SigningKey, 
     announce = announce_addresses(opts.host_maddrs, opts.public_ip, opts.announce_maddrs)
     dht = await asyncio.to_thread(start_dht, [], opts.host_maddrs, identity, False, policy,
                                   **({"announce_maddrs": announce} if announce else {}))
-    p2p = transport = refitter = None
+    p2p = transport = refitter = leases = None
     try:
         p2p = await dht.replicate_p2p()
         spec = sealed_spec(spec, key, identity.peer_id, opts.private, opts.snapshot_every)
@@ -122,6 +127,9 @@ async def _coordinate(opts: CoordinatorOptions, spec: RunSpec, key: SigningKey, 
             await transport.serve(KIND_STATS, refitter.on_stats)
         await DialBack().serve(transport)  # joining peers ask whether they can be reached
         await sdht.publish_run_spec(spec.to_json(), key, opts.ttl)
+        keeper = LeaseKeeper(sdht, spec.run_hash, LivenessProbe(p2p).checker(spec.run_hash, transport),
+                             trusted=opts.trusted_heads)
+        leases = asyncio.create_task(keeper.run())  # which heads may lead, signed by the swarm key
         maddrs = [str(m) for m in dht.get_visible_maddrs()]
         if opts.maddrs_file:
             with open(opts.maddrs_file, "w") as f:
@@ -140,6 +148,9 @@ async def _coordinate(opts: CoordinatorOptions, spec: RunSpec, key: SigningKey, 
             except Exception as e:  # keep coordinating; the next round retries
                 log.warning("could not re-publish the run spec: %s", e)
     finally:
+        if leases is not None:
+            leases.cancel()
+            await asyncio.gather(leases, return_exceptions=True)
         if refitter is not None:
             refitter.stop()
         await close_node(dht, p2p, transport)

@@ -17,6 +17,7 @@ from .records import (
                       RUN_KEY,
                       RUN_SPEC_DOMAIN,
                       STATES,
+                      LeaderLease,
                       RecordError,
                       SignedRunSpec,
                       StageAnnouncement,
@@ -24,6 +25,7 @@ from .records import (
                       basis_subkey,
                       health_key,
                       kind_of,
+                      lease_key,
                       run_hash_of,
                       stage_key,
 )
@@ -31,8 +33,8 @@ from .store import SwarmDHT
 from .validator import SwarmRecordValidator, refused_records, set_policy
 
 __all__ = [
-    "CLOCK_SKEW_S", "KEY_KINDS", "RUN_KEY", "RUN_SPEC_DOMAIN", "STATES", "Envelope", "RecordError", "SignedRunSpec",
-    "StageAnnouncement", "SwarmDHT", "SwarmRecordValidator", "basis_key", "basis_subkey", "check_envelope",
-    "close_node", "health_key", "kind_of", "refused_records", "run_hash_of", "set_policy", "stage_key", "start_dht",
-    "stop_dht",
+    "CLOCK_SKEW_S", "KEY_KINDS", "RUN_KEY", "RUN_SPEC_DOMAIN", "STATES", "Envelope", "LeaderLease", "RecordError",
+    "SignedRunSpec", "StageAnnouncement", "SwarmDHT", "SwarmRecordValidator", "basis_key", "basis_subkey",
+    "check_envelope", "close_node", "health_key", "kind_of", "lease_key", "refused_records", "run_hash_of",
+    "set_policy", "stage_key", "start_dht", "stop_dht",
 ]

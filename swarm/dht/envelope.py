@@ -117,8 +117,8 @@ def check_envelope(env: Envelope, now: float, policy: AdmissionPolicy | None = N
     raw = ed25519_public_key(env.signer)
     _require(raw is not None, f"the {kind.name} record is not signed by an Ed25519 swarm key.")
     fingerprint = fingerprint_of(raw)
-    if kind.name == "run":
-        _require(env.subkey == fingerprint, "the run spec is filed under another key's fingerprint.")
+    if kind.name in ("run", "lease"):
+        _require(env.subkey == fingerprint, f"the {kind.name} record is filed under another key's fingerprint.")
     else:
         parsed = parse_basis_subkey(env.subkey)
         _require(parsed is not None and parsed[1] == fingerprint,

@@ -13,6 +13,8 @@ Keys (a swarm hosts one run), each with the longest life a record under it may c
                                                (protocol/basis_update.py; verified by the reader)
     subspace-swarm/{run_hash}/health         subkey = writer's peer id (base58)  -> HealthRecord       5 min
                                                (swarm/monitor/health.py)
+    subspace-swarm/{run_hash}/lease          subkey = swarm key fingerprint      -> LeaderLease        1 day
+                                               (who may lead, in order: swarm/trust/leases.py)
 
 Every value is a signed envelope (`envelope.py`): only the owner of a subkey can write it,
 the peer whose libp2p key hashes to the peer id, or, for swarm-wide records, the swarm key
@@ -44,9 +46,9 @@ from peer.interfaces import STATES
 from swarm.trust.keys import SigningKey, fingerprint_of, verify
 
 __all__ = [
-    "KEY_KINDS", "RUN_KEY", "RUN_SPEC_DOMAIN", "STATES", "KeyKind", "RecordError", "SignedRunSpec",
-    "StageAnnouncement", "basis_key", "basis_subkey", "health_key", "kind_of", "parse_basis_subkey", "run_hash_of",
-    "stage_key",
+    "KEY_KINDS", "RUN_KEY", "RUN_SPEC_DOMAIN", "STATES", "KeyKind", "LeaderLease", "RecordError", "SignedRunSpec",
+    "StageAnnouncement", "basis_key", "basis_subkey", "health_key", "kind_of", "lease_key", "parse_basis_subkey",
+    "run_hash_of", "stage_key",
 ]
 
 
@@ -75,6 +77,10 @@ def health_key(run_hash: str) -> str:
     return f"subspace-swarm/{run_hash}/health"
 
 
+def lease_key(run_hash: str) -> str:
+    return f"subspace-swarm/{run_hash}/lease"
+
+
 def basis_subkey(version: int, fingerprint: str) -> str:
     return f"{int(version)}:{fingerprint}"
 
@@ -101,6 +107,7 @@ KEY_KINDS = (
     KeyKind("stage", rf"subspace-swarm/{_RUN}/stage/(0|[1-9][0-9]{{0,3}})", 300.0, "peer"),
     KeyKind("basis", rf"subspace-swarm/{_RUN}/basis", 86400.0, "swarm"),
     KeyKind("health", rf"subspace-swarm/{_RUN}/health", 300.0, "peer"),
+    KeyKind("lease", rf"subspace-swarm/{_RUN}/lease", 86400.0, "swarm"),
 )
 
 
@@ -221,3 +228,41 @@ class StageAnnouncement:
     @classmethod
     def from_record(cls, record: object) -> StageAnnouncement:
         return cls(**_from_dict(cls, record, "stage announcement"))
+
+
+_MAX_HEADS = 256
+
+
+@dataclass
+class LeaderLease:
+    """Which heads may lead, in order, as the swarm key decided (the envelope carries its signature).
+
+    The live head that comes first in `order` leads; the ones after it are its successors, so
+    when the leader dies the next live one leads at once, with or without the coordinator.
+    `term` grows with every change of the order (a reader keeps the highest term it has seen,
+    so an older lease cannot come back); a head absent from `order` never leads.
+    """
+
+    run_hash: str
+    term: int
+    order: list[str]
+    issued: float = field(default_factory=get_dht_time)
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.run_hash, str) and 0 < len(self.run_hash) <= 128, "run_hash must be a short string.")
+        _require(_is_int(self.term) and self.term >= 0, f"term must be a non-negative integer, not {self.term!r}.")
+        _require(isinstance(self.order, (list, tuple)) and len(self.order) <= _MAX_HEADS
+                 and all(isinstance(p, str) and 0 < len(p) <= 128 for p in self.order)
+                 and len(set(self.order)) == len(self.order),
+                 f"order must be a list of at most {_MAX_HEADS} distinct peer ids.")
+        self.order = list(self.order)
+        _require(isinstance(self.issued, (int, float)) and not isinstance(self.issued, bool)
+                 and math.isfinite(self.issued), "issued must be a finite number.")
+        self.issued = float(self.issued)
+
+    def to_record(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_record(cls, record: object) -> LeaderLease:
+        return cls(**_from_dict(cls, record, "leader lease"))

@@ -33,6 +33,7 @@ from swarm.trust.keys import SigningKey, fingerprint_of
 from .envelope import Envelope, check_envelope
 from .records import (
     RUN_KEY,
+    LeaderLease,
     RecordError,
     SignedRunSpec,
     StageAnnouncement,
@@ -40,6 +41,7 @@ from .records import (
     basis_key,
     basis_subkey,
     kind_of,
+    lease_key,
     parse_basis_subkey,
     stage_key,
 )
@@ -262,6 +264,32 @@ class SwarmDHT:
                 continue
             out[version] = body
         return out
+
+    # ------------------------------------------------------------------ leader leases
+    async def publish_lease(self, lease: LeaderLease, ttl: float) -> bool:
+        """Store the swarm key's lease (the coordinator only; swarm/trust/leases.py)."""
+        if self.swarm_key is None:
+            raise RuntimeError("only the coordinator grants leases: this SwarmDHT holds no swarm key.")
+        return await self._store(lease_key(lease.run_hash), self.swarm_key.fingerprint(), lease.to_record(), ttl,
+                                 Identity.of_key(self.swarm_key))
+
+    async def fetch_lease(self, run_hash: str) -> LeaderLease | None:
+        """The lease the adopted spec's coordinator key signed for `run_hash`, or None if there is none yet."""
+        trusted = self.admission.policy.swarm_key
+        if not trusted:
+            raise RecordError("no coordinator key to trust a lease from; adopt the run spec first.")
+        key = lease_key(run_hash)
+        envelopes, _ = await self.entries(key)
+        for env in envelopes:
+            try:
+                _require(env.subkey == fingerprint_of(trusted), f"lease entry {env.subkey} is not the coordinator's.")
+                lease = LeaderLease.from_record(env.record())
+                _require(lease.run_hash == run_hash, "the lease is for another run.")
+            except (RecordError, TypeError) as e:
+                self._skip(key, str(e))
+                continue
+            return lease
+        return None
 
     async def visible_maddrs(self) -> list[str]:
         return await self.dht.run_coroutine(_visible_maddrs, return_future=True)

@@ -14,7 +14,8 @@ admitted with a ticket) for the stage it belongs to:
     basis        anyone: the update itself is signed by the swarm key
 
 The leading head is the one the heads themselves follow (`peer/leadership.py`, computed here over
-the live heads this peer sees). So a peer that merely announces itself as a head cannot feed
+the live heads this peer sees and the swarm key's lease: the first live head of its order). So
+a peer that merely announces itself as a head, or one that the lease does not name, cannot feed
 stage 1 microbatches of its own, nor abort or commit the leader's steps. When a head that
 claims the lead sends what only the leader may send while this peer still follows another, this
 peer probes that other head itself (a status request, at most once per `probe_s`): only if it
@@ -79,17 +80,19 @@ class Membership:
     async def _leads(self, sender: str) -> Refusal | None:
         """None if `sender` is the head this peer follows (probing a leader it would replace), else
         why not: "retry" while this peer's view may not hold the sender's claim yet."""
-        if leader_of(await self._heads()) == sender:
+        order = await self.router.lease_order()
+        if leader_of(await self._heads(), order) == sender:
             return None
         now = time.monotonic()
         fresh = now - self._refreshed.get(0, -self.refresh_s) >= self.refresh_s
         if fresh:
             self._refreshed[0] = now
         heads = await self._heads(fresh)
-        if fresh:  # forget heads set aside that no longer announce at all
+        if fresh:  # forget heads set aside that no longer announce at all; the coordinator may have re-ordered
+            order = await self.router.lease_order(fresh=True)
             announced = {a.peer_id for a in await self.router.announced(0)}
             self._gone = {p: t for p, t in self._gone.items() if p in announced}
-        leader = leader_of(heads)
+        leader = leader_of(heads, order)
         if leader == sender:
             return None
         refused = Refusal("only the leading head drives the steps.")
@@ -100,7 +103,7 @@ class Membership:
             return refused
         stamps = [a.timestamp for a in await self.router.announced(0) if a.peer_id == leader]
         self._gone[leader] = max(stamps, default=float("inf"))
-        return None if leader_of(await self._heads()) == sender else refused
+        return None if leader_of(await self._heads(), order) == sender else refused
 
     async def _answers(self, head: str) -> bool:
         """One probe of `head` shared by every message that asks meanwhile; at most one per PROBE_S."""

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from peer.interfaces import LinkError, PeerInfo, PeerStatus
 from swarm import __version__
-from swarm.dht import StageAnnouncement, SwarmDHT
+from swarm.dht import LeaderLease, StageAnnouncement, SwarmDHT
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +54,8 @@ class Router:
     _rtt: dict[str, float] = field(default_factory=dict)
     _in_flight: dict[str, int] = field(default_factory=dict)
     last_status: PeerStatus | None = None
+    _lease: LeaderLease | None = None
+    _lease_read: float = float("-inf")
 
     # ---------------------------------------------------------------- announcing
     def announcement(self, status: PeerStatus) -> StageAnnouncement:
@@ -88,6 +90,29 @@ class Router:
         now = time.monotonic()
         return [a for a in await self.announced(stage, fresh) if a.state in LIVE_STATES
                 and not self._banned(a.peer_id, now)]
+
+    async def lease(self, fresh: bool = False) -> LeaderLease | None:
+        """The newest lease of the swarm key this router has read (a read at most every `cache_seconds`);
+        a lease with a lower term than one already seen is an old one, and ignored."""
+        now = time.monotonic()
+        if fresh or now - self._lease_read >= self.cache_seconds:
+            self._lease_read = now
+            try:
+                found = await self.dht.fetch_lease(self.run_hash)
+            except Exception as e:  # a DHT hiccup: keep following the lease already read
+                log.debug("could not read the leader lease: %s", e)
+                found = None
+            if found is not None and (self._lease is None or found.term > self._lease.term):
+                if self._lease is None or found.order[:1] != self._lease.order[:1]:
+                    log.info("leader lease, term %d: %s", found.term, ", ".join(p[-8:] for p in found.order))
+                self._lease = found
+        return self._lease
+
+    async def lease_order(self, fresh: bool = False) -> list[str] | None:
+        if not self.dht.admission.policy.swarm_key:
+            return None  # no coordinator key adopted (a bare reader): the rule without a lease
+        lease = await self.lease(fresh)
+        return list(lease.order) if lease is not None else []
 
     async def members(self, stage: int) -> list[PeerInfo]:
         return [PeerInfo(a.peer_id, a.stage, a.state, a.step, a.throughput, a.leads)

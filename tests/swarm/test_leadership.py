@@ -33,7 +33,8 @@ def test_claims_that_collide_go_to_the_lowest_claimant():
 class Heads:
     """Router and DHT for `Membership`: stage 0's announcements, each with a timestamp."""
 
-    def __init__(self, **claims: bool) -> None:
+    def __init__(self, order: list[str] | None = None, **claims: bool) -> None:
+        self.order = order  # the lease's order (None: a swarm without a lease)
         self.heads = {p: SimpleNamespace(peer_id=p, state="online", step=5, throughput=0.0, leads=lead, timestamp=1.0)
                       for p, lead in claims.items()}
 
@@ -48,6 +49,9 @@ class Heads:
 
     async def live_peers(self, stage: int, fresh: bool = False) -> list[SimpleNamespace]:
         return await self.announced(stage, fresh)
+
+    async def lease_order(self, fresh: bool = False) -> list[str] | None:
+        return self.order
 
 
 class Prober:
@@ -79,3 +83,26 @@ async def test_a_claimant_is_refused_while_the_leader_answers():
     refusal = await m.check("B", KIND_DRIVE)  # two claims: the lowest claimant, A, leads; A answers
     assert refusal is not None and refusal.code == "refused" and probe.probed == ["A"]
     assert await m.check("A", KIND_DRIVE) is None
+
+
+# ------------------------------------------------------------------ with the swarm key's lease
+def test_with_a_lease_the_first_live_head_of_its_order_leads_and_no_other_head_ever_does():
+    order = ["C", "B"]
+    # A: the lowest id, at the highest step, claiming the lead: not named by the lease, so never the leader
+    assert leader_of([head("A", step=9, leads=True), head("B"), head("C")], order) == "C"
+    assert leader_of([head("A", step=9, leads=True), head("B")], order) == "B"  # C died: its successor
+    assert leader_of([head("A", leads=True)], order) is None
+    assert leader_of([head("B")], []) is None  # a lease not granted yet: nobody leads
+
+
+async def test_with_a_lease_a_low_id_claimant_is_refused_even_once_the_leader_is_gone_and_the_successor_followed():
+    # C leads by the lease and was just killed (its record lives on); A, the lowest id, claims the lead
+    view, probe = Heads(order=["C", "B"], A=True, B=False, C=True), Prober(alive={"A", "B"})
+    m = Membership(view, view, stage=1, n_stages=2, refresh_s=0.0, probe=probe)
+    assert await m.check("B", KIND_DRIVE) is not None and probe.probed == []  # B does not claim yet: no probe
+    refusal = await m.check("A", KIND_ACTIVATION)
+    assert refusal is not None and refusal.code == "refused"
+    assert probe.probed == ["C"]  # the claim made this peer look: C is gone, and still A is not the leader
+    view.heads["B"].leads = True  # B, next in the lease, found C dead and claims
+    assert await m.check("B", KIND_DRIVE) is None and probe.probed == ["C"]
+    assert await m.check("A", KIND_DRIVE) is not None

@@ -37,6 +37,9 @@ class LaggingView:
     async def live_peers(self, stage: int, fresh: bool = False) -> list[SimpleNamespace]:
         return await self.announced(stage, fresh)
 
+    async def lease_order(self, fresh: bool = False) -> list[str] | None:
+        return None  # no coordinator: the rule without a lease
+
 
 async def test_an_unread_sender_of_a_boundary_message_is_asked_to_retry_and_then_admitted():
     view = LaggingView({1: ["s1r0"]}, lag=2)

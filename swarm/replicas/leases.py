@@ -1,0 +1,113 @@
+"""`LeaseKeeper`: the coordinator's grant of the leader lease, the one record that says which
+heads may lead, in order, signed by the swarm key (`LeaderLease` in `swarm/dht/records.py`;
+how peers read it: `peer/leadership.py`).
+
+Every `period` seconds the keeper reads the heads' announcements (stage 0) and computes
+
+    present  = heads announced online or paused, less the first head of the order if it failed
+               `probe_failures` liveness probes in a row (a killed head's record outlives it: it
+               stays out until it announces again)
+    eligible = the --trusted-heads that are present, in the order given        if pinned
+             = the present heads, in the order the keeper first saw them       otherwise
+    order    = the heads of the previous order still eligible, in place, then the newly eligible
+
+and signs a lease with a higher `term` whenever `order` changes; unchanged, the lease is stored
+again every `republish_s`. With the keeper away (the coordinator stopped) the heads go on
+following the newest lease they read: its order names the successors.
+
+Why this order: it is what a stranger cannot buy. A head that joins comes after every head
+already there, whatever its id (5,000 Ed25519 ids cost 0.3 s, so "lowest id leads" was the
+stranger's to take), and a head that left and comes back comes back last. What it does not
+stop: a stranger that outlives every honest head leads in the end; `--trusted-heads` pins
+the heads that may lead at all.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+
+from swarm.dht import LeaderLease, SwarmDHT
+from swarm.replicas.router import LIVE_STATES
+
+log = logging.getLogger(__name__)
+
+LEASE_TTL_S = 3600.0  # how long a stored lease lives without the coordinator (its heads cache it beyond that)
+
+
+def next_order(previous: Sequence[str], present: Sequence[str], trusted: Sequence[str] = ()) -> list[str]:
+    """The lease order after `previous`, given the heads `present` now (in the order first seen)
+    and the pinned `trusted` heads (empty: any present head may lead)."""
+    eligible = [p for p in trusted if p in present] if trusted else list(present)
+    kept = [p for p in previous if p in eligible]
+    return kept + [p for p in eligible if p not in kept]
+
+
+class LeaseKeeper:
+    def __init__(self, sdht: SwarmDHT, run_hash: str, probe: Callable[[str], Awaitable[bool]] | None = None, *,
+                 trusted: Sequence[str] = (), period: float = 1.0, republish_s: float = 30.0,
+                 probe_failures: int = 2) -> None:
+        self.sdht, self.run_hash, self.probe, self.trusted = sdht, run_hash, probe, list(trusted)
+        self.period, self.republish_s, self.probe_failures = period, republish_s, probe_failures
+        self.lease: LeaderLease | None = None
+        self._first_seen: dict[str, float] = {}
+        self._failures: dict[str, int] = {}  # first head of the order -> its probe failures in a row
+        self._gone: dict[str, float] = {}  # head dropped as dead -> the timestamp of its record then
+        self._stored = float("-inf")
+
+    async def run(self) -> None:
+        """Keep the lease true until cancelled (a failed round is logged and retried)."""
+        try:
+            self.lease = await self.sdht.fetch_lease(self.run_hash)  # a restarted coordinator keeps its order
+        except Exception as e:
+            log.debug("no earlier lease read: %s", e)
+        if self.lease is not None:
+            log.info("leader lease of a previous coordinator, term %d: %s", self.lease.term, _short(self.lease.order))
+        while True:
+            try:
+                await self.tick()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # a DHT hiccup must not end the leases
+                log.warning("could not update the leader lease (%s: %s); retrying", type(e).__name__, e)
+            await asyncio.sleep(self.period)
+
+    async def tick(self) -> LeaderLease | None:
+        """One round: read the heads, re-order, store the lease if it changed or is due."""
+        announced = await self.sdht.stage_peers(self.run_hash, 0)
+        self._gone = {p: t for p, t in self._gone.items() if any(a.peer_id == p for a in announced)}
+        # a head set aside stays out until it announces again (restarted): its old record outlives it
+        heads = [a for a in announced if a.state in LIVE_STATES and a.timestamp > self._gone.get(a.peer_id, -1.0)]
+        now = time.monotonic()
+        for a in heads:
+            self._first_seen.setdefault(a.peer_id, now)
+        present = sorted((a.peer_id for a in heads), key=lambda p: (self._first_seen[p], p))
+        self._first_seen = {p: t for p, t in self._first_seen.items() if p in present}
+        previous = self.lease.order if self.lease is not None else []
+        first = next((p for p in previous if p in present), None)
+        if first is not None and self.probe is not None:
+            answered = await self.probe(first)
+            self._failures = {first: 0 if answered else self._failures.get(first, 0) + 1}
+            if self._failures[first] >= self.probe_failures:
+                log.info("head %s stopped answering: the next head of the lease leads", first[-8:])
+                present.remove(first)
+                self._first_seen.pop(first, None)  # if it comes back, it comes back last
+                self._gone[first] = max(a.timestamp for a in heads if a.peer_id == first)
+        order = next_order(previous, present, self.trusted)
+        if self.lease is None or order != self.lease.order:
+            term = max((self.lease.term + 1) if self.lease else 0, int(time.time() * 1000))
+            self.lease = LeaderLease(self.run_hash, term, order)
+            log.info("leader lease, term %d: %s", term, _short(order) or "no head yet")
+            self._stored = float("-inf")
+        if now - self._stored >= self.republish_s:
+            self.lease.issued = time.time()
+            if await self.sdht.publish_lease(self.lease, LEASE_TTL_S):
+                self._stored = now
+            else:
+                log.warning("the DHT did not store the leader lease; retrying")
+        return self.lease
+
+
+def _short(order: Sequence[str]) -> str:
+    return ", ".join(p[-8:] for p in order)

@@ -1,0 +1,106 @@
+"""Leader leases (swarm/replicas/leases.py, peer/leadership.py): the coordinator orders the heads by
+when it first saw them, never by id; a dead leader's successor is next and the dead one, back,
+comes last; --trusted-heads pins who may lead; a lease lives in the DHT under the swarm key only."""
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import pytest
+
+from swarm.dht import LeaderLease, RecordError, SwarmDHT, lease_key
+from swarm.replicas.leases import LeaseKeeper, next_order
+from swarm.trust.admission import AdmissionPolicy
+from swarm.trust.identity import Identity
+from swarm.trust.keys import SigningKey
+from tests.swarm.test_dht import swarm  # noqa: F401  (the fixture: two real DHT nodes)
+
+RUN = "0123456789abcdef"
+
+
+class Heads:
+    """The DHT as a `LeaseKeeper` sees it: stage 0's announcements, and the leases it stores."""
+
+    def __init__(self) -> None:
+        self.heads: dict[str, str] = {}  # peer id -> state
+        self.stamps: dict[str, float] = {}  # peer id -> when it last announced (default 1.0)
+        self.stored: list[LeaderLease] = []
+
+    async def stage_peers(self, run_hash: str, stage: int) -> list[SimpleNamespace]:
+        return [SimpleNamespace(peer_id=p, state=s, timestamp=self.stamps.get(p, 1.0))
+                for p, s in sorted(self.heads.items())]
+
+    async def fetch_lease(self, run_hash: str) -> LeaderLease | None:
+        return self.stored[-1] if self.stored else None
+
+    async def publish_lease(self, lease: LeaderLease, ttl: float) -> bool:
+        self.stored.append(LeaderLease(lease.run_hash, lease.term, list(lease.order), lease.issued))
+        return True
+
+
+def test_next_order_keeps_the_order_appends_newcomers_and_pins_trusted_heads():
+    assert next_order(["B", "C"], ["C", "B", "A"]) == ["B", "C", "A"]  # A: lowest id, but new: last
+    assert next_order(["B", "C"], ["C", "A"]) == ["C", "A"]  # B gone: its successor first
+    assert next_order([], ["C", "B", "A"], trusted=["A", "X", "B"]) == ["A", "B"]  # only pinned, as given
+
+
+async def test_a_keeper_orders_heads_by_seniority_drops_a_dead_leader_and_puts_it_last_when_it_returns():
+    dht, alive = Heads(), {"M", "N", "A"}
+
+    async def probe(peer: str) -> bool:
+        return peer in alive
+    keeper = LeaseKeeper(dht, RUN, probe, republish_s=1e9)
+    dht.heads["M"] = "online"
+    first = await keeper.tick()
+    dht.heads |= {"N": "online", "A": "online", "Z": "syncing"}  # later, A with the lowest id; Z not live
+    second = await keeper.tick()
+    assert first.order == ["M"] and second.order == ["M", "A", "N"] and second.term > first.term
+    assert await keeper.tick() is second and len(dht.stored) == 2  # unchanged: no new term, nothing stored
+    alive.discard("M")  # the leader is killed; its record outlives it
+    assert (await keeper.tick()).order == ["M", "A", "N"]  # one failed probe is not yet death
+    third = await keeper.tick()
+    assert third.order == ["A", "N"] and third.term > second.term  # its successor leads
+    assert (await keeper.tick()).order == ["A", "N"]  # M's old record is still there: M stays out
+    alive.add("M")
+    dht.stamps["M"] = 2.0  # M restarted and announced again: it comes back last
+    third = await keeper.tick()
+    assert third.order == ["A", "N", "M"]
+    # a restarted coordinator reads the lease and keeps its order and terms
+    again = LeaseKeeper(dht, RUN, probe, republish_s=1e9)
+    again.lease = await dht.fetch_lease(RUN)
+    dht.heads["B"] = "online"
+    assert (await again.tick()).order == ["A", "N", "M", "B"] and dht.stored[-1].term > third.term
+
+
+async def test_trusted_heads_alone_may_lead():
+    dht = Heads()
+    dht.heads |= {"A": "online", "T": "online", "U": "online"}
+    keeper = LeaseKeeper(dht, RUN, trusted=["U", "T"])
+    assert (await keeper.tick()).order == ["U", "T"]
+
+
+def test_a_lease_record_is_checked_like_every_record():
+    assert LeaderLease.from_record(LeaderLease(RUN, 3, ["B", "A"]).to_record()).order == ["B", "A"]
+    for bad in ({"order": ["A", "A"]}, {"term": -1}, {"order": "A"}, {"term": 1.5}):
+        with pytest.raises(RecordError):
+            LeaderLease.from_record({**LeaderLease(RUN, 3, ["A"]).to_record(), **bad})
+
+
+@pytest.mark.e2e
+async def test_only_the_swarm_keys_lease_is_read_over_a_real_dht(swarm):  # noqa: F811
+    key, stranger = SigningKey.generate(), SigningKey.generate()
+    policy = AdmissionPolicy(False, key.public_bytes())
+    coordinator = SwarmDHT(swarm.first.dht, Identity.of_key(key), swarm_key=key, policy=policy)
+    forger = SwarmDHT(swarm.first.dht, Identity.of_key(stranger), swarm_key=stranger)
+    reader = SwarmDHT(swarm.second.dht, policy=policy)
+    assert await forger.publish_lease(LeaderLease(RUN, 10**15, ["EVIL"]), 60)  # stored under its own key
+    assert await reader.fetch_lease(RUN) is None
+    assert await coordinator.publish_lease(LeaderLease(RUN, 7, ["B", "A"]), 60)
+    deadline = asyncio.get_running_loop().time() + 15
+    while (lease := await reader.fetch_lease(RUN)) is None and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.2)  # poll: the record travels between the nodes
+    assert lease is not None and lease.order == ["B", "A"] and lease.term == 7
+    envelopes, problems = await reader.entries(lease_key(RUN))
+    assert len(envelopes) == 1 and any("not by the swarm key" in p for p in problems)  # the forged one, refused
+    with pytest.raises(RecordError):
+        await SwarmDHT(swarm.second.dht).fetch_lease(RUN)  # no coordinator key to trust yet: one clear error
