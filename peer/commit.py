@@ -87,6 +87,9 @@ class StepCommit:
         self.last_applied: tuple[int, int] | None = None  # (step, attempt) of the last sum applied here
         self.on_applied: Callable[[int], None] | None = None  # called with the new step number
         self.on_rollback: Callable[[Command], Awaitable[CommandReply]] | None = None  # peer/rollback.py
+        # a head's check of the leader's step record before it sums with it: why not, or None
+        self.check_record: Callable[[Command], Awaitable[str | None]] | None = None
+        self.on_lease: Callable[[], Awaitable[object]] | None = None  # the coordinator says: read the lease now
         self.sync_bytes = 0  # contribution bytes this replica sent to other replicas, every phase and attempt
         self.synced_steps = 0  # steps applied here whose reduce had another replica in it
         self.last_sync_bytes = 0  # what the last applied step's reduce sent
@@ -107,13 +110,18 @@ class StepCommit:
             cmd = decode_command(body, self.spec.run_hash)
         except WireError as e:
             return self.daemon.refuse(str(e), sender)
-        if cmd.op != "status" and (refusal := await self.daemon.admitted(sender, KIND_DRIVE)) is not None:
-            return refusal
+        if cmd.op not in ("status", "lease"):  # the others change a step: the leader's right
+            if (refusal := await self.daemon.admitted(sender, KIND_DRIVE)) is not None:
+                return refusal
         return encode_reply(await self.handle(cmd))
 
     async def handle(self, cmd: Command) -> CommandReply:
         """Carry out one command of the driver (also called directly by a driver on this peer)."""
         step, d = self.runner.step, self.daemon
+        if cmd.op == "lease":  # read the leader lease again now: it asks nothing else, so anyone may ask
+            if self.on_lease is not None:
+                await self.on_lease()
+            return self._reply(cmd, "ok")
         if cmd.op == "rollback":  # back to the stage's snapshot at cmd.step, wherever this replica is
             if self.on_rollback is None:
                 return self._reply(cmd, "failed", "this peer keeps no snapshots.")
@@ -134,6 +142,8 @@ class StepCommit:
         if cmd.attempt < d.attempt:
             return self._reply(cmd, "failed", "the attempt was superseded here.")
         if cmd.op == "reduce":
+            if self.check_record is not None and (problem := await self.check_record(cmd)) is not None:
+                return self._reply(cmd, "failed", problem)  # this replica does not sum with a leader it caught
             with self._running.running(cmd.step, cmd.attempt):
                 await d.adopt_attempt(cmd.attempt)
                 return await self._reduce(cmd)

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from protocol.control import Command, CommandReply, decode_reply, encode_command
+from protocol.step_record import StepRecord, data_digest
 from protocol.wire import KIND_CONTROL, ErrorReply, WireError, WireLimits, decode_message
 
 from .attempt_watch import AttemptWatch
@@ -64,7 +65,8 @@ class StepDriver:
     def __init__(self, daemon: StageDaemon, commit: StepCommit, directory: PeerDirectory,
                  batches: Callable[[int, int], torch.Tensor], *, min_timeout: float = 15.0,
                  first_timeout: float = 120.0, command_timeout: float = 90.0, ping_period: float = 1.0,
-                 ping_failures: int = 3, watch_period: float | None = 1.0) -> None:
+                 ping_failures: int = 3, watch_period: float | None = 1.0,
+                 sign_record: Callable[[StepRecord], StepRecord] | None = None) -> None:
         if not daemon.runner.is_first:
             raise ValueError("only a head peer drives steps.")
         self.daemon, self.commit, self.directory, self.batches = daemon, commit, directory, batches
@@ -72,6 +74,10 @@ class StepDriver:
         self.min_timeout, self.first_timeout = min_timeout, first_timeout
         self.command_timeout, self.ping_period, self.ping_failures = command_timeout, ping_period, ping_failures
         self._step_seconds: float | None = None  # EWMA of a step's microbatch phase
+        # signs the StepRecord that every reduce command carries, so that the standby heads check the
+        # data this head fed (None: a swarm without a coordinator, nobody to prove anything to)
+        self.sign_record = sign_record
+        self._record = b""
         self._dead: dict[str, float] = {}  # heads that stopped answering -> when we may try them again
         self._leading = False
         self._applying: asyncio.Task | None = None  # telling the other peers to apply the last step
@@ -273,12 +279,15 @@ class StepDriver:
     async def _run_microbatches(self, step: int, attempt: int) -> tuple[list[float], int]:
         d = self.daemon
         await d.adopt_attempt(attempt)
-        t0, futures, tokens = time.monotonic(), [], 0
+        t0, futures, tokens, fed = time.monotonic(), [], 0, []
         try:
             for mb in range(self.spec.n_microbatches):
                 batch = self.batches(step, mb)
                 tokens += batch.shape[0] * self.spec.seq_len
+                fed.append(batch)
                 futures.append(await d.start_microbatch(step, mb, batch))
+            self._record = self.sign_record(StepRecord(self.spec.run_hash, step, attempt, self.peer_id,
+                                                       data_digest(fed))).encode() if self.sign_record else b""
             # asyncio.timeout, not wait_for: cancelled (Ctrl+C), 3.11's wait_for cancels the gather
             # without reading its outcome, and asyncio logs "exception was never retrieved"
             async with asyncio.timeout(self._timeout()):
@@ -330,7 +339,7 @@ class StepDriver:
         groups: dict[int, list[str]] = {}
         for peer, stage in members.items():
             groups.setdefault(stage, []).append(peer)
-        cmds = {peer: Command(self.spec.run_hash, step, attempt, "reduce", sorted(groups[stage]))
+        cmds = {peer: Command(self.spec.run_hash, step, attempt, "reduce", sorted(groups[stage]), self._record)
                 for peer, stage in members.items()}
         replies = dict(zip(cmds, await asyncio.gather(*(self._send(p, c) for p, c in cmds.items()))))
         appliers = []

@@ -17,10 +17,14 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Callable
+
+import torch
 
 from protocol.spec import RunSpec
 
 from .corpus import EMBEDDED_CORPUS_NAME, STDLIB_CORPUS_NAME, Corpus, DataError, load_corpus
+from .data import BatchSource
 
 KEY = "data"
 
@@ -76,3 +80,10 @@ def check_corpus(spec: RunSpec, corpus: Corpus, what: str = "--data") -> None:
     name = "the embedded corpus" if corpus.name == EMBEDDED_CORPUS_NAME else corpus.name
     raise DataError(f"{name} is not the text this run trains on, {describe_record(record)}: its sha256 differs; "
                     f"pass {what} PATH with a copy of that text.")
+
+
+def run_batches(spec: RunSpec, data: str | None = None) -> Callable[[int, int], torch.Tensor]:
+    """(step, microbatch index) -> that microbatch's token ids, from the run's corpus (`run_corpus`), as
+    every head regenerates them (peer/data.py)."""
+    corpus, _ = run_corpus(spec, data)
+    return BatchSource(corpus, spec.seq_len, spec.microbatch_size, spec.data_seed).microbatch

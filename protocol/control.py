@@ -11,9 +11,12 @@ microbatch's gradient is back (docs/design.md section 3):
 
 Maps (short keys; tensors are wire.py's ExtType):
 
-    Command       {k: "ctl", r: run, s: step, a: attempt, o: op, c: [peer ids]}
-                  op in status | reduce | apply | abort | rollback; c: for reduce, the candidate replicas
-                  of the receiver's stage (it exchanges contributions with those)
+    Command       {k: "ctl", r: run, s: step, a: attempt, o: op, c: [peer ids], d: step record}
+                  op in status | reduce | apply | abort | rollback | lease; c: for reduce, the candidate
+                  replicas of the receiver's stage (it exchanges contributions with those); d: for
+                  reduce, the leader's signed `StepRecord` of the attempt (protocol/step_record.py;
+                  absent in swarms without a coordinator); lease: the coordinator asks the peer to
+                  read the leader lease again now (it says nothing itself: the lease is read signed)
     CommandReply  {k: "ctlr", s: step, a: attempt, o: outcome, m: [microbatches], x: {peer: [mb]}, e: text}
                   outcome in ok | behind | ahead | failed; m: what this replica computed in the
                   attempt; x: after a reduce, whose contributions it summed
@@ -52,7 +55,7 @@ import torch
 
 from .wire import KIND_CONTROL, KIND_FOLLOW, KIND_REDUCE, KIND_STATE, WireError, _ext_hook, _need, _pack_tensor
 
-OPS = ("status", "reduce", "apply", "abort", "rollback")
+OPS = ("status", "reduce", "apply", "abort", "rollback", "lease")
 OUTCOMES = ("ok", "behind", "ahead", "failed")
 PROBE_STATES = ("reducing", "idle", "ended", "elsewhere")
 STATE_OPS = ("meta", "chunk")
@@ -70,6 +73,7 @@ class Command:
     attempt: int
     op: str
     candidates: list[str] = field(default_factory=list)
+    record: bytes = b""  # reduce: the leader's encoded StepRecord of this attempt
 
 
 @dataclass
@@ -165,13 +169,13 @@ def _is(value: object, want: object) -> bool:
     return type(value) is type(want) and value == want
 
 
-def _unpack(data: bytes, max_bytes: int, what: str) -> dict:
+def _unpack(data: bytes, max_bytes: int, what: str, max_bin: int = 0) -> dict:
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise WireError(f"{what} is not a byte string.")
     _need(len(data) <= max_bytes, f"{what} of {len(data)} bytes is over the limit of {max_bytes}.")
     try:
         d = msgpack.unpackb(bytes(data), ext_hook=_ext_hook, raw=False, strict_map_key=False,
-                            max_str_len=4096, max_bin_len=0, max_array_len=4 * MAX_GROUP + 4096,
+                            max_str_len=4096, max_bin_len=max_bin, max_array_len=4 * MAX_GROUP + 4096,
                             max_map_len=MAX_GROUP + 16)
     except WireError:
         raise
@@ -230,15 +234,21 @@ def _opt_tensor(t: torch.Tensor | None):
 # ---------------------------------------------------------------- commands
 
 def encode_command(c: Command) -> bytes:
-    return msgpack.packb({"k": KIND_CONTROL, "r": c.run, "s": c.step, "a": c.attempt, "o": c.op, "c": c.candidates})
+    body = {"k": KIND_CONTROL, "r": c.run, "s": c.step, "a": c.attempt, "o": c.op, "c": c.candidates}
+    if c.record:
+        body["d"] = c.record
+    return msgpack.packb(body)
 
 
 def decode_command(data: bytes, run: str) -> Command:
-    d = _unpack(data, 16 << 10, "a control command")
+    d = _unpack(data, 16 << 10, "a control command", max_bin=4096)  # bytes: the step record
     _need(_is(d.get("k"), KIND_CONTROL), "not a control command.")
     _run(d, run, "the control command")
     _need(d.get("o") in OPS, f"a control command's op must be one of {', '.join(OPS)}.")
-    return Command(run, _int(d, "s", "step"), _int(d, "a", "attempt", 2**31), d["o"], _peer_ids(d.get("c", [])))
+    record = d.get("d", b"")
+    _need(isinstance(record, bytes) and len(record) <= 4096, "a control command's step record must be a few bytes.")
+    return Command(run, _int(d, "s", "step"), _int(d, "a", "attempt", 2**31), d["o"], _peer_ids(d.get("c", [])),
+                   record)
 
 
 def encode_reply(r: CommandReply) -> bytes:

@@ -12,10 +12,10 @@ import logging
 import os
 from dataclasses import dataclass
 
-from peer.run_corpus import with_corpus
+from peer.run_corpus import run_batches, with_corpus
 from protocol.model import spec_basis
 from protocol.spec import RunSpec
-from protocol.wire import KIND_STATS
+from protocol.wire import KIND_DATA_REPORT, KIND_STATS
 
 from .basis import BasisRefitter
 from .dht import SwarmDHT, close_node, start_dht
@@ -24,6 +24,7 @@ from .net import Transport
 from .net.addresses import LOOPBACK, PRIVATE, PUBLIC, announce_addresses, scope_of
 from .net.reachability import DialBack
 from .options import opt
+from .replicas.data_check import DataVerdict, tell_to_read_lease
 from .replicas.leases import LeaseKeeper
 from .trust.admission import AdmissionPolicy
 from .trust.identity import Identity, IdentityError
@@ -127,8 +128,14 @@ async def _coordinate(opts: CoordinatorOptions, spec: RunSpec, key: SigningKey, 
             await transport.serve(KIND_STATS, refitter.on_stats)
         await DialBack().serve(transport)  # joining peers ask whether they can be reached
         await sdht.publish_run_spec(spec.to_json(), key, opts.ttl)
+        async def everyone_reads(_lease) -> None:  # after a revocation: every peer reads the new lease now
+            peers = [a.peer_id for anns in (await sdht.all_stage_peers(spec.run_hash, spec.n_stages)).values()
+                     for a in anns]
+            await tell_to_read_lease(transport, spec.run_hash, peers)
         keeper = LeaseKeeper(sdht, spec.run_hash, LivenessProbe(p2p).checker(spec.run_hash, transport),
-                             trusted=opts.trusted_heads)
+                             trusted=opts.trusted_heads, on_revoke=everyone_reads)
+        verdict = DataVerdict(spec.run_hash, spec.n_microbatches, lambda: run_batches(spec, opts.data), keeper.revoke)
+        await transport.serve(KIND_DATA_REPORT, verdict.on_report)  # heads report leaders that fed other data
         leases = asyncio.create_task(keeper.run())  # which heads may lead, signed by the swarm key
         maddrs = [str(m) for m in dht.get_visible_maddrs()]
         if opts.maddrs_file:

@@ -63,6 +63,8 @@ class PeerOptions:
                        "until stopped")
     data: str | None = opt(None, "head only: text file or folder; must be the text the run spec records, if it "
                            "records one (default: the recorded corpus, else the embedded one)", metavar="PATH")
+    foreign_data: bool = opt(False, "tests: a head that trains on --data although it is not the run's text (what "
+                             "an attacker's head does; the other heads catch it)", hidden=True)
     host_maddrs: list[str] = opt(["/ip4/0.0.0.0/tcp/0"], "libp2p listen addresses", metavar="MADDR")
     public_ip: str | None = opt(None, "your router's public IP, with the TCP port of --host-maddrs forwarded to "
                                 "this machine: announces /ip4/IP/tcp/PORT", metavar="IP")
@@ -260,7 +262,8 @@ async def run_peer(opts: PeerOptions) -> int:
 
         def batches():
             corpus, origin = run_corpus(spec, opts.data)  # --data, else what the run spec records
-            check_corpus(spec, corpus)  # every head of the run reads the same text
+            if not opts.foreign_data:
+                check_corpus(spec, corpus)  # every head of the run reads the same text
             log.info("head: training on %s, %s (%d bytes)", corpus.name, origin, len(corpus))
             return BatchSource(corpus, spec.seq_len, spec.microbatch_size, spec.data_seed).microbatch
 

@@ -247,6 +247,7 @@ class LeaderLease:
     term: int
     order: list[str]
     issued: float = field(default_factory=get_dht_time)
+    revoked: list[str] = field(default_factory=list)  # heads caught lying (swarm/replicas/data_check.py): never again
 
     def __post_init__(self) -> None:
         _require(isinstance(self.run_hash, str) and 0 < len(self.run_hash) <= 128, "run_hash must be a short string.")
@@ -256,6 +257,10 @@ class LeaderLease:
                  and len(set(self.order)) == len(self.order),
                  f"order must be a list of at most {_MAX_HEADS} distinct peer ids.")
         self.order = list(self.order)
+        _require(isinstance(self.revoked, (list, tuple)) and len(self.revoked) <= 4 * _MAX_HEADS
+                 and all(isinstance(p, str) and 0 < len(p) <= 128 for p in self.revoked),
+                 "revoked must be a list of peer ids.")
+        self.revoked = list(self.revoked)
         _require(isinstance(self.issued, (int, float)) and not isinstance(self.issued, bool)
                  and math.isfinite(self.issued), "issued must be a finite number.")
         self.issued = float(self.issued)

@@ -9,6 +9,7 @@ Every `period` seconds the keeper reads the heads' announcements (stage 0) and c
                stays out until it announces again)
     eligible = the --trusted-heads that are present, in the order given        if pinned
              = the present heads, in the order the keeper first saw them       otherwise
+               less the revoked heads (caught feeding other data: `data_check.py`), for good
     order    = the heads of the previous order still eligible, in place, then the newly eligible
 
 and signs a lease with a higher `term` whenever `order` changes; unchanged, the lease is stored
@@ -36,10 +37,12 @@ log = logging.getLogger(__name__)
 LEASE_TTL_S = 3600.0  # how long a stored lease lives without the coordinator (its heads cache it beyond that)
 
 
-def next_order(previous: Sequence[str], present: Sequence[str], trusted: Sequence[str] = ()) -> list[str]:
-    """The lease order after `previous`, given the heads `present` now (in the order first seen)
-    and the pinned `trusted` heads (empty: any present head may lead)."""
+def next_order(previous: Sequence[str], present: Sequence[str], trusted: Sequence[str] = (),
+               revoked: Sequence[str] = ()) -> list[str]:
+    """The lease order after `previous`, given the heads `present` now (in the order first seen),
+    the pinned `trusted` heads (empty: any present head may lead) and the `revoked` ones (never)."""
     eligible = [p for p in trusted if p in present] if trusted else list(present)
+    eligible = [p for p in eligible if p not in revoked]
     kept = [p for p in previous if p in eligible]
     return kept + [p for p in eligible if p not in kept]
 
@@ -47,10 +50,13 @@ def next_order(previous: Sequence[str], present: Sequence[str], trusted: Sequenc
 class LeaseKeeper:
     def __init__(self, sdht: SwarmDHT, run_hash: str, probe: Callable[[str], Awaitable[bool]] | None = None, *,
                  trusted: Sequence[str] = (), period: float = 1.0, republish_s: float = 30.0,
-                 probe_failures: int = 2) -> None:
+                 probe_failures: int = 2, on_revoke: Callable[[LeaderLease], Awaitable[object]] | None = None) -> None:
         self.sdht, self.run_hash, self.probe, self.trusted = sdht, run_hash, probe, list(trusted)
         self.period, self.republish_s, self.probe_failures = period, republish_s, probe_failures
         self.lease: LeaderLease | None = None
+        self.revoked: list[str] = []
+        self.on_revoke = on_revoke  # after a revocation is stored: e.g. tell every peer to read the lease now
+        self._lock = asyncio.Lock()
         self._first_seen: dict[str, float] = {}
         self._failures: dict[str, int] = {}  # first head of the order -> its probe failures in a row
         self._gone: dict[str, float] = {}  # head dropped as dead -> the timestamp of its record then
@@ -63,6 +69,7 @@ class LeaseKeeper:
         except Exception as e:
             log.debug("no earlier lease read: %s", e)
         if self.lease is not None:
+            self.revoked = list(self.lease.revoked)
             log.info("leader lease of a previous coordinator, term %d: %s", self.lease.term, _short(self.lease.order))
         while True:
             try:
@@ -73,8 +80,22 @@ class LeaseKeeper:
                 log.warning("could not update the leader lease (%s: %s); retrying", type(e).__name__, e)
             await asyncio.sleep(self.period)
 
+    async def revoke(self, head: str, why: str) -> bool:
+        """Take the lease from `head` for good (it is never named again); True once the new lease is stored."""
+        if head not in self.revoked:
+            self.revoked.append(head)
+            log.warning("head %s may no longer lead: %s", head[-8:], why)
+        lease = await self.tick()
+        if self.on_revoke is not None and lease is not None:
+            await self.on_revoke(lease)
+        return lease is not None and head not in lease.order
+
     async def tick(self) -> LeaderLease | None:
         """One round: read the heads, re-order, store the lease if it changed or is due."""
+        async with self._lock:  # a revocation and the periodic round never interleave
+            return await self._tick()
+
+    async def _tick(self) -> LeaderLease | None:
         announced = await self.sdht.stage_peers(self.run_hash, 0)
         self._gone = {p: t for p, t in self._gone.items() if any(a.peer_id == p for a in announced)}
         # a head set aside stays out until it announces again (restarted): its old record outlives it
@@ -94,10 +115,10 @@ class LeaseKeeper:
                 present.remove(first)
                 self._first_seen.pop(first, None)  # if it comes back, it comes back last
                 self._gone[first] = max(a.timestamp for a in heads if a.peer_id == first)
-        order = next_order(previous, present, self.trusted)
-        if self.lease is None or order != self.lease.order:
+        order = next_order(previous, present, self.trusted, self.revoked)
+        if self.lease is None or order != self.lease.order or self.revoked != self.lease.revoked:
             term = max((self.lease.term + 1) if self.lease else 0, int(time.time() * 1000))
-            self.lease = LeaderLease(self.run_hash, term, order)
+            self.lease = LeaderLease(self.run_hash, term, order, revoked=list(self.revoked))
             log.info("leader lease, term %d: %s", term, _short(order) or "no head yet")
             self._stored = float("-inf")
         if now - self._stored >= self.republish_s:

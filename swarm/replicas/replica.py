@@ -32,6 +32,7 @@ from protocol.wire import (
     KIND_ACTIVATION,
     KIND_BASIS,
     KIND_CONTROL,
+    KIND_DATA_REPORT,
     KIND_FOLLOW,
     KIND_GRADIENT,
     KIND_REDUCE,
@@ -43,6 +44,7 @@ from swarm.basis import BasisSync
 from swarm.dht import SwarmDHT
 from swarm.monitor.liveness import LivenessProbe
 from swarm.net import Transport
+from swarm.replicas.data_check import StepRecordCheck, sign_record
 from swarm.replicas.membership import PROBE_S, Membership
 from swarm.replicas.placement import HOLD_S, Rebalancer
 from swarm.replicas.router import Router
@@ -135,10 +137,16 @@ class ReplicaService:
                                 admit=Membership(ctx.router, ctx.sdht, self.stage, self.spec.n_stages,
                                                  probe=self._answers).check,
                                 **given(future_step_wait=ctx.next_step_wait)),
-            driver_options=dict(first_timeout=ctx.step_timeout, **given(min_timeout=ctx.min_step_timeout)),
+            driver_options=dict(first_timeout=ctx.step_timeout, sign_record=sign_record(ctx.sdht.identity),
+                                **given(min_timeout=ctx.min_step_timeout)),
             # every stage snapshots at the same steps: the interval is the coordinator's, in the signed spec
             snapshot_options=dict(every=snapshot_interval(self.spec)))
         sync.daemon = peer.daemon
+        peer.commit.on_lease = lambda: ctx.router.lease(fresh=True)  # the coordinator revoked a lease
+        if batches is not None:  # a head: it sums only with a leader whose step records its own data confirms
+            peer.commit.check_record = StepRecordCheck(
+                self.spec.run_hash, self.spec.n_microbatches, batches, self._report_record,
+                on_bad=lambda r: ctx.report.write("bad_step_record", leader=r.leader, step=r.step + 1))
         ctx.link.limits.update(frame_limits(self.spec, runner))
         heartbeat = None
         try:
@@ -272,6 +280,15 @@ class ReplicaService:
         if self.ctx.checkpoint_dir and self.ctx.checkpoint_every and step % self.ctx.checkpoint_every == 0:
             if self._saving is None or self._saving.done():
                 self._saving = asyncio.create_task(self.save_checkpoint())
+
+    async def _report_record(self, record: bytes) -> None:
+        coordinator = self.spec.extra.get("coordinator_peer")
+        if not coordinator:
+            return
+        try:
+            await self.ctx.transport.request(coordinator, KIND_DATA_REPORT, record, timeout=30.0)
+        except Exception as e:  # the coordinator away: the standby heads still refuse that leader
+            log.warning("could not report the leader's step record to the coordinator: %s", e)
 
     async def save_checkpoint(self) -> None:
         """Snapshot on the worker thread (between two steps), write atomically off the event loop."""

@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 LIVE_STATES = ("online", "paused")  # announced states of replicas that take microbatches and reduce
 RTT_DECAY = 0.7
 MAX_BAN_S = 600.0
+LEASE_FRESH_S = 0.5
 BAD_DATA_BAN_S = 300.0  # a peer that sent out-of-band numbers: longer than any step's retries
 
 
@@ -83,19 +84,24 @@ class Router:
         ban = self._bans.get(peer)
         return ban is not None and ban.until > now
 
+    def _revoked(self, peer: str) -> bool:
+        """A head the swarm key's lease names as caught feeding other data: banned from the swarm for good."""
+        return self._lease is not None and peer in self._lease.revoked
+
     def is_banned(self, peer: str) -> bool:
-        return self._banned(peer, time.monotonic())
+        return self._banned(peer, time.monotonic()) or self._revoked(peer)
 
     async def live_peers(self, stage: int, fresh: bool = False) -> list[StageAnnouncement]:
         now = time.monotonic()
         return [a for a in await self.announced(stage, fresh) if a.state in LIVE_STATES
-                and not self._banned(a.peer_id, now)]
+                and not self._banned(a.peer_id, now) and not self._revoked(a.peer_id)]
 
     async def lease(self, fresh: bool = False) -> LeaderLease | None:
         """The newest lease of the swarm key this router has read (a read at most every `cache_seconds`);
         a lease with a lower term than one already seen is an old one, and ignored."""
         now = time.monotonic()
-        if fresh or now - self._lease_read >= self.cache_seconds:
+        # a fresh read at most twice a second: whoever asks for one (the coordinator's nudge is anyone's to send)
+        if now - self._lease_read >= (LEASE_FRESH_S if fresh else self.cache_seconds):
             self._lease_read = now
             try:
                 found = await self.dht.fetch_lease(self.run_hash)

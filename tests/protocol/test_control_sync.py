@@ -101,3 +101,12 @@ def test_a_reduce_probe_is_told_from_a_contribution_and_checked_like_one():
     for reply in (encode_probe_reply("done"), msgpack.packb({"k": "ctlr", "o": "idle"}), b"\x00"):
         with pytest.raises(WireError):
             decode_probe_reply(reply)
+
+
+def test_a_reduce_command_carries_the_leaders_step_record_and_a_plain_one_carries_none():
+    from protocol.control import Command, decode_command, encode_command
+    record = bytes(range(200))
+    back = decode_command(encode_command(Command("r" * 16, 3, 2, "reduce", ["a", "b"], record)), "r" * 16)
+    assert back.record == record and back.candidates == ["a", "b"]
+    assert decode_command(encode_command(Command("r" * 16, 3, 2, "apply")), "r" * 16).record == b""
+    assert decode_command(encode_command(Command("r" * 16, 0, 0, "lease")), "r" * 16).op == "lease"

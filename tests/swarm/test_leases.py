@@ -34,7 +34,7 @@ class Heads:
         return self.stored[-1] if self.stored else None
 
     async def publish_lease(self, lease: LeaderLease, ttl: float) -> bool:
-        self.stored.append(LeaderLease(lease.run_hash, lease.term, list(lease.order), lease.issued))
+        self.stored.append(LeaderLease.from_record(lease.to_record()))  # a copy, as the DHT would keep
         return True
 
 

@@ -1,0 +1,79 @@
+"""`StepRecord`: what the leading head signs for each attempt it drives, so that a peer that
+holds the run's data can check it, and prove to the coordinator what the leader said.
+
+    StepRecord  {k: "steprec", r: run, s: step, a: attempt, l: leader peer id, d: data digest,
+                 p: the leader's public key (libp2p protobuf), g: signature}
+
+    data digest = sha256( h_0 || h_1 || ... || h_{M-1} ),  h_m = sha256(token ids of microbatch m,
+                  as little-endian int64), M = the spec's microbatches per step
+    signed      = msgpack([STEP_RECORD_DOMAIN, r, s, a, l, d])
+
+Every head holds the run's data and regenerates any microbatch from (data, seed, step, m)
+(`peer/data.py`), so any head computes the digest of a step by itself: a leader that feeds
+other text than the run's, and says so in its record, is caught by the first standby head
+that reads it, and the record is the proof anyone can check. (A leader that signs the run's
+digest while it feeds other tokens is what recomputation catches: issue 21's spot checks
+recompute a microbatch from the tokens this record commits to.) Signing and verifying take the
+libp2p key, which lives in `swarm/trust/identity.py`: this file holds only the bytes.
+"""
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import msgpack
+import torch
+
+from .wire import WireError, _need
+
+STEP_RECORD_DOMAIN = "subspace-swarm/step-record/v1"
+_KIND = "steprec"
+MAX_RECORD_BYTES = 4 << 10
+
+
+def data_digest(microbatches: Sequence[torch.Tensor]) -> bytes:
+    """The digest of one step's token ids, microbatch by microbatch (the formula above)."""
+    outer = hashlib.sha256()
+    for tokens in microbatches:
+        ids = tokens.detach().to("cpu", torch.int64).contiguous().numpy().astype("<i8", copy=False)
+        outer.update(hashlib.sha256(ids.tobytes()).digest())
+    return outer.digest()
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    run: str
+    step: int
+    attempt: int
+    leader: str
+    data: bytes  # data_digest of the step's microbatches
+    signer: bytes = b""  # the leader's public key, libp2p protobuf
+    signature: bytes = b""
+
+    def signing_bytes(self) -> bytes:
+        return msgpack.packb([STEP_RECORD_DOMAIN, self.run, self.step, self.attempt, self.leader, self.data],
+                             use_bin_type=True)
+
+    def encode(self) -> bytes:
+        return msgpack.packb({"k": _KIND, "r": self.run, "s": self.step, "a": self.attempt, "l": self.leader,
+                              "d": self.data, "p": self.signer, "g": self.signature}, use_bin_type=True)
+
+    @classmethod
+    def decode(cls, body: bytes, run: str) -> StepRecord:
+        """The record in `body`, for `run`; WireError if it is not one (its signature is the reader's to check)."""
+        _need(isinstance(body, bytes) and len(body) <= MAX_RECORD_BYTES, "a step record must be a few bytes.")
+        try:
+            d = msgpack.unpackb(body, raw=False, strict_map_key=True)
+        except Exception:
+            raise WireError("a step record is not msgpack.") from None
+        _need(isinstance(d, dict) and d.get("k") == _KIND, "not a step record.")
+        _need(d.get("r") == run, "the step record is for another run.")
+        for key in ("s", "a"):
+            _need(isinstance(d.get(key), int) and not isinstance(d.get(key), bool) and 0 <= d[key] < 2**53,
+                  "a step record's step and attempt must be non-negative integers.")
+        _need(isinstance(d.get("l"), str) and 0 < len(d["l"]) <= 128, "a step record must name its leader.")
+        _need(isinstance(d.get("d"), bytes) and len(d["d"]) == 32, "a step record's data digest must be 32 bytes.")
+        for key in ("p", "g"):
+            _need(isinstance(d.get(key), bytes) and len(d[key]) <= 1024, "a step record's key and signature are bytes.")
+        return cls(run, d["s"], d["a"], d["l"], d["d"], d["p"], d["g"])

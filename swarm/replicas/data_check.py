@@ -1,0 +1,147 @@
+"""The run's data, checked (issue 20, item 2): every head checks the leading head's step record
+before it sums a reduce with it (`StepRecordCheck`), and the coordinator judges what a head
+reports (`DataVerdict`) with its own copy of the data, then takes the lease from a leader
+that fed other text.
+
+A head's check of a reduce command of step s, attempt a (protocol/step_record.py):
+
+    the record decodes and names (s, a);  peer_id_of(record.signer) == record.leader;
+    the signature verifies;  record.data == data_digest(batches(s, m) for m < M)
+
+where batches are this head's own: every head holds the run's data (its sha256 is in the
+signed run spec) and regenerates any microbatch. A record that fails is refused (this head
+does not sum with that leader). One whose only fault is the digest is the leader's own signed
+word that it fed other data: it goes to the coordinator, which recomputes the digest from the
+run's data itself, and only if the record is genuine and the digest is not the run's revokes
+the leader's lease (`LeaseKeeper.revoke`) and tells every peer to read the lease again. A
+report that does not hold (the digest is the run's) is logged and costs the reporter nothing
+but its word: no headcount, no trust in the reporter decides.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+import torch
+
+from protocol.control import Command, encode_command
+from protocol.step_record import StepRecord, data_digest
+from protocol.wire import KIND_CONTROL, KIND_DATA_REPORT, ErrorReply, WireError, encode_message
+from swarm.trust.identity import Identity, peer_id_of, verify_by
+
+log = logging.getLogger(__name__)
+
+REPORT_EVERY_S = 30.0  # a head reports one leader at most this often
+
+
+def sign_record(identity: Identity) -> Callable[[StepRecord], StepRecord]:
+    """The leading head's signer of its step records."""
+    def sign(record: StepRecord) -> StepRecord:
+        unsigned = StepRecord(record.run, record.step, record.attempt, record.leader, record.data)
+        return StepRecord(record.run, record.step, record.attempt, record.leader, record.data,
+                          identity.public_proto, identity.sign(unsigned.signing_bytes()))
+    return sign
+
+
+def signed_by_leader(record: StepRecord) -> bool:
+    try:
+        return peer_id_of(record.signer) == record.leader and verify_by(record.signer, record.signing_bytes(),
+                                                                        record.signature)
+    except Exception:  # a key that does not parse
+        return False
+
+
+def step_digest(batches: Callable[[int, int], torch.Tensor], step: int, n_microbatches: int) -> bytes:
+    return data_digest([batches(step, m) for m in range(n_microbatches)])
+
+
+class StepRecordCheck:
+    """A head's `StepCommit.check_record`: why it will not sum with this reduce's leader, or None."""
+
+    def __init__(self, run_hash: str, n_microbatches: int, batches: Callable[[int, int], torch.Tensor],
+                 report: Callable[[bytes], Awaitable[None]],
+                 on_bad: Callable[[StepRecord], None] | None = None) -> None:
+        self.run_hash, self.n_microbatches, self.batches = run_hash, n_microbatches, batches
+        self.report, self.on_bad = report, on_bad
+        self._reported: dict[str, float] = {}
+        self._tasks: set[asyncio.Task] = set()
+
+    async def __call__(self, cmd: Command) -> str | None:
+        if not cmd.record:
+            return "the leader's reduce carries no step record; this head does not sum without one."
+        try:
+            record = StepRecord.decode(cmd.record, self.run_hash)
+        except WireError as e:
+            return f"the leader's step record is malformed ({e})"
+        if (record.step, record.attempt) != (cmd.step, cmd.attempt):
+            return "the leader's step record is for another step or attempt."
+        if not signed_by_leader(record):
+            return "the leader's step record is not signed by the leader it names."
+        mine = await asyncio.to_thread(step_digest, self.batches, record.step, self.n_microbatches)
+        if mine == record.data:
+            return None
+        log.error("head %s fed other data than the run's at step %d (its signed step record says so): this head "
+                  "does not sum with it, and reports it to the coordinator", record.leader[-8:], record.step + 1)
+        if self.on_bad is not None:
+            self.on_bad(record)
+        now = time.monotonic()
+        if now - self._reported.get(record.leader, float("-inf")) >= REPORT_EVERY_S:
+            self._reported[record.leader] = now
+            task = asyncio.ensure_future(self.report(cmd.record))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        return f"the data of step {record.step + 1} is not the run's (this head's digest differs)."
+
+
+class DataVerdict:
+    """The coordinator's judge of reported step records (served on KIND_DATA_REPORT)."""
+
+    def __init__(self, run_hash: str, n_microbatches: int, batches: Callable[[], Callable[[int, int], torch.Tensor]],
+                 revoke: Callable[[str, str], Awaitable[bool]]) -> None:
+        self.run_hash, self.n_microbatches = run_hash, n_microbatches
+        self._make_batches, self._batches = batches, None  # the corpus is read on the first report
+        self.revoke = revoke
+        self.revoked: set[str] = set()
+        self.unfounded = 0  # reports whose record checked out
+
+    async def on_report(self, body: bytes, sender: str) -> bytes:
+        try:
+            record = StepRecord.decode(body, self.run_hash)
+        except WireError as e:
+            return encode_message(ErrorReply(str(e)))
+        if not signed_by_leader(record):
+            return encode_message(ErrorReply("the reported step record is not signed by the leader it names."))
+        if record.leader in self.revoked:
+            return b""
+        if self._batches is None:
+            self._batches = await asyncio.to_thread(self._make_batches)
+        if await asyncio.to_thread(step_digest, self._batches, record.step, self.n_microbatches) == record.data:
+            self.unfounded += 1
+            log.warning("head %s reported head %s's step %d, but its data is the run's: the report does not hold",
+                        sender[-8:], record.leader[-8:], record.step + 1)
+            return encode_message(ErrorReply("the reported step's data is the run's."))
+        self.revoked.add(record.leader)
+        log.error("head %s fed other data than the run's at step %d (attempt %d; its own signed record, reported by "
+                  "%s): its lease is revoked. The steps it drove trained on that data: roll back to a snapshot from "
+                  "before it led if they matter.", record.leader[-8:], record.step + 1, record.attempt, sender[-8:])
+        await self.revoke(record.leader, f"fed other data than the run's at step {record.step + 1}")
+        return b""
+
+
+async def tell_to_read_lease(transport, run_hash: str, peers: list[str], timeout: float = 5.0) -> int:
+    """Ask every peer to read the lease again now; returns how many answered."""
+    body = encode_command(Command(run_hash, 0, 0, "lease"))
+
+    async def one(peer: str) -> bool:
+        try:
+            await transport.request(peer, KIND_CONTROL, body, timeout=timeout)
+            return True
+        except Exception:
+            return False
+    return sum(await asyncio.gather(*(one(p) for p in peers)))
+
+
+__all__ = ["DataVerdict", "KIND_DATA_REPORT", "StepRecordCheck", "sign_record", "signed_by_leader",
+           "tell_to_read_lease"]

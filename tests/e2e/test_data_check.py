@@ -1,0 +1,58 @@
+"""The run's data, checked (issue 20, item 2), in real processes over libp2p: a head that holds the
+lease and feeds other text than the run's (what a stranger's modified head does; here the stock
+peer with a hidden test flag) is caught by the first honest head that reads its signed step
+record, loses the lease within 2 steps of that, and the swarm goes on under the honest head.
+(Before step records nothing checked what the leader fed: a head on its own data led.)"""
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+
+from protocol.spec import preset
+from swarm.local import LocalOptions, LocalSwarm
+from tests.e2e.conftest import wait_for_event
+
+STEPS = "100000"  # the heads never finish: the test stops them
+
+
+def _steps_by(swarm: LocalSwarm, name: str) -> list[dict]:
+    return [e for e in swarm.events(name) if e["event"] == "step"]
+
+
+def _wait(swarm: LocalSwarm, what, timeout: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not what():
+        assert time.monotonic() < deadline, f"timed out; see the logs in {swarm.dir}"
+        swarm._check_alive()
+        time.sleep(0.2)  # poll interval of reports other processes write
+
+
+async def test_a_leader_that_feeds_other_data_loses_the_lease_within_two_steps_and_the_swarm_goes_on(tmp_path):
+    rng = random.Random(7)
+    words = ["lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "adipiscing", "elit", "sed", "eiusmod"]
+    evil = tmp_path / "evil.txt"
+    evil.write_text(" ".join(rng.choice(words) for _ in range(40_000)))
+    spec = preset("tiny", stages=2, batch_size=16, microbatch_size=8)
+    swarm = LocalSwarm(LocalOptions(spec, steps=int(STEPS), workdir=str(tmp_path / "data"), threads=1, quiet=True,
+                                    extra_peer_args=["--ttl", "6"]))
+    swarm.head_names = lambda: ["liar", "honest"]  # whose reports hold the steps
+    try:
+        await asyncio.to_thread(swarm.start_coordinator)
+        # the liar is the first head the coordinator sees, so the lease names it first
+        swarm.start_peer(0, "--steps", STEPS, "--data", str(evil), "--foreign-data", name="liar")
+        wait_for_event(swarm, "liar", "ready")
+        swarm.start_peer(1, name="stage1")
+        await asyncio.to_thread(_wait, swarm, lambda: len(_steps_by(swarm, "liar")) >= 3)
+        swarm.start_peer(0, "--steps", STEPS, name="honest")
+        caught = wait_for_event(swarm, "honest", "bad_step_record")[0]
+        await asyncio.to_thread(_wait, swarm, lambda: len(_steps_by(swarm, "honest")) >= 5)
+    finally:
+        await asyncio.to_thread(swarm.stop, 5.0)
+    coordinator = (swarm.dir / "coordinator.log").read_text()
+    liar_id = caught["leader"]
+    assert "its lease is revoked" in coordinator and liar_id[-8:] in coordinator
+    after = [e for e in _steps_by(swarm, "liar") if e["time"] > caught["time"]]
+    assert len(after) <= 2, f"the liar drove {len(after)} steps after an honest head caught it"
+    honest = _steps_by(swarm, "honest")
+    assert len(honest) >= 5 and min(e["step"] for e in honest) > max(e["step"] for e in _steps_by(swarm, "liar"))

@@ -1,0 +1,93 @@
+"""The run's data, checked (swarm/replicas/data_check.py, protocol/step_record.py): a leader's signed
+step record binds it to the digest of the tokens it fed; a head whose own copy of the data gives
+another digest refuses to sum with it and reports it once; the coordinator revokes the leader's
+lease only if its own data agrees with the reporter, and never names it again."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from peer.corpus import load_corpus
+from peer.data import BatchSource
+from protocol.control import Command
+from protocol.step_record import StepRecord, data_digest
+from protocol.wire import WireError
+from swarm.replicas.data_check import DataVerdict, StepRecordCheck, sign_record, signed_by_leader, step_digest
+from swarm.replicas.leases import LeaseKeeper
+from swarm.trust.identity import Identity
+from tests.swarm.test_leases import Heads
+
+RUN, M = "0123456789abcdef", 3
+
+
+
+RUN_DATA = BatchSource(load_corpus(None, seq_len=16), 16, 2, 0).microbatch
+OTHER_DATA = BatchSource(load_corpus(None, seq_len=16), 16, 2, 1).microbatch  # other windows: other tokens
+
+
+def record(identity: Identity, batches, step: int = 4, attempt: int = 1) -> StepRecord:
+    return sign_record(identity)(StepRecord(RUN, step, attempt, identity.peer_id, step_digest(batches, step, M)))
+
+
+def test_the_digest_follows_every_token_and_a_record_round_trips_and_verifies():
+    a = [torch.arange(10).reshape(2, 5), torch.arange(10, 20).reshape(2, 5)]
+    b = [a[0].clone(), a[1].clone()]
+    b[1][1, 4] += 1
+    assert data_digest(a) == data_digest([x.clone() for x in a]) and data_digest(a) != data_digest(b)
+    assert data_digest(a) != data_digest(a[::-1])  # the order of the microbatches counts
+    leader = Identity.generate()
+    rec = record(leader, RUN_DATA)
+    back = StepRecord.decode(rec.encode(), RUN)
+    assert back == rec and signed_by_leader(back)
+    forged = StepRecord(RUN, rec.step, rec.attempt, rec.leader, b"\0" * 32, rec.signer, rec.signature)
+    assert not signed_by_leader(forged)  # another digest under the leader's signature
+    other = Identity.generate()
+    assert not signed_by_leader(StepRecord(RUN, 4, 1, other.peer_id, rec.data, rec.signer, rec.signature))
+    for bad in (b"", b"\x93", rec.encode()[:-3]):
+        with pytest.raises(WireError):
+            StepRecord.decode(bad, RUN)
+    with pytest.raises(WireError):
+        StepRecord.decode(rec.encode(), "fedcba9876543210")
+
+
+async def test_a_head_sums_with_a_leader_on_the_runs_data_and_refuses_and_reports_one_on_other_data_once():
+    reports, bad = [], []
+
+    async def report(body: bytes) -> None:
+        reports.append(body)
+    check = StepRecordCheck(RUN, M, RUN_DATA, report, on_bad=bad.append)
+    leader = Identity.generate()
+    assert await check(Command(RUN, 4, 1, "reduce", record=record(leader, RUN_DATA).encode())) is None
+    liar = record(leader, OTHER_DATA)
+    for _ in range(3):
+        why = await check(Command(RUN, 4, 1, "reduce", record=liar.encode()))
+        assert why is not None and "not the run's" in why
+    await asyncio.sleep(0)  # the report goes out in a task of its own
+    assert reports == [liar.encode()] and len(bad) == 3  # reported once, refused every time
+    assert "no step record" in await check(Command(RUN, 4, 1, "reduce"))
+    assert "another step" in await check(Command(RUN, 5, 1, "reduce", record=record(leader, RUN_DATA).encode()))
+
+
+async def test_the_coordinator_revokes_a_liars_lease_only_on_its_own_evidence_and_never_names_it_again():
+    dht = Heads()
+    liar, honest = Identity.generate(), Identity.generate()
+    dht.heads |= {liar.peer_id: "online", honest.peer_id: "online"}
+    told = []
+
+    async def on_revoke(lease) -> None:
+        told.append(lease.term)
+    keeper = LeaseKeeper(dht, RUN, on_revoke=on_revoke)
+    await keeper.tick()
+    verdict = DataVerdict(RUN, M, lambda: RUN_DATA, keeper.revoke)
+    # a report of an honest record does not hold: nothing changes
+    assert await verdict.on_report(record(honest, RUN_DATA).encode(), liar.peer_id) != b""
+    assert verdict.unfounded == 1 and keeper.revoked == [] and told == []
+    forged = StepRecord(RUN, 4, 1, honest.peer_id, step_digest(OTHER_DATA, 4, M))  # unsigned: anyone can write it
+    assert await verdict.on_report(forged.encode(), liar.peer_id) != b"" and keeper.revoked == []
+    assert await verdict.on_report(record(liar, OTHER_DATA).encode(), honest.peer_id) == b""
+    assert keeper.revoked == [liar.peer_id] and keeper.lease.order == [honest.peer_id] and len(told) == 1
+    assert dht.stored[-1].revoked == [liar.peer_id]
+    dht.stamps[liar.peer_id] = 5.0  # it announces again: still never named
+    assert (await keeper.tick()).order == [honest.peer_id]
