@@ -128,7 +128,8 @@ async def run_coordinator(opts: CoordinatorOptions) -> int:
 
 async def _coordinate(opts: CoordinatorOptions, spec: RunSpec, key: SigningKey, key_file: str,
                       identity: Identity) -> int:
-    policy = AdmissionPolicy(opts.private, key.public_bytes(), identity.peer_id)  # in force before any record
+    # in force before any record: the coordinator's own node refuses unproven ids from the start
+    policy = AdmissionPolicy(opts.private, key.public_bytes(), identity.peer_id, opts.id_work_bits)
     announce = announce_addresses(opts.host_maddrs, opts.public_ip, opts.announce_maddrs)
     dht = await asyncio.to_thread(start_dht, [], opts.host_maddrs, identity, False, policy,
                                   **({"announce_maddrs": announce} if announce else {}))
