@@ -69,8 +69,10 @@ async def _connected_at(_dht: hivemind.DHT, node) -> dict[str, list[str]]:
 
 
 def _remember(memory: OrderedDict, key: str, value=None) -> bool:
-    """Note `key` (bounded, oldest forgotten first); True if it was new."""
+    """Note `key` (bounded: the least recently noted is forgotten first; a key noted again keeps its first
+    value); True if it was new."""
     if key in memory:
+        memory.move_to_end(key)  # a peer read on every lookup is not pushed out by a flood of one-off ids
         return False
     memory[key] = value
     if len(memory) > _MAX_REMEMBERED:
@@ -156,7 +158,10 @@ class SwarmDHT:
         identity = self._own_identity()
         ticket = self.ticket.to_bytes() if self.ticket is not None else b""
         bits = self.admission.policy.work_bits
-        work = self.work.nonce if bits and self.work is not None else None  # none asked: records as before
+        if bits and (self.work is None or self.work.peer_id != identity.peer_id):
+            raise RuntimeError(f"this run asks a proof of work of {bits} bits for every peer id and this node holds "
+                               f"none: set SwarmDHT.work (swarm.trust.work.proof_for) before it writes.")
+        work = self.work.nonce if bits else None  # none asked: records exactly as before
         if (self.admission.policy.private and self.ticket is not None and self.ticket.expires
                 and get_dht_time() + ttl > self.ticket.expires and not self._warned_expiry):
             self._warned_expiry = True

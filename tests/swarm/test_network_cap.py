@@ -8,6 +8,7 @@ import logging
 import time
 from types import SimpleNamespace
 
+import pytest
 from hivemind.p2p import PeerID
 from hivemind.p2p.p2p_daemon_bindings.datastructures import PeerInfo
 from hivemind.utils import ValueWithExpiration
@@ -19,7 +20,7 @@ from swarm.dht import Envelope, StageAnnouncement, SwarmDHT, SwarmRecordValidato
 from swarm.dht.network_cap import cap_per_network, network_of
 from swarm.trust.identity import Identity
 from swarm.trust.keys import SigningKey
-from swarm.trust.work import find_proof
+from swarm.trust.work import find_proof, proof_for
 
 
 def test_the_network_of_an_address():
@@ -66,6 +67,10 @@ class FakeDHT:
         env = Envelope.seal(stage_key(RUN, 1), who.peer_id, ann.to_record(), expiry, who, work=nonce)
         self.entries[who.peer_id] = ValueWithExpiration(env.to_value(), expiry)
 
+    async def store(self, key, value, expiration, subkey=None, return_future=True):
+        self.entries[subkey] = ValueWithExpiration(value, expiration)
+        return True
+
     async def get(self, key, latest=True, return_future=True):
         return ValueWithExpiration(dict(self.entries), time.time() + 30) if key == stage_key(RUN, 1) else None
 
@@ -109,3 +114,19 @@ def test_a_reader_skips_unproven_ids_and_ids_over_their_networks_cap(caplog):
     assert len(skipped) == 11, "each unproven id and the crowded one logged once, over two reads"
     assert sum("proof of work" in m for m in skipped) == 10 and sum("from its network" in m for m in skipped) == 1
     assert reader.skipped_records == 2 * 10 + 1
+
+
+def test_a_writer_carries_its_proof_in_every_record_and_cannot_write_without_one():
+    dht, me = FakeDHT(), Identity.generate()
+    writer = SwarmDHT(dht, me)
+    asyncio.run(writer.adopt(RUN_SPEC))
+    ann = StageAnnouncement(me.peer_id, RUN, 1, [], 1.0, 0, 0, "online", "0.1.0")
+    with pytest.raises(RuntimeError, match="proof of work of 8 bits"):
+        asyncio.run(writer.announce(ann, 15))
+    writer.work = asyncio.run(proof_for(None, me.peer_id, RUN, BITS))
+    assert asyncio.run(writer.announce(ann, 15))
+    assert dht.entries[me.peer_id].value["w"] == writer.work.nonce
+    reader = SwarmDHT(dht)
+    asyncio.run(reader.adopt(RUN_SPEC))  # checks the proof
+    assert [a.peer_id for a in asyncio.run(reader.stage_peers(RUN, 1))] == [me.peer_id]
+    assert reader.skipped_records == 0
