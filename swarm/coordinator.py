@@ -30,6 +30,9 @@ from .trust.admission import AdmissionPolicy
 from .trust.identity import Identity, IdentityError
 from .trust.keys import SigningKey
 from .trust.state_dir import WHERE, default_file
+from .trust.work import MAX_BITS
+
+DEFAULT_WORK_BITS = 22  # 2^22 hashes: ~2.5 CPU-s at the 1.7 M sha256/s one core of the dev machine does in Python
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +63,14 @@ class CoordinatorOptions:
                            "to start, and `swarm eval` scores it (default: the embedded corpus)", metavar="PATH")
     maddrs_file: str | None = opt(None, "write the coordinator's addresses here as JSON", metavar="FILE")
     private: bool = opt(False, "admit only peers with a ticket signed by the swarm key (`swarm admit`)")
+    id_work_bits: int = opt(DEFAULT_WORK_BITS, "every peer id must prove 2^N sha256 hashes of work for this run before "
+                            "its announcements count (computed once per identity and run, kept beside --identity; "
+                            f"{DEFAULT_WORK_BITS}: about 2.5 CPU-seconds on average, measured at 1.7 M hashes/s per "
+                            "core; each bit doubles it; 0: none, for LAN swarms; `swarm local` uses 0)",
+                            metavar="N")
+    ids_per_network: int = opt(4, "readers count at most this many peer ids per stage from one IPv4 /24 or IPv6 /48, "
+                               "as seen on their connections (loopback and private addresses exempt; 0: no cap); "
+                               "raise it when many volunteers share one public address", metavar="N")
     snapshot_every: int = opt(50, "every stage snapshots its state every this many steps, and peers of other stages "
                               "keep the snapshots, so that a stage whose every replica left is restored, not reset "
                               "(0: never)")
@@ -71,13 +82,25 @@ class CoordinatorOptions:
     refit_delay: float = opt(0.0, "seconds to wait before publishing each basis update (tests: a slow coordinator)",
                              hidden=True)
 
+    def check(self) -> None:
+        """ValueError (one sentence) for a setting that cannot work."""
+        if not 0 <= self.id_work_bits <= MAX_BITS:
+            raise ValueError(f"--id-work-bits must be between 0 (no proof of work) and {MAX_BITS}.")
+        if self.ids_per_network < 0:
+            raise ValueError("--ids-per-network must be 0 (no cap) or a positive number of peer ids.")
+
 
 def sealed_spec(spec: RunSpec, key: SigningKey, peer_id: str = "", private: bool = False,
-                snapshot_every: int = 0) -> RunSpec:
+                snapshot_every: int = 0, id_work_bits: int = 0, ids_per_network: int = 0) -> RunSpec:
     """The spec as the swarm sees it: with the coordinator's key, its peer id (where stages send
-    their re-fit statistics), the shared-constant hash, whether only ticket holders may join, and
-    every how many steps all stages snapshot (so that they snapshot at the same steps)."""
+    their re-fit statistics), the shared-constant hash, whether only ticket holders may join,
+    every how many steps all stages snapshot (so that they snapshot at the same steps), and what
+    a peer id costs (`id_work_bits`, `ids_per_network`: absent when 0, as older coordinators wrote it)."""
     extra = dict(spec.extra)
+    if id_work_bits:
+        extra["id_work_bits"] = id_work_bits
+    if ids_per_network:
+        extra["ids_per_network"] = ids_per_network
     if snapshot_every:
         extra["snapshot_every"] = snapshot_every
     if peer_id:
@@ -91,6 +114,7 @@ def sealed_spec(spec: RunSpec, key: SigningKey, peer_id: str = "", private: bool
 
 
 async def run_coordinator(opts: CoordinatorOptions) -> int:
+    opts.check()  # before any file or daemon
     key_file = opts.key or default_file("swarm.key", opts.state_dir)
     identity_file = opts.identity or default_file("coordinator.id", opts.state_dir)
     spec = with_corpus(opts.spec, opts.data)  # reads the corpus: a bad --data fails before any daemon starts
@@ -110,14 +134,16 @@ async def run_coordinator(opts: CoordinatorOptions) -> int:
 
 async def _coordinate(opts: CoordinatorOptions, spec: RunSpec, key: SigningKey, key_file: str,
                       identity: Identity) -> int:
-    policy = AdmissionPolicy(opts.private, key.public_bytes(), identity.peer_id)  # in force before any record
+    # in force before any record: the coordinator's own node refuses unproven ids from the start
+    policy = AdmissionPolicy(opts.private, key.public_bytes(), identity.peer_id, opts.id_work_bits)
     announce = announce_addresses(opts.host_maddrs, opts.public_ip, opts.announce_maddrs)
     dht = await asyncio.to_thread(start_dht, [], opts.host_maddrs, identity, False, policy,
                                   **({"announce_maddrs": announce} if announce else {}))
     p2p = transport = refitter = leases = None
     try:
         p2p = await dht.replicate_p2p()
-        spec = sealed_spec(spec, key, identity.peer_id, opts.private, opts.snapshot_every)
+        spec = sealed_spec(spec, key, identity.peer_id, opts.private, opts.snapshot_every, opts.id_work_bits,
+                           opts.ids_per_network)
         sdht = SwarmDHT(dht, identity, swarm_key=key, policy=policy)
         transport = Transport(p2p, f"subspace-swarm-{spec.run_hash}", max_frame_bytes=spec.d_model * spec.rank * 4
                               + (1 << 16))

@@ -56,6 +56,9 @@ class LocalOptions:
     tensorboard: str | None = opt(None, "write the head's per-step scalars here for TensorBoard", metavar="DIR")
     checkpoint_dir: str | None = opt(None, "every peer saves its stage here when the run ends (for swarm export)",
                                      metavar="DIR")
+    id_work_bits: int = opt(0, "the proof of work each peer id must carry (see `swarm coordinator --help`); 0 here, "
+                            "unlike a coordinator's default, since every peer of this swarm is on this machine",
+                            metavar="N")
 
 
 def dashboard_port(preferred: int, host: str = "127.0.0.1") -> tuple[int, str | None]:
@@ -174,7 +177,8 @@ class LocalSwarm(RunReports):
         data = ["--data", self.opts.data] if self.opts.data else []  # recorded in the run spec (swarm eval reads it)
         self.spawn("coordinator", ["coordinator", "--run-spec", str(spec_path), "--host-maddrs",
                                    f"/ip4/{self.placement.host('coordinator')}/tcp/0", "--maddrs-file",
-                                   str(maddrs_file), "--state-dir", str(self.dir), *key, *data, *extra])
+                                   str(maddrs_file), "--state-dir", str(self.dir), "--id-work-bits",
+                                   str(self.opts.id_work_bits), *key, *data, *extra])
         self.wait_for_file(maddrs_file, "the coordinator", 90)
         served = json.loads(maddrs_file.read_text())
         self.maddrs, self.run_hash = served["maddrs"], served["run"]

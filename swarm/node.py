@@ -41,6 +41,7 @@ from .replicas.router import Router
 from .stage_memory import recall_stage, remember_stage
 from .trust.admission import AdmissionError, AdmissionPolicy, read_ticket
 from .trust.identity import Identity, IdentityError
+from .trust.work import proof_for
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +73,8 @@ class PeerOptions:
     reachability: str = opt("auto", "auto: ask other peers to dial back and use a relay if they cannot; direct: "
                             "skip the check; relayed: serve through a relay", choices=("auto", "direct", "relayed"))
     identity: str | None = opt(None, "libp2p identity file for a stable peer id (and stage: remembered in "
-                               "FILE.stages.json), created mode 0600 if missing, used as given (default: a new "
+                               "FILE.stages.json; and the proof of work a run may ask of a peer id: kept in "
+                               "FILE.work.json), created mode 0600 if missing, used as given (default: a new "
                                "identity each start, so several peers on one machine never share one; "
                                "examples/two_machines/peer.sh keeps one in the state folder)", metavar="FILE")
     checkpoint_dir: str | None = opt(None, "save this stage's state here every --checkpoint-every steps and when "
@@ -235,6 +237,8 @@ async def run_peer(opts: PeerOptions) -> int:
             await sdht.adopt(spec)  # the swarm's rule for records: a private swarm refuses us here without a ticket
         except AdmissionError as e:
             raise JoinError(str(e)) from None
+        # what this peer id costs in this run: computed once, kept beside --identity; before any record is written
+        sdht.work = await proof_for(opts.identity, identity.peer_id, spec.run_hash, sdht.admission.policy.work_bits)
         check_shared_constants(spec)
         requested = int(opts.stage) if opts.stage.isdigit() else None
         try:  # before any network work for the stage: a peer whose memory holds no stage says so and leaves
@@ -247,8 +251,9 @@ async def run_peer(opts: PeerOptions) -> int:
             restart=lambda o: start_dht(opts.initial_peers, opts.host_maddrs, identity, policy=policy, **o),
             stop=stop_dht)
         if reach.mode == "relayed":  # a new DHT node: its store starts from the swarm's rule again
-            sdht = SwarmDHT(dht, identity, ticket=ticket)
+            work, sdht = sdht.work, SwarmDHT(dht, identity, ticket=ticket)
             await sdht.adopt(spec)
+            sdht.work = work
         p2p = await dht.replicate_p2p()
         peer_id = p2p.peer_id.to_base58()
         link = HomeLink.from_strings(opts.bandwidth, opts.latency) if (

@@ -8,8 +8,10 @@ dataclasses), because the node that answered may be hostile; an entry that does 
 skipped and counted in `skipped_records`, never trusted.
 
 Once the run spec is read, `adopt(spec)` applies the swarm's rule (its coordinator key; in a
-private swarm, tickets) here and in the DHT node's validator; `admission` then tells message
-handlers whom they may serve.
+private swarm, tickets; the proof of work each peer id must carry) here and in the DHT node's
+validator; `admission` then tells message handlers whom they may serve. A writer in a run that
+asks for work sets `work` (`swarm/trust/work.py`) before it writes. `stage_peers` also applies
+the run's cap of announcements per network (`network_cap.py`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import asyncio
 import logging
 import time
 import warnings
+from collections import OrderedDict
 from collections.abc import Callable
 
 with warnings.catch_warnings():
@@ -29,8 +32,10 @@ with warnings.catch_warnings():
 from swarm.trust.admission import Admission, AdmissionPolicy, Ticket
 from swarm.trust.identity import Identity, ed25519_public_key
 from swarm.trust.keys import SigningKey, fingerprint_of
+from swarm.trust.work import WorkProof
 
-from .envelope import Envelope, check_envelope
+from .envelope import Envelope, WorkMissing, check_envelope
+from .network_cap import cap_per_network
 from .records import (
     RUN_KEY,
     LeaderLease,
@@ -52,11 +57,29 @@ __all__ = ["SwarmDHT"]
 log = logging.getLogger(__name__)
 
 ADMISSION_REFRESH_S = 1.0  # `admitted` re-reads the announcements at most this often for an unknown sender
+_MAX_REMEMBERED = 4096  # peers whose first sighting, or whose skipped record, this reader remembers
 
 
 async def _visible_maddrs(_dht: hivemind.DHT, node) -> list[str]:
     # Runs inside the DHT process (via run_coroutine), hence module-level and picklable.
     return [str(m) for m in await node.get_visible_maddrs()]
+
+
+async def _connected_at(_dht: hivemind.DHT, node) -> dict[str, list[str]]:
+    """peer id -> the remote addresses of this node's live libp2p connections to it (p2pd's list)."""
+    return {info.peer_id.to_base58(): [str(a) for a in info.addrs] for info in await node.p2p.list_peers()}
+
+
+def _remember(memory: OrderedDict, key: str, value=None) -> bool:
+    """Note `key` (bounded: the least recently noted is forgotten first; a key noted again keeps its first
+    value); True if it was new."""
+    if key in memory:
+        memory.move_to_end(key)  # a peer read on every lookup is not pushed out by a flood of one-off ids
+        return False
+    memory[key] = value
+    if len(memory) > _MAX_REMEMBERED:
+        memory.popitem(last=False)
+    return True
 
 
 class SwarmDHT:
@@ -75,13 +98,21 @@ class SwarmDHT:
         self.ticket = ticket
         self.admission = Admission(policy or AdmissionPolicy.from_ticket(ticket))
         self.skipped_records = 0  # malformed, forged or misfiled entries seen, for health reports
+        self.work: WorkProof | None = None  # this writer's proof of work for the adopted run, if it asks for one
+        self.ids_per_network = 0  # the run's cap of announcements per stage per /24 or /48 (0: none)
         self._run: tuple[str, int] | None = None  # (run hash, stages) once a spec is adopted
+        self._first_seen: OrderedDict[str, float] = OrderedDict()  # peer id -> when this reader first read it
+        self._logged: OrderedDict[str, None] = OrderedDict()  # peers whose skipped record was logged
         self._refreshed = 0.0
         self._warned_expiry = False
 
-    def _skip(self, where: str, problem: str) -> None:
+    def _skip(self, where: str, problem: str, peer: str | None = None) -> None:
+        """Count a skipped entry; `peer`: log its first skip as a warning (a missing proof, a crowded network)."""
         self.skipped_records += 1
-        log.debug("skipped a record under %s: %s", where, problem)
+        if peer is not None and _remember(self._logged, peer):
+            log.warning("skipped the records of peer %s under %s: %s", peer, where, problem)
+        else:
+            log.debug("skipped a record under %s: %s", where, problem)
 
     # ------------------------------------------------------------------ the swarm's rule
     async def adopt(self, spec) -> None:
@@ -93,6 +124,8 @@ class SwarmDHT:
             policy.check(self.identity.peer_id, self.ticket)  # the one clear refusal, before anything is written
         self.admission.adopt(policy)
         self._run = (spec.run_hash, spec.n_stages)
+        cap = spec.extra.get("ids_per_network", 0)  # absent in older coordinators' specs: no cap
+        self.ids_per_network = cap if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0 else 0
         dropped = await set_policy(self.dht, policy)
         if dropped:
             log.info("dropped %d stored records that this swarm's rule refuses", dropped)
@@ -114,25 +147,30 @@ class SwarmDHT:
         return self.identity
 
     async def _store(self, key: str, subkey: str, record: object, ttl: float, signer: Identity,
-                     ticket: bytes = b"") -> bool:
+                     ticket: bytes = b"", work: int | None = None) -> bool:
         kind = kind_of(key)
         if kind is None or not 0 < ttl <= kind.max_ttl:
             raise ValueError(f"a record under {key} may live at most {kind.max_ttl if kind else 0:g} s, not {ttl:g}.")
         expiration = get_dht_time() + ttl
-        env = Envelope.seal(key, subkey, record, expiration, signer, ticket)
+        env = Envelope.seal(key, subkey, record, expiration, signer, ticket, work)
         return bool(await self.dht.store(key, env.to_value(), expiration, subkey=subkey, return_future=True))
 
     async def store_own(self, key: str, record: object, ttl: float) -> bool:
         """Store `record` under this node's peer id for `ttl` seconds, signed (and ticketed in a private swarm)."""
         identity = self._own_identity()
         ticket = self.ticket.to_bytes() if self.ticket is not None else b""
+        bits = self.admission.policy.work_bits
+        if bits and (self.work is None or self.work.peer_id != identity.peer_id):
+            raise RuntimeError(f"this run asks a proof of work of {bits} bits for every peer id and this node holds "
+                               f"none: set SwarmDHT.work (swarm.trust.work.proof_for) before it writes.")
+        work = self.work.nonce if bits else None  # none asked: records exactly as before
         if (self.admission.policy.private and self.ticket is not None and self.ticket.expires
                 and get_dht_time() + ttl > self.ticket.expires and not self._warned_expiry):
             self._warned_expiry = True
             log.warning("this peer's ticket expires at %s: from now on the swarm refuses its records; ask the "
                         "coordinator for a new ticket (`swarm admit`) and restart with it.",
                         time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.ticket.expires)))
-        return await self._store(key, identity.peer_id, record, ttl, identity, ticket)
+        return await self._store(key, identity.peer_id, record, ttl, identity, ticket, work)
 
     async def entries(self, key: str) -> tuple[list[Envelope], list[str]]:
         """The unexpired entries under `key` that pass `check_envelope`, and the problems of those that did not."""
@@ -151,7 +189,7 @@ class SwarmDHT:
                 _require(env.key == key, "the record names another key than the one it is filed under.")
                 check_envelope(env, now, self.admission.policy)
             except RecordError as e:
-                self._skip(key, str(e))
+                self._skip(key, str(e), subkey if isinstance(e, WorkMissing) else None)
                 problems.append(str(e))
                 continue
             valid.append(env)
@@ -216,8 +254,16 @@ class SwarmDHT:
                 self._skip(key, str(e))
                 continue
             self.admission.learn(ann.peer_id, env.ticket or None)  # what a handler asks `admits` about
+            _remember(self._first_seen, ann.peer_id, time.monotonic())
             peers.append(ann)
-        return sorted(peers, key=lambda a: a.peer_id)
+        peers.sort(key=lambda a: a.peer_id)
+        if 0 < self.ids_per_network < len(peers):  # else no network can be over the cap: no need to ask p2pd
+            connected = await self.dht.run_coroutine(_connected_at, return_future=True)
+            peers, crowded = cap_per_network(peers, self.ids_per_network, connected, self._first_seen)
+            for ann in crowded:
+                self._skip(key, f"more than {self.ids_per_network} ids announce this stage from its network",
+                           ann.peer_id)
+        return peers
 
     async def all_stage_peers(self, run_hash: str, n_stages: int) -> dict[int, list[StageAnnouncement]]:
         found = await asyncio.gather(*(self.stage_peers(run_hash, s) for s in range(n_stages)))

@@ -34,6 +34,7 @@ import msgpack
 from swarm.options import opt
 from swarm.trust.keys import PUBLIC_KEY_BYTES, SIGNATURE_BYTES, SigningKey, fingerprint_of, verify
 from swarm.trust.state_dir import WHERE, state_dir_path
+from swarm.trust.work import MAX_BITS
 
 __all__ = ["TICKET_DOMAIN", "Admission", "AdmissionError", "AdmissionPolicy", "AdmitOptions", "Ticket", "issue_ticket",
            "parse_duration", "read_ticket"]
@@ -176,13 +177,17 @@ class AdmissionPolicy:
 
     private: bool = False
     swarm_key: bytes = b""  # the coordinator's raw public key; empty while unknown
-    coordinator_peer: str = ""  # the coordinator's libp2p peer id (it needs no ticket)
+    coordinator_peer: str = ""  # the coordinator's libp2p peer id (it needs no ticket, nor proof of work)
+    work_bits: int = 0  # every peer record carries a proof of this much work for its id (`swarm/trust/work.py`)
 
     @classmethod
     def for_spec(cls, spec) -> AdmissionPolicy:
-        """The policy a signed `protocol.spec.RunSpec` states (`extra["private"]`, its coordinator key and peer)."""
+        """The policy a signed `protocol.spec.RunSpec` states (`extra["private"]`, its coordinator key and peer,
+        `extra["id_work_bits"]`: absent in older coordinators' specs, and then 0)."""
         key = bytes.fromhex(spec.coordinator_key) if spec.coordinator_key else b""
-        return cls(bool(spec.extra.get("private", False)), key, str(spec.extra.get("coordinator_peer", "")))
+        bits = spec.extra.get("id_work_bits", 0)
+        bits = min(max(bits, 0), MAX_BITS) if isinstance(bits, int) and not isinstance(bits, bool) else 0
+        return cls(bool(spec.extra.get("private", False)), key, str(spec.extra.get("coordinator_peer", "")), bits)
 
     @classmethod
     def from_ticket(cls, ticket: Ticket | None) -> AdmissionPolicy:

@@ -1,0 +1,132 @@
+"""At most a few ids per stage per /24 or /48 (`swarm/dht/network_cap.py`), and what a reader (`SwarmDHT.stage_peers`)
+skips: announcements without a proof of work, and ids over their network's cap, counted where this node's
+connections see them, never where their announcements claim to be."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from types import SimpleNamespace
+
+import pytest
+from hivemind.p2p import PeerID
+from hivemind.p2p.p2p_daemon_bindings.datastructures import PeerInfo
+from hivemind.utils import ValueWithExpiration
+from hivemind.utils.multiaddr import Multiaddr
+
+from protocol.spec import preset
+from swarm.coordinator import sealed_spec
+from swarm.dht import Envelope, StageAnnouncement, SwarmDHT, SwarmRecordValidator, stage_key
+from swarm.dht.network_cap import cap_per_network, network_of
+from swarm.trust.identity import Identity
+from swarm.trust.keys import SigningKey
+from swarm.trust.work import find_proof, proof_for
+
+
+def test_the_network_of_an_address():
+    assert network_of("/ip4/9.9.9.77/tcp/4001") == "9.9.9.0/24"
+    assert network_of("/ip6/2a01:4f8:1:2::5/tcp/4001") == "2a01:4f8:1::/48"
+    for exempt in ("/ip4/127.0.0.1/tcp/1", "/ip4/192.168.1.5/tcp/1", "/ip4/10.0.0.1/tcp/1", "/ip6/::1/tcp/1",
+                   "/ip4/100.64.0.1/tcp/1", "/ip4/9.9.9.9/tcp/1/p2p/12D3KooWrelay/p2p-circuit", "/dns4/a.org/tcp/1",
+                   "/ip4/not-an-ip/tcp/1", "", "/unix/x"):
+        assert network_of(exempt) is None, exempt
+
+
+def peers(*ids: str) -> list[SimpleNamespace]:
+    return [SimpleNamespace(peer_id=i) for i in ids]
+
+
+def test_over_the_cap_the_ids_seen_first_stay_and_claims_count_for_nothing():
+    everyone = peers("victim", "a1", "a2", "a3", "a4", "fake1", "fake2", "lan1", "lan2", "lan3")
+    seen_at = {"victim": ["/ip4/9.9.9.5/tcp/1"],
+               **{f"a{i}": [f"/ip4/7.7.7.{i}/tcp/1"] for i in range(1, 5)},  # one machine's block
+               **{f"lan{i}": [f"/ip4/192.168.0.{i}/tcp/1"] for i in range(1, 4)}}
+    first_seen = {"a3": 1.0, "a1": 2.0, "a2": 3.0, "a4": 4.0, "victim": 9.0}
+    kept, skipped = cap_per_network(everyone, 2, seen_at, first_seen)
+    assert [p.peer_id for p in skipped] == ["a2", "a4"]  # a3 and a1 came first
+    # the fakes (whatever their announcements claim) have no connection here: not counted, not crowding anyone
+    assert {p.peer_id for p in kept} == {"victim", "a1", "a3", "fake1", "fake2", "lan1", "lan2", "lan3"}
+    assert cap_per_network(everyone, 0, seen_at, first_seen) == (everyone, [])
+
+
+RUN_SPEC = sealed_spec(preset("tiny", stages=2), SigningKey.generate(), id_work_bits=8, ids_per_network=2)
+RUN, BITS = RUN_SPEC.run_hash, 8
+
+
+class FakeDHT:
+    """What SwarmDHT asks of a hivemind.DHT to read one stage: `get`, and p2pd's connections via `run_coroutine`."""
+
+    def __init__(self) -> None:
+        self.entries: dict[str, ValueWithExpiration] = {}
+        self.connections: dict[str, list[str]] = {}  # peer id -> remote addresses
+
+    def put(self, who: Identity, claimed: list[str], proven: bool = True) -> None:
+        ann = StageAnnouncement(who.peer_id, RUN, 1, claimed, 1e9, 0, 0, "online", "0.1.0")
+        expiry = time.time() + 30
+        nonce = find_proof(RUN, who.peer_id, BITS)[0] if proven else None
+        env = Envelope.seal(stage_key(RUN, 1), who.peer_id, ann.to_record(), expiry, who, work=nonce)
+        self.entries[who.peer_id] = ValueWithExpiration(env.to_value(), expiry)
+
+    async def store(self, key, value, expiration, subkey=None, return_future=True):
+        self.entries[subkey] = ValueWithExpiration(value, expiration)
+        return True
+
+    async def get(self, key, latest=True, return_future=True):
+        return ValueWithExpiration(dict(self.entries), time.time() + 30) if key == stage_key(RUN, 1) else None
+
+    async def run_coroutine(self, fn, return_future=True):
+        async def list_peers():
+            return [PeerInfo(PeerID.from_base58(p), [Multiaddr(a) for a in addrs])
+                    for p, addrs in self.connections.items()]
+        protocol = SimpleNamespace(record_validator=SwarmRecordValidator(), storage={}, cache={})
+        return await fn(self, SimpleNamespace(p2p=SimpleNamespace(list_peers=list_peers), protocol=protocol))
+
+
+def test_a_reader_skips_unproven_ids_and_ids_over_their_networks_cap(caplog):
+    dht = FakeDHT()
+    reader = SwarmDHT(dht)
+    asyncio.run(reader.adopt(RUN_SPEC))
+    assert (reader.admission.policy.work_bits, reader.ids_per_network) == (BITS, 2)
+    victim, early, late = Identity.generate(), [Identity.generate() for _ in range(2)], Identity.generate()
+    dht.put(victim, ["/ip4/9.9.9.5/tcp/1"])
+    dht.connections[victim.peer_id] = ["/ip4/9.9.9.5/tcp/1"]
+    for i, who in enumerate(early):  # an attacker's machine: two ids, both connected from 7.7.7.x
+        dht.put(who, [f"/ip4/7.7.7.{i}/tcp/1"])
+        dht.connections[who.peer_id] = [f"/ip4/7.7.7.{i}/tcp/1"]
+    fakes = [Identity.generate() for _ in range(5)]  # proven ids that claim to sit in the victim's /24
+    for i, who in enumerate(fakes):
+        dht.put(who, [f"/ip4/9.9.9.{100 + i}/tcp/1"])
+    unproven = [Identity.generate() for _ in range(10)]
+    for who in unproven:
+        dht.put(who, ["/ip4/9.9.9.200/tcp/1"], proven=False)
+
+    async def read() -> set[str]:
+        return {a.peer_id for a in await reader.stage_peers(RUN, 1)}
+
+    with caplog.at_level(logging.WARNING, logger="swarm.dht.store"):
+        first = asyncio.run(read())
+        assert first == {victim.peer_id, *(w.peer_id for w in early), *(w.peer_id for w in fakes)}
+        dht.put(late, ["/ip4/9.9.9.6/tcp/1"])  # a third id of the same machine, later, claiming the victim's block
+        dht.connections[late.peer_id] = ["/ip4/7.7.7.9/tcp/1"]  # ... but its connection comes from 7.7.7.x
+        second = asyncio.run(read())
+    assert second == first, "the late id is over its real network's cap; the victim stays"
+    skipped = [r.getMessage() for r in caplog.records if "skipped the records of peer" in r.getMessage()]
+    assert len(skipped) == 11, "each unproven id and the crowded one logged once, over two reads"
+    assert sum("proof of work" in m for m in skipped) == 10 and sum("from its network" in m for m in skipped) == 1
+    assert reader.skipped_records == 2 * 10 + 1
+
+
+def test_a_writer_carries_its_proof_in_every_record_and_cannot_write_without_one():
+    dht, me = FakeDHT(), Identity.generate()
+    writer = SwarmDHT(dht, me)
+    asyncio.run(writer.adopt(RUN_SPEC))
+    ann = StageAnnouncement(me.peer_id, RUN, 1, [], 1.0, 0, 0, "online", "0.1.0")
+    with pytest.raises(RuntimeError, match="proof of work of 8 bits"):
+        asyncio.run(writer.announce(ann, 15))
+    writer.work = asyncio.run(proof_for(None, me.peer_id, RUN, BITS))
+    assert asyncio.run(writer.announce(ann, 15))
+    assert dht.entries[me.peer_id].value["w"] == writer.work.nonce
+    reader = SwarmDHT(dht)
+    asyncio.run(reader.adopt(RUN_SPEC))  # checks the proof
+    assert [a.peer_id for a in asyncio.run(reader.stage_peers(RUN, 1))] == [me.peer_id]
+    assert reader.skipped_records == 0
