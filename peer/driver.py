@@ -78,6 +78,8 @@ class StepDriver:
         # data this head fed (None: a swarm without a coordinator, nobody to prove anything to)
         self.sign_record = sign_record
         self._record = b""
+        self.last_workers: dict[int, list[str]] = {}
+        self.on_committed: Callable[[int, dict[int, list[str]]], None] | None = None  # (steps done, workers)
         self._dead: dict[str, float] = {}  # heads that stopped answering -> when we may try them again
         self._leading = False
         self._applying: asyncio.Task | None = None  # telling the other peers to apply the last step
@@ -239,6 +241,8 @@ class StepDriver:
         record = next((r for r in reversed(self.commit.records) if r.step == step), None)
         if record is None:  # the commit found the step applied here already (not by this head's commit)
             return None
+        if self.on_committed is not None:
+            self.on_committed(step + 1, self.last_workers)
         seconds = time.perf_counter() - t0
         self.daemon.tokens_done += tokens
         self.daemon.throughput = tokens / max(seconds, 1e-9)
@@ -342,7 +346,7 @@ class StepDriver:
         cmds = {peer: Command(self.spec.run_hash, step, attempt, "reduce", sorted(groups[stage]), self._record)
                 for peer, stage in members.items()}
         replies = dict(zip(cmds, await asyncio.gather(*(self._send(p, c) for p, c in cmds.items()))))
-        appliers = []
+        appliers, workers = [], {}
         for stage in range(self.spec.n_stages):
             oks = {p: r for p, r in replies.items() if members[p] == stage and r.outcome == "ok"}
             if not oks:
@@ -352,11 +356,13 @@ class StepDriver:
             if len(agreed) != 1:
                 raise AttemptFailed(f"the replicas of stage {stage} summed different contributions")
             appliers += list(oks)
+            workers[stage] = sorted(p for p, mbs in next(iter(agreed)) if mbs)
         # every stage has reduced: from here the step must be applied everywhere. This head applies
         # at once and goes on to the next step; the others are told meanwhile (their share of the
         # next step waits for it), and a stage whose replicas all failed to apply (a refusal while
         # views of the leader settle, a lost reply) is asked again for a while: it holds the sum,
         # and applying twice is answered "ok"
+        self.last_workers = workers  # who did the step's work, stage by stage (issue 20: re-fits count only them)
         if self.peer_id in appliers:
             mine = await self._send(self.peer_id, Command(self.spec.run_hash, step, attempt, "apply"))
             if mine.outcome != "ok":

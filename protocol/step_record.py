@@ -15,6 +15,14 @@ that reads it, and the record is the proof anyone can check. (A leader that sign
 digest while it feeds other tokens is what recomputation catches: issue 21's spot checks
 recompute a microbatch from the tokens this record commits to.) Signing and verifying take the
 libp2p key, which lives in `swarm/trust/identity.py`: this file holds only the bytes.
+
+    WorkRecord  {k: "workrec", r: run, s: steps done (a re-fit step), l: leader, w: {stage: [peer
+                 ids that contributed microbatches to that step's reduce]}, p, g}
+    signed      = msgpack([WORK_RECORD_DOMAIN, r, s, l, [[stage, [ids]] sorted by stage]])
+
+The leader sends one to the coordinator after each re-fit step: only the peers it names may
+vote in that re-fit (`swarm/basis/refit.py`), so ids that merely announce a stage count for
+nothing there.
 """
 from __future__ import annotations
 
@@ -28,7 +36,9 @@ import torch
 from .wire import WireError, _need
 
 STEP_RECORD_DOMAIN = "subspace-swarm/step-record/v1"
-_KIND = "steprec"
+WORK_RECORD_DOMAIN = "subspace-swarm/work-record/v1"
+_KIND, _WORK_KIND = "steprec", "workrec"
+MAX_WORKERS = 256  # peer ids one work record may name per stage
 MAX_RECORD_BYTES = 4 << 10
 
 
@@ -77,3 +87,44 @@ class StepRecord:
         for key in ("p", "g"):
             _need(isinstance(d.get(key), bytes) and len(d[key]) <= 1024, "a step record's key and signature are bytes.")
         return cls(run, d["s"], d["a"], d["l"], d["d"], d["p"], d["g"])
+
+
+@dataclass(frozen=True)
+class WorkRecord:
+    run: str
+    step: int  # steps done: the re-fit step the statistics name
+    leader: str
+    workers: dict[int, list[str]]  # stage -> peers that contributed microbatches to that step's reduce
+    signer: bytes = b""
+    signature: bytes = b""
+
+    def signing_bytes(self) -> bytes:
+        workers = [[s, sorted(self.workers[s])] for s in sorted(self.workers)]
+        return msgpack.packb([WORK_RECORD_DOMAIN, self.run, self.step, self.leader, workers], use_bin_type=True)
+
+    def encode(self) -> bytes:
+        return msgpack.packb({"k": _WORK_KIND, "r": self.run, "s": self.step, "l": self.leader,
+                              "w": {int(s): list(p) for s, p in self.workers.items()}, "p": self.signer,
+                              "g": self.signature}, use_bin_type=True)
+
+    @classmethod
+    def decode(cls, body: bytes, run: str, n_stages: int) -> WorkRecord:
+        _need(isinstance(body, bytes) and len(body) <= 64 * MAX_RECORD_BYTES, "a work record must be small.")
+        try:
+            d = msgpack.unpackb(body, raw=False, strict_map_key=False)
+        except Exception:
+            raise WireError("a work record is not msgpack.") from None
+        _need(isinstance(d, dict) and d.get("k") == _WORK_KIND, "not a work record.")
+        _need(d.get("r") == run, "the work record is for another run.")
+        _need(isinstance(d.get("s"), int) and not isinstance(d.get("s"), bool) and 0 < d["s"] < 2**53,
+              "a work record's step must be a positive integer.")
+        _need(isinstance(d.get("l"), str) and 0 < len(d["l"]) <= 128, "a work record must name its leader.")
+        w = d.get("w")
+        _need(isinstance(w, dict) and all(isinstance(s, int) and 0 <= s < n_stages for s in w),
+              "a work record's workers must be keyed by stage.")
+        _need(all(isinstance(p, list) and len(p) <= MAX_WORKERS and all(isinstance(x, str) and 0 < len(x) <= 128
+                                                                         for x in p) for p in w.values()),
+              "a work record's workers must be lists of peer ids.")
+        for key in ("p", "g"):
+            _need(isinstance(d.get(key), bytes) and len(d[key]) <= 1024, "a work record's key and signature are bytes.")
+        return cls(run, d["s"], d["l"], {s: list(p) for s, p in w.items()}, d["p"], d["g"])

@@ -51,6 +51,7 @@ KIND_DRIVE = "ctl:drive"  # not a protocol: the right to send the commands that 
 KIND_REDUCE = "red"  # one replica's gradient contribution to its stage's all-reduce (protocol/control.py)
 KIND_FOLLOW = "fol"  # a stage's reduced gradient forwarded to a replica still catching up (protocol/control.py)
 KIND_STATE = "state"  # a stage's state, downloaded by a joining replica (protocol/control.py)
+KIND_WORK = "work"  # the leading head's signed record of who worked a re-fit step, -> coordinator
 KIND_DATA_REPORT = "datarep"  # a head's report of a leader's step record that its data contradicts, -> coordinator
 KIND_SNAPSHOT = "snap"  # a stage's snapshot at a step boundary: offered, listed, fetched (protocol/snapshot_wire.py)
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from peer.run_corpus import run_batches, with_corpus
 from protocol.model import spec_basis
 from protocol.spec import RunSpec
-from protocol.wire import KIND_DATA_REPORT, KIND_STATS
+from protocol.wire import KIND_DATA_REPORT, KIND_STATS, KIND_WORK
 
 from .basis import BasisRefitter
 from .dht import SwarmDHT, close_node, start_dht
@@ -148,18 +148,21 @@ async def _coordinate(opts: CoordinatorOptions, spec: RunSpec, key: SigningKey, 
         transport = Transport(p2p, f"subspace-swarm-{spec.run_hash}", max_frame_bytes=spec.d_model * spec.rank * 4
                               + (1 << 16))
         # a killed replica's record outlives it: only replicas that answer vote in a re-fit
+        keeper = LeaseKeeper(sdht, spec.run_hash, LivenessProbe(p2p).checker(spec.run_hash, transport),
+                             trusted=opts.trusted_heads)
         refitter = BasisRefitter(spec, key, sdht, transport, opts.ttl * 100, delay=opts.refit_delay,
-                                 answers=LivenessProbe(p2p).checker(spec.run_hash, transport))
+                                 answers=LivenessProbe(p2p).checker(spec.run_hash, transport),
+                                 leaders=lambda: keeper.lease.order if keeper.lease is not None else [])
         if spec.codec == "subspace" and spec.basis_updates:
             await transport.serve(KIND_STATS, refitter.on_stats)
+            await transport.serve(KIND_WORK, refitter.on_work)  # who may vote in each re-fit
         await DialBack().serve(transport)  # joining peers ask whether they can be reached
         await sdht.publish_run_spec(spec.to_json(), key, opts.ttl)
         async def everyone_reads(_lease) -> None:  # after a revocation: every peer reads the new lease now
             peers = [a.peer_id for anns in (await sdht.all_stage_peers(spec.run_hash, spec.n_stages)).values()
                      for a in anns]
             await tell_to_read_lease(transport, spec.run_hash, peers)
-        keeper = LeaseKeeper(sdht, spec.run_hash, LivenessProbe(p2p).checker(spec.run_hash, transport),
-                             trusted=opts.trusted_heads, on_revoke=everyone_reads)
+        keeper.on_revoke = everyone_reads
         verdict = DataVerdict(spec.run_hash, spec.n_microbatches, lambda: run_batches(spec, opts.data), keeper.revoke)
         await transport.serve(KIND_DATA_REPORT, verdict.on_report)  # heads report leaders that fed other data
         leases = asyncio.create_task(keeper.run())  # which heads may lead, signed by the swarm key

@@ -13,6 +13,12 @@ step from U_v, signs (run, v+1, t + switch delay, U_{v+1}) with the swarm key, s
 the DHT (where late joiners and peers that missed the push find it) and pushes it to every
 announced peer.
 
+Who votes (issue 20, item 5): with a lease, only the peers that the leading head's signed work
+record of that re-fit step names as having contributed microbatches to its reduce
+(`protocol/step_record.py`, sent by a head the lease names), and of those only the ones that
+answer; announcing a stage earns no vote, so 40 fake ids weigh nothing, and the swarm's step is
+the one the leader recorded, so a stranger's announced step moves no window.
+
 What it accepts is bounded: statistics only from peers announced for the stage they name,
 only for re-fit steps after the last published one and at most ten intervals past the
 swarm's announced step (announcements lag behind), at most one per peer (a newer one replaces
@@ -34,10 +40,12 @@ import torch
 from protocol.basis_update import BasisUpdate, canonical_basis, decode_stats, encode_update, next_basis
 from protocol.model import compute_dtype, spec_basis
 from protocol.spec import RunSpec
+from protocol.step_record import WorkRecord
 from protocol.wire import KIND_BASIS, ErrorReply, WireError, encode_message
 from swarm.dht import SwarmDHT
 from swarm.net.transport import Transport
 from swarm.trust.keys import SigningKey
+from swarm.trust.signed_records import signed_by_leader
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +53,8 @@ LIVE = ("online", "paused")
 STAT_RTOL = 1e-6  # statistics of one stage closer than this (relative, Frobenius) are one vote
 RECHECK_S = 2.0  # while statistics wait for a quorum, how often it is looked for again
 RECHECK_FOR_S = 120.0  # and for how long
-STEP_WINDOW_INTERVALS = 10  # how far past the swarm's announced step a re-fit step may be (announcements lag)
+STEP_WINDOW_INTERVALS = 10  # how far past the swarm's known step a re-fit step may be (announcements lag)
+WORK_RECORDS_KEPT = 4  # the latest re-fit steps whose work records are held
 
 
 def _agree(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -59,11 +68,15 @@ def _refuse(reason: str) -> bytes:
 class BasisRefitter:
     def __init__(self, spec: RunSpec, key: SigningKey, sdht: SwarmDHT, transport: Transport, ttl: float,
                  delay: float = 0.0, answers: Callable[[str], Awaitable[bool]] | None = None,
-                 recheck_s: float = RECHECK_S) -> None:
+                 recheck_s: float = RECHECK_S, leaders: Callable[[], list[str]] | None = None) -> None:
         self.spec, self.key, self.sdht, self.transport, self.ttl = spec, key, sdht, transport, ttl
         self.delay = delay  # seconds between a re-fit and its publication (a slow coordinator, for tests)
         self.answers = answers  # peer -> whether it answers a liveness probe (None: every announced one counts)
         self.recheck_s = recheck_s
+        # the heads the swarm key's lease names: their signed work records say who may vote in a re-fit
+        # (None: every live announced replica votes; only the quorum's own tests run without a lease)
+        self.leaders = leaders
+        self._workers: dict[int, dict[int, set[str]]] = {}  # re-fit step -> stage -> peers that worked it
         self._rechecks: dict[tuple[int, int], asyncio.Task] = {}
         basis = spec_basis(spec)
         self.bases: dict[int, torch.Tensor] = {0: basis.U} if basis is not None else {}
@@ -87,7 +100,10 @@ class BasisRefitter:
         live = await self._replicas(msg.stage)
         if sender not in live:
             return self._refused(f"only peers announced for stage {msg.stage} may send its statistic.")
-        horizon = max(live.values(), default=0) + STEP_WINDOW_INTERVALS * self.spec.basis_interval
+        # the swarm's step as the lease's leader recorded it (a stranger's announced step moves nothing),
+        # else as announced
+        known = max(self._workers, default=0) if self.leaders is not None else max(live.values(), default=0)
+        horizon = known + STEP_WINDOW_INTERVALS * self.spec.basis_interval
         if msg.step <= self.last_refit or msg.step > horizon:
             return self._refused("the statistic is not for a re-fit step being collected.")
         key = (msg.basis_version, msg.step)
@@ -103,13 +119,32 @@ class BasisRefitter:
             self._rechecks[key] = asyncio.get_running_loop().create_task(self._recheck(key))
         return b""
 
+    async def on_work(self, body: bytes, sender: str) -> bytes:
+        """A leading head's signed record of who worked a re-fit step (protocol/step_record.py)."""
+        try:
+            record = WorkRecord.decode(body, self.spec.run_hash, self.spec.n_stages)
+        except WireError as e:
+            return self._refused(str(e))
+        if self.leaders is None or record.leader != sender or sender not in self.leaders():
+            return self._refused("only a head that the swarm key's lease names sends work records.")
+        if not signed_by_leader(record):
+            return self._refused("the work record is not signed by the head it names.")
+        if record.step % self.spec.basis_interval or record.step <= self.last_refit:
+            return b""  # not a re-fit step being collected: nothing to do
+        self._workers[record.step] = {s: set(p) for s, p in record.workers.items()}
+        for step in sorted(self._workers)[:-WORK_RECORDS_KEPT]:
+            del self._workers[step]
+        for key in [k for k in self._stats if k[1] == record.step]:
+            await self._try_refit(key)
+        return b""
+
     async def _try_refit(self, key: tuple[int, int]) -> bool:
         """Re-fit from (version, step)'s statistics if every receiving stage has a quorum; True if
         that re-fit is done or started (here or before)."""
         version, step = key
         if step <= self.last_refit:
             return True
-        agreed = {s: self._quorum(key, s, len(await self._voters(s))) for s in range(1, self.spec.n_stages)}
+        agreed = {s: self._quorum(key, s, await self._voters(s, step)) for s in range(1, self.spec.n_stages)}
         if step <= self.last_refit:  # started meanwhile, by a statistic or a re-check
             return True
         if any(M is None for M in agreed.values()):
@@ -136,9 +171,13 @@ class BasisRefitter:
         for task in self._rechecks.values():
             task.cancel()
 
-    async def _voters(self, stage: int) -> list[str]:
-        """The replicas of `stage` a quorum counts: announced live, and answering a probe if there is one."""
+    async def _voters(self, stage: int, step: int) -> list[str]:
+        """The replicas of `stage` a quorum counts: announced live, and answering a probe if there is one;
+        with a lease, only those the leader's work record of `step` names (none until it is here)."""
         live = sorted(await self._replicas(stage))
+        if self.leaders is not None:
+            worked = self._workers.get(step, {}).get(stage, set())
+            live = [p for p in live if p in worked]
         if self.answers is None or not live:
             return live
         return [p for p, ok in zip(live, await asyncio.gather(*map(self.answers, live))) if ok]
@@ -152,12 +191,13 @@ class BasisRefitter:
         """The live replicas of `stage` and the step each announces."""
         return {a.peer_id: a.step for a in await self.sdht.stage_peers(self.spec.run_hash, stage) if a.state in LIVE}
 
-    def _quorum(self, key: tuple[int, int], stage: int, n_live: int) -> torch.Tensor | None:
+    def _quorum(self, key: tuple[int, int], stage: int, voters: list[str]) -> torch.Tensor | None:
         """The statistic more than half of the stage's live replicas agree on, if any: two agree
         when ||A - B||_F <= STAT_RTOL ||A||_F (replicas sum the same numbers, but a replica that
         joined by download can differ in the last bits; a lie differs by far more). The group's
         statistic from the lowest peer id is the one used, so the choice is the same every time."""
-        got = self._stats.get(key, {}).get(stage, {})
+        got = {p: v for p, v in self._stats.get(key, {}).get(stage, {}).items() if p in voters}
+        n_live = len(voters)
         groups: list[list[torch.Tensor]] = []
         for _, (_, M) in sorted(got.items()):
             group = next((g for g in groups if _agree(g[0], M)), None)

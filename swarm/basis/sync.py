@@ -16,7 +16,7 @@ from peer.daemon import StageDaemon
 from protocol.basis_update import BasisUpdate, StatsMessage, canonical_basis, decode_update, encode_stats
 from protocol.model import compute_dtype, spec_basis
 from protocol.spec import RunSpec
-from protocol.wire import KIND_STATS, WireError
+from protocol.wire import KIND_STATS, KIND_WORK, WireError
 from swarm.dht import SwarmDHT
 from swarm.net.transport import Transport, TransportError
 from swarm.trust.keys import verify
@@ -44,6 +44,17 @@ class BasisSync:
                 log.warning("the coordinator refused this stage's statistic")
         except TransportError as e:
             log.warning("coordinator unreachable (%s); training continues on the current basis", e)
+
+    async def send_work(self, record: bytes) -> None:
+        """The leading head's signed `WorkRecord` of a re-fit step: who may vote in that re-fit."""
+        if not self.coordinator:
+            return
+        try:
+            reply = await self.transport.request(self.coordinator, KIND_WORK, record, timeout=30)
+            if reply != b"":
+                log.warning("the coordinator refused this head's work record")
+        except TransportError as e:
+            log.warning("coordinator unreachable (%s); the re-fit waits for it", e)
 
     async def _verified_updates(self) -> list[BasisUpdate]:
         out = []

@@ -29,28 +29,11 @@ import torch
 from protocol.control import Command, encode_command
 from protocol.step_record import StepRecord, data_digest
 from protocol.wire import KIND_CONTROL, KIND_DATA_REPORT, ErrorReply, WireError, encode_message
-from swarm.trust.identity import Identity, peer_id_of, verify_by
+from swarm.trust.signed_records import sign_record, signed_by_leader
 
 log = logging.getLogger(__name__)
 
 REPORT_EVERY_S = 30.0  # a head reports one leader at most this often
-
-
-def sign_record(identity: Identity) -> Callable[[StepRecord], StepRecord]:
-    """The leading head's signer of its step records."""
-    def sign(record: StepRecord) -> StepRecord:
-        unsigned = StepRecord(record.run, record.step, record.attempt, record.leader, record.data)
-        return StepRecord(record.run, record.step, record.attempt, record.leader, record.data,
-                          identity.public_proto, identity.sign(unsigned.signing_bytes()))
-    return sign
-
-
-def signed_by_leader(record: StepRecord) -> bool:
-    try:
-        return peer_id_of(record.signer) == record.leader and verify_by(record.signer, record.signing_bytes(),
-                                                                        record.signature)
-    except Exception:  # a key that does not parse
-        return False
 
 
 def step_digest(batches: Callable[[int, int], torch.Tensor], step: int, n_microbatches: int) -> bytes:
@@ -143,5 +126,5 @@ async def tell_to_read_lease(transport, run_hash: str, peers: list[str], timeout
     return sum(await asyncio.gather(*(one(p) for p in peers)))
 
 
-__all__ = ["DataVerdict", "KIND_DATA_REPORT", "StepRecordCheck", "sign_record", "signed_by_leader",
+__all__ = ["DataVerdict", "KIND_DATA_REPORT", "StepRecordCheck", "sign_record", "signed_by_leader", "step_digest",
            "tell_to_read_lease"]

@@ -28,6 +28,7 @@ from peer.stage_peer import StagePeer
 from peer.state_transfer import StateError, state_bytes
 from protocol.control import STATE_CHUNK_BYTES
 from protocol.spec import RunSpec
+from protocol.step_record import WorkRecord
 from protocol.wire import (
     KIND_ACTIVATION,
     KIND_BASIS,
@@ -44,10 +45,11 @@ from swarm.basis import BasisSync
 from swarm.dht import SwarmDHT
 from swarm.monitor.liveness import LivenessProbe
 from swarm.net import Transport
-from swarm.replicas.data_check import StepRecordCheck, sign_record
+from swarm.replicas.data_check import StepRecordCheck
 from swarm.replicas.membership import PROBE_S, Membership
 from swarm.replicas.placement import HOLD_S, Rebalancer
 from swarm.replicas.router import Router
+from swarm.trust.signed_records import sign_record
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +145,8 @@ class ReplicaService:
             snapshot_options=dict(every=snapshot_interval(self.spec)))
         sync.daemon = peer.daemon
         peer.commit.on_lease = lambda: ctx.router.lease(fresh=True)  # the coordinator revoked a lease
+        if peer.driver is not None and self.spec.codec == "subspace" and self.spec.basis_updates:
+            peer.driver.on_committed = self._after_commit
         if batches is not None:  # a head: it sums only with a leader whose step records its own data confirms
             peer.commit.check_record = StepRecordCheck(
                 self.spec.run_hash, self.spec.n_microbatches, batches, self._report_record,
@@ -280,6 +284,13 @@ class ReplicaService:
         if self.ctx.checkpoint_dir and self.ctx.checkpoint_every and step % self.ctx.checkpoint_every == 0:
             if self._saving is None or self._saving.done():
                 self._saving = asyncio.create_task(self.save_checkpoint())
+
+    def _after_commit(self, steps: int, workers: dict[int, list[str]]) -> None:
+        """After a re-fit step, tell the coordinator who did its work: only they vote in the re-fit."""
+        if steps % self.spec.basis_interval == 0 and self.sync is not None:
+            record = sign_record(self.ctx.sdht.identity)(WorkRecord(self.spec.run_hash, steps, self.ctx.peer_id,
+                                                                    workers))
+            self.peer.daemon.spawn(self.sync.send_work(record.encode()))
 
     async def _report_record(self, record: bytes) -> None:
         coordinator = self.spec.extra.get("coordinator_peer")

@@ -136,3 +136,41 @@ async def test_a_replica_that_died_after_the_others_sent_their_statistic_does_no
         await asyncio.sleep(0.01)  # poll the refitter's re-check
     assert dht.published == [1] and r.published[0].effective_step == 5 + SPEC.basis_switch_delay
     r.stop()
+
+
+async def test_with_a_lease_only_the_workers_the_leaders_record_names_vote_and_a_far_announced_step_moves_nothing():
+    from protocol.step_record import WorkRecord
+    from swarm.trust.identity import Identity
+    from swarm.trust.signed_records import sign_record
+    leader, stranger = Identity.generate(), Identity.generate()
+    fakes1, fakes2 = [f"fake1-{i}" for i in range(4)], [f"fake2-{i}" for i in range(4)]
+    dht = FakeDHT({1: ["a1", *fakes1], 2: ["a2", *fakes2]}, step=10**6)  # the fakes announce a far step
+    r = BasisRefitter(SPEC, SigningKey.generate(), dht, FakeTransport(), ttl=60, leaders=lambda: [leader.peer_id])
+    poison = stat(99) * 1e3
+    assert "re-fit step being collected" in refused(await r.on_stats(body(1, 10**6, poison), fakes1[0]))
+    for fake in fakes1:
+        assert await r.on_stats(body(1, 5, poison), fake) == b""
+    for fake in fakes2:
+        assert await r.on_stats(body(2, 5, poison), fake) == b""
+    assert await r.on_stats(body(1, 5, stat(1)), "a1") == b""
+    assert await r.on_stats(body(2, 5, stat(2)), "a2") == b""
+    await _settle()
+    assert dht.published == [], "8 fake ids of 10 announced replicas got a basis published"
+
+    def work(by: Identity, workers: dict) -> bytes:
+        return sign_record(by)(WorkRecord(SPEC.run_hash, 5, by.peer_id, workers)).encode()
+    named = {1: ["a1"], 2: ["a2"]}
+    assert "lease names" in refused(await r.on_work(work(stranger, {1: fakes1, 2: fakes2}), stranger.peer_id))
+    forged = WorkRecord.decode(work(leader, named), SPEC.run_hash, SPEC.n_stages)
+    forged = WorkRecord(SPEC.run_hash, 5, leader.peer_id, {1: fakes1, 2: fakes2}, forged.signer, forged.signature)
+    assert "not signed" in refused(await r.on_work(forged.encode(), leader.peer_id))
+    await _settle()
+    assert dht.published == []
+    assert await r.on_work(work(leader, named), leader.peer_id) == b""
+    await _settle()
+    assert dht.published == [1] and r.published[0].effective_step == 5 + SPEC.basis_switch_delay
+    want = BasisRefitter(SPEC, SigningKey.generate(), FakeDHT({1: ["x"], 2: ["y"]}), FakeTransport(), ttl=60)
+    await want.on_stats(body(1, 5, stat(1)), "x")
+    await want.on_stats(body(2, 5, stat(2)), "y")
+    await _settle()
+    assert torch.equal(r.published[0].U, want.published[0].U), "the re-fit did not use the workers' statistics"
