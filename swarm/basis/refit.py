@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import math
 from collections.abc import Awaitable, Callable
 
 import torch
@@ -86,6 +87,7 @@ class BasisRefitter:
         self.last_refit = 0  # the re-fit step of the last published update
         self.published: list[BasisUpdate] = []
         self.refused = 0
+        self.dropped = 0  # statistics a re-fit left out (outside the agreeing majority)
         self._lock = asyncio.Lock()
 
     async def on_stats(self, body: bytes, sender: str) -> bytes:
@@ -150,11 +152,25 @@ class BasisRefitter:
         if any(M is None for M in agreed.values()):
             return False
         self.last_refit = step
+        self._log_dropped(key, agreed)
         for k in [k for k in self._stats if k[1] <= step]:
             del self._stats[k]
         self._pending = {p: k for p, k in self._pending.items() if k in self._stats}
         asyncio.get_running_loop().create_task(self._refit(version, step, agreed))
         return True
+
+    def _log_dropped(self, key: tuple[int, int], agreed: dict[int, torch.Tensor]) -> None:
+        """Name every statistic the re-fit left out, with how far it is from the agreed one."""
+        for stage, M in agreed.items():
+            for peer, (_, other) in sorted(self._stats.get(key, {}).get(stage, {}).items()):
+                if not _agree(M, other):
+                    a, b = M.double().flatten(), other.double().flatten()
+                    cos = float(a @ b / (a.norm() * b.norm()).clamp_min(1e-300))
+                    self.dropped += 1
+                    log.warning("re-fit at step %d: dropped stage %d's statistic from %s (norm %.3g x the agreed "
+                                "one's, angle %.1f deg)", key[1], stage, peer[-8:],
+                                float(b.norm() / a.norm().clamp_min(1e-300)),
+                                math.degrees(math.acos(max(-1.0, min(1.0, cos)))))
 
     async def _recheck(self, key: tuple[int, int]) -> None:
         """A replica that died after the others sent their statistic still counts until its record

@@ -87,7 +87,7 @@ async def test_a_basis_is_refitted_only_from_a_majority_of_each_stages_replicas(
     assert dht.published == [], "a re-fit from 1 of 3 replicas, or from the first arrival"
     assert await r.on_stats(body(1, 5, honest1), "b1") == b""  # 2 of 3 agree
     await _settle()
-    assert dht.published == [1]
+    assert dht.published == [1] and r.dropped == 1  # the poisoned statistic: left out, and logged
     want = BasisRefitter(SPEC, SigningKey.generate(), FakeDHT({1: ["x"], 2: ["y"]}), FakeTransport(), ttl=60)
     await want.on_stats(body(1, 5, honest1), "x")
     await want.on_stats(body(2, 5, honest2), "y")
