@@ -87,9 +87,10 @@ class ForkedProcess:
             msg = self._reply.recv(4096)
             if msg:
                 self.returncode = os.waitstatus_to_exitcode(json.loads(msg)["status"])
-            else:  # the server is gone: the child (now init's) can still end, but its status is lost
-                select.select([self._pidfd], [], [])
-                self.returncode = 255
+            elif select.select([self._pidfd], [], [], timeout)[0]:
+                self.returncode = 255  # the server is gone: the child (now init's) ended, its status lost
+            else:
+                return False
             self._reply.close()
             os.close(self._pidfd)
             return True
@@ -117,6 +118,10 @@ class ForkedProcess:
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
+
+    def __del__(self) -> None:
+        if self.returncode is None and getattr(self, "_pidfd", None) is not None:
+            os.close(self._pidfd)  # a handle dropped unwaited; the reply socket closes by itself
 
 
 Process = subprocess.Popen | ForkedProcess
@@ -163,7 +168,8 @@ class ForkServer:
                                 cwd=cwd, start_new_session=True)
 
     def close(self, timeout: float = 10.0) -> None:
-        """End the server (children it started keep running, as children of init)."""
+        """End the server. Children still running then stop if they run with SWARM_EXIT_WITH_PARENT
+        (their parent is gone), else they go on as init's and their exit status is lost."""
         if self._control.fileno() >= 0:
             self._control.close()
         try:

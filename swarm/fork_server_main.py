@@ -110,8 +110,9 @@ def _become_child(request: dict, out: int, err: int, keep_closed: list[int], dis
         os._exit(code)
 
 
-def serve(control: socket.socket) -> None:
-    """Fork a child per request on `control` and report its exit status, until `control` closes."""
+def serve(control: socket.socket, owner: int) -> None:
+    """Fork a child per request on `control` and report its exit status, until `control` closes
+    or `owner` (the parent pid at start) is gone."""
     dispositions = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD)}
     # a Ctrl+C or SIGTERM meant for the owner's group must not end the server before the owner
     # has stopped (and collected) its children
@@ -121,7 +122,6 @@ def serve(control: socket.socket) -> None:
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so that SIGCHLD writes to the wakeup fd
     children: dict[int, socket.socket] = {}
-    owner = os.getppid()
     while True:
         # the owner's end may live on in a process the owner forked: its death must end us too
         ready = select.select([control, wake_r], [], [], OWNER_POLL_S)[0]
@@ -174,6 +174,7 @@ def serve(control: socket.socket) -> None:
 
 
 def main() -> None:
+    owner = os.getppid()  # before the imports: the owner may die while they run
     import warnings
     warnings.filterwarnings("ignore", message=".*torch.jit.script.*")
     _set_cmdline([sys.executable, "-m", "swarm.fork_server_main"])
@@ -188,7 +189,7 @@ def main() -> None:
             pass  # optional (uvloop): the child imports it, or not, as a plain process would
     if threading.active_count() != 1:
         raise RuntimeError(f"importing started threads {threading.enumerate()}; forking is unsafe")
-    serve(control)
+    serve(control, owner)
 
 
 if __name__ == "__main__":

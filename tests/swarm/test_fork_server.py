@@ -105,6 +105,20 @@ def test_an_import_time_variable_that_differs_gets_a_plain_process(server, tmp_p
     assert proc.wait(timeout=60) == 0 and report(tmp_path / "omp.log")["ppid"] == os.getpid()
 
 
+def test_handles_keep_working_when_the_server_dies_and_later_processes_start_plainly(tmp_path):
+    with ForkServer(child_env(), cwd=ROOT) as fs:
+        child = start(fs, tmp_path / "child.log", "wait")
+        report(tmp_path / "child.log")
+        fs._proc.kill()
+        fs._proc.wait()
+        t0 = time.monotonic()
+        assert child.poll() is None and time.monotonic() - t0 < 1.0  # alive (now init's); poll does not block
+        child.kill()  # the pidfd still reaches it
+        assert child.wait(timeout=30) == 255 and gone(child.pid)  # its exit status went with the server
+        later = start(fs, tmp_path / "later.log", "4")
+        assert isinstance(later, subprocess.Popen) and later.wait(timeout=60) == 4
+
+
 OWNER = textwrap.dedent("""
     import json, os, sys, threading
     from swarm.fork_server import ForkServer
