@@ -24,8 +24,8 @@ Environment variables read at import time (by Python, torch, OpenMP/BLAS, hivemi
 change after the fork: `IMPORT_TIME_ENV` lists their prefixes. A request whose values of those
 differ from the server's, or whose cwd differs (with -m, cwd is sys.path[0]), or made after the
 server died, gets a plain subprocess instead. SWARM_FORK_SERVER=0 turns the server off.
-Differences left: children share the server's str hash seed (PYTHONHASHSEED), and the stdin of
-a child is /dev/null, not the caller's.
+Differences left: children share the server's str hash seed (PYTHONHASHSEED), the stdin of a
+child is /dev/null, not the caller's, and warnings printed while importing go to the server's log.
 """
 from __future__ import annotations
 
