@@ -25,6 +25,8 @@ import torch
 
 from protocol.spec import RunSpec
 
+from . import fork_server
+from .fork_server import ForkServer, Process
 from .local_reports import LocalSwarmError, RunReports
 from .options import opt
 
@@ -113,12 +115,28 @@ def _python_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "swarm.cli", *args]
 
 
+def child_env(threads: int) -> dict[str, str]:
+    """The environment of a local swarm's processes, each on `threads` torch threads."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env["OMP_NUM_THREADS"] = str(threads)
+    env["SWARM_TORCH_THREADS"] = str(threads)
+    root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    env["SWARM_EXIT_WITH_PARENT"] = "1"  # a child ends with this launcher, however the launcher ends
+    return env
+
+
 class LocalSwarm(RunReports):
-    def __init__(self, opts: LocalOptions, placement: Placement | None = None) -> None:
+    def __init__(self, opts: LocalOptions, placement: Placement | None = None,
+                 fork_server: ForkServer | None = None) -> None:
+        """`fork_server`: one to share (e.g. a test session's; its owner closes it), else this
+        swarm starts its own with its first process and closes it in `stop`."""
         self.opts = opts
         self.placement = placement or Loopback()
         self._peers_started = 0
-        self.procs: list[tuple[str, subprocess.Popen]] = []
+        self.procs: list[tuple[str, Process]] = []
+        self._shared_server = fork_server
+        self._fork_server: ForkServer | None = None  # its own, started with the first process it can start
         self.maddrs: list[str] = []
         self.run_hash = ""  # the signed spec's (it names the coordinator's key), set once the coordinator serves
         self.dashboard_url: str | None = None
@@ -132,23 +150,26 @@ class LocalSwarm(RunReports):
 
     # ---------------------------------------------------------------- processes
     def _env(self) -> dict[str, str]:
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
         n_procs = self.opts.spec.n_stages * self.opts.replicas + 1
-        threads = self.opts.threads or max(1, (os.cpu_count() or 1) // n_procs)
-        env["OMP_NUM_THREADS"] = str(threads)
-        env["SWARM_TORCH_THREADS"] = str(threads)
-        root = str(Path(__file__).resolve().parent.parent)
-        env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-        env["SWARM_EXIT_WITH_PARENT"] = "1"  # a child ends with this launcher, however the launcher ends
-        return env
+        return child_env(self.opts.threads or max(1, (os.cpu_count() or 1) // n_procs))
 
-    def spawn(self, name: str, args: list[str], prefix: Sequence[str] = ()) -> subprocess.Popen:
+    def spawn(self, name: str, args: list[str], prefix: Sequence[str] = ()) -> Process:
         """Start `swarm ARGS` as `name` (log: <name>.log), behind a command `prefix` if given, e.g.
-        `ip netns exec NS` to run it in a network namespace (the prefix must exec the command)."""
-        logf = open(self.dir / f"{name}.log", "w")
-        proc = subprocess.Popen([*prefix, *self.placement.prefix(name), *_python_cmd(*args)], stdout=logf,
-                                stderr=subprocess.STDOUT, env=self._env(), start_new_session=True)
-        logf.close()
+        `ip netns exec NS` to run it in a network namespace (the prefix must exec the command).
+        Without a prefix it is forked by the fork server (swarm/fork_server.py; SWARM_FORK_SERVER=0: not)."""
+        prefix = [*prefix, *self.placement.prefix(name)]
+        env = self._env()
+        with open(self.dir / f"{name}.log", "w") as logf:
+            if not prefix and fork_server.enabled(env):
+                server = self._shared_server
+                if server is None or not server.usable_for(env, None):
+                    if self._fork_server is None:
+                        self._fork_server = ForkServer(env, log=self.dir / "fork_server.log")
+                    server = self._fork_server
+                proc = server.popen(args, stdout=logf, env=env)
+            else:
+                proc = subprocess.Popen([*prefix, *_python_cmd(*args)], stdout=logf, stderr=subprocess.STDOUT,
+                                        env=env, start_new_session=True)
         self.procs.append((name, proc))
         return proc
 
@@ -189,7 +210,7 @@ class LocalSwarm(RunReports):
         devices = parse_devices(self.opts.devices) or [self.opts.device]
         return devices[index % len(devices)]
 
-    def start_peer(self, stage: int | str, *extra: str, name: str | None = None) -> subprocess.Popen:
+    def start_peer(self, stage: int | str, *extra: str, name: str | None = None) -> Process:
         """Start `swarm peer` for `stage` (or "auto"); its report goes to <name>.jsonl in the workdir.
         Peers take the devices of `--devices` in the order they are started."""
         name = name or f"stage{stage}"
@@ -260,6 +281,9 @@ class LocalSwarm(RunReports):
                 proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 log.error("process %d did not exit after SIGKILL", proc.pid)
+        if self._fork_server is not None:  # last: its children stop when it goes (SWARM_EXIT_WITH_PARENT)
+            self._fork_server.close()
+            self._fork_server = None
 
     def wait_for_head(self, timeout: float = 30.0) -> None:
         for name, proc in self.procs:
@@ -273,7 +297,7 @@ class LocalSwarm(RunReports):
         if self._tmp is not None:
             self._tmp.cleanup()
 
-def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+def _signal_group(proc: Process, sig: int) -> None:
     try:
         os.killpg(proc.pid, sig)
     except (ProcessLookupError, PermissionError):

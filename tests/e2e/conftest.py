@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 from protocol.spec import preset
-from swarm.local import LocalOptions, LocalSwarm
+from swarm import fork_server
+from swarm.fork_server import ForkServer
+from swarm.local import LocalOptions, LocalSwarm, child_env
 
 HERE = Path(__file__).parent
 
@@ -20,14 +22,27 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.e2e)
 
 
+@pytest.fixture(scope="session")
+def session_fork_server(tmp_path_factory):
+    """One fork server (swarm/fork_server.py) for the session's local swarms: each swarm process
+    forked from it skips ~2.5 CPU-s of imports. None with SWARM_FORK_SERVER=0."""
+    env = child_env(threads=1)
+    if not fork_server.enabled(env):
+        yield None
+        return
+    with ForkServer(env, log=tmp_path_factory.mktemp("fork-server") / "server.log") as server:
+        yield server
+
+
 @pytest.fixture
-def make_swarm(tmp_path):
+def make_swarm(tmp_path, session_fork_server):
     """make_swarm(**preset_overrides) -> a LocalSwarm whose processes are stopped at teardown."""
     started: list[LocalSwarm] = []
 
     def make(**overrides) -> LocalSwarm:
         spec = preset("tiny", **{"stages": 3, **overrides})
-        swarm = LocalSwarm(LocalOptions(spec, workdir=str(tmp_path / f"swarm{len(started)}"), threads=1, quiet=True))
+        swarm = LocalSwarm(LocalOptions(spec, workdir=str(tmp_path / f"swarm{len(started)}"), threads=1, quiet=True),
+                           fork_server=session_fork_server)
         started.append(swarm)
         return swarm
 
