@@ -25,8 +25,8 @@ import torch
 
 from protocol.spec import RunSpec
 
-from . import fork_server
-from .fork_server import ForkServer, Process
+from .launch import fork_server
+from .launch.fork_server import ForkServer, Process
 from .local_reports import LocalSwarmError, RunReports
 from .options import opt
 
@@ -156,7 +156,7 @@ class LocalSwarm(RunReports):
     def spawn(self, name: str, args: list[str], prefix: Sequence[str] = ()) -> Process:
         """Start `swarm ARGS` as `name` (log: <name>.log), behind a command `prefix` if given, e.g.
         `ip netns exec NS` to run it in a network namespace (the prefix must exec the command).
-        Without a prefix it is forked by the fork server (swarm/fork_server.py; SWARM_FORK_SERVER=0: not)."""
+        Without a prefix it is forked by the fork server (swarm/launch/fork_server.py; SWARM_FORK_SERVER=0: not)."""
         prefix = [*prefix, *self.placement.prefix(name)]
         env = self._env()
         with open(self.dir / f"{name}.log", "w") as logf:

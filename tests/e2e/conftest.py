@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from protocol.spec import preset
-from swarm import fork_server
-from swarm.fork_server import ForkServer
+from swarm.launch import fork_server
+from swarm.launch.fork_server import ForkServer
 from swarm.local import LocalOptions, LocalSwarm, child_env
 
 HERE = Path(__file__).parent
@@ -24,7 +24,7 @@ def pytest_collection_modifyitems(items):
 
 @pytest.fixture(scope="session")
 def session_fork_server(tmp_path_factory):
-    """One fork server (swarm/fork_server.py) for the session's local swarms: each swarm process
+    """One fork server (swarm/launch/fork_server.py) for the session's local swarms: each swarm process
     forked from it skips ~2.5 CPU-s of imports. None with SWARM_FORK_SERVER=0."""
     env = child_env(threads=1)
     if not fork_server.enabled(env):

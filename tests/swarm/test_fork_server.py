@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from swarm.fork_server import ForkedProcess, ForkServer
+from swarm.launch.fork_server import ForkedProcess, ForkServer
 from tests.e2e.processes import group_members
 
 pytestmark = pytest.mark.e2e
@@ -121,7 +121,7 @@ def test_handles_keep_working_when_the_server_dies_and_later_processes_start_pla
 
 OWNER = textwrap.dedent("""
     import json, os, sys, threading
-    from swarm.fork_server import ForkServer
+    from swarm.launch.fork_server import ForkServer
     out, env = sys.argv[1], dict(os.environ, SWARM_EXIT_WITH_PARENT="1")
     fs = ForkServer(env, log=out + "/server.log")
     procs = []

@@ -10,7 +10,7 @@ global and torch's default CPU generator reseeded from the OS (as a fresh proces
 is never initialised in the server), SIGINT/SIGTERM as the owner had them; its exit code is the
 process's.
 
-The server process is `swarm/fork_server_main.py`. The owner holds one end of a SOCK_SEQPACKET
+The server process is `swarm/launch/fork_server_main.py`. The owner holds one end of a SOCK_SEQPACKET
 socketpair; the server's end is its stdin, so the server exits as soon as its owner closes it or
 dies (children it started stop then too if they run with SWARM_EXIT_WITH_PARENT: their parent is
 the server). A request is one message (JSON argv/env + fds: stdout, stderr, and one end of a
@@ -136,7 +136,7 @@ class ForkServer:
         self._control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         with open(log or os.devnull, "w") as err:
             # the padding is argv room that each child overwrites with its own command line
-            self._proc = subprocess.Popen([sys.executable, "-m", "swarm.fork_server_main", " " * CMDLINE_ROOM],
+            self._proc = subprocess.Popen([sys.executable, "-m", "swarm.launch.fork_server_main", " " * CMDLINE_ROOM],
                                           stdin=theirs, stdout=err, stderr=err, env=self.env, cwd=self.cwd)
         theirs.close()
         self._lock = threading.Lock()

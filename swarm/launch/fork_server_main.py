@@ -1,5 +1,5 @@
-"""The fork server's own process (`python -m swarm.fork_server_main PADDING`), started by
-`swarm.fork_server.ForkServer`, which explains the design: it imports what swarm processes
+"""The fork server's own process (`python -m swarm.launch.fork_server_main PADDING`), started by
+`swarm.launch.fork_server.ForkServer`, which explains the design: it imports what swarm processes
 import, then forks one child per request on its stdin (a SOCK_SEQPACKET socket) and reports
 each child's pid (with a pidfd) and, once reaped, its wait status. It starts no thread: forking
 a threaded process is unsafe, so it refuses to serve if an import started one.
@@ -177,7 +177,7 @@ def main() -> None:
     owner = os.getppid()  # before the imports: the owner may die while they run
     import warnings
     warnings.filterwarnings("ignore", message=".*torch.jit.script.*")
-    _set_cmdline([sys.executable, "-m", "swarm.fork_server_main"])
+    _set_cmdline([sys.executable, "-m", "swarm.launch.fork_server_main"])
     control = socket.socket(fileno=os.dup(0))
     os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
     import swarm.cli
