@@ -90,6 +90,7 @@ class StepCommit:
         # a head's check of the leader's step record before it sums with it: why not, or None
         self.check_record: Callable[[Command], Awaitable[str | None]] | None = None
         self.on_lease: Callable[[], Awaitable[object]] | None = None  # the coordinator says: read the lease now
+        self.own_snapshot: Callable[[], tuple[int, str] | None] | None = None  # (step, sha256) of its newest
         self.sync_bytes = 0  # contribution bytes this replica sent to other replicas, every phase and attempt
         self.synced_steps = 0  # steps applied here whose reduce had another replica in it
         self.last_sync_bytes = 0  # what the last applied step's reduce sent
@@ -153,7 +154,9 @@ class StepCommit:
         reduced = self.runner.reduced
         contributors = reduced.contributors if reduced is not None and (reduced.step, reduced.attempt) == (
             cmd.step, cmd.attempt) else {}
-        return CommandReply(cmd.step, cmd.attempt, outcome, self.runner.microbatches_done(), contributors, reason)
+        own = self.own_snapshot() if self.own_snapshot is not None and cmd.op == "reduce" else None
+        return CommandReply(cmd.step, cmd.attempt, outcome, self.runner.microbatches_done(), contributors, reason,
+                            own)
 
     # ------------------------------------------------------------------ reduce
     async def _reduce(self, cmd: Command) -> CommandReply:

@@ -79,7 +79,10 @@ class StepDriver:
         self.sign_record = sign_record
         self._record = b""
         self.last_workers: dict[int, list[str]] = {}
-        self.on_committed: Callable[[int, dict[int, list[str]]], None] | None = None  # (steps done, workers)
+        # (step, stage -> sha256) of the newest snapshot step at which every stage's replicas agreed
+        self.last_snapshots: tuple[int, dict[int, str]] | None = None
+        # (steps done, workers, last_snapshots) after each committed step: what the leader vouches for
+        self.on_committed: Callable[[int, dict[int, list[str]], tuple[int, dict[int, str]] | None], None] | None = None
         self._dead: dict[str, float] = {}  # heads that stopped answering -> when we may try them again
         self._leading = False
         self._applying: asyncio.Task | None = None  # telling the other peers to apply the last step
@@ -242,7 +245,7 @@ class StepDriver:
         if record is None:  # the commit found the step applied here already (not by this head's commit)
             return None
         if self.on_committed is not None:
-            self.on_committed(step + 1, self.last_workers)
+            self.on_committed(step + 1, self.last_workers, self.last_snapshots)
         seconds = time.perf_counter() - t0
         self.daemon.tokens_done += tokens
         self.daemon.throughput = tokens / max(seconds, 1e-9)
@@ -346,7 +349,7 @@ class StepDriver:
         cmds = {peer: Command(self.spec.run_hash, step, attempt, "reduce", sorted(groups[stage]), self._record)
                 for peer, stage in members.items()}
         replies = dict(zip(cmds, await asyncio.gather(*(self._send(p, c) for p, c in cmds.items()))))
-        appliers, workers = [], {}
+        appliers, workers, snapshots = [], {}, {}
         for stage in range(self.spec.n_stages):
             oks = {p: r for p, r in replies.items() if members[p] == stage and r.outcome == "ok"}
             if not oks:
@@ -357,12 +360,18 @@ class StepDriver:
                 raise AttemptFailed(f"the replicas of stage {stage} summed different contributions")
             appliers += list(oks)
             workers[stage] = sorted(p for p, mbs in next(iter(agreed)) if mbs)
+            claims = {r.snapshot for r in oks.values()}
+            if len(claims) == 1 and None not in claims:  # the stage's replicas agree on their newest snapshot
+                snapshots[stage] = claims.pop()
         # every stage has reduced: from here the step must be applied everywhere. This head applies
         # at once and goes on to the next step; the others are told meanwhile (their share of the
         # next step waits for it), and a stage whose replicas all failed to apply (a refusal while
         # views of the leader settle, a lost reply) is asked again for a while: it holds the sum,
         # and applying twice is answered "ok"
         self.last_workers = workers  # who did the step's work, stage by stage (issue 20: re-fits count only them)
+        steps = {step for step, _ in snapshots.values()}
+        if len(snapshots) == self.spec.n_stages and len(steps) == 1:  # every stage's snapshot at one step
+            self.last_snapshots = (steps.pop(), {s: sha for s, (_, sha) in snapshots.items()})
         if self.peer_id in appliers:
             mine = await self._send(self.peer_id, Command(self.spec.run_hash, step, attempt, "apply"))
             if mine.outcome != "ok":

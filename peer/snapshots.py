@@ -22,10 +22,13 @@ the signed basis). If it is older than the swarm's step the leader rolls every s
 it (`peer/rollback.py`). With no snapshot anywhere `restore` raises `NoSnapshot`: the peer must
 not start the stage afresh unless its owner says so (`swarm join --allow-fresh-stage`).
 
-What is trusted: the offering replica (as a joiner trusts its donor today), and the majority of
-the custodians that answer. A replica that serves its stage could offer a poisoned snapshot,
-and colluding custodians could outvote honest ones; signing a snapshot's hash into the
-leader's step record is left open (issue 19's open-swarm trust).
+What is trusted: the swarm key's word on which snapshot each stage took. The leading head learns
+each stage's snapshot hash from its replicas' reduce replies (only when they all agree), signs
+the hashes of a step at which every stage agreed into its work record, and the coordinator
+vouches for them in the DHT (`swarm/replicas/vouched.py`); a restore loads only a vouched
+(step, sha256), so colluding custodians cannot outvote the swarm. Until a hash is vouched for
+(the run's first snapshot, or no coordinator), the majority of the custodians that answer
+decides, as before.
 """
 from __future__ import annotations
 
@@ -85,6 +88,9 @@ class SnapshotService:
         self.store = SnapshotStore(self.max_bytes, keep)
         self._fetching: set[int] = set()  # stages whose offered snapshot this custodian is fetching now
         self.restored = False  # the state is a snapshot restored here, and no step was applied since
+        # step -> the sha256 the swarm key vouches for, of this stage's snapshot (swarm/replicas/vouched.py;
+        # None or {}: nobody vouches, and the restore takes the snapshot most custodians hold)
+        self.vouched: Callable[[], Awaitable[dict[int, str]]] | None = None
 
     @property
     def link(self):
@@ -137,6 +143,11 @@ class SnapshotService:
                 continue
             log.info("stage %d: snapshot at step %d (%.1f MB) offered to %s%s", self.stage, step,
                      len(snap.data) / 1e6, peer[-8:], "" if ok else ", which refused it")
+
+    def newest_own(self) -> tuple[int, str] | None:
+        """(step, sha256) of this stage's newest snapshot held here (taken here or restored), or None."""
+        snap = self.store.newest(self.stage)
+        return (snap.step, snap.sha256) if snap is not None else None
 
     async def custodians(self) -> list[str]:
         """The `copies` live peers of other stages that keep this stage's snapshots."""
@@ -220,11 +231,16 @@ class SnapshotService:
         """Load this stage's newest snapshot held by a live peer (or the one at `step`); returns its step."""
         asked = {p.peer_id: self.stage for s in range(self.spec.n_stages)
                  for p in await self.daemon.directory.members(s) if p.peer_id != self.daemon.peer_id}
+        vouched = await self.vouched() if self.vouched is not None else {}
         holders: dict[SnapshotInfo, list[str]] = {}
         for peer, listed in sorted((await self.survey(asked)).items()):
             for info in listed.held:
+                if vouched and vouched.get(info.step) != info.sha256:
+                    continue  # not the snapshot the swarm took (or one not vouched for yet): not loaded
                 if step is None or info.step == step:
                     holders.setdefault(info, []).append(peer)
+        if not vouched:
+            log.info("stage %d: no snapshot hash is vouched for yet; taking the one most custodians hold", self.stage)
         for s in sorted({i.step for i in holders}, reverse=True):
             versions = sorted((i for i in holders if i.step == s), key=lambda i: -len(holders[i]))
             if len(versions) > 1:

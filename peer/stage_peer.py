@@ -48,6 +48,7 @@ class StagePeer:
         self.on_applied: Callable[[int], None] | None = None  # the owner's hook, called with the new step number
         self.commit.on_applied = self.follower.on_applied = self._applied
         self.commit.on_rollback = self.rollback.on_command
+        self.commit.own_snapshot = self.snapshots.newest_own  # its hash reaches the leader in reduce replies
         if self.driver is not None and self.snapshots.every > 0:  # no snapshots: nothing to roll back to
             self.driver.realign = lambda: self.rollback.realign(self.driver)
 

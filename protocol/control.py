@@ -17,9 +17,12 @@ Maps (short keys; tensors are wire.py's ExtType):
                   reduce, the leader's signed `StepRecord` of the attempt (protocol/step_record.py;
                   absent in swarms without a coordinator); lease: the coordinator asks the peer to
                   read the leader lease again now (it says nothing itself: the lease is read signed)
-    CommandReply  {k: "ctlr", s: step, a: attempt, o: outcome, m: [microbatches], x: {peer: [mb]}, e: text}
+    CommandReply  {k: "ctlr", s: step, a: attempt, o: outcome, m: [microbatches], x: {peer: [mb]}, e: text,
+                   h: [step, sha256 hex]}
                   outcome in ok | behind | ahead | failed; m: what this replica computed in the
-                  attempt; x: after a reduce, whose contributions it summed
+                  attempt; x: after a reduce, whose contributions it summed; h: after a reduce, the
+                  step and hash of the replica's newest own snapshot (peer/snapshots.py), which the
+                  leader vouches for through the coordinator once the stage's replicas agree
     Contribution  {k: "red", r, s, a, g: stage, p: phase, m: [microbatches], t: flat gradient | nil,
                    f: factors | nil, q: statistic | nil}
                   replica_sync "exact" (one phase, p = 0): t is every trainable parameter's
@@ -84,6 +87,7 @@ class CommandReply:
     microbatches: list[int] = field(default_factory=list)
     contributors: dict[str, list[int]] = field(default_factory=dict)
     reason: str = ""
+    snapshot: tuple[int, str] | None = None  # (step, sha256 hex) of the replica's newest own snapshot
 
 
 @dataclass
@@ -252,8 +256,11 @@ def decode_command(data: bytes, run: str) -> Command:
 
 
 def encode_reply(r: CommandReply) -> bytes:
-    return msgpack.packb({"k": _REPLY, "s": r.step, "a": r.attempt, "o": r.outcome, "m": r.microbatches,
-                          "x": r.contributors, "e": r.reason[:500]})
+    body = {"k": _REPLY, "s": r.step, "a": r.attempt, "o": r.outcome, "m": r.microbatches, "x": r.contributors,
+            "e": r.reason[:500]}
+    if r.snapshot is not None:
+        body["h"] = [r.snapshot[0], r.snapshot[1]]
+    return msgpack.packb(body)
 
 
 def decode_reply(data: bytes, n_microbatches: int) -> CommandReply:
@@ -265,8 +272,12 @@ def decode_reply(data: bytes, n_microbatches: int) -> CommandReply:
     contributors = {str(p)[:128]: _mbs(m, n_microbatches) for p, m in x.items() if isinstance(p, str)}
     _need(len(contributors) == len(x), "a control reply's contributors must be keyed by peer id.")
     reason = d.get("e", "")
+    h = d.get("h")
+    _need(h is None or isinstance(h, list) and len(h) == 2 and isinstance(h[0], int) and 0 < h[0] < 2**53
+          and isinstance(h[1], str) and len(h[1]) == 64, "a control reply's snapshot must be [step, sha256 hex].")
     return CommandReply(_int(d, "s", "step"), _int(d, "a", "attempt", 2**31), d["o"],
-                        _mbs(d.get("m", []), n_microbatches), contributors, reason if isinstance(reason, str) else "")
+                        _mbs(d.get("m", []), n_microbatches), contributors, reason if isinstance(reason, str) else "",
+                        (h[0], h[1]) if h else None)
 
 
 # ---------------------------------------------------------------- contributions and follow updates

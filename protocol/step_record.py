@@ -16,19 +16,23 @@ digest while it feeds other tokens is what recomputation catches: issue 21's spo
 recompute a microbatch from the tokens this record commits to.) Signing and verifying take the
 libp2p key, which lives in `swarm/trust/identity.py`: this file holds only the bytes.
 
-    WorkRecord  {k: "workrec", r: run, s: steps done (a re-fit step), l: leader, w: {stage: [peer
-                 ids that contributed microbatches to that step's reduce]}, p, g}
-    signed      = msgpack([WORK_RECORD_DOMAIN, r, s, l, [[stage, [ids]] sorted by stage]])
+    WorkRecord  {k: "workrec", r: run, s: steps done, l: leader, w: {stage: [peer ids that
+                 contributed microbatches to that step's reduce]}, n: snapshot step, h: {stage:
+                 sha256 hex of its snapshot at n}, p, g}
+    signed      = msgpack([WORK_RECORD_DOMAIN, r, s, l, [[stage, [ids]] sorted by stage], n,
+                           [[stage, sha] sorted by stage]])
 
-The leader sends one to the coordinator after each re-fit step: only the peers it names may
-vote in that re-fit (`swarm/basis/refit.py`), so ids that merely announce a stage count for
-nothing there.
+The leader sends one to the coordinator after each re-fit step and whenever every stage's
+replicas agree on a newer snapshot: only the peers it names may vote in that re-fit
+(`swarm/basis/refit.py`), so ids that merely announce a stage count for nothing there; and the
+coordinator vouches for those snapshot hashes (`swarm/replicas/vouched.py`), so a peer that
+restores a stage loads the snapshot the swarm took, not the one most custodians claim.
 """
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import msgpack
 import torch
@@ -97,15 +101,20 @@ class WorkRecord:
     workers: dict[int, list[str]]  # stage -> peers that contributed microbatches to that step's reduce
     signer: bytes = b""
     signature: bytes = b""
+    snapshot_step: int = 0  # the newest step at which every stage snapshotted (0: none yet)
+    snapshots: dict[int, str] = field(default_factory=dict)  # stage -> its replicas' sha256 hex at snapshot_step
 
     def signing_bytes(self) -> bytes:
         workers = [[s, sorted(self.workers[s])] for s in sorted(self.workers)]
-        return msgpack.packb([WORK_RECORD_DOMAIN, self.run, self.step, self.leader, workers], use_bin_type=True)
+        snaps = [[s, self.snapshots[s]] for s in sorted(self.snapshots)]
+        return msgpack.packb([WORK_RECORD_DOMAIN, self.run, self.step, self.leader, workers, self.snapshot_step,
+                              snaps], use_bin_type=True)
 
     def encode(self) -> bytes:
         return msgpack.packb({"k": _WORK_KIND, "r": self.run, "s": self.step, "l": self.leader,
                               "w": {int(s): list(p) for s, p in self.workers.items()}, "p": self.signer,
-                              "g": self.signature}, use_bin_type=True)
+                              "g": self.signature, "n": self.snapshot_step,
+                              "h": {int(s): h for s, h in self.snapshots.items()}}, use_bin_type=True)
 
     @classmethod
     def decode(cls, body: bytes, run: str, n_stages: int) -> WorkRecord:
@@ -127,4 +136,10 @@ class WorkRecord:
               "a work record's workers must be lists of peer ids.")
         for key in ("p", "g"):
             _need(isinstance(d.get(key), bytes) and len(d[key]) <= 1024, "a work record's key and signature are bytes.")
-        return cls(run, d["s"], d["l"], {s: list(p) for s, p in w.items()}, d["p"], d["g"])
+        n, h = d.get("n", 0), d.get("h", {})
+        _need(isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= d["s"], "a work record's snapshot step "
+              "must be a step it has done.")
+        _need(isinstance(h, dict) and all(isinstance(s, int) and 0 <= s < n_stages and isinstance(x, str)
+                                          and len(x) == 64 for s, x in h.items()),
+              "a work record's snapshots must map stages to sha256 hex.")
+        return cls(run, d["s"], d["l"], {s: list(p) for s, p in w.items()}, d["p"], d["g"], n, dict(h))

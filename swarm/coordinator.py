@@ -26,6 +26,7 @@ from .net.reachability import DialBack
 from .options import opt
 from .replicas.data_check import DataVerdict, tell_to_read_lease
 from .replicas.leases import LeaseKeeper
+from .replicas.vouched import SnapshotVouch
 from .trust.admission import AdmissionPolicy
 from .trust.identity import Identity, IdentityError
 from .trust.keys import SigningKey
@@ -153,9 +154,11 @@ async def _coordinate(opts: CoordinatorOptions, spec: RunSpec, key: SigningKey, 
         refitter = BasisRefitter(spec, key, sdht, transport, opts.ttl * 100, delay=opts.refit_delay,
                                  answers=LivenessProbe(p2p).checker(spec.run_hash, transport),
                                  leaders=lambda: keeper.lease.order if keeper.lease is not None else [])
+        vouch = SnapshotVouch(sdht, spec.run_hash, spec.n_stages)
+        refitter.on_record = vouch.take
         if spec.codec == "subspace" and spec.basis_updates:
             await transport.serve(KIND_STATS, refitter.on_stats)
-            await transport.serve(KIND_WORK, refitter.on_work)  # who may vote in each re-fit
+        await transport.serve(KIND_WORK, refitter.on_work)  # who may vote in each re-fit; which snapshots are sound
         await DialBack().serve(transport)  # joining peers ask whether they can be reached
         await sdht.publish_run_spec(spec.to_json(), key, opts.ttl)
         async def everyone_reads(_lease) -> None:  # after a revocation: every peer reads the new lease now
@@ -181,6 +184,7 @@ async def _coordinate(opts: CoordinatorOptions, spec: RunSpec, key: SigningKey, 
             try:
                 await sdht.publish_run_spec(spec.to_json(), key, opts.ttl)
                 await refitter.republish()
+                await vouch.republish()
             except Exception as e:  # keep coordinating; the next round retries
                 log.warning("could not re-publish the run spec: %s", e)
     finally:

@@ -78,6 +78,7 @@ class BasisRefitter:
         # (None: every live announced replica votes; only the quorum's own tests run without a lease)
         self.leaders = leaders
         self._workers: dict[int, dict[int, set[str]]] = {}  # re-fit step -> stage -> peers that worked it
+        self.on_record: Callable[[WorkRecord], Awaitable[object]] | None = None  # every verified work record
         self._rechecks: dict[tuple[int, int], asyncio.Task] = {}
         basis = spec_basis(spec)
         self.bases: dict[int, torch.Tensor] = {0: basis.U} if basis is not None else {}
@@ -122,7 +123,8 @@ class BasisRefitter:
         return b""
 
     async def on_work(self, body: bytes, sender: str) -> bytes:
-        """A leading head's signed record of who worked a re-fit step (protocol/step_record.py)."""
+        """A leading head's signed record of who worked a re-fit step, and of the snapshots every stage
+        took (protocol/step_record.py): checked here, for both."""
         try:
             record = WorkRecord.decode(body, self.spec.run_hash, self.spec.n_stages)
         except WireError as e:
@@ -131,7 +133,9 @@ class BasisRefitter:
             return self._refused("only a head that the swarm key's lease names sends work records.")
         if not signed_by_leader(record):
             return self._refused("the work record is not signed by the head it names.")
-        if record.step % self.spec.basis_interval or record.step <= self.last_refit:
+        if self.on_record is not None:
+            await self.on_record(record)  # its snapshot hashes (swarm/replicas/vouched.py)
+        if self.spec.codec != "subspace" or record.step % self.spec.basis_interval or record.step <= self.last_refit:
             return b""  # not a re-fit step being collected: nothing to do
         self._workers[record.step] = {s: set(p) for s, p in record.workers.items()}
         for step in sorted(self._workers)[:-WORK_RECORDS_KEPT]:

@@ -23,12 +23,14 @@ from .records import (
                       RecordError,
                       SignedRunSpec,
                       StageAnnouncement,
+                      VouchedSnapshots,
                       basis_key,
                       basis_subkey,
                       health_key,
                       kind_of,
                       lease_key,
                       run_hash_of,
+                      snapshots_key,
                       stage_key,
 )
 from .store import SwarmDHT
@@ -38,5 +40,5 @@ __all__ = [
     "CLOCK_SKEW_S", "KEY_KINDS", "RUN_KEY", "RUN_SPEC_DOMAIN", "STATES", "Envelope", "LeaderLease", "RecordError",
     "SignedRunSpec", "StageAnnouncement", "SwarmDHT", "SwarmRecordValidator", "basis_key", "basis_subkey",
     "check_envelope", "close_node", "health_key", "kind_of", "lease_key", "refused_records", "run_hash_of",
-    "set_policy", "stage_key", "start_dht", "stop_dht",
+    "set_policy", "snapshots_key", "stage_key", "start_dht", "stop_dht", "VouchedSnapshots",
 ]

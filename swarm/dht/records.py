@@ -48,7 +48,7 @@ from swarm.trust.keys import SigningKey, fingerprint_of, verify
 __all__ = [
     "KEY_KINDS", "RUN_KEY", "RUN_SPEC_DOMAIN", "STATES", "KeyKind", "LeaderLease", "RecordError", "SignedRunSpec",
     "StageAnnouncement", "basis_key", "basis_subkey", "health_key", "kind_of", "lease_key", "parse_basis_subkey",
-    "run_hash_of", "stage_key",
+    "run_hash_of", "snapshots_key", "stage_key", "VouchedSnapshots",
 ]
 
 
@@ -81,6 +81,10 @@ def lease_key(run_hash: str) -> str:
     return f"subspace-swarm/{run_hash}/lease"
 
 
+def snapshots_key(run_hash: str) -> str:
+    return f"subspace-swarm/{run_hash}/snapshots"
+
+
 def basis_subkey(version: int, fingerprint: str) -> str:
     return f"{int(version)}:{fingerprint}"
 
@@ -108,6 +112,7 @@ KEY_KINDS = (
     KeyKind("basis", rf"subspace-swarm/{_RUN}/basis", 86400.0, "swarm"),
     KeyKind("health", rf"subspace-swarm/{_RUN}/health", 300.0, "peer"),
     KeyKind("lease", rf"subspace-swarm/{_RUN}/lease", 86400.0, "swarm"),
+    KeyKind("snapshots", rf"subspace-swarm/{_RUN}/snapshots", 86400.0, "swarm"),
 )
 
 
@@ -271,3 +276,32 @@ class LeaderLease:
     @classmethod
     def from_record(cls, record: object) -> LeaderLease:
         return cls(**_from_dict(cls, record, "leader lease"))
+
+
+_MAX_VOUCHED = 8
+
+
+@dataclass
+class VouchedSnapshots:
+    """The snapshot hashes the swarm key vouches for: step -> stage -> sha256 hex, for the newest
+    few snapshot steps at which the leading head saw every stage's replicas agree (it signed that
+    in a work record, protocol/step_record.py). A peer that restores a stage loads only a snapshot
+    whose hash is here, whatever most custodians claim."""
+
+    run_hash: str
+    steps: dict[int, dict[int, str]]
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.run_hash, str) and 0 < len(self.run_hash) <= 128, "run_hash must be a short string.")
+        _require(isinstance(self.steps, dict) and len(self.steps) <= _MAX_VOUCHED
+                 and all(_is_int(t) and t > 0 and isinstance(h, dict) and len(h) <= 4096
+                         and all(_is_int(s) and s >= 0 and isinstance(x, str) and len(x) == 64 for s, x in h.items())
+                         for t, h in self.steps.items()),
+                 f"steps must map at most {_MAX_VOUCHED} steps to {{stage: sha256 hex}}.")
+
+    def to_record(self) -> dict:
+        return {"run_hash": self.run_hash, "steps": {t: dict(h) for t, h in self.steps.items()}}
+
+    @classmethod
+    def from_record(cls, record: object) -> VouchedSnapshots:
+        return cls(**_from_dict(cls, record, "vouched snapshots"))

@@ -42,12 +42,14 @@ from .records import (
     RecordError,
     SignedRunSpec,
     StageAnnouncement,
+    VouchedSnapshots,
     _require,
     basis_key,
     basis_subkey,
     kind_of,
     lease_key,
     parse_basis_subkey,
+    snapshots_key,
     stage_key,
 )
 from .validator import set_policy
@@ -321,20 +323,34 @@ class SwarmDHT:
 
     async def fetch_lease(self, run_hash: str) -> LeaderLease | None:
         """The lease the adopted spec's coordinator key signed for `run_hash`, or None if there is none yet."""
+        return await self._swarm_record(lease_key(run_hash), LeaderLease, run_hash)
+
+    async def publish_vouched(self, vouched: VouchedSnapshots, ttl: float) -> bool:
+        """Store the snapshot hashes the swarm key vouches for (the coordinator only; swarm/replicas/vouched.py)."""
+        if self.swarm_key is None:
+            raise RuntimeError("only the coordinator vouches for snapshots: this SwarmDHT holds no swarm key.")
+        return await self._store(snapshots_key(vouched.run_hash), self.swarm_key.fingerprint(), vouched.to_record(),
+                                 ttl, Identity.of_key(self.swarm_key))
+
+    async def fetch_vouched(self, run_hash: str) -> VouchedSnapshots | None:
+        """The snapshot hashes the adopted spec's coordinator key vouches for, or None if there are none yet."""
+        return await self._swarm_record(snapshots_key(run_hash), VouchedSnapshots, run_hash)
+
+    async def _swarm_record(self, key: str, cls, run_hash: str):
+        """The one record of `cls` under `key` filed by the adopted spec's coordinator key, or None."""
         trusted = self.admission.policy.swarm_key
         if not trusted:
-            raise RecordError("no coordinator key to trust a lease from; adopt the run spec first.")
-        key = lease_key(run_hash)
+            raise RecordError(f"no coordinator key to trust {key} from; adopt the run spec first.")
         envelopes, _ = await self.entries(key)
         for env in envelopes:
             try:
-                _require(env.subkey == fingerprint_of(trusted), f"lease entry {env.subkey} is not the coordinator's.")
-                lease = LeaderLease.from_record(env.record())
-                _require(lease.run_hash == run_hash, "the lease is for another run.")
+                _require(env.subkey == fingerprint_of(trusted), f"entry {env.subkey} is not the coordinator's.")
+                record = cls.from_record(env.record())
+                _require(record.run_hash == run_hash, "the record is for another run.")
             except (RecordError, TypeError) as e:
                 self._skip(key, str(e))
                 continue
-            return lease
+            return record
         return None
 
     async def visible_maddrs(self) -> list[str]:

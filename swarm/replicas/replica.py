@@ -49,6 +49,7 @@ from swarm.replicas.data_check import StepRecordCheck
 from swarm.replicas.membership import PROBE_S, Membership
 from swarm.replicas.placement import HOLD_S, Rebalancer
 from swarm.replicas.router import Router
+from swarm.replicas.vouched import vouched_hashes
 from swarm.trust.signed_records import sign_record
 
 log = logging.getLogger(__name__)
@@ -123,6 +124,7 @@ class ReplicaService:
         self.peer: StagePeer | None = None
         self.sync: BasisSync | None = None
         self._saving: asyncio.Task | None = None
+        self._vouched_step = 0  # the newest snapshot step this head sent the coordinator
         # the hold starts now. No liveness probe here: a live peer whose uplink is busy (a snapshot over
         # 1 Mbit/s) can miss one, and a stage that looks empty draws a peer away at once
         self.rebalancer = Rebalancer(ctx.router, ctx.spec, ctx.rebalance_hold, allowed=ctx.allowed_stages)
@@ -145,7 +147,8 @@ class ReplicaService:
             snapshot_options=dict(every=snapshot_interval(self.spec)))
         sync.daemon = peer.daemon
         peer.commit.on_lease = lambda: ctx.router.lease(fresh=True)  # the coordinator revoked a lease
-        if peer.driver is not None and self.spec.codec == "subspace" and self.spec.basis_updates:
+        peer.snapshots.vouched = lambda: vouched_hashes(ctx.sdht, self.spec.run_hash, self.stage)
+        if peer.driver is not None:
             peer.driver.on_committed = self._after_commit
         if batches is not None:  # a head: it sums only with a leader whose step records its own data confirms
             peer.commit.check_record = StepRecordCheck(
@@ -285,11 +288,17 @@ class ReplicaService:
             if self._saving is None or self._saving.done():
                 self._saving = asyncio.create_task(self.save_checkpoint())
 
-    def _after_commit(self, steps: int, workers: dict[int, list[str]]) -> None:
-        """After a re-fit step, tell the coordinator who did its work: only they vote in the re-fit."""
-        if steps % self.spec.basis_interval == 0 and self.sync is not None:
+    def _after_commit(self, steps: int, workers: dict[int, list[str]],
+                      snapshots: tuple[int, dict[int, str]] | None) -> None:
+        """After a re-fit step, tell the coordinator who did its work (only they vote in the re-fit), and
+        after every stage agreed on a newer snapshot, its hashes (the coordinator vouches for them)."""
+        refit = self.spec.codec == "subspace" and self.spec.basis_updates and steps % self.spec.basis_interval == 0
+        fresh = snapshots is not None and snapshots[0] > self._vouched_step
+        if (refit or fresh) and self.sync is not None:
+            at, hashes = snapshots if snapshots is not None else (0, {})
+            self._vouched_step = max(self._vouched_step, at)
             record = sign_record(self.ctx.sdht.identity)(WorkRecord(self.spec.run_hash, steps, self.ctx.peer_id,
-                                                                    workers))
+                                                                    workers, snapshot_step=at, snapshots=hashes))
             self.peer.daemon.spawn(self.sync.send_work(record.encode()))
 
     async def _report_record(self, record: bytes) -> None:

@@ -165,3 +165,37 @@ async def test_a_custodian_takes_an_offer_only_from_a_replica_of_the_offered_sta
         assert swarm.peers["s0r0"].snapshots.store.listed(1) == []
     finally:
         await swarm.stop()
+
+
+async def test_the_leader_learns_every_stages_snapshot_hash_and_a_restore_loads_only_a_vouched_one():
+    from peer.state_transfer import load_state_bytes, state_bytes
+    spec = spec3()
+    swarm = await make_swarm(spec, [1, 1, 1], snapshot_options=dict(every=2), driver_options=DRIVER)
+    head = swarm.peers["s0r0"]
+    try:
+        await asyncio.wait_for(swarm.drive(5), 120)
+        await swarm.applied()
+        # the reduce replies of step 5 told the leader each stage's snapshot at step 4: every replica agreed
+        step, hashes = head.driver.last_snapshots
+        assert step == 4 and sorted(hashes) == [0, 1, 2]
+        for stage, name in enumerate(("s0r0", "s1r0", "s2r0")):
+            assert hashes[stage] == swarm.peers[name].snapshots.store.get(stage, 4).sha256
+        # both custodians of stage 1 are made to hold a poisoned, well-formed snapshot at a later step
+        honest = swarm.peers["s0r0"].snapshots.store.get(1, 4)
+        state = load_state_bytes(honest.data)
+        state["step"] = 6
+        next(iter(v for v in state["module"].values() if v.is_floating_point())).add_(1.0)
+        data = state_bytes(state)
+        for name in ("s0r0", "s2r0"):
+            swarm.peers[name].snapshots.store.put(Snapshot(1, 6, sha256_hex(data), data))
+        newcomer = await swarm.add(1, "s1new", announce="syncing")
+
+        async def vouched() -> dict[int, str]:
+            return {step: hashes[1]}
+        newcomer.snapshots.vouched = vouched
+        assert await newcomer.restore() == 4  # the custodians' majority said step 6; the swarm vouched for 4
+        assert newcomer.snapshots.store.newest(1).sha256 == hashes[1]
+        newcomer.snapshots.vouched = None  # without a vouch the custodians decide: the poisoned one
+        assert await newcomer.restore() == 6
+    finally:
+        await swarm.stop()

@@ -110,3 +110,18 @@ def test_a_reduce_command_carries_the_leaders_step_record_and_a_plain_one_carrie
     assert back.record == record and back.candidates == ["a", "b"]
     assert decode_command(encode_command(Command("r" * 16, 3, 2, "apply")), "r" * 16).record == b""
     assert decode_command(encode_command(Command("r" * 16, 0, 0, "lease")), "r" * 16).op == "lease"
+
+
+def test_a_reduce_reply_carries_the_replicas_newest_snapshot_and_a_bad_one_is_refused():
+    import msgpack
+    import pytest
+
+    from protocol.control import CommandReply, decode_reply, encode_reply
+    from protocol.wire import WireError
+    r = CommandReply(3, 1, "ok", [0, 1], {"p": [0, 1]}, "", (2, "ab" * 32))
+    assert decode_reply(encode_reply(r), 4).snapshot == (2, "ab" * 32)
+    assert decode_reply(encode_reply(CommandReply(3, 1, "ok")), 4).snapshot is None
+    bad = msgpack.unpackb(encode_reply(r))
+    bad["h"] = [2, "short"]
+    with pytest.raises(WireError):
+        decode_reply(msgpack.packb(bad), 4)

@@ -1,0 +1,58 @@
+"""`SnapshotVouch`: the coordinator's record of the snapshot hashes the swarm took (issue 19: the
+leader's step record holds (step, stage, sha256)), and a peer's reader of it.
+
+The leading head learns each stage's newest snapshot hash from its replicas' reduce replies
+(`peer/driver.py`: only when every replica of the stage reports the same (step, sha256)), and
+once every stage agrees on one step it signs the hashes into a work record for the coordinator
+(`protocol/step_record.py`). The coordinator takes work records only from a head the lease
+names (`swarm/basis/refit.py` checks that first) and keeps the newest `keep` steps in one record
+signed by the swarm key, `VouchedSnapshots`, in the DHT. A peer that restores a stage
+(`peer/snapshots.py`) loads only a snapshot whose (step, hash) is vouched for, when any is: a
+custodian majority that holds a poisoned snapshot decides nothing.
+"""
+from __future__ import annotations
+
+import logging
+
+from protocol.step_record import WorkRecord
+from swarm.dht import SwarmDHT, VouchedSnapshots
+
+log = logging.getLogger(__name__)
+
+VOUCH_TTL_S = 86400.0
+KEEP = 4  # snapshot steps vouched for at a time: every stage keeps its 2 newest, custodians too
+
+
+class SnapshotVouch:
+    def __init__(self, sdht: SwarmDHT, run_hash: str, n_stages: int, keep: int = KEEP) -> None:
+        self.sdht, self.run_hash, self.n_stages, self.keep = sdht, run_hash, n_stages, keep
+        self.vouched = VouchedSnapshots(run_hash, {})
+
+    async def take(self, record: WorkRecord) -> bool:
+        """A verified work record from a lease holder: vouch for its snapshot hashes if they are new
+        and cover every stage; True if the record was stored."""
+        step, hashes = record.snapshot_step, record.snapshots
+        if step <= 0 or step in self.vouched.steps or sorted(hashes) != list(range(self.n_stages)):
+            return False
+        steps = {**self.vouched.steps, step: dict(hashes)}
+        self.vouched = VouchedSnapshots(self.run_hash, {t: steps[t] for t in sorted(steps)[-self.keep:]})
+        stored = await self.sdht.publish_vouched(self.vouched, VOUCH_TTL_S)
+        log.info("vouched for the snapshots at step %d (from %s's record)%s", step, record.leader[-8:],
+                 "" if stored else "; the DHT did not store it, the next record retries")
+        return stored
+
+    async def republish(self) -> None:
+        if self.vouched.steps:
+            await self.sdht.publish_vouched(self.vouched, VOUCH_TTL_S)
+
+
+async def vouched_hashes(sdht: SwarmDHT, run_hash: str, stage: int) -> dict[int, str]:
+    """step -> the sha256 the swarm key vouches for, of `stage`'s snapshot at that step ({}: none, or unreadable)."""
+    try:
+        vouched = await sdht.fetch_vouched(run_hash)
+    except Exception as e:  # no coordinator key, or a DHT hiccup: the restore falls back to the custodians' word
+        log.debug("could not read the vouched snapshots: %s", e)
+        return {}
+    if vouched is None:
+        return {}
+    return {t: h[stage] for t, h in vouched.steps.items() if stage in h}
