@@ -30,11 +30,11 @@ from dataclasses import dataclass
 
 import torch
 
-from protocol.control import Command, CommandReply, decode_reply, encode_command
+from protocol.control import Command
 from protocol.step_record import StepRecord, data_digest
-from protocol.wire import KIND_CONTROL, ErrorReply, WireError, WireLimits, decode_message
 
 from .attempt_watch import AttemptWatch
+from .commands import CommandSender
 from .commit import StepCommit
 from .daemon import StageDaemon
 from .interfaces import LinkError, PeerDirectory, PeerInfo
@@ -73,16 +73,18 @@ class StepDriver:
         self.runner, self.spec, self.peer_id = daemon.runner, daemon.spec, daemon.peer_id
         self.min_timeout, self.first_timeout = min_timeout, first_timeout
         self.command_timeout, self.ping_period, self.ping_failures = command_timeout, ping_period, ping_failures
+        commands = CommandSender(daemon, commit, command_timeout)
+        self._broadcast, self._command, self._send = commands.broadcast, commands.command, commands.send
         self._step_seconds: float | None = None  # EWMA of a step's microbatch phase
         # signs the StepRecord that every reduce command carries, so that the standby heads check the
         # data this head fed (None: a swarm without a coordinator, nobody to prove anything to)
         self.sign_record = sign_record
         self._record = b""
         self.last_workers: dict[int, list[str]] = {}
-        # (step, stage -> sha256) of the newest snapshot step at which every stage's replicas agreed
+        # (step, stage -> sha256) of the newest snapshot step at which every stage's replicas agreed;
+        # on_committed(steps done, last_workers, last_snapshots) after each step: what the leader vouches for
         self.last_snapshots: tuple[int, dict[int, str]] | None = None
-        # (steps done, workers, last_snapshots) after each committed step: what the leader vouches for
-        self.on_committed: Callable[[int, dict[int, list[str]], tuple[int, dict[int, str]] | None], None] | None = None
+        self.on_committed: Callable[[int, dict, tuple | None], None] | None = None
         self._dead: dict[str, float] = {}  # heads that stopped answering -> when we may try them again
         self._leading = False
         self._applying: asyncio.Task | None = None  # telling the other peers to apply the last step
@@ -397,43 +399,3 @@ class StepDriver:
             if r.outcome != "ok":
                 log.warning("replica %s of stage %d did not apply step %d (%s); it will catch up",
                             p[-8:], peers[p], step + 1, r.reason or r.outcome)
-
-    # ------------------------------------------------------------------ commands
-    async def _broadcast(self, peers: dict[str, int], op: str, step: int, attempt: int) -> dict[str, CommandReply]:
-        cmds = {p: Command(self.spec.run_hash, step, attempt, op) for p in peers}
-        return dict(zip(cmds, await asyncio.gather(*(self._send(p, c) for p, c in cmds.items()))))
-
-    async def _command(self, peer: str, op: str, step: int, attempt: int,
-                       timeout: float | None = None) -> CommandReply:
-        return await self._send(peer, Command(self.spec.run_hash, step, attempt, op), timeout)
-
-    async def _send(self, peer: str, cmd: Command, timeout: float | None = None) -> CommandReply:
-        """One command to one peer. A peer that asks to retry (it has not read this head's
-        announcement yet) is asked again every 0.2 s within the command's timeout."""
-        if peer == self.peer_id:
-            return await self.commit.handle(cmd)
-        body, deadline = encode_command(cmd), time.monotonic() + (timeout or self.command_timeout)
-        while True:
-            try:
-                reply = await self.daemon.link.request(peer, KIND_CONTROL, body,
-                                                       timeout=max(0.1, deadline - time.monotonic()))
-                try:
-                    return decode_reply(reply, self.spec.n_microbatches)
-                except WireError:  # not a reply: a refusal, perhaps one that asks to retry
-                    retry = _retry_asked(reply, self.daemon._limits())
-                    if retry is None:
-                        raise
-                    if time.monotonic() + 0.2 > deadline:
-                        raise WireError(retry) from None
-            except Exception as e:  # unreachable, refused or garbled: this peer takes no part
-                return CommandReply(cmd.step, cmd.attempt, "failed", reason=str(e)[:200])
-            await asyncio.sleep(0.2)  # the peer is reading this head's announcement
-
-
-def _retry_asked(body: bytes, limits: WireLimits) -> str | None:
-    """The reason of a "retry" refusal, or None if `body` is anything else."""
-    try:
-        err = decode_message(body, limits)
-    except WireError:
-        return None
-    return err.reason if isinstance(err, ErrorReply) and err.code == "retry" else None
