@@ -13,7 +13,8 @@ A step, as the leader drives it (docs/design.md section 3):
    flight, and so does every stage downstream;
 3. wait for every microbatch's gradient, with a deadline that follows the measured step time;
 4. commit (`peer/commit.py`): every live replica of every stage reduces, and if each stage
-   agrees on one sum that holds every microbatch once, every replica that reduced applies it.
+   agrees on one sum that holds every microbatch once, every replica that reduced applies it
+   (the apply names them all: placement counts those, not announcements).
 
 Anything that goes wrong in 2-4 (a replica died, a message was lost, replicas disagree)
 aborts the attempt everywhere and re-drives the step as a new attempt: a failure costs a
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from protocol.control import Command, CommandReply, decode_reply, encode_command
+from protocol.control import MAX_GROUP, Command, CommandReply, decode_reply, encode_command
 from protocol.wire import KIND_CONTROL, ErrorReply, WireError, WireLimits, decode_message
 
 from .attempt_watch import AttemptWatch
@@ -72,7 +73,7 @@ class StepDriver:
         self.command_timeout, self.ping_period, self.ping_failures = command_timeout, ping_period, ping_failures
         self._step_seconds: float | None = None  # EWMA of a step's microbatch phase
         self._dead: dict[str, float] = {}  # heads that stopped answering -> when we may try them again
-        self._leading = False
+        self._leading, self._named = False, []  # _named: the peers that reduced the step this head last committed
         self._applying: asyncio.Task | None = None  # telling the other peers to apply the last step
         self.paused: list[int] = []  # stages without a live peer while paused, else []
         # called when a pause ends and after a failed attempt: True if the swarm rolled back to a
@@ -278,7 +279,7 @@ class StepDriver:
         return list(losses), tokens
 
     async def _gather_watched(self, futures: list[asyncio.Future], step: int) -> list[float]:
-        """The microbatches' losses, or AttemptFailed as soon as a peer stops answering (`AttemptWatch`)."""
+        """The losses, or AttemptFailed once a peer that did the last step's work stops answering (`AttemptWatch`)."""
         gathered = asyncio.gather(*futures)
         if self.watch is None:
             return await gathered
@@ -286,7 +287,7 @@ class StepDriver:
         gathered.add_done_callback(lambda f: f.cancelled() or f.exception())
 
         async def others() -> list[str]:
-            return [p for p in await self._members() if p != self.peer_id]
+            return [p for p in await self._members() if p != self.peer_id and p in (self.commit.workers or [p])]
         watch = asyncio.ensure_future(self.watch.first_silent(others, step))
         try:
             done, _ = await asyncio.wait({gathered, watch}, return_when=asyncio.FIRST_COMPLETED)
@@ -317,7 +318,7 @@ class StepDriver:
         cmds = {peer: Command(self.spec.run_hash, step, attempt, "reduce", sorted(groups[stage]))
                 for peer, stage in members.items()}
         replies = dict(zip(cmds, await asyncio.gather(*(self._send(p, c) for p, c in cmds.items()))))
-        appliers = []
+        appliers, workers = [], []
         for stage in range(self.spec.n_stages):
             oks = {p: r for p, r in replies.items() if members[p] == stage and r.outcome == "ok"}
             if not oks:
@@ -327,13 +328,13 @@ class StepDriver:
             if len(agreed) != 1:
                 raise AttemptFailed(f"the replicas of stage {stage} summed different contributions")
             appliers += list(oks)
-        # every stage has reduced: from here the step must be applied everywhere. This head applies
-        # at once and goes on to the next step; the others are told meanwhile (their share of the
-        # next step waits for it), and a stage whose replicas all failed to apply (a refusal while
-        # views of the leader settle, a lost reply) is asked again for a while: it holds the sum,
-        # and applying twice is answered "ok"
+            workers += [p for p in oks if p in dict(next(iter(agreed)))]  # reduced, and its contribution summed
+        self._named = sorted(workers)[:MAX_GROUP]  # every apply names them: placement counts who did work
+        # every stage reduced: the step must now be applied everywhere. This head applies at once and goes on; the
+        # others are told meanwhile (their next share waits for it), and a stage whose replicas all failed to apply
+        # (views of the leader settling, a lost reply) is asked again: it holds the sum; a second apply is "ok"
         if self.peer_id in appliers:
-            mine = await self._send(self.peer_id, Command(self.spec.run_hash, step, attempt, "apply"))
+            mine = await self._send(self.peer_id, Command(self.spec.run_hash, step, attempt, "apply", self._named))
             if mine.outcome != "ok":
                 raise AttemptFailed(f"this head could not apply the step: {mine.reason}")
         others = {p: members[p] for p in appliers if p != self.peer_id}
@@ -360,7 +361,7 @@ class StepDriver:
 
     # ------------------------------------------------------------------ commands
     async def _broadcast(self, peers: dict[str, int], op: str, step: int, attempt: int) -> dict[str, CommandReply]:
-        cmds = {p: Command(self.spec.run_hash, step, attempt, op) for p in peers}
+        cmds = {p: Command(self.spec.run_hash, step, attempt, op, self._named if op == "apply" else []) for p in peers}
         return dict(zip(cmds, await asyncio.gather(*(self._send(p, c) for p, c in cmds.items()))))
 
     async def _command(self, peer: str, op: str, step: int, attempt: int,
