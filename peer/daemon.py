@@ -87,6 +87,7 @@ class StageDaemon(InboundHandlers):
         self._round_trip: float | None = None  # EWMA of a microbatch's round trip to the next stage and back
         self.deadline_floor = deadline_floor
         self.missed_deadlines = 0  # microbatches re-sent because a replica held one past its deadline
+        self._returned: set[str] = set()  # next-stage replicas that have returned a gradient here
         # microbatch -> the peer whose gradient for it this attempt took: a repeat of that gradient
         # (its reply was lost) may arrive while the backward still runs, and is a duplicate
         self._gradient_taken: dict[int, str] = {}
@@ -329,10 +330,13 @@ class StageDaemon(InboundHandlers):
                     continue  # the deadline passed while the router looked for a replica: nothing is out yet
                 if self._downstream.get(h.microbatch, ("",))[0] != holder or not self.current(h):
                     return  # answered, or aborted, just as the deadline passed
-                if not [p for p in await self.directory.members(self.stage + 1) if p.peer_id not in missed | {holder}]:
+                others = {p.peer_id for p in await self.directory.members(self.stage + 1)} - missed - {holder}
+                if holder in self._returned and not others & self._returned:
+                    # a loaded machine can be slow: the last replica known to answer is waited for, not
+                    # banned (that would leave the stage's microbatches to replicas that never answered)
                     log.warning("stage %d: replica %s holds microbatch %d past its deadline (%.1f s), and no other "
-                                "replica of stage %d is live: waiting for it", self.stage, holder[-8:], h.microbatch,
-                                deadline, self.stage + 1)
+                                "replica of stage %d has answered this peer yet: waiting for it", self.stage,
+                                holder[-8:], h.microbatch, deadline, self.stage + 1)
                     await reply
                     return
             log.warning("stage %d: replica %s missed its %.1f s deadline for microbatch %d of step %d; banning it "

@@ -13,8 +13,7 @@ A step, as the leader drives it (docs/design.md section 3):
    flight, and so does every stage downstream;
 3. wait for every microbatch's gradient, with a deadline that follows the measured step time;
 4. commit (`peer/commit.py`): every live replica of every stage reduces, and if each stage
-   agrees on one sum that holds every microbatch once, every replica that reduced applies it
-   (the apply names them all: placement counts those, not announcements).
+   agrees on one sum that holds every microbatch once, every replica that reduced applies it.
 
 Anything that goes wrong in 2-4 (a replica died, a message was lost, replicas disagree)
 aborts the attempt everywhere and re-drives the step as a new attempt: a failure costs a
@@ -41,6 +40,7 @@ from .leadership import leader_of
 from .stage import StageError
 
 log = logging.getLogger(__name__)
+UNREACHABLE = "unreachable: "  # the reason of a command that never reached its peer
 
 
 @dataclass
@@ -73,15 +73,14 @@ class StepDriver:
         self.command_timeout, self.ping_period, self.ping_failures = command_timeout, ping_period, ping_failures
         self._step_seconds: float | None = None  # EWMA of a step's microbatch phase
         self._dead: dict[str, float] = {}  # heads that stopped answering -> when we may try them again
-        self._leading, self._named = False, []  # _named: the peers that reduced the step this head last committed
+        self._leading, self._named = False, []  # _named: who reduced the last step this head committed
         self._applying: asyncio.Task | None = None  # telling the other peers to apply the last step
         self.paused: list[int] = []  # stages without a live peer while paused, else []
         # called when a pause ends and after a failed attempt: True if the swarm rolled back to a
         # snapshot meanwhile (peer/rollback.py), and the driver goes on from the head's new step
         self.realign: Callable[[], Awaitable[bool]] | None = None
         # pings the swarm while microbatches are out: a peer that died holding one is seen in seconds
-        self.watch = AttemptWatch(daemon.link, directory, self.spec.run_hash, watch_period) \
-            if watch_period else None
+        self.watch = AttemptWatch(daemon.link, directory, self.spec.run_hash, watch_period) if watch_period else None
 
     # ------------------------------------------------------------------ leading and standing by
     async def drive(self, until: int | None, on_step: Callable[[StepLog], None]) -> None:
@@ -312,12 +311,12 @@ class StepDriver:
 
     async def _commit(self, step: int, attempt: int) -> None:
         members = await self._members()
-        groups: dict[int, list[str]] = {}
-        for peer, stage in members.items():
-            groups.setdefault(stage, []).append(peer)
-        cmds = {peer: Command(self.spec.run_hash, step, attempt, "reduce", sorted(groups[stage]))
+        groups = {s: sorted(p for p, t in members.items() if t == s) for s in set(members.values())}
+        cmds = {peer: Command(self.spec.run_hash, step, attempt, "reduce", groups[stage])
                 for peer, stage in members.items()}
         replies = dict(zip(cmds, await asyncio.gather(*(self._send(p, c) for p, c in cmds.items()))))
+        for p in [p for p, r in replies.items() if r.reason.startswith(UNREACHABLE) and p not in self.commit.workers]:
+            self.directory.report_failure(p)  # an id that never did work and nobody reaches: not asked every step
         appliers, workers = [], []
         for stage in range(self.spec.n_stages):
             oks = {p: r for p, r in replies.items() if members[p] == stage and r.outcome == "ok"}
@@ -387,7 +386,8 @@ class StepDriver:
                     if time.monotonic() + 0.2 > deadline:
                         raise WireError(retry) from None
             except Exception as e:  # unreachable, refused or garbled: this peer takes no part
-                return CommandReply(cmd.step, cmd.attempt, "failed", reason=str(e)[:200])
+                why = f"{UNREACHABLE}{e}" if isinstance(e, LinkError) else str(e)
+                return CommandReply(cmd.step, cmd.attempt, "failed", reason=why[:200])
             await asyncio.sleep(0.2)  # the peer is reading this head's announcement
 
 

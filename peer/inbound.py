@@ -130,6 +130,7 @@ class InboundHandlers:
         seconds = time.monotonic() - sent[1]
         self.directory.release(sender, seconds)
         self._answered(h.microbatch, seconds)
+        self._returned.add(sender)
         self.spawn(self._process_gradient(h, grad, msg.loss))
         return ACK
 

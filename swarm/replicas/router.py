@@ -16,13 +16,14 @@ microbatch is in flight to an unproven replica of the stage at a time, so 40 fak
 one microbatch, not 40/41 of them. A probe that fails (a transport failure, or a missed
 deadline: `peer/daemon.py`) closes the stage's probation for
 
-    pause = max(1 s, 20 x t_fail)        (t_fail: how long the failed probe held its microbatch)
+    pause = max(1 s, 40 x t_fail)        (t_fail: how long the failed probe held its microbatch)
 
-so failed probations cost a stage at most about 1/20 of its time, however many fake ids wait.
+so failed probations cost a stage at most about 1/40 of its time, however many fake ids wait.
 A stage with no proven live replica (a new swarm) gives every replica work. A replica that
-fails is banned for a backoff that doubles with each failure (5 s, 10 s, 20 s, ... capped at
-10 min) and is on probation again afterwards. With no live replica, `pick` polls the DHT until
-a deadline, then raises one clear error.
+fails is banned for a backoff that doubles with each failure: 5 s, 10 s, 20 s, ... for a
+proven one, 12 times that (60 s, 120 s, ...) for one that never returned work here (an id
+that never answers is not dialled every few steps), capped at 10 min. With no live replica,
+`pick` polls the DHT until a deadline, then raises one clear error.
 """
 from __future__ import annotations
 
@@ -42,8 +43,9 @@ LIVE_STATES = ("online", "paused")  # announced states of replicas that take mic
 RTT_DECAY = 0.7
 MAX_BAN_S = 600.0
 BAD_DATA_BAN_S = 300.0  # a peer that sent out-of-band numbers: longer than any step's retries
-PROBATION_PAUSE_FACTOR = 20.0  # a failed probe closes its stage's probation for 20x the time it wasted
+PROBATION_PAUSE_FACTOR = 40.0  # a failed probe closes its stage's probation for 40x the time it wasted
 PROBATION_PAUSE_MIN_S = 1.0
+UNPROVEN_BAN_FACTOR = 12.0  # the ban of a replica that never returned work here, in units of a proven one's
 
 
 @dataclass
@@ -167,12 +169,12 @@ class Router:
 
     def report_failure(self, peer: str, bad_data: bool = False) -> None:
         self._end_probe(peer, failed=True)
-        self._proven.discard(peer)  # back on probation once its ban ends
         now = time.monotonic()
         ban = self._bans.get(peer, _Ban(0, 0))
         if ban.until <= now:  # a burst of failures inside one ban (every microbatch of a step) counts once
             ban.failures += 1
-        seconds = min(MAX_BAN_S, self.base_ban * 2 ** (ban.failures - 1))
+        base = self.base_ban * (1.0 if peer in self._proven else UNPROVEN_BAN_FACTOR)
+        seconds = min(MAX_BAN_S, base * 2 ** (ban.failures - 1))
         ban.until = max(ban.until, now + max(seconds, BAD_DATA_BAN_S if bad_data else 0.0))
         self._bans[peer] = ban
         self._cache.clear()

@@ -20,6 +20,7 @@ class Directory(Router):
 
 def test_a_burst_of_failures_inside_one_ban_counts_once():
     r = Directory("me", {})
+    r.release("peer", 0.1)  # it returned work: proven, so its bans start at base_ban
     for _ in range(6):  # every microbatch of one step refused at once
         r.report_failure("peer")
     assert r.banned_peers() == {"peer": 1}
