@@ -16,8 +16,9 @@ last `apply` named, every replica of every stage whose reduce agreed on the step
 
     n_s = |P_s ∩ W| + min(1, |P_s| - |P_s ∩ W|)     (P_s: the present peers; W: the workers named; T_s over P_s ∩ W)
 
-and only a proven peer (or this one) is ever the one that moves. A fresh joiner knows no W
-yet and counts every present peer that answers its probe. The emptiest stage is
+and only a proven peer is ever the one that moves (so every peer of the stage names the same
+one). A fresh joiner knows no W yet and counts every present peer that answers its probe
+(`choose_stage`: a fake id that does not listen is not counted). The emptiest stage is
 
     b = argmin_s (n_s, T_s, s)        (fewest peers, then the lowest throughput, then the earliest)
 
@@ -33,8 +34,8 @@ joiners of our stage moves; a few rounds settle any simultaneous start.
 While serving, every `rebalance_period` a peer p of stage a asks `move_target`; it moves to b
 (with a state download) if and only if
 
-    n_a - n_b >= 2,  a = min{s : n_s = max_t n_t},  p = max{peer ids of a but the leading head's},
-    and (n_b = 0 or not held(p))
+    n_a - n_b >= 2,  a = min{s : n_s = max_t n_t},  p = max{peer ids of P_a ∩ W but the leading head's},
+    and (n_b = 0 or not held(p))                     (P_a ∩ W: all of P_a while W is not known)
 
 where held(p) means p took stage a (joined or moved) less than `hold` seconds ago (5 min by
 default, `--rebalance-hold`). So 2/2/1 stays, 3/2/1 becomes 2/2/2, and an empty stage draws
@@ -166,8 +167,7 @@ async def move_target(router: Router, spec: RunSpec, stage: int, held: bool = Fa
     known = _known(workers)
     target = destination(peers, stage, known)
     # the leading head stays (it drives the swarm), and an id that did no work is nobody to wait for
-    movable = [a.peer_id for a in peers[stage] if not a.leads
-               and (known is None or a.peer_id in known or a.peer_id == router.peer_id)]
+    movable = [a.peer_id for a in peers[stage] if not a.leads and (known is None or a.peer_id in known)]
     if target is None or max(movable, default=None) != router.peer_id or (allowed is not None
                                                                           and target not in allowed):
         return None
