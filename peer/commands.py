@@ -12,16 +12,20 @@ from protocol.wire import KIND_CONTROL, ErrorReply, WireError, WireLimits, decod
 
 from .commit import StepCommit
 from .daemon import StageDaemon
+from .interfaces import LinkError
+
+UNREACHABLE = "unreachable: "  # the reason of a command that never reached its peer
 
 
 class CommandSender:
     def __init__(self, daemon: StageDaemon, commit: StepCommit, command_timeout: float) -> None:
         self.daemon, self.commit, self.command_timeout = daemon, commit, command_timeout
+        self.named: list[str] = []  # who reduced the last step the leader committed: every apply names them
         self.peer_id, self.run_hash = daemon.peer_id, daemon.spec.run_hash
         self.n_microbatches = daemon.spec.n_microbatches
 
     async def broadcast(self, peers: dict[str, int], op: str, step: int, attempt: int) -> dict[str, CommandReply]:
-        cmds = {p: Command(self.run_hash, step, attempt, op) for p in peers}
+        cmds = {p: Command(self.run_hash, step, attempt, op, self.named if op == "apply" else []) for p in peers}
         return dict(zip(cmds, await asyncio.gather(*(self.send(p, c) for p, c in cmds.items()))))
 
     async def command(self, peer: str, op: str, step: int, attempt: int,
@@ -47,7 +51,8 @@ class CommandSender:
                     if time.monotonic() + 0.2 > deadline:
                         raise WireError(retry) from None
             except Exception as e:  # unreachable, refused or garbled: this peer takes no part
-                return CommandReply(cmd.step, cmd.attempt, "failed", reason=str(e)[:200])
+                why = f"{UNREACHABLE}{e}" if isinstance(e, LinkError) else str(e)
+                return CommandReply(cmd.step, cmd.attempt, "failed", reason=why[:200])
             await asyncio.sleep(0.2)  # the peer is reading this head's announcement
 
 

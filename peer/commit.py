@@ -5,7 +5,8 @@ The step driver sends every peer of every stage a command (protocol/control.py):
     status  report this peer's step, attempt and the microbatches it has done;
     reduce  exchange gradient sums with the named candidate replicas of this stage and keep
             their total; the reply names whose contributions were summed;
-    apply   take the optimizer step with that total;
+    apply   take the optimizer step with that total; the command names the peers of every
+            stage whose reduce agreed on it (the step's workers: placement counts them);
     abort   drop the partial work of a failed attempt;
     rollback  go back to the stage's snapshot at the step (`peer/rollback.py`).
 
@@ -82,6 +83,9 @@ class StepCommit:
         self.power = PowerSync(self.runner) if self.spec.replica_sync == "powersgd" else None
         self._inbox: dict[tuple[int, int, int], dict[str, Contribution]] = {}  # (step, attempt, phase) -> sender ->
         self._arrived = asyncio.Event()
+        # peers that the leader's last `apply` named as having reduced that step (every stage): who did
+        # work, for placement (swarm/replicas/placement.py), where announcements are only claims
+        self.workers: list[str] = []
         self.followers: dict[str, int] = {}  # replicas catching up from this one -> first step they need
         self.records: list = []  # StepRecords of the steps applied here
         self.last_applied: tuple[int, int] | None = None  # (step, attempt) of the last sum applied here
@@ -299,6 +303,8 @@ class StepCommit:
         stats, record = await d.run_step(self._apply_job, cmd.step, cmd.attempt)
         self.records.append(record)
         self.last_applied = (cmd.step, cmd.attempt)
+        if cmd.candidates:  # the leader names the replicas of every stage that took part in this step's reduce
+            self.workers = list(cmd.candidates)
         self.last_sync_bytes = self._attempt_bytes.pop((cmd.step, cmd.attempt), 0)
         self.synced_steps += len(reduced.contributors) > 1
         self._forward_to_followers(reduced)

@@ -14,7 +14,8 @@ Inbound messages are validated (wire.py, then step, attempt and microbatch check
 they are acknowledged; a refusal is an `ErrorReply`, and refused messages never touch the
 runner's state. Accepted work runs on one worker thread, in order, never on the event loop.
 The handlers of inbound messages are in `peer/inbound.py`; delivery to other peers (router
-picks, retries) in `peer/delivery.py`.
+picks, retries) in `peer/delivery.py`. Each microbatch sent on has a deadline (`deadline`):
+a replica that holds it longer is banned and the microbatch goes to another one at once.
 """
 from __future__ import annotations
 
@@ -50,6 +51,10 @@ from .stage import StageError, StageRunner
 
 log = logging.getLogger(__name__)
 
+DEADLINE_FACTOR = 3.0  # a microbatch's deadline: this many times the stage's measured round trip...
+DEADLINE_FLOOR_S = 1.0  # ...but never less than this (per boundary below), whatever was measured
+RTT_DECAY = 0.7
+
 
 class StageDaemon(InboundHandlers):
     def __init__(self, runner: StageRunner, link: MessageLink, directory: PeerDirectory, *,
@@ -57,7 +62,7 @@ class StageDaemon(InboundHandlers):
                  on_refit: Callable[[StatsMessage], Awaitable[None]] | None = None,
                  verify_update: Callable[[BasisUpdate], bool] | None = None,
                  pull_updates: Callable[[], Awaitable[None]] | None = None, basis_wait: float = 30.0,
-                 admit: Admit | None = None) -> None:
+                 admit: Admit | None = None, deadline_floor: float = DEADLINE_FLOOR_S) -> None:
         self.runner, self.link, self.directory = runner, link, directory
         self.spec = runner.spec
         self.stage = runner.stage
@@ -79,6 +84,11 @@ class StageDaemon(InboundHandlers):
         self.stepping = False
         self._upstream: dict[int, tuple[str, torch.Tensor]] = {}  # microbatch -> (sender, tokens)
         self._downstream: dict[int, tuple[str, float]] = {}  # microbatch -> (next-stage peer, time sent)
+        self._replies: dict[int, asyncio.Future] = {}  # microbatch -> done when its gradient is back here
+        self._round_trip: float | None = None  # EWMA of a microbatch's round trip to the next stage and back
+        self.deadline_floor = deadline_floor
+        self.missed_deadlines = 0  # microbatches re-sent because a replica held one past its deadline
+        self._returned: set[str] = set()  # next-stage replicas that have returned a gradient here
         # microbatch -> the peer whose gradient for it this attempt took: a repeat of that gradient
         # (its reply was lost) may arrive while the backward still runs, and is a duplicate
         self._gradient_taken: dict[int, str] = {}
@@ -176,6 +186,8 @@ class StageDaemon(InboundHandlers):
         for peer, _ in self._downstream.values():
             self.directory.release(peer, None)
         self._downstream.clear()
+        for mb in list(self._replies):
+            self._answered(mb, None)
         self._gradient_taken.clear()
         self._upstream.clear()
         for fut in self.waiting.values():
@@ -264,20 +276,78 @@ class StageDaemon(InboundHandlers):
     def _backward_job(self, h: Header, grad: torch.Tensor, loss: float):
         return self._gradient_job(h, lambda: (loss, self.runner.backward(h.step, h.microbatch, grad)))
 
+    def deadline(self) -> float | None:
+        """Seconds a replica of the next stage may hold a microbatch before it counts as failed:
+
+            deadline = m x max(floor, k x rtt)
+
+        with rtt the EWMA of this stage's measured round trips (activation out, gradient back),
+        k = DEADLINE_FACTOR, floor = `deadline_floor`, and m = n_stages - 1 - stage the boundaries
+        from here to the last stage (a round trip from here holds any stage below's re-send, so
+        each stage waits longer than the next one does). None until a round trip was measured."""
+        if self._round_trip is None:
+            return None
+        depth = self.spec.n_stages - 1 - self.stage
+        return depth * max(self.deadline_floor, DEADLINE_FACTOR * self._round_trip)
+
+    def _answered(self, mb: int, seconds: float | None) -> None:
+        """Microbatch `mb`'s gradient came back after `seconds` (None: its attempt ended)."""
+        if seconds is not None:
+            old = self._round_trip
+            self._round_trip = seconds if old is None else RTT_DECAY * old + (1 - RTT_DECAY) * seconds
+        fut = self._replies.pop(mb, None)
+        if fut is not None and not fut.done():
+            fut.set_result(None)
+
     async def _forward(self, h: Header, body: bytes, ntokens: int) -> None:
-        """Send a boundary activation to a replica of the next stage and remember which one."""
-        if not self.current(h):
-            return  # the attempt was aborted while this stage computed
+        """Send a boundary activation to a replica of the next stage and remember which one; if its
+        gradient is not back within `deadline()`, ban that replica and send it to another at once
+        (its late gradient, if any, is refused: it must come from the replica that holds the microbatch)."""
+        missed: set[str] = set()
+        holder: str | None = None
 
         def chosen(peer: str | None) -> None:
+            nonlocal holder
+            holder = peer
             if peer is None:
                 self._downstream.pop(h.microbatch, None)
             elif self.current(h):
                 self._downstream[h.microbatch] = (peer, time.monotonic())
 
-        peer = await self.courier.send(self.stage + 1, KIND_ACTIVATION, body, ntokens, chosen=chosen)
-        if not self.current(h):
-            self.directory.release(peer, None)  # superseded while it was on its way
+        while self.current(h):  # until the attempt is aborted while this stage computed or waited
+            reply = self._replies[h.microbatch] = asyncio.get_running_loop().create_future()
+            deadline, holder, t0 = self.deadline(), None, time.monotonic()
+            try:
+                async with asyncio.timeout(deadline):
+                    peer = await self.courier.send(self.stage + 1, KIND_ACTIVATION, body, ntokens, chosen=chosen,
+                                                   exclude=missed)
+                    if not self.current(h):
+                        self.directory.release(peer, None)  # superseded while it was on its way
+                        return
+                    await reply
+                return
+            except TimeoutError:
+                if holder is None:
+                    continue  # the deadline passed while the router looked for a replica: nothing is out yet
+                if self._downstream.get(h.microbatch, ("",))[0] != holder or not self.current(h):
+                    return  # answered, or aborted, just as the deadline passed
+                others = {p.peer_id for p in await self.directory.members(self.stage + 1)} - missed - {holder}
+                if holder in self._returned and not others & self._returned:
+                    # a loaded machine can be slow: the last replica known to answer is waited for, not
+                    # banned (that would leave the stage's microbatches to replicas that never answered)
+                    log.warning("stage %d: replica %s holds microbatch %d past its deadline (%.1f s), and no other "
+                                "replica of stage %d has answered this peer yet: waiting for it", self.stage,
+                                holder[-8:], h.microbatch, deadline, self.stage + 1)
+                    await reply
+                    return
+            log.warning("stage %d: replica %s missed its %.1f s deadline for microbatch %d of step %d; banning it "
+                        "and sending the microbatch to another replica", self.stage, holder[-8:],
+                        time.monotonic() - t0, h.microbatch, h.step + 1)
+            self.directory.report_failure(holder)
+            self.directory.release(holder, None)
+            self._downstream.pop(h.microbatch, None)
+            missed.add(holder)
+            self.missed_deadlines += 1
 
     # ------------------------------------------------------------------ the head's share
     async def start_microbatch(self, step: int, mb: int, tokens: torch.Tensor) -> asyncio.Future:

@@ -27,12 +27,12 @@ class Courier:
         self._retries: dict[str, int] = {}
 
     async def send(self, stage: int, kind: str, body: bytes, tokens: int, to: str | None = None,
-                   chosen: Callable[[str | None], None] | None = None) -> str:
-        """Deliver to `to`, or to a peer of `stage` picked by the router, trying other peers;
-        returns the peer that took it. `chosen(peer)` hears of each peer before it is sent to
-        (its answer may come back before its acknowledgement does), and `chosen(None)` if it
-        did not take the message."""
-        tried: set[str] = set()
+                   chosen: Callable[[str | None], None] | None = None, exclude: set[str] = frozenset()) -> str:
+        """Deliver to `to`, or to a peer of `stage` picked by the router (never one of `exclude`),
+        trying other peers; returns the peer that took it. `chosen(peer)` hears of each peer before
+        it is sent to (its answer may come back before its acknowledgement does), and
+        `chosen(None)` if it did not take the message."""
+        tried: set[str] = set(exclude)
         last = ""
         for _ in range(self.send_retries if to is None else 1):
             peer = to or await self.directory.pick(stage, exclude=tried)

@@ -30,11 +30,11 @@ from dataclasses import dataclass
 
 import torch
 
-from protocol.control import Command
+from protocol.control import MAX_GROUP, Command
 from protocol.step_record import StepRecord, data_digest
 
 from .attempt_watch import AttemptWatch
-from .commands import CommandSender
+from .commands import UNREACHABLE, CommandSender
 from .commit import StepCommit
 from .daemon import StageDaemon
 from .interfaces import LinkError, PeerDirectory, PeerInfo
@@ -73,28 +73,27 @@ class StepDriver:
         self.runner, self.spec, self.peer_id = daemon.runner, daemon.spec, daemon.peer_id
         self.min_timeout, self.first_timeout = min_timeout, first_timeout
         self.command_timeout, self.ping_period, self.ping_failures = command_timeout, ping_period, ping_failures
-        commands = CommandSender(daemon, commit, command_timeout)
-        self._broadcast, self._command, self._send = commands.broadcast, commands.command, commands.send
+        self._commands = CommandSender(daemon, commit, command_timeout)
+        self._broadcast, self._command, self._send = (self._commands.broadcast, self._commands.command,
+                                                      self._commands.send)
         self._step_seconds: float | None = None  # EWMA of a step's microbatch phase
         # signs the StepRecord that every reduce command carries, so that the standby heads check the
         # data this head fed (None: a swarm without a coordinator, nobody to prove anything to)
         self.sign_record = sign_record
         self._record = b""
-        self.last_workers: dict[int, list[str]] = {}
-        # (step, stage -> sha256) of the newest snapshot step at which every stage's replicas agreed;
+        # last_snapshots: (step, stage -> sha256) of the newest step at which every stage's replicas agreed;
         # on_committed(steps done, last_workers, last_snapshots) after each step: what the leader vouches for
-        self.last_snapshots: tuple[int, dict[int, str]] | None = None
+        self.last_workers, self.last_snapshots = {}, None
         self.on_committed: Callable[[int, dict, tuple | None], None] | None = None
         self._dead: dict[str, float] = {}  # heads that stopped answering -> when we may try them again
-        self._leading = False
+        self._leading, self._named = False, []  # _named: who reduced the last step this head committed
         self._applying: asyncio.Task | None = None  # telling the other peers to apply the last step
         self.paused: list[int] = []  # stages without a live peer while paused, else []
         # called when a pause ends and after a failed attempt: True if the swarm rolled back to a
         # snapshot meanwhile (peer/rollback.py), and the driver goes on from the head's new step
         self.realign: Callable[[], Awaitable[bool]] | None = None
         # pings the swarm while microbatches are out: a peer that died holding one is seen in seconds
-        self.watch = AttemptWatch(daemon.link, directory, self.spec.run_hash, watch_period) \
-            if watch_period else None
+        self.watch = AttemptWatch(daemon.link, directory, self.spec.run_hash, watch_period) if watch_period else None
 
     # ------------------------------------------------------------------ leading and standing by
     async def drive(self, until: int | None, on_step: Callable[[StepLog], None]) -> None:
@@ -312,7 +311,7 @@ class StepDriver:
         return list(losses), tokens
 
     async def _gather_watched(self, futures: list[asyncio.Future], step: int) -> list[float]:
-        """The microbatches' losses, or AttemptFailed as soon as a peer stops answering (`AttemptWatch`)."""
+        """The losses, or AttemptFailed once a peer that did the last step's work stops answering (`AttemptWatch`)."""
         gathered = asyncio.gather(*futures)
         if self.watch is None:
             return await gathered
@@ -320,7 +319,7 @@ class StepDriver:
         gathered.add_done_callback(lambda f: f.cancelled() or f.exception())
 
         async def others() -> list[str]:
-            return [p for p in await self._members() if p != self.peer_id]
+            return [p for p in await self._members() if p != self.peer_id and p in (self.commit.workers or [p])]
         watch = asyncio.ensure_future(self.watch.first_silent(others, step))
         try:
             done, _ = await asyncio.wait({gathered, watch}, return_when=asyncio.FIRST_COMPLETED)
@@ -345,13 +344,13 @@ class StepDriver:
 
     async def _commit(self, step: int, attempt: int) -> None:
         members = await self._members()
-        groups: dict[int, list[str]] = {}
-        for peer, stage in members.items():
-            groups.setdefault(stage, []).append(peer)
-        cmds = {peer: Command(self.spec.run_hash, step, attempt, "reduce", sorted(groups[stage]), self._record)
+        groups = {s: sorted(p for p, t in members.items() if t == s) for s in set(members.values())}
+        cmds = {peer: Command(self.spec.run_hash, step, attempt, "reduce", groups[stage], self._record)
                 for peer, stage in members.items()}
         replies = dict(zip(cmds, await asyncio.gather(*(self._send(p, c) for p, c in cmds.items()))))
-        appliers, workers, snapshots = [], {}, {}
+        for p in [p for p, r in replies.items() if r.reason.startswith(UNREACHABLE) and p not in self.commit.workers]:
+            self.directory.report_failure(p)  # an id that never did work and nobody reaches: not asked every step
+        appliers, named, workers, snapshots = [], [], {}, {}
         for stage in range(self.spec.n_stages):
             oks = {p: r for p, r in replies.items() if members[p] == stage and r.outcome == "ok"}
             if not oks:
@@ -361,21 +360,21 @@ class StepDriver:
             if len(agreed) != 1:
                 raise AttemptFailed(f"the replicas of stage {stage} summed different contributions")
             appliers += list(oks)
+            named += [p for p in oks if p in dict(next(iter(agreed)))]  # reduced, and its contribution summed
             workers[stage] = sorted(p for p, mbs in next(iter(agreed)) if mbs)
             claims = {r.snapshot for r in oks.values()}
             if len(claims) == 1 and None not in claims:  # the stage's replicas agree on their newest snapshot
                 snapshots[stage] = claims.pop()
-        # every stage has reduced: from here the step must be applied everywhere. This head applies
-        # at once and goes on to the next step; the others are told meanwhile (their share of the
-        # next step waits for it), and a stage whose replicas all failed to apply (a refusal while
-        # views of the leader settle, a lost reply) is asked again for a while: it holds the sum,
-        # and applying twice is answered "ok"
+        self._named = self._commands.named = sorted(named)[:MAX_GROUP]  # every apply names them (placement)
         self.last_workers = workers  # who did the step's work, stage by stage (issue 20: re-fits count only them)
         steps = {step for step, _ in snapshots.values()}
         if len(snapshots) == self.spec.n_stages and len(steps) == 1:  # every stage's snapshot at one step
             self.last_snapshots = (steps.pop(), {s: sha for s, (_, sha) in snapshots.items()})
+        # every stage reduced: the step must now be applied everywhere. This head applies at once and goes on; the
+        # others are told meanwhile (their next share waits for it), and a stage whose replicas all failed to apply
+        # (views of the leader settling, a lost reply) is asked again: it holds the sum; a second apply is "ok"
         if self.peer_id in appliers:
-            mine = await self._send(self.peer_id, Command(self.spec.run_hash, step, attempt, "apply"))
+            mine = await self._send(self.peer_id, Command(self.spec.run_hash, step, attempt, "apply", self._named))
             if mine.outcome != "ok":
                 raise AttemptFailed(f"this head could not apply the step: {mine.reason}")
         others = {p: members[p] for p in appliers if p != self.peer_id}

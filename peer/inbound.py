@@ -127,7 +127,10 @@ class InboundHandlers:
             return refusal
         del self._downstream[h.microbatch]
         self._gradient_taken[h.microbatch] = sender
-        self.directory.release(sender, time.monotonic() - sent[1])
+        seconds = time.monotonic() - sent[1]
+        self.directory.release(sender, seconds)
+        self._answered(h.microbatch, seconds)
+        self._returned.add(sender)
         self.spawn(self._process_gradient(h, grad, msg.loss))
         return ACK
 

@@ -48,7 +48,8 @@ def patient_options() -> dict:
     a loaded 2-core CI machine can stall a step for seconds, and the deadlines are not what those
     tests prove, so a missed one must not re-drive a step there. Failures then cost minutes, not seconds."""
     return dict(driver_options=dict(TEST_DRIVER_OPTIONS, min_timeout=120.0, first_timeout=120.0, ping_period=1.0),
-                commit_options=dict(TEST_COMMIT_OPTIONS, reduce_timeout=120.0))
+                commit_options=dict(TEST_COMMIT_OPTIONS, reduce_timeout=120.0),
+                daemon_options=dict(deadline_floor=120.0))  # nor may a microbatch's deadline re-send one
 
 
 @dataclass
@@ -62,6 +63,7 @@ class MemorySwarm:
     driver_options: dict = field(default_factory=lambda: dict(TEST_DRIVER_OPTIONS))
     commit_options: dict = field(default_factory=lambda: dict(TEST_COMMIT_OPTIONS))
     snapshot_options: dict = field(default_factory=dict)  # SnapshotService's (every, copies, keep, ...)
+    daemon_options: dict = field(default_factory=dict)  # StageDaemon's (deadline_floor, ...)
 
     def stage(self, s: int) -> list[StagePeer]:
         return [p for p in self.peers.values() if p.runner.stage == s and p.peer_id not in self.net.down]
@@ -70,7 +72,7 @@ class MemorySwarm:
         peer = StagePeer(StageRunner(self.spec, stage, self.device), link_cls(self.net, name),
                          self.net.directory(name), batches=batches(self.spec, self.data) if stage == 0 else None,
                          driver_options=self.driver_options, commit_options=self.commit_options,
-                         snapshot_options=self.snapshot_options)
+                         snapshot_options=self.snapshot_options, daemon_options=self.daemon_options)
         await peer.start()
         await peer.announce(announce)
         self.peers[name] = peer

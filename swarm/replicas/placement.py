@@ -7,7 +7,18 @@ the peers of a swarm share the ttl) is a dead peer's whose record has not expire
 not counted; nor, when a peer joins, is a peer that does not answer a liveness probe
 (`swarm/monitor/liveness.py`: one killed a moment ago, whose record is still fresh; the periodic
 re-check does not probe, since a live peer with a busy uplink can miss a probe and a stage that
-looks empty draws a peer away at once). The emptiest stage is
+looks empty draws a peer away at once).
+
+Announcements are claims anyone can make (issue 20: 40 fake ids on two stages moved honest
+peers off theirs). So where this peer knows who did work -- the peer ids the leading head's
+last `apply` named, every replica of every stage whose reduce agreed on the step
+(`StepCommit.workers`) -- a stage counts its proven peers and at most one unproven newcomer:
+
+    n_s = |P_s ∩ W| + min(1, |P_s| - |P_s ∩ W|)     (P_s: the present peers; W: the workers named; T_s over P_s ∩ W)
+
+and only a proven peer is ever the one that moves (so every peer of the stage names the same
+one). A fresh joiner knows no W yet and counts every present peer that answers its probe
+(`choose_stage`: a fake id that does not listen is not counted). The emptiest stage is
 
     b = argmin_s (n_s, T_s, s)        (fewest peers, then the lowest throughput, then the earliest)
 
@@ -23,8 +34,8 @@ joiners of our stage moves; a few rounds settle any simultaneous start.
 While serving, every `rebalance_period` a peer p of stage a asks `move_target`; it moves to b
 (with a state download) if and only if
 
-    n_a - n_b >= 2,  a = min{s : n_s = max_t n_t},  p = max{peer ids of a but the leading head's},
-    and (n_b = 0 or not held(p))
+    n_a - n_b >= 2,  a = min{s : n_s = max_t n_t},  p = max{peer ids of P_a ∩ W but the leading head's},
+    and (n_b = 0 or not held(p))                     (P_a ∩ W: all of P_a while W is not known)
 
 where held(p) means p took stage a (joined or moved) less than `hold` seconds ago (5 min by
 default, `--rebalance-hold`). So 2/2/1 stays, 3/2/1 becomes 2/2/2, and an empty stage draws
@@ -59,6 +70,7 @@ HOLD_S = 300.0  # how long a peer that joined or moved stays put, unless a stage
 # hivemind's DHT time (get_dht_time) is the wall clock: announcement timestamps are in it
 DHT_TIME: Callable[[], float] = time.time
 Answers = Callable[[str], Awaitable[bool]]  # peer id -> whether it answers a liveness probe
+Workers = Callable[[], "list[str] | None"]  # the peers the leader's last apply named (None or []: not known)
 
 
 class PlacementError(ValueError):
@@ -80,18 +92,34 @@ async def directory(router: Router, n_stages: int, states=PRESENT, now: Callable
     return peers
 
 
-def emptiest(peers: dict[int, list[StageAnnouncement]]) -> int:
+def count(anns: list[StageAnnouncement], workers: set[str] | None) -> int:
+    """n_s: every present peer if `workers` is None, else the proven ones and at most one newcomer."""
+    if workers is None:
+        return len(anns)
+    proven = sum(1 for a in anns if a.peer_id in workers)
+    return proven + min(1, len(anns) - proven)
+
+
+def emptiest(peers: dict[int, list[StageAnnouncement]], workers: set[str] | None = None) -> int:
     """argmin_s (n_s, T_s, s)."""
-    return min(peers, key=lambda s: (len(peers[s]), sum(a.throughput for a in peers[s]), s))
+    def claimed(s: int) -> float:
+        return sum(a.throughput for a in peers[s] if workers is None or a.peer_id in workers)
+    return min(peers, key=lambda s: (count(peers[s], workers), claimed(s), s))
 
 
-def destination(peers: dict[int, list[StageAnnouncement]], stage: int) -> int | None:
+def destination(peers: dict[int, list[StageAnnouncement]], stage: int,
+                workers: set[str] | None = None) -> int | None:
     """The emptiest stage b if `stage` is the first of the fullest and has two or more peers more
     than b, else None: whether one peer of `stage` should move (see the module docstring)."""
-    counts = {s: len(anns) for s, anns in peers.items()}
+    counts = {s: count(anns, workers) for s, anns in peers.items()}
     fullest = min(s for s, n in counts.items() if n == max(counts.values()))
-    target = emptiest(peers)
+    target = emptiest(peers, workers)
     return target if stage == fullest and counts[stage] - counts[target] >= 2 else None
+
+
+def _known(workers: Workers | None) -> set[str] | None:
+    named = workers() if workers is not None else None
+    return set(named) if named else None
 
 
 async def choose_stage(router: Router, spec: RunSpec, requested: str, rng: random.Random | None = None,
@@ -131,13 +159,15 @@ async def choose_stage(router: Router, spec: RunSpec, requested: str, rng: rando
 
 async def move_target(router: Router, spec: RunSpec, stage: int, held: bool = False,
                       now: Callable[[], float] = DHT_TIME, answers: Answers | None = None,
-                      allowed: frozenset[int] | None = None) -> int | None:
+                      allowed: frozenset[int] | None = None, workers: Workers | None = None) -> int | None:
     """The stage this peer should move to now, or None (see the module docstring)."""
     peers = await directory(router, spec.n_stages, now=now, answers=answers)
     if router.peer_id not in {a.peer_id for a in peers[stage]}:  # our own beat may be late: we are here
         peers[stage].append(router.announcement(PeerStatus(stage, "online")))
-    target = destination(peers, stage)
-    movable = [a.peer_id for a in peers[stage] if not a.leads]  # the leading head stays: it drives the swarm
+    known = _known(workers)
+    target = destination(peers, stage, known)
+    # the leading head stays (it drives the swarm), and an id that did no work is nobody to wait for
+    movable = [a.peer_id for a in peers[stage] if not a.leads and (known is None or a.peer_id in known)]
     if target is None or max(movable, default=None) != router.peer_id or (allowed is not None
                                                                           and target not in allowed):
         return None
@@ -156,6 +186,7 @@ class Rebalancer:
     now: Callable[[], float] = DHT_TIME
     answers: Answers | None = None
     allowed: frozenset[int] | None = None  # the stages that fit this peer's memory (None: all)
+    workers: Workers | None = None  # who the leader's last apply named (StepCommit.workers)
     since: float = field(init=False)
 
     def __post_init__(self) -> None:
@@ -165,4 +196,5 @@ class Rebalancer:
         return self.clock() - self.since < self.hold
 
     async def target(self, stage: int) -> int | None:
-        return await move_target(self.router, self.spec, stage, self.held(), self.now, self.answers, self.allowed)
+        return await move_target(self.router, self.spec, stage, self.held(), self.now, self.answers, self.allowed,
+                                 self.workers)

@@ -127,7 +127,9 @@ class ReplicaService:
         self._vouched_step = 0  # the newest snapshot step this head sent the coordinator
         # the hold starts now. No liveness probe here: a live peer whose uplink is busy (a snapshot over
         # 1 Mbit/s) can miss one, and a stage that looks empty draws a peer away at once
-        self.rebalancer = Rebalancer(ctx.router, ctx.spec, ctx.rebalance_hold, allowed=ctx.allowed_stages)
+        # it counts the peers the leader's apply names, not the announced ones (placement.py)
+        self.rebalancer = Rebalancer(ctx.router, ctx.spec, ctx.rebalance_hold, allowed=ctx.allowed_stages,
+                                     workers=lambda: self.peer.commit.workers if self.peer is not None else None)
 
     async def serve(self) -> int | None:
         ctx = self.ctx

@@ -8,10 +8,22 @@ Score of a live replica p (lowest wins):
 where in_flight counts this peer's requests to p not yet answered and rtt(p) is an EWMA of
 p's measured round trips (activation out, its gradient back; decay 0.7). A replica not
 measured yet counts as the median of the measured ones (1 s if none): a peer's *claimed*
-throughput never steers traffic, so a false claim draws nothing (it only informs stage
-choice and the dashboard). A replica that failed is banned for a backoff that doubles with
-each failure (5 s, 10 s, 20 s, ... capped at 10 min). With no live replica, `pick` polls the
-DHT until a deadline, then raises one clear error.
+throughput never steers traffic (it only informs the dashboard).
+
+Probation (issue 20): a replica is *proven* once it has returned a gradient to this peer. While
+a stage has a proven live replica, its unproven ones share one probation slot: at most one
+microbatch is in flight to an unproven replica of the stage at a time, so 40 fake ids draw
+one microbatch, not 40/41 of them. A probe that fails (a transport failure, or a missed
+deadline: `peer/daemon.py`) closes the stage's probation for
+
+    pause = max(1 s, 40 x t_fail)        (t_fail: how long the failed probe held its microbatch)
+
+so failed probations cost a stage at most about 1/40 of its time, however many fake ids wait.
+A stage with no proven live replica (a new swarm) gives every replica work. A replica that
+fails is banned for a backoff that doubles with each failure: 5 s, 10 s, 20 s, ... for a
+proven one, 12 times that (60 s, 120 s, ...) for one that never returned work here (an id
+that never answers is not dialled every few steps), capped at 10 min. With no live replica,
+`pick` polls the DHT until a deadline, then raises one clear error.
 """
 from __future__ import annotations
 
@@ -32,6 +44,9 @@ RTT_DECAY = 0.7
 MAX_BAN_S = 600.0
 LEASE_FRESH_S = 0.5
 BAD_DATA_BAN_S = 300.0  # a peer that sent out-of-band numbers: longer than any step's retries
+PROBATION_PAUSE_FACTOR = 40.0  # a failed probe closes its stage's probation for 40x the time it wasted
+PROBATION_PAUSE_MIN_S = 1.0
+UNPROVEN_BAN_FACTOR = 12.0  # the ban of a replica that never returned work here, in units of a proven one's
 
 
 @dataclass
@@ -54,6 +69,9 @@ class Router:
     _bans: dict[str, _Ban] = field(default_factory=dict)
     _rtt: dict[str, float] = field(default_factory=dict)
     _in_flight: dict[str, int] = field(default_factory=dict)
+    _proven: set[str] = field(default_factory=set)  # replicas that returned a gradient to this peer
+    _probe: dict[int, tuple[str, float]] = field(default_factory=dict)  # stage -> (unproven peer, since)
+    _closed: dict[int, float] = field(default_factory=dict)  # stage -> probation closed until (monotonic)
     last_status: PeerStatus | None = None
     _lease: LeaderLease | None = None
     _lease_read: float = float("-inf")
@@ -133,14 +151,28 @@ class Router:
     def score(self, peer: str) -> float:
         return (self._in_flight.get(peer, 0) + 1) * self._rtt_estimate(peer)
 
+    def proven(self, peer: str) -> bool:
+        return peer in self._proven
+
+    def _on_probation(self, stage: int, live: list[str]) -> list[str]:
+        """The replicas of `live` that may take a microbatch now: the proven ones, and while the
+        stage's probation slot is free and open, the unproven ones too (all of them when none is proven)."""
+        proven = [p for p in live if p in self._proven]
+        if not proven or (stage not in self._probe and self._closed.get(stage, 0.0) <= time.monotonic()):
+            return live
+        return proven
+
     async def pick(self, stage: int, exclude: set[str] = frozenset()) -> str:
         deadline = time.monotonic() + self.pick_timeout
         fresh = False
         while True:
-            candidates = [a.peer_id for a in await self.live_peers(stage, fresh) if a.peer_id not in exclude]
+            live = [a.peer_id for a in await self.live_peers(stage, fresh) if a.peer_id not in exclude]
+            candidates = self._on_probation(stage, live)
             if candidates:
                 best = min(candidates, key=lambda p: (self.score(p), p))
                 self._in_flight[best] = self._in_flight.get(best, 0) + 1
+                if best not in self._proven and any(p in self._proven for p in live):
+                    self._probe[stage] = (best, time.monotonic())
                 return best
             if time.monotonic() >= deadline:
                 raise LinkError(f"no live peer serves stage {stage} (waited {self.pick_timeout:g} s); "
@@ -148,18 +180,32 @@ class Router:
             fresh = True
             await asyncio.sleep(0.25)  # poll interval of the DHT while waiting for a peer to appear
 
+    def _end_probe(self, peer: str, failed: bool) -> None:
+        for stage, (probed, since) in list(self._probe.items()):
+            if probed == peer:
+                del self._probe[stage]
+                if failed:
+                    pause = max(PROBATION_PAUSE_MIN_S, PROBATION_PAUSE_FACTOR * (time.monotonic() - since))
+                    self._closed[stage] = time.monotonic() + pause
+                    log.info("replica %s failed its probation at stage %d; no other newcomer of the stage gets "
+                             "work for %.0f s", peer[-8:], stage, pause)
+
     def release(self, peer: str, seconds: float | None) -> None:
         self._in_flight[peer] = max(0, self._in_flight.get(peer, 0) - 1)
+        self._end_probe(peer, failed=False)
         if seconds is not None:
+            self._proven.add(peer)
             old = self._rtt.get(peer)
             self._rtt[peer] = seconds if old is None else RTT_DECAY * old + (1 - RTT_DECAY) * seconds
 
     def report_failure(self, peer: str, bad_data: bool = False) -> None:
+        self._end_probe(peer, failed=True)
         now = time.monotonic()
         ban = self._bans.get(peer, _Ban(0, 0))
         if ban.until <= now:  # a burst of failures inside one ban (every microbatch of a step) counts once
             ban.failures += 1
-        seconds = min(MAX_BAN_S, self.base_ban * 2 ** (ban.failures - 1))
+        base = self.base_ban * (1.0 if peer in self._proven else UNPROVEN_BAN_FACTOR)
+        seconds = min(MAX_BAN_S, base * 2 ** (ban.failures - 1))
         ban.until = max(ban.until, now + max(seconds, BAD_DATA_BAN_S if bad_data else 0.0))
         self._bans[peer] = ban
         self._cache.clear()

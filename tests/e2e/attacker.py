@@ -19,12 +19,14 @@ from swarm.trust.work import proof_for
 
 
 class Attacker:
-    def __init__(self, maddrs: list[str], above: str | None = None) -> None:
+    def __init__(self, maddrs: list[str], above: str | None = None, below: str | None = None) -> None:
         self.maddrs, self.above = maddrs, above  # above: get a peer id sorting after this one (not the leader)
+        self.below = below  # below: a peer id sorting before this one (never the highest of a stage)
 
     async def __aenter__(self) -> Attacker:
         self.identity = Identity.generate()
-        while self.above is not None and self.identity.peer_id <= self.above:
+        while (self.above is not None and self.identity.peer_id <= self.above
+               or self.below is not None and self.identity.peer_id >= self.below):
             self.identity = Identity.generate()
         self.dht = await asyncio.to_thread(start_dht, self.maddrs, ["/ip4/127.0.0.1/tcp/0"], self.identity, True)
         self.p2p = self.transport = None

@@ -136,10 +136,13 @@ async def test_attacks_are_refused_while_the_swarm_trains_exactly_like_the_oracl
     assert [r["step"] for r in records] == list(range(1, STEPS + 1))
     for step, (r, want) in enumerate(zip(records, losses), start=1):
         assert r["loss"] == pytest.approx(want, rel=1e-9), f"step {step}"
-    assert any(r["attempts"] > 1 for r in records), "the enormous gradients cost no retry: were they ever sent?"
-    # the spoiled step was re-driven after --min-step-timeout (5 s; steps take well under 1 s here):
+    # the spoiled microbatch was done again: re-driven (the head got the gradients), or re-sent by the stage
+    # that got them once the hostile replica missed its deadline, within the same attempt (issue 20)
+    resent = sum((swarm.dir / f"stage{s}.log").read_text().count("missed its") for s in range(3))
+    assert any(r["attempts"] > 1 for r in records) or resent, "the enormous gradients cost nothing: were they sent?"
+    # a spoiled step re-driven waited --min-step-timeout (5 s; steps take well under 1 s here) at most:
     # with the default floor of 15 s it could not have taken less than 15 s
-    retried = max(r["seconds"] for r in records if r["attempts"] > 1)
+    retried = max((r["seconds"] for r in records if r["attempts"] > 1), default=0.0)
     assert retried < 15, f"a retried step took {retried:.1f} s: --min-step-timeout did not apply"
     for s in range(3):  # what each peer holds at the end is the oracle's state, to fp64 noise of its scale
         saved, want = load_checkpoint(checkpoint_path(ckpt[s], swarm.run_hash, s)), pipe.runners[s].state_dict()

@@ -84,7 +84,9 @@ async def test_a_replica_dying_mid_step_costs_a_retry_not_a_step(victim, oracle_
     assert victim in swarm.net.down, "the victim was never killed"
     assert [log.step for log in logs] == list(range(1, STEPS + 1))
     assert all(log.tokens == spec.batch_size * spec.seq_len for log in logs)  # every step had all its tokens
-    assert max(log.attempts for log in logs) >= 2 or victim == "s0r0"
+    # the work it held was done again: in a retry, or re-sent at its deadline within the same attempt
+    resent = sum(p.daemon.missed_deadlines for p in swarm.peers.values())
+    assert max(log.attempts for log in logs) >= 2 or resent >= 1 or victim == "s0r0"
     # no microbatch lost or counted twice
     assert_close([log.loss for log in logs], oracle_runs.losses(spec, STEPS), 1e-10)
 

@@ -188,3 +188,26 @@ async def test_a_peer_that_moved_stays_put_for_its_hold_unless_a_stage_is_empty(
     clock[0] = 600.0
     del board.records["d"]  # stage 1 is empty: the hold gives way
     assert await rebalancer.target(2) == 1
+
+
+async def test_forty_fake_ids_on_two_stages_move_no_honest_peer_once_the_leader_names_who_did_work():
+    fakes = [f"a{i:02d}" for i in range(40)]  # ids below every honest one: by announcements, honest peers move
+    board = _board(["h0"], ["h1"] + fakes[:20], ["h2"] + fakes[20:])
+    assert await _movers(board) == {"h1": 0}  # counted by announcements: stage 1 has 21 peers, stage 0 has 1
+    named = ["h0", "h1", "h2"]  # the leader's last apply: the peers whose reduce agreed on the step
+    for peer in ("h1", "h2"):
+        rebalancer = Rebalancer(BoardRouter(board, peer), SPEC, hold=0.0, now=board.now, workers=lambda: named)
+        assert await rebalancer.target(1 if peer == "h1" else 2) is None, f"{peer} moved"
+
+
+async def test_a_stage_counts_its_proven_peers_and_one_newcomer():
+    board = _board(["h0"], ["h1", "n1", "n2", "n3"], ["h2"])  # stage 1: one proven replica and three newcomers
+    named = ["h0", "h1", "h2"]
+    assert await move_target(BoardRouter(board, "h1"), SPEC, 1, now=board.now, workers=lambda: named) is None
+    board.put("h3", 1)  # a second proven replica: 2 + 1 newcomer against 1 is a move, and only a proven peer moves
+    named.append("h3")
+    moves = {p: await move_target(BoardRouter(board, p), SPEC, 1, now=board.now, workers=lambda: named)
+             for p in ("h1", "h3", "n1", "n2", "n3")}
+    assert moves == {"h1": None, "h3": 0, "n1": None, "n2": None, "n3": None}
+    # with no list yet (a fresh process), every present peer counts, as before
+    assert await move_target(BoardRouter(board, "n3"), SPEC, 1, now=board.now, workers=lambda: []) == 0

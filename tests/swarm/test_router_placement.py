@@ -1,10 +1,10 @@
-"""The router's bans, on a directory given in memory (no DHT); placement: test_placement_balance.py."""
+"""The router's bans and probation, on a directory given in memory (no DHT); placement: test_placement_balance.py."""
 from __future__ import annotations
 
 import time
 
 from swarm.dht import StageAnnouncement
-from swarm.replicas.router import BAD_DATA_BAN_S, Router
+from swarm.replicas.router import BAD_DATA_BAN_S, PROBATION_PAUSE_FACTOR, UNPROVEN_BAN_FACTOR, Router
 
 
 class Directory(Router):
@@ -20,6 +20,7 @@ class Directory(Router):
 
 def test_a_burst_of_failures_inside_one_ban_counts_once():
     r = Directory("me", {})
+    r.release("peer", 0.1)  # it returned work: proven, so its bans start at base_ban
     for _ in range(6):  # every microbatch of one step refused at once
         r.report_failure("peer")
     assert r.banned_peers() == {"peer": 1}
@@ -33,3 +34,38 @@ def test_bad_data_bans_for_longer_than_any_retry():
     r = Directory("me", {})
     r.report_failure("liar", bad_data=True)
     assert r._bans["liar"].until - time.monotonic() > BAD_DATA_BAN_S - 1
+
+
+async def test_unproven_replicas_share_one_probation_slot_while_a_proven_one_serves():
+    fakes = [f"fake{i:02d}" for i in range(40)]
+    r = Directory("me", {1: [("honest", 1.0)] + [(f, 1e9) for f in fakes]})
+    r.release("honest", 0.2)  # it returned a gradient: proven
+    r._in_flight["honest"] = 0
+    picks = [await r.pick(1) for _ in range(8)]  # a step's microbatches, none answered yet
+    assert sum(p in fakes for p in picks) == 1 and picks.count("honest") == 7, picks
+    probed = next(p for p in picks if p in fakes)
+    r.release(probed, None)  # its attempt was aborted: the slot frees, nothing is held against the stage
+    assert (await r.pick(1)) in fakes
+
+
+async def test_a_failed_probe_closes_the_stage_to_newcomers_for_forty_times_what_it_wasted():
+    r = Directory("me", {1: [("honest", 1.0), ("fake", 1e9)]})
+    r.release("honest", 0.2)
+    assert await r.pick(1) == "fake"  # the slot is free: the newcomer draws the next microbatch (it scores lower)
+    r._probe[1] = ("fake", time.monotonic() - 0.5)  # it has held it for 0.5 s
+    r.report_failure("fake")
+    closed_for = r._closed[1] - time.monotonic()
+    assert PROBATION_PAUSE_FACTOR * 0.5 - 1 < closed_for < PROBATION_PAUSE_FACTOR * 0.5 + 1
+    r._bans.clear()  # even once its ban ends, no newcomer gets work while the probation is closed
+    assert {await r.pick(1) for _ in range(5)} == {"honest"}
+
+
+async def test_without_a_proven_replica_every_replica_takes_work():
+    r = Directory("me", {1: [("a", 1.0), ("b", 1.0), ("c", 1.0)]})
+    assert sorted([await r.pick(1) for _ in range(3)]) == ["a", "b", "c"]
+
+
+def test_an_id_that_never_returned_work_is_banned_twelve_times_longer():
+    r = Directory("me", {})
+    r.report_failure("stranger")
+    assert r._bans["stranger"].until - time.monotonic() > UNPROVEN_BAN_FACTOR * r.base_ban - 1
