@@ -91,7 +91,7 @@ async def test_powersgd_sends_at_least_20x_fewer_bytes_per_step_than_exact():
         assert exact[name] >= 20 * power[name], f"{name}: {exact[name]:.0f} vs {power[name]:.0f} bytes per step"
 
 
-async def test_a_replica_dying_mid_step_under_powersgd_costs_a_retry_and_the_rest_stay_identical():
+async def test_a_replica_dying_mid_step_under_powersgd_costs_a_retry_or_a_resend_and_the_rest_stay_identical():
     spec = wide_spec("powersgd")
     link = type("Link", (KillOnActivation,), {"victim": "s1r0", "nth": 5})
     swarm = await make_swarm(spec, [2, 2], link)
@@ -103,7 +103,9 @@ async def test_a_replica_dying_mid_step_under_powersgd_costs_a_retry_and_the_res
     assert "s1r0" in swarm.net.down
     assert [log.step for log in logs] == list(range(1, STEPS + 1))
     assert all(log.tokens == spec.batch_size * spec.seq_len for log in logs)
-    assert max(log.attempts for log in logs) >= 2
+    # the work it held was done again: in a retry, or re-sent at its deadline within the same attempt
+    resent = sum(p.daemon.missed_deadlines for p in swarm.peers.values())
+    assert max(log.attempts for log in logs) >= 2 or resent >= 1
     assert len({param_hash(p.runner) for p in swarm.stage(0)}) == 1
     assert logs[-1].loss < logs[0].loss
 

@@ -36,6 +36,9 @@ class LoopbackRouter(Router):
         if self.peer_id not in self.net.down:
             self.net.status[self.peer_id] = status
 
+    async def lease_order(self, fresh: bool = False) -> list[str] | None:
+        return None  # no coordinator: the rule without a lease
+
 
 class RouterNetwork(LoopbackNetwork):
     def directory(self, peer_id: str) -> LoopbackRouter:
