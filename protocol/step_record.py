@@ -46,6 +46,18 @@ MAX_WORKERS = 256  # peer ids one work record may name per stage
 MAX_RECORD_BYTES = 4 << 10
 
 
+def _unpack(body: bytes, max_bytes: int, kind: str, run: str, what: str) -> dict:
+    """The map of a record of `kind` for `run` in `body`; WireError if it is not one."""
+    _need(isinstance(body, bytes) and len(body) <= max_bytes, f"a {what} must be at most {max_bytes} bytes.")
+    try:
+        d = msgpack.unpackb(body, raw=False, strict_map_key=False)
+    except Exception:
+        raise WireError(f"a {what} is not msgpack.") from None
+    _need(isinstance(d, dict) and d.get("k") == kind, f"not a {what}.")
+    _need(d.get("r") == run, f"the {what} is for another run.")
+    return d
+
+
 def data_digest(microbatches: Sequence[torch.Tensor]) -> bytes:
     """The digest of one step's token ids, microbatch by microbatch (the formula above)."""
     outer = hashlib.sha256()
@@ -76,13 +88,7 @@ class StepRecord:
     @classmethod
     def decode(cls, body: bytes, run: str) -> StepRecord:
         """The record in `body`, for `run`; WireError if it is not one (its signature is the reader's to check)."""
-        _need(isinstance(body, bytes) and len(body) <= MAX_RECORD_BYTES, "a step record must be a few bytes.")
-        try:
-            d = msgpack.unpackb(body, raw=False, strict_map_key=True)
-        except Exception:
-            raise WireError("a step record is not msgpack.") from None
-        _need(isinstance(d, dict) and d.get("k") == _KIND, "not a step record.")
-        _need(d.get("r") == run, "the step record is for another run.")
+        d = _unpack(body, MAX_RECORD_BYTES, _KIND, run, "step record")
         for key in ("s", "a"):
             _need(isinstance(d.get(key), int) and not isinstance(d.get(key), bool) and 0 <= d[key] < 2**53,
                   "a step record's step and attempt must be non-negative integers.")
@@ -118,13 +124,7 @@ class WorkRecord:
 
     @classmethod
     def decode(cls, body: bytes, run: str, n_stages: int) -> WorkRecord:
-        _need(isinstance(body, bytes) and len(body) <= 64 * MAX_RECORD_BYTES, "a work record must be small.")
-        try:
-            d = msgpack.unpackb(body, raw=False, strict_map_key=False)
-        except Exception:
-            raise WireError("a work record is not msgpack.") from None
-        _need(isinstance(d, dict) and d.get("k") == _WORK_KIND, "not a work record.")
-        _need(d.get("r") == run, "the work record is for another run.")
+        d = _unpack(body, 64 * MAX_RECORD_BYTES, _WORK_KIND, run, "work record")
         _need(isinstance(d.get("s"), int) and not isinstance(d.get("s"), bool) and 0 < d["s"] < 2**53,
               "a work record's step must be a positive integer.")
         _need(isinstance(d.get("l"), str) and 0 < len(d["l"]) <= 128, "a work record must name its leader.")

@@ -12,6 +12,8 @@ import logging
 import os
 from pathlib import Path
 
+from swarm.trust.state_dir import read_json_map
+
 log = logging.getLogger(__name__)
 
 
@@ -19,19 +21,11 @@ def stage_file(identity: str) -> Path:
     return Path(f"{identity}.stages.json")
 
 
-def _read(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
 def recall_stage(identity: str | None, run_hash: str) -> int | None:
     """The stage this identity served in this run, if it served one."""
     if not identity:
         return None
-    stage = _read(stage_file(identity)).get(run_hash)
+    stage = read_json_map(stage_file(identity)).get(run_hash)
     return stage if isinstance(stage, int) and not isinstance(stage, bool) and stage >= 0 else None
 
 
@@ -40,7 +34,7 @@ def remember_stage(identity: str | None, run_hash: str, stage: int) -> None:
     if not identity:
         return
     path = stage_file(identity)
-    data = _read(path)
+    data = read_json_map(path)
     if data.get(run_hash) == stage:
         return
     data[run_hash] = stage

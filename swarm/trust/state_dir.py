@@ -13,6 +13,7 @@ to close it.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import stat
@@ -68,3 +69,12 @@ def warn_if_exposed(path: str | os.PathLike[str]) -> bool:
                     "`chmod 600 %s`", path, mode, path)
         return True
     return False
+
+
+def read_json_map(path: Path) -> dict:
+    """The JSON object kept in `path` (a file beside an identity), or {} if it is missing or not one."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}

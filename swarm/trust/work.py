@@ -28,6 +28,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .state_dir import read_json_map
+
 __all__ = ["MAX_BITS", "WORK_DOMAIN", "WorkProof", "find_proof", "leading_zero_bits", "proof_for", "verify_proof",
            "work_digest"]
 
@@ -97,18 +99,10 @@ def _proof_file(identity_file: str) -> Path:
     return Path(f"{identity_file}.work.json")
 
 
-def _read(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
 def _kept(identity_file: str | None, run_hash: str, peer_id: str, bits: int) -> WorkProof | None:
     if not identity_file:
         return None
-    entry = _read(_proof_file(identity_file)).get(run_hash)
+    entry = read_json_map(_proof_file(identity_file)).get(run_hash)
     if not isinstance(entry, dict):
         return None
     proof = WorkProof(run_hash, str(entry.get("peer_id")), bits, entry.get("nonce"))
@@ -119,7 +113,7 @@ def _keep(identity_file: str | None, proof: WorkProof) -> None:
     if not identity_file:
         return
     path = _proof_file(identity_file)
-    data = _read(path)
+    data = read_json_map(path)
     data.pop(proof.run_hash, None)
     data[proof.run_hash] = {"peer_id": proof.peer_id, "bits": proof.bits, "nonce": proof.nonce}
     data = dict(list(data.items())[-_KEPT_RUNS:])  # insertion order: the newest runs stay

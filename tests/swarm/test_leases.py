@@ -3,7 +3,6 @@ when it first saw them, never by id; a dead leader's successor is next and the d
 comes last; --trusted-heads pins who may lead; a lease lives in the DHT under the swarm key only."""
 from __future__ import annotations
 
-import asyncio
 from types import SimpleNamespace
 
 import pytest
@@ -13,7 +12,7 @@ from swarm.replicas.leases import LeaseKeeper, next_order
 from swarm.trust.admission import AdmissionPolicy
 from swarm.trust.identity import Identity
 from swarm.trust.keys import SigningKey
-from tests.swarm.test_dht import swarm  # noqa: F401  (the fixture: two real DHT nodes)
+from tests.swarm.test_dht import eventually, swarm  # noqa: F401  (the fixture: two real DHT nodes)
 
 RUN = "0123456789abcdef"
 
@@ -86,20 +85,24 @@ def test_a_lease_record_is_checked_like_every_record():
             LeaderLease.from_record({**LeaderLease(RUN, 3, ["A"]).to_record(), **bad})
 
 
-@pytest.mark.e2e
-async def test_only_the_swarm_keys_lease_is_read_over_a_real_dht(swarm):  # noqa: F811
+def swarm_key_views(swarm) -> tuple[SwarmDHT, SwarmDHT, SwarmDHT]:  # noqa: F811
+    """Over the two real nodes: the coordinator (the swarm key), a forger with its own key, and a
+    reader that adopted the swarm key from the run spec."""
     key, stranger = SigningKey.generate(), SigningKey.generate()
     policy = AdmissionPolicy(False, key.public_bytes())
-    coordinator = SwarmDHT(swarm.first.dht, Identity.of_key(key), swarm_key=key, policy=policy)
-    forger = SwarmDHT(swarm.first.dht, Identity.of_key(stranger), swarm_key=stranger)
-    reader = SwarmDHT(swarm.second.dht, policy=policy)
+    return (SwarmDHT(swarm.first.dht, Identity.of_key(key), swarm_key=key, policy=policy),
+            SwarmDHT(swarm.first.dht, Identity.of_key(stranger), swarm_key=stranger),
+            SwarmDHT(swarm.second.dht, policy=policy))
+
+
+@pytest.mark.e2e
+async def test_only_the_swarm_keys_lease_is_read_over_a_real_dht(swarm):  # noqa: F811
+    coordinator, forger, reader = swarm_key_views(swarm)
     assert await forger.publish_lease(LeaderLease(RUN, 10**15, ["EVIL"]), 60)  # stored under its own key
     assert await reader.fetch_lease(RUN) is None
     assert await coordinator.publish_lease(LeaderLease(RUN, 7, ["B", "A"]), 60)
-    deadline = asyncio.get_running_loop().time() + 15
-    while (lease := await reader.fetch_lease(RUN)) is None and asyncio.get_running_loop().time() < deadline:
-        await asyncio.sleep(0.2)  # poll: the record travels between the nodes
-    assert lease is not None and lease.order == ["B", "A"] and lease.term == 7
+    lease = await eventually(lambda: reader.fetch_lease(RUN))  # the record travels between the nodes
+    assert lease.order == ["B", "A"] and lease.term == 7
     envelopes, problems = await reader.entries(lease_key(RUN))
     assert len(envelopes) == 1 and any("not by the swarm key" in p for p in problems)  # the forged one, refused
     with pytest.raises(RecordError):

@@ -3,17 +3,13 @@ the newest few steps at which a lease holder's work record had every stage's has
 reads them back over a real DHT, only under the swarm key."""
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 from protocol.step_record import WorkRecord
-from swarm.dht import RecordError, SwarmDHT, VouchedSnapshots
+from swarm.dht import RecordError, VouchedSnapshots
 from swarm.replicas.vouched import SnapshotVouch, vouched_hashes
-from swarm.trust.admission import AdmissionPolicy
-from swarm.trust.identity import Identity
-from swarm.trust.keys import SigningKey
-from tests.swarm.test_dht import swarm  # noqa: F401  (the fixture: two real DHT nodes)
+from tests.swarm.test_dht import eventually, swarm  # noqa: F401  (the fixture: two real DHT nodes)
+from tests.swarm.test_leases import swarm_key_views
 
 RUN = "0123456789abcdef"
 
@@ -50,15 +46,9 @@ async def test_the_coordinator_vouches_only_for_complete_new_steps_and_keeps_the
 
 @pytest.mark.e2e
 async def test_a_peer_reads_the_vouched_hashes_of_its_stage_under_the_swarm_key_only(swarm):  # noqa: F811
-    key, stranger = SigningKey.generate(), SigningKey.generate()
-    policy = AdmissionPolicy(False, key.public_bytes())
-    coordinator = SwarmDHT(swarm.first.dht, Identity.of_key(key), swarm_key=key, policy=policy)
-    forger = SwarmDHT(swarm.first.dht, Identity.of_key(stranger), swarm_key=stranger)
-    reader = SwarmDHT(swarm.second.dht, policy=policy)
+    coordinator, forger, reader = swarm_key_views(swarm)
     assert await forger.publish_vouched(VouchedSnapshots(RUN, {900: {1: sha(66)}}), 60)
     assert await vouched_hashes(reader, RUN, 1) == {}
     assert await SnapshotVouch(coordinator, RUN, n_stages=2).take(record(50, {0: sha(1), 1: sha(2)}))
-    deadline = asyncio.get_running_loop().time() + 15
-    while not (found := await vouched_hashes(reader, RUN, 1)) and asyncio.get_running_loop().time() < deadline:
-        await asyncio.sleep(0.2)  # poll: the record travels between the nodes
+    found = await eventually(lambda: vouched_hashes(reader, RUN, 1))  # the record travels between the nodes
     assert found == {50: sha(2)}
