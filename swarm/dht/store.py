@@ -59,6 +59,7 @@ __all__ = ["SwarmDHT"]
 log = logging.getLogger(__name__)
 
 ADMISSION_REFRESH_S = 1.0  # `admitted` re-reads the announcements at most this often for an unknown sender
+CONNECTIONS_S = 2.0  # how long a read of p2pd's connections serves the network cap
 _MAX_REMEMBERED = 4096  # peers whose first sighting, or whose skipped record, this reader remembers
 
 
@@ -102,6 +103,8 @@ class SwarmDHT:
         self.skipped_records = 0  # malformed, forged or misfiled entries seen, for health reports
         self.work: WorkProof | None = None  # this writer's proof of work for the adopted run, if it asks for one
         self.ids_per_network = 0  # the run's cap of announcements per stage per /24 or /48 (0: none)
+        self._connected: tuple[float, dict[str, list[str]]] | None = None  # (when read, p2pd's connections)
+        self.connections_s = CONNECTIONS_S
         self._run: tuple[str, int] | None = None  # (run hash, stages) once a spec is adopted
         self._first_seen: OrderedDict[str, float] = OrderedDict()  # peer id -> when this reader first read it
         self._logged: OrderedDict[str, None] = OrderedDict()  # peers whose skipped record was logged
@@ -260,12 +263,20 @@ class SwarmDHT:
             peers.append(ann)
         peers.sort(key=lambda a: a.peer_id)
         if 0 < self.ids_per_network < len(peers):  # else no network can be over the cap: no need to ask p2pd
-            connected = await self.dht.run_coroutine(_connected_at, return_future=True)
-            peers, crowded = cap_per_network(peers, self.ids_per_network, connected, self._first_seen)
+            peers, crowded = cap_per_network(peers, self.ids_per_network, await self._connections(),
+                                             self._first_seen)
             for ann in crowded:
                 self._skip(key, f"more than {self.ids_per_network} ids announce this stage from its network",
                            ann.peer_id)
         return peers
+
+    async def _connections(self) -> dict[str, list[str]]:
+        """p2pd's live connections (peer id -> remote addresses), read at most every CONNECTIONS_S: fake ids
+        crowding a stage must not make every directory read a daemon round trip."""
+        now = time.monotonic()
+        if self._connected is None or now - self._connected[0] >= self.connections_s:
+            self._connected = (now, await self.dht.run_coroutine(_connected_at, return_future=True))
+        return self._connected[1]
 
     async def all_stage_peers(self, run_hash: str, n_stages: int) -> dict[int, list[StageAnnouncement]]:
         found = await asyncio.gather(*(self.stage_peers(run_hash, s) for s in range(n_stages)))

@@ -85,6 +85,7 @@ class FakeDHT:
 def test_a_reader_skips_unproven_ids_and_ids_over_their_networks_cap(caplog):
     dht = FakeDHT()
     reader = SwarmDHT(dht)
+    reader.connections_s = 0.0  # every read asks the (fake) daemon: the connections change between reads here
     asyncio.run(reader.adopt(RUN_SPEC))
     assert (reader.admission.policy.work_bits, reader.ids_per_network) == (BITS, 2)
     victim, early, late = Identity.generate(), [Identity.generate() for _ in range(2)], Identity.generate()
