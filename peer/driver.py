@@ -17,7 +17,7 @@ A step, as the leader drives it (docs/design.md section 3):
 
 Anything that goes wrong in 2-4 (a replica died, a message was lost, replicas disagree)
 aborts the attempt everywhere and re-drives the step as a new attempt: a failure costs a
-retry, never a step, and no microbatch is lost or counted twice.
+retry, never a step, and no microbatch is lost or counted twice. fp16: an overflow skips the step everywhere.
 """
 from __future__ import annotations
 
@@ -30,11 +30,12 @@ from dataclasses import dataclass
 import torch
 
 from protocol.control import Command, CommandReply, decode_reply, encode_command
-from protocol.wire import KIND_CONTROL, ErrorReply, WireError, WireLimits, decode_message
+from protocol.wire import KIND_CONTROL, WireError
 
 from .attempt_watch import AttemptWatch
 from .commit import StepCommit
 from .daemon import StageDaemon
+from .delivery import retry_asked
 from .interfaces import LinkError, PeerDirectory, PeerInfo
 from .leadership import leader_of
 from .stage import StageError
@@ -53,6 +54,8 @@ class StepLog:
     attempts: int = 1  # 1 + the attempts that failed and were re-driven
     commit_seconds: float = 0.0  # the successful attempt's commit (replicas' reduce and apply)
     sync_bytes: int = 0  # what this head's replica sent to the other heads in that reduce
+    skipped: bool = False  # fp16: some stage overflowed, so no stage stepped its optimizer
+    loss_scale: float = 1.0  # fp16: the loss scale after this step (1 without loss scaling)
 
 
 class AttemptFailed(RuntimeError):
@@ -159,7 +162,7 @@ class StepDriver:
         last = self.commit.last_applied
         if short and last is not None and last[0] == step - 1:
             log.info("finishing step %d on %d peer(s) the previous leader did not reach", step, len(short))
-            await self._broadcast({p: 0 for p in short}, "apply", step - 1, last[1])
+            await self._broadcast({p: 0 for p in short}, "apply", *last, last[0] in self.runner.skipped_steps)
         ahead = [p for p, r in replies.items() if r.outcome == "ahead"]  # they are past our step
         reduced = self.runner.reduced
         if ahead:
@@ -171,7 +174,8 @@ class StepDriver:
             log.info("finishing step %d, which the previous leader applied only in part", step + 1)
             holders = [p for p, r in replies.items() if r.outcome == "ok" and r.contributors
                        and r.attempt == reduced.attempt]
-            await self._broadcast({p: 0 for p in holders} | {self.peer_id: 0}, "apply", step, reduced.attempt)
+            skip = any(replies[p].overflow for p in ahead)  # the peers that applied it say whether they skipped it
+            await self._broadcast({p: 0 for p in holders} | {self.peer_id: 0}, "apply", step, reduced.attempt, skip)
             return True
         top = max([r.attempt for r in replies.values() if r.outcome == "ok"] + [self.daemon.attempt])
         await self._broadcast(members, "abort", step, top)
@@ -222,7 +226,8 @@ class StepDriver:
         self.daemon.throughput = tokens / max(seconds, 1e-9)
         self.daemon.last_loss = sum(losses) / len(losses)
         return StepLog(step + 1, self.daemon.last_loss, tokens, seconds, self.runner.version_for_step(step),
-                       record.lr, attempts, commit_seconds, self.commit.last_sync_bytes)
+                       record.lr, attempts, commit_seconds, self.commit.last_sync_bytes, record.skipped,
+                       self.runner.scale)
 
     async def _realigned(self) -> bool:
         return self.realign is not None and await self.realign()
@@ -317,7 +322,7 @@ class StepDriver:
         cmds = {peer: Command(self.spec.run_hash, step, attempt, "reduce", sorted(groups[stage]))
                 for peer, stage in members.items()}
         replies = dict(zip(cmds, await asyncio.gather(*(self._send(p, c) for p, c in cmds.items()))))
-        appliers = []
+        appliers, overflowed = [], []
         for stage in range(self.spec.n_stages):
             oks = {p: r for p, r in replies.items() if members[p] == stage and r.outcome == "ok"}
             if not oks:
@@ -327,20 +332,24 @@ class StepDriver:
             if len(agreed) != 1:
                 raise AttemptFailed(f"the replicas of stage {stage} summed different contributions")
             appliers += list(oks)
+            overflowed += [stage] if any(r.overflow for r in oks.values()) else []
+        if skip := bool(overflowed):  # fp16 (protocol/loss_scale.py): one stage's overflow skips the step everywhere
+            log.warning("step %d: fp16 gradients overflowed on stages %s: skipped everywhere, loss scale %g -> %g",
+                        step + 1, overflowed, self.runner.scale, self.runner.scale / 2)
         # every stage has reduced: from here the step must be applied everywhere. This head applies
         # at once and goes on to the next step; the others are told meanwhile (their share of the
         # next step waits for it), and a stage whose replicas all failed to apply (a refusal while
         # views of the leader settle, a lost reply) is asked again for a while: it holds the sum,
         # and applying twice is answered "ok"
         if self.peer_id in appliers:
-            mine = await self._send(self.peer_id, Command(self.spec.run_hash, step, attempt, "apply"))
+            mine = await self._send(self.peer_id, Command(self.spec.run_hash, step, attempt, "apply", skip=skip))
             if mine.outcome != "ok":
                 raise AttemptFailed(f"this head could not apply the step: {mine.reason}")
         others = {p: members[p] for p in appliers if p != self.peer_id}
-        self._applying = asyncio.create_task(self._apply_everywhere(others, step, attempt))
+        self._applying = asyncio.create_task(self._apply_everywhere(others, step, attempt, skip))
 
-    async def _apply_everywhere(self, peers: dict[str, int], step: int, attempt: int) -> None:
-        applied = await self._broadcast(peers, "apply", step, attempt)
+    async def _apply_everywhere(self, peers: dict[str, int], step: int, attempt: int, skip: bool) -> None:
+        applied = await self._broadcast(peers, "apply", step, attempt, skip)
         deadline = time.monotonic() + self.command_timeout
         def missing() -> list[int]:  # stages with no replica that applied (this head applied stage 0's)
             return sorted(set(peers.values()) - {0} - {peers[p] for p, r in applied.items() if r.outcome == "ok"})
@@ -352,15 +361,15 @@ class StepDriver:
                 return
             await asyncio.sleep(0.5)  # let the view of who leads settle before asking again
             applied.update(await self._broadcast({p: s for p, s in peers.items() if s in missing()}, "apply", step,
-                                                 attempt))
+                                                 attempt, skip))
         for p, r in applied.items():
             if r.outcome != "ok":
                 log.warning("replica %s of stage %d did not apply step %d (%s); it will catch up",
                             p[-8:], peers[p], step + 1, r.reason or r.outcome)
 
     # ------------------------------------------------------------------ commands
-    async def _broadcast(self, peers: dict[str, int], op: str, step: int, attempt: int) -> dict[str, CommandReply]:
-        cmds = {p: Command(self.spec.run_hash, step, attempt, op) for p in peers}
+    async def _broadcast(self, peers: dict, op: str, step: int, attempt: int, skip=False) -> dict[str, CommandReply]:
+        cmds = {p: Command(self.spec.run_hash, step, attempt, op, skip=skip) for p in peers}
         return dict(zip(cmds, await asyncio.gather(*(self._send(p, c) for p, c in cmds.items()))))
 
     async def _command(self, peer: str, op: str, step: int, attempt: int,
@@ -380,7 +389,7 @@ class StepDriver:
                 try:
                     return decode_reply(reply, self.spec.n_microbatches)
                 except WireError:  # not a reply: a refusal, perhaps one that asks to retry
-                    retry = _retry_asked(reply, self.daemon._limits())
+                    retry = retry_asked(reply, self.daemon._limits())
                     if retry is None:
                         raise
                     if time.monotonic() + 0.2 > deadline:
@@ -389,11 +398,3 @@ class StepDriver:
                 return CommandReply(cmd.step, cmd.attempt, "failed", reason=str(e)[:200])
             await asyncio.sleep(0.2)  # the peer is reading this head's announcement
 
-
-def _retry_asked(body: bytes, limits: WireLimits) -> str | None:
-    """The reason of a "retry" refusal, or None if `body` is anything else."""
-    try:
-        err = decode_message(body, limits)
-    except WireError:
-        return None
-    return err.reason if isinstance(err, ErrorReply) and err.code == "retry" else None

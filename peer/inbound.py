@@ -119,7 +119,9 @@ class InboundHandlers:
             return self.refuse(f"gradient shape {list(msg.payload.values.shape)} does not match the activation "
                                f"{list(pending)}.", sender)
         grad = self.packer.unpack(msg.payload, self.runner.dtype, self.runner.device)
-        if (refusal := self._out_of_band(KIND_GRADIENT, grad, sender)) is not None:
+        if msg.overflow and self.runner.loss_scale is not None:
+            grad = torch.zeros_like(grad)  # fp16: the sender overflowed; its stand-in is not judged, nor learnt from
+        elif (refusal := self._out_of_band(KIND_GRADIENT, grad, sender, self.runner.scale)) is not None:
             fut = self.waiting.get(h.microbatch)
             if fut is not None and not fut.done():  # the head: this attempt fails now, not at its deadline
                 fut.set_exception(LinkError(f"peer {sender[-8:]} answered microbatch {h.microbatch} with "
@@ -128,11 +130,11 @@ class InboundHandlers:
         del self._downstream[h.microbatch]
         self._gradient_taken[h.microbatch] = sender
         self.directory.release(sender, time.monotonic() - sent[1])
-        self.spawn(self._process_gradient(h, grad, msg.loss))
+        self.spawn(self._process_gradient(h, grad, msg.loss, msg.overflow and self.runner.loss_scale is not None))
         return ACK
 
-    async def _process_gradient(self, h: Header, grad: torch.Tensor, loss: float) -> None:
-        done = await self.run_for(h, self._backward_job, h, grad, loss)
+    async def _process_gradient(self, h: Header, grad: torch.Tensor, loss: float, overflow: bool = False) -> None:
+        done = await self.run_for(h, self._backward_job, h, grad, loss, overflow)
         if done is SKIPPED:
             return
         body, ntokens, _ = done

@@ -11,12 +11,16 @@ microbatch's gradient is back (docs/design.md section 3):
 
 Maps (short keys; tensors are wire.py's ExtType):
 
-    Command       {k: "ctl", r: run, s: step, a: attempt, o: op, c: [peer ids]}
+    Command       {k: "ctl", r: run, s: step, a: attempt, o: op, c: [peer ids], v: skip}
                   op in status | reduce | apply | abort | rollback; c: for reduce, the candidate replicas
-                  of the receiver's stage (it exchanges contributions with those)
-    CommandReply  {k: "ctlr", s: step, a: attempt, o: outcome, m: [microbatches], x: {peer: [mb]}, e: text}
+                  of the receiver's stage (it exchanges contributions with those); v (apply, fp16 runs;
+                  left out when false): some stage overflowed, so skip the step (protocol/loss_scale.py)
+    CommandReply  {k: "ctlr", s: step, a: attempt, o: outcome, m: [microbatches], x: {peer: [mb]}, e: text,
+                   v: overflow}
                   outcome in ok | behind | ahead | failed; m: what this replica computed in the
-                  attempt; x: after a reduce, whose contributions it summed
+                  attempt; x: after a reduce, whose contributions it summed; v (left out when false):
+                  after a reduce, this stage's share of the step overflowed (fp16); from a replica
+                  "ahead" of the step, that it skipped the step
     Contribution  {k: "red", r, s, a, g: stage, p: phase, m: [microbatches], t: flat gradient | nil,
                    f: factors | nil, q: statistic | nil}
                   replica_sync "exact" (one phase, p = 0): t is every trainable parameter's
@@ -28,16 +32,19 @@ Maps (short keys; tensors are wire.py's ExtType):
                   present even when m is empty if the replica keeps error feedback (both nil:
                   nothing to add); p = 1 carries only f = the Q factors (nil: zero) and m = [].
                   Factors are in the run's wire dtype. q: the basis re-fit statistic of the
-                  step (receiving subspace stages; with p = 0 and a non-empty m only)
+                  step (receiving subspace stages; with p = 0 and a non-empty m only).
+                  v (fp16 runs; left out when false): this replica's share overflowed; it then
+                  carries no tensors (t, f, q nil) whatever m holds, and the step will be skipped
     ReduceProbe   {k: "redq", r, s, a, g}, also over `red`: asked of a replica whose contribution
                   a reduce still waits for (peer/reduce_watch.py); the reply {k: "redqr", o: state}
                   says how its reduce of step s, attempt a goes: reducing | idle (at the step and
                   attempt, no reduce begun) | ended (its reduce is over) | elsewhere (another step
                   or a newer attempt)
-    FollowUpdate  {k: "fol", r, s, t: reduced flat gradient, q: reduced statistic | nil, j: in layout}
+    FollowUpdate  {k: "fol", r, s, t: reduced flat gradient, q: reduced statistic | nil, j: in layout, v: skip}
                   the reduced gradient of step s (compute dtype), forwarded to a replica that is
                   catching up: in the stage's `SyncLayout` (j true), or, from a replica that
-                  was alone in its reduce, every parameter's gradient in full (j false)
+                  was alone in its reduce, every parameter's gradient in full (j false); with v
+                  true (fp16: the swarm skipped step s) t and q are nil
     StateRequest  {k: "state", r, o: "meta" | "chunk", i: chunk index, n: snapshot id}
     StateMeta     {k: "statem", s: step, n: snapshot id, z: total bytes, c: chunk bytes, h: sha256 hex}
 """
@@ -70,6 +77,7 @@ class Command:
     attempt: int
     op: str
     candidates: list[str] = field(default_factory=list)
+    skip: bool = False  # apply: skip the step (fp16 overflow on some stage)
 
 
 @dataclass
@@ -80,6 +88,7 @@ class CommandReply:
     microbatches: list[int] = field(default_factory=list)
     contributors: dict[str, list[int]] = field(default_factory=dict)
     reason: str = ""
+    overflow: bool = False  # reduce: this stage's share overflowed; "ahead": this replica skipped the step
 
 
 @dataclass
@@ -93,6 +102,7 @@ class Contribution:
     stat: torch.Tensor | None = None
     phase: int = 0  # the exchange round (replica_sync "powersgd" has two)
     factors: torch.Tensor | None = None  # flat PowerSGD factors, wire dtype ("powersgd" only)
+    overflow: bool = False  # fp16: this replica's share overflowed (no tensors then)
 
 
 @dataclass
@@ -107,9 +117,10 @@ class ReduceProbe:
 class FollowUpdate:
     run: str
     step: int
-    grads: torch.Tensor
+    grads: torch.Tensor | None  # None only when `skip`
     stat: torch.Tensor | None = None
     in_layout: bool = False  # grads in the stage's SyncLayout, else in full
+    skip: bool = False  # fp16: the swarm skipped this step
 
 
 @dataclass
@@ -227,10 +238,24 @@ def _opt_tensor(t: torch.Tensor | None):
     return None if t is None else _pack_tensor(t)
 
 
+def _flag(d: dict, key: str, what: str) -> bool:
+    v = d.get(key, False)
+    _need(isinstance(v, bool), f"{what} must be true or false.")
+    return v
+
+
+def _with_flag(d: dict, key: str, value: bool) -> dict:
+    """`d` with `key: True` when `value`: a false flag is left out, so runs without loss scaling send what they did."""
+    if value:
+        d[key] = True
+    return d
+
+
 # ---------------------------------------------------------------- commands
 
 def encode_command(c: Command) -> bytes:
-    return msgpack.packb({"k": KIND_CONTROL, "r": c.run, "s": c.step, "a": c.attempt, "o": c.op, "c": c.candidates})
+    return msgpack.packb(_with_flag({"k": KIND_CONTROL, "r": c.run, "s": c.step, "a": c.attempt, "o": c.op,
+                                     "c": c.candidates}, "v", c.skip))
 
 
 def decode_command(data: bytes, run: str) -> Command:
@@ -238,12 +263,13 @@ def decode_command(data: bytes, run: str) -> Command:
     _need(_is(d.get("k"), KIND_CONTROL), "not a control command.")
     _run(d, run, "the control command")
     _need(d.get("o") in OPS, f"a control command's op must be one of {', '.join(OPS)}.")
-    return Command(run, _int(d, "s", "step"), _int(d, "a", "attempt", 2**31), d["o"], _peer_ids(d.get("c", [])))
+    return Command(run, _int(d, "s", "step"), _int(d, "a", "attempt", 2**31), d["o"], _peer_ids(d.get("c", [])),
+                   _flag(d, "v", "a control command's skip flag"))
 
 
 def encode_reply(r: CommandReply) -> bytes:
-    return msgpack.packb({"k": _REPLY, "s": r.step, "a": r.attempt, "o": r.outcome, "m": r.microbatches,
-                          "x": r.contributors, "e": r.reason[:500]})
+    return msgpack.packb(_with_flag({"k": _REPLY, "s": r.step, "a": r.attempt, "o": r.outcome, "m": r.microbatches,
+                                     "x": r.contributors, "e": r.reason[:500]}, "v", r.overflow))
 
 
 def decode_reply(data: bytes, n_microbatches: int) -> CommandReply:
@@ -256,15 +282,16 @@ def decode_reply(data: bytes, n_microbatches: int) -> CommandReply:
     _need(len(contributors) == len(x), "a control reply's contributors must be keyed by peer id.")
     reason = d.get("e", "")
     return CommandReply(_int(d, "s", "step"), _int(d, "a", "attempt", 2**31), d["o"],
-                        _mbs(d.get("m", []), n_microbatches), contributors, reason if isinstance(reason, str) else "")
+                        _mbs(d.get("m", []), n_microbatches), contributors, reason if isinstance(reason, str) else "",
+                        _flag(d, "v", "a control reply's overflow flag"))
 
 
 # ---------------------------------------------------------------- contributions and follow updates
 
 def encode_contribution(c: Contribution) -> bytes:
-    return msgpack.packb({"k": KIND_REDUCE, "r": c.run, "s": c.step, "a": c.attempt, "g": c.stage, "p": c.phase,
-                          "m": c.microbatches, "t": _opt_tensor(c.grads), "f": _opt_tensor(c.factors),
-                          "q": _opt_tensor(c.stat)})
+    return msgpack.packb(_with_flag({"k": KIND_REDUCE, "r": c.run, "s": c.step, "a": c.attempt, "g": c.stage,
+                                     "p": c.phase, "m": c.microbatches, "t": _opt_tensor(c.grads),
+                                     "f": _opt_tensor(c.factors), "q": _opt_tensor(c.stat)}, "v", c.overflow))
 
 
 def encode_probe(p: ReduceProbe) -> bytes:
@@ -304,6 +331,10 @@ def _contribution(d: dict, lim: FlatLimits) -> Contribution:
           f"the contribution's phase must be an integer in [0, {len(lim.exchange)}).")
     step, attempt = _int(d, "s", "step"), _int(d, "a", "attempt", 2**31)
     mbs = _mbs(d.get("m"), lim.n_microbatches)
+    if _flag(d, "v", "a contribution's overflow flag"):  # fp16: the step will be skipped; nothing to add
+        _need(phase == 0 and d.get("t") is None and d.get("f") is None and d.get("q") is None,
+              "an overflowed contribution is a first-round one and carries no tensors.")
+        return Contribution(lim.run, step, attempt, lim.stage, mbs, None, overflow=True)
     n_exact, n_factors = lim.exchange[phase]
     if not lim.phases:  # exact sync: the whole gradient, or nothing when nothing was computed
         _need(d.get("f") is None, "an exact-sync contribution carries no factors.")
@@ -329,8 +360,8 @@ def _contribution(d: dict, lim: FlatLimits) -> Contribution:
 
 
 def encode_follow(f: FollowUpdate) -> bytes:
-    return msgpack.packb({"k": KIND_FOLLOW, "r": f.run, "s": f.step, "t": _pack_tensor(f.grads),
-                          "q": _opt_tensor(f.stat), "j": f.in_layout})
+    return msgpack.packb(_with_flag({"k": KIND_FOLLOW, "r": f.run, "s": f.step, "t": _opt_tensor(f.grads),
+                                     "q": _opt_tensor(f.stat), "j": f.in_layout}, "v", f.skip))
 
 
 def decode_follow(data: bytes, lim: FlatLimits) -> FollowUpdate:
@@ -339,6 +370,9 @@ def decode_follow(data: bytes, lim: FlatLimits) -> FollowUpdate:
     _run(d, lim.run, "the follow update")
     j = d.get("j", False)
     _need(isinstance(j, bool), "a follow update's j must be true or false.")
+    if _flag(d, "v", "a follow update's skip flag"):
+        _need(d.get("t") is None and d.get("q") is None, "a skipped step's follow update carries no tensors.")
+        return FollowUpdate(lim.run, _int(d, "s", "step"), None, None, j, skip=True)
     numel = lim.numel if j else (lim.full_numel or lim.numel)
     return FollowUpdate(lim.run, _int(d, "s", "step"), _flat(d.get("t"), lim, "the reduced gradient", numel),
                         _stat(d.get("q"), lim), j)
