@@ -13,14 +13,12 @@ Maps (short keys; tensors are wire.py's ExtType):
 
     Command       {k: "ctl", r: run, s: step, a: attempt, o: op, c: [peer ids], v: skip}
                   op in status | reduce | apply | abort | rollback; c: for reduce, the candidate replicas
-                  of the receiver's stage (it exchanges contributions with those); v (apply, fp16 runs;
-                  left out when false): some stage overflowed, so skip the step (protocol/loss_scale.py)
-    CommandReply  {k: "ctlr", s: step, a: attempt, o: outcome, m: [microbatches], x: {peer: [mb]}, e: text,
-                   v: overflow}
+                  of the receiver's stage (it exchanges contributions with those); v (fp16; left out
+                  when false): apply means skip, some stage overflowed (protocol/loss_scale.py)
+    CommandReply  {k: "ctlr", s: step, a: attempt, o: outcome, m: [microbatches], x: {peer: [mb]}, e: text, v}
                   outcome in ok | behind | ahead | failed; m: what this replica computed in the
-                  attempt; x: after a reduce, whose contributions it summed; v (left out when false):
-                  after a reduce, this stage's share of the step overflowed (fp16); from a replica
-                  "ahead" of the step, that it skipped the step
+                  attempt; x: after a reduce, whose contributions it summed; v (fp16; left out when
+                  false): after a reduce, the stage overflowed; "ahead", this replica skipped the step
     Contribution  {k: "red", r, s, a, g: stage, p: phase, m: [microbatches], t: flat gradient | nil,
                    f: factors | nil, q: statistic | nil}
                   replica_sync "exact" (one phase, p = 0): t is every trainable parameter's
@@ -32,9 +30,7 @@ Maps (short keys; tensors are wire.py's ExtType):
                   present even when m is empty if the replica keeps error feedback (both nil:
                   nothing to add); p = 1 carries only f = the Q factors (nil: zero) and m = [].
                   Factors are in the run's wire dtype. q: the basis re-fit statistic of the
-                  step (receiving subspace stages; with p = 0 and a non-empty m only).
-                  v (fp16 runs; left out when false): this replica's share overflowed; it then
-                  carries no tensors (t, f, q nil) whatever m holds, and the step will be skipped
+                  step (receiving subspace stages; with p = 0 and a non-empty m only); v (fp16): overflowed, t f q nil
     ReduceProbe   {k: "redq", r, s, a, g}, also over `red`: asked of a replica whose contribution
                   a reduce still waits for (peer/reduce_watch.py); the reply {k: "redqr", o: state}
                   says how its reduce of step s, attempt a goes: reducing | idle (at the step and
@@ -43,8 +39,7 @@ Maps (short keys; tensors are wire.py's ExtType):
     FollowUpdate  {k: "fol", r, s, t: reduced flat gradient, q: reduced statistic | nil, j: in layout, v: skip}
                   the reduced gradient of step s (compute dtype), forwarded to a replica that is
                   catching up: in the stage's `SyncLayout` (j true), or, from a replica that
-                  was alone in its reduce, every parameter's gradient in full (j false); with v
-                  true (fp16: the swarm skipped step s) t and q are nil
+                  was alone in its reduce, every parameter's gradient in full (j false); v: skipped, t q nil
     StateRequest  {k: "state", r, o: "meta" | "chunk", i: chunk index, n: snapshot id}
     StateMeta     {k: "statem", s: step, n: snapshot id, z: total bytes, c: chunk bytes, h: sha256 hex}
 """
@@ -239,16 +234,12 @@ def _opt_tensor(t: torch.Tensor | None):
 
 
 def _flag(d: dict, key: str, what: str) -> bool:
-    v = d.get(key, False)
-    _need(isinstance(v, bool), f"{what} must be true or false.")
-    return v
+    _need(isinstance(d.get(key, False), bool), f"{what} must be true or false.")
+    return d.get(key, False)
 
 
 def _with_flag(d: dict, key: str, value: bool) -> dict:
-    """`d` with `key: True` when `value`: a false flag is left out, so runs without loss scaling send what they did."""
-    if value:
-        d[key] = True
-    return d
+    return {**d, key: True} if value else d  # a false flag is left out: runs without loss scaling send what they did
 
 
 # ---------------------------------------------------------------- commands
@@ -332,8 +323,7 @@ def _contribution(d: dict, lim: FlatLimits) -> Contribution:
     step, attempt = _int(d, "s", "step"), _int(d, "a", "attempt", 2**31)
     mbs = _mbs(d.get("m"), lim.n_microbatches)
     if _flag(d, "v", "a contribution's overflow flag"):  # fp16: the step will be skipped; nothing to add
-        _need(phase == 0 and d.get("t") is None and d.get("f") is None and d.get("q") is None,
-              "an overflowed contribution is a first-round one and carries no tensors.")
+        _need(phase == 0 and all(d.get(k) is None for k in "tfq"), "an overflowed contribution carries no tensors.")
         return Contribution(lim.run, step, attempt, lim.stage, mbs, None, overflow=True)
     n_exact, n_factors = lim.exchange[phase]
     if not lim.phases:  # exact sync: the whole gradient, or nothing when nothing was computed
