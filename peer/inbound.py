@@ -4,6 +4,8 @@ basis update that another peer sends it.
 Every message is validated before it is acknowledged (admission, wire format, stage, size
 band, step and attempt, basis version, microbatch), in an order that matters: the size check
 comes before the step checks, so enormous values ban their sender whatever step they claim.
+In an fp16 run a gradient is judged by its size over the loss scale, and one flagged as an
+overflow is taken as zeros without a size check (peer/loss_scaling.py).
 A refusal is an `ErrorReply` and never touches the runner's state; accepted work is queued on
 the daemon's worker thread (`run_for`) and its result sent on by the daemon's `Courier`.
 """

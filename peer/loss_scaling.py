@@ -9,6 +9,8 @@ stage's accumulated gradients and every boundary gradient are S times the true o
   gradient travels on upstream the same way. The step is skipped anyway.
 - `overflowed`: this stage's verdict at the commit: a flagged microbatch, or an inf or NaN in
   the gradient it would apply (the reduced sum, or its own accumulated gradients when alone).
+- `share`: a replica's contribution to its stage's reduce, or, when its share overflowed, its
+  microbatches and no numbers (`local_overflow`).
 - `unscale`: the gradients divided by S before clipping and the optimizer (exact: S = 2^n).
 
 Runs without a loss scale (fp32, fp64, bf16) have S = 1 and never flag anything.

@@ -354,7 +354,7 @@ class StageRunner(ReducedGradients, ScaledGradients):
 
     def state_dict(self) -> dict:
         """Everything that makes this stage what it is at the start of its current step: weights,
-        optimizer moments, step, basis (current and scheduled) and the re-fit statistic. Partial
+        optimizer moments, step, basis (current and scheduled), the re-fit statistic and the loss scale. Partial
         work of the step in progress is not state: a stage that loads this redoes the step."""
         scheduled = None
         if self._scheduled is not None:

@@ -20,6 +20,7 @@ from peer.memory_swarm import batches
 from peer.norm_band import NormBand
 from peer.pipeline import InProcessPipeline
 from peer.stage import StageRunner
+from peer.state_transfer import load_state_bytes, state_bytes
 from protocol.loss_scale import INITIAL_SCALE, LossScale
 from protocol.reference import ReferenceModel
 from protocol.spec import preset
@@ -162,7 +163,7 @@ def test_the_loss_scale_is_part_of_the_stage_state():
     runner.loss_scale.good_steps = 17
     other = StageRunner(spec, 1)
     scaled([other])
-    other.load_state_dict(runner.state_dict())
+    other.load_state_dict(load_state_bytes(state_bytes(runner.state_dict())))  # as checkpoints and joiners get it
     assert (other.scale, other.loss_scale.good_steps) == (2.0 ** 9, 17)
 
 
@@ -173,3 +174,42 @@ def test_the_norm_band_judges_a_scaled_gradient_by_its_true_size():
         assert band.check(g) is None
     assert band.check(g * 2.0 ** 24, scale=2.0 ** 24) is None  # S = 2^24: the true gradient is as before
     assert band.check(g * 2.0 ** 24) is not None  # unscaled, the same numbers are far out of the band
+
+
+async def test_a_replica_that_joins_takes_the_scale_and_skips_with_the_others():
+    """A stage-1 replica joins a [1, 1] swarm (scaler on, fp64) after step 3 by downloading the stage's
+    state: it gets the scale the swarm halved at step 2, and when step 5 overflows it skips with the
+    rest (whether it takes part in that reduce or still follows its donor). It ends identical to its
+    donor, with the same scale, and the run equals the reference that skipped steps 2 and 5."""
+    spec = preset("tiny", stages=2, dtype="fp64", wire_dtype="fp64", batch_size=32, microbatch_size=8, lr=1e-3)
+    swarm = await make_swarm(spec, [1, 1])
+    scaled(p.runner for p in swarm.peers.values())
+    poison([swarm.peers["s1r0"].runner], 1, "weight")
+
+    async def join():
+        while len(swarm.logs) < 3:
+            await asyncio.sleep(0.01)  # poll the run's progress
+        newcomer = await swarm.add(1, "s1new", announce="syncing")
+        scaled([newcomer.runner])  # the scaler on, as in an fp16 run; its scale then comes with the state
+        poison([swarm.peers["s1r0"].runner, newcomer.runner], 4, "boundary")
+        await newcomer.join(["s1r0"])
+        await newcomer.announce("online")
+        return newcomer, len(swarm.logs)
+
+    try:
+        task = asyncio.create_task(join())
+        logs = await swarm.drive(STEPS)
+        newcomer, joined_at = await task
+        await swarm.applied()
+    finally:
+        await swarm.stop()
+    assert joined_at < STEPS - 1, "the newcomer joined too late to be tested"
+    assert [log.skipped for log in logs] == [s in (1, 4) for s in range(STEPS)]
+    donor = swarm.peers["s1r0"].runner
+    assert newcomer.runner.step == donor.step == STEPS
+    assert param_hash(newcomer.runner) == param_hash(donor)
+    assert newcomer.runner.scale == donor.scale == INITIAL_SCALE / 4
+    assert newcomer.runner.loss_scale.good_steps == donor.loss_scale.good_steps == STEPS - 5
+    _, want = reference_skipping(spec, batches(spec), STEPS, {1, 4})
+    for step, (log, ref_loss) in enumerate(zip(logs, want)):
+        assert abs(log.loss - ref_loss) <= 1e-10 * abs(ref_loss), (step, log.loss, ref_loss)
