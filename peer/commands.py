@@ -8,10 +8,11 @@ import asyncio
 import time
 
 from protocol.control import Command, CommandReply, decode_reply, encode_command
-from protocol.wire import KIND_CONTROL, ErrorReply, WireError, WireLimits, decode_message
+from protocol.wire import KIND_CONTROL, WireError
 
 from .commit import StepCommit
 from .daemon import StageDaemon
+from .delivery import retry_asked
 from .interfaces import LinkError
 
 UNREACHABLE = "unreachable: "  # the reason of a command that never reached its peer
@@ -24,8 +25,10 @@ class CommandSender:
         self.peer_id, self.run_hash = daemon.peer_id, daemon.spec.run_hash
         self.n_microbatches = daemon.spec.n_microbatches
 
-    async def broadcast(self, peers: dict[str, int], op: str, step: int, attempt: int) -> dict[str, CommandReply]:
-        cmds = {p: Command(self.run_hash, step, attempt, op, self.named if op == "apply" else []) for p in peers}
+    async def broadcast(self, peers: dict[str, int], op: str, step: int, attempt: int,
+                        skip: bool = False) -> dict[str, CommandReply]:
+        cmds = {p: Command(self.run_hash, step, attempt, op, self.named if op == "apply" else [], skip=skip)
+                for p in peers}
         return dict(zip(cmds, await asyncio.gather(*(self.send(p, c) for p, c in cmds.items()))))
 
     async def command(self, peer: str, op: str, step: int, attempt: int,
@@ -45,7 +48,7 @@ class CommandSender:
                 try:
                     return decode_reply(reply, self.n_microbatches)
                 except WireError:  # not a reply: a refusal, perhaps one that asks to retry
-                    retry = _retry_asked(reply, self.daemon._limits())
+                    retry = retry_asked(reply, self.daemon._limits())
                     if retry is None:
                         raise
                     if time.monotonic() + 0.2 > deadline:
@@ -54,12 +57,3 @@ class CommandSender:
                 why = f"{UNREACHABLE}{e}" if isinstance(e, LinkError) else str(e)
                 return CommandReply(cmd.step, cmd.attempt, "failed", reason=why[:200])
             await asyncio.sleep(0.2)  # the peer is reading this head's announcement
-
-
-def _retry_asked(body: bytes, limits: WireLimits) -> str | None:
-    """The reason of a "retry" refusal, or None if `body` is anything else."""
-    try:
-        err = decode_message(body, limits)
-    except WireError:
-        return None
-    return err.reason if isinstance(err, ErrorReply) and err.code == "retry" else None

@@ -33,12 +33,15 @@ reduce within seconds; one that is alive and sending is waited for up to `reduce
 
 Replicas catching up after a state download (`peer/state_transfer.py`) get each reduced sum
 forwarded by their donor ("follow") until they take part in a reduce themselves.
+fp16 (protocol/loss_scale.py): an overflowed share is a flagged contribution with no numbers; the
+reduce's reply says if the stage overflowed, the apply if the swarm skips the step (`Command.skip`).
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 
 import torch
 
@@ -133,8 +136,9 @@ class StepCommit:
             return await self.on_rollback(cmd)
         if cmd.op == "apply" and cmd.step < step:
             return self._reply(cmd, "ok")  # applied already: a repeat of a command whose reply was lost
-        if cmd.step != step:
-            return self._reply(cmd, "behind" if cmd.step > step else "ahead", "not at this step.")
+        if cmd.step != step:  # "ahead" says whether this replica skipped the step (a new leader finishing it asks)
+            return replace(self._reply(cmd, "behind" if cmd.step > step else "ahead", "not at this step."),
+                           overflow=cmd.step < step and cmd.step in self.runner.skipped_steps)
         if cmd.op == "status":  # where this peer is: its attempt, or the attempt of a sum it holds for the step
             reduced = self.runner.reduced
             held = reduced is not None and reduced.step == step
@@ -169,8 +173,9 @@ class StepCommit:
         if not others and (self.power is None or await d.run(self.power.quiet)):
             return await self._reduce_alone(cmd)
         elif self.power is None:
-            mbs, flat, stat = await d.run(self.runner.contribution)
-            mine = Contribution(self.spec.run_hash, cmd.step, cmd.attempt, self.stage, mbs, flat, stat)
+            mbs, flat, stat, overflow = await d.run(self.runner.share, False)
+            mine = Contribution(self.spec.run_hash, cmd.step, cmd.attempt, self.stage, mbs, flat, stat,
+                                overflow=overflow)
             got = await self._exchange(cmd, mine, others)
             try:
                 reduced = got if isinstance(got, str) else _sum(cmd.step, cmd.attempt, got, self.spec.n_microbatches)
@@ -185,7 +190,10 @@ class StepCommit:
         await d.run(self.runner.set_reduced, reduced)
         for key in [k for k in self._inbox if k[:2] == (cmd.step, cmd.attempt)]:
             del self._inbox[key]
-        return self._reply(cmd, "ok")
+        return await self._reduced_reply(cmd)
+
+    async def _reduced_reply(self, cmd: Command) -> CommandReply:  # "ok", and whether the stage overflowed (fp16)
+        return replace(self._reply(cmd, "ok"), overflow=await self.daemon.run(self.runner.overflowed))
 
     async def _reduce_alone(self, cmd: Command) -> CommandReply:
         """The stage's only replica: its accumulated gradients are the sum. They stay where they
@@ -196,12 +204,17 @@ class StepCommit:
                                               f" of the step did not go through this replica.")
         await self.daemon.run(self.runner.set_reduced, Reduced(cmd.step, cmd.attempt, None, None, {self.peer_id: mbs},
                                                                in_layout=False))
-        return self._reply(cmd, "ok")
+        return await self._reduced_reply(cmd)
 
     async def _reduce_powersgd(self, cmd: Command, others: list[str]) -> Reduced | str:
         """The two rounds of docs/algorithms.md 5.2; the agreed sum, or why there is none."""
         d, power, run, key = self.daemon, self.power, self.spec.run_hash, (cmd.step, cmd.attempt)
-        mbs, flat, stat = await d.run(self.runner.contribution, True)
+        mbs, flat, stat, overflow = await d.run(self.runner.share, True)
+        if overflow:  # fp16: nothing to add, and no round 2 (every replica sees this flag and stops too)
+            mine = Contribution(run, cmd.step, cmd.attempt, self.stage, mbs, None, overflow=True)
+            got = await self._exchange(cmd, mine, others)
+            return got if isinstance(got, str) else Reduced(cmd.step, cmd.attempt, None, None,
+                                                            {p: c.microbatches for p, c in got.items()}, overflow=True)
         first = await d.run(power.first, flat)
         # a replica with nothing to add (a standby head, say) sends no tensors: zeros to the others
         mine = Contribution(run, cmd.step, cmd.attempt, self.stage, mbs, None if first.zero else first.exact, stat, 0,
@@ -213,6 +226,8 @@ class StepCommit:
             total = _sum(cmd.step, cmd.attempt, got, self.spec.n_microbatches)
         except StageError as e:
             return str(e)
+        if total.overflow:  # another replica overflowed: every replica stops after round 1
+            return total
         if len(got) == 1:  # alone: nothing to send, so nothing to compress
             flat = await d.run(power.solo, key, first)
             return Reduced(cmd.step, cmd.attempt, flat, total.stat, total.contributors)
@@ -300,14 +315,17 @@ class StepCommit:
         reduced = self.runner.reduced
         if reduced is None or (reduced.step, reduced.attempt) != (cmd.step, cmd.attempt):
             return self._reply(cmd, "failed", "no reduced gradient is held for this attempt.")
-        stats, record = await d.run_step(self._apply_job, cmd.step, cmd.attempt)
+        stats, record = await d.run_step(self._apply_job, cmd.step, cmd.attempt, cmd.skip)
         self.records.append(record)
         self.last_applied = (cmd.step, cmd.attempt)
         if cmd.candidates:  # the leader names the replicas of every stage that took part in this step's reduce
             self.workers = list(cmd.candidates)
+        if cmd.skip:
+            log.warning("stage %d: step %d skipped: an fp16 gradient overflowed in the swarm; loss scale now %g",
+                        self.stage, cmd.step + 1, self.runner.scale)
         self.last_sync_bytes = self._attempt_bytes.pop((cmd.step, cmd.attempt), 0)
         self.synced_steps += len(reduced.contributors) > 1
-        self._forward_to_followers(reduced)
+        self._forward_to_followers(reduced, cmd.skip)
         d.stepped()
         if self.on_applied is not None:
             self.on_applied(self.runner.step)
@@ -315,13 +333,13 @@ class StepCommit:
             d.spawn(d.on_refit(stats))
         return CommandReply(cmd.step, cmd.attempt, "ok", [], reduced.contributors)
 
-    def _apply_job(self, step: int, attempt: int):
-        if self.followers and self.runner.reduced.grads is None:  # a joiner needs the sum itself, in full
+    def _apply_job(self, step: int, attempt: int, skip: bool):
+        if self.followers and self.runner.reduced.grads is None and not skip:  # a joiner needs the sum, in full
             _, flat, stat = self.runner.contribution(False, False)
             self.runner.reduced.grads, self.runner.reduced.stat = flat, stat
-        record = self.runner.apply_reduced(step, attempt)
-        if self.power is not None:
-            self.power.commit(step, attempt)
+        record = self.runner.apply_reduced(step, attempt, skip)
+        if self.power is not None:  # a skipped step keeps the error feedback and Q it had
+            self.power.discard() if skip else self.power.commit(step, attempt)
         return self.daemon.refit_statistic(), record
 
     # ------------------------------------------------------------------ followers
@@ -344,13 +362,13 @@ class StepCommit:
             return self.daemon.refuse(problem, sender) if problem else ACK
         await self.daemon.link.serve(KIND_FOLLOW, handler)
 
-    def _forward_to_followers(self, reduced: Reduced) -> None:
+    def _forward_to_followers(self, reduced: Reduced, skip: bool) -> None:
         for peer in [p for p in list(self.followers) if p in reduced.contributors]:
             del self.followers[peer]  # it took part in the reduce itself: in step from here on
         for peer, first in list(self.followers.items()):
             if reduced.step >= first:
-                body = encode_follow(FollowUpdate(self.spec.run_hash, reduced.step, reduced.grads, reduced.stat,
-                                                  reduced.in_layout))
+                body = encode_follow(FollowUpdate(self.spec.run_hash, reduced.step, None if skip else reduced.grads,
+                                                  None if skip else reduced.stat, reduced.in_layout, skip))
                 self.daemon.spawn(self._send_follow(peer, body))
 
     async def _send_follow(self, peer: str, body: bytes) -> None:
@@ -377,10 +395,12 @@ def _sum_factors(contributions: dict[str, Contribution], dtype: torch.dtype) -> 
 def _sum(step: int, attempt: int, contributions: dict[str, Contribution], n_microbatches: int,
          in_layout: bool = True) -> Reduced:
     """Add contributions in ascending peer-id order (the same bits on every replica); every
-    microbatch of the step exactly once."""
+    microbatch of the step exactly once. A contribution flagged overflow (fp16) adds nothing and
+    marks the sum: the step will be skipped."""
     seen: dict[int, str] = {}
     total: torch.Tensor | None = None
     stat: torch.Tensor | None = None
+    overflow = any(c.overflow for c in contributions.values())
     for peer in sorted(contributions):
         c = contributions[peer]
         for mb in c.microbatches:
@@ -394,5 +414,6 @@ def _sum(step: int, attempt: int, contributions: dict[str, Contribution], n_micr
     missing = sorted(set(range(n_microbatches)) - set(seen))
     if missing:
         raise StageError(f"microbatches {missing} of the step are in no replica's contribution.")
-    assert total is not None  # every microbatch is somewhere, so some contribution carries tensors
-    return Reduced(step, attempt, total, stat, {p: c.microbatches for p, c in contributions.items()}, in_layout)
+    assert total is not None or overflow  # every microbatch is somewhere, so some contribution carries tensors
+    return Reduced(step, attempt, None if overflow else total, None if overflow else stat,
+                   {p: c.microbatches for p, c in contributions.items()}, in_layout, overflow)

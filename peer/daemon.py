@@ -237,9 +237,10 @@ class StageDaemon(InboundHandlers):
         problem = await self.admit(sender, kind)
         return self.refuse(problem.reason, sender, code=problem.code) if problem else None
 
-    def _out_of_band(self, kind: str, t: torch.Tensor, sender: str) -> bytes | None:
-        """A refusal (and a ban of the sender) if the payload's size is far from what this stage receives."""
-        problem = self.bands[kind].check(t)
+    def _out_of_band(self, kind: str, t: torch.Tensor, sender: str, scale: float = 1.0) -> bytes | None:
+        """A refusal (and a ban of the sender) if the payload's size (over the loss scale of a gradient
+        in an fp16 run) is far from what this stage receives."""
+        problem = self.bands[kind].check(t, scale)
         if problem is None:
             return None
         self.directory.report_failure(sender, bad_data=True)
@@ -267,14 +268,15 @@ class StageDaemon(InboundHandlers):
         loss, grad = fn(*args)
         if grad is None:
             return b"", 0, loss
-        body = encode_gradient(self.header(h, self.stage - 1), self.packer.pack(grad), loss)
+        grad, overflow = self.runner.boundary_gradient(h.microbatch, grad)  # fp16: an overflow travels as a flag
+        body = encode_gradient(self.header(h, self.stage - 1), self.packer.pack(grad), loss, overflow)
         return body, grad.shape[0] * grad.shape[1], loss
 
     def _tail_job(self, h: Header, tokens: torch.Tensor, z: torch.Tensor):
         return self._gradient_job(h, self.runner.forward_backward, h.step, h.microbatch, tokens, z)
 
-    def _backward_job(self, h: Header, grad: torch.Tensor, loss: float):
-        return self._gradient_job(h, lambda: (loss, self.runner.backward(h.step, h.microbatch, grad)))
+    def _backward_job(self, h: Header, grad: torch.Tensor, loss: float, overflow: bool = False):
+        return self._gradient_job(h, lambda: (loss, self.runner.backward(h.step, h.microbatch, grad, overflow)))
 
     def deadline(self) -> float | None:
         """Seconds a replica of the next stage may hold a microbatch before it counts as failed:

@@ -91,3 +91,12 @@ class Courier:
         self._retries[peer] = n + 1
         await asyncio.sleep(0.2)  # back-off before re-sending to a peer that asked for it
         return True
+
+
+def retry_asked(body: bytes, limits: WireLimits) -> str | None:
+    """The reason of a "retry" refusal, or None if `body` is anything else."""
+    try:
+        err = decode_message(body, limits)
+    except WireError:
+        return None
+    return err.reason if isinstance(err, ErrorReply) and err.code == "retry" else None

@@ -18,7 +18,7 @@ A step, as the leader drives it (docs/design.md section 3):
 
 Anything that goes wrong in 2-4 (a replica died, a message was lost, replicas disagree)
 aborts the attempt everywhere and re-drives the step as a new attempt: a failure costs a
-retry, never a step, and no microbatch is lost or counted twice.
+retry, never a step, and no microbatch is lost or counted twice. fp16: an overflow skips the step everywhere.
 """
 from __future__ import annotations
 
@@ -55,6 +55,8 @@ class StepLog:
     attempts: int = 1  # 1 + the attempts that failed and were re-driven
     commit_seconds: float = 0.0  # the successful attempt's commit (replicas' reduce and apply)
     sync_bytes: int = 0  # what this head's replica sent to the other heads in that reduce
+    skipped: bool = False  # fp16: some stage overflowed, so no stage stepped its optimizer
+    loss_scale: float = 1.0  # fp16: the loss scale after this step (1 without loss scaling)
 
 
 class AttemptFailed(RuntimeError):
@@ -183,7 +185,7 @@ class StepDriver:
         last = self.commit.last_applied
         if short and last is not None and last[0] == step - 1:
             log.info("finishing step %d on %d peer(s) the previous leader did not reach", step, len(short))
-            await self._broadcast({p: 0 for p in short}, "apply", step - 1, last[1])
+            await self._broadcast({p: 0 for p in short}, "apply", *last, last[0] in self.runner.skipped_steps)
         ahead = [p for p, r in replies.items() if r.outcome == "ahead"]  # they are past our step
         reduced = self.runner.reduced
         if ahead:
@@ -199,7 +201,8 @@ class StepDriver:
             log.info("finishing step %d, which the previous leader applied only in part", step + 1)
             holders = [p for p, r in replies.items() if r.outcome == "ok" and r.contributors
                        and r.attempt == reduced.attempt]
-            await self._broadcast({p: 0 for p in holders} | {self.peer_id: 0}, "apply", step, reduced.attempt)
+            skip = any(replies[p].overflow for p in ahead)  # the peers that applied it say whether they skipped it
+            await self._broadcast({p: 0 for p in holders} | {self.peer_id: 0}, "apply", step, reduced.attempt, skip)
             return True
         top = max([r.attempt for r in replies.values() if r.outcome == "ok"] + [self.daemon.attempt])
         await self._broadcast(members, "abort", step, top)
@@ -252,7 +255,8 @@ class StepDriver:
         self.daemon.throughput = tokens / max(seconds, 1e-9)
         self.daemon.last_loss = sum(losses) / len(losses)
         return StepLog(step + 1, self.daemon.last_loss, tokens, seconds, self.runner.version_for_step(step),
-                       record.lr, attempts, commit_seconds, self.commit.last_sync_bytes)
+                       record.lr, attempts, commit_seconds, self.commit.last_sync_bytes, record.skipped,
+                       self.runner.scale)
 
     async def _realigned(self) -> bool:
         return self.realign is not None and await self.realign()
@@ -350,7 +354,7 @@ class StepDriver:
         replies = dict(zip(cmds, await asyncio.gather(*(self._send(p, c) for p, c in cmds.items()))))
         for p in [p for p, r in replies.items() if r.reason.startswith(UNREACHABLE) and p not in self.commit.workers]:
             self.directory.report_failure(p)  # an id that never did work and nobody reaches: not asked every step
-        appliers, named, workers, snapshots = [], [], {}, {}
+        appliers, named, workers, snapshots, overflowed = [], [], {}, {}, []
         for stage in range(self.spec.n_stages):
             oks = {p: r for p, r in replies.items() if members[p] == stage and r.outcome == "ok"}
             if not oks:
@@ -365,6 +369,10 @@ class StepDriver:
             claims = {r.snapshot for r in oks.values()}
             if len(claims) == 1 and None not in claims:  # the stage's replicas agree on their newest snapshot
                 snapshots[stage] = claims.pop()
+            overflowed += [stage] if any(r.overflow for r in oks.values()) else []
+        if skip := bool(overflowed):  # fp16 (protocol/loss_scale.py): one stage's overflow skips the step everywhere
+            log.warning("step %d: fp16 gradients overflowed on stages %s: skipped everywhere, loss scale %g -> %g",
+                        step + 1, overflowed, self.runner.scale, self.runner.scale / 2)
         self._named = self._commands.named = sorted(named)[:MAX_GROUP]  # every apply names them (placement)
         self.last_workers = workers  # who did the step's work, stage by stage (issue 20: re-fits count only them)
         steps = {step for step, _ in snapshots.values()}
@@ -374,14 +382,15 @@ class StepDriver:
         # others are told meanwhile (their next share waits for it), and a stage whose replicas all failed to apply
         # (views of the leader settling, a lost reply) is asked again: it holds the sum; a second apply is "ok"
         if self.peer_id in appliers:
-            mine = await self._send(self.peer_id, Command(self.spec.run_hash, step, attempt, "apply", self._named))
+            mine = await self._send(self.peer_id, Command(self.spec.run_hash, step, attempt, "apply", self._named,
+                                                          skip=skip))
             if mine.outcome != "ok":
                 raise AttemptFailed(f"this head could not apply the step: {mine.reason}")
         others = {p: members[p] for p in appliers if p != self.peer_id}
-        self._applying = asyncio.create_task(self._apply_everywhere(others, step, attempt))
+        self._applying = asyncio.create_task(self._apply_everywhere(others, step, attempt, skip))
 
-    async def _apply_everywhere(self, peers: dict[str, int], step: int, attempt: int) -> None:
-        applied = await self._broadcast(peers, "apply", step, attempt)
+    async def _apply_everywhere(self, peers: dict[str, int], step: int, attempt: int, skip: bool) -> None:
+        applied = await self._broadcast(peers, "apply", step, attempt, skip)
         deadline = time.monotonic() + self.command_timeout
         def missing() -> list[int]:  # stages with no replica that applied (this head applied stage 0's)
             return sorted(set(peers.values()) - {0} - {peers[p] for p, r in applied.items() if r.outcome == "ok"})
@@ -393,7 +402,7 @@ class StepDriver:
                 return
             await asyncio.sleep(0.5)  # let the view of who leads settle before asking again
             applied.update(await self._broadcast({p: s for p, s in peers.items() if s in missing()}, "apply", step,
-                                                 attempt))
+                                                 attempt, skip))
         for p, r in applied.items():
             if r.outcome != "ok":
                 log.warning("replica %s of stage %d did not apply step %d (%s); it will catch up",

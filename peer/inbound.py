@@ -4,6 +4,8 @@ basis update that another peer sends it.
 Every message is validated before it is acknowledged (admission, wire format, stage, size
 band, step and attempt, basis version, microbatch), in an order that matters: the size check
 comes before the step checks, so enormous values ban their sender whatever step they claim.
+In an fp16 run a gradient is judged by its size over the loss scale, and one flagged as an
+overflow is taken as zeros without a size check (peer/loss_scaling.py).
 A refusal is an `ErrorReply` and never touches the runner's state; accepted work is queued on
 the daemon's worker thread (`run_for`) and its result sent on by the daemon's `Courier`.
 """
@@ -119,7 +121,9 @@ class InboundHandlers:
             return self.refuse(f"gradient shape {list(msg.payload.values.shape)} does not match the activation "
                                f"{list(pending)}.", sender)
         grad = self.packer.unpack(msg.payload, self.runner.dtype, self.runner.device)
-        if (refusal := self._out_of_band(KIND_GRADIENT, grad, sender)) is not None:
+        if msg.overflow and self.runner.loss_scale is not None:
+            grad = torch.zeros_like(grad)  # fp16: the sender overflowed; its stand-in is not judged, nor learnt from
+        elif (refusal := self._out_of_band(KIND_GRADIENT, grad, sender, self.runner.scale)) is not None:
             fut = self.waiting.get(h.microbatch)
             if fut is not None and not fut.done():  # the head: this attempt fails now, not at its deadline
                 fut.set_exception(LinkError(f"peer {sender[-8:]} answered microbatch {h.microbatch} with "
@@ -131,11 +135,11 @@ class InboundHandlers:
         self.directory.release(sender, seconds)
         self._answered(h.microbatch, seconds)
         self._returned.add(sender)
-        self.spawn(self._process_gradient(h, grad, msg.loss))
+        self.spawn(self._process_gradient(h, grad, msg.loss, msg.overflow and self.runner.loss_scale is not None))
         return ACK
 
-    async def _process_gradient(self, h: Header, grad: torch.Tensor, loss: float) -> None:
-        done = await self.run_for(h, self._backward_job, h, grad, loss)
+    async def _process_gradient(self, h: Header, grad: torch.Tensor, loss: float, overflow: bool = False) -> None:
+        done = await self.run_for(h, self._backward_job, h, grad, loss, overflow)
         if done is SKIPPED:
             return
         body, ntokens, _ = done

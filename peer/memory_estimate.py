@@ -2,7 +2,7 @@
 
 A peer checks this before it takes a stage (`swarm/replicas/placement.py`), and
 `swarm bench memory` compares it with `torch.cuda.max_memory_allocated`. With e the bytes
-of the master dtype (`compute_dtype`: 4 in fp32 and bf16 runs, 8 in fp64), P the stage's
+of the master dtype (`compute_dtype`: 4 in fp32, bf16 and fp16 runs, 8 in fp64), P the stage's
 trainable numbers and N = microbatch_size * seq_len tokens per microbatch:
 
     weights    = e P
@@ -39,6 +39,7 @@ a_block, bytes per token saved for backward by one block (the tensors autograd k
                    CUDA:     28 d + 8 f + 4 H + 8      (the fused norm: no fp32 normalized output)
                    and both: a bf16 cast of every block weight per microbatch (autocast's weight
                              cache lives for one forward only)
+    fp16 autocast:           as bf16 (two bytes a number, the same tensors; the loss scale is one float)
     checkpointed:       e d                            (the block's input; the block's activations
                         come back for one microbatch at a time, in the workspace)
 
@@ -97,7 +98,7 @@ def _elem(spec: RunSpec) -> tuple[int, int, bool]:
     """(master bytes e, compute bytes c, autocast?) of the spec's dtype."""
     if spec.dtype == "fp64":
         return 8, 8, False
-    if spec.dtype == "bf16":
+    if spec.dtype in ("bf16", "fp16"):  # autocast to a 2-byte dtype over fp32 master weights
         return 4, 2, True
     return 4, 4, False
 

@@ -10,6 +10,10 @@ that, gradient clipping bounds what a large value can do). The band is wide on p
 and banning an honest peer stalls a swarm. A refused payload is never learnt from, so a
 hostile sender cannot drag the band with it.
 
+A boundary gradient of an fp16 run carries the run's loss scale S (protocol/loss_scale.py): the
+band judges its RMS / S, the true gradient's, so the scale growing or halving moves nothing here,
+and an overflow never reaches the band (it travels as a flag, with zeros: peer/loss_scaling.py).
+
 What it cannot catch: a sender that stays inside the band but sends wrong numbers (see
 docs/security.md).
 """
@@ -33,9 +37,9 @@ class NormBand:
     def rms(t: torch.Tensor) -> float:
         return float(t.detach().double().pow(2).mean().sqrt()) if t.numel() else 0.0
 
-    def check(self, t: torch.Tensor) -> str | None:
-        """Why `t` is refused, or None (and then it is learnt from)."""
-        r = self.rms(t)
+    def check(self, t: torch.Tensor, scale: float = 1.0) -> str | None:
+        """Why `t` is refused, or None (and then it is learnt from); `t` is judged as t / scale."""
+        r = self.rms(t) / scale
         if not math.isfinite(r) or r > self.absolute:
             return f"its values are out of range (rms {r:.3g})."
         if self.accepted >= self.warmup:

@@ -2,7 +2,9 @@
 
 Every boundary, forward and backward, goes encode -> msgpack bytes -> decode (with the
 receiver's validation) -> the next runner, exactly as it would between processes. It is the
-oracle the networked swarm is compared against, and it counts the bytes it moved.
+oracle the networked swarm is compared against, and it counts the bytes it moved. In an fp16
+run it takes the swarm's verdict the way the leading head does: a step in which any stage
+overflowed is skipped by every stage (peer/loss_scaling.py).
 """
 from __future__ import annotations
 
@@ -50,6 +52,7 @@ class StepResult:
     loss: float
     tokens: int
     microbatch_losses: list[float] = field(default_factory=list)
+    skipped: bool = False  # fp16: some stage overflowed and no stage stepped its optimizer
 
 
 class InProcessPipeline:
@@ -76,10 +79,12 @@ class InProcessPipeline:
         for mb in range(self.spec.n_microbatches):
             tokens = batch(step, mb)
             losses.append(self._microbatch(step, mb, tokens))
+        skip = any(r.overflowed() for r in self.runners)
         for r in self.runners:
-            r.optimizer_step()
+            r.optimizer_step(skip)
         self._maybe_refit()
-        return StepResult(step, sum(losses) / len(losses), tokens.shape[0] * self.spec.seq_len * len(losses), losses)
+        return StepResult(step, sum(losses) / len(losses), tokens.shape[0] * self.spec.seq_len * len(losses), losses,
+                          skip)
 
     def _microbatch(self, step: int, mb: int, tokens: torch.Tensor) -> float:
         if not self.serialize:
@@ -98,14 +103,15 @@ class InProcessPipeline:
             z = self.packer.unpack(msg.payload, self.runners[s + 1].dtype, self.runners[s + 1].device)
         loss, g = self.runners[-1].forward_backward(step, mb, tokens, z)
         for s in range(len(self.runners) - 2, -1, -1):
+            g, overflow = self.runners[s + 1].boundary_gradient(mb, g)
             assert g is not None
-            buf = encode_message(GradientMessage(self._header(step, mb, s), self.packer.pack(g), loss))
+            buf = encode_message(GradientMessage(self._header(step, mb, s), self.packer.pack(g), loss, overflow))
             self.wire.backward_bytes += len(buf)
             self.wire.backward_messages += 1
             msg = decode_message(buf, self._limits(s))
             assert isinstance(msg, GradientMessage)
             g = self.runners[s].backward(step, mb, self.packer.unpack(msg.payload, self.runners[s].dtype,
-                                                                     self.runners[s].device))
+                                                                     self.runners[s].device), msg.overflow)
         return loss
 
     def _microbatch_direct(self, step: int, mb: int, tokens: torch.Tensor) -> float:
@@ -113,8 +119,9 @@ class InProcessPipeline:
         for runner in self.runners[:-1]:
             z = self.packer.roundtrip(runner.forward(step, mb, tokens, z))
         loss, g = self.runners[-1].forward_backward(step, mb, tokens, z)
-        for runner in reversed(self.runners[:-1]):
-            g = runner.backward(step, mb, self.packer.roundtrip(g))
+        for s in range(len(self.runners) - 2, -1, -1):
+            g, overflow = self.runners[s + 1].boundary_gradient(mb, g)
+            g = self.runners[s].backward(step, mb, self.packer.roundtrip(g), overflow)
         return loss
 
     def _maybe_refit(self) -> None:

@@ -30,6 +30,7 @@ class Reduced:
     stat: torch.Tensor | None
     contributors: dict[str, list[int]]
     in_layout: bool = True  # grads in the `SyncLayout`; False: every parameter's gradient in full (a lone replica's)
+    overflow: bool = False  # fp16: a replica's share overflowed (grads then hold no numbers to apply)
 
 
 class ReducedGradients:
@@ -62,23 +63,28 @@ class ReducedGradients:
             raise StageError(f"a reduced gradient for step {reduced.step} reached a stage on step {self.step}.")
         self.reduced = reduced
 
-    def apply_reduced(self, step: int, attempt: int) -> StepRecord:
-        """Take the optimizer step with the agreed gradient sum of (step, attempt)."""
+    def apply_reduced(self, step: int, attempt: int, skip: bool = False) -> StepRecord:
+        """Take the optimizer step with the agreed gradient sum of (step, attempt), or skip it
+        (`skip`: the swarm's verdict that some stage overflowed in fp16)."""
         r = self.reduced
         if r is None or (r.step, r.attempt) != (step, attempt):
             raise StageError(f"no reduced gradient is held for attempt {attempt} of step {step}.")
-        if r.grads is not None:  # None: the accumulated gradients are the sum (a lone replica's)
+        if r.overflow and not skip:
+            raise StageError(f"step {step} overflowed on this stage; it can only be skipped.")
+        if r.grads is not None and not skip:  # None: the accumulated gradients are the sum (a lone replica's)
             self.load_flat_grads(r.grads, r.stat, r.in_layout)
-        return self._step()
+        return self._step(skip)
 
-    def apply_flat(self, step: int, flat: torch.Tensor, stat: torch.Tensor | None,
-                   in_layout: bool = True) -> StepRecord:
-        """Take step `step` with a reduced gradient computed elsewhere (a replica catching up)."""
+    def apply_flat(self, step: int, flat: torch.Tensor | None, stat: torch.Tensor | None,
+                   in_layout: bool = True, skip: bool = False) -> StepRecord:
+        """Take step `step` with a reduced gradient computed elsewhere (a replica catching up), or
+        skip it as the swarm did (`skip`; `flat` may then be None)."""
         if step != self.step:
             raise StageError(f"a reduced gradient for step {step} reached a stage on step {self.step}.")
         self.abort_step()  # whatever this replica computed of the step, the agreed sum replaces it
-        self.load_flat_grads(flat, stat, in_layout)
-        return self._step()
+        if not skip:
+            self.load_flat_grads(flat, stat, in_layout)
+        return self._step(skip)
 
     def load_flat_grads(self, flat: torch.Tensor, stat: torch.Tensor | None, in_layout: bool = True) -> None:
         """Put a flat gradient (and the step's statistic) in place of whatever was accumulated:

@@ -104,6 +104,10 @@ class PowerSync:
         self._pending = {k: v for k, v in self._pending.items() if k[0] == key[0]}  # only this step's attempts
         self._pending[key] = state
 
+    def discard(self) -> None:
+        """The step was skipped (fp16 overflow): no reduce's state becomes this replica's."""
+        self._pending.clear()
+
     def commit(self, step: int, attempt: int) -> None:
         """The step (step, attempt) was applied here: its reduce's state becomes this replica's."""
         state = self._pending.pop((step, attempt), None)

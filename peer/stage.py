@@ -9,7 +9,8 @@ hands its gradient sum to the all-reduce (`contribution`), keeps the agreed sum
 state every replica takes the same step. Steps never mix: work for any step other than the
 one in progress is refused with `StageError`. The caller (the in-process pipeline, or the
 asyncio daemon on a worker thread) serializes calls. The replica half (flat gradients, the
-agreed sum) is in `peer/reduced.py`.
+agreed sum) is in `peer/reduced.py`; an fp16 run's loss scale and overflow checks in
+`peer/loss_scaling.py`.
 """
 from __future__ import annotations
 
@@ -19,12 +20,14 @@ from dataclasses import dataclass, field
 import torch
 
 from protocol.basis_update import canonical_basis
+from protocol.loss_scale import loss_scale_for
 from protocol.model import StageModule, build_stage, compute_dtype, lm_loss, spec_basis
 from protocol.optim import clip_grad_norm, lr_at, make_optimizer, set_lr
 from protocol.spec import RunSpec
 from protocol.subspace import SubspaceBasis, project_cols, project_rows
 from protocol.sync_layout import SyncLayout
 
+from .loss_scaling import ScaledGradients
 from .reduced import Reduced, ReducedGradients
 from .stage_error import StageError
 
@@ -49,11 +52,12 @@ class _Pending:
 @dataclass
 class StepRecord:
     step: int
-    grad_norm: float
+    grad_norm: float  # of the unscaled gradient; nan for a skipped step
     lr: float
+    skipped: bool = False  # fp16 overflow somewhere in the swarm: no optimizer step (peer/loss_scaling.py)
 
 
-class StageRunner(ReducedGradients):
+class StageRunner(ReducedGradients, ScaledGradients):
     def __init__(self, spec: RunSpec, stage: int, device: str | torch.device = "cpu",
                  basis: SubspaceBasis | None = None, checkpointing: bool = False) -> None:
         """`checkpointing`: keep only each block's input for backward and recompute the rest there
@@ -84,6 +88,9 @@ class StageRunner(ReducedGradients):
         self.stat = torch.zeros(spec.d_model, spec.rank, dtype=torch.float64, device=self.device) \
             if self.collect_stats else None
         self._step_stat = torch.zeros_like(self.stat) if self.stat is not None else None
+        self.loss_scale = loss_scale_for(spec)  # fp16 runs: the scale every stage agrees on
+        self.overflow_mbs: set[int] = set()  # microbatches of this step whose boundary gradient overflowed
+        self.skipped_steps: list[int] = []  # the last steps skipped for an overflow (newest last)
 
     @property
     def is_first(self) -> bool:
@@ -138,7 +145,7 @@ class StageRunner(ReducedGradients):
         h = probe.h_in
         if h.grad is None:
             return
-        g = h.grad.detach().reshape(-1, h.shape[-1]).to(torch.float64)
+        g = h.grad.detach().reshape(-1, h.shape[-1]).to(torch.float64) / self.scale
         if kind == "riemannian":
             # -dL/dU of the decoder h = z U^T + T_fixed[tok]: -sum_tokens g z^T, a descent direction for U
             z = probe.z_in.detach().reshape(-1, probe.z_in.shape[-1]).to(torch.float64)
@@ -169,13 +176,16 @@ class StageRunner(ReducedGradients):
         z = self._input(z_in)
         logits, probe = self._run_module(tokens, z)
         loss = lm_loss(logits, tokens[:, 1:])
-        (loss / self.spec.n_microbatches).backward()
+        scaled = loss / self.spec.n_microbatches
+        (scaled if self.loss_scale is None else scaled * self.loss_scale.scale).backward()
         self._accumulate_stat(probe)
         self._backward_done.add(microbatch)
         return float(loss.detach()), (z.grad.detach() if z is not None else None)
 
-    def backward(self, step: int, microbatch: int, grad_out: torch.Tensor) -> torch.Tensor | None:
-        """Non-last stage: backprop the received dL/dz_out; returns dL/dz_in (None on stage 0)."""
+    def backward(self, step: int, microbatch: int, grad_out: torch.Tensor,
+                 overflow: bool = False) -> torch.Tensor | None:
+        """Non-last stage: backprop the received dL/dz_out; returns dL/dz_in (None on stage 0).
+        `overflow`: the sender's gradient overflowed (fp16) and the zeros it sent stand in for it."""
         if step != self.step:
             raise StageError(f"stage {self.stage} is on step {self.step}, not {step}.")
         pending = self._pending.get(microbatch)
@@ -186,6 +196,8 @@ class StageRunner(ReducedGradients):
             raise StageError(f"gradient shape {list(grad_out.shape)} does not match the activation "
                              f"{list(pending.out.shape)}.")
         del self._pending[microbatch]
+        if overflow:
+            self.overflow_mbs.add(microbatch)
         pending.out.backward(grad_out)
         self._accumulate_stat(pending.probe)
         self._backward_done.add(microbatch)
@@ -212,28 +224,39 @@ class StageRunner(ReducedGradients):
             return project_rows(g, U)
         return g
 
-    def optimizer_step(self) -> StepRecord:
-        """Alone: clip, step and zero the gradients once every microbatch is through backward."""
+    def optimizer_step(self, skip: bool = False) -> StepRecord:
+        """Alone: clip, step and zero the gradients once every microbatch is through backward
+        (`skip`: an overflow somewhere in the pipeline, `ScaledGradients.overflowed`)."""
         if not self.step_ready():
             raise StageError(f"step {self.step} has {len(self._backward_done)} of "
                              f"{self.spec.n_microbatches} microbatches through backward.")
-        return self._step()
+        return self._step(skip)
 
-    def _step(self) -> StepRecord:
-        """Clip, step and zero the gradients; the stage moves on to the next step."""
-        params = self.params
-        norm = clip_grad_norm(params, self.spec.grad_clip, self._projected)
+    def _step(self, skip: bool = False) -> StepRecord:
+        """Unscale, clip, step and zero the gradients; the stage moves on to the next step. A
+        skipped step (fp16 overflow anywhere) leaves weights, moments and the re-fit statistic as
+        they were and halves the loss scale; the step counter, the lr schedule and the data move on."""
         lr = lr_at(self.spec, self.step)
-        set_lr(self.optimizer, lr)
-        self.optimizer.step()
+        if skip:
+            norm = float("nan")
+            self.skipped_steps = [*self.skipped_steps[-63:], self.step]
+        else:
+            self.unscale()
+            norm = clip_grad_norm(self.params, self.spec.grad_clip, self._projected)
+            set_lr(self.optimizer, lr)
+            self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        record = StepRecord(self.step, norm, lr)
+        if self.loss_scale is not None:
+            self.loss_scale.update(skip)
+        record = StepRecord(self.step, norm, lr, skip)
         self.step += 1
         self._backward_done.clear()
+        self.overflow_mbs.clear()
         self.reduced = None
         if self.stat is not None:
-            d = self.spec.stats_decay
-            self.stat.mul_(d).add_(self._step_stat, alpha=1 - d)
+            if not skip:
+                d = self.spec.stats_decay
+                self.stat.mul_(d).add_(self._step_stat, alpha=1 - d)
             self._step_stat.zero_()
         self._maybe_switch()
         return record
@@ -307,6 +330,7 @@ class StageRunner(ReducedGradients):
         """Throw away this step's partial work (pending graphs, accumulated gradients, a reduced sum)."""
         self._pending.clear()
         self._backward_done.clear()
+        self.overflow_mbs.clear()
         self.optimizer.zero_grad(set_to_none=True)
         self.reduced = None
         if self._step_stat is not None:
@@ -330,7 +354,7 @@ class StageRunner(ReducedGradients):
 
     def state_dict(self) -> dict:
         """Everything that makes this stage what it is at the start of its current step: weights,
-        optimizer moments, step, basis (current and scheduled) and the re-fit statistic. Partial
+        optimizer moments, step, basis (current and scheduled), the re-fit statistic and the loss scale. Partial
         work of the step in progress is not state: a stage that loads this redoes the step."""
         scheduled = None
         if self._scheduled is not None:
@@ -341,6 +365,7 @@ class StageRunner(ReducedGradients):
                 "version_history": list(self.version_history), "scheduled": scheduled,
                 "U": self.basis.U.cpu() if self.basis is not None else None,
                 "stat": self.stat.cpu() if self.stat is not None else None,
+                "loss_scale": self.loss_scale.state_dict() if self.loss_scale is not None else None,
                 "module": self.module.state_dict(), "optimizer": self.optimizer.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
@@ -357,6 +382,8 @@ class StageRunner(ReducedGradients):
             self.optimizer.U = self.basis.U  # the restored moments are already in span(U): no re-projection
         if state.get("stat") is not None and self.stat is not None:
             self.stat.copy_(state["stat"])
+        if self.loss_scale is not None and state.get("loss_scale") is not None:
+            self.loss_scale.load_state_dict(state["loss_scale"])
         self.step = int(state["step"])
         self.basis_updated_step = int(state.get("basis_updated_step", 0))
         self.version_history = [tuple(v) for v in state.get("version_history") or [(0, self.basis_version)]]

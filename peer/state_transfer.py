@@ -169,4 +169,4 @@ class Follower:
         return done
 
     def _apply(self, update: FollowUpdate) -> None:
-        self.runner.apply_flat(update.step, update.grads, update.stat, update.in_layout)
+        self.runner.apply_flat(update.step, update.grads, update.stat, update.in_layout, update.skip)

@@ -11,18 +11,22 @@ microbatch's gradient is back (docs/design.md section 3):
 
 Maps (short keys; tensors are wire.py's ExtType):
 
-    Command       {k: "ctl", r: run, s: step, a: attempt, o: op, c: [peer ids], d: step record}
+    Command       {k: "ctl", r: run, s: step, a: attempt, o: op, c: [peer ids], d: step record, v: skip}
                   op in status | reduce | apply | abort | rollback | lease; c: for reduce, the candidate
                   replicas of the receiver's stage (it exchanges contributions with those); d: for
                   reduce, the leader's signed `StepRecord` of the attempt (protocol/step_record.py;
                   absent in swarms without a coordinator); lease: the coordinator asks the peer to
-                  read the leader lease again now (it says nothing itself: the lease is read signed)
+                  read the leader lease again now (it says nothing itself: the lease is read signed);
+                  v (fp16; left out when false): apply means skip, some stage overflowed
+                  (protocol/loss_scale.py)
     CommandReply  {k: "ctlr", s: step, a: attempt, o: outcome, m: [microbatches], x: {peer: [mb]}, e: text,
-                   h: [step, sha256 hex]}
+                   h: [step, sha256 hex], v}
                   outcome in ok | behind | ahead | failed; m: what this replica computed in the
                   attempt; x: after a reduce, whose contributions it summed; h: after a reduce, the
                   step and hash of the replica's newest own snapshot (peer/snapshots.py), which the
-                  leader vouches for through the coordinator once the stage's replicas agree
+                  leader vouches for through the coordinator once the stage's replicas agree; v (fp16;
+                  left out when false): after a reduce, the stage overflowed; "ahead", this replica
+                  skipped the step
     Contribution  {k: "red", r, s, a, g: stage, p: phase, m: [microbatches], t: flat gradient | nil,
                    f: factors | nil, q: statistic | nil}
                   replica_sync "exact" (one phase, p = 0): t is every trainable parameter's
@@ -34,16 +38,16 @@ Maps (short keys; tensors are wire.py's ExtType):
                   present even when m is empty if the replica keeps error feedback (both nil:
                   nothing to add); p = 1 carries only f = the Q factors (nil: zero) and m = [].
                   Factors are in the run's wire dtype. q: the basis re-fit statistic of the
-                  step (receiving subspace stages; with p = 0 and a non-empty m only)
+                  step (receiving subspace stages; with p = 0 and a non-empty m only); v (fp16): overflowed, t f q nil
     ReduceProbe   {k: "redq", r, s, a, g}, also over `red`: asked of a replica whose contribution
                   a reduce still waits for (peer/reduce_watch.py); the reply {k: "redqr", o: state}
                   says how its reduce of step s, attempt a goes: reducing | idle (at the step and
                   attempt, no reduce begun) | ended (its reduce is over) | elsewhere (another step
                   or a newer attempt)
-    FollowUpdate  {k: "fol", r, s, t: reduced flat gradient, q: reduced statistic | nil, j: in layout}
+    FollowUpdate  {k: "fol", r, s, t: reduced flat gradient, q: reduced statistic | nil, j: in layout, v: skip}
                   the reduced gradient of step s (compute dtype), forwarded to a replica that is
                   catching up: in the stage's `SyncLayout` (j true), or, from a replica that
-                  was alone in its reduce, every parameter's gradient in full (j false)
+                  was alone in its reduce, every parameter's gradient in full (j false); v: skipped, t q nil
     StateRequest  {k: "state", r, o: "meta" | "chunk", i: chunk index, n: snapshot id}
     StateMeta     {k: "statem", s: step, n: snapshot id, z: total bytes, c: chunk bytes, h: sha256 hex}
 """
@@ -77,6 +81,7 @@ class Command:
     op: str
     candidates: list[str] = field(default_factory=list)
     record: bytes = b""  # reduce: the leader's encoded StepRecord of this attempt
+    skip: bool = False  # apply: skip the step (fp16 overflow on some stage)
 
 
 @dataclass
@@ -88,6 +93,7 @@ class CommandReply:
     contributors: dict[str, list[int]] = field(default_factory=dict)
     reason: str = ""
     snapshot: tuple[int, str] | None = None  # (step, sha256 hex) of the replica's newest own snapshot
+    overflow: bool = False  # reduce: this stage's share overflowed; "ahead": this replica skipped the step
 
 
 @dataclass
@@ -101,6 +107,7 @@ class Contribution:
     stat: torch.Tensor | None = None
     phase: int = 0  # the exchange round (replica_sync "powersgd" has two)
     factors: torch.Tensor | None = None  # flat PowerSGD factors, wire dtype ("powersgd" only)
+    overflow: bool = False  # fp16: this replica's share overflowed (no tensors then)
 
 
 @dataclass
@@ -115,9 +122,10 @@ class ReduceProbe:
 class FollowUpdate:
     run: str
     step: int
-    grads: torch.Tensor
+    grads: torch.Tensor | None  # None only when `skip`
     stat: torch.Tensor | None = None
     in_layout: bool = False  # grads in the stage's SyncLayout, else in full
+    skip: bool = False  # fp16: the swarm skipped this step
 
 
 @dataclass
@@ -235,10 +243,20 @@ def _opt_tensor(t: torch.Tensor | None):
     return None if t is None else _pack_tensor(t)
 
 
+def _flag(d: dict, key: str, what: str) -> bool:
+    _need(isinstance(d.get(key, False), bool), f"{what} must be true or false.")
+    return d.get(key, False)
+
+
+def _with_flag(d: dict, key: str, value: bool) -> dict:
+    return {**d, key: True} if value else d  # a false flag is left out: runs without loss scaling send what they did
+
+
 # ---------------------------------------------------------------- commands
 
 def encode_command(c: Command) -> bytes:
-    body = {"k": KIND_CONTROL, "r": c.run, "s": c.step, "a": c.attempt, "o": c.op, "c": c.candidates}
+    body = _with_flag({"k": KIND_CONTROL, "r": c.run, "s": c.step, "a": c.attempt, "o": c.op, "c": c.candidates},
+                      "v", c.skip)
     if c.record:
         body["d"] = c.record
     return msgpack.packb(body)
@@ -252,12 +270,12 @@ def decode_command(data: bytes, run: str) -> Command:
     record = d.get("d", b"")
     _need(isinstance(record, bytes) and len(record) <= 4096, "a control command's step record must be a few bytes.")
     return Command(run, _int(d, "s", "step"), _int(d, "a", "attempt", 2**31), d["o"], _peer_ids(d.get("c", [])),
-                   record)
+                   record, _flag(d, "v", "a control command's skip flag"))
 
 
 def encode_reply(r: CommandReply) -> bytes:
-    body = {"k": _REPLY, "s": r.step, "a": r.attempt, "o": r.outcome, "m": r.microbatches, "x": r.contributors,
-            "e": r.reason[:500]}
+    body = _with_flag({"k": _REPLY, "s": r.step, "a": r.attempt, "o": r.outcome, "m": r.microbatches,
+                       "x": r.contributors, "e": r.reason[:500]}, "v", r.overflow)
     if r.snapshot is not None:
         body["h"] = [r.snapshot[0], r.snapshot[1]]
     return msgpack.packb(body)
@@ -277,15 +295,15 @@ def decode_reply(data: bytes, n_microbatches: int) -> CommandReply:
           and isinstance(h[1], str) and len(h[1]) == 64, "a control reply's snapshot must be [step, sha256 hex].")
     return CommandReply(_int(d, "s", "step"), _int(d, "a", "attempt", 2**31), d["o"],
                         _mbs(d.get("m", []), n_microbatches), contributors, reason if isinstance(reason, str) else "",
-                        (h[0], h[1]) if h else None)
+                        (h[0], h[1]) if h else None, _flag(d, "v", "a control reply's overflow flag"))
 
 
 # ---------------------------------------------------------------- contributions and follow updates
 
 def encode_contribution(c: Contribution) -> bytes:
-    return msgpack.packb({"k": KIND_REDUCE, "r": c.run, "s": c.step, "a": c.attempt, "g": c.stage, "p": c.phase,
-                          "m": c.microbatches, "t": _opt_tensor(c.grads), "f": _opt_tensor(c.factors),
-                          "q": _opt_tensor(c.stat)})
+    return msgpack.packb(_with_flag({"k": KIND_REDUCE, "r": c.run, "s": c.step, "a": c.attempt, "g": c.stage,
+                                     "p": c.phase, "m": c.microbatches, "t": _opt_tensor(c.grads),
+                                     "f": _opt_tensor(c.factors), "q": _opt_tensor(c.stat)}, "v", c.overflow))
 
 
 def encode_probe(p: ReduceProbe) -> bytes:
@@ -325,6 +343,9 @@ def _contribution(d: dict, lim: FlatLimits) -> Contribution:
           f"the contribution's phase must be an integer in [0, {len(lim.exchange)}).")
     step, attempt = _int(d, "s", "step"), _int(d, "a", "attempt", 2**31)
     mbs = _mbs(d.get("m"), lim.n_microbatches)
+    if _flag(d, "v", "a contribution's overflow flag"):  # fp16: the step will be skipped; nothing to add
+        _need(phase == 0 and all(d.get(k) is None for k in "tfq"), "an overflowed contribution carries no tensors.")
+        return Contribution(lim.run, step, attempt, lim.stage, mbs, None, overflow=True)
     n_exact, n_factors = lim.exchange[phase]
     if not lim.phases:  # exact sync: the whole gradient, or nothing when nothing was computed
         _need(d.get("f") is None, "an exact-sync contribution carries no factors.")
@@ -350,8 +371,8 @@ def _contribution(d: dict, lim: FlatLimits) -> Contribution:
 
 
 def encode_follow(f: FollowUpdate) -> bytes:
-    return msgpack.packb({"k": KIND_FOLLOW, "r": f.run, "s": f.step, "t": _pack_tensor(f.grads),
-                          "q": _opt_tensor(f.stat), "j": f.in_layout})
+    return msgpack.packb(_with_flag({"k": KIND_FOLLOW, "r": f.run, "s": f.step, "t": _opt_tensor(f.grads),
+                                     "q": _opt_tensor(f.stat), "j": f.in_layout}, "v", f.skip))
 
 
 def decode_follow(data: bytes, lim: FlatLimits) -> FollowUpdate:
@@ -360,6 +381,9 @@ def decode_follow(data: bytes, lim: FlatLimits) -> FollowUpdate:
     _run(d, lim.run, "the follow update")
     j = d.get("j", False)
     _need(isinstance(j, bool), "a follow update's j must be true or false.")
+    if _flag(d, "v", "a follow update's skip flag"):
+        _need(d.get("t") is None and d.get("q") is None, "a skipped step's follow update carries no tensors.")
+        return FollowUpdate(lim.run, _int(d, "s", "step"), None, None, j, skip=True)
     numel = lim.numel if j else (lim.full_numel or lim.numel)
     return FollowUpdate(lim.run, _int(d, "s", "step"), _flat(d.get("t"), lim, "the reduced gradient", numel),
                         _stat(d.get("q"), lim), j)

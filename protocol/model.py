@@ -12,7 +12,9 @@ takes it off before its encoder, so the boundary stays exact (docs/algorithms.md
 Compute dtypes (`RunSpec.dtype`): "fp64" and "fp32" run everything in that dtype (the
 exactness tests). "bf16" keeps fp32 master weights, fp32 optimizer state, an fp32 residual
 stream and fp32 boundary tensors, and runs the blocks and the LM head under
-`torch.autocast(dtype=torch.bfloat16)` (matmuls and attention in bf16, norms in fp32). The
+`torch.autocast(dtype=torch.bfloat16)` (matmuls and attention in bf16, norms in fp32). "fp16" is
+the same with float16 (cards without bf16), and its stages scale the loss (protocol/loss_scale.py,
+peer/stage.py): what the model computes does not change. The
 one place autocast is entered is `StageModule.compute`, used by `body` and `logits`; the
 codec (`enter`, and `leave` of a non-last stage) stays in fp32, so the boundary's precision
 is the wire dtype's. Under autocast a constrained map W = P W is applied as U (U^T W x): the
@@ -36,14 +38,14 @@ from .subspace import SubspaceBasis, make_basis, project_cols, project_rows
 
 
 def autocast_dtype(spec: RunSpec) -> torch.dtype | None:
-    """The dtype matmuls run in under autocast (bf16 runs), or None when they run in `compute_dtype`."""
+    """The dtype matmuls run in under autocast (bf16 and fp16 runs), or None when they run in `compute_dtype`."""
     dtype = COMPUTE_DTYPES[spec.dtype]
     return dtype if dtype in (torch.bfloat16, torch.float16) else None
 
 
 def compute_dtype(spec: RunSpec) -> torch.dtype:
     """The dtype tensors are kept in: weights, optimizer state, U and T_fixed, the residual stream and
-    the boundary tensors a stage hands to the wire. fp32 in a bf16 run (master weights)."""
+    the boundary tensors a stage hands to the wire. fp32 in a bf16 or fp16 run (master weights)."""
     return torch.float32 if autocast_dtype(spec) is not None else COMPUTE_DTYPES[spec.dtype]
 
 
@@ -265,7 +267,7 @@ class StageModule(nn.Module):
         return h if self.token_table is None else h - self.token_table[tokens]
 
     def compute(self, device_type: str) -> contextlib.AbstractContextManager:
-        """The context the blocks and the LM head run in: bf16 autocast in a bf16 run, else nothing."""
+        """The context the blocks and the LM head run in: autocast in a bf16 or fp16 run, else nothing."""
         dtype = autocast_dtype(self.spec)
         if dtype is None:
             return contextlib.nullcontext()

@@ -21,9 +21,11 @@ CODECS = ("dense", "subspace", "bottleneck")
 # the dtype names a run spec may use, and the torch dtype each one means (the one place they are spelled)
 WIRE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp64": torch.float64}
 QUANTS = ("none", "int8")
-# "bf16": matmuls and attention in bf16 under autocast; weights, optimizer state, the residual stream and
-# boundary tensors stay in fp32 (protocol/model.py `compute_dtype`, `autocast_dtype`)
-COMPUTE_DTYPES = {"fp32": torch.float32, "fp64": torch.float64, "bf16": torch.bfloat16}
+# "bf16" and "fp16": matmuls and attention in that dtype under autocast; weights, optimizer state, the
+# residual stream and boundary tensors stay in fp32 (protocol/model.py `compute_dtype`, `autocast_dtype`);
+# "fp16" also scales the loss (protocol/loss_scale.py). A spec names one of these, never "auto": `resolve_dtype`
+COMPUTE_DTYPES = {"fp32": torch.float32, "fp64": torch.float64, "bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPE_CHOICES = (*COMPUTE_DTYPES, "auto")  # what a --dtype flag takes
 SUBSPACE_MODES = ("project", "reparam")
 # docs/fidelity.md: "subspace" = T_fixed + T_S (rows of T_S in span(U)); "per_stage" adds, on every stage, an
 # untied trainable [V, d] token table that the stage adds on entry and takes off again before its encoder
@@ -56,7 +58,8 @@ class RunSpec:
     subspace_mode: str = "project"  # docs/algorithms.md 1.5(a) "project" or 1.5(c) "reparam"
     v_scale_by_rank: bool = True  # docs/algorithms.md 1.5(a) finding (i): scale v by d/k
     embed_split: str = "subspace"  # EMBED_SPLITS: which part of the token embedding is trainable, and where
-    dtype: str = "fp32"  # compute dtype of every stage: fp32, fp64 (exactness tests) or bf16 (autocast, fp32 master)
+    dtype: str = "fp32"  # compute dtype of every stage: fp32, fp64 (exactness tests), bf16 or fp16 (autocast, fp32
+    # master weights; fp16 with dynamic loss scaling). One for the whole run: replicas must compute alike
     # seeds
     seed: int = 0  # weights, U and T_fixed
     data_seed: int = 1234
@@ -126,7 +129,8 @@ class RunSpec:
         need(self.codec in CODECS, f"codec must be one of {', '.join(CODECS)}, not {self.codec!r}.")
         need(self.wire_dtype in WIRE_DTYPES, f"wire_dtype must be one of {', '.join(WIRE_DTYPES)}.")
         need(self.quant in QUANTS, f"quant must be one of {', '.join(QUANTS)}.")
-        need(self.dtype in COMPUTE_DTYPES, f"dtype must be one of {', '.join(COMPUTE_DTYPES)}.")
+        need(self.dtype in COMPUTE_DTYPES, f"dtype must be one of {', '.join(COMPUTE_DTYPES)} (\"auto\" is resolved "
+             f"before a spec is made: protocol/spec.py resolve_dtype), not {self.dtype!r}.")
         need(self.subspace_mode in SUBSPACE_MODES, f"subspace_mode must be one of {SUBSPACE_MODES}.")
         need(self.embed_split in EMBED_SPLITS, f"embed_split must be one of {', '.join(EMBED_SPLITS)}.")
         need(self.embed_split == "subspace" or self.codec == "subspace",
@@ -261,6 +265,20 @@ PRESETS: dict[str, dict[str, Any]] = {
                     stage_layers=(4,) * 8, rank=40, wire_dtype="bf16", batch_size=8, microbatch_size=1,
                     lr=1.5e-4, warmup_steps=200),
 }
+
+
+def resolve_dtype(dtype: str | None, device: str | torch.device | None) -> str | None:
+    """A --dtype flag's value for a run spec: "auto" is bf16 on a CUDA device that supports it
+    (`torch.cuda.is_bf16_supported`: compute capability 8.0 and later), fp16 on an older CUDA card
+    (GTX 10xx, RTX 20xx, T4, V100), fp32 on the CPU (or with no device); any other value as it is.
+    The run spec then fixes it for every peer: replicas of a stage must compute alike to stay
+    bit-identical (docs/consumer-gpus.md)."""
+    if dtype != "auto":
+        return dtype
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    if dev.type != "cuda" or not torch.cuda.is_available():
+        return "fp32"
+    return "bf16" if torch.cuda.is_bf16_supported(including_emulation=False) else "fp16"
 
 
 def split_layers(n_layers: int, n_stages: int) -> tuple[int, ...]:

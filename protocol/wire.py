@@ -7,7 +7,10 @@ An activation message is a msgpack map with one-letter keys:
     k kind  r run hash  s step  a attempt  m microbatch index  v basis version  c codec  g target stage
     t tokens [B, T+1] (uint8 / uint16 / int32 by vocab)  p payload [B, T, w]  x int8 scale [B, T, 1]
 A gradient message has the same header without tokens (the sender kept them) and `l`, the
-tail's loss on that microbatch, so the head learns the loss with no extra round trip.
+tail's loss on that microbatch, so the head learns the loss with no extra round trip, and in
+an fp16 run `o` true when the gradient overflowed (inf or NaN): its payload is then zeros that
+stand in for it, the receiver passes the flag on upstream, and the step is skipped everywhere
+(protocol/loss_scale.py). `o` is left out when false.
 
 Bytes per activation message = B*T*w*e + B*(T+1)*tb (+ B*T*e' for int8 scales) + H, where
 e is the wire dtype's size, tb the token id size, and H the header: the map keys, the small
@@ -152,6 +155,7 @@ class GradientMessage:
     header: Header
     payload: WireTensors
     loss: float = float("nan")
+    overflow: bool = False  # fp16: the gradient overflowed; the payload is zeros standing in for it
 
 
 @dataclass
@@ -178,6 +182,8 @@ def encode_message(msg: Message) -> bytes:
     else:
         d = _header_map(KIND_GRADIENT, msg.header)
         d["l"] = float(msg.loss)
+        if msg.overflow:
+            d["o"] = True
     d["p"] = _pack_tensor(msg.payload.values)
     if msg.payload.scale is not None:
         d["x"] = _pack_tensor(msg.payload.scale)
@@ -194,9 +200,9 @@ def encode_activation(header: Header, tokens: torch.Tensor, payload: WireTensors
     return encode_message(ActivationMessage(header, tokens_for_wire(tokens, vocab), payload))
 
 
-def encode_gradient(header: Header, payload: WireTensors, loss: float = float("nan")) -> bytes:
-    """The bytes of one gradient message (with the tail's loss on that microbatch)."""
-    return encode_message(GradientMessage(header, payload, loss))
+def encode_gradient(header: Header, payload: WireTensors, loss: float = float("nan"), overflow: bool = False) -> bytes:
+    """The bytes of one gradient message (with the tail's loss on that microbatch, and the fp16 overflow flag)."""
+    return encode_message(GradientMessage(header, payload, loss, overflow))
 
 
 @dataclass(frozen=True)
@@ -289,7 +295,9 @@ def decode_message(data: bytes, lim: WireLimits) -> Message:
     if kind == KIND_GRADIENT:
         loss = d.get("l", float("nan"))
         _need(isinstance(loss, float), "gradient message loss must be a float.")
-        return GradientMessage(header, _check_payload(d, lim, None), loss)
+        overflow = d.get("o", False)
+        _need(isinstance(overflow, bool), "gradient message overflow flag must be true or false.")
+        return GradientMessage(header, _check_payload(d, lim, None), loss, overflow)
     t = d.get("t")
     _need(isinstance(t, torch.Tensor), "activation message has no token tensor.")
     _need(not t.is_floating_point() and t.dtype != torch.int64 or t.dtype == torch.int32,

@@ -25,7 +25,7 @@ import warnings
 
 warnings.filterwarnings("ignore", message=".*torch.jit.script.*")  # hivemind's import warns about its own use
 
-from protocol.spec import COMPUTE_DTYPES, PRESETS, REPLICA_SYNCS, RunSpec, SpecError, preset  # noqa: E402
+from protocol.spec import DTYPE_CHOICES, PRESETS, REPLICA_SYNCS, RunSpec, SpecError, preset, resolve_dtype  # noqa: E402
 from swarm.options import add_options, from_args  # noqa: E402
 
 log = logging.getLogger("swarm")
@@ -90,8 +90,11 @@ def _add_spec_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--rank", type=int, help="subspace rank k or bottleneck width b")
     g.add_argument("--wire-dtype", choices=["fp32", "bf16"], help="dtype of numbers on the wire")
     g.add_argument("--quant", choices=["none", "int8"], help="int8 quantization under the codec")
-    g.add_argument("--dtype", choices=sorted(COMPUTE_DTYPES),
-                   help="compute dtype: bf16 (autocast, fp32 master weights), fp32 or fp64 (default: fp32)")
+    g.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
+                   help="compute dtype of every peer: bf16 or fp16 (autocast, fp32 master weights; fp16 with dynamic "
+                   "loss scaling), fp32 or fp64; auto: bf16 on a CUDA card that has it, fp16 on an older one, fp32 on "
+                   "the CPU, judged by --device (swarm local) or by this machine's GPU (coordinator: pass bf16 or fp16 "
+                   "for GPU peers if it has none) (default: auto)"),
     g.add_argument("--basis-interval", type=int, help="steps between basis re-fits (default: 500)")
     g.add_argument("--seed", type=int, help="seed of weights and shared constants")
     g.add_argument("--replica-sync", choices=list(REPLICA_SYNCS),
@@ -103,9 +106,13 @@ def _add_spec_flags(p: argparse.ArgumentParser) -> None:
 def _spec_from_args(a: argparse.Namespace) -> RunSpec:
     if a.run_spec:
         return RunSpec.load(a.run_spec)
+    import torch
+    # --dtype auto: judged by the peers' device (swarm local), else by this machine's own GPU (coordinator)
+    device = (getattr(a, "devices", None) or "").split(",")[0].strip() or getattr(a, "device", None) \
+        or ("cuda" if torch.cuda.is_available() else "cpu")
     return preset(a.preset, stages=a.stages, codec=a.codec, rank=a.rank, wire_dtype=a.wire_dtype, quant=a.quant,
-                  basis_interval=a.basis_interval, seed=a.seed, dtype=a.dtype, replica_sync=a.replica_sync,
-                  replica_sync_rank=a.replica_sync_rank)
+                  basis_interval=a.basis_interval, seed=a.seed, dtype=resolve_dtype(a.dtype, device),
+                  replica_sync=a.replica_sync, replica_sync_rank=a.replica_sync_rank)
 
 
 # ------------------------------------------------------------------ subcommands

@@ -240,6 +240,10 @@ async def run_peer(opts: PeerOptions) -> int:
         # what this peer id costs in this run: computed once, kept beside --identity; before any record is written
         sdht.work = await proof_for(opts.identity, identity.peer_id, spec.run_hash, sdht.admission.policy.work_bits)
         check_shared_constants(spec)
+        if spec.dtype == "bf16" and torch.device(opts.device).type == "cuda" \
+                and not torch.cuda.is_bf16_supported(including_emulation=False):
+            log.warning("this run computes in bf16, which this card has no hardware for: expect it to be slow "
+                        "(a swarm of such cards runs --dtype fp16; docs/consumer-gpus.md)")
         requested = int(opts.stage) if opts.stage.isdigit() else None
         try:  # before any network work for the stage: a peer whose memory holds no stage says so and leaves
             allowed = fitting_stages(spec, memory_budget(opts.max_memory, opts.device), opts.device,

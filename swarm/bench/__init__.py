@@ -46,6 +46,8 @@ def run_bench(a: argparse.Namespace) -> int:
 
 def _dispatch(a: argparse.Namespace) -> None:
     """Run the bench `a.which` with its flags (swarm/bench/cli.py gives each bench only its own)."""
+    from .cli import resolve_bench_dtype
+    resolve_bench_dtype(a)
     if a.which == "mfu":
         from .mfu import run_mfu_bench
         run_mfu_bench(a.out, preset_name=a.preset, codec=a.codec, dtype=a.dtype, device=a.device, steps=a.steps,

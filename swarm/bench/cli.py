@@ -5,9 +5,15 @@ from __future__ import annotations
 
 import argparse
 
-from protocol.spec import COMPUTE_DTYPES, PRESETS
+from protocol.spec import DTYPE_CHOICES, PRESETS, resolve_dtype
 
 CODECS = ["dense", "subspace", "bottleneck"]
+
+
+def resolve_bench_dtype(a: argparse.Namespace) -> None:
+    """A bench's --dtype auto, resolved for its --device (protocol/spec.py `resolve_dtype`)."""
+    if getattr(a, "dtype", None) == "auto":
+        a.dtype = resolve_dtype("auto", getattr(a, "device", None) or "cpu")
 
 
 def _ranks(text: str) -> tuple[int, ...]:
@@ -57,7 +63,8 @@ def _add_throughput(sub) -> None:
     _preset(p, "small")
     p.add_argument("--steps", type=int, default=20, help="steps per run (default: 20)")
     p.add_argument("--stages", type=int, help="pipeline stages (default: the preset's)")
-    p.add_argument("--dtype", choices=sorted(COMPUTE_DTYPES), help="compute dtype (default: the preset's)")
+    p.add_argument("--dtype", choices=DTYPE_CHOICES, help="compute dtype; auto: bf16 on a CUDA card that has it, "
+                   "fp16 on an older one, fp32 on the CPU (default: the preset's)")
     p.add_argument("--devices", help="comma-separated devices, one per peer in turn, e.g. cuda:0,cuda:1 "
                    "(default: --device for every peer)")
     p.add_argument("--codecs", help=f"comma-separated codecs to run (default: {','.join(CODECS)})")
@@ -75,7 +82,8 @@ def _add_convergence(sub) -> None:
     _common(p)
     _preset(p, "small")
     p.add_argument("--steps", type=int, default=2000, help="steps per curve (default: 2000)")
-    p.add_argument("--dtype", choices=sorted(COMPUTE_DTYPES), help="compute dtype (default: the preset's)")
+    p.add_argument("--dtype", choices=DTYPE_CHOICES, help="compute dtype; auto: bf16 on a CUDA card that has it, "
+                   "fp16 on an older one, fp32 on the CPU (default: the preset's)")
     _data(p)
     p.add_argument("--throughput-json", metavar="FILE",
                    help="throughput results for the time-to-loss plot (default: OUT/throughput.json)")
@@ -93,7 +101,8 @@ def _add_mfu(sub) -> None:
     _preset(p, "large")
     p.add_argument("--steps", type=int, default=10, help="timed steps (default: 10)")
     p.add_argument("--codec", default="dense", choices=CODECS, help="codec (default: dense)")
-    p.add_argument("--dtype", default="bf16", choices=sorted(COMPUTE_DTYPES), help="compute dtype (default: bf16)")
+    p.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES, help="compute dtype; auto: bf16 on a CUDA "
+                   "card that has it, fp16 on an older one, fp32 on the CPU (default: auto)")
     p.add_argument("--microbatch-size", type=int, help="sequences per microbatch (default: the preset's)")
     p.add_argument("--matmul-size", type=int, default=8192, help="n of the n^3 bf16 matmul (default: 8192)")
     p.add_argument("--compile", action="store_true", help="torch.compile every block (default: off)")
@@ -187,7 +196,8 @@ def _add_memory(sub) -> None:
     _common(p, device=False)
     p.add_argument("--device", default="cuda", help="CUDA device, e.g. cuda:1 (default: cuda)")
     p.add_argument("--presets", default="small,large,xl", help="comma-separated presets (default: small,large,xl)")
-    p.add_argument("--dtype", default="bf16", choices=sorted(COMPUTE_DTYPES), help="compute dtype (default: bf16)")
+    p.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES, help="compute dtype; auto: bf16 on a CUDA "
+                   "card that has it, fp16 on an older one, fp32 on the CPU (default: auto)")
     p.add_argument("--stages", default="ends", help="ends (the first, one middle, the last), all, or "
                    "comma-separated stage numbers (default: ends)")
     p.add_argument("--checkpointing", default="both", choices=("both", "off", "on"),

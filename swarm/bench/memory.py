@@ -204,7 +204,7 @@ def plot(result: dict, path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m swarm.bench.memory`: the bench's flags without the `swarm` CLI (and without hivemind)."""
-    from .cli import _add_memory
+    from .cli import _add_memory, resolve_bench_dtype
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--plot"]:
         path = Path(argv[1])
@@ -213,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m swarm.bench.memory")
     _add_memory(parser.add_subparsers(dest="which", required=True))
     a = parser.parse_args(["memory", *argv])
+    resolve_bench_dtype(a)
     run_memory_bench(a.out, presets=a.presets.split(","), device=a.device, dtype=a.dtype, stages=a.stages,
                      options=a.checkpointing, caps=not a.no_caps, smoke=a.smoke)
     return 0

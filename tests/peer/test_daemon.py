@@ -146,8 +146,8 @@ async def test_a_next_step_message_during_the_optimizer_step_waits_for_it(oracle
     apply_reduced = middle.runner.apply_reduced  # runs in the middle stage's worker thread
     held = []
 
-    def held_open(step: int, attempt: int):
-        record = apply_reduced(step, attempt)  # the step is counted here
+    def held_open(step: int, attempt: int, skip: bool = False):
+        record = apply_reduced(step, attempt, skip)  # the step is counted here
         if not held:
             link.watching.set()
             held.append(link.sent.wait(timeout=60))

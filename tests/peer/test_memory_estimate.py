@@ -71,7 +71,8 @@ def _measure(spec, stage: int) -> int:
     return sum(_storages(held).values()) + grads + activations
 
 
-@pytest.mark.parametrize("name,dtype", [("tiny", "fp32"), ("tiny", "bf16"), ("tiny", "fp64"), ("small", "fp32")])
+@pytest.mark.parametrize("name,dtype", [("tiny", "fp32"), ("tiny", "bf16"), ("tiny", "fp16"), ("tiny", "fp64"),
+                                        ("small", "fp32")])
 def test_estimate_matches_what_a_stage_holds_on_cpu_within_15_percent(name: str, dtype: str) -> None:
     spec = preset(name, dtype=dtype)
     for stage in range(spec.n_stages):

@@ -100,8 +100,8 @@ def test_the_documented_bench_invocations_parse():
                               "bandwidth": "8mbit,80mbit", "latency": "0", "device": "cpu"}),
     (["convergence", "--device", "cuda"], "convergence", "run_convergence_bench",
      {"preset_name": "small", "steps": 2000, "data": "stdlib", "device": "cuda", "dtype": None}),
-    (["mfu"], "mfu", "run_mfu_bench", {"preset_name": "large", "codec": "dense", "dtype": "bf16", "steps": 10,
-                                       "matmul_n": 8192, "device": "cpu"}),
+    (["mfu"], "mfu", "run_mfu_bench", {"preset_name": "large", "codec": "dense", "dtype": "fp32", "steps": 10,
+                                       "matmul_n": 8192, "device": "cpu"}),  # --dtype auto on the CPU: fp32
     (["replicas", "--steps", "5"], "replicas", "run_replicas_bench", {"preset_name": "small", "steps": 5}),
     (["replica-sync", "--sync-rank", "2,4"], "replica_sync", "run_replica_sync_bench",
      {"ranks": (2, 4), "steps": 300, "seeds": 1, "bandwidth": "80mbit", "data": "stdlib"}),
@@ -113,7 +113,9 @@ def test_the_documented_bench_invocations_parse():
       "bandwidth": "50mbit", "baseline_minutes": 5.0, "seed": 0, "checkpoint_every": 10, "peer_args": "--ttl 6",
       "coordinator_args": ""}),
     (["memory", "--presets", "paper8b", "--stages", "1"], "memory", "run_memory_bench",
-     {"presets": ["paper8b"], "device": "cuda", "dtype": "bf16", "stages": "1", "options": "both", "caps": True}),
+     {"presets": ["paper8b"], "device": "cuda", "dtype": "fp32" if not torch.cuda.is_available() else
+      "bf16" if torch.cuda.is_bf16_supported(including_emulation=False) else "fp16", "stages": "1", "options": "both",
+      "caps": True}),  # --dtype auto: bf16 on a CUDA card that has it, fp16 on one that has not, fp32 without CUDA
     (["record", "--parts", "throughput", "--resume"], "record", "run_record_bench",
      {"tokens": 12_000_000, "bandwidth": "200mbit", "latency": "50ms", "steps": 8, "codec_tokens": 1.0,
       "parts": ("throughput",), "resume": True, "data": "stdlib", "device": "cpu"}),
