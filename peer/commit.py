@@ -43,8 +43,6 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
-import torch
-
 from protocol.control import (
     Command,
     CommandReply,
@@ -66,7 +64,7 @@ from protocol.wire import KIND_CONTROL, KIND_DRIVE, KIND_FOLLOW, KIND_REDUCE, Er
 from .daemon import StageDaemon
 from .delivery import ACK
 from .reduce_watch import ReduceWatch, RunningReduces
-from .reduced import Reduced
+from .reduced import Reduced, sum_contributions, sum_factors
 from .replica_sync import PowerSync, flat_limits
 from .stage import StageError
 
@@ -178,7 +176,8 @@ class StepCommit:
                                 overflow=overflow)
             got = await self._exchange(cmd, mine, others)
             try:
-                reduced = got if isinstance(got, str) else _sum(cmd.step, cmd.attempt, got, self.spec.n_microbatches)
+                reduced = got if isinstance(got, str) else sum_contributions(cmd.step, cmd.attempt, got,
+                                                                             self.spec.n_microbatches)
             except StageError as e:
                 reduced = str(e)
         else:
@@ -223,7 +222,7 @@ class StepCommit:
         if isinstance(got, str):
             return got
         try:
-            total = _sum(cmd.step, cmd.attempt, got, self.spec.n_microbatches)
+            total = sum_contributions(cmd.step, cmd.attempt, got, self.spec.n_microbatches)
         except StageError as e:
             return str(e)
         if total.overflow:  # another replica overflowed: every replica stops after round 1
@@ -231,13 +230,13 @@ class StepCommit:
         if len(got) == 1:  # alone: nothing to send, so nothing to compress
             flat = await d.run(power.solo, key, first)
             return Reduced(cmd.step, cmd.attempt, flat, total.stat, total.contributors)
-        P_hat, Q_mine, Q_flat = await d.run(power.second, first, _sum_factors(got, self.runner.dtype))
+        P_hat, Q_mine, Q_flat = await d.run(power.second, first, sum_factors(got, self.runner.dtype))
         mine = Contribution(run, cmd.step, cmd.attempt, self.stage, [], None, None, 1, None if first.zero else Q_flat)
         got2 = await self._exchange(cmd, mine, sorted(p for p in got if p != self.peer_id), everyone=True)
         if isinstance(got2, str):
             return got2
         flat = await d.run(power.finish, key, first, total.grads, P_hat, Q_mine,
-                           _sum_factors(got2, self.runner.dtype))
+                           sum_factors(got2, self.runner.dtype))
         return Reduced(cmd.step, cmd.attempt, flat, total.stat, total.contributors)
 
     async def _exchange(self, cmd: Command, mine: Contribution, peers: list[str],
@@ -377,43 +376,3 @@ class StepCommit:
         except Exception as e:  # the follower re-downloads if it misses one
             log.warning("stage %d: could not forward a reduced gradient to %s (%s)", self.stage, peer[-8:], e)
             self.followers.pop(peer, None)
-
-
-def _sum_factors(contributions: dict[str, Contribution], dtype: torch.dtype) -> torch.Tensor:
-    """The contributions' factors added up in ascending peer-id order, in the compute dtype."""
-    total: torch.Tensor | None = None
-    for peer in sorted(contributions):
-        if contributions[peer].factors is None:
-            continue  # a replica with nothing to add
-        f = contributions[peer].factors.to(dtype)
-        total = f.clone() if total is None else total.add_(f)
-    if total is None:
-        raise StageError("no replica contributed factors to the reduce.")
-    return total
-
-
-def _sum(step: int, attempt: int, contributions: dict[str, Contribution], n_microbatches: int,
-         in_layout: bool = True) -> Reduced:
-    """Add contributions in ascending peer-id order (the same bits on every replica); every
-    microbatch of the step exactly once. A contribution flagged overflow (fp16) adds nothing and
-    marks the sum: the step will be skipped."""
-    seen: dict[int, str] = {}
-    total: torch.Tensor | None = None
-    stat: torch.Tensor | None = None
-    overflow = any(c.overflow for c in contributions.values())
-    for peer in sorted(contributions):
-        c = contributions[peer]
-        for mb in c.microbatches:
-            if mb in seen:
-                raise StageError(f"microbatch {mb} was computed by two replicas ({seen[mb][-8:]}, {peer[-8:]}).")
-            seen[mb] = peer
-        if c.grads is not None:
-            total = c.grads.clone() if total is None else total.add_(c.grads)
-        if c.stat is not None:
-            stat = c.stat.clone() if stat is None else stat.add_(c.stat)
-    missing = sorted(set(range(n_microbatches)) - set(seen))
-    if missing:
-        raise StageError(f"microbatches {missing} of the step are in no replica's contribution.")
-    assert total is not None or overflow  # every microbatch is somewhere, so some contribution carries tensors
-    return Reduced(step, attempt, None if overflow else total, None if overflow else stat,
-                   {p: c.microbatches for p, c in contributions.items()}, in_layout, overflow)

@@ -26,7 +26,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 
 import torch
 
@@ -40,27 +39,9 @@ from .daemon import StageDaemon
 from .interfaces import LinkError, PeerDirectory, PeerInfo
 from .leadership import leader_of
 from .stage import StageError
+from .step_log import AttemptFailed, StepLog
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class StepLog:
-    step: int  # 1-based: the number of optimizer steps done after this one
-    loss: float
-    tokens: int
-    seconds: float
-    basis_version: int
-    lr: float
-    attempts: int = 1  # 1 + the attempts that failed and were re-driven
-    commit_seconds: float = 0.0  # the successful attempt's commit (replicas' reduce and apply)
-    sync_bytes: int = 0  # what this head's replica sent to the other heads in that reduce
-    skipped: bool = False  # fp16: some stage overflowed, so no stage stepped its optimizer
-    loss_scale: float = 1.0  # fp16: the loss scale after this step (1 without loss scaling)
-
-
-class AttemptFailed(RuntimeError):
-    """One attempt at a step did not complete; the step is re-driven."""
 
 
 class StepDriver:

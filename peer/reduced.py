@@ -17,6 +17,8 @@ import torch
 from .stage_error import StageError
 
 if TYPE_CHECKING:
+    from protocol.control import Contribution
+
     from .stage import StepRecord
 
 
@@ -105,3 +107,43 @@ class ReducedGradients:
             p.grad = g.to(p.dtype).clone()
         if self._step_stat is not None:
             self._step_stat.copy_(stat.to(self._step_stat) if stat is not None else torch.zeros_like(self._step_stat))
+
+
+def sum_factors(contributions: dict[str, Contribution], dtype: torch.dtype) -> torch.Tensor:
+    """The contributions' factors added up in ascending peer-id order, in the compute dtype."""
+    total: torch.Tensor | None = None
+    for peer in sorted(contributions):
+        if contributions[peer].factors is None:
+            continue  # a replica with nothing to add
+        f = contributions[peer].factors.to(dtype)
+        total = f.clone() if total is None else total.add_(f)
+    if total is None:
+        raise StageError("no replica contributed factors to the reduce.")
+    return total
+
+
+def sum_contributions(step: int, attempt: int, contributions: dict[str, Contribution], n_microbatches: int,
+         in_layout: bool = True) -> Reduced:
+    """Add contributions in ascending peer-id order (the same bits on every replica); every
+    microbatch of the step exactly once. A contribution flagged overflow (fp16) adds nothing and
+    marks the sum: the step will be skipped."""
+    seen: dict[int, str] = {}
+    total: torch.Tensor | None = None
+    stat: torch.Tensor | None = None
+    overflow = any(c.overflow for c in contributions.values())
+    for peer in sorted(contributions):
+        c = contributions[peer]
+        for mb in c.microbatches:
+            if mb in seen:
+                raise StageError(f"microbatch {mb} was computed by two replicas ({seen[mb][-8:]}, {peer[-8:]}).")
+            seen[mb] = peer
+        if c.grads is not None:
+            total = c.grads.clone() if total is None else total.add_(c.grads)
+        if c.stat is not None:
+            stat = c.stat.clone() if stat is None else stat.add_(c.stat)
+    missing = sorted(set(range(n_microbatches)) - set(seen))
+    if missing:
+        raise StageError(f"microbatches {missing} of the step are in no replica's contribution.")
+    assert total is not None or overflow  # every microbatch is somewhere, so some contribution carries tensors
+    return Reduced(step, attempt, None if overflow else total, None if overflow else stat,
+                   {p: c.microbatches for p, c in contributions.items()}, in_layout, overflow)

@@ -48,28 +48,24 @@ Maps (short keys; tensors are wire.py's ExtType):
                   the reduced gradient of step s (compute dtype), forwarded to a replica that is
                   catching up: in the stage's `SyncLayout` (j true), or, from a replica that
                   was alone in its reduce, every parameter's gradient in full (j false); v: skipped, t q nil
-    StateRequest  {k: "state", r, o: "meta" | "chunk", i: chunk index, n: snapshot id}
-    StateMeta     {k: "statem", s: step, n: snapshot id, z: total bytes, c: chunk bytes, h: sha256 hex}
+
+State transfer (a joining replica's download) is in `protocol/state_wire.py`.
 """
 from __future__ import annotations
 
-import hashlib
 import math
 from dataclasses import dataclass, field
 
 import msgpack
 import torch
 
-from .wire import KIND_CONTROL, KIND_FOLLOW, KIND_REDUCE, KIND_STATE, WireError, _ext_hook, _need, _pack_tensor
+from .wire import KIND_CONTROL, KIND_FOLLOW, KIND_REDUCE, WireError, _ext_hook, _need, _pack_tensor
 
 OPS = ("status", "reduce", "apply", "abort", "rollback", "lease")
 OUTCOMES = ("ok", "behind", "ahead", "failed")
 PROBE_STATES = ("reducing", "idle", "ended", "elsewhere")
-STATE_OPS = ("meta", "chunk")
 MAX_GROUP = 64  # replicas of one stage that one command may name
-STATE_CHUNK_BYTES = 8 << 20
 _REPLY = "ctlr"
-_STATE_META = "statem"
 _PROBE, _PROBE_REPLY = "redq", "redqr"
 
 
@@ -126,23 +122,6 @@ class FollowUpdate:
     stat: torch.Tensor | None = None
     in_layout: bool = False  # grads in the stage's SyncLayout, else in full
     skip: bool = False  # fp16: the swarm skipped this step
-
-
-@dataclass
-class StateRequest:
-    run: str
-    op: str
-    index: int = 0
-    snapshot: int = 0
-
-
-@dataclass
-class StateMeta:
-    step: int
-    snapshot: int
-    total_bytes: int
-    chunk_bytes: int
-    sha256: str
 
 
 @dataclass(frozen=True)
@@ -387,35 +366,3 @@ def decode_follow(data: bytes, lim: FlatLimits) -> FollowUpdate:
     numel = lim.numel if j else (lim.full_numel or lim.numel)
     return FollowUpdate(lim.run, _int(d, "s", "step"), _flat(d.get("t"), lim, "the reduced gradient", numel),
                         _stat(d.get("q"), lim), j)
-
-
-# ---------------------------------------------------------------- state transfer
-
-def encode_state_request(r: StateRequest) -> bytes:
-    return msgpack.packb({"k": KIND_STATE, "r": r.run, "o": r.op, "i": r.index, "n": r.snapshot})
-
-
-def decode_state_request(data: bytes, run: str) -> StateRequest:
-    d = _unpack(data, 4096, "a state request")
-    _need(_is(d.get("k"), KIND_STATE), "not a state request.")
-    _run(d, run, "the state request")
-    _need(d.get("o") in STATE_OPS, f"a state request's op must be one of {', '.join(STATE_OPS)}.")
-    return StateRequest(run, d["o"], _int(d, "i", "chunk index", 2**31), _int(d, "n", "snapshot id", 2**63))
-
-
-def encode_state_meta(m: StateMeta) -> bytes:
-    return msgpack.packb({"k": _STATE_META, "s": m.step, "n": m.snapshot, "z": m.total_bytes, "c": m.chunk_bytes,
-                          "h": m.sha256})
-
-
-def decode_state_meta(data: bytes, max_total: int) -> StateMeta:
-    d = _unpack(data, 4096, "a state description")
-    _need(_is(d.get("k"), _STATE_META), "not a state description.")
-    total, chunk = _int(d, "z", "state size", max_total + 1), _int(d, "c", "chunk size", 1 << 30)
-    _need(chunk > 0, "the chunk size must be positive.")
-    _need(isinstance(d.get("h"), str) and len(d["h"]) == 64, "the state's sha256 must be 64 hex digits.")
-    return StateMeta(_int(d, "s", "step"), _int(d, "n", "snapshot id", 2**63), total, chunk, d["h"])
-
-
-def sha256_hex(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()

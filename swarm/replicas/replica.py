@@ -26,8 +26,8 @@ from peer.snapshots import NoSnapshot
 from peer.stage import StageRunner
 from peer.stage_peer import StagePeer
 from peer.state_transfer import StateError, state_bytes
-from protocol.control import STATE_CHUNK_BYTES
 from protocol.spec import RunSpec
+from protocol.state_wire import STATE_CHUNK_BYTES
 from protocol.step_record import WorkRecord
 from protocol.wire import (
     KIND_ACTIVATION,

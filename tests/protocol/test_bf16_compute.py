@@ -40,8 +40,10 @@ def test_bf16_keeps_fp32_master_weights():
     assert autocast_dtype(small(dtype="fp32")) is None and compute_dtype(small(dtype="fp64")) == torch.float64
     m = build_stage(spec, 0)
     assert {p.dtype for p in m.parameters()} == {torch.float32}
-    with pytest.raises(SpecError, match="dtype must be one of fp32, fp64, bf16"):
-        small(dtype="fp16")
+    with pytest.raises(SpecError, match="dtype must be one of fp32, fp64, bf16, fp16"):
+        small(dtype="int8")  # fp16 is a compute dtype now (with loss scaling); a spec never holds "auto"
+    with pytest.raises(SpecError, match="dtype must be one of"):
+        small(dtype="auto")
 
 
 @pytest.mark.parametrize("mode", ["project", "reparam"])

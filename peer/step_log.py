@@ -1,0 +1,24 @@
+"""`StepLog`: what the leading head reports of each step it drove, and `AttemptFailed`, an attempt
+that did not complete and is re-driven (peer/driver.py)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class StepLog:
+    step: int  # 1-based: the number of optimizer steps done after this one
+    loss: float
+    tokens: int
+    seconds: float
+    basis_version: int
+    lr: float
+    attempts: int = 1  # 1 + the attempts that failed and were re-driven
+    commit_seconds: float = 0.0  # the successful attempt's commit (replicas' reduce and apply)
+    sync_bytes: int = 0  # what this head's replica sent to the other heads in that reduce
+    skipped: bool = False  # fp16: some stage overflowed, so no stage stepped its optimizer
+    loss_scale: float = 1.0  # fp16: the loss scale after this step (1 without loss scaling)
+
+
+class AttemptFailed(RuntimeError):
+    """One attempt at a step did not complete; the step is re-driven."""
