@@ -78,7 +78,7 @@ def encode_stats(m: StatsMessage) -> bytes:
 
 def decode_stats(data: bytes, spec: RunSpec) -> StatsMessage:
     d = _unpack(data, spec, "stats")
-    if not isinstance(d.get("g"), int) or not 1 <= d["g"] < spec.n_stages:
+    if not isinstance(d.get("g"), int) or isinstance(d["g"], bool) or not 1 <= d["g"] < spec.n_stages:
         raise WireError(f"stats come from receiving stages 1..{spec.n_stages - 1} only.")
     return StatsMessage(d["r"], d["g"], d["v"], d["s"], _limits_check(d.get("M"), spec, "the statistic"))
 

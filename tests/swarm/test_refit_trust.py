@@ -174,3 +174,13 @@ async def test_with_a_lease_only_the_workers_the_leaders_record_names_vote_and_a
     await want.on_stats(body(2, 5, stat(2)), "y")
     await _settle()
     assert torch.equal(r.published[0].U, want.published[0].U), "the re-fit did not use the workers' statistics"
+
+
+async def test_a_statistic_naming_a_boolean_stage_is_refused_not_taken_for_stage_1():
+    import msgpack
+
+    r = BasisRefitter(SPEC, SigningKey.generate(), FakeDHT({1: ["a1"], 2: ["a2"]}), FakeTransport(), ttl=60)
+    d = msgpack.unpackb(body(1, 5, stat(0)), raw=False, strict_map_key=False,
+                        ext_hook=lambda code, data: msgpack.ExtType(code, data))
+    d["g"] = True  # msgpack's true is an int to Python: it must not pass for stage 1
+    assert "receiving stages" in refused(await r.on_stats(msgpack.packb(d), "a1"))
