@@ -45,8 +45,9 @@ class StepRecordCheck:
 
     def __init__(self, run_hash: str, n_microbatches: int, batches: Callable[[int, int], torch.Tensor],
                  report: Callable[[bytes], Awaitable[None]],
-                 on_bad: Callable[[StepRecord], None] | None = None) -> None:
+                 on_bad: Callable[[StepRecord], None] | None = None, me: str = "") -> None:
         self.run_hash, self.n_microbatches, self.batches = run_hash, n_microbatches, batches
+        self.me = me  # this head: a record it signed itself describes the batches it just fed, unchecked
         self.report, self.on_bad = report, on_bad
         self._reported: dict[str, float] = {}
         self._tasks: set[asyncio.Task] = set()
@@ -60,6 +61,8 @@ class StepRecordCheck:
             return f"the leader's step record is malformed ({e})"
         if (record.step, record.attempt) != (cmd.step, cmd.attempt):
             return "the leader's step record is for another step or attempt."
+        if record.leader == self.me:
+            return None  # the leader's own reduce: regenerating and re-hashing its batches would prove nothing
         if not signed_by_leader(record):
             return "the leader's step record is not signed by the leader it names."
         mine = await asyncio.to_thread(step_digest, self.batches, record.step, self.n_microbatches)

@@ -155,7 +155,7 @@ class ReplicaService:
         if batches is not None:  # a head: it sums only with a leader whose step records its own data confirms
             peer.commit.check_record = StepRecordCheck(
                 self.spec.run_hash, self.spec.n_microbatches, batches, self._report_record,
-                on_bad=lambda r: ctx.report.write("bad_step_record", leader=r.leader, step=r.step + 1))
+                on_bad=lambda r: ctx.report.write("bad_step_record", leader=r.leader, step=r.step + 1), me=ctx.peer_id)
         ctx.link.limits.update(frame_limits(self.spec, runner))
         heartbeat = None
         try:

@@ -91,3 +91,22 @@ async def test_the_coordinator_revokes_a_liars_lease_only_on_its_own_evidence_an
     assert dht.stored[-1].revoked == [liar.peer_id]
     dht.stamps[liar.peer_id] = 5.0  # it announces again: still never named
     assert (await keeper.tick()).order == [honest.peer_id]
+
+
+async def test_the_leader_does_not_re_hash_its_own_record_and_another_head_still_checks_it():
+    reports = []
+
+    async def report(body: bytes) -> None:
+        reports.append(body)
+    leader = Identity.generate()
+    calls = []
+
+    def counted(step: int, mb: int):
+        calls.append((step, mb))
+        return RUN_DATA(step, mb)
+    own = StepRecordCheck(RUN, M, counted, report, me=leader.peer_id)
+    liar_record = record(leader, OTHER_DATA).encode()
+    assert await own(Command(RUN, 4, 1, "reduce", record=liar_record)) is None and calls == []
+    other = StepRecordCheck(RUN, M, counted, report, me="another head")
+    assert "not the run's" in await other(Command(RUN, 4, 1, "reduce", record=liar_record))
+    assert len(calls) == M
