@@ -158,19 +158,24 @@ def train_curves(out: Path, preset_name: str, variants: dict[str, RunSpec], data
     return result
 
 
+def plot_loss_panels(a, b, curves: dict, bins: int = 200, label=lambda name, c: name) -> None:
+    """One line per curve: held-out loss on axes `a`, training loss averaged into about `bins` points on `b`."""
+    for name, c in curves.items():
+        xs, ys = zip(*c["val"])
+        a.plot(xs, ys, label=label(name, c), marker=".")
+        tx, ty = zip(*c["train"])
+        k = max(1, len(ty) // bins)
+        smooth = [sum(ty[i:i + k]) / len(ty[i:i + k]) for i in range(0, len(ty), k)]
+        b.plot(tx[::k][:len(smooth)], smooth, label=name)
+
+
 def _plot(result: dict, path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
-    for name, c in result["curves"].items():
-        xs, ys = zip(*c["val"])
-        a.plot(xs, ys, label=name, marker=".")
-        tx, ty = zip(*c["train"])
-        k = max(1, len(ty) // 200)
-        smooth = [sum(ty[i:i + k]) / len(ty[i:i + k]) for i in range(0, len(ty), k)]
-        b.plot(tx[::k][:len(smooth)], smooth, label=name)
+    plot_loss_panels(a, b, result["curves"])
     a.set_title(f"held-out loss, {result['preset']} on {result['data']}")
     b.set_title("training loss (binned)")
     for ax in (a, b):

@@ -20,7 +20,7 @@ from peer.data import BatchSource
 from peer.pipeline import InProcessPipeline
 from protocol.spec import preset
 
-from .convergence import held_out_loss
+from .convergence import held_out_loss, plot_loss_panels
 from .machine import machine_info
 
 
@@ -76,12 +76,7 @@ def _plot(result: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
-    for name, c in result["curves"].items():
-        xs, ys = zip(*c["val"])
-        a.plot(xs, ys, label=f"{name} (final {c['final_val']:.4f})", marker=".")
-        tx, ty = zip(*c["train"])
-        k = max(1, len(ty) // 100)
-        b.plot(tx[::k], [sum(ty[i:i + k]) / len(ty[i:i + k]) for i in range(0, len(ty), k)], label=name)
+    plot_loss_panels(a, b, result["curves"], bins=100, label=lambda name, c: f"{name} (final {c['final_val']:.4f})")
     gpu = next(iter(result["machine"]["gpus"].values()), result["device"])
     a.set_title(f"held-out loss, {result['preset']} ({gpu})")
     b.set_title("training loss (binned)")
