@@ -65,7 +65,8 @@ async def test_attacks_are_refused_while_the_swarm_trains_exactly_like_the_oracl
         swarm.start_peer(0, "--steps", str(STEPS), "--checkpoint-dir", str(ckpt[0]))
         ids = [wait_for_event(swarm, f"stage{s}", "ready")[0]["peer_id"] for s in range(3)]
         await asyncio.to_thread(wait_for_event, swarm, "stage0", "step", 120, 2)
-        async with Attacker(maddrs, above=ids[0]) as a:
+        # a: a hostile replica of stage 1 that tries everything; b: a head that only probes stage 1's rule
+        async with Attacker(maddrs, above=ids[0]) as a, Attacker(maddrs, above=ids[0]) as b:
             lim = WireLimits.for_spec(a.spec)
 
             async def hostile_replica(body: bytes, sender: str) -> bytes:
@@ -82,17 +83,21 @@ async def test_attacks_are_refused_while_the_swarm_trains_exactly_like_the_oracl
                 await a.announce(stage)
             await a.until_member(ids[2], KIND_ACTIVATION)
             await a.until_member(ids[1], KIND_REDUCE)
+            await b.announce(0)
+            await b.until_member(ids[1], KIND_ACTIVATION)
             step = len(swarm.step_events()[0])
             # garbage to every handler of every stage
             for s, peer in enumerate(ids):
                 for kind in (KIND_ACTIVATION, KIND_GRADIENT, KIND_CONTROL, KIND_REDUCE, KIND_FOLLOW, KIND_STATE,
                              KIND_BASIS):
                     outcomes[f"garbage {kind} to stage {s}"] = await a.send(peer, kind, GARBAGE)
-            # stage 1 takes activations from the leading head only: not the next step's, not the current one's
-            outcomes["next-step activation to stage 1"] = await a.send(ids[1], KIND_ACTIVATION,
-                                                                     a.activation(step + 1, 1))
-            outcomes["current-step activation to stage 1"] = await a.send(ids[1], KIND_ACTIVATION,
-                                                                        a.activation(step, 1))
+            # stage 1 takes activations from the leading head only: not the next step's, not the current one's.
+            # The second stranger asks: the first may already be banned by stage 1 (it serves stage 1 and never
+            # reduces), and a ban is refused before any other rule
+            outcomes["next-step activation to stage 1"] = await b.send(ids[1], KIND_ACTIVATION,
+                                                                     b.activation(step + 1, 1))
+            outcomes["current-step activation to stage 1"] = await b.send(ids[1], KIND_ACTIVATION,
+                                                                        b.activation(step, 1))
             # stage 2 takes activations of stage-1 peers, but not enormous ones (and bans their sender)
             outcomes["enormous activation to stage 2"] = await a.send(ids[2], KIND_ACTIVATION,
                                                                     a.activation(step, 2, scale=1e30))
