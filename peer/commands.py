@@ -22,13 +22,14 @@ class CommandSender:
     def __init__(self, daemon: StageDaemon, commit: StepCommit, command_timeout: float) -> None:
         self.daemon, self.commit, self.command_timeout = daemon, commit, command_timeout
         self.named: list[str] = []  # who reduced the last step the leader committed: every apply names them
+        self.banned: list[str] = []  # replicas the leader caught lying about their work: every abort names them
         self.peer_id, self.run_hash = daemon.peer_id, daemon.spec.run_hash
         self.n_microbatches = daemon.spec.n_microbatches
 
     async def broadcast(self, peers: dict[str, int], op: str, step: int, attempt: int,
                         skip: bool = False) -> dict[str, CommandReply]:
-        cmds = {p: Command(self.run_hash, step, attempt, op, self.named if op == "apply" else [], skip=skip)
-                for p in peers}
+        cmds = {p: Command(self.run_hash, step, attempt, op, self.named if op == "apply" else [], skip=skip,
+                           banned=self.banned if op == "abort" else []) for p in peers}
         return dict(zip(cmds, await asyncio.gather(*(self.send(p, c) for p, c in cmds.items()))))
 
     async def command(self, peer: str, op: str, step: int, attempt: int,

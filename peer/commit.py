@@ -41,53 +41,67 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from protocol.control import (
+    BadContribution,
     Command,
     CommandReply,
     Contribution,
     FlatLimits,
-    FollowUpdate,
     ReduceProbe,
     decode_command,
-    decode_follow,
     decode_reduce,
     encode_contribution,
-    encode_follow,
     encode_probe,
     encode_probe_reply,
     encode_reply,
 )
-from protocol.wire import KIND_CONTROL, KIND_DRIVE, KIND_FOLLOW, KIND_REDUCE, ErrorReply, WireError, decode_message
+from protocol.spot_check import InputsRequest
+from protocol.wire import KIND_CONTROL, KIND_DRIVE, KIND_REDUCE, ErrorReply, WireError, decode_message
 
 from .daemon import StageDaemon
 from .delivery import ACK
+from .follow_forward import FollowForwarder
 from .reduce_watch import ReduceWatch, RunningReduces
 from .reduced import Reduced, sum_contributions, sum_factors
 from .replica_sync import PowerSync, flat_limits
+from .robust_sum import suspects
+from .share_check import ShareCheck
 from .stage import StageError
 
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class Refused:
+    """A contribution this replica refused for its content: the reduce ends, and names its sender."""
+
+    reason: str
+
+
 class StepCommit:
     def __init__(self, daemon: StageDaemon, *, reduce_timeout: float = 60.0, probe_period: float = 1.0,
-                 dead_after: float = 5.0, mute_after: float = 15.0) -> None:
+                 dead_after: float = 5.0, mute_after: float = 15.0, straggle_after: float = 30.0) -> None:
         self.daemon, self.runner = daemon, daemon.runner
         self.spec, self.stage, self.peer_id = daemon.spec, daemon.stage, daemon.peer_id
         self.reduce_timeout = reduce_timeout
         # how missing contributors are probed (peer/reduce_watch.py)
-        self._watch_options = dict(period=probe_period, dead_after=dead_after, mute_after=mute_after)
+        self._watch_options = dict(period=probe_period, dead_after=dead_after, mute_after=mute_after,
+                                   straggle_after=straggle_after)
+        self.share_check = ShareCheck(daemon, timeout=reduce_timeout)  # spot checks of other replicas' shares
+        self._summed: tuple[tuple[int, int], dict[str, Contribution]] | None = None  # the last reduce's inputs
+        self._blame: dict[tuple[int, int], list[str]] = {}  # replicas whose contribution this one refused
+        self._suspects: dict[tuple[int, int], list[str]] = {}  # shares far from the rest (peer/robust_sum.py)
         self._running = RunningReduces()
         self._limits = flat_limits(self.spec, self.runner)
+        self.forwarder = FollowForwarder(daemon, self._limits, reduce_timeout)  # to replicas catching up
         self.power = PowerSync(self.runner) if self.spec.replica_sync == "powersgd" else None
         self._inbox: dict[tuple[int, int, int], dict[str, Contribution]] = {}  # (step, attempt, phase) -> sender ->
         self._arrived = asyncio.Event()
         # peers that the leader's last `apply` named as having reduced that step (every stage): who did
         # work, for placement (swarm/replicas/placement.py), where announcements are only claims
         self.workers: list[str] = []
-        self.followers: dict[str, int] = {}  # replicas catching up from this one -> first step they need
         self.records: list = []  # StepRecords of the steps applied here
         self.last_applied: tuple[int, int] | None = None  # (step, attempt) of the last sum applied here
         self.on_applied: Callable[[int], None] | None = None  # called with the new step number
@@ -143,11 +157,17 @@ class StepCommit:
             return CommandReply(step, reduced.attempt if held else d.attempt, "ok", self.runner.microbatches_done(),
                                 reduced.contributors if held else {})
         if cmd.op == "abort":
+            for peer in cmd.banned:  # caught lying by the leader's spot checks (peer/spot_checks.py)
+                self.daemon.directory.ban(peer)
             if cmd.attempt >= d.attempt:
                 await d.adopt_attempt(cmd.attempt + 1)
             return self._reply(cmd, "ok")
         if cmd.attempt < d.attempt:
             return self._reply(cmd, "failed", "the attempt was superseded here.")
+        if cmd.op == "check":  # recompute another replica's share of this attempt (peer/share_check.py)
+            held = self._summed[1] if self._summed is not None and self._summed[0] == (cmd.step, cmd.attempt) else {}
+            outcome, reason, blame = await self.share_check.check(cmd, held)
+            return replace(self._reply(cmd, outcome, reason), blame=blame)
         if cmd.op == "reduce":
             if self.check_record is not None and (problem := await self.check_record(cmd)) is not None:
                 return self._reply(cmd, "failed", problem)  # this replica does not sum with a leader it caught
@@ -161,8 +181,12 @@ class StepCommit:
         contributors = reduced.contributors if reduced is not None and (reduced.step, reduced.attempt) == (
             cmd.step, cmd.attempt) else {}
         own = self.own_snapshot() if self.own_snapshot is not None and cmd.op == "reduce" else None
+        key = (cmd.step, cmd.attempt)
+        reduce = cmd.op == "reduce"
         return CommandReply(cmd.step, cmd.attempt, outcome, self.runner.microbatches_done(), contributors, reason,
-                            own)
+                            own, sent=self.daemon.boundary.sent(*key) if reduce else [],
+                            blame=self._blame.get(key, []) if reduce else [],
+                            suspects=self._suspects.get(key, []) if reduce else [])
 
     # ------------------------------------------------------------------ reduce
     async def _reduce(self, cmd: Command) -> CommandReply:
@@ -180,6 +204,11 @@ class StepCommit:
                                                                              self.spec.n_microbatches)
             except StageError as e:
                 reduced = str(e)
+            if not isinstance(got, str):  # kept for a spot check of another replica's share
+                self._summed = ((cmd.step, cmd.attempt), got)
+                far = await d.run(suspects, {p: (len(c.microbatches), c.grads) for p, c in got.items()
+                                             if c.grads is not None})
+                self._suspects = {(cmd.step, cmd.attempt): far}
         else:
             reduced = await self._reduce_powersgd(cmd, others)
         if isinstance(reduced, str):
@@ -254,6 +283,9 @@ class StepCommit:
         if everyone and len(members) < len(peers):
             return "a replica left the reduce between its two rounds."
         got = await self._gather(cmd.step, cmd.attempt, mine.phase, members)
+        if not isinstance(got, str) and (refused := sorted(p for p, c in got.items() if isinstance(c, Refused))):
+            self._blame = {key: refused}
+            got = f"replica {refused[0][-8:]}'s contribution was refused: {got[refused[0]].reason}"
         if isinstance(got, str):
             log.info("stage %d: reduce of step %d, attempt %d: %s", self.stage, cmd.step + 1, cmd.attempt, got)
             return got
@@ -282,7 +314,10 @@ class StepCommit:
         watch = ReduceWatch(self.daemon.link, probe, members, self._arrived, **self._watch_options)
         def current() -> bool:
             return (step, attempt) == (self.runner.step, self.daemon.attempt)
-        return await watch.gather(lambda: self._inbox.get((step, attempt, phase), {}), current, self.reduce_timeout)
+        got = await watch.gather(lambda: self._inbox.get((step, attempt, phase), {}), current, self.reduce_timeout)
+        if watch.blamed:
+            self._blame = {(step, attempt): watch.blamed}
+        return got
 
     async def _on_reduce(self, body: bytes, sender: str) -> bytes:
         d = self.daemon
@@ -290,8 +325,15 @@ class StepCommit:
             return refusal
         try:
             c = decode_reduce(body, self.limits())
+        except BadContribution as e:  # its sender spoils the reduce: the reduce ends at once and names it
+            if (e.step, e.attempt) == (self.runner.step, d.attempt):
+                self._inbox.setdefault((e.step, e.attempt, e.phase), {}).setdefault(sender, Refused(str(e)))
+                self._arrived.set()
+            return d.refuse(str(e), sender)
         except WireError as e:
             return d.refuse(str(e), sender)
+        if isinstance(c, InputsRequest):
+            return self.share_check.serve(c)
         if isinstance(c, ReduceProbe):
             return encode_probe_reply(self._running.state(c.step, c.attempt, (self.runner.step, d.attempt)))
         if c.step != self.runner.step:
@@ -324,7 +366,7 @@ class StepCommit:
                         self.stage, cmd.step + 1, self.runner.scale)
         self.last_sync_bytes = self._attempt_bytes.pop((cmd.step, cmd.attempt), 0)
         self.synced_steps += len(reduced.contributors) > 1
-        self._forward_to_followers(reduced, cmd.skip)
+        self.forwarder.forward(reduced, cmd.skip)
         d.stepped()
         if self.on_applied is not None:
             self.on_applied(self.runner.step)
@@ -333,46 +375,10 @@ class StepCommit:
         return CommandReply(cmd.step, cmd.attempt, "ok", [], reduced.contributors)
 
     def _apply_job(self, step: int, attempt: int, skip: bool):
-        if self.followers and self.runner.reduced.grads is None and not skip:  # a joiner needs the sum, in full
+        if self.forwarder.followers and self.runner.reduced.grads is None and not skip:  # a joiner needs it in full
             _, flat, stat = self.runner.contribution(False, False)
             self.runner.reduced.grads, self.runner.reduced.stat = flat, stat
         record = self.runner.apply_reduced(step, attempt, skip)
         if self.power is not None:  # a skipped step keeps the error feedback and Q it had
             self.power.discard() if skip else self.power.commit(step, attempt)
         return self.daemon.refit_statistic(), record
-
-    # ------------------------------------------------------------------ followers
-    def follow_from(self, peer: str, step: int) -> None:
-        """Forward every reduced sum from `step` on to `peer` until it takes part in a reduce. Call
-        it on the worker thread, with the snapshot taken there: every step applied after the
-        snapshot is then applied after this, and reaches the follower."""
-        self.followers[peer] = step
-
-    async def serve_follow(self, on_update: Callable[[FollowUpdate, str], str | None]) -> None:
-        """A catching-up replica: take the reduced sums its donor forwards."""
-        async def handler(body: bytes, sender: str) -> bytes:
-            if (refusal := await self.daemon.admitted(sender, KIND_FOLLOW)) is not None:
-                return refusal
-            try:
-                update = decode_follow(body, self.limits())
-            except WireError as e:
-                return self.daemon.refuse(str(e), sender)
-            problem = on_update(update, sender)
-            return self.daemon.refuse(problem, sender) if problem else ACK
-        await self.daemon.link.serve(KIND_FOLLOW, handler)
-
-    def _forward_to_followers(self, reduced: Reduced, skip: bool) -> None:
-        for peer in [p for p in list(self.followers) if p in reduced.contributors]:
-            del self.followers[peer]  # it took part in the reduce itself: in step from here on
-        for peer, first in list(self.followers.items()):
-            if reduced.step >= first:
-                body = encode_follow(FollowUpdate(self.spec.run_hash, reduced.step, None if skip else reduced.grads,
-                                                  None if skip else reduced.stat, reduced.in_layout, skip))
-                self.daemon.spawn(self._send_follow(peer, body))
-
-    async def _send_follow(self, peer: str, body: bytes) -> None:
-        try:
-            await self.daemon.link.request(peer, KIND_FOLLOW, body, timeout=self.reduce_timeout)
-        except Exception as e:  # the follower re-downloads if it misses one
-            log.warning("stage %d: could not forward a reduced gradient to %s (%s)", self.stage, peer[-8:], e)
-            self.followers.pop(peer, None)

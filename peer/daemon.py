@@ -43,6 +43,7 @@ from protocol.wire import (
 )
 
 from .basis_gate import BasisGate
+from .boundary_log import BoundaryLog
 from .delivery import Courier
 from .inbound import SKIPPED, InboundHandlers
 from .interfaces import Admit, LinkError, MessageLink, PeerDirectory, PeerStatus
@@ -76,6 +77,7 @@ class StageDaemon(InboundHandlers):
         # (sender, kind) -> why that sender may not send this kind of message here, or None
         self.admit = admit
         self.bands = {KIND_ACTIVATION: NormBand(), KIND_GRADIENT: NormBand()}
+        self.boundary = BoundaryLog()  # the attempt's boundary messages: what a spot check recomputes from
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"stage{self.stage}")
         self.gate = BasisGate(runner, self.run, verify_update=verify_update, pull_updates=pull_updates,
                               wait=basis_wait)
@@ -307,6 +309,7 @@ class StageDaemon(InboundHandlers):
         (its late gradient, if any, is refused: it must come from the replica that holds the microbatch)."""
         missed: set[str] = set()
         holder: str | None = None
+        self.boundary.sending(h.step, h.attempt, h.microbatch, body)
 
         def chosen(peer: str | None) -> None:
             nonlocal holder

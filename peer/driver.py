@@ -38,6 +38,7 @@ from .commit import StepCommit
 from .daemon import StageDaemon
 from .interfaces import LinkError, PeerDirectory, PeerInfo
 from .leadership import leader_of
+from .spot_checks import SpotChecks
 from .stage import StageError
 from .step_log import AttemptFailed, StepLog
 
@@ -48,7 +49,7 @@ class StepDriver:
     def __init__(self, daemon: StageDaemon, commit: StepCommit, directory: PeerDirectory,
                  batches: Callable[[int, int], torch.Tensor], *, min_timeout: float = 15.0,
                  first_timeout: float = 120.0, command_timeout: float = 90.0, ping_period: float = 1.0,
-                 ping_failures: int = 3, watch_period: float | None = 1.0,
+                 ping_failures: int = 3, watch_period: float | None = 1.0, spot_check_rate: float = 1 / 16,
                  sign_record: Callable[[StepRecord], StepRecord] | None = None) -> None:
         if not daemon.runner.is_first:
             raise ValueError("only a head peer drives steps.")
@@ -59,6 +60,9 @@ class StepDriver:
         self._commands = CommandSender(daemon, commit, command_timeout)
         self._broadcast, self._command, self._send = (self._commands.broadcast, self._commands.command,
                                                       self._commands.send)
+        # every replica's share of a step is recomputed by another with this probability (peer/spot_checks.py)
+        self.spot = SpotChecks(self.spec.run_hash, self.spec.n_stages, spot_check_rate, self._send, directory.ban,
+                               exact=self.spec.replica_sync == "exact")
         self._step_seconds: float | None = None  # EWMA of a step's microbatch phase
         # signs the StepRecord that every reduce command carries, so that the standby heads check the
         # data this head fed (None: a swarm without a coordinator, nobody to prove anything to)
@@ -222,6 +226,7 @@ class StepDriver:
                     log.info("step %d, attempt %d failed (%s); another head leads now", step + 1, attempt, e)
                     return None
                 log.warning("step %d, attempt %d failed (%s); re-driving it", step + 1, attempt, e)
+                self._commands.banned = list(self.spot.convicted)  # the abort bans them everywhere
                 await self._broadcast(await self._members(), "abort", step, attempt)
                 if await self._realigned():
                     return None
@@ -333,9 +338,12 @@ class StepDriver:
         cmds = {peer: Command(self.spec.run_hash, step, attempt, "reduce", groups[stage], self._record)
                 for peer, stage in members.items()}
         replies = dict(zip(cmds, await asyncio.gather(*(self._send(p, c) for p, c in cmds.items()))))
+        self.spot.seen(sorted(members))
+        if any(r.blame for r in replies.values()):  # a replica refused another's contribution, or it never came
+            self.spot.judge_blame(replies, members)
         for p in [p for p, r in replies.items() if r.reason.startswith(UNREACHABLE) and p not in self.commit.workers]:
             self.directory.report_failure(p)  # an id that never did work and nobody reaches: not asked every step
-        appliers, named, workers, snapshots, overflowed = [], [], {}, {}, []
+        appliers, named, workers, snapshots, overflowed, shares = [], [], {}, {}, [], {}
         for stage in range(self.spec.n_stages):
             oks = {p: r for p, r in replies.items() if members[p] == stage and r.outcome == "ok"}
             if not oks:
@@ -347,10 +355,13 @@ class StepDriver:
             appliers += list(oks)
             named += [p for p in oks if p in dict(next(iter(agreed)))]  # reduced, and its contribution summed
             workers[stage] = sorted(p for p, mbs in next(iter(agreed)) if mbs)
+            shares[stage] = {p: list(mbs) for p, mbs in next(iter(agreed))}
             claims = {r.snapshot for r in oks.values()}
             if len(claims) == 1 and None not in claims:  # the stage's replicas agree on their newest snapshot
                 snapshots[stage] = claims.pop()
             overflowed += [stage] if any(r.overflow for r in oks.values()) else []
+        # nothing is applied before the drawn shares are shown to be their replicas' work
+        await self.spot.run(step, attempt, members, replies, shares, self.daemon.boundary.sent(step, attempt))
         if skip := bool(overflowed):  # fp16 (protocol/loss_scale.py): one stage's overflow skips the step everywhere
             log.warning("step %d: fp16 gradients overflowed on stages %s: skipped everywhere, loss scale %g -> %g",
                         step + 1, overflowed, self.runner.scale, self.runner.scale / 2)

@@ -63,6 +63,7 @@ class InboundHandlers:
         if h.microbatch in self._upstream or self.runner.has_seen(h.microbatch):
             return self.refuse("this microbatch is already here.", sender, code="duplicate")
         self._upstream[h.microbatch] = (sender, msg.tokens)
+        self.boundary.received(h.step, h.attempt, KIND_ACTIVATION, h.microbatch, body)  # a spot check's input
         self.spawn(self._process_activation(h, msg.tokens, z, sender))
         return ACK
 
@@ -85,6 +86,7 @@ class InboundHandlers:
             body, ntokens, self.last_loss = done
             self._upstream.pop(h.microbatch, None)
             await self.courier.send(self.stage - 1, KIND_GRADIENT, body, ntokens, to=sender)
+            self.boundary.sent_gradient(h.step, h.attempt, h.microbatch, sender, body)
             return
         done = await self.run_for(h, self._forward_job, h, tokens, z)
         if done is not SKIPPED:
@@ -131,6 +133,8 @@ class InboundHandlers:
             return refusal
         del self._downstream[h.microbatch]
         self._gradient_taken[h.microbatch] = sender
+        self.boundary.received(h.step, h.attempt, KIND_GRADIENT, h.microbatch, body)
+        self.boundary.answered(h.step, h.attempt, h.microbatch, sender)
         seconds = time.monotonic() - sent[1]
         self.directory.release(sender, seconds)
         self._answered(h.microbatch, seconds)
@@ -152,6 +156,7 @@ class InboundHandlers:
         if upstream is None or not self.current(h):
             return  # the attempt was superseded while this backward ran
         await self.courier.send(self.stage - 1, KIND_GRADIENT, body, ntokens, to=upstream[0])
+        self.boundary.sent_gradient(h.step, h.attempt, h.microbatch, upstream[0], body)
 
     async def _on_basis(self, body: bytes, sender: str) -> bytes:
         try:

@@ -81,6 +81,11 @@ class PeerDirectory(Protocol):
         numbers no honest peer sends: a retry would only meet it again)."""
         ...
 
+    def ban(self, peer: str) -> None:
+        """`peer` was caught passing off other numbers as its work (peer/spot_checks.py): never pick
+        it, list it or take its messages again in this run."""
+        ...
+
     async def members(self, stage: int) -> list[PeerInfo]:
         """The peers announced online for `stage` right now (fresh, not from a cache), by peer id."""
         ...

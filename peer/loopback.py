@@ -54,6 +54,7 @@ class LoopbackLink:
 class LoopbackDirectory:
     net: LoopbackNetwork
     peer_id: str
+    banned: set[str] = field(default_factory=set)
 
     async def announce(self, status: PeerStatus) -> None:
         if self.peer_id not in self.net.down:
@@ -73,11 +74,15 @@ class LoopbackDirectory:
     def report_failure(self, peer: str, bad_data: bool = False) -> None:
         pass
 
+    def ban(self, peer: str) -> None:
+        self.banned.add(peer)
+
     async def lease_order(self) -> list[str] | None:
         return None if self.net.lease is None else list(self.net.lease)
 
     async def members(self, stage: int) -> list[PeerInfo]:
         return sorted((PeerInfo(p, st.stage, st.state, st.step, st.throughput, st.leads)
                        for p, st in self.net.status.items()
-                       if st.stage == stage and st.state in ("online", "paused") and p not in self.net.down),
+                       if st.stage == stage and st.state in ("online", "paused") and p not in self.net.down
+                       and p not in self.banned),
                       key=lambda i: i.peer_id)

@@ -18,7 +18,10 @@ contributions, so the same membership check lets it in). What each answer means:
                unanswered for `mute_after` s (its machine vanished; a live peer behind a full
                uplink may answer late, so that wait is longer)
 
-Any other reply (a refusal, say) comes from a live peer and counts as "reducing". Giving up ends
+Any other reply (a refusal, say) comes from a live peer and counts as "reducing"; but once some
+contribution is here, the others have `straggle_after` s, or `straggle_factor` times what that one
+took if longer, before they count as withheld (a replica that says it reduces and never sends:
+issue 21), and the reduce names them (`blamed`). Giving up ends
 the reduce with a reason; the driver then aborts the attempt and re-drives the step, so no
 microbatch is lost or counted twice.
 
@@ -53,11 +56,16 @@ class _Member:
 
 class ReduceWatch:
     def __init__(self, link: MessageLink, probe: bytes, members: list[str], arrived: asyncio.Event, *,
-                 period: float, dead_after: float, mute_after: float) -> None:
+                 period: float, dead_after: float, mute_after: float, straggle_after: float | None = None,
+                 straggle_factor: float = 4.0) -> None:
         self.link, self.probe, self.members, self.arrived = link, probe, members, arrived
         self.period, self.dead_after, self.mute_after = period, dead_after, mute_after
+        # withheld: once some contribution is here, the rest have max(straggle_after, factor x its wait) more
+        self.straggle_after, self.straggle_factor = straggle_after, straggle_factor
+        self.blamed: list[str] = []  # the members that withheld their contribution, if that ended the gather
         now = time.monotonic()
         self._members = {p: _Member(now, now) for p in members}
+        self._start, self._last, self._count = now, now, 0
 
     async def gather(self, box: Callable[[], Mapping[str, T]], current: Callable[[], bool],
                      timeout: float) -> dict[str, T] | str:
@@ -75,7 +83,7 @@ class ReduceWatch:
                     return "the attempt was superseded during the reduce."
                 if time.monotonic() > deadline:
                     return f"no contribution arrived from {', '.join(p[-8:] for p in missing)} within {timeout:g} s."
-                if (why := self._check(missing)) is not None:
+                if (why := self._check(missing)) is not None or (why := self._withheld(missing)) is not None:
                     return why
                 self.arrived.clear()
                 try:  # woken by a contribution or a probe's answer, or when the next probe is due
@@ -85,6 +93,21 @@ class ReduceWatch:
                     pass
         finally:
             await self._close()
+
+    def _withheld(self, missing: list[str]) -> str | None:
+        """Why the `missing` members count as withholding their contributions, or None: a live
+        replica that says it is reducing may still hold its contribution back for ever."""
+        now, count = time.monotonic(), len(self.members) - len(missing)
+        if count > self._count:
+            self._count, self._last = count, now
+        if self.straggle_after is None or not self._count:
+            return None
+        grace = max(self.straggle_after, self.straggle_factor * (self._last - self._start))
+        if now - self._last <= grace:
+            return None
+        self.blamed = list(missing)
+        return (f"replica {', '.join(p[-8:] for p in missing)} withheld its contribution: the others' were here "
+                f"{now - self._last:.1f} s before.")
 
     def _check(self, missing: list[str]) -> str | None:
         """Why the reduce must give up on one of the `missing` members (one sentence), or None;

@@ -62,7 +62,7 @@ class PowerSync:
             # the error and Q of the last steps were in the old basis's coordinates
             self.state.change_basis(self.layout, self.plan, U.T @ self._basis[1].to(U))
             self._basis = self._basis_now()
-        zero = flat is None and self.quiet()
+        zero = flat is None  # no microbatch, no factors: its error feedback waits for a step it works in
         if flat is None:
             flat = torch.zeros(self.layout.numel, dtype=self.runner.dtype, device=self.runner.device)
         first = first_round(self.layout, self.plan, self.state, flat, self.factor_dtype)
@@ -80,6 +80,8 @@ class PowerSync:
                Q_mine: list[torch.Tensor], Q_sum: torch.Tensor) -> torch.Tensor:
         """The agreed gradient (flat, layout, CPU); the new state waits for the step to be applied."""
         flat, state = finish(self.layout, self.plan, first, exact_sum, P_hat, Q_mine, Q_sum, self.runner.dtype)
+        if first.zero:  # it sent nothing: all it holds back (M = its error) stays its error
+            state = PowerState(state.Q, [m.clone() for m in first.M])
         self._keep(key, state)
         return flat
 

@@ -59,7 +59,7 @@ class Rollback:
             d.stepped()
         self.snapshots.restored = False
         self.commit.last_applied = None
-        self.commit.followers.clear()
+        self.commit.forwarder.followers.clear()
         self.follower.queue.clear()
         self.rollbacks += 1
         log.warning("stage %d: rolled back to step %d", self.runner.stage, target)

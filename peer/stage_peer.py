@@ -61,7 +61,7 @@ class StagePeer:
         await self.daemon.start()
         await self.commit.start()
         await self.state.start()
-        await self.commit.serve_follow(self.follower.on_update)
+        await self.commit.forwarder.serve(self.follower.on_update)
         await self.snapshots.start()
 
     def _applied(self, step: int) -> None:

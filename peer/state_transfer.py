@@ -6,7 +6,7 @@ start of the step in progress), serialises it once and serves it in chunks; the 
 the snapshot's sha256, that it is this run's and this stage's state, and that its basis is the
 one the coordinator signed for that version, then loads it. While the joiner downloads, the
 swarm goes on: the donor forwards it every reduced gradient from the snapshot's step on
-(`StepCommit.follow_from`), the joiner applies them in order, and once it takes part in a
+(`FollowForwarder.follow_from`, peer/follow_forward.py), the joiner applies them in order, and once it takes part in a
 reduce itself it is an ordinary replica. Its parameters then equal its donor's bit for bit:
 the same state plus the same summed gradients through the same optimizer step.
 
@@ -73,7 +73,7 @@ class StateService:
 
     def _snapshot(self, follower: str) -> tuple[int, bytes]:
         """Worker thread: the state between two steps, and `follower` registered in the same breath."""
-        self.commit.follow_from(follower, self.runner.step)
+        self.commit.forwarder.follow_from(follower, self.runner.step)
         return self.runner.step, state_bytes(self.runner.state_dict())
 
     async def _on_request(self, body: bytes, sender: str) -> bytes:

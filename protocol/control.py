@@ -35,8 +35,8 @@ Maps (short keys; tensors are wire.py's ExtType):
                   the compute dtype (nil when m is empty: nothing to add); f is nil.
                   "powersgd" (two phases, docs/algorithms.md 5.2): p = 0 carries t = the
                   exactly-summed part (vectors, small matrices) and f = the P factors, both
-                  present even when m is empty if the replica keeps error feedback (both nil:
-                  nothing to add); p = 1 carries only f = the Q factors (nil: zero) and m = [].
+                  nil when m is empty (no microbatch, no factors: a replica's error feedback
+                  waits for a step it works in); p = 1 carries only f = the Q factors (nil: zero), m = [].
                   Factors are in the run's wire dtype. q: the basis re-fit statistic of the
                   step (receiving subspace stages; with p = 0 and a non-empty m only); v (fp16): overflowed, t f q nil
     ReduceProbe   {k: "redq", r, s, a, g}, also over `red`: asked of a replica whose contribution
@@ -61,7 +61,7 @@ import torch
 
 from .wire import KIND_CONTROL, KIND_FOLLOW, KIND_REDUCE, WireError, _ext_hook, _need, _pack_tensor
 
-OPS = ("status", "reduce", "apply", "abort", "rollback", "lease")
+OPS = ("status", "reduce", "apply", "abort", "rollback", "lease", "check")
 OUTCOMES = ("ok", "behind", "ahead", "failed")
 PROBE_STATES = ("reducing", "idle", "ended", "elsewhere")
 MAX_GROUP = 64  # replicas of one stage that one command may name
@@ -78,6 +78,8 @@ class Command:
     candidates: list[str] = field(default_factory=list)
     record: bytes = b""  # reduce: the leader's encoded StepRecord of this attempt
     skip: bool = False  # apply: skip the step (fp16 overflow on some stage)
+    check: bytes = b""  # check: the encoded `CheckOrder` (protocol/spot_check.py)
+    banned: list[str] = field(default_factory=list)  # abort: replicas the leader caught; banned for the run
 
 
 @dataclass
@@ -90,6 +92,9 @@ class CommandReply:
     reason: str = ""
     snapshot: tuple[int, str] | None = None  # (step, sha256 hex) of the replica's newest own snapshot
     overflow: bool = False  # reduce: this stage's share overflowed; "ahead": this replica skipped the step
+    sent: list = field(default_factory=list)  # reduce: the boundary messages it sent (protocol/spot_check.Sent)
+    blame: list[str] = field(default_factory=list)  # reduce, check: replicas whose contribution it found false
+    suspects: list[str] = field(default_factory=list)  # reduce: shares far from the rest (peer/robust_sum.py)
 
 
 @dataclass
@@ -236,32 +241,35 @@ def _with_flag(d: dict, key: str, value: bool) -> dict:
 def encode_command(c: Command) -> bytes:
     body = _with_flag({"k": KIND_CONTROL, "r": c.run, "s": c.step, "a": c.attempt, "o": c.op, "c": c.candidates},
                       "v", c.skip)
-    if c.record:
-        body["d"] = c.record
+    body.update({k: v for k, v in (("d", c.record), ("q", c.check), ("b", c.banned)) if v})  # left out when empty
     return msgpack.packb(body)
 
 
 def decode_command(data: bytes, run: str) -> Command:
-    d = _unpack(data, 16 << 10, "a control command", max_bin=4096)  # bytes: the step record
+    d = _unpack(data, 96 << 10, "a control command", max_bin=64 << 10)  # bytes: the step record, a check order
     _need(_is(d.get("k"), KIND_CONTROL), "not a control command.")
     _run(d, run, "the control command")
     _need(d.get("o") in OPS, f"a control command's op must be one of {', '.join(OPS)}.")
     record = d.get("d", b"")
     _need(isinstance(record, bytes) and len(record) <= 4096, "a control command's step record must be a few bytes.")
+    check = d.get("q", b"")
+    _need(isinstance(check, bytes), "a control command's check order must be bytes.")
     return Command(run, _int(d, "s", "step"), _int(d, "a", "attempt", 2**31), d["o"], _peer_ids(d.get("c", [])),
-                   record, _flag(d, "v", "a control command's skip flag"))
+                   record, _flag(d, "v", "a control command's skip flag"), check, _peer_ids(d.get("b", [])))
 
 
 def encode_reply(r: CommandReply) -> bytes:
     body = _with_flag({"k": _REPLY, "s": r.step, "a": r.attempt, "o": r.outcome, "m": r.microbatches,
                        "x": r.contributors, "e": r.reason[:500]}, "v", r.overflow)
-    if r.snapshot is not None:
-        body["h"] = [r.snapshot[0], r.snapshot[1]]
+    from .spot_check import encode_sent  # spot_check builds on this module's validators
+    body.update({k: v for k, v in (("h", list(r.snapshot or ())), ("n", encode_sent(r.sent)), ("b", r.blame),
+                                   ("u", r.suspects)) if v})  # each left out when empty
     return msgpack.packb(body)
 
 
 def decode_reply(data: bytes, n_microbatches: int) -> CommandReply:
-    d = _unpack(data, 64 << 10, "a control reply")
+    from .spot_check import DIGEST_BYTES, decode_sent  # spot_check builds on this module's validators
+    d = _unpack(data, 64 << 10, "a control reply", max_bin=DIGEST_BYTES)  # bytes: digests of what it sent
     _need(_is(d.get("k"), _REPLY), "not a control reply.")
     _need(d.get("o") in OUTCOMES, f"a control reply's outcome must be one of {', '.join(OUTCOMES)}.")
     x = d.get("x", {})
@@ -274,7 +282,9 @@ def decode_reply(data: bytes, n_microbatches: int) -> CommandReply:
           and isinstance(h[1], str) and len(h[1]) == 64, "a control reply's snapshot must be [step, sha256 hex].")
     return CommandReply(_int(d, "s", "step"), _int(d, "a", "attempt", 2**31), d["o"],
                         _mbs(d.get("m", []), n_microbatches), contributors, reason if isinstance(reason, str) else "",
-                        (h[0], h[1]) if h else None, _flag(d, "v", "a control reply's overflow flag"))
+                        (h[0], h[1]) if h else None, _flag(d, "v", "a control reply's overflow flag"),
+                        decode_sent(d.get("n", []), n_microbatches), _peer_ids(d.get("b", [])),
+                        _peer_ids(d.get("u", [])))
 
 
 # ---------------------------------------------------------------- contributions and follow updates
@@ -299,11 +309,31 @@ def decode_probe_reply(data: bytes) -> str:
     return d["o"]
 
 
-def decode_reduce(data: bytes, lim: FlatLimits) -> Contribution | ReduceProbe:
-    """What arrives over `red`: a contribution, or a probe of how this replica's reduce goes."""
+class BadContribution(WireError):
+    """A contribution for the stage's (step, attempt, phase) refused for its content (NaN, a wrong size)."""
+
+    def __init__(self, reason: str, step: int, attempt: int, phase: int) -> None:
+        super().__init__(reason)
+        self.step, self.attempt, self.phase = step, attempt, phase
+
+
+def decode_reduce(data: bytes, lim: FlatLimits):
+    """What arrives over `red`: a contribution, a probe of how this replica's reduce goes, or a
+    checker's request for the inputs of this replica's share (protocol/spot_check.py). A
+    contribution refused for its content raises `BadContribution`."""
+    from .spot_check import inputs_request, is_inputs_request  # spot_check builds on this module's validators
     d = _unpack(data, lim.max_bytes, "a reduce message")
+    if is_inputs_request(d):
+        return inputs_request(d, lim.run, lim.stage, lim.n_microbatches)
     if not _is(d.get("k"), _PROBE):
-        return _contribution(d, lim)
+        try:
+            return _contribution(d, lim)
+        except WireError as e:
+            key = [d.get(k, 0) for k in "sap"]
+            if _is(d.get("k"), KIND_REDUCE) and _is(d.get("r"), lim.run) and _is(d.get("g"), lim.stage) and all(
+                    isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**31 for v in key):
+                raise BadContribution(str(e), *key) from None
+            raise
     _run(d, lim.run, "the reduce probe")
     _need(_is(d.get("g"), lim.stage), f"the probe is not for stage {lim.stage}, which this replica serves.")
     return ReduceProbe(lim.run, _int(d, "s", "step"), _int(d, "a", "attempt", 2**31), lim.stage)
@@ -339,10 +369,9 @@ def _contribution(d: dict, lim: FlatLimits) -> Contribution:
         factors = None if d.get("f") is None else _flat(d["f"], lim, "the contributed factors", n_factors,
                                                          lim.factor_dtype)
         return Contribution(lim.run, step, attempt, lim.stage, [], None, None, phase, factors)
-    if not mbs:
-        _need(d.get("q") is None, "a contribution without microbatches carries no statistic.")
-        if d.get("t") is None and d.get("f") is None:  # nothing to add, not even error feedback
-            return Contribution(lim.run, step, attempt, lim.stage, [], None, None, phase, None)
+    if not mbs:  # no microbatch, no factors (issue 21): error feedback waits for a step the replica works in
+        _need(all(d.get(k) is None for k in "tfq"), "a contribution without microbatches carries no tensors.")
+        return Contribution(lim.run, step, attempt, lim.stage, [], None, None, phase, None)
     factors = _flat(d.get("f"), lim, "the contributed factors", n_factors, lim.factor_dtype)
     grads = _flat(d.get("t"), lim, "the contributed exact part", n_exact)
     stat = _stat(d.get("q"), lim) if mbs else None

@@ -103,6 +103,10 @@ class PeerOptions:
                               "their measured time)")
     min_step_timeout: float | None = opt(None, "head only: the least time a later step gets before it is re-driven, "
                                          "however fast the steps before it were (default: 15 s)", metavar="S")
+    spot_check_rate: float | None = opt(None, "head only: the chance that the leader has each replica's share of a "
+                                        "step recomputed by another replica before the step is applied; a replica "
+                                        "caught lying is banned for the run (default: 1/16; 0: no checks)",
+                                        metavar="P")
     next_step_wait: float | None = opt(None, "seconds a message for the next step may wait while this peer finishes "
                                        "the current one, before it is refused (default: 10 s)", metavar="S")
     ttl: float = opt(15.0, "seconds this peer's announcements live without a heartbeat (a dead peer is forgotten "
@@ -209,6 +213,8 @@ async def run_peer(opts: PeerOptions) -> int:
         ticket = read_ticket(opts.ticket)
         if opts.max_memory:
             parse_size(opts.max_memory)  # a bad size is refused before joining
+        if opts.spot_check_rate is not None and not 0 <= opts.spot_check_rate <= 1:
+            raise ValueError(f"--spot-check-rate must be a probability between 0 and 1, not {opts.spot_check_rate}.")
         reach_options = dht_options(opts.reachability, opts.initial_peers, opts.host_maddrs, opts.public_ip,
                                     opts.announce_maddrs)
     except (AdmissionError, ValueError) as e:
@@ -280,7 +286,7 @@ async def run_peer(opts: PeerOptions) -> int:
                              batches, reporter, monitor, opts.ttl, opts.checkpoint_dir, opts.checkpoint_every,
                              opts.resume, opts.rebalance_period, opts.steps, opts.step_timeout, reach.mode,
                              opts.linger, opts.rebalance_hold, opts.min_step_timeout, opts.next_step_wait,
-                             opts.allow_fresh_stage, allowed, opts.activation_checkpointing)
+                             opts.allow_fresh_stage, allowed, opts.activation_checkpointing, opts.spot_check_rate)
         stage = recall_stage(opts.identity, spec.run_hash) if opts.stage == "auto" else None
         if stage is not None and stage not in allowed:
             log.info("this identity served stage %d, which does not fit this peer's memory: choosing again", stage)

@@ -11,6 +11,7 @@ measured side by side in one run.
   subspace across widths; jobs spread over GPUs inside a time budget (docs/fidelity.md).
 - `replica_sync.py` (+ `sync_bytes.py`): per replica-sync mode, bytes per replica per step (small, large),
   tokens/s with 2 replicas per stage on shaped links, held-out loss at equal tokens.
+- `verify.py`: what spot checks of replicas' work cost: tokens/s and input bytes per step at rates 0, 1/16, 1.
 - `churn.py` (+ `churn_report.py`): peers in network namespaces killed and replaced all the time:
   goodput, gaps, lost/doubled steps, resets, rollbacks, replica agreement, failover.
 - `record.py`: the public slow-link record's setting (d=1024, 8 stages, 200 Mbit/s, 50 ms): time to
@@ -75,6 +76,11 @@ def _dispatch(a: argparse.Namespace) -> None:
         run_replica_sync_bench(a.out, preset_name=a.preset, steps=a.steps, ranks=a.sync_rank,
                                bandwidth=a.bandwidth, latency=a.latency, device=a.device, data=a.data,
                                seeds=a.seeds, lr=a.lr, smoke=a.smoke)
+    elif a.which == "verify":
+        from .verify import run_verify_bench
+        run_verify_bench(a.out, preset_name=a.preset, steps=a.steps, replicas=a.replicas, repeats=a.repeats,
+                         device=a.device, data=a.data, bandwidth=a.bandwidth, latency=a.latency, stages=a.stages,
+                         smoke=a.smoke)
     elif a.which == "churn":
         from .churn import run_churn_bench
         run_churn_bench(a.out, preset_name=a.preset, hosts=a.hosts, replicas=a.replicas, period=a.period,

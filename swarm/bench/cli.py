@@ -133,6 +133,22 @@ def _add_replica_sync(sub) -> None:
     _data(p)
 
 
+def _add_verify(sub) -> None:
+    p = sub.add_parser("verify", help="what spot checks of replicas' work cost in tokens/s and bytes",
+                       description="An in-memory swarm (one head, --replicas replicas of every other stage, each "
+                       "host's uplink shaped to --bandwidth) trained at spot-check rates 0, 1/16 and 1, interleaved "
+                       "over --repeats rounds: tokens/s and its ratio to no checks, shares recomputed and input "
+                       "bytes fetched per step; writes verify.json and a PNG.")
+    _common(p)
+    _preset(p, "tiny")
+    p.add_argument("--stages", type=int, default=3, help="pipeline stages (default: 3)")
+    p.add_argument("--replicas", type=int, default=3, help="replicas of every stage but the head's (default: 3)")
+    p.add_argument("--steps", type=int, default=12, help="steps per run, the first untimed (default: 12)")
+    p.add_argument("--repeats", type=int, default=2, help="rounds over the three rates (default: 2)")
+    _link(p, "every host's uplink")
+    _data(p)
+
+
 def _add_fidelity(sub) -> None:
     p = sub.add_parser("fidelity", help="held-out loss against compression, ablations, widths",
                        description="Held-out loss against compression, one-cause ablations of the loss gap and "
@@ -245,7 +261,7 @@ def register(sub) -> argparse.ArgumentParser:
                         "`swarm bench BENCH --help` lists a benchmark's flags.")
     benches = be.add_subparsers(dest="which", required=True, metavar="BENCH")
     for add in (_add_codecs, _add_throughput, _add_convergence, _add_mfu, _add_replicas, _add_replica_sync,
-                _add_fidelity, _add_churn, _add_memory, _add_record):
+                _add_verify, _add_fidelity, _add_churn, _add_memory, _add_record):
         add(benches)
     be.set_defaults(func=run_bench)
     return be

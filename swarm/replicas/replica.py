@@ -114,6 +114,7 @@ class ReplicaContext:
     allow_fresh_stage: bool = False  # a stage nobody holds a snapshot of may start from its initial weights
     allowed_stages: frozenset[int] | None = None  # the stages that fit this peer's memory (None: all)
     checkpointing: bool = False  # activation checkpointing per block (peer/stage.py)
+    spot_check_rate: float | None = None  # the share of replicas' work a leader recomputes (None: its default)
 
 
 class ReplicaService:
@@ -144,7 +145,7 @@ class ReplicaService:
                                                  probe=self._answers).check,
                                 **given(future_step_wait=ctx.next_step_wait)),
             driver_options=dict(first_timeout=ctx.step_timeout, sign_record=sign_record(ctx.sdht.identity),
-                                **given(min_timeout=ctx.min_step_timeout)),
+                                **given(min_timeout=ctx.min_step_timeout, spot_check_rate=ctx.spot_check_rate)),
             # every stage snapshots at the same steps: the interval is the coordinator's, in the signed spec
             snapshot_options=dict(every=snapshot_interval(self.spec)))
         sync.daemon = peer.daemon

@@ -67,6 +67,7 @@ class Router:
     base_ban: float = 5.0
     _cache: dict[int, tuple[float, list[StageAnnouncement]]] = field(default_factory=dict)
     _bans: dict[str, _Ban] = field(default_factory=dict)
+    _run_bans: set[str] = field(default_factory=set)  # caught lying about their work: banned for the run
     _rtt: dict[str, float] = field(default_factory=dict)
     _in_flight: dict[str, int] = field(default_factory=dict)
     _proven: set[str] = field(default_factory=set)  # replicas that returned a gradient to this peer
@@ -100,7 +101,14 @@ class Router:
 
     def _banned(self, peer: str, now: float) -> bool:
         ban = self._bans.get(peer)
-        return ban is not None and ban.until > now
+        return peer in self._run_bans or ban is not None and ban.until > now
+
+    def ban(self, peer: str) -> None:
+        """Caught passing off other numbers as its work (peer/spot_checks.py): banned for the run."""
+        if peer not in self._run_bans:
+            log.warning("peer %s is banned for the run: the leading head caught it lying about its work", peer[-8:])
+        self._run_bans.add(peer)
+        self._cache.clear()
 
     def _revoked(self, peer: str) -> bool:
         """A head the swarm key's lease names as caught feeding other data: banned from the swarm for good."""

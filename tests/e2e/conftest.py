@@ -34,6 +34,19 @@ def session_fork_server(tmp_path_factory):
         yield server
 
 
+@pytest.fixture(autouse=True)
+def _every_local_swarm_forks_from_the_session_server(monkeypatch, session_fork_server):
+    """A LocalSwarm that an e2e test builds itself (not through `make_swarm`) forks its processes
+    from the session's server too, instead of starting one of its own (~2.7 CPU-s each)."""
+    if session_fork_server is None:
+        return
+    init = LocalSwarm.__init__
+
+    def shared(self, opts, placement=None, fork_server=None) -> None:
+        init(self, opts, placement, fork_server or session_fork_server)
+    monkeypatch.setattr(LocalSwarm, "__init__", shared)
+
+
 @pytest.fixture
 def make_swarm(tmp_path, session_fork_server):
     """make_swarm(**preset_overrides) -> a LocalSwarm whose processes are stopped at teardown."""

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from protocol.control import (
+    BadContribution,
     Contribution,
     FlatLimits,
     FollowUpdate,
@@ -42,9 +43,11 @@ def test_powersgd_contributions_of_both_phases_round_trip():
     assert first.factors.dtype == torch.bfloat16 and first.stat is not None
     second = decode_contribution(c(1, (), None, 30, False), POWER)
     assert (second.phase, second.microbatches, second.grads, second.factors.numel()) == (1, [], None, 30)
-    # a replica without microbatches: its error feedback travels, or nothing at all
-    idle = decode_contribution(c(0, (), 10, 40, False), POWER)
-    assert idle.grads is not None and idle.stat is None
+    # a replica without microbatches sends nothing: no microbatch, no factors (issue 21), so error
+    # feedback cannot carry a gradient that no microbatch of the step accounts for
+    for grads, factors in ((10, 40), (10, None), (None, 40)):
+        with pytest.raises(BadContribution, match="without microbatches carries no tensors"):
+            decode_reduce(c(0, (), grads, factors, False), POWER)
     empty = decode_contribution(c(0, (), None, None, False), POWER)
     assert empty.grads is None and empty.factors is None
     assert decode_contribution(c(1, (), None, None, False), POWER).factors is None
@@ -58,7 +61,7 @@ def test_powersgd_contributions_of_both_phases_round_trip():
     (c(0, factors=None), "factors"),
     (c(1, (0,), None, 30, False), "only factors"),
     (c(1, (), 10, 30, False), "only factors"),
-    (c(0, (), 10, 40, True), "statistic"),
+    (c(0, (), 10, 40, True), "carries no tensors"),
     (c(0, grads=None), "exact part"),
 ])
 def test_malformed_powersgd_contributions_are_refused(body, why):

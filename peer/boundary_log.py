@@ -1,0 +1,64 @@
+"""`BoundaryLog`: the boundary messages of the attempt in progress, kept so that a replica's
+share of the step can be recomputed by another (issue 21, protocol/spot_check.py).
+
+Received: the body of every activation and gradient this peer accepted for a microbatch (the
+inputs of its share: what a checker asks for). Sent: who got each message this peer sent and a
+digest of its bytes (what the leader learns from the senders, reported in reduce replies). Only
+the step in progress is kept: a few compressed boundary tensors per microbatch.
+"""
+from __future__ import annotations
+
+from protocol.spot_check import Sent, digest
+from protocol.wire import KIND_ACTIVATION, KIND_GRADIENT
+
+
+class BoundaryLog:
+    def __init__(self) -> None:
+        self._key: tuple[int, int] | None = None  # (step, attempt) held
+        self._received: dict[tuple[str, int], bytes] = {}  # (kind, microbatch) -> body
+        self._sent: dict[tuple[str, int], Sent] = {}
+        self._outgoing: dict[int, bytes] = {}  # microbatch -> digest of the activation on its way down
+
+    def _at(self, step: int, attempt: int) -> bool:
+        """Hold (step, attempt), dropping an older one; False for a message of an older attempt."""
+        key = (step, attempt)
+        if self._key is None or key > self._key:
+            self._key = key
+            self._received, self._sent, self._outgoing = {}, {}, {}
+        return key == self._key
+
+    def received(self, step: int, attempt: int, kind: str, microbatch: int, body: bytes) -> None:
+        if self._at(step, attempt):
+            self._received[(kind, microbatch)] = bytes(body)
+
+    def sending(self, step: int, attempt: int, microbatch: int, body: bytes) -> None:
+        """An activation goes downstream; whom it went to is known once its gradient is accepted."""
+        if self._at(step, attempt):
+            self._outgoing[microbatch] = digest(body)
+
+    def answered(self, step: int, attempt: int, microbatch: int, by: str) -> None:
+        """`by` returned the gradient of the activation this peer sent it: it took that activation."""
+        if self._at(step, attempt) and microbatch in self._outgoing:
+            self._sent[("a", microbatch)] = Sent("a", microbatch, by, self._outgoing[microbatch])
+
+    def sent_gradient(self, step: int, attempt: int, microbatch: int, to: str, body: bytes) -> None:
+        if self._at(step, attempt):
+            self._sent[("g", microbatch)] = Sent("g", microbatch, to, digest(body))
+
+    def sent(self, step: int, attempt: int) -> list[Sent]:
+        return list(self._sent.values()) if self._key == (step, attempt) else []
+
+    def inputs(self, step: int, attempt: int, microbatches: list[int],
+               gradients: bool) -> list[tuple[bytes, bytes | None]] | None:
+        """The (activation, gradient) bodies of `microbatches`, or None if any is not held here
+        (`gradients` False: the last stage, whose inputs are activations only)."""
+        if self._key != (step, attempt):
+            return None
+        out = []
+        for mb in microbatches:
+            act = self._received.get((KIND_ACTIVATION, mb))
+            grad = self._received.get((KIND_GRADIENT, mb)) if gradients else None
+            if act is None or gradients and grad is None:
+                return None
+            out.append((act, grad))
+        return out

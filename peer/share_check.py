@@ -1,0 +1,142 @@
+"""`ShareCheck`: a replica's side of spot checks (issue 21; the leader's side is peer/spot_checks.py).
+
+Checking (the leader's "check" command, protocol/spot_check.py `CheckOrder`): ask the replica
+checked for the boundary messages of its microbatches, refuse any whose digest differs from what
+their senders reported, recompute its share from this replica's own state (the same state: the
+replicas of a stage are bit-identical), and compare with the contribution it sent in the reduce:
+
+    share = sum over its microbatches m of dL_m/dtheta, packed in the stage's SyncLayout
+    agree  <=>  ||share_recomputed - share_sent|| <= tol x max(||share_recomputed||, tiny)
+
+tol (`TOLERANCE`) is per compute dtype: the replicas compute each microbatch with the same kernels
+and differ only in the order their microbatches were added, so fp64 agrees to ~1e-15 and fp32 to
+~1e-7 (the bounds leave 1e6 and 1e3 of room); bf16/fp16 compute keeps fp32 gradients, and the
+2e-2 there is room for other GPU models' kernels (not measured). A lie the size of the share's own
+noise passes; anything a liar would gain by (another microbatch's gradient, random numbers of the
+honest size, x -50) is ~1 or more.
+
+Serving: the inputs of this replica's own share, to a checker of the same stage.
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from protocol.control import Command, Contribution
+from protocol.model import lm_loss
+from protocol.spot_check import (
+    CheckOrder,
+    InputsRequest,
+    decode_inputs_reply,
+    decode_order,
+    digest,
+    encode_inputs_reply,
+    encode_inputs_request,
+)
+from protocol.wire import KIND_REDUCE, ActivationMessage, ErrorReply, GradientMessage, WireError, decode_message
+
+from .daemon import StageDaemon
+
+log = logging.getLogger(__name__)
+
+TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 2e-2}
+
+
+def recompute_share(daemon: StageDaemon, bodies: list[tuple[bytes, bytes | None]]) -> torch.Tensor:
+    """Worker thread: the flat gradient sum (SyncLayout, CPU) of the microbatches whose boundary
+    messages are `bodies`, from this replica's state; nothing of its own step is touched."""
+    runner, packer, limits = daemon.runner, daemon.packer, daemon._limits()
+    total = [torch.zeros_like(p) for p in runner.params]
+    scale = runner.loss_scale.scale if runner.loss_scale is not None else 1.0
+    for act, grad in bodies:
+        am = decode_message(act, limits)
+        if not isinstance(am, ActivationMessage):
+            raise WireError("an input is not an activation message.")
+        tokens = am.tokens.to(runner.device)
+        inp, z = tokens[:, :-1], packer.unpack(am.payload, runner.dtype, runner.device).detach()
+        out = runner.module.leave(runner.module.body(runner.module.enter(inp, z)), inp)
+        if runner.is_last:
+            loss = lm_loss(out, tokens[:, 1:]) / runner.spec.n_microbatches * scale
+            grads = torch.autograd.grad(loss, runner.params, allow_unused=True)
+        else:
+            gm = decode_message(grad, limits)
+            if not isinstance(gm, GradientMessage):
+                raise WireError("an input is not a gradient message.")
+            g = packer.unpack(gm.payload, runner.dtype, runner.device)
+            if gm.overflow and runner.loss_scale is not None:
+                g = torch.zeros_like(g)  # as the replica did: the sender's overflow stands in as zeros
+            grads = torch.autograd.grad(out, runner.params, grad_outputs=g.to(out.dtype), allow_unused=True)
+        for t, g in zip(total, grads):
+            if g is not None:
+                t.add_(g)
+    return runner.layout.pack(total, runner.current_U()).cpu()
+
+
+def disagreement(recomputed: torch.Tensor, sent: torch.Tensor) -> float:
+    """||recomputed - sent|| / ||recomputed||, in float64."""
+    a, b = recomputed.double(), sent.double().to(recomputed.device)
+    return float((a - b).norm() / a.norm().clamp_min(1e-300))
+
+
+class ShareCheck:
+    def __init__(self, daemon: StageDaemon, timeout: float = 60.0) -> None:
+        self.daemon, self.timeout = daemon, timeout
+        self.spec = daemon.spec
+        self.tolerance = TOLERANCE.get(daemon.runner.dtype, 2e-2)
+        self.checks_run = 0  # shares of other replicas recomputed here
+        self.input_bytes = 0  # the input messages fetched for them
+
+    def serve(self, req: InputsRequest) -> bytes:
+        """The boundary messages of this replica's microbatches, for a checker of its stage."""
+        d = self.daemon
+        if (req.step, req.attempt) != (d.runner.step, d.attempt):
+            return encode_inputs_reply([])  # not this attempt's: the checker finds none, and says so
+        bodies = d.boundary.inputs(req.step, req.attempt, req.microbatches, not d.runner.is_last)
+        return encode_inputs_reply(bodies or [])
+
+    async def check(self, cmd: Command, held: dict[str, Contribution]) -> tuple[str, str, list[str]]:
+        """(outcome, reason, blame) of the leader's check order `cmd.check` against the contribution
+        its target sent in this replica's reduce of the attempt (`held`: sender -> contribution)."""
+        try:
+            order: CheckOrder = decode_order(cmd.check, self.spec.n_microbatches)
+        except WireError as e:
+            return "failed", f"the check order is unreadable: {e}", []
+        who, sent = order.target[-8:], held.get(order.target)
+        if sent is None or sent.grads is None or sent.microbatches != order.microbatches:
+            return "failed", f"no contribution of {who} for microbatches {order.microbatches} is held here.", []
+        req = InputsRequest(self.spec.run_hash, cmd.step, cmd.attempt, self.daemon.stage, order.microbatches)
+        try:
+            reply = await self.daemon.link.request(order.target, KIND_REDUCE, encode_inputs_request(req),
+                                                   timeout=self.timeout)
+        except Exception as e:  # it died, or will not answer: its share cannot be shown to be its work
+            return "failed", f"replica {who} did not give the inputs of its share ({e}).", [order.target]
+        self.input_bytes += len(reply)
+        try:
+            bodies = decode_inputs_reply(reply, len(order.microbatches), self.daemon._limits().max_bytes)
+        except WireError as e:
+            return "failed", f"replica {who} did not give the inputs of its share ({self._refusal(reply) or e}).", \
+                [order.target]
+        for mb, (act, grad), (want_a, want_g) in zip(order.microbatches, bodies, order.inputs):
+            if digest(act) != want_a or (want_g is not None and (grad is None or digest(grad) != want_g)):
+                return "failed", f"replica {who} gave inputs of microbatch {mb} that its senders did not send.", \
+                    [order.target]
+        try:
+            share = await self.daemon.run(recompute_share, self.daemon, bodies)
+        except (WireError, RuntimeError, ValueError) as e:
+            return "failed", f"replica {who}'s inputs could not be recomputed ({e}).", [order.target]
+        self.checks_run += 1
+        off = disagreement(share, sent.grads)
+        if off <= self.tolerance:
+            return "ok", "", []
+        log.warning("stage %d: replica %s's contribution to step %d is not its work: recomputed here, it differs "
+                    "by %.3g of its norm (tolerance %.0e)", self.daemon.stage, who, cmd.step + 1, off, self.tolerance)
+        return "failed", f"replica {who}'s contribution differs from its recomputed share by {off:.3g} of its norm.", \
+            [order.target]
+
+    def _refusal(self, reply: bytes) -> str | None:
+        try:
+            err = decode_message(reply, self.daemon._limits())
+        except WireError:
+            return None
+        return err.reason if isinstance(err, ErrorReply) else None
