@@ -67,6 +67,7 @@ from .reduce_watch import ReduceWatch, RunningReduces
 from .reduced import Reduced, sum_contributions, sum_factors
 from .replica_sync import PowerSync, flat_limits
 from .stage import StageError
+from .state_hash import state_sha256
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +101,9 @@ class StepCommit:
         self.synced_steps = 0  # steps applied here whose reduce had another replica in it
         self.last_sync_bytes = 0  # what the last applied step's reduce sent
         self._attempt_bytes: dict[tuple[int, int], int] = {}
+        # the state hash (peer/state_hash.py) after every `hash_every`-th applied step, in the apply's reply (0: never)
+        self.hash_every = 1
+        self.last_state: tuple[int, str] | None = None  # (steps applied, sha256 hex) of the last state hashed here
 
     def limits(self) -> FlatLimits:
         return self._limits
@@ -314,7 +318,8 @@ class StepCommit:
         reduced = self.runner.reduced
         if reduced is None or (reduced.step, reduced.attempt) != (cmd.step, cmd.attempt):
             return self._reply(cmd, "failed", "no reduced gradient is held for this attempt.")
-        stats, record = await d.run_step(self._apply_job, cmd.step, cmd.attempt, cmd.skip)
+        stats, record, state = await d.run_step(self._apply_job, cmd.step, cmd.attempt, cmd.skip)
+        self.last_state = state or self.last_state
         self.records.append(record)
         self.last_applied = (cmd.step, cmd.attempt)
         if cmd.candidates:  # the leader names the replicas of every stage that took part in this step's reduce
@@ -330,7 +335,7 @@ class StepCommit:
             self.on_applied(self.runner.step)
         if stats is not None and d.on_refit is not None:
             d.spawn(d.on_refit(stats))
-        return CommandReply(cmd.step, cmd.attempt, "ok", [], reduced.contributors)
+        return CommandReply(cmd.step, cmd.attempt, "ok", [], reduced.contributors, state=state)
 
     def _apply_job(self, step: int, attempt: int, skip: bool):
         if self.followers and self.runner.reduced.grads is None and not skip:  # a joiner needs the sum, in full
@@ -339,7 +344,9 @@ class StepCommit:
         record = self.runner.apply_reduced(step, attempt, skip)
         if self.power is not None:  # a skipped step keeps the error feedback and Q it had
             self.power.discard() if skip else self.power.commit(step, attempt)
-        return self.daemon.refit_statistic(), record
+        stat, steps = self.daemon.refit_statistic(), self.runner.step
+        hashed = self.hash_every > 0 and steps % self.hash_every == 0
+        return stat, record, (steps, state_sha256(self.runner.state_dict())) if hashed else None
 
     # ------------------------------------------------------------------ followers
     def follow_from(self, peer: str, step: int) -> None:

@@ -38,6 +38,7 @@ from protocol.wire import KIND_STATE, WireError
 from .commit import StepCommit
 from .daemon import StageDaemon
 from .stage import StageError
+from .state_hash import state_bytes
 
 log = logging.getLogger(__name__)
 
@@ -48,12 +49,6 @@ MAX_SNAPSHOTS = 2
 
 class StateError(RuntimeError):
     """A state download failed or its content cannot be trusted; the text says which."""
-
-
-def state_bytes(state: dict) -> bytes:
-    buf = io.BytesIO()
-    torch.save(state, buf)
-    return buf.getvalue()
 
 
 def load_state_bytes(data: bytes) -> dict:
@@ -106,8 +101,9 @@ class StateService:
         return data[start:start + STATE_CHUNK_BYTES]
 
 
-async def download_state(link, donor: str, run: str, max_bytes: int, timeout: float = 120.0) -> tuple[int, dict]:
-    """(step, state) of `donor`'s stage, downloaded in chunks and checked against its sha256."""
+async def download_state(link, donor: str, run: str, max_bytes: int,
+                         timeout: float = 120.0) -> tuple[int, dict, str]:
+    """(step, state, sha256 hex) of `donor`'s stage, downloaded in chunks and checked against its sha256."""
     try:
         meta = decode_state_meta(await link.request(donor, KIND_STATE, encode_state_request(StateRequest(run, "meta")),
                                                     timeout=timeout), max_bytes)
@@ -126,7 +122,7 @@ async def download_state(link, donor: str, run: str, max_bytes: int, timeout: fl
         state = load_state_bytes(data)
     except Exception as e:  # a snapshot that torch cannot load safely is refused, whatever the reason
         raise StateError(f"the state from {donor[-8:]} cannot be loaded safely ({type(e).__name__}).") from e
-    return meta.step, state
+    return meta.step, state, meta.sha256
 
 
 class Follower:

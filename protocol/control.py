@@ -20,13 +20,15 @@ Maps (short keys; tensors are wire.py's ExtType):
                   v (fp16; left out when false): apply means skip, some stage overflowed
                   (protocol/loss_scale.py)
     CommandReply  {k: "ctlr", s: step, a: attempt, o: outcome, m: [microbatches], x: {peer: [mb]}, e: text,
-                   h: [step, sha256 hex], v}
+                   h: [step, sha256 hex], v, z: [step, sha256 hex]}
                   outcome in ok | behind | ahead | failed; m: what this replica computed in the
                   attempt; x: after a reduce, whose contributions it summed; h: after a reduce, the
                   step and hash of the replica's newest own snapshot (peer/snapshots.py), which the
                   leader vouches for through the coordinator once the stage's replicas agree; v (fp16;
                   left out when false): after a reduce, the stage overflowed; "ahead", this replica
-                  skipped the step
+                  skipped the step; z (left out when absent): after an apply, the steps applied and the
+                  sha256 of the replica's state then (peer/state_hash.py), which the leader votes on
+                  and vouches for through the coordinator (peer/state_votes.py)
     Contribution  {k: "red", r, s, a, g: stage, p: phase, m: [microbatches], t: flat gradient | nil,
                    f: factors | nil, q: statistic | nil}
                   replica_sync "exact" (one phase, p = 0): t is every trainable parameter's
@@ -90,6 +92,7 @@ class CommandReply:
     reason: str = ""
     snapshot: tuple[int, str] | None = None  # (step, sha256 hex) of the replica's newest own snapshot
     overflow: bool = False  # reduce: this stage's share overflowed; "ahead": this replica skipped the step
+    state: tuple[int, str] | None = None  # apply: (steps applied, sha256 hex) of the replica's state after it
 
 
 @dataclass
@@ -257,6 +260,8 @@ def encode_reply(r: CommandReply) -> bytes:
                        "x": r.contributors, "e": r.reason[:500]}, "v", r.overflow)
     if r.snapshot is not None:
         body["h"] = [r.snapshot[0], r.snapshot[1]]
+    if r.state is not None:
+        body["z"] = [r.state[0], r.state[1]]
     return msgpack.packb(body)
 
 
@@ -272,9 +277,14 @@ def decode_reply(data: bytes, n_microbatches: int) -> CommandReply:
     h = d.get("h")
     _need(h is None or isinstance(h, list) and len(h) == 2 and isinstance(h[0], int) and 0 < h[0] < 2**53
           and isinstance(h[1], str) and len(h[1]) == 64, "a control reply's snapshot must be [step, sha256 hex].")
+    z = d.get("z")
+    _need(z is None or isinstance(z, list) and len(z) == 2 and isinstance(z[0], int) and not isinstance(z[0], bool)
+          and 0 < z[0] < 2**53 and isinstance(z[1], str) and len(z[1]) == 64,
+          "a control reply's state hash must be [step, sha256 hex].")
     return CommandReply(_int(d, "s", "step"), _int(d, "a", "attempt", 2**31), d["o"],
                         _mbs(d.get("m", []), n_microbatches), contributors, reason if isinstance(reason, str) else "",
-                        (h[0], h[1]) if h else None, _flag(d, "v", "a control reply's overflow flag"))
+                        (h[0], h[1]) if h else None, _flag(d, "v", "a control reply's overflow flag"),
+                        (z[0], z[1]) if z else None)
 
 
 # ---------------------------------------------------------------- contributions and follow updates

@@ -155,7 +155,7 @@ async def _coordinate(opts: CoordinatorOptions, spec: RunSpec, key: SigningKey, 
                                  answers=LivenessProbe(p2p).checker(spec.run_hash, transport),
                                  leaders=lambda: keeper.lease.order if keeper.lease is not None else [])
         vouch = SnapshotVouch(sdht, spec.run_hash, spec.n_stages)
-        refitter.on_record = vouch.take
+        refitter.on_record = vouch.on_record
         if spec.codec == "subspace" and spec.basis_updates:
             await transport.serve(KIND_STATS, refitter.on_stats)
         await transport.serve(KIND_WORK, refitter.on_work)  # who may vote in each re-fit; which snapshots are sound

@@ -1,0 +1,79 @@
+"""Vouched state in a whole swarm, in memory (fp64): the leading head tallies every replica's
+state hash from its apply replies, a joiner refuses a donor that serves noisy weights (under
+their own sha256) and takes the state of an honest one, whose hash is the swarm's after the next
+step; a replica whose state went astray is found odd and taken out at once."""
+from __future__ import annotations
+
+import asyncio
+
+import torch
+
+from peer.state_hash import state_sha256
+from peer.vouched_state import VouchedStates
+from swarm.replicas.hostile_donor import serve_bad_state
+from tests.peer.swarm_in_memory import make_swarm
+from tests.peer.test_replicas import assert_close, spec_for
+
+STEPS = 7
+
+
+async def test_a_joiner_refuses_a_noisy_donor_and_its_state_is_the_swarms_after_the_next_step(oracle_runs):
+    spec = spec_for("subspace", "fp64")
+    swarm = await make_swarm(spec, [1, 2])
+    agreed: dict[int, dict[int, str]] = {}
+    head = swarm.peers["s0r0"]
+    head.driver.votes.on_agreed = lambda steps, hashes: agreed.setdefault(steps, hashes)
+    serve_bad_state(swarm.peers["s1r1"], "near")  # trains honestly, serves noise, boasts 1e9 tokens/s
+
+    async def stage1_records() -> dict[int, str]:
+        return {t: h[1] for t, h in agreed.items() if 1 in h}
+
+    async def join() -> tuple[object, str, int]:
+        while len(swarm.logs) < 3:
+            await asyncio.sleep(0.01)  # poll the run's progress
+        newcomer = await swarm.add(1, "s1new", announce="syncing")
+        newcomer.vouched = VouchedStates(stage1_records, wait=60.0, poll=0.05)
+        announced = {p: swarm.peers[p].status().step for p in ("s1r1", "s1r0")}
+        donor = await newcomer.join(["s1r1", "s1r0"], announced=announced)  # the liar first, as it boasts
+        await newcomer.announce("online")
+        return newcomer, donor, len(swarm.logs)
+    try:
+        task = asyncio.create_task(join())
+        logs = await swarm.drive(STEPS)
+        newcomer, donor, joined_at = await task
+        await swarm.applied()
+    finally:
+        await swarm.stop()
+    assert donor == "s1r0" and joined_at < STEPS - 1
+    steps, sha = newcomer.commit.last_state  # its hash after the last step it applied in a reduce
+    assert steps > joined_at and agreed[steps][1] == sha == state_sha256(swarm.peers["s1r0"].runner.state_dict())
+    assert all(set(h) == {0, 1} for h in agreed.values()) and sorted(agreed)[-1] == STEPS
+    assert_close([log.loss for log in logs], oracle_runs.losses(spec, STEPS), 1e-10)
+
+
+async def test_a_replica_whose_state_goes_astray_is_found_odd_and_taken_out():
+    spec = spec_for("subspace", "fp64")
+    swarm = await make_swarm(spec, [1, 3])
+    head = swarm.peers["s0r0"]
+    taken_out: list[tuple[str, bool, int]] = []  # (peer, as a bad-data peer, steps logged then)
+    head.directory.report_failure = lambda peer, bad_data=False: taken_out.append((peer, bad_data, len(swarm.logs)))
+    agreed: dict[int, dict[int, str]] = {}
+    head.driver.votes.on_agreed = lambda steps, hashes: agreed.setdefault(steps, hashes)
+    astray = swarm.peers["s1r2"]
+
+    def flip() -> None:  # a bit flip in one weight of one replica
+        p = next(astray.runner.module.parameters())
+        with torch.no_grad():
+            p.view(-1)[0] += 1e-3
+
+    def on_step(log) -> None:
+        if log.step == 2:
+            asyncio.get_running_loop().create_task(astray.daemon.run(flip))
+    try:
+        await swarm.drive(4, on_step)
+        await swarm.applied()
+    finally:
+        await swarm.stop()
+    assert taken_out and {p for p, _, _ in taken_out} == {"s1r2"} and all(bad for _, bad, _ in taken_out)
+    assert min(at for _, _, at in taken_out) >= 2  # not before its state went astray
+    assert sorted(agreed) == [1, 2, 3] and all(set(h) == {0, 1} for h in agreed.values())  # 2 of 3 agree
