@@ -9,6 +9,7 @@ over the in-memory loopback in tests and over libp2p in `swarm/node.py`.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
@@ -23,6 +24,7 @@ from .interfaces import MessageLink, PeerDirectory, PeerStatus
 from .rollback import Rollback
 from .snapshots import SnapshotService
 from .stage import StageError, StageRunner
+from .state_hash import state_sha256
 from .state_transfer import Follower, StateError, StateService, download_state
 from .vouched_state import VouchedStates
 
@@ -88,9 +90,11 @@ class StagePeer:
                 why = await self.vouched.donor_problem((announced or {}).get(donor, 0)) if self.vouched else None
                 if why:
                     raise StateError(f"{donor[-8:]} is not asked for the state: {why}")
-                step, state, sha = await download_state(self.link, donor, self.spec.run_hash,
-                                                        _max_state_bytes(self.runner), timeout)
-                problem = await self.vouched.check(step, sha) if self.vouched is not None else None
+                step, state = await download_state(self.link, donor, self.spec.run_hash, _max_state_bytes(self.runner),
+                                                   timeout)
+                # the hash of what was loaded (peer/state_hash.py), not the donor's word on its bytes
+                problem = await self.vouched.check(step, await asyncio.to_thread(state_sha256, state)) \
+                    if self.vouched is not None else None
                 problem = problem or await self._check_state(state, step)
                 if problem:
                     raise StateError(f"the state from {donor[-8:]} is refused: {problem}")

@@ -101,9 +101,8 @@ class StateService:
         return data[start:start + STATE_CHUNK_BYTES]
 
 
-async def download_state(link, donor: str, run: str, max_bytes: int,
-                         timeout: float = 120.0) -> tuple[int, dict, str]:
-    """(step, state, sha256 hex) of `donor`'s stage, downloaded in chunks and checked against its sha256."""
+async def download_state(link, donor: str, run: str, max_bytes: int, timeout: float = 120.0) -> tuple[int, dict]:
+    """(step, state) of `donor`'s stage, downloaded in chunks and checked against its sha256."""
     try:
         meta = decode_state_meta(await link.request(donor, KIND_STATE, encode_state_request(StateRequest(run, "meta")),
                                                     timeout=timeout), max_bytes)
@@ -122,7 +121,7 @@ async def download_state(link, donor: str, run: str, max_bytes: int,
         state = load_state_bytes(data)
     except Exception as e:  # a snapshot that torch cannot load safely is refused, whatever the reason
         raise StateError(f"the state from {donor[-8:]} cannot be loaded safely ({type(e).__name__}).") from e
-    return meta.step, state, meta.sha256
+    return meta.step, state
 
 
 class Follower:

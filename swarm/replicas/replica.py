@@ -154,6 +154,8 @@ class ReplicaService:
         sync.daemon = peer.daemon
         peer.commit.on_lease = lambda: ctx.router.lease(fresh=True)  # the coordinator revoked a lease
         peer.snapshots.vouched = lambda: vouched_hashes(ctx.sdht, self.spec.run_hash, self.stage)
+        # a coordinator with --checkpoint-dir holds the vouched snapshots too (swarm/replicas/checkpoint_keeper.py)
+        peer.snapshots.extra_holders = [p for p in [self.spec.extra.get("coordinator_peer")] if p]
         states = lambda: vouched_states(ctx.sdht, self.spec.run_hash, self.stage)  # noqa: E731
         peer.vouched = VouchedStates(states)  # a joiner loads only a state whose hash the swarm key vouches for
         self.own_check = OwnStateCheck(peer, states, self._resync, ctx.report)

@@ -23,6 +23,12 @@ async def test_a_joiner_refuses_a_noisy_donor_and_its_state_is_the_swarms_after_
     agreed: dict[int, dict[int, str]] = {}
     head = swarm.peers["s0r0"]
     head.driver.votes.on_agreed = lambda steps, hashes: agreed.setdefault(steps, hashes)
+    reported: dict[tuple[str, int], str] = {}  # (peer, steps) -> the state hash in its apply reply
+
+    def heard(peer: str, state: tuple[int, str]) -> None:
+        reported[(peer, state[0])] = state[1]
+        head.driver.votes.add(peer, state)
+    head.driver._commands.on_apply = heard
     serve_bad_state(swarm.peers["s1r1"], "near")  # trains honestly, serves noise, boasts 1e9 tokens/s
 
     async def stage1_records() -> dict[int, str]:
@@ -45,9 +51,12 @@ async def test_a_joiner_refuses_a_noisy_donor_and_its_state_is_the_swarms_after_
     finally:
         await swarm.stop()
     assert donor == "s1r0" and joined_at < STEPS - 1
-    steps, sha = newcomer.commit.last_state  # its hash after the last step it applied in a reduce
-    assert steps > joined_at and agreed[steps][1] == sha == state_sha256(swarm.peers["s1r0"].runner.state_dict())
-    assert all(set(h) == {0, 1} for h in agreed.values()) and sorted(agreed)[-1] == STEPS
+    # after the next step it applied in a reduce, its state hash is the one the swarm agreed on (and its donor's)
+    after = sorted(t for (p, t) in reported if p == "s1new" and t in agreed)
+    assert after and after[0] <= joined_at + 2, (after, joined_at)
+    assert all(reported[("s1new", t)] == agreed[t][1] == reported[("s1r0", t)] for t in after)
+    assert newcomer.commit.last_state == (STEPS, state_sha256(swarm.peers["s1r0"].runner.state_dict()))
+    assert all(set(h) == {0, 1} for h in agreed.values()) and sorted(agreed) == list(range(1, STEPS))
     assert_close([log.loss for log in logs], oracle_runs.losses(spec, STEPS), 1e-10)
 
 
