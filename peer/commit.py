@@ -67,7 +67,7 @@ from .reduce_watch import ReduceWatch, RunningReduces
 from .reduced import Reduced, sum_contributions, sum_factors
 from .replica_sync import PowerSync, flat_limits
 from .stage import StageError
-from .state_hash import state_sha256
+from .state_hash import HASH_EVERY, state_sha256
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +102,7 @@ class StepCommit:
         self.last_sync_bytes = 0  # what the last applied step's reduce sent
         self._attempt_bytes: dict[tuple[int, int], int] = {}
         # the state hash (peer/state_hash.py) after every `hash_every`-th applied step, in the apply's reply (0: never)
-        self.hash_every = 1
+        self.hash_every = HASH_EVERY
         self.last_state: tuple[int, str] | None = None  # (steps applied, sha256 hex) of the last state hashed here
 
     def limits(self) -> FlatLimits:

@@ -5,7 +5,8 @@ vouches for each stage's agreed one (`peer/state_votes.py`, `swarm/replicas/vouc
 -> sha256 of the stage's state after that many steps, for the newest few steps. A joiner
 
 - skips a donor that announces a step past the newest vouched one by more than `slack` (the
-  records lag the swarm by a step or two): a step the records do not know is a lie, and such a
+  records lag the swarm: states are hashed every `HASH_EVERY` steps, and a record takes a step to
+  come through the coordinator): a step the records do not know is a lie, and such a
   donor would be tried first (donors are tried in order of announced step and throughput);
 - after a download, waits (at most `wait` seconds) until the records hold the state's step and
   loads the state only if its sha256 is the vouched one. A donor's own sha256 of what it
@@ -21,12 +22,14 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
+from .state_hash import HASH_EVERY
+
 log = logging.getLogger(__name__)
 
 
 class VouchedStates:
     def __init__(self, hashes: Callable[[], Awaitable[dict[int, str]]], *, wait: float = 60.0, poll: float = 0.5,
-                 slack: int = 3) -> None:
+                 slack: int = 2 * HASH_EVERY + 2) -> None:
         self.hashes, self.wait, self.poll, self.slack = hashes, wait, poll, slack
 
     async def donor_problem(self, announced_step: int) -> str | None:

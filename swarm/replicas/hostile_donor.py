@@ -22,8 +22,11 @@ FAR = 1000  # steps a "far" liar adds to the step it announces
 def serve_bad_state(peer: StagePeer, how: str) -> None:
     honest_snapshot, honest_status = peer.state._snapshot, peer.daemon.status
 
-    def snapshot(follower: str) -> tuple[int, bytes]:
-        step, data = honest_snapshot(follower)
+    def snapshot(follower: str, every: int = 1) -> tuple[int, bytes] | None:
+        got = honest_snapshot(follower, every)
+        if got is None:
+            return None
+        step, data = got
         state = load_state_bytes(data)
         gen = torch.Generator().manual_seed(step)
         for t in state["module"].values():

@@ -158,6 +158,7 @@ class ReplicaService:
         peer.snapshots.extra_holders = [p for p in [self.spec.extra.get("coordinator_peer")] if p]
         states = lambda: vouched_states(ctx.sdht, self.spec.run_hash, self.stage)  # noqa: E731
         peer.vouched = VouchedStates(states)  # a joiner loads only a state whose hash the swarm key vouches for
+        peer.state.hashed_only = bool(self.spec.extra.get("coordinator_peer"))  # and a donor serves such a state
         self.own_check = OwnStateCheck(peer, states, self._resync, ctx.report)
         if ctx.serve_bad_state:
             serve_bad_state(peer, ctx.serve_bad_state)

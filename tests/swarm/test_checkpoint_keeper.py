@@ -10,6 +10,7 @@ import time
 
 from peer.loopback import LoopbackLink
 from peer.state_hash import state_sha256
+from peer.state_transfer import load_state_bytes
 from protocol.spec import preset
 from protocol.wire import KIND_SNAPSHOT
 from swarm.replicas.checkpoint_keeper import CheckpointKeeper
@@ -54,9 +55,10 @@ async def test_the_coordinator_keeps_the_vouched_snapshots_on_disk_and_a_stage_i
             for stage, sha in hashes.items():
                 path = tmp_path / spec.run_hash / f"stage{stage}-step{step}-{sha}.snap"
                 assert hashlib.sha256(path.read_bytes()).hexdigest() == sha
-        # stage 1's replica at step 4 was what the snapshot holds
-        want = swarm.peers["s1r0"].snapshots.store.get(1, 4).sha256
-        assert want == vouched[4][1]
+        # stage 1's replica took the snapshot at step 4: the state a restore must give back
+        own = swarm.peers["s1r0"].snapshots.store.get(1, 4)
+        assert own.sha256 == vouched[4][1]
+        want = state_sha256(load_state_bytes(own.data))
         # a restarted coordinator holds what it wrote
         again = CheckpointKeeper(spec, coord, holders, tmp_path)
         assert [i.step for i in again.store.listed(1)] == [4, 2]
