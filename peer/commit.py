@@ -340,7 +340,8 @@ class StepCommit:
     def _apply_job(self, step: int, attempt: int, skip: bool):
         if self.followers and self.runner.reduced.grads is None and not skip:  # a joiner needs the sum, in full
             _, flat, stat = self.runner.contribution(False, False)
-            self.runner.reduced.grads, self.runner.reduced.stat = flat, stat
+            # a copy: on the CPU the statistic is the step's accumulator itself, which the step zeroes
+            self.runner.reduced.grads, self.runner.reduced.stat = flat, None if stat is None else stat.clone()
         record = self.runner.apply_reduced(step, attempt, skip)
         if self.power is not None:  # a skipped step keeps the error feedback and Q it had
             self.power.discard() if skip else self.power.commit(step, attempt)

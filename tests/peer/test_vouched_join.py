@@ -8,8 +8,10 @@ import asyncio
 
 import torch
 
+from peer.loopback import LoopbackLink
 from peer.state_hash import state_sha256
 from peer.vouched_state import VouchedStates
+from protocol.wire import KIND_STATE
 from swarm.replicas.hostile_donor import serve_bad_state
 from tests.peer.swarm_in_memory import make_swarm
 from tests.peer.test_replicas import assert_close, spec_for
@@ -92,3 +94,44 @@ async def test_a_replica_whose_state_goes_astray_is_found_odd_and_taken_out():
     assert taken_out and {p for p, _, _ in taken_out} == {"s1r2"} and all(bad for _, bad, _ in taken_out)
     assert min(at for _, _, at in taken_out) >= 2  # not before its state went astray
     assert sorted(agreed) == [1, 2, 3] and all(set(h) == {0, 1} for h in agreed.values())  # 2 of 3 agree
+
+
+class SlowStateLink(LoopbackLink):
+    """A joiner's link whose state chunks take a second each: the swarm steps on meanwhile, so the
+    donor forwards it the sums of those steps."""
+
+    async def request(self, peer: str, kind: str, body: bytes, timeout: float | None = None) -> bytes:
+        reply = await super().request(peer, kind, body, timeout)
+        if kind == KIND_STATE and len(reply) > 1024:
+            await asyncio.sleep(1.0)  # the slow download itself, not a wait for a condition
+        return reply
+
+
+async def test_a_joiner_that_catches_up_from_a_lone_donor_has_its_state_hash_statistic_included():
+    # found by the state hashes: a lone replica forwarded its step's statistic after the step had
+    # zeroed it (on the CPU the forwarded tensor was the accumulator itself), so a joiner's re-fit
+    # statistic drifted from its donor's while every weight agreed
+    spec = spec_for("subspace", "fp64")
+    swarm = await make_swarm(spec, [1, 1])
+    forwarded = []
+
+    async def join() -> object:
+        while len(swarm.logs) < 2:
+            await asyncio.sleep(0.01)  # poll the run's progress
+        newcomer = await swarm.add(1, "s1new", link_cls=SlowStateLink, announce="syncing")
+        apply = newcomer.follower._apply
+        newcomer.follower._apply = lambda update: (forwarded.append(update.step), apply(update))[1]
+        await newcomer.join(["s1r0"])
+        await newcomer.announce("online")
+        return newcomer
+    try:
+        task = asyncio.create_task(join())
+        await swarm.drive(STEPS)
+        newcomer = await task
+        await swarm.applied()
+    finally:
+        await swarm.stop()
+    assert forwarded, "the donor forwarded no step: the test tested nothing"
+    donor = swarm.peers["s1r0"].runner
+    assert newcomer.runner.stat is not None and torch.equal(newcomer.runner.stat, donor.stat)
+    assert state_sha256(newcomer.runner.state_dict()) == state_sha256(donor.state_dict())
