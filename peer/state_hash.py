@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import sys
 
 import torch
 
@@ -31,9 +32,23 @@ HASH_EVERY = 4  # steps between two state hashes of a replica: the hash costs we
 
 
 def state_bytes(state: dict) -> bytes:
+    """torch.save of the state, with every string interned first: pickle writes a string object it
+    met before as a back-reference, so without this a state loaded from bytes (its dict keys are
+    other string objects) serialises differently from its equal original, and a joiner's
+    snapshots would never match its donor's."""
     buf = io.BytesIO()
-    torch.save(state, buf)
+    torch.save(_interned(state), buf)
     return buf.getvalue()
+
+
+def _interned(obj: object) -> object:
+    if isinstance(obj, str):
+        return sys.intern(obj)
+    if isinstance(obj, dict):
+        return {_interned(k): _interned(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_interned(x) for x in obj)
+    return obj
 
 
 def state_sha256(state: dict) -> str:

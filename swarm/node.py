@@ -67,8 +67,8 @@ class PeerOptions:
     foreign_data: bool = opt(False, "tests: a head that trains on --data although it is not the run's text (what "
                              "an attacker's head does; the other heads catch it)", hidden=True)
     serve_bad_state: str | None = opt(None, "tests: serve joiners a state with noisy weights and boast a huge "
-                                      "throughput (far: and a step 1000 ahead); joiners must refuse it", hidden=True,
-                                      choices=("far", "near"))
+                                      "throughput and a step ahead (far: 1000, near: 2); joiners must refuse it",
+                                      hidden=True, choices=("far", "near"))
     host_maddrs: list[str] = opt(["/ip4/0.0.0.0/tcp/0"], "libp2p listen addresses", metavar="MADDR")
     public_ip: str | None = opt(None, "your router's public IP, with the TCP port of --host-maddrs forwarded to "
                                 "this machine: announces /ip4/IP/tcp/PORT", metavar="IP")

@@ -1,7 +1,8 @@
 """Tests only (`swarm peer --serve-bad-state far|near`, hidden): a replica that trains honestly
 but serves joiners a state with noisy weights, under the sha256 of what it serves, and boasts a
-huge throughput ("far": and a step 1000 ahead of its own), so that a joiner tries it first
-(joiners try donors by announced step, then throughput). What issue 21's attacker did to the
+huge throughput and a step ahead of its own ("far": 1000 steps, which the swarm's records do not
+know; "near": 2, which they may), so that a joiner tries it first (joiners try donors by
+announced step, then throughput). What issue 21's attacker did to the
 state transfer; the joiner's check against the vouched state hashes must refuse it
 (`peer/vouched_state.py`)."""
 from __future__ import annotations
@@ -16,7 +17,7 @@ from peer.state_transfer import load_state_bytes, state_bytes
 
 log = logging.getLogger(__name__)
 
-FAR = 1000  # steps a "far" liar adds to the step it announces
+AHEAD = {"far": 1000, "near": 2}  # steps a liar adds to the step it announces
 
 
 def serve_bad_state(peer: StagePeer, how: str) -> None:
@@ -37,7 +38,7 @@ def serve_bad_state(peer: StagePeer, how: str) -> None:
 
     def status(state: str | None = None):
         s = honest_status(state)
-        return replace(s, throughput=1e9, step=s.step + (FAR if how == "far" else 0))
+        return replace(s, throughput=1e9, step=s.step + AHEAD[how])
 
     peer.state._snapshot = snapshot
     peer.daemon.status = status

@@ -1,7 +1,7 @@
 """Vouched state (issue 21, item 4) and the coordinator's snapshots (issue 19), in real processes
 over libp2p: two replicas of stage 1 that train honestly but serve joiners noisy weights under
-their own sha256 (the stock peer with a hidden test flag), both boasting a huge throughput, one
-also a step 1000 ahead, so that a joiner tries them first. The joiner skips the one whose step
+their own sha256 (the stock peer with a hidden test flag), both boasting a huge throughput and a
+step ahead of the swarm (one 1000 steps, one 2), so that a joiner tries them first. The joiner skips the one whose step
 the swarm's records do not know, refuses the other's state (its hash is not the vouched one),
 takes the state of the honest replica, and after its next step its own state hash is the one
 the leader's record holds. The coordinator, started with --checkpoint-dir, wrote every stage's

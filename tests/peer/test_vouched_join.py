@@ -9,7 +9,7 @@ import asyncio
 import torch
 
 from peer.loopback import LoopbackLink
-from peer.state_hash import state_sha256
+from peer.state_hash import state_bytes, state_sha256
 from peer.vouched_state import VouchedStates
 from protocol.wire import KIND_STATE
 from swarm.replicas.hostile_donor import serve_bad_state
@@ -107,7 +107,7 @@ class SlowStateLink(LoopbackLink):
         return reply
 
 
-async def test_a_joiner_that_catches_up_from_a_lone_donor_has_its_state_hash_statistic_included():
+async def test_a_joiner_that_catches_up_from_a_lone_donor_has_its_donors_state_statistic_and_bytes_included():
     # found by the state hashes: a lone replica forwarded its step's statistic after the step had
     # zeroed it (on the CPU the forwarded tensor was the accumulator itself), so a joiner's re-fit
     # statistic drifted from its donor's while every weight agreed
@@ -135,3 +135,5 @@ async def test_a_joiner_that_catches_up_from_a_lone_donor_has_its_state_hash_sta
     donor = swarm.peers["s1r0"].runner
     assert newcomer.runner.stat is not None and torch.equal(newcomer.runner.stat, donor.stat)
     assert state_sha256(newcomer.runner.state_dict()) == state_sha256(donor.state_dict())
+    # and its serialised state (its snapshots) is byte for byte its donor's, although it was loaded from bytes
+    assert state_bytes(newcomer.runner.state_dict()) == state_bytes(donor.state_dict())
