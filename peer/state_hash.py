@@ -9,16 +9,17 @@ joiner recomputes from the state it loaded.
                  tensor -> "T" dtype shape, then its bytes (contiguous, CPU)
                  other  -> "S" repr(value)        (str, int, float, bool, None)
 
-Not sha256(torch.save(...)): pickle writes a string it has met before as a back-reference, so
-two equal states serialise to different bytes when one of them was loaded (its dict keys are
-other string objects): a joiner's state after `load_state_dict` equals its donor's in every
-value, yet not in torch.save bytes. The walk sees values only.
+Over values, not over torch.save bytes: those are the same for equal states only because
+`state_bytes` interns every string first (pickle writes a string object it met before as a
+back-reference, and a state loaded from bytes has other string objects than its original); the
+walk does not depend on that, and skips the serialisation.
 
-Cost (the 2-core dev machine, CPU, one thread, with both Adam moments; docs/security.md, "Vouched
-state"): `tiny` 11-26 ms a stage (5.6-6.4 MB), `small` 186-214 ms (138-154 MB), about 2-5% of a
-step. So a replica hashes its state after every `HASH_EVERY`-th step only (steps applied % k == 0),
-and a donor serves a joiner its state at such a step (`peer/state_transfer.py`), which the
-records hold.
+Cost (the 2-core dev machine, CPU, one thread, loaded, both Adam moments present;
+docs/security.md, "Vouched state"): `tiny` 11-26 ms a stage (5.6-6.4 MB), 4.8% of a `tiny` step
+of both stages in one process (0.39 s); `small` 186-214 ms a stage (138-154 MB), 0.42% of its
+step (56.6 s). So a replica hashes its state after every `HASH_EVERY`-th step only (steps
+applied % k == 0: 1.2% on `tiny`), and a donor serves a joiner its state at such a step
+(`peer/state_transfer.py`), which the records hold.
 """
 from __future__ import annotations
 
