@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 from protocol.control import Command, CommandReply, decode_reply, encode_command
 from protocol.wire import KIND_CONTROL, WireError
@@ -25,6 +26,8 @@ class CommandSender:
         self.banned: list[str] = []  # replicas the leader caught lying about their work: every abort names them
         self.peer_id, self.run_hash = daemon.peer_id, daemon.spec.run_hash
         self.n_microbatches = daemon.spec.n_microbatches
+        # hears every (peer, (steps applied, state sha256)) an apply reply carries (peer/state_votes.py)
+        self.on_apply: Callable[[str, tuple[int, str]], None] | None = None
 
     async def broadcast(self, peers: dict[str, int], op: str, step: int, attempt: int,
                         skip: bool = False) -> dict[str, CommandReply]:
@@ -40,14 +43,14 @@ class CommandSender:
         """One command to one peer. A peer that asks to retry (it has not read this head's
         announcement yet) is asked again every 0.2 s within the command's timeout."""
         if peer == self.peer_id:
-            return await self.commit.handle(cmd)
+            return self._heard(peer, cmd, await self.commit.handle(cmd))
         body, deadline = encode_command(cmd), time.monotonic() + (timeout or self.command_timeout)
         while True:
             try:
                 reply = await self.daemon.link.request(peer, KIND_CONTROL, body,
                                                        timeout=max(0.1, deadline - time.monotonic()))
                 try:
-                    return decode_reply(reply, self.n_microbatches)
+                    return self._heard(peer, cmd, decode_reply(reply, self.n_microbatches))
                 except WireError:  # not a reply: a refusal, perhaps one that asks to retry
                     retry = retry_asked(reply, self.daemon._limits())
                     if retry is None:
@@ -58,3 +61,8 @@ class CommandSender:
                 why = f"{UNREACHABLE}{e}" if isinstance(e, LinkError) else str(e)
                 return CommandReply(cmd.step, cmd.attempt, "failed", reason=why[:200])
             await asyncio.sleep(0.2)  # the peer is reading this head's announcement
+
+    def _heard(self, peer: str, cmd: Command, reply: CommandReply) -> CommandReply:
+        if cmd.op == "apply" and reply.outcome == "ok" and reply.state is not None and self.on_apply is not None:
+            self.on_apply(peer, reply.state)
+        return reply

@@ -69,6 +69,7 @@ from .replica_sync import PowerSync, flat_limits
 from .robust_sum import suspects
 from .share_check import ShareCheck
 from .stage import StageError
+from .state_hash import HASH_EVERY, state_sha256
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +115,9 @@ class StepCommit:
         self.synced_steps = 0  # steps applied here whose reduce had another replica in it
         self.last_sync_bytes = 0  # what the last applied step's reduce sent
         self._attempt_bytes: dict[tuple[int, int], int] = {}
+        # the state hash (peer/state_hash.py) after every `hash_every`-th applied step, in the apply's reply (0: never)
+        self.hash_every = HASH_EVERY
+        self.last_state: tuple[int, str] | None = None  # (steps applied, sha256 hex) of the last state hashed here
 
     def limits(self) -> FlatLimits:
         return self._limits
@@ -356,7 +360,8 @@ class StepCommit:
         reduced = self.runner.reduced
         if reduced is None or (reduced.step, reduced.attempt) != (cmd.step, cmd.attempt):
             return self._reply(cmd, "failed", "no reduced gradient is held for this attempt.")
-        stats, record = await d.run_step(self._apply_job, cmd.step, cmd.attempt, cmd.skip)
+        stats, record, state = await d.run_step(self._apply_job, cmd.step, cmd.attempt, cmd.skip)
+        self.last_state = state or self.last_state
         self.records.append(record)
         self.last_applied = (cmd.step, cmd.attempt)
         if cmd.candidates:  # the leader names the replicas of every stage that took part in this step's reduce
@@ -372,13 +377,16 @@ class StepCommit:
             self.on_applied(self.runner.step)
         if stats is not None and d.on_refit is not None:
             d.spawn(d.on_refit(stats))
-        return CommandReply(cmd.step, cmd.attempt, "ok", [], reduced.contributors)
+        return CommandReply(cmd.step, cmd.attempt, "ok", [], reduced.contributors, state=state)
 
     def _apply_job(self, step: int, attempt: int, skip: bool):
         if self.forwarder.followers and self.runner.reduced.grads is None and not skip:  # a joiner needs it in full
             _, flat, stat = self.runner.contribution(False, False)
-            self.runner.reduced.grads, self.runner.reduced.stat = flat, stat
+            # a copy: on the CPU the statistic is the step's accumulator itself, which the step zeroes
+            self.runner.reduced.grads, self.runner.reduced.stat = flat, None if stat is None else stat.clone()
         record = self.runner.apply_reduced(step, attempt, skip)
         if self.power is not None:  # a skipped step keeps the error feedback and Q it had
             self.power.discard() if skip else self.power.commit(step, attempt)
-        return self.daemon.refit_statistic(), record
+        stat, steps = self.daemon.refit_statistic(), self.runner.step
+        hashed = self.hash_every > 0 and steps % self.hash_every == 0
+        return stat, record, (steps, state_sha256(self.runner.state_dict())) if hashed else None

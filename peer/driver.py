@@ -40,6 +40,7 @@ from .interfaces import LinkError, PeerDirectory, PeerInfo
 from .leadership import leader_of
 from .spot_checks import SpotChecks
 from .stage import StageError
+from .state_votes import StateVotes
 from .step_log import AttemptFailed, StepLog
 
 log = logging.getLogger(__name__)
@@ -72,6 +73,8 @@ class StepDriver:
         # on_committed(steps done, last_workers, last_snapshots) after each step: what the leader vouches for
         self.last_workers, self.last_snapshots = {}, None
         self.on_committed: Callable[[int, dict, tuple | None], None] | None = None
+        self.votes = StateVotes(self.peer_id, directory)  # the state hashes in apply replies (peer/state_votes.py)
+        self._commands.on_apply = self.votes.add
         self._dead: dict[str, float] = {}  # heads that stopped answering -> when we may try them again
         self._leading, self._named = False, []  # _named: who reduced the last step this head committed
         self._applying: asyncio.Task | None = None  # telling the other peers to apply the last step
@@ -334,6 +337,7 @@ class StepDriver:
 
     async def _commit(self, step: int, attempt: int) -> None:
         members = await self._members()
+        self.votes.conclude(step, members)  # the replicas' states after the last step, now its replies are in
         groups = {s: sorted(p for p, t in members.items() if t == s) for s in set(members.values())}
         cmds = {peer: Command(self.spec.run_hash, step, attempt, "reduce", groups[stage], self._record)
                 for peer, stage in members.items()}

@@ -18,7 +18,8 @@ the stage sizes). It fetches at a pace that leaves the holder's uplink mostly to
 Restore: a peer that takes a stage with no live replica asks every live peer which snapshots
 of the stage it holds, and loads the newest step whose sha256 the most holders report, after
 the checks a state download gets (`StagePeer._check_state`: run, stage, step, finite numbers,
-the signed basis). If it is older than the swarm's step the leader rolls every stage back to
+the signed basis); the coordinator is asked too when it keeps snapshots on disk
+(`swarm/replicas/checkpoint_keeper.py`). If it is older than the swarm's step the leader rolls every stage back to
 it (`peer/rollback.py`). With no snapshot anywhere `restore` raises `NoSnapshot`: the peer must
 not start the stage afresh unless its owner says so (`swarm join --allow-fresh-stage`).
 
@@ -91,6 +92,8 @@ class SnapshotService:
         # step -> the sha256 the swarm key vouches for, of this stage's snapshot (swarm/replicas/vouched.py;
         # None or {}: nobody vouches, and the restore takes the snapshot most custodians hold)
         self.vouched: Callable[[], Awaitable[dict[int, str]]] | None = None
+        # holders asked besides the live peers: the coordinator, when it keeps snapshots (--checkpoint-dir)
+        self.extra_holders: list[str] = []
 
     @property
     def link(self):
@@ -231,6 +234,7 @@ class SnapshotService:
         """Load this stage's newest snapshot held by a live peer (or the one at `step`); returns its step."""
         asked = {p.peer_id: self.stage for s in range(self.spec.n_stages)
                  for p in await self.daemon.directory.members(s) if p.peer_id != self.daemon.peer_id}
+        asked.update({p: self.stage for p in self.extra_holders})
         vouched = await self.vouched() if self.vouched is not None else {}
         holders: dict[SnapshotInfo, list[str]] = {}
         for peer, listed in sorted((await self.survey(asked)).items()):

@@ -9,6 +9,7 @@ over the in-memory loopback in tests and over libp2p in `swarm/node.py`.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
@@ -23,7 +24,9 @@ from .interfaces import MessageLink, PeerDirectory, PeerStatus
 from .rollback import Rollback
 from .snapshots import SnapshotService
 from .stage import StageError, StageRunner
+from .state_hash import state_sha256
 from .state_transfer import Follower, StateError, StateService, download_state
+from .vouched_state import VouchedStates
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +44,7 @@ class StagePeer:
         self.state = StateService(self.daemon, self.commit)
         self.follower = Follower(self.daemon)
         self.verify_state = verify_state  # extra checks of a downloaded state (e.g. its basis is the signed one)
+        self.vouched: VouchedStates | None = None  # a download's check against the swarm's state hashes
         self.driver = StepDriver(self.daemon, self.commit, directory, batches, **(driver_options or {})) \
             if runner.is_first and batches is not None else None
         self.snapshots = SnapshotService(self.daemon, **(snapshot_options or {}))
@@ -75,16 +79,23 @@ class StagePeer:
     async def announce(self, state: str | None = None) -> None:
         await self.directory.announce(self.status(state))
 
-    async def join(self, donors: list[str], timeout: float = 120.0) -> str:
+    async def join(self, donors: list[str], timeout: float = 120.0, announced: dict[str, int] | None = None) -> str:
         """Download the stage's state from the first donor that gives a good one, then apply
-        the reduced gradients it forwards until this replica is level; returns the donor."""
+        the reduced gradients it forwards until this replica is level; returns the donor.
+        `announced`: donor -> the step it announces (checked against the vouched states)."""
         problems = []
         for donor in donors:
             self.follower.donor = donor
             try:
+                why = await self.vouched.donor_problem((announced or {}).get(donor, 0)) if self.vouched else None
+                if why:
+                    raise StateError(f"{donor[-8:]} is not asked for the state: {why}")
                 step, state = await download_state(self.link, donor, self.spec.run_hash, _max_state_bytes(self.runner),
                                                    timeout)
-                problem = await self._check_state(state, step)
+                # the hash of what was loaded (peer/state_hash.py), not the donor's word on its bytes
+                problem = await self.vouched.check(step, await asyncio.to_thread(state_sha256, state)) \
+                    if self.vouched is not None else None
+                problem = problem or await self._check_state(state, step)
                 if problem:
                     raise StateError(f"the state from {donor[-8:]} is refused: {problem}")
                 await self.daemon.run(self.runner.load_state_dict, state)

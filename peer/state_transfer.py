@@ -38,22 +38,18 @@ from protocol.wire import KIND_STATE, WireError
 from .commit import StepCommit
 from .daemon import StageDaemon
 from .stage import StageError
+from .state_hash import state_bytes
 
 log = logging.getLogger(__name__)
 
 SNAPSHOT_TTL_S = 300.0  # a snapshot is served this long after it was taken
 MAX_QUEUED = 64  # reduced gradients a joiner holds while it loads (it downloads again if it falls further behind)
 MAX_SNAPSHOTS = 2
+HASHED_WAIT_S = 60.0  # how long a donor waits for a step whose state hash the swarm records
 
 
 class StateError(RuntimeError):
     """A state download failed or its content cannot be trusted; the text says which."""
-
-
-def state_bytes(state: dict) -> bytes:
-    buf = io.BytesIO()
-    torch.save(state, buf)
-    return buf.getvalue()
 
 
 def load_state_bytes(data: bytes) -> dict:
@@ -67,14 +63,31 @@ class StateService:
         self.daemon, self.commit, self.runner = daemon, commit, daemon.runner
         self._snapshots: dict[int, tuple[bytes, float]] = {}
         self.served = 0
+        # serve only a state at a step whose hash the replicas report (set where the swarm records those hashes:
+        # a run with a coordinator), so that the joiner can check it against the vouched one
+        self.hashed_only = False
 
     async def start(self) -> None:
         await self.daemon.link.serve(KIND_STATE, self._on_request)
 
-    def _snapshot(self, follower: str) -> tuple[int, bytes]:
-        """Worker thread: the state between two steps, and `follower` registered in the same breath."""
+    def _snapshot(self, follower: str, every: int = 1) -> tuple[int, bytes] | None:
+        """Worker thread: the state between two steps, and `follower` registered in the same breath;
+        None if the stage is not at a multiple of `every` steps."""
+        if every > 1 and self.runner.step % every:
+            return None
         self.commit.forwarder.follow_from(follower, self.runner.step)
         return self.runner.step, state_bytes(self.runner.state_dict())
+
+    async def _hashed_snapshot(self, follower: str) -> tuple[int, bytes]:
+        """The state at the next step whose hash the replicas report (`StepCommit.hash_every`), which the
+        joiner checks against the swarm's records: waits for it, at most HASHED_WAIT_S (then as it is)."""
+        deadline = time.monotonic() + HASHED_WAIT_S
+        while True:
+            every = self.commit.hash_every if time.monotonic() < deadline else 1
+            got = await self.daemon.run(self._snapshot, follower, every)
+            if got is not None:
+                return got
+            await asyncio.sleep(0.05)  # poll the stage's step until it reaches a hashed one (bounded by the deadline)
 
     async def _on_request(self, body: bytes, sender: str) -> bytes:
         if (refusal := await self.daemon.admitted(sender, KIND_STATE)) is not None:
@@ -87,7 +100,8 @@ class StateService:
         for sid in [s for s, (_, t) in self._snapshots.items() if now - t > SNAPSHOT_TTL_S]:
             del self._snapshots[sid]
         if req.op == "meta":
-            step, data = await self.daemon.run(self._snapshot, sender)
+            step, data = await (self._hashed_snapshot(sender) if self.hashed_only else self.daemon.run(self._snapshot,
+                                                                                                      sender))
             sid = time.monotonic_ns()
             self._snapshots[sid] = (data, now)
             while len(self._snapshots) > MAX_SNAPSHOTS:

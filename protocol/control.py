@@ -20,13 +20,15 @@ Maps (short keys; tensors are wire.py's ExtType):
                   v (fp16; left out when false): apply means skip, some stage overflowed
                   (protocol/loss_scale.py)
     CommandReply  {k: "ctlr", s: step, a: attempt, o: outcome, m: [microbatches], x: {peer: [mb]}, e: text,
-                   h: [step, sha256 hex], v}
+                   h: [step, sha256 hex], v, z: [step, sha256 hex]}
                   outcome in ok | behind | ahead | failed; m: what this replica computed in the
                   attempt; x: after a reduce, whose contributions it summed; h: after a reduce, the
                   step and hash of the replica's newest own snapshot (peer/snapshots.py), which the
                   leader vouches for through the coordinator once the stage's replicas agree; v (fp16;
                   left out when false): after a reduce, the stage overflowed; "ahead", this replica
-                  skipped the step
+                  skipped the step; z (left out when absent): after an apply, the steps applied and the
+                  sha256 of the replica's state then (peer/state_hash.py), which the leader votes on
+                  and vouches for through the coordinator (peer/state_votes.py)
     Contribution  {k: "red", r, s, a, g: stage, p: phase, m: [microbatches], t: flat gradient | nil,
                    f: factors | nil, q: statistic | nil}
                   replica_sync "exact" (one phase, p = 0): t is every trainable parameter's
@@ -95,6 +97,7 @@ class CommandReply:
     sent: list = field(default_factory=list)  # reduce: the boundary messages it sent (protocol/spot_check.Sent)
     blame: list[str] = field(default_factory=list)  # reduce, check: replicas whose contribution it found false
     suspects: list[str] = field(default_factory=list)  # reduce: shares far from the rest (peer/robust_sum.py)
+    state: tuple[int, str] | None = None  # apply: (steps applied, sha256 hex) of the replica's state after it
 
 
 @dataclass
@@ -262,8 +265,8 @@ def encode_reply(r: CommandReply) -> bytes:
     body = _with_flag({"k": _REPLY, "s": r.step, "a": r.attempt, "o": r.outcome, "m": r.microbatches,
                        "x": r.contributors, "e": r.reason[:500]}, "v", r.overflow)
     from .spot_check import encode_sent  # spot_check builds on this module's validators
-    body.update({k: v for k, v in (("h", list(r.snapshot or ())), ("n", encode_sent(r.sent)), ("b", r.blame),
-                                   ("u", r.suspects)) if v})  # each left out when empty
+    body.update({k: v for k, v in (("h", list(r.snapshot or ())), ("z", list(r.state or ())),
+                                   ("n", encode_sent(r.sent)), ("b", r.blame), ("u", r.suspects)) if v})  # if any
     return msgpack.packb(body)
 
 
@@ -280,11 +283,15 @@ def decode_reply(data: bytes, n_microbatches: int) -> CommandReply:
     h = d.get("h")
     _need(h is None or isinstance(h, list) and len(h) == 2 and isinstance(h[0], int) and 0 < h[0] < 2**53
           and isinstance(h[1], str) and len(h[1]) == 64, "a control reply's snapshot must be [step, sha256 hex].")
+    z = d.get("z")
+    _need(z is None or isinstance(z, list) and len(z) == 2 and isinstance(z[0], int) and not isinstance(z[0], bool)
+          and 0 < z[0] < 2**53 and isinstance(z[1], str) and len(z[1]) == 64,
+          "a control reply's state hash must be [step, sha256 hex].")
     return CommandReply(_int(d, "s", "step"), _int(d, "a", "attempt", 2**31), d["o"],
                         _mbs(d.get("m", []), n_microbatches), contributors, reason if isinstance(reason, str) else "",
                         (h[0], h[1]) if h else None, _flag(d, "v", "a control reply's overflow flag"),
                         decode_sent(d.get("n", []), n_microbatches), _peer_ids(d.get("b", [])),
-                        _peer_ids(d.get("u", [])))
+                        _peer_ids(d.get("u", [])), (z[0], z[1]) if z else None)
 
 
 # ---------------------------------------------------------------- contributions and follow updates

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 
 from peer.run_corpus import run_batches, with_corpus
 from protocol.model import spec_basis
+from protocol.snapshot_wire import CHUNK_BYTES
 from protocol.spec import RunSpec
-from protocol.wire import KIND_DATA_REPORT, KIND_STATS, KIND_WORK
+from protocol.wire import KIND_DATA_REPORT, KIND_SNAPSHOT, KIND_STATS, KIND_WORK
 
 from .basis import BasisRefitter
 from .dht import SwarmDHT, close_node, start_dht
@@ -24,6 +25,7 @@ from .net import Transport
 from .net.addresses import LOOPBACK, PRIVATE, PUBLIC, announce_addresses, scope_of
 from .net.reachability import DialBack
 from .options import opt
+from .replicas.checkpoint_keeper import CheckpointKeeper
 from .replicas.data_check import DataVerdict, tell_to_read_lease
 from .replicas.leases import LeaseKeeper
 from .replicas.vouched import SnapshotVouch
@@ -75,6 +77,10 @@ class CoordinatorOptions:
     snapshot_every: int = opt(50, "every stage snapshots its state every this many steps, and peers of other stages "
                               "keep the snapshots, so that a stage whose every replica left is restored, not reset "
                               "(0: never)")
+    checkpoint_dir: str | None = opt(None, "keep every stage's newest snapshots that the swarm key vouched for here "
+                                     "(fetched from the peers in chunks, checked against the vouched sha256) and "
+                                     "give them to a peer that restores a stage no live peer holds a snapshot of",
+                                     metavar="DIR")
     trusted_heads: list[str] = opt([], "only these heads (peer ids, in this order) may lead; the coordinator's lease "
                                    "names them (default: every head, in the order the coordinator first saw them, so "
                                    "a head that joins later never leads while an earlier one lives)",
@@ -140,14 +146,14 @@ async def _coordinate(opts: CoordinatorOptions, spec: RunSpec, key: SigningKey, 
     announce = announce_addresses(opts.host_maddrs, opts.public_ip, opts.announce_maddrs)
     dht = await asyncio.to_thread(start_dht, [], opts.host_maddrs, identity, False, policy,
                                   **({"announce_maddrs": announce} if announce else {}))
-    p2p = transport = refitter = leases = None
+    p2p = transport = refitter = leases = snapshots = None
     try:
         p2p = await dht.replicate_p2p()
         spec = sealed_spec(spec, key, identity.peer_id, opts.private, opts.snapshot_every, opts.id_work_bits,
                            opts.ids_per_network)
         sdht = SwarmDHT(dht, identity, swarm_key=key, policy=policy)
-        transport = Transport(p2p, f"subspace-swarm-{spec.run_hash}", max_frame_bytes=spec.d_model * spec.rank * 4
-                              + (1 << 16))
+        frame = max(spec.d_model * spec.rank * 4, CHUNK_BYTES if opts.checkpoint_dir else 0) + (1 << 16)
+        transport = Transport(p2p, f"subspace-swarm-{spec.run_hash}", max_frame_bytes=frame)
         # a killed replica's record outlives it: only replicas that answer vote in a re-fit
         keeper = LeaseKeeper(sdht, spec.run_hash, LivenessProbe(p2p).checker(spec.run_hash, transport),
                              trusted=opts.trusted_heads)
@@ -155,7 +161,15 @@ async def _coordinate(opts: CoordinatorOptions, spec: RunSpec, key: SigningKey, 
                                  answers=LivenessProbe(p2p).checker(spec.run_hash, transport),
                                  leaders=lambda: keeper.lease.order if keeper.lease is not None else [])
         vouch = SnapshotVouch(sdht, spec.run_hash, spec.n_stages)
-        refitter.on_record = vouch.take
+        refitter.on_record = vouch.on_record
+        if opts.checkpoint_dir:  # the coordinator holds every stage's vouched snapshots too (issue 19)
+            async def holders(stage: int) -> list[str]:  # the stage's own replicas first, then its custodians
+                found = await sdht.all_stage_peers(spec.run_hash, spec.n_stages)
+                return list(dict.fromkeys(a.peer_id for s in [stage] + [t for t in found if t != stage]
+                                          for a in found.get(s, [])))
+            snapshots = CheckpointKeeper(spec, transport, holders, opts.checkpoint_dir)
+            vouch.on_vouched = snapshots.on_vouched
+            await transport.serve(KIND_SNAPSHOT, snapshots.on_request)
         if spec.codec == "subspace" and spec.basis_updates:
             await transport.serve(KIND_STATS, refitter.on_stats)
         await transport.serve(KIND_WORK, refitter.on_work)  # who may vote in each re-fit; which snapshots are sound
@@ -193,4 +207,6 @@ async def _coordinate(opts: CoordinatorOptions, spec: RunSpec, key: SigningKey, 
             await asyncio.gather(leases, return_exceptions=True)
         if refitter is not None:
             refitter.stop()
+        if snapshots is not None:
+            await snapshots.stop()
         await close_node(dht, p2p, transport)

@@ -66,6 +66,9 @@ class PeerOptions:
                            "records one (default: the recorded corpus, else the embedded one)", metavar="PATH")
     foreign_data: bool = opt(False, "tests: a head that trains on --data although it is not the run's text (what "
                              "an attacker's head does; the other heads catch it)", hidden=True)
+    serve_bad_state: str | None = opt(None, "tests: serve joiners a state with noisy weights and boast a huge "
+                                      "throughput and a step ahead (far: 1000, near: 2); joiners must refuse it",
+                                      hidden=True, choices=("far", "near"))
     host_maddrs: list[str] = opt(["/ip4/0.0.0.0/tcp/0"], "libp2p listen addresses", metavar="MADDR")
     public_ip: str | None = opt(None, "your router's public IP, with the TCP port of --host-maddrs forwarded to "
                                 "this machine: announces /ip4/IP/tcp/PORT", metavar="IP")
@@ -286,7 +289,8 @@ async def run_peer(opts: PeerOptions) -> int:
                              batches, reporter, monitor, opts.ttl, opts.checkpoint_dir, opts.checkpoint_every,
                              opts.resume, opts.rebalance_period, opts.steps, opts.step_timeout, reach.mode,
                              opts.linger, opts.rebalance_hold, opts.min_step_timeout, opts.next_step_wait,
-                             opts.allow_fresh_stage, allowed, opts.activation_checkpointing, opts.spot_check_rate)
+                             opts.allow_fresh_stage, allowed, opts.activation_checkpointing,
+                             spot_check_rate=opts.spot_check_rate, serve_bad_state=opts.serve_bad_state)
         stage = recall_stage(opts.identity, spec.run_hash) if opts.stage == "auto" else None
         if stage is not None and stage not in allowed:
             log.info("this identity served stage %d, which does not fit this peer's memory: choosing again", stage)

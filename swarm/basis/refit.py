@@ -135,8 +135,9 @@ class BasisRefitter:
             return self._refused("the work record is not signed by the head it names.")
         if self.on_record is not None:
             await self.on_record(record)  # its snapshot hashes (swarm/replicas/vouched.py)
-        if self.spec.codec != "subspace" or record.step % self.spec.basis_interval or record.step <= self.last_refit:
-            return b""  # not a re-fit step being collected: nothing to do
+        if (self.spec.codec != "subspace" or record.step % self.spec.basis_interval or record.step <= self.last_refit
+                or not record.workers):
+            return b""  # not a re-fit step being collected (or a record of state hashes only): nothing to do
         self._workers[record.step] = {s: set(p) for s, p in record.workers.items()}
         for step in sorted(self._workers)[:-WORK_RECORDS_KEPT]:
             del self._workers[step]

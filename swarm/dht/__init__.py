@@ -32,6 +32,7 @@ from .records import (
                       run_hash_of,
                       snapshots_key,
                       stage_key,
+                      states_key,
 )
 from .store import SwarmDHT
 from .validator import SwarmRecordValidator, refused_records, set_policy
@@ -40,5 +41,5 @@ __all__ = [
     "CLOCK_SKEW_S", "KEY_KINDS", "RUN_KEY", "RUN_SPEC_DOMAIN", "STATES", "Envelope", "LeaderLease", "RecordError",
     "SignedRunSpec", "StageAnnouncement", "SwarmDHT", "SwarmRecordValidator", "basis_key", "basis_subkey",
     "check_envelope", "close_node", "health_key", "kind_of", "lease_key", "refused_records", "run_hash_of",
-    "set_policy", "snapshots_key", "stage_key", "start_dht", "stop_dht", "VouchedSnapshots",
+    "set_policy", "snapshots_key", "stage_key", "states_key", "start_dht", "stop_dht", "VouchedSnapshots",
 ]

@@ -48,7 +48,7 @@ from swarm.trust.keys import SigningKey, fingerprint_of, verify
 __all__ = [
     "KEY_KINDS", "RUN_KEY", "RUN_SPEC_DOMAIN", "STATES", "KeyKind", "LeaderLease", "RecordError", "SignedRunSpec",
     "StageAnnouncement", "basis_key", "basis_subkey", "health_key", "kind_of", "lease_key", "parse_basis_subkey",
-    "run_hash_of", "snapshots_key", "stage_key", "VouchedSnapshots",
+    "run_hash_of", "snapshots_key", "stage_key", "states_key", "VouchedSnapshots",
 ]
 
 
@@ -85,6 +85,11 @@ def snapshots_key(run_hash: str) -> str:
     return f"subspace-swarm/{run_hash}/snapshots"
 
 
+def states_key(run_hash: str) -> str:
+    """Where the swarm key vouches for the stages' state hashes after each step (a VouchedSnapshots record)."""
+    return f"subspace-swarm/{run_hash}/states"
+
+
 def basis_subkey(version: int, fingerprint: str) -> str:
     return f"{int(version)}:{fingerprint}"
 
@@ -113,6 +118,7 @@ KEY_KINDS = (
     KeyKind("health", rf"subspace-swarm/{_RUN}/health", 300.0, "peer"),
     KeyKind("lease", rf"subspace-swarm/{_RUN}/lease", 86400.0, "swarm"),
     KeyKind("snapshots", rf"subspace-swarm/{_RUN}/snapshots", 86400.0, "swarm"),
+    KeyKind("states", rf"subspace-swarm/{_RUN}/states", 86400.0, "swarm"),
 )
 
 

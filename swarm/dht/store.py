@@ -51,6 +51,7 @@ from .records import (
     parse_basis_subkey,
     snapshots_key,
     stage_key,
+    states_key,
 )
 from .validator import set_policy
 
@@ -336,16 +337,19 @@ class SwarmDHT:
         """The lease the adopted spec's coordinator key signed for `run_hash`, or None if there is none yet."""
         return await self._swarm_record(lease_key(run_hash), LeaderLease, run_hash)
 
-    async def publish_vouched(self, vouched: VouchedSnapshots, ttl: float) -> bool:
-        """Store the snapshot hashes the swarm key vouches for (the coordinator only; swarm/replicas/vouched.py)."""
+    async def publish_vouched(self, vouched: VouchedSnapshots, ttl: float, states: bool = False) -> bool:
+        """Store the snapshot hashes (or with `states`, the state hashes after each step) the swarm key
+        vouches for (the coordinator only; swarm/replicas/vouched.py)."""
         if self.swarm_key is None:
             raise RuntimeError("only the coordinator vouches for snapshots: this SwarmDHT holds no swarm key.")
-        return await self._store(snapshots_key(vouched.run_hash), self.swarm_key.fingerprint(), vouched.to_record(),
-                                 ttl, Identity.of_key(self.swarm_key))
+        key = (states_key if states else snapshots_key)(vouched.run_hash)
+        return await self._store(key, self.swarm_key.fingerprint(), vouched.to_record(), ttl,
+                                 Identity.of_key(self.swarm_key))
 
-    async def fetch_vouched(self, run_hash: str) -> VouchedSnapshots | None:
-        """The snapshot hashes the adopted spec's coordinator key vouches for, or None if there are none yet."""
-        return await self._swarm_record(snapshots_key(run_hash), VouchedSnapshots, run_hash)
+    async def fetch_vouched(self, run_hash: str, states: bool = False) -> VouchedSnapshots | None:
+        """The snapshot (or state) hashes the adopted spec's coordinator key vouches for (None: none yet)."""
+        return await self._swarm_record((states_key if states else snapshots_key)(run_hash), VouchedSnapshots,
+                                        run_hash)
 
     async def _swarm_record(self, key: str, cls, run_hash: str):
         """The one record of `cls` under `key` filed by the adopted spec's coordinator key, or None."""

@@ -26,6 +26,7 @@ from peer.snapshots import NoSnapshot
 from peer.stage import StageRunner
 from peer.stage_peer import StagePeer
 from peer.state_transfer import StateError, state_bytes
+from peer.vouched_state import VouchedStates
 from protocol.spec import RunSpec
 from protocol.state_wire import STATE_CHUNK_BYTES
 from protocol.step_record import WorkRecord
@@ -46,10 +47,12 @@ from swarm.dht import SwarmDHT
 from swarm.monitor.liveness import LivenessProbe
 from swarm.net import Transport
 from swarm.replicas.data_check import StepRecordCheck
+from swarm.replicas.hostile_donor import serve_bad_state
 from swarm.replicas.membership import PROBE_S, Membership
+from swarm.replicas.own_state import OwnStateCheck
 from swarm.replicas.placement import HOLD_S, Rebalancer
 from swarm.replicas.router import Router
-from swarm.replicas.vouched import vouched_hashes
+from swarm.replicas.vouched import vouched_hashes, vouched_states
 from swarm.trust.signed_records import sign_record
 
 log = logging.getLogger(__name__)
@@ -115,6 +118,7 @@ class ReplicaContext:
     allowed_stages: frozenset[int] | None = None  # the stages that fit this peer's memory (None: all)
     checkpointing: bool = False  # activation checkpointing per block (peer/stage.py)
     spot_check_rate: float | None = None  # the share of replicas' work a leader recomputes (None: its default)
+    serve_bad_state: str | None = None  # tests: serve joiners a corrupted state (swarm/replicas/hostile_donor.py)
 
 
 class ReplicaService:
@@ -151,8 +155,17 @@ class ReplicaService:
         sync.daemon = peer.daemon
         peer.commit.on_lease = lambda: ctx.router.lease(fresh=True)  # the coordinator revoked a lease
         peer.snapshots.vouched = lambda: vouched_hashes(ctx.sdht, self.spec.run_hash, self.stage)
+        # a coordinator with --checkpoint-dir holds the vouched snapshots too (swarm/replicas/checkpoint_keeper.py)
+        peer.snapshots.extra_holders = [p for p in [self.spec.extra.get("coordinator_peer")] if p]
+        states = lambda: vouched_states(ctx.sdht, self.spec.run_hash, self.stage)  # noqa: E731
+        peer.vouched = VouchedStates(states)  # a joiner loads only a state whose hash the swarm key vouches for
+        peer.state.hashed_only = bool(self.spec.extra.get("coordinator_peer"))  # and a donor serves such a state
+        self.own_check = OwnStateCheck(peer, states, self._resync, ctx.report)
+        if ctx.serve_bad_state:
+            serve_bad_state(peer, ctx.serve_bad_state)
         if peer.driver is not None:
             peer.driver.on_committed = self._after_commit
+            peer.driver.votes.on_agreed = self._vouch_states
         if batches is not None:  # a head: it sums only with a leader whose step records its own data confirms
             peer.commit.check_record = StepRecordCheck(
                 self.spec.run_hash, self.spec.n_microbatches, batches, self._report_record,
@@ -199,16 +212,8 @@ class ReplicaService:
     # ------------------------------------------------------------------ getting the state
     async def _acquire_state(self) -> None:
         ctx, peer, runner = self.ctx, self.peer, self.runner
-        donors = [a for a in await ctx.router.live_peers(self.stage, fresh=True) if a.peer_id != ctx.peer_id]
-        if donors:
-            await peer.announce("syncing")
-            order = [a.peer_id for a in sorted(donors, key=lambda a: (-a.step, -a.throughput, a.peer_id))]
-            try:
-                donor = await peer.join(order)
-                ctx.report.write("joined", stage=self.stage, donor=donor, step=runner.step)
-                return
-            except StateError as e:
-                log.warning("%s; starting from this peer's own state instead", e)
+        if await self._download():
+            return
         path = checkpoint_path(ctx.checkpoint_dir, self.spec.run_hash, self.stage) if ctx.checkpoint_dir else None
         if ctx.resume and path is not None and path.exists():
             state = await asyncio.to_thread(load_checkpoint, path)
@@ -220,6 +225,29 @@ class ReplicaService:
                 await self._restore(swarm_step)
         await self.sync.catch_up(peer.daemon)
         peer.daemon.stepped()
+
+    async def _download(self) -> bool:
+        """Join from a live replica of the stage (the first in order of announced step and throughput that
+        gives a vouched state); False if there is none, or none gave one."""
+        ctx = self.ctx
+        donors = [a for a in await ctx.router.live_peers(self.stage, fresh=True) if a.peer_id != ctx.peer_id]
+        if not donors:
+            return False
+        await self.peer.announce("syncing")
+        order = [a.peer_id for a in sorted(donors, key=lambda a: (-a.step, -a.throughput, a.peer_id))]
+        try:
+            donor = await self.peer.join(order, announced={a.peer_id: a.step for a in donors})
+        except StateError as e:
+            log.warning("%s; starting from this peer's own state instead", e)
+            return False
+        ctx.report.write("joined", stage=self.stage, donor=donor, step=self.runner.step)
+        return True
+
+    async def _resync(self) -> None:
+        """This replica's state differs from the vouched one: download the stage's state again."""
+        if not await self._download():
+            log.error("stage %d: no replica gave a vouched state; this replica goes on with its own", self.stage)
+        await self.peer.announce("online")
 
     async def _restore(self, swarm_step: int) -> None:
         """The stage lost every replica after the swarm trained: load its newest snapshot (the swarm
@@ -287,6 +315,7 @@ class ReplicaService:
                  f" ({record.attempts} attempts)" if record.attempts > 1 else "")
 
     def _after_step(self, step: int) -> None:
+        self.own_check.after_step(step)
         if self.ctx.checkpoint_dir and self.ctx.checkpoint_every and step % self.ctx.checkpoint_every == 0:
             if self._saving is None or self._saving.done():
                 self._saving = asyncio.create_task(self.save_checkpoint())
@@ -302,6 +331,15 @@ class ReplicaService:
             self._vouched_step = max(self._vouched_step, at)
             record = sign_record(self.ctx.sdht.identity)(WorkRecord(self.spec.run_hash, steps, self.ctx.peer_id,
                                                                     workers, snapshot_step=at, snapshots=hashes))
+            self.peer.daemon.spawn(self.sync.send_work(record.encode()))
+
+    def _vouch_states(self, steps: int, hashes: dict[int, str]) -> None:
+        """The leader's tally of the replicas' state hashes after `steps` steps (peer/state_votes.py): to the
+        coordinator, which vouches for them."""
+        self.ctx.report.write("state_record", step=steps, hashes={str(s): h for s, h in hashes.items()})
+        record = sign_record(self.ctx.sdht.identity)(WorkRecord(self.spec.run_hash, steps, self.ctx.peer_id, {},
+                                                                state_step=steps, states=hashes))
+        if self.sync is not None:
             self.peer.daemon.spawn(self.sync.send_work(record.encode()))
 
     async def _report_record(self, record: bytes) -> None:

@@ -9,6 +9,12 @@ names (`swarm/basis/refit.py` checks that first) and keeps the newest `keep` ste
 signed by the swarm key, `VouchedSnapshots`, in the DHT. A peer that restores a stage
 (`peer/snapshots.py`) loads only a snapshot whose (step, hash) is vouched for, when any is: a
 custodian majority that holds a poisoned snapshot decides nothing.
+
+State hashes after each step (issue 21, item 4) take the same road: the leading head sends a
+work record that names the hash every stage's replicas agreed on after a step (`state_step`,
+`states`: `peer/state_votes.py`), the coordinator keeps the newest `KEEP_STATES` steps under the
+swarm key in a second record, and a joiner loads a donor's state only if its sha256 is the one
+vouched for at its step (`peer/vouched_state.py`).
 """
 from __future__ import annotations
 
@@ -21,12 +27,32 @@ log = logging.getLogger(__name__)
 
 VOUCH_TTL_S = 86400.0
 KEEP = 4  # snapshot steps vouched for at a time: every stage keeps its 2 newest, custodians too
+KEEP_STATES = 8  # steps whose state hashes are vouched for at a time (a joiner's download is one or two behind)
 
 
 class SnapshotVouch:
     def __init__(self, sdht: SwarmDHT, run_hash: str, n_stages: int, keep: int = KEEP) -> None:
         self.sdht, self.run_hash, self.n_stages, self.keep = sdht, run_hash, n_stages, keep
         self.vouched = VouchedSnapshots(run_hash, {})
+        self.states = VouchedSnapshots(run_hash, {})  # step -> stage -> the state hash its replicas agreed on
+        # called with (step, stage -> sha256) after a new snapshot step is vouched for (the coordinator's keeper)
+        self.on_vouched = None
+
+    async def on_record(self, record: WorkRecord) -> None:
+        """A verified work record from a lease holder: its snapshot hashes and its state hashes."""
+        await self.take(record)
+        await self.take_states(record)
+
+    async def take_states(self, record: WorkRecord) -> bool:
+        """Vouch for the record's state hashes if its step is newer than every one vouched for; True if stored."""
+        step, hashes = record.state_step, record.states
+        if step <= 0 or not hashes or step <= max(self.states.steps, default=0):
+            return False
+        steps = {**self.states.steps, step: dict(hashes)}
+        self.states = VouchedSnapshots(self.run_hash, {t: steps[t] for t in sorted(steps)[-KEEP_STATES:]})
+        stored = await self.sdht.publish_vouched(self.states, VOUCH_TTL_S, states=True)
+        log.debug("vouched for the state hashes after step %d (stages %s)", step, sorted(hashes))
+        return stored
 
     async def take(self, record: WorkRecord) -> bool:
         """A verified work record from a lease holder: vouch for its snapshot hashes if they are new
@@ -39,11 +65,15 @@ class SnapshotVouch:
         stored = await self.sdht.publish_vouched(self.vouched, VOUCH_TTL_S)
         log.info("vouched for the snapshots at step %d (from %s's record)%s", step, record.leader[-8:],
                  "" if stored else "; the DHT did not store it, the next record retries")
+        if self.on_vouched is not None:
+            self.on_vouched(step, dict(hashes), record.leader)
         return stored
 
     async def republish(self) -> None:
         if self.vouched.steps:
             await self.sdht.publish_vouched(self.vouched, VOUCH_TTL_S)
+        if self.states.steps:
+            await self.sdht.publish_vouched(self.states, VOUCH_TTL_S, states=True)
 
 
 async def vouched_hashes(sdht: SwarmDHT, run_hash: str, stage: int) -> dict[int, str]:
@@ -52,6 +82,19 @@ async def vouched_hashes(sdht: SwarmDHT, run_hash: str, stage: int) -> dict[int,
         vouched = await sdht.fetch_vouched(run_hash)
     except Exception as e:  # no coordinator key, or a DHT hiccup: the restore falls back to the custodians' word
         log.debug("could not read the vouched snapshots: %s", e)
+        return {}
+    if vouched is None:
+        return {}
+    return {t: h[stage] for t, h in vouched.steps.items() if stage in h}
+
+
+async def vouched_states(sdht: SwarmDHT, run_hash: str, stage: int) -> dict[int, str]:
+    """steps -> the sha256 the swarm key vouches for, of `stage`'s state after that many steps ({}: none, or
+    unreadable)."""
+    try:
+        vouched = await sdht.fetch_vouched(run_hash, states=True)
+    except Exception as e:  # no coordinator key, or a DHT hiccup: nothing to check against
+        log.debug("could not read the vouched state hashes: %s", e)
         return {}
     if vouched is None:
         return {}

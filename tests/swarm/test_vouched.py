@@ -7,7 +7,7 @@ import pytest
 
 from protocol.step_record import WorkRecord
 from swarm.dht import RecordError, VouchedSnapshots
-from swarm.replicas.vouched import SnapshotVouch, vouched_hashes
+from swarm.replicas.vouched import KEEP_STATES, SnapshotVouch, vouched_hashes, vouched_states
 from tests.swarm.test_dht import eventually, swarm  # noqa: F401  (the fixture: two real DHT nodes)
 from tests.swarm.test_leases import swarm_key_views
 
@@ -21,9 +21,10 @@ def sha(i: int) -> str:
 class Stored:
     def __init__(self) -> None:
         self.records: list[VouchedSnapshots] = []
+        self.states: list[VouchedSnapshots] = []
 
-    async def publish_vouched(self, vouched: VouchedSnapshots, ttl: float) -> bool:
-        self.records.append(VouchedSnapshots.from_record(vouched.to_record()))
+    async def publish_vouched(self, vouched: VouchedSnapshots, ttl: float, states: bool = False) -> bool:
+        (self.states if states else self.records).append(VouchedSnapshots.from_record(vouched.to_record()))
         return True
 
 
@@ -44,6 +45,28 @@ async def test_the_coordinator_vouches_only_for_complete_new_steps_and_keeps_the
         VouchedSnapshots(RUN, {10: {0: "not a hash"}})
 
 
+def states(step: int, hashes: dict[int, str]) -> WorkRecord:
+    return WorkRecord(RUN, step, "leader", {}, state_step=step, states=hashes)
+
+
+async def test_the_coordinator_vouches_for_each_newer_steps_state_hashes_and_keeps_the_newest_few():
+    dht = Stored()
+    vouch = SnapshotVouch(dht, RUN, n_stages=3)
+    assert await vouch.take_states(states(4, {0: sha(1), 2: sha(2)}))  # stage 1 tied: the others still vouched
+    assert not await vouch.take_states(states(4, {0: sha(9)}))  # a step is vouched for once
+    assert not await vouch.take_states(states(0, {0: sha(9)})) and not await vouch.take_states(states(8, {}))
+    for step in range(8, 8 + 4 * KEEP_STATES, 4):
+        assert await vouch.take_states(states(step, {0: sha(step), 1: sha(step + 1), 2: sha(step + 2)}))
+    assert not await vouch.take_states(states(12, {0: sha(9)}))  # older than the newest: late, not taken
+    newest = dht.states[-1].steps
+    assert len(newest) == KEEP_STATES and max(newest) == 4 + 4 * KEEP_STATES and newest[36][1] == sha(37)
+    assert not dht.records  # no snapshot was vouched for by records of states only
+    await vouch.on_record(WorkRecord(RUN, 51, "leader", {0: ["a"]}, snapshot_step=50,
+                                     snapshots={0: sha(1), 1: sha(2), 2: sha(3)}, state_step=48,
+                                     states={0: sha(4)}))
+    assert dht.records[-1].steps[50][2] == sha(3) and dht.states[-1].steps[48] == {0: sha(4)}  # both, one record
+
+
 @pytest.mark.e2e
 async def test_a_peer_reads_the_vouched_hashes_of_its_stage_under_the_swarm_key_only(swarm):  # noqa: F811
     coordinator, forger, reader = swarm_key_views(swarm)
@@ -52,3 +75,8 @@ async def test_a_peer_reads_the_vouched_hashes_of_its_stage_under_the_swarm_key_
     assert await SnapshotVouch(coordinator, RUN, n_stages=2).take(record(50, {0: sha(1), 1: sha(2)}))
     found = await eventually(lambda: vouched_hashes(reader, RUN, 1))  # the record travels between the nodes
     assert found == {50: sha(2)}
+    # the state hashes after each step: a record of their own, under the swarm key only
+    assert await forger.publish_vouched(VouchedSnapshots(RUN, {900: {1: sha(66)}}), 60, states=True)
+    assert await vouched_states(reader, RUN, 1) == {}
+    assert await SnapshotVouch(coordinator, RUN, n_stages=2).take_states(states(8, {0: sha(3), 1: sha(4)}))
+    assert await eventually(lambda: vouched_states(reader, RUN, 1)) == {8: sha(4)}

@@ -1,0 +1,59 @@
+"""`VouchedStates`: a joiner's check that the state a donor serves is one the swarm had.
+
+After every step the leading head tallies the replicas' state hashes and the coordinator
+vouches for each stage's agreed one (`peer/state_votes.py`, `swarm/replicas/vouched.py`): step
+-> sha256 of the stage's state after that many steps, for the newest few steps. A joiner
+
+- skips a donor that announces a step past the newest vouched one by more than `slack` (the
+  records lag the swarm: states are hashed every `HASH_EVERY` steps, and a record takes a step to
+  come through the coordinator): a step the records do not know is a lie, and such a
+  donor would be tried first (donors are tried in order of announced step and throughput);
+- after a download, waits (at most `wait` seconds) until the records hold the state's step and
+  loads the state only if its sha256 is the vouched one. A donor's own sha256 of what it
+  serves proves only that it agrees with itself.
+
+With no record at all (no coordinator, or a swarm before its first step) nothing can be
+checked and the state is taken on the donor's word, as before vouching; the log says so.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from .state_hash import HASH_EVERY
+
+log = logging.getLogger(__name__)
+
+
+class VouchedStates:
+    def __init__(self, hashes: Callable[[], Awaitable[dict[int, str]]], *, wait: float = 60.0, poll: float = 0.5,
+                 slack: int = 2 * HASH_EVERY + 2) -> None:
+        self.hashes, self.wait, self.poll, self.slack = hashes, wait, poll, slack
+
+    async def donor_problem(self, announced_step: int) -> str | None:
+        """Why a donor that announces `announced_step` is not asked, or None."""
+        known = await self.hashes()
+        if known and announced_step > max(known) + self.slack:
+            return (f"it announces step {announced_step}, which the swarm's records do not know (the newest vouched "
+                    f"state is at step {max(known)})")
+        return None
+
+    async def check(self, step: int, sha256: str) -> str | None:
+        """Why a state at `step` (steps applied) with this sha256 is refused, or None to load it."""
+        deadline = time.monotonic() + self.wait
+        while True:
+            known = await self.hashes()
+            if not known:
+                log.warning("no state hash is vouched for yet: the state at step %d is taken unchecked", step)
+                return None
+            if step in known:
+                if known[step] == sha256:
+                    return None
+                return f"its sha256 differs from the one the swarm's records hold for step {step}"
+            if step < min(known):
+                return f"its step {step} is older than every step the swarm's records hold ({min(known)}-{max(known)})"
+            if time.monotonic() > deadline:
+                return f"no record vouches for its step {step} (the newest vouched state is at step {max(known)})"
+            await asyncio.sleep(self.poll)  # the record of the step is on its way through the coordinator

@@ -1,0 +1,71 @@
+"""`OwnStateCheck`: a replica compares its own state hash with the one the swarm key vouches for
+(issue 21, item 4), and downloads the stage's state again when they differ.
+
+It checks the first step it applies in a reduce after it started or joined (so a joiner learns
+at once that what it loaded and caught up on is the swarm's state: the hash it reports after
+that step is the one the record holds), and then every `every` steps: the leader already takes
+a replica whose hash differs out of the stage (`peer/state_votes.py`); this is how an honest
+replica that went astray (a bad download, a bit flip) finds out and comes back by itself.
+Each check is one read of the DHT record; the hash itself is computed at the apply anyway.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from peer.stage_peer import StagePeer
+
+log = logging.getLogger(__name__)
+
+CHECK_EVERY = 10  # steps between a replica's checks of its own state hash, after the first
+WAIT_S = 60.0  # how long a check waits for the record of its step (it comes through the coordinator)
+
+
+class OwnStateCheck:
+    def __init__(self, peer: StagePeer, hashes: Callable[[], Awaitable[dict[int, str]]],
+                 resync: Callable[[], Awaitable[None]], report, every: int = CHECK_EVERY,
+                 wait: float = WAIT_S) -> None:
+        self.peer, self.hashes, self.resync, self.report = peer, hashes, resync, report
+        self.every, self.wait = every, wait
+        self.checked = 0  # the steps of the last state checked (0: none yet)
+        self._running = False
+
+    def after_step(self, steps: int) -> None:
+        """The stage applied its `steps`-th step: check its hash if one was taken and a check is due."""
+        state = self.peer.commit.last_state
+        due = self.checked == 0 or steps - self.checked >= self.every
+        if state is None or state[0] != steps or not due or self._running:
+            return
+        self.checked, self._running = steps, True
+        self.peer.daemon.spawn(self._check(*state))
+
+    async def _check(self, steps: int, sha256: str) -> None:
+        try:
+            await self._compare(steps, sha256)
+        finally:
+            self._running = False
+
+    async def _compare(self, steps: int, sha256: str) -> None:
+        deadline = time.monotonic() + self.wait
+        while True:
+            known = await self.hashes()
+            if steps in known or (known and min(known) > steps) or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.5)  # the record of this step is on its way through the coordinator
+        vouched = known.get(steps)
+        if vouched is None:
+            log.info("stage %d: no record vouches for step %d; this replica's state there is not checked",
+                     self.peer.runner.stage, steps)
+            return
+        self.report.write("state_checked", stage=self.peer.runner.stage, step=steps, sha256=sha256,
+                          vouched=vouched, agrees=vouched == sha256)
+        if vouched == sha256:
+            log.info("stage %d: this replica's state after step %d is the one the swarm vouches for",
+                     self.peer.runner.stage, steps)
+            return
+        log.warning("stage %d: this replica's state after step %d differs from the one the swarm vouches for; it "
+                    "downloads the stage's state again", self.peer.runner.stage, steps)
+        self.checked = 0  # the state downloaded next is checked at its first step
+        await self.resync()

@@ -1,0 +1,71 @@
+"""Vouched state (issue 21, item 4) and the coordinator's snapshots (issue 19), in real processes
+over libp2p: two replicas of stage 1 that train honestly but serve joiners noisy weights under
+their own sha256 (the stock peer with a hidden test flag), both boasting a huge throughput and a
+step ahead of the swarm (one 1000 steps, one 2), so that a joiner tries them first. The joiner skips the one whose step
+the swarm's records do not know, refuses the other's state (its hash is not the vouched one),
+takes the state of the honest replica, and after its next step its own state hash is the one
+the leader's record holds. The coordinator, started with --checkpoint-dir, wrote every stage's
+vouched snapshots to files."""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import re
+import time
+
+from protocol.spec import preset
+from swarm.local import LocalOptions, LocalSwarm
+from tests.e2e.conftest import wait_for_event
+
+STEPS = "100000"  # the head never finishes: the test stops it
+STAY = ["--rebalance-period", "0"]  # four replicas of stage 1 and one head: nobody moves
+
+
+def _wait(swarm: LocalSwarm, what, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not what():
+        assert time.monotonic() < deadline, f"timed out; see the logs in {swarm.dir}"
+        swarm._check_alive()
+        time.sleep(0.2)  # poll interval of reports other processes write
+
+
+def _steps(swarm: LocalSwarm) -> int:
+    return len([e for e in swarm.events("head") if e["event"] == "step"])
+
+
+async def test_a_joiner_refuses_hostile_donors_takes_the_vouched_state_and_the_coordinator_keeps_snapshots(tmp_path):
+    spec = preset("tiny", stages=2, batch_size=16, microbatch_size=8)
+    checkpoints = tmp_path / "coordinator-snapshots"
+    swarm = LocalSwarm(LocalOptions(spec, steps=int(STEPS), workdir=str(tmp_path / "run"), threads=1, quiet=True,
+                                    extra_peer_args=["--ttl", "6", *STAY]))
+    swarm.head_names = lambda: ["head"]
+    try:
+        await asyncio.to_thread(swarm.start_coordinator, "--checkpoint-dir", str(checkpoints), "--snapshot-every", "3")
+        swarm.start_peer(0, "--steps", STEPS, name="head")
+        wait_for_event(swarm, "head", "ready")
+        swarm.start_peer(1, name="honest")
+        await asyncio.to_thread(_wait, swarm, lambda: _steps(swarm) >= 3)
+        for how in ("far", "near"):
+            swarm.start_peer(1, "--serve-bad-state", how, name=f"liar_{how}")
+            wait_for_event(swarm, f"liar_{how}", "joined", timeout=180)
+        await asyncio.to_thread(_wait, swarm, lambda: _steps(swarm) >= 8)
+        swarm.start_peer(1, name="joiner")
+        joined = wait_for_event(swarm, "joiner", "joined", timeout=180)[0]
+        checked = wait_for_event(swarm, "joiner", "state_checked", timeout=180)[0]
+        record = [e for e in swarm.events("head") if e["event"] == "state_record" and e["step"] == checked["step"]]
+    finally:
+        await asyncio.to_thread(swarm.stop, 5.0)
+    honest = next(e for e in swarm.events("honest") if e["event"] == "ready")["peer_id"]
+    assert joined["donor"] == honest
+    log = (swarm.dir / "joiner.log").read_text()
+    assert re.search(r"is not asked for the state: it announces step \d+, which the swarm's records do not know", log)
+    assert "is refused: its sha256 differs from the one the swarm's records hold" in log
+    # the joiner's state after its first step in a reduce is the one the leader's signed record holds
+    assert checked["step"] > joined["step"] and checked["agrees"] and checked["sha256"] == checked["vouched"]
+    assert record and record[0]["hashes"]["1"] == checked["sha256"]
+    # the coordinator fetched every stage's vouched snapshots and wrote them: each file's bytes match its name
+    files = sorted((checkpoints / swarm.run_hash).glob("*.snap"))
+    stages = {int(re.match(r"stage(\d+)-", f.name)[1]) for f in files}
+    assert stages == {0, 1}, [f.name for f in files]
+    for f in files:
+        assert hashlib.sha256(f.read_bytes()).hexdigest() == f.name.rsplit("-", 1)[1].removesuffix(".snap")

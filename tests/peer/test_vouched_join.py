@@ -1,0 +1,144 @@
+"""Vouched state in a whole swarm, in memory (fp64): the leading head tallies every replica's
+state hash from its apply replies, a joiner refuses a donor that serves noisy weights (under
+their own sha256) and takes the state of an honest one, whose hash is the swarm's after the next
+step; a replica whose state went astray is found odd and taken out at once."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import torch
+
+from peer.loopback import LoopbackLink
+from peer.state_hash import state_bytes, state_sha256
+from peer.vouched_state import VouchedStates
+from protocol.wire import KIND_STATE
+from swarm.replicas.hostile_donor import serve_bad_state
+from tests.peer.swarm_in_memory import make_swarm
+from tests.peer.test_replicas import assert_close, spec_for
+
+STEPS = 7
+
+
+async def test_a_joiner_refuses_a_noisy_donor_and_its_state_is_the_swarms_after_the_next_step(oracle_runs):
+    spec = spec_for("subspace", "fp64")
+    swarm = await make_swarm(spec, [1, 2])
+    agreed: dict[int, dict[int, str]] = {}
+    head = swarm.peers["s0r0"]
+    for peer in swarm.peers.values():  # hashed every 2nd step; a donor serves a state at such a step
+        peer.commit.hash_every, peer.state.hashed_only = 2, True
+    head.driver.votes.on_agreed = lambda steps, hashes: agreed.setdefault(steps, hashes)
+    reported: dict[tuple[str, int], str] = {}  # (peer, steps) -> the state hash in its apply reply
+
+    def heard(peer: str, state: tuple[int, str]) -> None:
+        reported[(peer, state[0])] = state[1]
+        head.driver.votes.add(peer, state)
+    head.driver._commands.on_apply = heard
+    serve_bad_state(swarm.peers["s1r1"], "near")  # trains honestly, serves noise, boasts 1e9 tokens/s
+
+    async def stage1_records() -> dict[int, str]:
+        return {t: h[1] for t, h in agreed.items() if 1 in h}
+
+    async def join() -> tuple[object, str, int]:
+        while len(swarm.logs) < 3:
+            await asyncio.sleep(0.01)  # poll the run's progress
+        newcomer = await swarm.add(1, "s1new", announce="syncing")
+        newcomer.commit.hash_every = 2
+        newcomer.vouched = VouchedStates(stage1_records, wait=60.0, poll=0.05)
+        announced = {p: swarm.peers[p].status().step for p in ("s1r1", "s1r0")}
+        donor = await newcomer.join(["s1r1", "s1r0"], announced=announced)  # the liar first, as it boasts
+        await newcomer.announce("online")
+        return newcomer, donor, len(swarm.logs)
+    try:
+        task = asyncio.create_task(join())
+        logs = await swarm.drive(STEPS)
+        newcomer, donor, joined_at = await task
+        await swarm.applied()
+    finally:
+        await swarm.stop()
+    assert donor == "s1r0" and joined_at < STEPS - 1
+    # after the next step it applied in a reduce, its state hash is the one the swarm agreed on (and its donor's)
+    after = sorted(t for (p, t) in reported if p == "s1new" and t in agreed)
+    assert after == [6], (after, joined_at)  # it joined at step 4, the donor's hashed step
+    assert all(reported[("s1new", t)] == agreed[t][1] == reported[("s1r0", t)] for t in after)
+    assert newcomer.commit.last_state == (STEPS - 1, reported[("s1r0", STEPS - 1)])
+    assert all(set(h) == {0, 1} for h in agreed.values()) and sorted(agreed) == [2, 4, 6]
+    assert state_sha256(newcomer.runner.state_dict()) == state_sha256(swarm.peers["s1r0"].runner.state_dict())
+    assert_close([log.loss for log in logs], oracle_runs.losses(spec, STEPS), 1e-10)
+
+
+async def test_a_replica_whose_state_goes_astray_is_found_odd_and_taken_out():
+    spec = spec_for("subspace", "fp64")
+    swarm = await make_swarm(spec, [1, 3])
+    head = swarm.peers["s0r0"]
+    taken_out: list[tuple[str, bool, int]] = []  # (peer, as a bad-data peer, steps logged then)
+    head.directory.report_failure = lambda peer, bad_data=False: taken_out.append((peer, bad_data, len(swarm.logs)))
+    agreed: dict[int, dict[int, str]] = {}
+    head.driver.votes.on_agreed = lambda steps, hashes: agreed.setdefault(steps, hashes)
+    astray = swarm.peers["s1r2"]
+    for peer in swarm.peers.values():
+        peer.commit.hash_every = 1
+
+    def flip() -> None:  # a bit flip in one weight of one replica
+        p = next(astray.runner.module.parameters())
+        with torch.no_grad():
+            p.view(-1)[0] += 1e-3
+
+    def on_step(log) -> None:
+        if log.step == 2:
+            asyncio.get_running_loop().create_task(astray.daemon.run(flip))
+    try:
+        await swarm.drive(4, on_step)
+        await swarm.applied()
+    finally:
+        await swarm.stop()
+    assert taken_out and {p for p, _, _ in taken_out} == {"s1r2"} and all(bad for _, bad, _ in taken_out)
+    assert min(at for _, _, at in taken_out) >= 2  # not before its state went astray
+    assert sorted(agreed) == [1, 2, 3] and all(set(h) == {0, 1} for h in agreed.values())  # 2 of 3 agree
+
+
+class SlowStateLink(LoopbackLink):
+    """A joiner's link whose first state chunk arrives only once the swarm has done another step
+    (however slow a loaded machine makes steps), so the donor must forward it that step's sum."""
+    swarm = None
+
+    async def request(self, peer: str, kind: str, body: bytes, timeout: float | None = None) -> bytes:
+        reply = await super().request(peer, kind, body, timeout)
+        if kind == KIND_STATE and len(reply) > 1024 and not getattr(self, "_held", False):
+            self._held, done, deadline = True, len(self.swarm.logs), time.monotonic() + 120
+            while len(self.swarm.logs) <= done and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)  # poll the run's progress
+        return reply
+
+
+async def test_a_joiner_that_catches_up_from_a_lone_donor_has_its_donors_state_statistic_and_bytes_included():
+    # found by the state hashes: a lone replica forwarded its step's statistic after the step had
+    # zeroed it (on the CPU the forwarded tensor was the accumulator itself), so a joiner's re-fit
+    # statistic drifted from its donor's while every weight agreed
+    spec = spec_for("subspace", "fp64")
+    swarm = await make_swarm(spec, [1, 1])
+    SlowStateLink.swarm = swarm
+    forwarded = []
+
+    async def join() -> object:
+        while len(swarm.logs) < 2:
+            await asyncio.sleep(0.01)  # poll the run's progress
+        newcomer = await swarm.add(1, "s1new", link_cls=SlowStateLink, announce="syncing")
+        apply = newcomer.follower._apply
+        newcomer.follower._apply = lambda update: (forwarded.append(update.step), apply(update))[1]
+        await newcomer.join(["s1r0"])
+        await newcomer.announce("online")
+        return newcomer
+    try:
+        task = asyncio.create_task(join())
+        await swarm.drive(STEPS)
+        newcomer = await task
+        await swarm.applied()
+    finally:
+        await swarm.stop()
+    assert forwarded, "the donor forwarded no step: the test tested nothing"
+    donor = swarm.peers["s1r0"].runner
+    assert newcomer.runner.stat is not None and torch.equal(newcomer.runner.stat, donor.stat)
+    assert state_sha256(newcomer.runner.state_dict()) == state_sha256(donor.state_dict())
+    # and its serialised state (its snapshots) is byte for byte its donor's, although it was loaded from bytes
+    assert state_bytes(newcomer.runner.state_dict()) == state_bytes(donor.state_dict())

@@ -1,0 +1,54 @@
+"""A replica's check of its own state hash against the vouched one (swarm/replicas/own_state.py):
+the first hashed step, then every `every` steps; a mismatch makes it download the state again."""
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+from swarm.replicas.own_state import OwnStateCheck
+
+
+def sha(i: int) -> str:
+    return f"{i:064x}"
+
+
+class Report:
+    def __init__(self) -> None:
+        self.events: list[dict] = []
+
+    def write(self, event: str, **fields) -> None:
+        self.events.append({"event": event, **fields})
+
+
+def fake_peer():
+    tasks: list[asyncio.Task] = []
+    daemon = SimpleNamespace(spawn=lambda coro: tasks.append(asyncio.get_running_loop().create_task(coro)))
+    peer = SimpleNamespace(commit=SimpleNamespace(last_state=None), daemon=daemon, runner=SimpleNamespace(stage=1))
+    return peer, tasks
+
+
+async def test_a_replica_checks_its_first_hashed_step_then_every_few_and_resyncs_on_a_mismatch():
+    peer, tasks = fake_peer()
+    vouched = {4: sha(4), 8: sha(8), 12: sha(99)}
+    resyncs = []
+
+    async def hashes() -> dict[int, str]:
+        return dict(vouched)
+
+    async def resync() -> None:
+        resyncs.append(peer.commit.last_state[0])
+    report = Report()
+    check = OwnStateCheck(peer, hashes, resync, report, every=8, wait=5.0)
+    check.after_step(3)  # no hash taken at this step: nothing to check
+    for steps in (4, 8, 12):
+        peer.commit.last_state = (steps, sha(steps))
+        check.after_step(steps)
+        await asyncio.gather(*tasks)
+    checked = [e["step"] for e in report.events]
+    assert checked == [4, 12]  # the first, then once 8 steps have passed (8 is not due)
+    assert [e["agrees"] for e in report.events] == [True, False] and resyncs == [12]
+    peer.commit.last_state = (16, sha(16))  # after a re-sync the next hashed step is checked at once
+    vouched[16] = sha(16)
+    check.after_step(16)
+    await asyncio.gather(*tasks)
+    assert report.events[-1]["step"] == 16 and report.events[-1]["agrees"] and resyncs == [12]
