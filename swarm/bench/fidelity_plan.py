@@ -13,6 +13,10 @@ Groups (docs/fidelity.md reads them in this order):
 - `lr`, `optimizer`, `embed`, `layers`, `refit`: one cause at a time against the subspace
   baseline of the same plan (its lr, second-moment scaling, embedding split, number of
   constrained layers, re-fit statistic / interval / step).
+- `gap`, `gap-seed1` (not in the default plan: `--groups gap,gap-seed1`): why the constrained
+  layers add nothing (docs/fidelity.md 3d), each with its own dense and subspace references of
+  seed 0 / seed 1: one compressed boundary instead of two, the constraint with full-width
+  boundaries, and lr multipliers of the constrained weights and stages.
 
 Plans: "gpu" (bf16, the `small` shape, one microbatch per step; sized for ~10 minutes of 4 H100s),
 "cpu" (fp32, d=128, 4 layers, 3 of them constrained: the reduced size the CPU results in
@@ -28,6 +32,8 @@ from protocol.spec import RunSpec, preset
 from .fidelity_train import Job
 
 GROUPS = ("scale", "headline", "frontier", "seeds", "lr", "optimizer", "embed", "layers", "refit")
+GAP_GROUPS = ("gap", "gap-seed1")  # asked for by name; each compared with its own references
+ALL_GROUPS = GROUPS + GAP_GROUPS
 
 
 @dataclass(frozen=True)
@@ -168,6 +174,39 @@ def refit_jobs(s: PlanShape, priority: int = 3) -> list[Job]:
     return out
 
 
+def gap_jobs(s: PlanShape, seed: int, group: str, priority: int = 2) -> list[Job]:
+    """Why the constrained layers add nothing, at one seed: the references (dense, the baseline, the
+    dense floor of the free last stage), then one cause each. The subspace codec is exact, so a
+    boundary costs only its constraint on the layers before it: "3-3-2 with the second boundary
+    dense" is the layout 3-5 (stage 1 has no compressed boundary after it, so it is free), "with
+    the first boundary dense" is 6-2; both boundaries at full width keep the constraint on all six
+    (`Job.boundary = "full"`: the constraint without the compression)."""
+    b = s.base.replace(seed=seed)
+    L, free = b.n_layers, b.stage_layers[-1]
+    out = [_job("dense", group, dense(b), priority),
+           _job(f"subspace k={b.rank} fixed U", group, b, priority, "the baseline"),
+           _job(f"dense with only the {free} free layer(s)", group, dense(b, n_layers=free, stage_layers=(free,)),
+                priority, "the floor of the baseline")]
+    head = sum(b.stage_layers[:-1])
+    for layout in ((head, free), (head // 2, L - head // 2), (2, L - 2)):
+        out.append(_job(f"one boundary, layers {layout[0]}-{layout[1]}", group, b.replace(stage_layers=layout),
+                        priority, f"{layout[0]} of {L} layers constrained"))
+    out.append(_job(f"layers 1-1-{L - 2}", group, b.replace(stage_layers=(1, 1, L - 2)), priority,
+                    "2 constrained, two boundaries"))
+    rest = L - head // 2
+    out.append(_job(f"dense with only {rest} layers", group, dense(b, n_layers=rest, stage_layers=(rest,)), priority,
+                    f"the floor of layers {head // 2}-{rest}"))
+    out.append(Job("full-width boundaries", group, b, priority,
+                   "the constraint without the compression: each boundary sends h (d numbers)", boundary="full"))
+    for m in (2.0, 4.0, 8.0):
+        out.append(_job(f"constrained weights lr x{m:g}", group, b.replace(constrained_lr_scale=m), priority,
+                        "w_o, w_down and T_S of stages 0..n-2"))
+    for m in (2.0, 4.0, 8.0):
+        out.append(_job(f"constrained stages lr x{m:g}", group, b.replace(constrained_stage_lr_scale=m), priority,
+                        "every parameter of stages 0..n-2"))
+    return out
+
+
 def headline_jobs(s: PlanShape, best: dict | None = None, priority: int = 1) -> list[Job]:
     """`small` at the issue's length: dense, the issue's subspace defaults, and `best` (RunSpec overrides
     the ablations chose), each at 16x."""
@@ -183,11 +222,12 @@ def jobs_for(plan: str, groups: tuple[str, ...] = GROUPS, best: dict | None = No
     s = plan_shape(plan)
     make = {"scale": scale_jobs, "frontier": frontier_jobs, "seeds": seed_jobs, "lr": lr_jobs,
             "optimizer": optimizer_jobs, "embed": embed_jobs, "layers": layer_jobs, "refit": refit_jobs,
-            "headline": lambda s: headline_jobs(s, best)}
+            "headline": lambda s: headline_jobs(s, best), "gap": lambda s: gap_jobs(s, 0, "gap"),
+            "gap-seed1": lambda s: gap_jobs(s, 1, "gap-seed1")}
     unknown = sorted(set(groups) - set(make))
     if unknown:
-        raise ValueError(f"unknown groups {', '.join(unknown)}; choose among {', '.join(GROUPS)}.")
-    jobs = [j for g in GROUPS if g in groups for j in make[g](s)]
+        raise ValueError(f"unknown groups {', '.join(unknown)}; choose among {', '.join(ALL_GROUPS)}.")
+    jobs = [j for g in ALL_GROUPS if g in groups for j in make[g](s)]
     for j in jobs:  # the ablations and the frontier train the plan's step count
         if j.group not in ("scale", "headline"):
             j.spec = j.spec.replace(total_steps=s.steps)

@@ -17,6 +17,7 @@ import torch
 from peer.corpus import load_corpus
 from peer.data import BatchSource
 from peer.pipeline import InProcessPipeline
+from protocol.codecs import DenseDecoder, DenseEncoder
 from protocol.spec import WIRE_DTYPES, RunSpec
 
 
@@ -29,6 +30,10 @@ class Job:
     spec: RunSpec
     priority: int = 0  # lower runs first
     note: str = ""
+    # "codec": the spec's boundaries; "full" (a bench-only diagnostic, not a run spec option): every boundary
+    # sends the whole residual h (identity encoder and decoder) while the stages keep their subspace
+    # constraint: the constrained model without its compression (protocol/reference.py, boundary=False)
+    boundary: str = "codec"
 
     @property
     def tokens(self) -> int:
@@ -42,6 +47,8 @@ class Job:
         """Payload bytes per token across a boundary, dense (in the same wire dtype) over this job's:
         d e / (w e' + s), e' = 1 byte with int8 and s its per-token scale (d / k for a bf16 subspace)."""
         spec = self.spec
+        if self.boundary == "full":
+            return 1.0
         e = WIRE_DTYPES[spec.wire_dtype].itemsize
         mine = spec.boundary_width * (1 if spec.quant == "int8" else e) + (e if spec.quant == "int8" else 0)
         return spec.d_model * e / mine
@@ -66,6 +73,22 @@ class JobResult:
     truncation: float = 0.0  # mean truncated energy of the constrained weights per switch
     device: str = "cpu"
     error: str = ""
+    boundary: str = "codec"  # Job.boundary
+
+
+def full_width_boundaries(pipe: InProcessPipeline) -> None:
+    """Every boundary of `pipe` sends h itself, in the wire dtype: identity encoders and decoders, the
+    stages (their constraint, optimizer and embedding) as the spec built them. With basis re-fits off,
+    for a subspace spec this is the constrained model without the compression."""
+    if pipe.spec.basis_updates:
+        raise ValueError("full-width boundaries need a fixed basis (basis_updates false): the re-fit statistics "
+                         "are taken at the subspace decoder.")
+    d = pipe.spec.d_model
+    for r in pipe.runners:
+        if not r.is_last:
+            r.module.encoder = DenseEncoder(d)
+        if not r.is_first:
+            r.module.decoder = DenseDecoder(d)
 
 
 @torch.no_grad()
@@ -95,9 +118,12 @@ def train_job(job: Job, data: str | None, device: str = "cpu", eval_every: int =
     src = BatchSource(corpus, spec.seq_len, spec.microbatch_size, spec.data_seed)
     val = src.val_batches(eval_batches)
     pipe = InProcessPipeline(spec, device=device, serialize=False)
+    if job.boundary == "full":
+        full_width_boundaries(pipe)
     steps, per_step = spec.total_steps, spec.batch_size * spec.seq_len
     eval_every = eval_every or max(1, steps // 10)
-    res = JobResult(job.name, job.group, spec.to_dict(), job.note, job.compression(), 0, 0, math.nan, device=device)
+    res = JobResult(job.name, job.group, spec.to_dict(), job.note, job.compression(), 0, 0, math.nan, device=device,
+                    boundary=job.boundary)
     losses: list[float] = []
     truncations: list[float] = []
     t0 = time.perf_counter()
