@@ -180,30 +180,36 @@ def gap_jobs(s: PlanShape, seed: int, group: str, priority: int = 2) -> list[Job
     boundary costs only its constraint on the layers before it: "3-3-2 with the second boundary
     dense" is the layout 3-5 (stage 1 has no compressed boundary after it, so it is free), "with
     the first boundary dense" is 6-2; both boundaries at full width keep the constraint on all six
-    (`Job.boundary = "full"`: the constraint without the compression)."""
+    (`Job.boundary = "full"`: the constraint without the compression). Jobs at `priority + 1`
+    (the lr multipliers away from the first seed's findings, 1-1-6, per-stage tables at 3-5) run
+    after the others of the same seed."""
     b = s.base.replace(seed=seed)
     L, free = b.n_layers, b.stage_layers[-1]
-    out = [_job("dense", group, dense(b), priority),
-           _job(f"subspace k={b.rank} fixed U", group, b, priority, "the baseline"),
-           _job(f"dense with only the {free} free layer(s)", group, dense(b, n_layers=free, stage_layers=(free,)),
-                priority, "the floor of the baseline")]
     head = sum(b.stage_layers[:-1])
-    for layout in ((head, free), (head // 2, L - head // 2), (2, L - 2)):
-        out.append(_job(f"one boundary, layers {layout[0]}-{layout[1]}", group, b.replace(stage_layers=layout),
-                        priority, f"{layout[0]} of {L} layers constrained"))
-    out.append(_job(f"layers 1-1-{L - 2}", group, b.replace(stage_layers=(1, 1, L - 2)), priority,
-                    "2 constrained, two boundaries"))
     rest = L - head // 2
-    out.append(_job(f"dense with only {rest} layers", group, dense(b, n_layers=rest, stage_layers=(rest,)), priority,
+    first, later = priority, priority + 1
+    out = [_job("dense", group, dense(b), first),
+           _job(f"subspace k={b.rank} fixed U", group, b, first, "the baseline"),
+           _job(f"dense with only the {free} free layer(s)", group, dense(b, n_layers=free, stage_layers=(free,)),
+                first, "the floor of the baseline")]
+    for layout in ((head, free), (head // 2, rest), (2, L - 2)):
+        out.append(_job(f"one boundary, layers {layout[0]}-{layout[1]}", group, b.replace(stage_layers=layout),
+                        first, f"{layout[0]} of {L} layers constrained"))
+    out.append(_job(f"layers 1-1-{L - 2}", group, b.replace(stage_layers=(1, 1, L - 2)), later,
+                    "2 constrained, two boundaries"))
+    out.append(_job(f"dense with only {rest} layers", group, dense(b, n_layers=rest, stage_layers=(rest,)), first,
                     f"the floor of layers {head // 2}-{rest}"))
-    out.append(Job("full-width boundaries", group, b, priority,
+    out.append(_job(f"one boundary, layers {head // 2}-{rest}, per-stage token tables", group,
+                    b.replace(stage_layers=(head // 2, rest), embed_split="per_stage"), later,
+                    "the free stage adds its own trainable [V, d] table"))
+    out.append(Job("full-width boundaries", group, b, first,
                    "the constraint without the compression: each boundary sends h (d numbers)", boundary="full"))
-    for m in (2.0, 4.0, 8.0):
-        out.append(_job(f"constrained weights lr x{m:g}", group, b.replace(constrained_lr_scale=m), priority,
-                        "w_o, w_down and T_S of stages 0..n-2"))
-    for m in (2.0, 4.0, 8.0):
-        out.append(_job(f"constrained stages lr x{m:g}", group, b.replace(constrained_stage_lr_scale=m), priority,
-                        "every parameter of stages 0..n-2"))
+    for m in (0.25, 0.5, 2.0, 4.0, 8.0):
+        out.append(_job(f"constrained weights lr x{m:g}", group, b.replace(constrained_lr_scale=m),
+                        first if m == 4.0 else later, "w_o, w_down and T_S of stages 0..n-2"))
+    for m in (0.25, 0.5, 2.0, 4.0, 8.0):
+        out.append(_job(f"constrained stages lr x{m:g}", group, b.replace(constrained_stage_lr_scale=m),
+                        first if m in (2.0, 4.0) else later, "every parameter of stages 0..n-2"))
     return out
 
 
@@ -222,8 +228,8 @@ def jobs_for(plan: str, groups: tuple[str, ...] = GROUPS, best: dict | None = No
     s = plan_shape(plan)
     make = {"scale": scale_jobs, "frontier": frontier_jobs, "seeds": seed_jobs, "lr": lr_jobs,
             "optimizer": optimizer_jobs, "embed": embed_jobs, "layers": layer_jobs, "refit": refit_jobs,
-            "headline": lambda s: headline_jobs(s, best), "gap": lambda s: gap_jobs(s, 0, "gap"),
-            "gap-seed1": lambda s: gap_jobs(s, 1, "gap-seed1")}
+            "headline": lambda s: headline_jobs(s, best), "gap": lambda s: gap_jobs(s, 0, "gap", 2),
+            "gap-seed1": lambda s: gap_jobs(s, 1, "gap-seed1", 3)}
     unknown = sorted(set(groups) - set(make))
     if unknown:
         raise ValueError(f"unknown groups {', '.join(unknown)}; choose among {', '.join(ALL_GROUPS)}.")
