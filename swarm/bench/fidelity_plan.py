@@ -13,10 +13,11 @@ Groups (docs/fidelity.md reads them in this order):
 - `lr`, `optimizer`, `embed`, `layers`, `refit`: one cause at a time against the subspace
   baseline of the same plan (its lr, second-moment scaling, embedding split, number of
   constrained layers, re-fit statistic / interval / step).
-- `gap`, `gap-seed1` (not in the default plan: `--groups gap,gap-seed1`): why the constrained
-  layers add nothing (docs/fidelity.md 3d), each with its own dense and subspace references of
-  seed 0 / seed 1: one compressed boundary instead of two, the constraint with full-width
-  boundaries, and lr multipliers of the constrained weights and stages.
+- `gap`, `gap-seed1`, `gap-seed2` (not in the default plan: `--groups gap,gap-seed1`): why the
+  constrained layers add nothing (docs/fidelity.md 3d), each with its own dense and subspace
+  references of seed 0 / 1: one compressed boundary instead of two, the constraint with
+  full-width boundaries, and lr multipliers of the constrained weights and stages; seed 2 for
+  the one-boundary layout whose two seeds disagreed.
 
 Plans: "gpu" (bf16, the `small` shape, one microbatch per step; sized for ~10 minutes of 4 H100s),
 "cpu" (fp32, d=128, 4 layers, 3 of them constrained: the reduced size the CPU results in
@@ -32,7 +33,7 @@ from protocol.spec import RunSpec, preset
 from .fidelity_train import Job
 
 GROUPS = ("scale", "headline", "frontier", "seeds", "lr", "optimizer", "embed", "layers", "refit")
-GAP_GROUPS = ("gap", "gap-seed1")  # asked for by name; each compared with its own references
+GAP_GROUPS = ("gap", "gap-seed1", "gap-seed2")  # asked for by name; each compared with its own references
 ALL_GROUPS = GROUPS + GAP_GROUPS
 
 
@@ -210,7 +211,19 @@ def gap_jobs(s: PlanShape, seed: int, group: str, priority: int = 2) -> list[Job
     for m in (0.25, 0.5, 2.0, 4.0, 8.0):
         out.append(_job(f"constrained stages lr x{m:g}", group, b.replace(constrained_stage_lr_scale=m),
                         first if m in (2.0, 4.0) else later, "every parameter of stages 0..n-2"))
+    out.append(_job("constrained stages lr x0.001", group, b.replace(constrained_stage_lr_scale=0.001), later,
+                    "stages 0..n-2 about frozen at their initial weights"))
     return out
+
+
+def gap_third_seed_jobs(s: PlanShape, seed: int = 2, priority: int = 3) -> list[Job]:
+    """A third seed for the rows whose two seeds disagreed most: the one-boundary layout that constrains
+    half the non-last layers, with and without per-stage tables, its dense floor, and dense."""
+    half = sum(s.base.stage_layers[:-1]) // 2
+    rest = s.base.n_layers - half
+    layout = f"one boundary, layers {half}-{rest}"
+    keep = {"dense", layout, f"{layout}, per-stage token tables", f"dense with only {rest} layers"}
+    return [j for j in gap_jobs(s, seed, f"gap-seed{seed}", priority) if j.name in keep]
 
 
 def headline_jobs(s: PlanShape, best: dict | None = None, priority: int = 1) -> list[Job]:
@@ -229,7 +242,7 @@ def jobs_for(plan: str, groups: tuple[str, ...] = GROUPS, best: dict | None = No
     make = {"scale": scale_jobs, "frontier": frontier_jobs, "seeds": seed_jobs, "lr": lr_jobs,
             "optimizer": optimizer_jobs, "embed": embed_jobs, "layers": layer_jobs, "refit": refit_jobs,
             "headline": lambda s: headline_jobs(s, best), "gap": lambda s: gap_jobs(s, 0, "gap", 2),
-            "gap-seed1": lambda s: gap_jobs(s, 1, "gap-seed1", 3)}
+            "gap-seed1": lambda s: gap_jobs(s, 1, "gap-seed1", 3), "gap-seed2": gap_third_seed_jobs}
     unknown = sorted(set(groups) - set(make))
     if unknown:
         raise ValueError(f"unknown groups {', '.join(unknown)}; choose among {', '.join(ALL_GROUPS)}.")
