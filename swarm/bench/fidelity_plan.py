@@ -211,8 +211,15 @@ def gap_jobs(s: PlanShape, seed: int, group: str, priority: int = 2) -> list[Job
     for m in (0.25, 0.5, 2.0, 4.0, 8.0):
         out.append(_job(f"constrained stages lr x{m:g}", group, b.replace(constrained_stage_lr_scale=m),
                         first if m in (2.0, 4.0) else later, "every parameter of stages 0..n-2"))
-    out.append(_job("constrained stages lr x0.001", group, b.replace(constrained_stage_lr_scale=0.001), later,
-                    "stages 0..n-2 about frozen at their initial weights"))
+    for m in (0.001, 0.01, 0.03, 0.1):
+        out.append(_job(f"constrained stages lr x{m:g}", group, b.replace(constrained_stage_lr_scale=m), later,
+                        "stages 0..n-2 about frozen at their initial weights" if m == 0.001 else
+                        "every parameter of stages 0..n-2"))
+    out.append(_job("constrained weights lr x0.001", group, b.replace(constrained_lr_scale=0.001), later,
+                    "w_o, w_down and T_S about frozen, the rest of stages 0..n-2 trained"))
+    out.append(_job(f"one boundary, layers {head // 2}-{rest}, constrained stage lr x0.001", group,
+                    b.replace(stage_layers=(head // 2, rest), constrained_stage_lr_scale=0.001), later,
+                    "stage 0 about frozen"))
     return out
 
 

@@ -17,7 +17,7 @@ import torch
 from peer.corpus import load_corpus
 from peer.data import BatchSource
 from peer.pipeline import InProcessPipeline
-from protocol.codecs import DenseDecoder, DenseEncoder
+from protocol.codecs import DenseDecoder, DenseEncoder, SubspaceEncoder
 from protocol.spec import WIRE_DTYPES, RunSpec
 
 
@@ -74,6 +74,9 @@ class JobResult:
     device: str = "cpu"
     error: str = ""
     boundary: str = "codec"  # Job.boundary
+    # subspace codec: per boundary, mean over held-out tokens of ||h - T_fixed[tok]|| / ||T_fixed[tok]||, what
+    # the stages before it wrote into span(U) against the frozen token code beside it, at the last evaluation
+    write_ratio: list[float] = field(default_factory=list)
 
 
 def full_width_boundaries(pipe: InProcessPipeline) -> None:
@@ -92,18 +95,25 @@ def full_width_boundaries(pipe: InProcessPipeline) -> None:
 
 
 @torch.no_grad()
-def held_out_loss(pipe: InProcessPipeline, batches: list[torch.Tensor]) -> float:
-    """Mean loss on fixed validation windows, through the same boundaries (codec and wire dtype)."""
+def held_out_loss(pipe: InProcessPipeline, batches: list[torch.Tensor], ratios: list[float] | None = None) -> float:
+    """Mean loss on fixed validation windows, through the same boundaries (codec and wire dtype).
+    `ratios` (a subspace run with its own codec) is filled with `JobResult.write_ratio`."""
     total = 0.0
+    sums = [0.0] * (len(pipe.runners) - 1)
     for tokens in batches:
         tokens = tokens.to(pipe.runners[0].device)
         z = None
-        for r in pipe.runners:
+        for i, r in enumerate(pipe.runners):
             z = r.module(tokens[:, :-1], z)
             if not r.is_last:
+                enc = r.module.encoder
+                if isinstance(enc, SubspaceEncoder):  # z = (h - T_fixed[tok]) U: ||z|| = ||h - T_fixed[tok]||
+                    sums[i] += float((z.norm(dim=-1) / enc.T_fixed[tokens[:, :-1]].norm(dim=-1)).mean())
                 z = pipe.packer.roundtrip(z)
         total += float(torch.nn.functional.cross_entropy(z.reshape(-1, z.shape[-1]).float(),
                                                          tokens[:, 1:].reshape(-1)))
+    if ratios is not None and isinstance(getattr(pipe.runners[0].module, "encoder", None), SubspaceEncoder):
+        ratios[:] = [x / len(batches) for x in sums]
     return total / len(batches)
 
 
@@ -138,7 +148,7 @@ def train_job(job: Job, data: str | None, device: str = "cpu", eval_every: int =
             break
         late = deadline is not None and time.time() > deadline
         if done % eval_every == 0 or done == steps or late:
-            res.val.append([done * per_step, held_out_loss(pipe, val)])
+            res.val.append([done * per_step, held_out_loss(pipe, val, res.write_ratio)])
             log(f"{job.name:>34} step {done:5d}/{steps}: val {res.val[-1][1]:.4f} "
                 f"({time.perf_counter() - t0:.0f} s)")
         if late and done < steps:
