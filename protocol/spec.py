@@ -35,7 +35,8 @@ REFIT_STATISTICS = ("grad_cov", "act_cov", "riemannian")
 REPLICA_SYNCS = ("exact", "powersgd")  # how a stage's replicas agree on a step's gradient (algorithms.md 5)
 # fields added after runs were signed: left out of `to_dict` (and so of the run hash) while they hold this
 # default, so every spec written before them keeps its hash (and a bench's --resume its finished jobs)
-HASH_NEUTRAL_DEFAULTS: dict[str, Any] = {"constrained_lr_scale": 1.0, "constrained_stage_lr_scale": 1.0}
+HASH_NEUTRAL_DEFAULTS: dict[str, Any] = {"constrained_lr_scale": 1.0, "constrained_stage_lr_scale": 1.0,
+                                         "t_fixed_std": 0.02}
 
 
 class SpecError(ValueError):
@@ -95,6 +96,9 @@ class RunSpec:
     # `constrained_lr_scale` (compounded) for the weights kept in span(U) (w_o, w_down, T_S). 1.0 = off
     constrained_lr_scale: float = 1.0
     constrained_stage_lr_scale: float = 1.0
+    # standard deviation of the frozen token code T_fixed's entries (protocol/subspace.py; docs/fidelity.md 3d:
+    # what the constrained stages write grows to ~40x its norm at the default 0.02 on `small`)
+    t_fixed_std: float = 0.02
     # the coordinator's public key (hex); empty until a coordinator signs the spec
     coordinator_key: str = ""
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
@@ -172,11 +176,11 @@ class RunSpec:
         need(self.replica_sync in REPLICA_SYNCS,
              f"replica_sync must be one of {', '.join(REPLICA_SYNCS)}, not {self.replica_sync!r}.")
         need(1 <= self.replica_sync_rank <= 1024, "replica_sync_rank must be between 1 and 1024.")
-        for name in ("constrained_lr_scale", "constrained_stage_lr_scale"):
-            scale = getattr(self, name)
-            need(0 < scale <= 1000, f"{name} must be in (0, 1000], not {scale}.")
-            need(scale == 1.0 or self.codec == "subspace",
-                 f"{name} scales the subspace codec's constrained stages; leave it at 1.0 with codec {self.codec!r}.")
+        for name in HASH_NEUTRAL_DEFAULTS:
+            value, default = getattr(self, name), HASH_NEUTRAL_DEFAULTS[name]
+            need(0 < value <= 1000, f"{name} must be in (0, 1000], not {value}.")
+            need(value == default or self.codec == "subspace",
+                 f"{name} is an option of the subspace codec; leave it at {default} with codec {self.codec!r}.")
 
     # ----- identity
     def to_dict(self) -> dict[str, Any]:

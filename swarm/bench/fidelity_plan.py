@@ -217,6 +217,9 @@ def gap_jobs(s: PlanShape, seed: int, group: str, priority: int = 2) -> list[Job
                         "every parameter of stages 0..n-2"))
     out.append(_job("constrained weights lr x0.001", group, b.replace(constrained_lr_scale=0.001), later,
                     "w_o, w_down and T_S about frozen, the rest of stages 0..n-2 trained"))
+    for std in (0.1, 0.3, 1.0):
+        out.append(_job(f"T_fixed std {std:g}", group, b.replace(t_fixed_std=std), later,
+                        "the frozen token code larger (default 0.02)"))
     out.append(_job(f"one boundary, layers {head // 2}-{rest}, constrained stage lr x0.001", group,
                     b.replace(stage_layers=(head // 2, rest), constrained_stage_lr_scale=0.001), later,
                     "stage 0 about frozen"))
