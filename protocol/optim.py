@@ -99,6 +99,9 @@ def make_optimizer(spec: RunSpec, module: nn.Module) -> SubspaceAdamW:
             groups.append(dict(params=ps, constraint=kind, lr_scale=stage_scale * spec.constrained_lr_scale))
     for g in groups[:2]:
         g["lr_scale"] = stage_scale
+    for g in groups:  # a default run's optimizer state stays as it was (no key that every group has at 1)
+        if g["lr_scale"] == 1.0:
+            del g["lr_scale"]
     U = None
     for mod in module.modules():
         if hasattr(mod, "U") and isinstance(mod.U, torch.Tensor):

@@ -49,6 +49,10 @@ def test_bad_values_are_refused_with_the_field_named(over, word):
 
 
 def test_lr_scales_per_group_and_stage():
+    default = small()
+    for stage in range(3):  # a default run's optimizer state has no new key
+        opt = make_optimizer(default, build_stage(default, stage, spec_basis(default)))
+        assert all("lr_scale" not in g for g in opt.param_groups)
     spec = small(constrained_lr_scale=4.0, constrained_stage_lr_scale=0.5)
     basis = spec_basis(spec)
     for stage, (free, constrained) in enumerate([(0.5, 2.0), (0.5, 2.0), (1.0, None)]):
