@@ -53,7 +53,7 @@ def spec_basis(spec: RunSpec) -> SubspaceBasis | None:
     """The run's shared U and T_fixed (None unless the codec is subspace)."""
     if spec.codec != "subspace":
         return None
-    return make_basis(spec.d_model, spec.rank, spec.vocab, spec.seed, compute_dtype(spec))
+    return make_basis(spec.d_model, spec.rank, spec.vocab, spec.seed, compute_dtype(spec), spec.t_fixed_std)
 
 
 class SubspaceLinear(nn.Module):

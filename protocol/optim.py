@@ -80,7 +80,9 @@ class SubspaceAdamW(torch.optim.Optimizer):
 
 
 def make_optimizer(spec: RunSpec, module: nn.Module) -> SubspaceAdamW:
-    """Groups: constrained (col/row), decayed matrices, undecayed vectors (norm gains)."""
+    """Groups: constrained (col/row), decayed matrices, undecayed vectors (norm gains). A group's
+    `lr_scale` (`set_lr`) is `constrained_stage_lr_scale` on a stage before the last of a subspace run,
+    times `constrained_lr_scale` for the constrained groups; 1 elsewhere."""
     constrained = getattr(module, "constrained_parameters", lambda: [])()
     special = {id(p) for _, p, _ in constrained}
     decay, no_decay = [], []
@@ -88,11 +90,18 @@ def make_optimizer(spec: RunSpec, module: nn.Module) -> SubspaceAdamW:
         if id(p) in special or not p.requires_grad:
             continue
         (decay if p.ndim >= 2 else no_decay).append(p)
+    early = spec.codec == "subspace" and not getattr(module, "is_last", True)
+    stage_scale = spec.constrained_stage_lr_scale if early else 1.0
     groups = [dict(params=decay), dict(params=no_decay, weight_decay=0.0)]
     for kind in ("col", "row"):
         ps = [p for _, p, k in constrained if k == kind]
         if ps:
-            groups.append(dict(params=ps, constraint=kind))
+            groups.append(dict(params=ps, constraint=kind, lr_scale=stage_scale * spec.constrained_lr_scale))
+    for g in groups[:2]:
+        g["lr_scale"] = stage_scale
+    for g in groups:  # a default run's optimizer state stays as it was (no key that every group has at 1)
+        if g["lr_scale"] == 1.0:
+            del g["lr_scale"]
     U = None
     for mod in module.modules():
         if hasattr(mod, "U") and isinstance(mod.U, torch.Tensor):
@@ -114,8 +123,9 @@ def lr_at(spec: RunSpec, step: int) -> float:
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    """Every group's lr = lr x its `lr_scale` (1 where it has none: `make_optimizer`)."""
     for group in optimizer.param_groups:
-        group["lr"] = lr
+        group["lr"] = lr * group.get("lr_scale", 1.0)
 
 
 def clip_grad_norm(params: list[torch.Tensor], max_norm: float, project=None) -> float:

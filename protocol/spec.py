@@ -33,6 +33,10 @@ EMBED_SPLITS = ("subspace", "per_stage")
 # the statistic receiving stages send for a re-fit of U (docs/algorithms.md 1.7, docs/fidelity.md)
 REFIT_STATISTICS = ("grad_cov", "act_cov", "riemannian")
 REPLICA_SYNCS = ("exact", "powersgd")  # how a stage's replicas agree on a step's gradient (algorithms.md 5)
+# fields added after runs were signed: left out of `to_dict` (and so of the run hash) while they hold this
+# default, so every spec written before them keeps its hash (and a bench's --resume its finished jobs)
+HASH_NEUTRAL_DEFAULTS: dict[str, Any] = {"constrained_lr_scale": 1.0, "constrained_stage_lr_scale": 1.0,
+                                         "t_fixed_std": 0.02}
 
 
 class SpecError(ValueError):
@@ -87,6 +91,14 @@ class RunSpec:
     # "powersgd" sums a rank-r PowerSGD approximation with error feedback (for home uplinks)
     replica_sync: str = "exact"
     replica_sync_rank: int = 8  # r of "powersgd" (on tiny, 4 costs ~4% held-out loss, 8 ~1.5%: benchmarks.md)
+    # per-parameter lr multipliers of the subspace codec's constrained stages (docs/fidelity.md 3d), on top of
+    # the schedule: `constrained_stage_lr_scale` for every parameter of a stage before the last,
+    # `constrained_lr_scale` (compounded) for the weights kept in span(U) (w_o, w_down, T_S). 1.0 = off
+    constrained_lr_scale: float = 1.0
+    constrained_stage_lr_scale: float = 1.0
+    # standard deviation of the frozen token code T_fixed's entries (protocol/subspace.py; docs/fidelity.md 3d:
+    # what the constrained stages write grows to ~40x its norm at the default 0.02 on `small`)
+    t_fixed_std: float = 0.02
     # the coordinator's public key (hex); empty until a coordinator signs the spec
     coordinator_key: str = ""
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
@@ -94,6 +106,8 @@ class RunSpec:
     def __post_init__(self) -> None:
         object.__setattr__(self, "stage_layers", tuple(int(x) for x in self.stage_layers))
         object.__setattr__(self, "betas", tuple(float(x) for x in self.betas))
+        for name in HASH_NEUTRAL_DEFAULTS:  # 2 and 2.0 must hash alike
+            object.__setattr__(self, name, float(getattr(self, name)))
         self.validate()
 
     # ----- derived quantities
@@ -162,10 +176,18 @@ class RunSpec:
         need(self.replica_sync in REPLICA_SYNCS,
              f"replica_sync must be one of {', '.join(REPLICA_SYNCS)}, not {self.replica_sync!r}.")
         need(1 <= self.replica_sync_rank <= 1024, "replica_sync_rank must be between 1 and 1024.")
+        for name in HASH_NEUTRAL_DEFAULTS:
+            value, default = getattr(self, name), HASH_NEUTRAL_DEFAULTS[name]
+            need(0 < value <= 1000, f"{name} must be in (0, 1000], not {value}.")
+            need(value == default or self.codec == "subspace",
+                 f"{name} is an option of the subspace codec; leave it at {default} with codec {self.codec!r}.")
 
     # ----- identity
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
+        for name, default in HASH_NEUTRAL_DEFAULTS.items():
+            if d[name] == default:
+                del d[name]
         d["stage_layers"] = list(self.stage_layers)
         d["betas"] = list(self.betas)
         return d

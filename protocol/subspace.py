@@ -48,10 +48,12 @@ def orthonormalize(A: torch.Tensor) -> torch.Tensor:
     return Q * signs
 
 
-def make_basis(d: int, k: int, vocab: int, seed: int, dtype: torch.dtype = torch.float32) -> SubspaceBasis:
+def make_basis(d: int, k: int, vocab: int, seed: int, dtype: torch.dtype = torch.float32,
+               t_fixed_std: float = T_FIXED_STD) -> SubspaceBasis:
+    """U and T_fixed from one seed; T_fixed's entries have standard deviation `t_fixed_std` (RunSpec)."""
     g = torch.Generator(device="cpu").manual_seed(seed)
     U = orthonormalize(torch.randn(d, k, generator=g, dtype=torch.float64))
-    T_fixed = torch.randn(vocab, d, generator=g, dtype=torch.float64) * T_FIXED_STD
+    T_fixed = torch.randn(vocab, d, generator=g, dtype=torch.float64) * t_fixed_std
     return SubspaceBasis(U.to(dtype), T_fixed.to(dtype), version=0)
 
 

@@ -13,6 +13,11 @@ Groups (docs/fidelity.md reads them in this order):
 - `lr`, `optimizer`, `embed`, `layers`, `refit`: one cause at a time against the subspace
   baseline of the same plan (its lr, second-moment scaling, embedding split, number of
   constrained layers, re-fit statistic / interval / step).
+- `gap`, `gap-seed1`, `gap-seed2` (not in the default plan: `--groups gap,gap-seed1`): why the
+  constrained layers add nothing (docs/fidelity.md 3d), each with its own dense and subspace
+  references of seed 0 / 1: one compressed boundary instead of two, the constraint with
+  full-width boundaries, and lr multipliers of the constrained weights and stages; seed 2 for
+  the one-boundary layout whose two seeds disagreed.
 
 Plans: "gpu" (bf16, the `small` shape, one microbatch per step; sized for ~10 minutes of 4 H100s),
 "cpu" (fp32, d=128, 4 layers, 3 of them constrained: the reduced size the CPU results in
@@ -28,6 +33,8 @@ from protocol.spec import RunSpec, preset
 from .fidelity_train import Job
 
 GROUPS = ("scale", "headline", "frontier", "seeds", "lr", "optimizer", "embed", "layers", "refit")
+GAP_GROUPS = ("gap", "gap-seed1", "gap-seed2")  # asked for by name; each compared with its own references
+ALL_GROUPS = GROUPS + GAP_GROUPS
 
 
 @dataclass(frozen=True)
@@ -168,6 +175,67 @@ def refit_jobs(s: PlanShape, priority: int = 3) -> list[Job]:
     return out
 
 
+def gap_jobs(s: PlanShape, seed: int, group: str, priority: int = 2) -> list[Job]:
+    """Why the constrained layers add nothing, at one seed: the references (dense, the baseline, the
+    dense floor of the free last stage), then one cause each. The subspace codec is exact, so a
+    boundary costs only its constraint on the layers before it: "3-3-2 with the second boundary
+    dense" is the layout 3-5 (stage 1 has no compressed boundary after it, so it is free), "with
+    the first boundary dense" is 6-2; both boundaries at full width keep the constraint on all six
+    (`Job.boundary = "full"`: the constraint without the compression). Jobs at `priority + 1`
+    (the lr multipliers away from the first seed's findings, 1-1-6, per-stage tables at 3-5) run
+    after the others of the same seed."""
+    b = s.base.replace(seed=seed)
+    L, free = b.n_layers, b.stage_layers[-1]
+    head = sum(b.stage_layers[:-1])
+    rest = L - head // 2
+    first, later = priority, priority + 1
+    out = [_job("dense", group, dense(b), first),
+           _job(f"subspace k={b.rank} fixed U", group, b, first, "the baseline"),
+           _job(f"dense with only the {free} free layer(s)", group, dense(b, n_layers=free, stage_layers=(free,)),
+                first, "the floor of the baseline")]
+    for layout in ((head, free), (head // 2, rest), (2, L - 2)):
+        out.append(_job(f"one boundary, layers {layout[0]}-{layout[1]}", group, b.replace(stage_layers=layout),
+                        first, f"{layout[0]} of {L} layers constrained"))
+    out.append(_job(f"layers 1-1-{L - 2}", group, b.replace(stage_layers=(1, 1, L - 2)), later,
+                    "2 constrained, two boundaries"))
+    out.append(_job(f"dense with only {rest} layers", group, dense(b, n_layers=rest, stage_layers=(rest,)), first,
+                    f"the floor of layers {head // 2}-{rest}"))
+    out.append(_job(f"one boundary, layers {head // 2}-{rest}, per-stage token tables", group,
+                    b.replace(stage_layers=(head // 2, rest), embed_split="per_stage"), later,
+                    "the free stage adds its own trainable [V, d] table"))
+    out.append(Job("full-width boundaries", group, b, first,
+                   "the constraint without the compression: each boundary sends h (d numbers)", boundary="full"))
+    for m in (0.25, 0.5, 2.0, 4.0, 8.0):
+        out.append(_job(f"constrained weights lr x{m:g}", group, b.replace(constrained_lr_scale=m),
+                        first if m == 4.0 else later, "w_o, w_down and T_S of stages 0..n-2"))
+    for m in (0.25, 0.5, 2.0, 4.0, 8.0):
+        out.append(_job(f"constrained stages lr x{m:g}", group, b.replace(constrained_stage_lr_scale=m),
+                        first if m in (2.0, 4.0) else later, "every parameter of stages 0..n-2"))
+    for m in (0.001, 0.01, 0.03, 0.1):
+        out.append(_job(f"constrained stages lr x{m:g}", group, b.replace(constrained_stage_lr_scale=m), later,
+                        "stages 0..n-2 about frozen at their initial weights" if m == 0.001 else
+                        "every parameter of stages 0..n-2"))
+    out.append(_job("constrained weights lr x0.001", group, b.replace(constrained_lr_scale=0.001), later,
+                    "w_o, w_down and T_S about frozen, the rest of stages 0..n-2 trained"))
+    for std in (0.1, 0.3, 1.0):
+        out.append(_job(f"T_fixed std {std:g}", group, b.replace(t_fixed_std=std), later,
+                        "the frozen token code larger (default 0.02)"))
+    out.append(_job(f"one boundary, layers {head // 2}-{rest}, constrained stage lr x0.001", group,
+                    b.replace(stage_layers=(head // 2, rest), constrained_stage_lr_scale=0.001), later,
+                    "stage 0 about frozen"))
+    return out
+
+
+def gap_third_seed_jobs(s: PlanShape, seed: int = 2, priority: int = 3) -> list[Job]:
+    """A third seed for the rows whose two seeds disagreed most: the one-boundary layout that constrains
+    half the non-last layers, with and without per-stage tables, its dense floor, and dense."""
+    half = sum(s.base.stage_layers[:-1]) // 2
+    rest = s.base.n_layers - half
+    layout = f"one boundary, layers {half}-{rest}"
+    keep = {"dense", layout, f"{layout}, per-stage token tables", f"dense with only {rest} layers"}
+    return [j for j in gap_jobs(s, seed, f"gap-seed{seed}", priority) if j.name in keep]
+
+
 def headline_jobs(s: PlanShape, best: dict | None = None, priority: int = 1) -> list[Job]:
     """`small` at the issue's length: dense, the issue's subspace defaults, and `best` (RunSpec overrides
     the ablations chose), each at 16x."""
@@ -183,11 +251,12 @@ def jobs_for(plan: str, groups: tuple[str, ...] = GROUPS, best: dict | None = No
     s = plan_shape(plan)
     make = {"scale": scale_jobs, "frontier": frontier_jobs, "seeds": seed_jobs, "lr": lr_jobs,
             "optimizer": optimizer_jobs, "embed": embed_jobs, "layers": layer_jobs, "refit": refit_jobs,
-            "headline": lambda s: headline_jobs(s, best)}
+            "headline": lambda s: headline_jobs(s, best), "gap": lambda s: gap_jobs(s, 0, "gap", 2),
+            "gap-seed1": lambda s: gap_jobs(s, 1, "gap-seed1", 3), "gap-seed2": gap_third_seed_jobs}
     unknown = sorted(set(groups) - set(make))
     if unknown:
-        raise ValueError(f"unknown groups {', '.join(unknown)}; choose among {', '.join(GROUPS)}.")
-    jobs = [j for g in GROUPS if g in groups for j in make[g](s)]
+        raise ValueError(f"unknown groups {', '.join(unknown)}; choose among {', '.join(ALL_GROUPS)}.")
+    jobs = [j for g in ALL_GROUPS if g in groups for j in make[g](s)]
     for j in jobs:  # the ablations and the frontier train the plan's step count
         if j.group not in ("scale", "headline"):
             j.spec = j.spec.replace(total_steps=s.steps)

@@ -63,7 +63,7 @@ def estimated_seconds(job: Job, kind: str, measured: dict | None = None,
 
 def _skipped(job: Job, device: str, why: str) -> JobResult:
     return JobResult(job.name, job.group, job.spec.to_dict(), job.note, job.compression(), 0, 0, float("nan"),
-                     device=device, error=why)
+                     device=device, error=why, boundary=job.boundary)
 
 
 def _worker(slot: int, device: str, jobs: multiprocessing.Queue, results: multiprocessing.Queue, data: str | None,
@@ -74,7 +74,8 @@ def _worker(slot: int, device: str, jobs: multiprocessing.Queue, results: multip
         item = jobs.get()
         if item is None:  # one stop mark per worker, after the last job
             return
-        job = Job(item["name"], item["group"], RunSpec.from_json(item["spec"]), item["priority"], item["note"])
+        job = Job(item["name"], item["group"], RunSpec.from_json(item["spec"]), item["priority"], item["note"],
+                  item["boundary"])
         left = deadline - time.time()
         need = estimated_seconds(job, kind, dict(measured), prior)
         if need > left:
@@ -120,7 +121,7 @@ def run_queue(jobs: list[Job], out: Path, data: str | None, device: str, paralle
     # by priority, and the longest first within one: long jobs started late would set the end
     for job in sorted(jobs, key=lambda j: (j.priority, -estimated_seconds(j, kind))):
         job_q.put({"name": job.name, "group": job.group, "spec": job.spec.to_json(), "priority": job.priority,
-                   "note": job.note})
+                   "note": job.note, "boundary": job.boundary})
     for _ in devices:
         job_q.put(None)
     threads = 1 if kind == "cpu" else 2

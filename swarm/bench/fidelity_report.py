@@ -3,7 +3,9 @@
 References, each trained in the same run on the same data and seeds:
 - a frontier or ablation row is compared with the frontier's `dense` and its subspace
   baseline `subspace k=<d/16> fixed U` (same steps): `vs_dense`, `vs_base` = loss / ref - 1;
-- a scale row with the dense row of its own width; a headline row with the headline `dense`.
+- a scale row with the dense row of its own width; a headline row with the headline `dense`;
+- a row of a group with its own `dense` row (`gap`, `gap-seed1`: one seed each) with that
+  group's `dense` and `subspace k=<d/16> fixed U`.
 Jobs that were skipped, failed or truncated keep their row, with the reason, and are left out
 of every comparison (a truncated job trained fewer tokens than its reference).
 """
@@ -50,6 +52,10 @@ def summarize(results: list[dict]) -> list[dict]:
             row["vs_dense"] = _rel(r, _find(results, "scale", f"d={d} dense"))
         elif r["group"] == "headline":
             row["vs_dense"] = _rel(r, h_dense)
+        elif _find(results, r["group"], "dense") is not None and r["group"] != "frontier":
+            own = f"subspace k={max(1, r['spec']['d_model'] // 16)} fixed U"
+            row["vs_dense"] = _rel(r, _find(results, r["group"], "dense"))
+            row["vs_base"] = _rel(r, _find(results, r["group"], own))
         else:
             row["vs_dense"] = _rel(r, f_dense)
             row["vs_base"] = _rel(r, base)

@@ -17,6 +17,7 @@ import torch
 from peer.corpus import load_corpus
 from peer.data import BatchSource
 from peer.pipeline import InProcessPipeline
+from protocol.codecs import DenseDecoder, DenseEncoder, SubspaceEncoder
 from protocol.spec import WIRE_DTYPES, RunSpec
 
 
@@ -29,6 +30,10 @@ class Job:
     spec: RunSpec
     priority: int = 0  # lower runs first
     note: str = ""
+    # "codec": the spec's boundaries; "full" (a bench-only diagnostic, not a run spec option): every boundary
+    # sends the whole residual h (identity encoder and decoder) while the stages keep their subspace
+    # constraint: the constrained model without its compression (protocol/reference.py, boundary=False)
+    boundary: str = "codec"
 
     @property
     def tokens(self) -> int:
@@ -42,6 +47,8 @@ class Job:
         """Payload bytes per token across a boundary, dense (in the same wire dtype) over this job's:
         d e / (w e' + s), e' = 1 byte with int8 and s its per-token scale (d / k for a bf16 subspace)."""
         spec = self.spec
+        if self.boundary == "full":
+            return 1.0
         e = WIRE_DTYPES[spec.wire_dtype].itemsize
         mine = spec.boundary_width * (1 if spec.quant == "int8" else e) + (e if spec.quant == "int8" else 0)
         return spec.d_model * e / mine
@@ -66,21 +73,47 @@ class JobResult:
     truncation: float = 0.0  # mean truncated energy of the constrained weights per switch
     device: str = "cpu"
     error: str = ""
+    boundary: str = "codec"  # Job.boundary
+    # subspace codec: per boundary, mean over held-out tokens of ||h - T_fixed[tok]|| / ||T_fixed[tok]||, what
+    # the stages before it wrote into span(U) against the frozen token code beside it, at the last evaluation
+    write_ratio: list[float] = field(default_factory=list)
+
+
+def full_width_boundaries(pipe: InProcessPipeline) -> None:
+    """Every boundary of `pipe` sends h itself, in the wire dtype: identity encoders and decoders, the
+    stages (their constraint, optimizer and embedding) as the spec built them. With basis re-fits off,
+    for a subspace spec this is the constrained model without the compression."""
+    if pipe.spec.basis_updates:
+        raise ValueError("full-width boundaries need a fixed basis (basis_updates false): the re-fit statistics "
+                         "are taken at the subspace decoder.")
+    d = pipe.spec.d_model
+    for r in pipe.runners:
+        if not r.is_last:
+            r.module.encoder = DenseEncoder(d)
+        if not r.is_first:
+            r.module.decoder = DenseDecoder(d)
 
 
 @torch.no_grad()
-def held_out_loss(pipe: InProcessPipeline, batches: list[torch.Tensor]) -> float:
-    """Mean loss on fixed validation windows, through the same boundaries (codec and wire dtype)."""
+def held_out_loss(pipe: InProcessPipeline, batches: list[torch.Tensor], ratios: list[float] | None = None) -> float:
+    """Mean loss on fixed validation windows, through the same boundaries (codec and wire dtype).
+    `ratios` (a subspace run with its own codec) is filled with `JobResult.write_ratio`."""
     total = 0.0
+    sums = [0.0] * (len(pipe.runners) - 1)
     for tokens in batches:
         tokens = tokens.to(pipe.runners[0].device)
         z = None
-        for r in pipe.runners:
+        for i, r in enumerate(pipe.runners):
             z = r.module(tokens[:, :-1], z)
             if not r.is_last:
+                enc = r.module.encoder
+                if isinstance(enc, SubspaceEncoder):  # z = (h - T_fixed[tok]) U: ||z|| = ||h - T_fixed[tok]||
+                    sums[i] += float((z.norm(dim=-1) / enc.T_fixed[tokens[:, :-1]].norm(dim=-1)).mean())
                 z = pipe.packer.roundtrip(z)
         total += float(torch.nn.functional.cross_entropy(z.reshape(-1, z.shape[-1]).float(),
                                                          tokens[:, 1:].reshape(-1)))
+    if ratios is not None and isinstance(getattr(pipe.runners[0].module, "encoder", None), SubspaceEncoder):
+        ratios[:] = [x / len(batches) for x in sums]
     return total / len(batches)
 
 
@@ -95,9 +128,12 @@ def train_job(job: Job, data: str | None, device: str = "cpu", eval_every: int =
     src = BatchSource(corpus, spec.seq_len, spec.microbatch_size, spec.data_seed)
     val = src.val_batches(eval_batches)
     pipe = InProcessPipeline(spec, device=device, serialize=False)
+    if job.boundary == "full":
+        full_width_boundaries(pipe)
     steps, per_step = spec.total_steps, spec.batch_size * spec.seq_len
     eval_every = eval_every or max(1, steps // 10)
-    res = JobResult(job.name, job.group, spec.to_dict(), job.note, job.compression(), 0, 0, math.nan, device=device)
+    res = JobResult(job.name, job.group, spec.to_dict(), job.note, job.compression(), 0, 0, math.nan, device=device,
+                    boundary=job.boundary)
     losses: list[float] = []
     truncations: list[float] = []
     t0 = time.perf_counter()
@@ -112,7 +148,7 @@ def train_job(job: Job, data: str | None, device: str = "cpu", eval_every: int =
             break
         late = deadline is not None and time.time() > deadline
         if done % eval_every == 0 or done == steps or late:
-            res.val.append([done * per_step, held_out_loss(pipe, val)])
+            res.val.append([done * per_step, held_out_loss(pipe, val, res.write_ratio)])
             log(f"{job.name:>34} step {done:5d}/{steps}: val {res.val[-1][1]:.4f} "
                 f"({time.perf_counter() - t0:.0f} s)")
         if late and done < steps:

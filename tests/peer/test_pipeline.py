@@ -66,6 +66,10 @@ ORACLE = {  # name: (spec overrides, steps, lossless check)
     "subspace-2-reparam": (dict(subspace_mode="reparam"), 100, True),
     "subspace-3-reparam": (dict(subspace_mode="reparam", stages=3, n_layers=3), 30, True),
     "subspace-3-per-stage-tables": (dict(embed_split="per_stage", stages=3, n_layers=3), 30, True),
+    # docs/fidelity.md 3d: lr multipliers of the constrained stages / weights, a larger frozen token code
+    "subspace-3-lr-scales": (dict(constrained_lr_scale=4.0, constrained_stage_lr_scale=0.5, stages=3, n_layers=3),
+                             30, True),
+    "subspace-2-t-fixed-std": (dict(t_fixed_std=0.3), 30, True),
     "bottleneck-2": (dict(codec="bottleneck"), 100, False),
     "dense-2": (dict(codec="dense"), 20, False),
 }

@@ -9,10 +9,15 @@ import time
 
 import pytest
 
+from peer.corpus import load_corpus
+from peer.data import BatchSource
+from peer.pipeline import InProcessPipeline
+from protocol.reference import ReferenceModel
+from protocol.spec import preset
 from swarm.bench.fidelity import run_fidelity_bench
-from swarm.bench.fidelity_plan import GROUPS, jobs_for, plan_shape
+from swarm.bench.fidelity_plan import ALL_GROUPS, jobs_for, plan_shape
 from swarm.bench.fidelity_queue import estimated_seconds, run_queue
-from swarm.bench.fidelity_train import Job
+from swarm.bench.fidelity_train import Job, full_width_boundaries
 
 
 @pytest.mark.e2e
@@ -68,8 +73,8 @@ def test_plans_are_consistent():
     """Within a group every job trains the same tokens; the GPU plan's scale jobs are d >= 1024 at ~100x
     with >= 20M tokens, and its frontier covers k = d/64 .. d/8."""
     for plan in ("gpu", "cpu", "smoke"):
-        jobs = jobs_for(plan)
-        for g in GROUPS:
+        jobs = jobs_for(plan, ALL_GROUPS)
+        for g in ALL_GROUPS:
             assert len({j.tokens for j in jobs if j.group == g}) <= 1, (plan, g)
     gpu = jobs_for("gpu")
     big = [j for j in gpu if j.group == "scale" and j.spec.d_model >= 1024]
@@ -95,3 +100,50 @@ def test_fidelity_resume_runs_only_the_missing_jobs(tmp_path):
     fresh = run_fidelity_bench(str(tmp_path), smoke=True, groups=("embed",), budget_s=120)
     assert fresh["jobs"][0]["finished_s"] != first["jobs"][0]["finished_s"]  # without --resume: trained anew
     assert len((tmp_path / "fidelity.jsonl").read_text().splitlines()) == 1
+
+
+@pytest.mark.e2e
+def test_fidelity_gap_groups_smoke(tmp_path):
+    """The gap group (docs/fidelity.md 3d) at smoke size: every job trains, each row is compared with its
+    own group's dense and baseline, the full-width row sends d numbers, the write ratios are measured."""
+    result = run_fidelity_bench(str(tmp_path), smoke=True, parallel=2, budget_s=300, groups=("gap",))
+    jobs = {j.name: j for j in jobs_for("smoke", ("gap",))}
+    res = {r["name"]: r for r in result["jobs"]}
+    assert sorted(res) == sorted(jobs)
+    assert all(not r["error"] and not r["truncated"] and r["steps"] == 8 for r in res.values())
+    rows = {r["name"]: r for r in result["rows"]}
+    dense, base = res["dense"]["final_val"], res["subspace k=4 fixed U"]["final_val"]
+    for name in ("constrained stages lr x8", "one boundary, layers 1-3", "T_fixed std 1"):
+        assert rows[name]["vs_dense"] == pytest.approx(res[name]["final_val"] / dense - 1)
+        assert rows[name]["vs_base"] == pytest.approx(res[name]["final_val"] / base - 1)
+    assert res["full-width boundaries"]["boundary"] == "full" and rows["full-width boundaries"]["compression"] == 1
+    assert res["full-width boundaries"]["write_ratio"] == [] and res["dense"]["write_ratio"] == []
+    assert len(res["subspace k=4 fixed U"]["write_ratio"]) == 2
+    assert len(res["one boundary, layers 1-3"]["write_ratio"]) == 1
+    # lr x0.001 leaves the constrained stages near their initial weights: they write far less than at x8
+    assert max(res["constrained stages lr x0.001"]["write_ratio"]) < min(res["constrained stages lr x8"]["write_ratio"])
+    assert res["constrained stages lr x8"]["spec"]["constrained_stage_lr_scale"] == 8.0
+
+
+def test_full_width_boundaries_train_the_uncompressed_constrained_model():
+    """fp64: a pipeline whose boundaries send h itself trains as the reference chained on the raw hidden
+    state (protocol/reference.py, boundary=False), and as the compressed pipeline (the codec is exact)."""
+    spec = preset("tiny", d_model=32, n_heads=2, d_ff=64, seq_len=16, n_layers=3, stages=3, batch_size=4,
+                  microbatch_size=4, rank=4, dtype="fp64", wire_dtype="fp64", lr=1e-3, basis_updates=False)
+    src = BatchSource(load_corpus(None, seq_len=16), 16, 4, seed=7)
+    full, codec = InProcessPipeline(spec, serialize=False), InProcessPipeline(spec, serialize=False)
+    full_width_boundaries(full)
+    ref = ReferenceModel(spec, boundary=False)
+    lf, lc, lr_ = [], [], []
+    for step in range(20):
+        lf.append(full.train_step(step, src.microbatch).loss)
+        lc.append(codec.train_step(step, src.microbatch).loss)
+        lr_.append(ref.train_step(src.microbatch))
+    assert max(abs(a - b) / b for a, b in zip(lf, lr_)) < 1e-12
+    assert max(abs(a - b) / b for a, b in zip(lf, lc)) < 1e-10
+    assert lf[-1] < lf[0] - 0.1  # it trained
+    tokens = src.microbatch(0, 0)[:, :-1]
+    assert full.runners[0].module(tokens).shape[-1] == spec.d_model
+    assert codec.runners[0].module(tokens).shape[-1] == spec.rank
+    with pytest.raises(ValueError, match="fixed basis"):
+        full_width_boundaries(InProcessPipeline(spec.replace(basis_updates=True), serialize=False))
