@@ -5,6 +5,7 @@ be reached, refuses or answers garbage takes no part: its reply is "failed", nev
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 
@@ -15,6 +16,8 @@ from .commit import StepCommit
 from .daemon import StageDaemon
 from .delivery import retry_asked
 from .interfaces import LinkError
+
+log = logging.getLogger(__name__)
 
 UNREACHABLE = "unreachable: "  # the reason of a command that never reached its peer
 
@@ -66,3 +69,24 @@ class CommandSender:
         if cmd.op == "apply" and reply.outcome == "ok" and reply.state is not None and self.on_apply is not None:
             self.on_apply(peer, reply.state)
         return reply
+
+    async def apply_everywhere(self, peers: dict[str, int], step: int, attempt: int, skip: bool) -> None:
+        """Tell `peers` (peer -> stage) to apply the step; a stage none of whose replicas applied it is
+        asked again for `command_timeout` (it holds the sum; a repeated apply is answered "ok")."""
+        applied = await self.broadcast(peers, "apply", step, attempt, skip)
+        deadline = time.monotonic() + self.command_timeout
+        def missing() -> list[int]:  # stages with no replica that applied (this head applied stage 0's)
+            return sorted(set(peers.values()) - {0} - {peers[p] for p, r in applied.items() if r.outcome == "ok"})
+
+        while missing():
+            if time.monotonic() > deadline:
+                log.warning("stages %s did not apply step %d; without a replica that did, they have to be refilled",
+                            missing(), step + 1)
+                return
+            await asyncio.sleep(0.5)  # let the view of who leads settle before asking again
+            applied.update(await self.broadcast({p: s for p, s in peers.items() if s in missing()}, "apply", step,
+                                                 attempt, skip))
+        for p, r in applied.items():
+            if r.outcome != "ok":
+                log.warning("replica %s of stage %d did not apply step %d (%s); it will catch up",
+                            p[-8:], peers[p], step + 1, r.reason or r.outcome)

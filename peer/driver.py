@@ -383,23 +383,4 @@ class StepDriver:
             if mine.outcome != "ok":
                 raise AttemptFailed(f"this head could not apply the step: {mine.reason}")
         others = {p: members[p] for p in appliers if p != self.peer_id}
-        self._applying = asyncio.create_task(self._apply_everywhere(others, step, attempt, skip))
-
-    async def _apply_everywhere(self, peers: dict[str, int], step: int, attempt: int, skip: bool) -> None:
-        applied = await self._broadcast(peers, "apply", step, attempt, skip)
-        deadline = time.monotonic() + self.command_timeout
-        def missing() -> list[int]:  # stages with no replica that applied (this head applied stage 0's)
-            return sorted(set(peers.values()) - {0} - {peers[p] for p, r in applied.items() if r.outcome == "ok"})
-
-        while missing():
-            if time.monotonic() > deadline:
-                log.warning("stages %s did not apply step %d; without a replica that did, they have to be refilled",
-                            missing(), step + 1)
-                return
-            await asyncio.sleep(0.5)  # let the view of who leads settle before asking again
-            applied.update(await self._broadcast({p: s for p, s in peers.items() if s in missing()}, "apply", step,
-                                                 attempt, skip))
-        for p, r in applied.items():
-            if r.outcome != "ok":
-                log.warning("replica %s of stage %d did not apply step %d (%s); it will catch up",
-                            p[-8:], peers[p], step + 1, r.reason or r.outcome)
+        self._applying = asyncio.create_task(self._commands.apply_everywhere(others, step, attempt, skip))

@@ -6,7 +6,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from protocol.control import FlatLimits, FollowUpdate, decode_follow, encode_follow
+from protocol.control import FlatLimits
+from protocol.state_wire import FollowUpdate, decode_follow, encode_follow
 from protocol.wire import KIND_FOLLOW, WireError
 
 from .daemon import StageDaemon

@@ -22,9 +22,9 @@ from collections.abc import Callable
 
 import torch
 
-from protocol.control import FollowUpdate
 from protocol.state_wire import (
     STATE_CHUNK_BYTES,
+    FollowUpdate,
     StateMeta,
     StateRequest,
     decode_state_meta,

@@ -11,16 +11,18 @@ microbatch's gradient is back (docs/design.md section 3):
 
 Maps (short keys; tensors are wire.py's ExtType):
 
-    Command       {k: "ctl", r: run, s: step, a: attempt, o: op, c: [peer ids], d: step record, v: skip}
-                  op in status | reduce | apply | abort | rollback | lease; c: for reduce, the candidate
+    Command       {k: "ctl", r: run, s: step, a: attempt, o: op, c: [peer ids], d: step record, v: skip,
+                   q: check order, b: [banned peer ids]}
+                  op in status | reduce | apply | abort | rollback | lease | check; c: for reduce, the candidate
                   replicas of the receiver's stage (it exchanges contributions with those); d: for
                   reduce, the leader's signed `StepRecord` of the attempt (protocol/step_record.py;
                   absent in swarms without a coordinator); lease: the coordinator asks the peer to
                   read the leader lease again now (it says nothing itself: the lease is read signed);
                   v (fp16; left out when false): apply means skip, some stage overflowed
-                  (protocol/loss_scale.py)
+                  (protocol/loss_scale.py); q: for check, a `CheckOrder` (protocol/spot_check.py);
+                  b: for abort, replicas the leader caught lying about their work, banned for the run
     CommandReply  {k: "ctlr", s: step, a: attempt, o: outcome, m: [microbatches], x: {peer: [mb]}, e: text,
-                   h: [step, sha256 hex], v, z: [step, sha256 hex]}
+                   h: [step, sha256 hex], v, z: [step, sha256 hex], n: [sent], b: [peer ids], u: [peer ids]}
                   outcome in ok | behind | ahead | failed; m: what this replica computed in the
                   attempt; x: after a reduce, whose contributions it summed; h: after a reduce, the
                   step and hash of the replica's newest own snapshot (peer/snapshots.py), which the
@@ -28,7 +30,10 @@ Maps (short keys; tensors are wire.py's ExtType):
                   left out when false): after a reduce, the stage overflowed; "ahead", this replica
                   skipped the step; z (left out when absent): after an apply, the steps applied and the
                   sha256 of the replica's state then (peer/state_hash.py), which the leader votes on
-                  and vouches for through the coordinator (peer/state_votes.py)
+                  and vouches for through the coordinator (peer/state_votes.py); after a reduce, n: the
+                  boundary messages it sent in the attempt (protocol/spot_check.py `Sent`), b: replicas
+                  whose contribution it refused or that withheld it, u: shares far from the rest
+                  (peer/robust_sum.py); after a check, b: the replica checked, if its share is not its work
     Contribution  {k: "red", r, s, a, g: stage, p: phase, m: [microbatches], t: flat gradient | nil,
                    f: factors | nil, q: statistic | nil}
                   replica_sync "exact" (one phase, p = 0): t is every trainable parameter's
@@ -46,12 +51,8 @@ Maps (short keys; tensors are wire.py's ExtType):
                   says how its reduce of step s, attempt a goes: reducing | idle (at the step and
                   attempt, no reduce begun) | ended (its reduce is over) | elsewhere (another step
                   or a newer attempt)
-    FollowUpdate  {k: "fol", r, s, t: reduced flat gradient, q: reduced statistic | nil, j: in layout, v: skip}
-                  the reduced gradient of step s (compute dtype), forwarded to a replica that is
-                  catching up: in the stage's `SyncLayout` (j true), or, from a replica that
-                  was alone in its reduce, every parameter's gradient in full (j false); v: skipped, t q nil
-
-State transfer (a joining replica's download) is in `protocol/state_wire.py`.
+State transfer (a joining replica's download) and the follow updates that bring it level are in
+`protocol/state_wire.py`.
 """
 from __future__ import annotations
 
@@ -61,7 +62,7 @@ from dataclasses import dataclass, field
 import msgpack
 import torch
 
-from .wire import KIND_CONTROL, KIND_FOLLOW, KIND_REDUCE, WireError, _ext_hook, _need, _pack_tensor
+from .wire import KIND_CONTROL, KIND_REDUCE, WireError, _ext_hook, _need, _pack_tensor
 
 OPS = ("status", "reduce", "apply", "abort", "rollback", "lease", "check")
 OUTCOMES = ("ok", "behind", "ahead", "failed")
@@ -121,15 +122,6 @@ class ReduceProbe:
     attempt: int
     stage: int
 
-
-@dataclass
-class FollowUpdate:
-    run: str
-    step: int
-    grads: torch.Tensor | None  # None only when `skip`
-    stat: torch.Tensor | None = None
-    in_layout: bool = False  # grads in the stage's SyncLayout, else in full
-    skip: bool = False  # fp16: the swarm skipped this step
 
 
 @dataclass(frozen=True)
@@ -383,22 +375,3 @@ def _contribution(d: dict, lim: FlatLimits) -> Contribution:
     grads = _flat(d.get("t"), lim, "the contributed exact part", n_exact)
     stat = _stat(d.get("q"), lim) if mbs else None
     return Contribution(lim.run, step, attempt, lim.stage, mbs, grads, stat, phase, factors)
-
-
-def encode_follow(f: FollowUpdate) -> bytes:
-    return msgpack.packb(_with_flag({"k": KIND_FOLLOW, "r": f.run, "s": f.step, "t": _opt_tensor(f.grads),
-                                     "q": _opt_tensor(f.stat), "j": f.in_layout}, "v", f.skip))
-
-
-def decode_follow(data: bytes, lim: FlatLimits) -> FollowUpdate:
-    d = _unpack(data, lim.max_bytes, "a follow update")
-    _need(_is(d.get("k"), KIND_FOLLOW), "not a follow update.")
-    _run(d, lim.run, "the follow update")
-    j = d.get("j", False)
-    _need(isinstance(j, bool), "a follow update's j must be true or false.")
-    if _flag(d, "v", "a follow update's skip flag"):
-        _need(d.get("t") is None and d.get("q") is None, "a skipped step's follow update carries no tensors.")
-        return FollowUpdate(lim.run, _int(d, "s", "step"), None, None, j, skip=True)
-    numel = lim.numel if j else (lim.full_numel or lim.numel)
-    return FollowUpdate(lim.run, _int(d, "s", "step"), _flat(d.get("t"), lim, "the reduced gradient", numel),
-                        _stat(d.get("q"), lim), j)

@@ -4,6 +4,13 @@ in like wire.py.
 
     StateRequest  {k: "state", r, o: "meta" | "chunk", i: chunk index, n: snapshot id}
     StateMeta     {k: "statem", s: step, n: snapshot id, z: total bytes, c: chunk bytes, h: sha256 hex}
+
+Then (kind `fol`) its donor forwards it every step's reduced gradient until it reduces itself:
+
+    FollowUpdate  {k: "fol", r, s, t: reduced flat gradient, q: reduced statistic | nil, j: in layout, v: skip}
+                  the reduced gradient of step s (compute dtype): in the stage's `SyncLayout` (j true),
+                  or, from a replica that was alone in its reduce, every parameter's gradient in full
+                  (j false); v: skipped, t q nil
 """
 from __future__ import annotations
 
@@ -11,9 +18,10 @@ import hashlib
 from dataclasses import dataclass
 
 import msgpack
+import torch
 
-from .control import _int, _is, _run, _unpack
-from .wire import KIND_STATE, _need
+from .control import FlatLimits, _flag, _flat, _int, _is, _opt_tensor, _run, _stat, _unpack, _with_flag
+from .wire import KIND_FOLLOW, KIND_STATE, _need
 
 STATE_OPS = ("meta", "chunk")
 STATE_CHUNK_BYTES = 8 << 20
@@ -65,3 +73,32 @@ def decode_state_meta(data: bytes, max_total: int) -> StateMeta:
 
 def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+@dataclass
+class FollowUpdate:
+    run: str
+    step: int
+    grads: torch.Tensor | None  # None only when `skip`
+    stat: torch.Tensor | None = None
+    in_layout: bool = False  # grads in the stage's SyncLayout, else in full
+    skip: bool = False  # fp16: the swarm skipped this step
+
+
+def encode_follow(f: FollowUpdate) -> bytes:
+    return msgpack.packb(_with_flag({"k": KIND_FOLLOW, "r": f.run, "s": f.step, "t": _opt_tensor(f.grads),
+                                     "q": _opt_tensor(f.stat), "j": f.in_layout}, "v", f.skip))
+
+
+def decode_follow(data: bytes, lim: FlatLimits) -> FollowUpdate:
+    d = _unpack(data, lim.max_bytes, "a follow update")
+    _need(_is(d.get("k"), KIND_FOLLOW), "not a follow update.")
+    _run(d, lim.run, "the follow update")
+    j = d.get("j", False)
+    _need(isinstance(j, bool), "a follow update's j must be true or false.")
+    if _flag(d, "v", "a follow update's skip flag"):
+        _need(d.get("t") is None and d.get("q") is None, "a skipped step's follow update carries no tensors.")
+        return FollowUpdate(lim.run, _int(d, "s", "step"), None, None, j, skip=True)
+    numel = lim.numel if j else (lim.full_numel or lim.numel)
+    return FollowUpdate(lim.run, _int(d, "s", "step"), _flat(d.get("t"), lim, "the reduced gradient", numel),
+                        _stat(d.get("q"), lim), j)

@@ -13,8 +13,9 @@ import torch
 from peer.checkpoint import checkpoint_path, load_checkpoint
 from peer.pipeline import InProcessPipeline
 from peer.stage import StageRunner
-from protocol.control import Command, Contribution, FollowUpdate, encode_command, encode_contribution, encode_follow
+from protocol.control import Command, Contribution, encode_command, encode_contribution
 from protocol.spec import preset
+from protocol.state_wire import FollowUpdate, encode_follow
 from protocol.wire import (
     KIND_ACTIVATION,
     KIND_BASIS,

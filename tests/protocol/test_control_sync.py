@@ -12,17 +12,15 @@ from protocol.control import (
     BadContribution,
     Contribution,
     FlatLimits,
-    FollowUpdate,
     ReduceProbe,
     decode_contribution,
-    decode_follow,
     decode_probe_reply,
     decode_reduce,
     encode_contribution,
-    encode_follow,
     encode_probe,
     encode_probe_reply,
 )
+from protocol.state_wire import FollowUpdate, decode_follow, encode_follow
 from protocol.wire import WireError
 
 RUN = "0123456789abcdef"

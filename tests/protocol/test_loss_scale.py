@@ -13,18 +13,16 @@ from protocol.control import (
     CommandReply,
     Contribution,
     FlatLimits,
-    FollowUpdate,
     decode_command,
     decode_contribution,
-    decode_follow,
     decode_reply,
     encode_command,
     encode_contribution,
-    encode_follow,
     encode_reply,
 )
 from protocol.loss_scale import GROWTH_INTERVAL, INITIAL_SCALE, MIN_SCALE, LossScale, loss_scale_for
 from protocol.spec import RunSpec, SpecError, preset, resolve_dtype
+from protocol.state_wire import FollowUpdate, decode_follow, encode_follow
 from protocol.wire import GradientMessage, Header, WireError, WireLimits, decode_message, encode_message
 
 RUN = "0123456789abcdef"
