@@ -13,8 +13,9 @@ stage computes the same suspects from the same contributions and names them in i
 the leader then has each suspect's share recomputed whatever its draw (peer/spot_checks.py). The
 sum applied stays the exact sum in peer-id order: an honest run equals the one-process run whatever
 this says, and a false suspect costs one recomputation, not a ban. What it bounds: a liar whose
-share stands KAPPA times farther from the centre than the honest spread is checked at once; a
-lie inside that spread waits for the random draw.
+share stands KAPPA times farther from the centre than the honest spread is checked at once, in a
+step where at least three replicas of its stage computed microbatches; a lie inside that spread,
+or in a step with fewer working replicas, waits for the random draw.
 """
 from __future__ import annotations
 
