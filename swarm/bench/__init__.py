@@ -59,7 +59,8 @@ def _simulate(a: argparse.Namespace) -> None:
                        gpus=tuple(g.strip() for g in a.gpus.split(",")), mfu=a.mfu, replica_sync=a.replica_sync,
                        per_replica=a.microbatches_per_replica, steps=a.steps, lifetimes=a.lifetimes,
                        churn_peers=a.churn_peers, churn_minutes=a.churn_minutes, rejoin_s=a.rejoin_s,
-                       every_head_works=a.every_head_works, seed=a.seed, smoke=a.smoke)
+                       every_head_works=a.every_head_works, seed=a.seed, step_timeout=a.step_timeout or None,
+                       smoke=a.smoke)
 
 
 def _dispatch(a: argparse.Namespace) -> None:

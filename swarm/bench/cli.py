@@ -272,7 +272,8 @@ def _add_simulate(sub) -> None:
     p.add_argument("--microbatches-per-replica", type=int, default=4,
                    help="the step's microbatches per replica of a stage (the batch grows with the swarm; at least "
                    "the preset's) (default: 4)")
-    p.add_argument("--steps", type=int, default=8, help="steps per swarm of the N curve, the first untimed (default: 8)")
+    p.add_argument("--steps", type=int, default=8,
+                   help="steps per swarm of the N curve, the first untimed (default: 8)")
     p.add_argument("--lifetimes", type=_floats, default=(float("inf"), 240.0, 60.0, 30.0, 15.0), metavar="MIN[,MIN...]",
                    help="mean peer lifetimes in minutes (exponential; inf: no churn) (default: inf,240,60,30,15)")
     p.add_argument("--churn-peers", type=int, default=100, help="swarm size of the churn curve (default: 100)")
@@ -283,6 +284,9 @@ def _add_simulate(sub) -> None:
     p.add_argument("--every-head-works", action="store_true",
                    help="also model issue 22 item 1 (every head computes stage 0; not built) beside today's schedule "
                    "(default: off)")
+    p.add_argument("--step-timeout", type=float, default=0.0,
+                   help="seconds the first step may take before the driver re-drives it (swarm peer --step-timeout); "
+                   "0: none, as an operator of a big swarm would set it high enough (default: 0)")
     p.add_argument("--seed", type=int, default=0, help="seed of every draw (GPUs, links, lifetimes) (default: 0)")
     p.add_argument("--validate", action="store_true",
                    help="run real local swarms (tiny, CPU, shaped links) and the simulator calibrated to this CPU, "

@@ -45,6 +45,8 @@ class SimSetup:
     seconds: float | None = None
     seed: int = 0
     cores: SharedCores | None = None  # every peer on this machine's cores (validation), else a GPU each
+    first_timeout: float | None = 120.0  # the first step's timeout (`swarm peer --step-timeout`; None: none)
+    max_seconds: float = 7 * 86400.0  # virtual time after which a run that cannot finish its steps stops
 
 
 def auto_microbatches(spec: RunSpec, peers: int, per_replica: int) -> int:
@@ -74,8 +76,9 @@ async def _run(setup: SimSetup) -> dict:
                       setup.rejoin_s, seed=setup.seed, cores=setup.cores)
     swarm = SimSwarm(cfg)
     await swarm.populate(setup.peers)
-    driver = StepDriverModel(swarm, StepOptions(setup.microbatches, setup.every_head_works), setup.wire)
-    await driver.run(setup.steps, setup.seconds)
+    opts = StepOptions(setup.microbatches, setup.every_head_works, first_timeout=setup.first_timeout)
+    driver = StepDriverModel(swarm, opts, setup.wire)
+    await driver.run(setup.steps, setup.seconds if setup.seconds is not None else setup.max_seconds)
     end = now()
     recs = driver.records
     step_tokens = setup.microbatches * tokens_per_microbatch(setup.spec)
@@ -92,7 +95,7 @@ async def _run(setup: SimSetup) -> dict:
             "microbatches": setup.microbatches, "step_tokens": step_tokens,
             "lifetime_min": None if math.isinf(setup.lifetime_s) else setup.lifetime_s / 60,
             "tokens_per_second": tps, "steps": driver.step, "committed": len(recs),
-            "failed_attempts": driver.failed_attempts, "rollbacks": driver.rollbacks, "lost_steps": driver.lost_steps,
+            "failed_attempts": driver.failed_attempts, "failures": driver.failures, "rollbacks": driver.rollbacks, "lost_steps": driver.lost_steps,
             "deaths": swarm.deaths, "restores": swarm.restores, "virtual_s": end,
             "median_step_s": _median([b.end - a.end for a, b in zip(recs, recs[1:])]),
             "median_microbatch_s": _median([r.microbatch_s for r in recs[1:]]),

@@ -56,7 +56,7 @@ class StepOptions:
     reduce_dead_s: float = 5.0
     takeover_s: float = 3.0
     min_timeout: float = 15.0
-    first_timeout: float = 120.0
+    first_timeout: float | None = 120.0  # swarm peer --step-timeout (None: the operator set it high enough)
 
 
 @dataclass
@@ -79,6 +79,7 @@ class StepDriverModel:
     rollbacks: int = 0
     lost_steps: int = 0
     failed_attempts: int = 0
+    failures: dict[str, int] = field(default_factory=dict)  # the first words of each failure's reason -> count
     _leader: SimPeer | None = None
     _failed: asyncio.Future | None = None
     _involved: set[str] = field(default_factory=set)
@@ -126,8 +127,10 @@ class StepDriverModel:
             attempts += 1
             try:
                 await self._attempt(leader)
-            except AttemptFailed:
+            except AttemptFailed as e:
                 self.failed_attempts += 1
+                why = str(e).split(" ")[0:3]
+                self.failures[" ".join(why)] = self.failures.get(" ".join(why), 0) + 1
                 await asyncio.sleep(min(attempts, 10) * 0.2)
                 continue
             self.step += 1
@@ -149,7 +152,7 @@ class StepDriverModel:
     async def _covered(self) -> bool:
         return all(self.swarm.live(s) for s in range(self.spec.n_stages))
 
-    def _timeout(self) -> float:
+    def _timeout(self) -> float | None:
         if self._phase_ewma is None:
             return self.opts.first_timeout
         return max(self.opts.min_timeout, 4.0 * self._phase_ewma)
@@ -163,8 +166,8 @@ class StepDriverModel:
             p.microbatches = 0
         t0 = now()
         heads = self.swarm.live(0) if self.opts.every_head_works else [leader]
-        tasks = [asyncio.ensure_future(self._head(leader, head, n)) for head, n in _shares(self.opts.microbatches, heads)
-                 if n]
+        shares = _shares(self.opts.microbatches, heads)
+        tasks = [asyncio.ensure_future(self._head(leader, head, n)) for head, n in shares if n]
         try:
             await self._until_failed(asyncio.gather(*tasks), self._timeout())
             seconds = now() - t0
@@ -217,25 +220,29 @@ class StepDriverModel:
                 self._fail(str(e))
                 await self._never()
             nxt, t0 = self.swarm.peers[nid], now()
-            if not await self.swarm.send(peer, nxt, self.wire.activation):
-                if not peer.alive:
-                    await self._never()
-                peer.router.report_failure(nid)
-                peer.router.release(nid, None)
-                continue
-            self._involved.add(nid)
-            nxt.microbatches += 1
-            fwd, bwd = self.swarm.cfg.work.seconds(s + 1, nxt.rate)
-            if s + 1 == last:
-                await nxt.worker.run(fwd + bwd)
-            else:
-                await nxt.worker.run(fwd)
-                await self._hop(s + 1, nxt)
-                await nxt.worker.run(bwd)
-            if not nxt.alive or not await self.swarm.send(nxt, peer, self.wire.gradient):
-                await self._never()  # the microbatch is lost: the watch fails the attempt
-            peer.router.release(nid, now() - t0)
-            return
+            try:
+                if not await self.swarm.send(peer, nxt, self.wire.activation):
+                    if not peer.alive:
+                        await self._never()
+                    peer.router.report_failure(nid)
+                    continue
+                self._involved.add(nid)
+                nxt.microbatches += 1
+                fwd, bwd = self.swarm.cfg.work.seconds(s + 1, nxt.rate)
+                if s + 1 == last:
+                    await nxt.worker.run(fwd + bwd)
+                else:
+                    await nxt.worker.run(fwd)
+                    await self._hop(s + 1, nxt)
+                    await nxt.worker.run(bwd)
+                if not nxt.alive or not await self.swarm.send(nxt, peer, self.wire.gradient):
+                    await self._never()  # the microbatch is lost: the watch fails the attempt
+                peer.router.release(nid, now() - t0)
+                nid = None
+                return
+            finally:
+                if nid is not None:  # failed, or the attempt ended: the daemon forgets what it had in flight
+                    peer.router.release(nid, None)
 
     # ------------------------------------------------------------------ commit
     async def _commit(self, leader: SimPeer) -> None:

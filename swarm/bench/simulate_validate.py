@@ -6,7 +6,8 @@ For each case (preset tiny on the CPU, stages x replicas, codec, shaped link), s
    own `StageRunner`s with the threads a local swarm gives each peer: a forward job (decode the
    inbound message, forward, encode the activation), the tail's forward-backward job, a backward
    job (decode the gradient, backward, encode the gradient), and the optimizer step; the median
-   of `repeats` steps after one warm-up step;
+   of `repeats` steps after one warm-up step, measured right before and right after the real
+   run and averaged (a shared machine's load changes; `before_over_after` says by how much);
 2. the real swarm: `swarm local` (`run_local`) with the same spec, replicas, steps, bandwidth
    and latency (every peer's uplink and downlink shaped by the built-in shaper); its tokens/s
    leaves out the first step;
@@ -118,6 +119,16 @@ def _timed_microbatch(spec: RunSpec, runners: list[StageRunner], packer: WirePac
             times["bwd"][s].append(time.perf_counter() - t0)
 
 
+def _mean(a: StageWork, b: StageWork) -> StageWork:
+    def avg(x, y):
+        return tuple((u + v) / 2 for u, v in zip(x, y))
+    return StageWork(avg(a.forward, b.forward), avg(a.backward, b.backward), avg(a.apply, b.apply))
+
+
+def _total(w: StageWork) -> float:
+    return sum(w.forward) + sum(w.backward)
+
+
 def simulated(spec: RunSpec, work: StageWork, case: Case, steps: int, cores: int) -> dict:
     rate, lat = parse_bandwidth(case.bandwidth) / 1e6, parse_latency(case.latency) * 1e3
     setup = SimSetup(spec, work, wire_bytes(spec), [("this CPU", 1.0)], LinkDraw((rate, rate), (lat, lat)),
@@ -137,15 +148,18 @@ def run_validation(out_dir: str, steps: int = 30, smoke: bool = False, cases: tu
     for case in cases:
         spec = preset("tiny", codec=case.codec, replica_sync=case.replica_sync)
         threads = max(1, cores // (spec.n_stages * case.replicas + 1))  # as swarm local gives each process
-        work = calibrate(spec, threads, repeats=1 if smoke else 3)
+        before = calibrate(spec, threads, repeats=1 if smoke else 3)
         t0 = time.perf_counter()
         real = run_local(LocalOptions(spec, steps=steps, replicas=case.replicas, bandwidth=case.bandwidth,
                                       latency=case.latency, quiet=True, threads=threads))
         real_s = time.perf_counter() - t0
+        after = calibrate(spec, threads, repeats=1 if smoke else 3)  # the machine's load may have changed
+        work = _mean(before, after)
         sim = simulated(spec, work, case, steps, cores)
         row = {"preset": "tiny", "stages": spec.n_stages, **case.__dict__, "steps": steps, "threads": threads,
                "cores": cores, "calibration": {"forward_s": work.forward, "backward_s": work.backward,
-                                               "apply_s": work.apply},
+                                               "apply_s": work.apply,
+                                               "before_over_after": _total(before) / _total(after)},
                "real_tokens_per_second": real["tokens_per_second"], "real_wall_s": real_s,
                "simulated_tokens_per_second": sim["tokens_per_second"], "simulated": sim,
                "ratio": sim["tokens_per_second"] / max(real["tokens_per_second"], 1e-9),
