@@ -136,22 +136,21 @@ class SharedCores:
 
 
 class Worker:
-    """One device that runs jobs one at a time, in arrival order (module docstring)."""
+    """One device that runs jobs one at a time, in arrival order (module docstring). A job cancelled
+    while it waits never runs (the daemon skips the jobs of an aborted attempt); one cancelled while
+    it runs holds the device until it ends (a worker thread cannot be interrupted)."""
 
     def __init__(self, cores: SharedCores | None = None) -> None:
-        self.free_at = 0.0
         self.busy_s = 0.0
         self.cores = cores
-        self._lock = asyncio.Lock() if cores is not None else None
+        self._lock = asyncio.Lock()  # wakes its waiters in order
 
     async def run(self, seconds: float) -> None:
-        if self._lock is not None:
-            async with self._lock:  # asyncio.Lock wakes its waiters in order
-                self.busy_s += seconds
-                await self.cores.run(seconds)
-            return
-        t = now()
-        start = max(t, self.free_at)
-        self.free_at = start + seconds
-        self.busy_s += seconds
-        await asyncio.sleep(self.free_at - t)
+        async with self._lock:
+            self.busy_s += seconds
+            job = asyncio.ensure_future(self.cores.run(seconds) if self.cores is not None else asyncio.sleep(seconds))
+            try:
+                await asyncio.shield(job)
+            except asyncio.CancelledError:
+                await job
+                raise

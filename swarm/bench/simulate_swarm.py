@@ -12,7 +12,9 @@ trip, and the router bans it).
 Placement is the project's own: the first peers take `placement.emptiest` of the directory one
 after another (a swarm that grew one peer at a time); a replacement runs `placement.choose_stage`
 (its announcements, jittered looks and the pile-up rule, on the virtual clock), then downloads
-the stage's state from a live replica (its uplink, shared with that replica's work) and only then
+the stage's state from a live replica (its uplink, shared with that replica's work; the donor
+is the one `ReplicaService` asks first: the highest announced throughput, i.e. the leading
+head at stage 0) and only then
 announces itself online. A stage left without any replica is restored from a snapshot held by a
 peer of another stage, and the swarm rolls back to the last snapshot step (`snapshot_every`).
 
@@ -137,6 +139,7 @@ class SimSwarm:
         self.rollback_to: int | None = None  # set when a restore needs the swarm to go back to a snapshot step
         self.deaths = 0
         self.errors: list[BaseException] = []
+        self.leader_id: str | None = None  # the driver's leading head
 
     # ------------------------------------------------------------------ peers
     def _new_peer(self) -> SimPeer:
@@ -216,7 +219,10 @@ class SimSwarm:
         while peer.alive:
             donors = self.live(peer.stage)
             if donors:
-                ok = await self.send(self.rng.choice(donors), peer, self.cfg.state_bytes[peer.stage])
+                # replica.py's order: the highest announced throughput first (the leading head at stage 0, the
+                # replica that passed on the most microbatches elsewhere), then the peer id
+                donor = min(donors, key=lambda p: (p.peer_id != self.leader_id, -p.microbatches, p.peer_id))
+                ok = await self.send(donor, peer, self.cfg.state_bytes[peer.stage])
             else:  # nobody holds the stage: a custodian of another stage has its snapshot
                 custodians = [p for s in range(self.spec.n_stages) if s != peer.stage for p in self.live(s)]
                 if not custodians:
