@@ -35,17 +35,18 @@ def plot(result: dict, path: Path) -> None:
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
     rows = result["runs"]
-    for codec in dict.fromkeys(r["codec"] for r in rows):
+    for i, codec in enumerate(dict.fromkeys(r["codec"] for r in rows)):
         for ehw in dict.fromkeys(r["every_head_works"] for r in rows):
             curve = sorted((r for r in rows if r["codec"] == codec and r["every_head_works"] == ehw),
                            key=lambda r: r["peers"])
             a.plot([r["peers"] for r in curve], [max(r["tokens_per_second"], 1e-3) for r in curve],
-                   "o-" if not ehw else "s--", label=f"{codec}{', every head works (model)' if ehw else ''}")
-    for card, rate in result["one_gpu_tokens_per_second"].items():
-        a.axhline(rate, color="gray", lw=0.8, ls=":")
-        a.text(a.get_xlim()[0] if rows else 1, rate, f" 1 x {card}", fontsize=7, va="bottom", color="gray")
+                   "o-" if not ehw else "s--", color=f"C{i}",
+                   label=f"{codec}{', every head works (model)' if ehw else ''}")
     a.set_xscale("log")
     a.set_yscale("log")
+    for card, rate in result["one_gpu_tokens_per_second"].items():
+        a.axhline(rate, color="gray", lw=0.8, ls=":")
+        a.text(min((r["peers"] for r in rows), default=1), rate, f"1 x {card}", fontsize=7, va="bottom", color="gray")
     a.set_xlabel("peers N")
     a.set_ylabel("tokens / s")
     m = result["model"]
