@@ -130,7 +130,8 @@ def _total(w: StageWork) -> float:
 
 
 def simulated(spec: RunSpec, work: StageWork, case: Case, steps: int, cores: int) -> dict:
-    rate, lat = parse_bandwidth(case.bandwidth) / 1e6, parse_latency(case.latency) * 1e3
+    bps = parse_bandwidth(case.bandwidth)
+    rate, lat = (bps or 1e12) / 1e6, parse_latency(case.latency) * 1e3  # unlimited: a link no frame waits on
     setup = SimSetup(spec, work, wire_bytes(spec), [("this CPU", 1.0)], LinkDraw((rate, rate), (lat, lat)),
                      spec.n_stages * case.replicas, spec.n_microbatches, steps=steps, cores=SharedCores(cores))
     return simulate(setup)
@@ -150,7 +151,9 @@ def run_validation(out_dir: str, steps: int = 30, smoke: bool = False, cases: tu
         threads = max(1, cores // (spec.n_stages * case.replicas + 1))  # as swarm local gives each process
         before = calibrate(spec, threads, repeats=1 if smoke else 3)
         t0 = time.perf_counter()
-        real = run_local(LocalOptions(spec, steps=steps, replicas=case.replicas, bandwidth=case.bandwidth,
+        shaped = parse_bandwidth(case.bandwidth) is not None
+        real = run_local(LocalOptions(spec, steps=steps, replicas=case.replicas,
+                                      bandwidth=case.bandwidth if shaped else None,
                                       latency=case.latency, quiet=True, threads=threads))
         real_s = time.perf_counter() - t0
         after = calibrate(spec, threads, repeats=1 if smoke else 3)  # the machine's load may have changed
@@ -164,6 +167,8 @@ def run_validation(out_dir: str, steps: int = 30, smoke: bool = False, cases: tu
                "simulated_tokens_per_second": sim["tokens_per_second"], "simulated": sim,
                "ratio": sim["tokens_per_second"] / max(real["tokens_per_second"], 1e-9),
                "real_median_step_s": statistics.median(s["seconds"] for s in real["steps"][1:]),
+               "real_mean_step_s": statistics.mean(s["seconds"] for s in real["steps"][1:]),
+               "real_max_step_s": max(s["seconds"] for s in real["steps"][1:]),
                "real_commit_s": real.get("sync", {}).get("commit_seconds")}
         rows.append(row)
         print(f"tiny {spec.n_stages}x{case.replicas} {case.codec} {case.bandwidth} {case.latency}: real "
