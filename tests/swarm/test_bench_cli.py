@@ -18,7 +18,7 @@ from swarm.cli import build_parser, main
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCHES = ["codecs", "throughput", "convergence", "mfu", "replicas", "replica-sync", "fidelity", "churn", "memory",
-           "record"]
+           "record", "simulate"]
 
 
 def _help(capsys, *argv: str) -> str:
@@ -119,6 +119,11 @@ def test_the_documented_bench_invocations_parse():
     (["record", "--parts", "throughput", "--resume"], "record", "run_record_bench",
      {"tokens": 12_000_000, "bandwidth": "200mbit", "latency": "50ms", "steps": 8, "codec_tokens": 1.0,
       "parts": ("throughput",), "resume": True, "data": "stdlib", "device": "cpu"}),
+    (["simulate", "--peers", "10,100", "--uplink", "10-200", "--lifetimes", "inf,30", "--every-head-works"],
+     "simulate", "run_simulate_bench",
+     {"preset_name": "large", "codecs": ("dense", "subspace", "bottleneck"), "peers": (10, 100), "uplink": "10-200",
+      "latency": "10-150", "mfu": 0.4, "replica_sync": "powersgd", "per_replica": 4, "steps": 8,
+      "lifetimes": (float("inf"), 30.0), "churn_peers": 100, "every_head_works": True, "step_timeout": None}),
 ])
 def test_a_bench_invocation_reaches_its_bench_with_its_defaults(argv, module, function, expected, monkeypatch,
                                                                 tmp_path):

@@ -202,3 +202,16 @@ def test_smoke_run_writes_json_and_png_quickly(tmp_path):
     assert all(s["tokens_per_second"] > d["tokens_per_second"] > 0 for s, d in zip(sub, dense))
     assert result["churn"] and result["matches"] and result["one_gpu_tokens_per_second"]["H100"] > 0
     assert took < 20, f"the smoke run took {took:.0f} s"
+
+
+def test_the_validation_calibrates_on_the_real_stage_runners_and_simulates_this_machine():
+    from swarm.bench.simulate_validate import Case, calibrate, simulated
+    spec = preset("tiny", codec="dense")
+    work = calibrate(spec, threads=1, repeats=1)
+    assert all(t > 0 for t in work.forward) and all(t > 0 for t in work.apply)
+    assert work.backward[-1] == 0 and all(t > 0 for t in work.backward[:-1])  # the tail's backward is in its forward
+    slow = simulated(spec, work, Case("dense", 1, "2mbit", "20ms"), steps=4, cores=2)
+    fast = simulated(spec, work, Case("dense", 1, "unlimited", "0"), steps=4, cores=2)
+    assert 0 < slow["tokens_per_second"] < fast["tokens_per_second"]
+    # at 2 Mbit/s a dense tiny activation or gradient (262 KB) takes ~1 s a hop, and a microbatch makes 4 hops
+    assert slow["median_step_s"] > 4 * 262_000 * 8 / 2e6
