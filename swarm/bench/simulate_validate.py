@@ -177,4 +177,27 @@ def run_validation(out_dir: str, steps: int = 30, smoke: bool = False, cases: tu
     result = {"device": "cpu", "devices": ["cpu"], "machine": machine_info(["cpu"]), "cases": rows,
               "load_average": os.getloadavg()}
     (out / "simulate_validation.json").write_text(json.dumps(result, indent=1) + "\n")
+    _plot(rows, out / "simulate_validation.png")
     return result
+
+
+def _plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    names = [f"{r['stages']}x{r['replicas']} {r['codec']}\n{r['bandwidth']} {r['latency']}" for r in rows]
+    x = range(len(rows))
+    ax.bar([i - 0.2 for i in x], [r["real_tokens_per_second"] for r in rows], 0.4, label="real swarm (swarm local)")
+    ax.bar([i + 0.2 for i in x], [r["simulated_tokens_per_second"] for r in rows], 0.4, label="simulated")
+    for i, r in enumerate(rows):
+        ax.text(i, max(r["real_tokens_per_second"], r["simulated_tokens_per_second"]), f"x{r['ratio']:.2f}",
+                ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(list(x), names, fontsize=7)
+    ax.set_ylabel("tokens / s")
+    ax.set_title("tiny on this CPU: real swarm vs the simulator calibrated to it", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
