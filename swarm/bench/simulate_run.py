@@ -46,6 +46,7 @@ class SimSetup:
     seed: int = 0
     cores: SharedCores | None = None  # every peer on this machine's cores (validation), else a GPU each
     first_timeout: float | None = 120.0  # the first step's timeout (`swarm peer --step-timeout`; None: none)
+    frame_s: float = 0.0  # the transport's own delay added to every frame (validation: measured), else none
     max_seconds: float = 7 * 86400.0  # virtual time after which a run that cannot finish its steps stops
 
 
@@ -73,7 +74,7 @@ def simulate(setup: SimSetup) -> dict:
 
 async def _run(setup: SimSetup) -> dict:
     cfg = SwarmConfig(setup.spec, setup.work, setup.gpus, setup.links, setup.wire.state, setup.lifetime_s,
-                      setup.rejoin_s, seed=setup.seed, cores=setup.cores)
+                      setup.rejoin_s, seed=setup.seed, cores=setup.cores, frame_s=setup.frame_s)
     swarm = SimSwarm(cfg)
     await swarm.populate(setup.peers)
     opts = StepOptions(setup.microbatches, setup.every_head_works, first_timeout=setup.first_timeout)

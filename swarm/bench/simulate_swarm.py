@@ -122,6 +122,7 @@ class SwarmConfig:
     snapshot_every: int = 50
     seed: int = 0
     cores: SharedCores | None = None  # every peer on one machine's cores (validation), else one GPU each
+    frame_s: float = 0.0  # the transport's own delay per frame (p2pd, framing, asyncio), measured when validating
 
 
 class SimSwarm:
@@ -184,6 +185,8 @@ class SimSwarm:
         if not dst.alive:
             return False
         await dst.link.receive(nbytes)
+        if self.cfg.frame_s:
+            await asyncio.sleep(self.cfg.frame_s)
         return dst.alive and src.alive
 
     # ------------------------------------------------------------------ churn

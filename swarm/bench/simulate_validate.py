@@ -12,7 +12,10 @@ For each case (preset tiny on the CPU, stages x replicas, codec, shaped link), s
    and latency (every peer's uplink and downlink shaped by the built-in shaper); its tokens/s
    leaves out the first step;
 3. the simulator with those seconds, every peer on this machine's cores (`SharedCores`), the same
-   links (`HomeLink` of the same rate and latency, symmetric) and the same steps.
+   links (`HomeLink` of the same rate and latency, symmetric) and the same steps; and again with
+   every frame delayed by the transport's own round trip on this machine (`transport_seconds`: a
+   request of the case's activation size and its empty reply between two `Transport`s over two
+   real p2pd daemons, unshaped, measured after the real run), a cost the plain model leaves out.
 
 Writes simulate_validation.json (and simulate_validation.png: both rates per case) into --out.
 """
@@ -119,6 +122,50 @@ def _timed_microbatch(spec: RunSpec, runners: list[StageRunner], packer: WirePac
             times["bwd"][s].append(time.perf_counter() - t0)
 
 
+async def _round_trips(sizes: tuple[int, ...], repeats: int) -> dict[int, float]:
+    """Median seconds of one request of each size and its empty reply between two `Transport`s over two
+    real p2pd daemons on this machine, unshaped: what a message costs its two ends and the daemons."""
+    from hivemind.p2p import P2P
+
+    from swarm.net.transport import Transport
+
+    async def ack(body: bytes, peer: str) -> bytes:
+        return b""
+
+    daemons, transports = [], []
+    try:
+        server_p2p = await P2P.create(host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+        daemons.append(server_p2p)
+        maddrs = [str(m) for m in await server_p2p.get_visible_maddrs()]
+        client_p2p = await P2P.create(initial_peers=maddrs, host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+        daemons.append(client_p2p)
+        server, client = Transport(server_p2p, "calibrate"), Transport(client_p2p, "calibrate")
+        transports += [server, client]
+        await server.serve("act", ack)
+        out = {}
+        for n in sizes:
+            times = []
+            for i in range(repeats + 2):
+                t0 = time.perf_counter()
+                await client.request(server_p2p.peer_id.to_base58(), "act", bytes(n))
+                if i >= 2:  # the first two open the stream
+                    times.append(time.perf_counter() - t0)
+            out[n] = statistics.median(times)
+        return out
+    finally:
+        for t in transports:
+            await t.close()
+        for d in daemons:
+            await d.shutdown()
+
+
+def transport_seconds(spec: RunSpec, repeats: int = 20) -> float:
+    """The median transport round trip of this spec's activation message on this machine (`_round_trips`)."""
+    import asyncio
+    size = wire_bytes(spec).activation
+    return asyncio.run(_round_trips((size,), repeats))[size]
+
+
 def _mean(a: StageWork, b: StageWork) -> StageWork:
     def avg(x, y):
         return tuple((u + v) / 2 for u, v in zip(x, y))
@@ -129,11 +176,12 @@ def _total(w: StageWork) -> float:
     return sum(w.forward) + sum(w.backward)
 
 
-def simulated(spec: RunSpec, work: StageWork, case: Case, steps: int, cores: int) -> dict:
+def simulated(spec: RunSpec, work: StageWork, case: Case, steps: int, cores: int, frame_s: float = 0.0) -> dict:
     bps = parse_bandwidth(case.bandwidth)
     rate, lat = (bps or 1e12) / 1e6, parse_latency(case.latency) * 1e3  # unlimited: a link no frame waits on
     setup = SimSetup(spec, work, wire_bytes(spec), [("this CPU", 1.0)], LinkDraw((rate, rate), (lat, lat)),
-                     spec.n_stages * case.replicas, spec.n_microbatches, steps=steps, cores=SharedCores(cores))
+                     spec.n_stages * case.replicas, spec.n_microbatches, steps=steps, cores=SharedCores(cores),
+                     frame_s=frame_s)
     return simulate(setup)
 
 
@@ -159,6 +207,8 @@ def run_validation(out_dir: str, steps: int = 30, smoke: bool = False, cases: tu
         after = calibrate(spec, threads, repeats=1 if smoke else 3)  # the machine's load may have changed
         work = _mean(before, after)
         sim = simulated(spec, work, case, steps, cores)
+        frame_s = transport_seconds(spec, repeats=5 if smoke else 20)
+        with_transport = simulated(spec, work, case, steps, cores, frame_s)
         row = {"preset": "tiny", "stages": spec.n_stages, **case.__dict__, "steps": steps, "threads": threads,
                "cores": cores, "calibration": {"forward_s": work.forward, "backward_s": work.backward,
                                                "apply_s": work.apply,
@@ -166,6 +216,9 @@ def run_validation(out_dir: str, steps: int = 30, smoke: bool = False, cases: tu
                "real_tokens_per_second": real["tokens_per_second"], "real_wall_s": real_s,
                "simulated_tokens_per_second": sim["tokens_per_second"], "simulated": sim,
                "ratio": sim["tokens_per_second"] / max(real["tokens_per_second"], 1e-9),
+               "transport_round_trip_s": frame_s,
+               "simulated_with_transport_tokens_per_second": with_transport["tokens_per_second"],
+               "ratio_with_transport": with_transport["tokens_per_second"] / max(real["tokens_per_second"], 1e-9),
                "real_median_step_s": statistics.median(s["seconds"] for s in real["steps"][1:]),
                "real_mean_step_s": statistics.mean(s["seconds"] for s in real["steps"][1:]),
                "real_max_step_s": max(s["seconds"] for s in real["steps"][1:]),
@@ -173,7 +226,8 @@ def run_validation(out_dir: str, steps: int = 30, smoke: bool = False, cases: tu
         rows.append(row)
         print(f"tiny {spec.n_stages}x{case.replicas} {case.codec} {case.bandwidth} {case.latency}: real "
               f"{row['real_tokens_per_second']:.0f} tok/s, simulated {row['simulated_tokens_per_second']:.0f} "
-              f"(x{row['ratio']:.2f})")
+              f"(x{row['ratio']:.2f}); with the measured transport round trip ({1e3 * frame_s:.1f} ms a frame) "
+              f"{row['simulated_with_transport_tokens_per_second']:.0f} (x{row['ratio_with_transport']:.2f})")
     result = {"device": "cpu", "devices": ["cpu"], "machine": machine_info(["cpu"]), "cases": rows,
               "load_average": os.getloadavg()}
     (out / "simulate_validation.json").write_text(json.dumps(result, indent=1) + "\n")

@@ -213,5 +213,8 @@ def test_the_validation_calibrates_on_the_real_stage_runners_and_simulates_this_
     slow = simulated(spec, work, Case("dense", 1, "2mbit", "20ms"), steps=4, cores=2)
     fast = simulated(spec, work, Case("dense", 1, "unlimited", "0"), steps=4, cores=2)
     assert 0 < slow["tokens_per_second"] < fast["tokens_per_second"]
+    # the transport's own delay per frame (measured when validating): 2 microbatches x 4 hops in a row each
+    framed = simulated(spec, work, Case("dense", 1, "unlimited", "0"), steps=4, cores=2, frame_s=0.05)
+    assert framed["median_step_s"] >= fast["median_step_s"] + 4 * 0.05
     # at 2 Mbit/s a dense tiny activation or gradient (262 KB) takes ~1 s a hop, and a microbatch makes 4 hops
     assert slow["median_step_s"] > 4 * 262_000 * 8 / 2e6
