@@ -16,6 +16,10 @@ measured side by side in one run.
   goodput, gaps, lost/doubled steps, resets, rollbacks, replica agreement, failover.
 - `record.py`: the public slow-link record's setting (d=1024, 8 stages, 200 Mbit/s, 50 ms): time to
   dense's final loss per codec, from convergence's curves and throughput's swarms.
+- `simulate.py` (+ `simulate_engine.py`, `simulate_hardware.py`, `simulate_swarm.py`, `simulate_step.py`,
+  `simulate_run.py`, `simulate_report.py`, `simulate_validate.py`): a discrete-event simulation of 10-1,000
+  home GPUs running the project's router and placement: tokens/s against N, churn and codec; `--validate`
+  checks it against real local swarms.
 - `memory.py`: each stage's peak GPU memory against `peer/memory_estimate.py`, and the smallest card it fits.
 - `cli.py`: each bench's flags (`swarm bench BENCH --help`); `machine.py`: the devices and machine
   every bench's JSON records.
@@ -43,6 +47,21 @@ def run_bench(a: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, previous)
     print(f"results written to {a.out}/")
     return 0
+
+
+def _simulate(a: argparse.Namespace) -> None:
+    if a.validate:
+        from .simulate_validate import run_validation
+        run_validation(a.out, smoke=a.smoke)
+        return
+    from .simulate import run_simulate_bench
+    run_simulate_bench(a.out, preset_name=a.preset, codecs=tuple(c.strip() for c in a.codecs.split(",")),
+                       peers=a.peers, uplink=a.uplink, latency=a.latency, downlink_ratio=a.downlink_ratio,
+                       gpus=tuple(g.strip() for g in a.gpus.split(",")), mfu=a.mfu, replica_sync=a.replica_sync,
+                       per_replica=a.microbatches_per_replica, steps=a.steps, lifetimes=a.lifetimes,
+                       churn_peers=a.churn_peers, churn_minutes=a.churn_minutes, rejoin_s=a.rejoin_s,
+                       every_head_works=a.every_head_works, seed=a.seed, step_timeout=a.step_timeout or None,
+                       smoke=a.smoke)
 
 
 def _dispatch(a: argparse.Namespace) -> None:
@@ -97,6 +116,8 @@ def _dispatch(a: argparse.Namespace) -> None:
         run_record_bench(a.out, tokens=a.tokens, data=a.data, device=a.device, devices=a.devices,
                          bandwidth=a.bandwidth, latency=a.latency, steps=a.steps, codec_tokens=a.codec_tokens,
                          resume=a.resume, parts=a.parts, smoke=a.smoke)
+    elif a.which == "simulate":
+        _simulate(a)
     elif a.which == "replicas":
         from .replicas import run_replicas_bench
         run_replicas_bench(a.out, preset_name=a.preset, steps=a.steps, device=a.device, smoke=a.smoke)

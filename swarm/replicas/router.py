@@ -31,6 +31,7 @@ import asyncio
 import logging
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from peer.interfaces import LinkError, PeerInfo, PeerStatus
@@ -65,6 +66,8 @@ class Router:
     pick_timeout: float = 60.0
     cache_seconds: float = 2.0
     base_ban: float = 5.0
+    # seconds of a monotonic clock; `swarm bench simulate` runs this router on a virtual one
+    clock: Callable[[], float] = time.monotonic
     _cache: dict[int, tuple[float, list[StageAnnouncement]]] = field(default_factory=dict)
     _bans: dict[str, _Ban] = field(default_factory=dict)
     _run_bans: set[str] = field(default_factory=set)  # caught lying about their work: banned for the run
@@ -91,7 +94,7 @@ class Router:
     # ---------------------------------------------------------------- reading the directory
     async def announced(self, stage: int, fresh: bool = False) -> list[StageAnnouncement]:
         """Every unexpired announcement of `stage` (any state)."""
-        now = time.monotonic()
+        now = self.clock()
         cached = self._cache.get(stage)
         if fresh or cached is None or now - cached[0] > self.cache_seconds:
             peers = await self.dht.stage_peers(self.run_hash, stage)
@@ -115,17 +118,17 @@ class Router:
         return self._lease is not None and peer in self._lease.revoked
 
     def is_banned(self, peer: str) -> bool:
-        return self._banned(peer, time.monotonic()) or self._revoked(peer)
+        return self._banned(peer, self.clock()) or self._revoked(peer)
 
     async def live_peers(self, stage: int, fresh: bool = False) -> list[StageAnnouncement]:
-        now = time.monotonic()
+        now = self.clock()
         return [a for a in await self.announced(stage, fresh) if a.state in LIVE_STATES
                 and not self._banned(a.peer_id, now) and not self._revoked(a.peer_id)]
 
     async def lease(self, fresh: bool = False) -> LeaderLease | None:
         """The newest lease of the swarm key this router has read (a read at most every `cache_seconds`);
         a lease with a lower term than one already seen is an old one, and ignored."""
-        now = time.monotonic()
+        now = self.clock()
         # a fresh read at most twice a second: whoever asks for one (the coordinator's nudge is anyone's to send)
         if now - self._lease_read >= (LEASE_FRESH_S if fresh else self.cache_seconds):
             self._lease_read = now
@@ -166,12 +169,12 @@ class Router:
         """The replicas of `live` that may take a microbatch now: the proven ones, and while the
         stage's probation slot is free and open, the unproven ones too (all of them when none is proven)."""
         proven = [p for p in live if p in self._proven]
-        if not proven or (stage not in self._probe and self._closed.get(stage, 0.0) <= time.monotonic()):
+        if not proven or (stage not in self._probe and self._closed.get(stage, 0.0) <= self.clock()):
             return live
         return proven
 
     async def pick(self, stage: int, exclude: set[str] = frozenset()) -> str:
-        deadline = time.monotonic() + self.pick_timeout
+        deadline = self.clock() + self.pick_timeout
         fresh = False
         while True:
             live = [a.peer_id for a in await self.live_peers(stage, fresh) if a.peer_id not in exclude]
@@ -180,9 +183,9 @@ class Router:
                 best = min(candidates, key=lambda p: (self.score(p), p))
                 self._in_flight[best] = self._in_flight.get(best, 0) + 1
                 if best not in self._proven and any(p in self._proven for p in live):
-                    self._probe[stage] = (best, time.monotonic())
+                    self._probe[stage] = (best, self.clock())
                 return best
-            if time.monotonic() >= deadline:
+            if self.clock() >= deadline:
                 raise LinkError(f"no live peer serves stage {stage} (waited {self.pick_timeout:g} s); "
                                 f"start one with `swarm peer --stage {stage} --initial-peers ...`.")
             fresh = True
@@ -193,8 +196,8 @@ class Router:
             if probed == peer:
                 del self._probe[stage]
                 if failed:
-                    pause = max(PROBATION_PAUSE_MIN_S, PROBATION_PAUSE_FACTOR * (time.monotonic() - since))
-                    self._closed[stage] = time.monotonic() + pause
+                    pause = max(PROBATION_PAUSE_MIN_S, PROBATION_PAUSE_FACTOR * (self.clock() - since))
+                    self._closed[stage] = self.clock() + pause
                     log.info("replica %s failed its probation at stage %d; no other newcomer of the stage gets "
                              "work for %.0f s", peer[-8:], stage, pause)
 
@@ -208,7 +211,7 @@ class Router:
 
     def report_failure(self, peer: str, bad_data: bool = False) -> None:
         self._end_probe(peer, failed=True)
-        now = time.monotonic()
+        now = self.clock()
         ban = self._bans.get(peer, _Ban(0, 0))
         if ban.until <= now:  # a burst of failures inside one ban (every microbatch of a step) counts once
             ban.failures += 1
@@ -217,7 +220,7 @@ class Router:
         ban.until = max(ban.until, now + max(seconds, BAD_DATA_BAN_S if bad_data else 0.0))
         self._bans[peer] = ban
         self._cache.clear()
-        log.warning("peer %s failed; avoiding it for %.0f s", peer[-8:], ban.until - time.monotonic())
+        log.warning("peer %s failed; avoiding it for %.0f s", peer[-8:], ban.until - self.clock())
 
     def banned_peers(self) -> dict[str, int]:
         """Peers this router saw fail -> their failure count, most failures first (for health reports)."""

@@ -17,8 +17,8 @@ from swarm.bench.throughput import throughput_record
 from swarm.cli import build_parser, main
 
 ROOT = Path(__file__).resolve().parents[2]
-BENCHES = ["codecs", "throughput", "convergence", "mfu", "replicas", "replica-sync", "fidelity", "churn", "memory",
-           "record"]
+BENCHES = ["codecs", "throughput", "convergence", "mfu", "replicas", "replica-sync", "verify", "fidelity", "churn",
+           "memory", "record", "simulate"]
 
 
 def _help(capsys, *argv: str) -> str:
@@ -105,6 +105,9 @@ def test_the_documented_bench_invocations_parse():
     (["replicas", "--steps", "5"], "replicas", "run_replicas_bench", {"preset_name": "small", "steps": 5}),
     (["replica-sync", "--sync-rank", "2,4"], "replica_sync", "run_replica_sync_bench",
      {"ranks": (2, 4), "steps": 300, "seeds": 1, "bandwidth": "80mbit", "data": "stdlib"}),
+    (["verify", "--replicas", "2"], "verify", "run_verify_bench",
+     {"preset_name": "tiny", "steps": 12, "replicas": 2, "repeats": 2, "stages": 3, "bandwidth": "80mbit",
+      "device": "cpu"}),
     (["fidelity", "--groups", "embed,seeds", "--best", '{"lr": 0.002}'], "fidelity", "run_fidelity_bench",
      {"plan": "gpu", "parallel": 1, "per_device": 1, "budget_s": 540.0, "groups": ("embed", "seeds"),
       "best": {"lr": 0.002}, "resume": False}),
@@ -119,6 +122,11 @@ def test_the_documented_bench_invocations_parse():
     (["record", "--parts", "throughput", "--resume"], "record", "run_record_bench",
      {"tokens": 12_000_000, "bandwidth": "200mbit", "latency": "50ms", "steps": 8, "codec_tokens": 1.0,
       "parts": ("throughput",), "resume": True, "data": "stdlib", "device": "cpu"}),
+    (["simulate", "--peers", "10,100", "--uplink", "10-200", "--lifetimes", "inf,30", "--every-head-works"],
+     "simulate", "run_simulate_bench",
+     {"preset_name": "large", "codecs": ("dense", "subspace", "bottleneck"), "peers": (10, 100), "uplink": "10-200",
+      "latency": "10-150", "mfu": 0.4, "replica_sync": "powersgd", "per_replica": 4, "steps": 8,
+      "lifetimes": (float("inf"), 30.0), "churn_peers": 100, "every_head_works": True, "step_timeout": None}),
 ])
 def test_a_bench_invocation_reaches_its_bench_with_its_defaults(argv, module, function, expected, monkeypatch,
                                                                 tmp_path):
