@@ -13,8 +13,10 @@ Maps (short keys), validated on the way in like wire.py:
                       from a snapshot and no step applied since, x: [[step, sha256 hex, bytes], ...]}
 
 A chunk is `CHUNK_BYTES` long, the last one shorter; a snapshot of zero bytes has one empty chunk.
-Chunks are small (1 MiB: 0.1 s at 80 Mbit/s) because a snapshot shares the holder's one uplink
-with training: between two chunks the activations and gradients it sends get their turn.
+Chunks are small (64 KiB: 6.6 ms at 80 Mbit/s, 0.5 s at 1 Mbit/s) because a snapshot shares the
+holder's one uplink with training: between two chunks the activations and gradients it sends get
+their turn, and one that waits behind a chunk waits at most a chunk's time (1 MiB chunks held a
+1 Mbit/s head's activations for 8 s, past their deadline, and got a healthy replica banned).
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ from .control import _int, _is, _unpack
 from .wire import KIND_SNAPSHOT, _need
 
 SNAPSHOT_OPS = ("offer", "list", "chunk")
-CHUNK_BYTES = 1 << 20
+CHUNK_BYTES = 1 << 16
 MAX_LISTED = 16  # snapshots of one stage a peer lists at most
 _LIST = "snapl"
 

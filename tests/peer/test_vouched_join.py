@@ -17,7 +17,7 @@ from swarm.replicas.hostile_donor import serve_bad_state
 from tests.peer.swarm_in_memory import make_swarm
 from tests.peer.test_replicas import assert_close, spec_for
 
-STEPS = 7
+STEPS = 11  # odd: the last step is a hashed one (every 2nd here)
 
 
 async def test_a_joiner_refuses_a_noisy_donor_and_its_state_is_the_swarms_after_the_next_step(oracle_runs):
@@ -56,13 +56,14 @@ async def test_a_joiner_refuses_a_noisy_donor_and_its_state_is_the_swarms_after_
         await swarm.applied()
     finally:
         await swarm.stop()
-    assert donor == "s1r0" and joined_at < STEPS - 1
-    # after the next step it applied in a reduce, its state hash is the one the swarm agreed on (and its donor's)
+    assert donor == "s1r0" and joined_at < STEPS - 1, f"joined after {joined_at} of {STEPS} steps"
+    # at every hashed step it applied in a reduce after joining, its state hash is the one the swarm agreed on
+    # (and its donor's); a loaded machine only moves the step it joins at, so the run has room for a slow join
     after = sorted(t for (p, t) in reported if p == "s1new" and t in agreed)
-    assert after == [6], (after, joined_at)  # it joined at step 4, the donor's hashed step
+    assert after and after[-1] == STEPS - 1, (after, joined_at)
     assert all(reported[("s1new", t)] == agreed[t][1] == reported[("s1r0", t)] for t in after)
     assert newcomer.commit.last_state == (STEPS - 1, reported[("s1r0", STEPS - 1)])
-    assert all(set(h) == {0, 1} for h in agreed.values()) and sorted(agreed) == [2, 4, 6]
+    assert all(set(h) == {0, 1} for h in agreed.values()) and sorted(agreed) == list(range(2, STEPS, 2))
     assert state_sha256(newcomer.runner.state_dict()) == state_sha256(swarm.peers["s1r0"].runner.state_dict())
     assert_close([log.loss for log in logs], oracle_runs.losses(spec, STEPS), 1e-10)
 
