@@ -109,8 +109,8 @@ class ShareCheck:
         try:
             reply = await self.daemon.link.request(order.target, KIND_REDUCE, encode_inputs_request(req),
                                                    timeout=self.timeout)
-        except Exception as e:  # it died, or will not answer: its share cannot be shown to be its work
-            return "failed", f"replica {who} did not give the inputs of its share ({e}).", [order.target]
+        except Exception as e:  # unreachable now: no verdict (a link's hiccup is no lie); the leader asks again
+            return "failed", f"replica {who} could not be asked for the inputs of its share ({e}).", []
         self.input_bytes += len(reply)
         try:
             bodies = decode_inputs_reply(reply, len(order.microbatches), self.daemon._limits().max_bytes)

