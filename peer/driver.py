@@ -364,8 +364,10 @@ class StepDriver:
             if len(claims) == 1 and None not in claims:  # the stage's replicas agree on their newest snapshot
                 snapshots[stage] = claims.pop()
             overflowed += [stage] if any(r.overflow for r in oks.values()) else []
-        # nothing is applied before the drawn shares are shown to be their replicas' work
-        await self.spot.run(step, attempt, members, replies, shares, self.daemon.boundary.sent(step, attempt))
+        # nothing is applied before the drawn shares are shown to be their replicas' work (a step that
+        # overflowed in fp16 applies nothing: its shares carry no numbers to check)
+        if not overflowed:
+            await self.spot.run(step, attempt, members, replies, shares, self.daemon.boundary.sent(step, attempt))
         if skip := bool(overflowed):  # fp16 (protocol/loss_scale.py): one stage's overflow skips the step everywhere
             log.warning("step %d: fp16 gradients overflowed on stages %s: skipped everywhere, loss scale %g -> %g",
                         step + 1, overflowed, self.runner.scale, self.runner.scale / 2)

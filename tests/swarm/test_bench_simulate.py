@@ -187,12 +187,11 @@ def test_churn_kills_peers_replaces_them_and_redrives_steps():
 
 
 @pytest.mark.e2e
-def test_smoke_run_writes_json_and_png_quickly(tmp_path):
+def test_smoke_run_writes_json_and_png(tmp_path):
+    # how long it takes is not asserted: a loaded 2-core machine is no clock (the guide: no timed tests)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    t0 = time.monotonic()
     subprocess.run([sys.executable, "-m", "swarm.cli", "bench", "simulate", "--smoke", "--every-head-works",
                     "--out", str(tmp_path)], check=True, env=env, cwd=tmp_path, timeout=120, capture_output=True)
-    took = time.monotonic() - t0
     result = json.loads((tmp_path / "simulate.json").read_text())
     assert (tmp_path / "simulate.png").stat().st_size > 10_000
     assert {r["codec"] for r in result["runs"]} == {"dense", "subspace"}
@@ -201,7 +200,6 @@ def test_smoke_run_writes_json_and_png_quickly(tmp_path):
     dense = [r for r in result["runs"] if r["codec"] == "dense" and not r["every_head_works"]]
     assert all(s["tokens_per_second"] > d["tokens_per_second"] > 0 for s, d in zip(sub, dense))
     assert result["churn"] and result["matches"] and result["one_gpu_tokens_per_second"]["H100"] > 0
-    assert took < 20, f"the smoke run took {took:.0f} s"
 
 
 def test_the_validation_calibrates_on_the_real_stage_runners_and_simulates_this_machine():
