@@ -2,7 +2,7 @@
 
 Every head (stage-0 replica) runs one. One head leads (`peer/leadership.py`: the first live head
 of the swarm key's lease; without a coordinator, the head that announces it leads stays the
-leader); the others stand by,
+leader); the others stand by (announcing a measured compute speed, `peer/calibration.py`),
 ping it, and the next in line takes over at once when it stops answering (every other peer
 checks for itself that the old leader is gone before it follows the new one).
 A step, as the leader drives it (docs/design.md section 3):
@@ -33,6 +33,7 @@ from protocol.control import MAX_GROUP, Command
 from protocol.step_record import StepRecord, data_digest
 
 from .attempt_watch import AttemptWatch
+from .calibration import PERIOD_S, Calibration
 from .commands import UNREACHABLE, CommandSender
 from .commit import StepCommit
 from .daemon import StageDaemon
@@ -51,6 +52,7 @@ class StepDriver:
                  batches: Callable[[int, int], torch.Tensor], *, min_timeout: float = 15.0,
                  first_timeout: float = 120.0, command_timeout: float = 90.0, ping_period: float = 1.0,
                  ping_failures: int = 3, watch_period: float | None = 1.0, spot_check_rate: float = 1 / 16,
+                 calibrate_period: float | None = PERIOD_S,
                  sign_record: Callable[[StepRecord], StepRecord] | None = None) -> None:
         if not daemon.runner.is_first:
             raise ValueError("only a head peer drives steps.")
@@ -84,6 +86,8 @@ class StepDriver:
         self.realign: Callable[[], Awaitable[bool]] | None = None
         # pings the swarm while microbatches are out: a peer that died holding one is seen in seconds
         self.watch = AttemptWatch(daemon.link, directory, self.spec.run_hash, watch_period) if watch_period else None
+        # a standby head announces its measured compute speed, not 0 (peer/calibration.py); None: it announces 0
+        self.calibration = Calibration(daemon, batches, period=calibrate_period) if calibrate_period else None
 
     # ------------------------------------------------------------------ leading and standing by
     async def drive(self, until: int | None, on_step: Callable[[StepLog], None]) -> None:
@@ -105,6 +109,8 @@ class StepDriver:
                     log.info("head %s leads; this head stands by", leader[-8:])
                     self._leading = False
                     await self._claim(False)
+                    if self.calibration is not None:
+                        self.calibration.reset()  # it announced the steps' speed: measure its own at once
                 await self._stand_by(leader)
                 continue
             if not self._leading:
@@ -148,6 +154,8 @@ class StepDriver:
         follows this head, `swarm/replicas/membership.py`)."""
         failures, pings = 0, 0
         step = self.runner.step
+        if self.calibration is not None:
+            self.calibration.start()  # on the worker, while the pings go on
         while failures < self.ping_failures:
             reply = await self._command(leader, "status", step, 0, timeout=max(1.0, self.ping_period * 2))
             failures, pings = failures + 1 if reply.outcome == "failed" else 0, pings + 1

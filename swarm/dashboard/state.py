@@ -76,10 +76,14 @@ def _peer_view(ann: StageAnnouncement | None, h: HealthRecord | None, key: str |
     """
     newest = max((x for x in (ann, h) if x is not None), key=lambda x: x.timestamp)
     state = newest.state if ann is not None else "unannounced"
+    # a head that does not lead announces its measured compute speed (peer/calibration.py): shown as such,
+    # and not as traffic, so that stage sums and the bottleneck stay what passed through the stages
+    standby = ann is not None and ann.stage == 0 and not ann.leads and state == "online"
     view = {"peer_id": newest.peer_id, "stage": newest.stage, "state": state, "online": state == "online",
             "announced": ann is not None, "age_s": round(max(0.0, now - newest.timestamp), 1),
-            "health": h is not None, "key": key,
-            "tokens_per_s": ann.throughput if ann else 0.0, "queue": ann.queue if ann else 0,
+            "health": h is not None, "key": key, "standby": standby,
+            "measured_tokens_per_s": ann.throughput if standby else None,
+            "tokens_per_s": ann.throughput if ann and not standby else 0.0, "queue": ann.queue if ann else 0,
             "basis_version": ann.basis_version if ann else 0, "version": ann.version if ann else None}
     if h is not None:
         view.update(

@@ -41,6 +41,8 @@ async def swarm_state(initial_peers: list[str]) -> dict:
         peaks = await _peak_memory(sdht, spec)
         stages = {s: [{"peer": a.peer_id, "state": a.state if answers[a.peer_id] else "offline",
                        "announced_state": a.state, "answers": answers[a.peer_id], "throughput": a.throughput,
+                       # a head that does not lead announces its measured compute speed, not traffic
+                       "standby": a.stage == 0 and not a.leads and a.state == "online",
                        "queue": a.queue, "basis_version": a.basis_version, "age_s": round(now - a.timestamp, 1),
                        "reachability": reachability_of(a.maddrs), "peak_memory_bytes": peaks.get(a.peer_id)}
                       for a in anns]
@@ -72,6 +74,10 @@ def _gib(n: int | None) -> str:
     return "-" if n is None else f"{n / 2**30:.1f}G"
 
 
+def _speed(p: dict) -> str:
+    return f"~{p['throughput']:.0f}" if p.get("standby") else f"{p['throughput']:.0f}"
+
+
 def format_table(state: dict) -> str:
     run = state["run"]
     if run is None:
@@ -85,7 +91,7 @@ def format_table(state: dict) -> str:
         peers = state["stages"].get(s, [])
         for p in peers:
             lines.append(f"{s:>5}  {'…' + p['peer'][-10:]:<12} {p['state']:<8} {'yes' if p['answers'] else 'no':<7} "
-                         f"{p['reachability']:<8} {p['throughput']:>8.0f} "
+                         f"{p['reachability']:<8} {_speed(p):>8} "
                          f"{p['queue']:>5} {p['basis_version']:>5} {p['age_s']:>6} "
                          f"{_gib(p.get('peak_memory_bytes')):>8}")
             if not p["answers"]:
@@ -94,6 +100,9 @@ def format_table(state: dict) -> str:
             lines.append(f"{s:>5}  {'(none)':<12} MISSING")
     for _, why in sorted(state.get("paused", {}).items()):
         lines.append(f"paused: {why}.")
+    if any(p.get("standby") for peers in state["stages"].values() for p in peers):
+        lines.append("~N tok/s: a standby head's measured compute speed (one microbatch's forward+backward), "
+                     "not traffic.")
     if silent:
         lines.append(f"offline (did not answer a probe: stopped, or unreachable from here): {', '.join(silent)}; "
                      f"a stopped peer's announcement lives on until its ttl.")

@@ -45,9 +45,14 @@ moves per period, and never the last of its stage. A move lowers sum_s n_s^2 by
 forth; the hold keeps a peer in place while the swarm churns.
 
 Throughput never makes a peer move: announced speeds are claims nobody checks (routers
-measure for themselves), and a standby head announces 0 while the other replicas announce
-the traffic they passed on, so sums of stages are not comparable enough to move state across
-the swarm on; they only break ties between equally covered stages.
+measure for themselves), and they are not all one measure. Every figure is tokens through
+that peer's stage per second, but the leading head announces the swarm's rate (a step's
+tokens / the step's wall time), the other replicas the traffic they passed on (~10 s), and a
+standby head its capacity (`peer/calibration.py`: one microbatch's forward+backward on its
+own state, timed; no network, no waiting). Traffic never exceeds capacity, so T_s of a stage
+with standby heads counts their idle capacity: a spare head is counted at the pace it could
+lead at. Such sums are not comparable enough to move state across the swarm on; they only
+break ties between equally covered stages.
 """
 from __future__ import annotations
 

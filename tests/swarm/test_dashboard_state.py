@@ -10,7 +10,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from protocol.spec import preset
 from swarm.dashboard.metrics import make_registry, render
-from swarm.dashboard.state import DashboardState, _mark_bottleneck
+from swarm.dashboard.state import DashboardState, _mark_bottleneck, _peer_view
 from swarm.dht import StageAnnouncement, SwarmDHT, start_dht, stop_dht
 from swarm.local_reports import dense_bytes_per_token
 from swarm.monitor.health import publish_health
@@ -37,7 +37,8 @@ def sdht():
 async def populate(sdht: SwarmDHT, ttl: float = 30.0, middle_ttl: float = 30.0) -> None:
     await sdht.publish_run_spec(SPEC.to_json(), SigningKey.generate(), ttl)
     for peer, stage, t in ((HEAD, 0, ttl), (MIDDLE, 1, middle_ttl)):
-        ann = StageAnnouncement(peer, SPEC.run_hash, stage, ["/ip4/127.0.0.1/tcp/1"], 100.0, 0, 0, "online", "0.1.0")
+        ann = StageAnnouncement(peer, SPEC.run_hash, stage, ["/ip4/127.0.0.1/tcp/1"], 100.0, 0, 0, "online", "0.1.0",
+                                leads=stage == 0)  # the only head leads
         assert await SwarmDHT(sdht.dht, WRITER[peer]).announce(ann, t)
     head = record(HEAD, run_hash=SPEC.run_hash, stage=0, step=12, tokens_per_s=6000.0, act_bytes_out=6500,
                   act_tokens_out=100, grad_bytes_out=0, grad_tokens_out=0, loss=4.0, timestamp=time.time(),
@@ -216,3 +217,15 @@ async def test_a_failing_probe_never_stops_the_dashboard(sdht):
     snap = state.snapshot()
     assert snap["error"] is None and sum(p["online"] for p in snap["peers"]) == 2
     assert all(p["answers"] is None for p in snap["peers"]), "a failed round is no verdict"
+
+
+def test_a_standby_head_s_measured_speed_is_shown_as_such_not_as_traffic():
+    def ann(peer: str, leads: bool) -> StageAnnouncement:
+        return StageAnnouncement(peer, SPEC.run_hash, 0, [], 900.0, 0, 0, "online", "0.1.0", leads=leads)
+    now = time.time()
+    leader, standby = _peer_view(ann(HEAD, True), None, None, now), _peer_view(ann(MIDDLE, False), None, None, now)
+    assert not leader["standby"] and leader["tokens_per_s"] == 900.0 and leader["measured_tokens_per_s"] is None
+    assert standby["standby"] and standby["tokens_per_s"] == 0.0 and standby["measured_tokens_per_s"] == 900.0
+    # with a health record, the traffic is the record's (a standby head passes none), the measured speed stays
+    beat = record(MIDDLE, run_hash=SPEC.run_hash, stage=0, tokens_per_s=0.0, timestamp=now)
+    assert _peer_view(ann(MIDDLE, False), beat, None, now)["measured_tokens_per_s"] == 900.0

@@ -47,3 +47,13 @@ def test_each_peer_s_peak_memory_from_its_health_record_or_a_dash_without_one():
     assert table.splitlines()[1].split()[-2:] == ["peak", "mem"]
     rows = [line.split() for line in table.splitlines()[2:] if line.split()[0].isdigit()]
     assert rows[0][-1] == "1.5G" and rows[1][-1] == "-"
+
+
+def test_a_standby_head_s_speed_is_marked_measured():
+    standby = {**peer("12D3KooWSpareSpare", True), "throughput": 5321.4, "standby": True}
+    leader = {**peer("12D3KooWHeadHeadHead", True), "standby": False}
+    table = format_table({"run": RUN, "stages": {0: [leader, standby], 1: [peer("12D3KooWPeer1Peer1", True)],
+                                                 2: [peer("12D3KooWPeer2Peer2", True)]}})
+    rows = [line.split() for line in table.splitlines()[2:] if line.split()[0].isdigit()]
+    assert rows[0][5] == "4000" and rows[1][5] == "~5321" and rows[2][5] == "4000"
+    assert table.splitlines()[-1].startswith("~N tok/s: a standby head's measured compute speed")
