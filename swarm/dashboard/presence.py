@@ -35,7 +35,8 @@ class _Peer:
 
 
 def _offline(view: dict, age_s: float) -> dict:
-    return {**view, "state": "offline", "online": False, "tokens_per_s": 0.0, "age_s": round(age_s, 1)}
+    return {**view, "state": "offline", "online": False, "tokens_per_s": 0.0, "standby": False,
+            "measured_tokens_per_s": None, "age_s": round(age_s, 1)}
 
 
 class Presence:

@@ -41,6 +41,7 @@ def test_a_peer_that_misses_two_probes_is_offline_at_once_although_its_record_li
     clock.t += 2
     rows = shown(presence, view("a", age=5.0), view("b"))
     assert rows["a"]["state"] == "offline" and not rows["a"]["online"] and rows["a"]["tokens_per_s"] == 0.0
+    assert not rows["a"]["standby"] and rows["a"]["measured_tokens_per_s"] is None, "no standby head once offline"
     assert rows["a"]["answers"] is False and rows["a"]["age_s"] == 5.0 and presence.dead("a")
     assert rows["b"]["online"] and not presence.dead("b")
 
