@@ -58,12 +58,14 @@ async def test_standby_head_announces_its_speed_and_trains_as_the_oracle(oracle_
         tokens = batches(spec)(0, 0)
         leader_speed = tokens.shape[0] * spec.seq_len / min(
             [time_forward_backward(leader.daemon, tokens) for _ in range(3)])
+        named = list(standby.commit.workers)  # the peers the last apply named: placement's T_0 counts them
         states = {h.peer_id: state_sha256(h.runner.state_dict()) for h in swarm.stage(0)}
     finally:
         await swarm.stop()
     assert cal.measurements >= 2, "the standby head did not measure while it stood by"
     mine = announced[standby.peer_id]
     assert not mine.leads and mine.throughput == cal.speed > 0
+    assert standby.peer_id in named, "placement would not count the standby head's speed"
     assert leader_speed / 20 < mine.throughput < 20 * leader_speed, (mine.throughput, leader_speed)
     # the leader's figure is what it was: its last step's tokens / seconds (its next heartbeat announces it)
     assert leader.daemon.throughput == logs[-1].tokens / logs[-1].seconds
