@@ -75,8 +75,8 @@ class Calibration:
         """Time one microbatch of the step in progress, set the daemon's announced throughput to the
         compute speed and announce it; returns the speed in tokens/s."""
         d = self.daemon
-        tokens = self.batches(d.runner.step, 0)
         try:
+            tokens = self.batches(d.runner.step, 0)
             seconds = max(await d.run(time_forward_backward, d, tokens), 1e-9)
         except BaseException:
             self._next = time.monotonic() + self.period  # not again at once: it failed for a reason
