@@ -118,3 +118,38 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="session")
+def session_fork_server(tmp_path_factory):
+    """One fork server (swarm/launch/fork_server.py) for the session's local swarms: each swarm process
+    forked from it skips ~2.5 CPU-s of imports. None with SWARM_FORK_SERVER=0."""
+    from swarm.launch import fork_server
+    from swarm.launch.fork_server import ForkServer
+    from swarm.local import child_env
+
+    env = child_env(threads=1)
+    if not fork_server.enabled(env):
+        yield None
+        return
+    with ForkServer(env, log=tmp_path_factory.mktemp("fork-server") / "server.log") as server:
+        yield server
+
+
+@pytest.fixture(autouse=True)
+def _every_local_swarm_forks_from_the_session_server(request, monkeypatch):
+    """A LocalSwarm that an e2e test builds (itself, through `make_swarm`, or inside a benchmark's
+    `run_local`) forks its processes from the session's server, instead of starting one of its own
+    (~2.7 CPU-s each). Only e2e tests start processes; a test marked `own_fork_server` keeps its own."""
+    if not request.node.get_closest_marker("e2e") or request.node.get_closest_marker("own_fork_server"):
+        return
+    server = request.getfixturevalue("session_fork_server")
+    if server is None:
+        return
+    from swarm.local import LocalSwarm
+
+    init = LocalSwarm.__init__
+
+    def shared(self, opts, placement=None, fork_server=None) -> None:
+        init(self, opts, placement, fork_server or server)
+    monkeypatch.setattr(LocalSwarm, "__init__", shared)

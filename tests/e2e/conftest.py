@@ -8,9 +8,7 @@ from pathlib import Path
 import pytest
 
 from protocol.spec import preset
-from swarm.launch import fork_server
-from swarm.launch.fork_server import ForkServer
-from swarm.local import LocalOptions, LocalSwarm, child_env
+from swarm.local import LocalOptions, LocalSwarm
 
 HERE = Path(__file__).parent
 
@@ -20,31 +18,6 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if HERE in item.path.parents:
             item.add_marker(pytest.mark.e2e)
-
-
-@pytest.fixture(scope="session")
-def session_fork_server(tmp_path_factory):
-    """One fork server (swarm/launch/fork_server.py) for the session's local swarms: each swarm process
-    forked from it skips ~2.5 CPU-s of imports. None with SWARM_FORK_SERVER=0."""
-    env = child_env(threads=1)
-    if not fork_server.enabled(env):
-        yield None
-        return
-    with ForkServer(env, log=tmp_path_factory.mktemp("fork-server") / "server.log") as server:
-        yield server
-
-
-@pytest.fixture(autouse=True)
-def _every_local_swarm_forks_from_the_session_server(monkeypatch, session_fork_server):
-    """A LocalSwarm that an e2e test builds itself (not through `make_swarm`) forks its processes
-    from the session's server too, instead of starting one of its own (~2.7 CPU-s each)."""
-    if session_fork_server is None:
-        return
-    init = LocalSwarm.__init__
-
-    def shared(self, opts, placement=None, fork_server=None) -> None:
-        init(self, opts, placement, fork_server or session_fork_server)
-    monkeypatch.setattr(LocalSwarm, "__init__", shared)
 
 
 @pytest.fixture

@@ -169,6 +169,7 @@ def test_coordinators_differ_and_nothing_outlives_an_owner_killed_outright(tmp_p
     assert "stopping" in (tmp_path / "a.log").read_text()  # it noticed its parent (the server) go
 
 
+@pytest.mark.own_fork_server  # its own server, which its stop must end
 def test_a_local_swarm_forks_its_processes_and_stop_ends_its_server(tmp_path, monkeypatch):
     from protocol.spec import preset
     from swarm.local import LocalOptions, LocalSwarm
