@@ -23,8 +23,10 @@ import logging
 
 import torch
 
+from protocol.codecs import WirePacker
 from protocol.control import Command, Contribution
 from protocol.model import lm_loss
+from protocol.spec import COMPUTE_DTYPES
 from protocol.spot_check import (
     CheckOrder,
     InputsRequest,
@@ -34,9 +36,18 @@ from protocol.spot_check import (
     encode_inputs_reply,
     encode_inputs_request,
 )
-from protocol.wire import KIND_REDUCE, ActivationMessage, ErrorReply, GradientMessage, WireError, decode_message
+from protocol.wire import (
+    KIND_REDUCE,
+    ActivationMessage,
+    ErrorReply,
+    GradientMessage,
+    WireError,
+    WireLimits,
+    decode_message,
+)
 
 from .daemon import StageDaemon
+from .stage import StageRunner
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +57,13 @@ TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-4, torch.bfloat16: 2e-2, tor
 def recompute_share(daemon: StageDaemon, bodies: list[tuple[bytes, bytes | None]]) -> torch.Tensor:
     """Worker thread: the flat gradient sum (SyncLayout, CPU) of the microbatches whose boundary
     messages are `bodies`, from this replica's state; nothing of its own step is touched."""
-    runner, packer, limits = daemon.runner, daemon.packer, daemon._limits()
+    return share_from_inputs(daemon.runner, daemon.packer, daemon._limits(), bodies)
+
+
+def share_from_inputs(runner: StageRunner, packer: WirePacker, limits: WireLimits,
+                      bodies: list[tuple[bytes, bytes | None]]) -> torch.Tensor:
+    """`recompute_share` on any runner holding the stage's state (swarm/bench/share_tolerance.py
+    runs it on other devices and dtypes): sum over the microbatches of dL_m/dtheta, packed."""
     total = [torch.zeros_like(p) for p in runner.params]
     scale = runner.loss_scale.scale if runner.loss_scale is not None else 1.0
     for act, grad in bodies:
@@ -83,7 +100,8 @@ class ShareCheck:
     def __init__(self, daemon: StageDaemon, timeout: float = 60.0) -> None:
         self.daemon, self.timeout = daemon, timeout
         self.spec = daemon.spec
-        self.tolerance = TOLERANCE.get(daemon.runner.dtype, 2e-2)
+        # the spec's compute dtype: a bf16 or fp16 run keeps fp32 weights (runner.dtype) but computes in bf16/fp16
+        self.tolerance = TOLERANCE[COMPUTE_DTYPES[self.spec.dtype]]
         self.checks_run = 0  # shares of other replicas recomputed here
         self.input_bytes = 0  # the input messages fetched for them
 
