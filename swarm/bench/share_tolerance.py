@@ -8,7 +8,7 @@ boundary messages each microbatch brought it (the activation, and the gradient f
 A step's microbatches are dealt round-robin to --replicas shares, and every share of every stage
 after the head (the stages spot checks cover) is computed as
 
-- sent: a replica's own path on --device (forward, backward into .grad, `contribution()`);
+- sent: a replica's own path on --device (forward, backward into .grad, `share()` as the reduce sends it);
 - recomputed: `share_from_inputs`, what a checker runs, on --device, and again (`again`);
 - other kernels: the same on --device with the math attention kernel and cuBLAS's reduced-precision
   bf16 reduction flipped (a stand-in for another GPU model's kernels);
@@ -81,7 +81,7 @@ def replica_share(before: StageRunner, limits: WireLimits, bodies: Bodies, mbs: 
         r.forward(r.step, mb, am.tokens, z)
         gm = decode_message(grad, limits)
         r.backward(r.step, mb, packer.unpack(gm.payload, r.dtype, r.device), gm.overflow)
-    return r.contribution()[1]
+    return r.share(False)[1]
 
 
 def score_shares(before: StageRunner, bodies: Bodies, shares: list[list[int]], seed: int) -> list[dict]:
@@ -191,7 +191,7 @@ def _plot(result: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     runs = result["runs"]
-    fig, ax = plt.subplots(figsize=(9, 3.8))
+    fig, ax = plt.subplots(figsize=(11, 3.8))
     width = 0.8 / len(HONEST + LIES)
     for j, k in enumerate(HONEST + LIES):
         xs = [i + (j - len(HONEST + LIES) / 2) * width for i in range(len(runs))]
@@ -202,8 +202,10 @@ def _plot(result: dict, path: Path) -> None:
     ax.set_yscale("log")
     ax.set_xticks(range(len(runs)), [f"{r['preset']} {r['codec']} ({r['dtype']})" for r in runs])
     ax.set_ylabel("||a - b|| / ||a||  (a: recomputed)")
-    ax.set_title(f"honest computations of a share vs lies ({result['device']}; 1e-12 stands for 0)", fontsize=9)
-    ax.legend(fontsize=7, ncol=2)
+    where = result.get("machine", {}).get("description", result["device"])
+    ax.set_title(f"honest computations of a share vs lies ({where}; 1e-12 stands for 0)", fontsize=9)
+    ax.set_ylim(1e-13, 1e3)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
