@@ -66,6 +66,9 @@ class InProcessPipeline:
         self.packer = WirePacker.for_spec(spec)
         self.wire = WireCount()
         self.basis_log: list[tuple[int, int]] = []  # (version, effective step) of each re-fit
+        # (receiving stage, microbatch, bytes) of every boundary message sent: what a receiver keeps
+        # for a spot check of its share (swarm/bench/share_tolerance.py); serialize=True only
+        self.tap: Callable[[int, int, bytes], None] | None = None
 
     def _limits(self, stage: int) -> WireLimits:
         return WireLimits.for_spec(self.spec, self.runners[stage].basis_version)
@@ -94,6 +97,8 @@ class InProcessPipeline:
             out = runner.forward(step, mb, tokens, z)
             buf = encode_message(ActivationMessage(self._header(step, mb, s + 1),
                                                    tokens_for_wire(tokens, self.spec.vocab), self.packer.pack(out)))
+            if self.tap is not None:
+                self.tap(s + 1, mb, buf)
             self.wire.forward_bytes += len(buf)
             self.wire.forward_messages += 1
             self.wire.tokens += tokens.shape[0] * self.spec.seq_len
@@ -106,6 +111,8 @@ class InProcessPipeline:
             g, overflow = self.runners[s + 1].boundary_gradient(mb, g)
             assert g is not None
             buf = encode_message(GradientMessage(self._header(step, mb, s), self.packer.pack(g), loss, overflow))
+            if self.tap is not None:
+                self.tap(s, mb, buf)
             self.wire.backward_bytes += len(buf)
             self.wire.backward_messages += 1
             msg = decode_message(buf, self._limits(s))

@@ -12,6 +12,8 @@ measured side by side in one run.
 - `replica_sync.py` (+ `sync_bytes.py`): per replica-sync mode, bytes per replica per step (small, large),
   tokens/s with 2 replicas per stage on shaped links, held-out loss at equal tokens.
 - `verify.py`: what spot checks of replicas' work cost: tokens/s and input bytes per step at rates 0, 1/16, 1.
+- `share_tolerance.py`: how far honest computations of a replica's share fall apart (other kernels,
+  the CPU, fp32) against what lies score: the measurement behind spot checks' tolerance.
 - `churn.py` (+ `churn_report.py`): peers in network namespaces killed and replaced all the time:
   goodput, gaps, lost/doubled steps, resets, rollbacks, replica agreement, failover.
 - `record.py`: the public slow-link record's setting (d=1024, 8 stages, 200 Mbit/s, 50 ms): time to
@@ -99,7 +101,13 @@ def _dispatch(a: argparse.Namespace) -> None:
         from .verify import run_verify_bench
         run_verify_bench(a.out, preset_name=a.preset, steps=a.steps, replicas=a.replicas, repeats=a.repeats,
                          device=a.device, data=a.data, bandwidth=a.bandwidth, latency=a.latency, stages=a.stages,
-                         smoke=a.smoke)
+                         dtype=a.dtype, smoke=a.smoke)
+    elif a.which == "share-tolerance":
+        from .share_tolerance import run_share_tolerance_bench
+        run_share_tolerance_bench(a.out, presets=tuple(x.strip() for x in a.presets.split(",")),
+                                  codecs=tuple(x.strip() for x in a.codecs.split(",")), device=a.device,
+                                  dtype=a.dtype, warm_steps=a.warm_steps, steps=a.steps, replicas=a.replicas,
+                                  data=a.data, smoke=a.smoke)
     elif a.which == "churn":
         from .churn import run_churn_bench
         run_churn_bench(a.out, preset_name=a.preset, hosts=a.hosts, replicas=a.replicas, period=a.period,

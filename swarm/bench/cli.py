@@ -145,7 +145,27 @@ def _add_verify(sub) -> None:
     p.add_argument("--replicas", type=int, default=3, help="replicas of every stage but the head's (default: 3)")
     p.add_argument("--steps", type=int, default=12, help="steps per run, the first untimed (default: 12)")
     p.add_argument("--repeats", type=int, default=2, help="rounds over the three rates (default: 2)")
-    _link(p, "every host's uplink")
+    p.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES, help="compute dtype; auto: bf16 on a CUDA "
+                   "card that has it, fp16 on an older one, fp32 on the CPU (default: auto)")
+    _link(p, "every host's uplink (unlimited: no shaping)")
+    _data(p)
+
+
+def _add_share_tolerance(sub) -> None:
+    p = sub.add_parser("share-tolerance", help="how far honest recomputations of a replica's share fall apart",
+                       description="One replica's share of a step (a stage's gradient over its microbatches) "
+                       "computed the replica's way, recomputed as a spot check does, with other attention and "
+                       "matmul kernels, and on the CPU in the run's dtype and in fp32, from the same state and "
+                       "boundary messages; each scored ||a - b|| / ||a|| against the recomputation, beside three "
+                       "lies (x -50, another share, random of the honest norm); writes share_tolerance.json.")
+    _common(p)
+    p.add_argument("--presets", default="tiny,small", help="comma-separated presets (default: tiny,small)")
+    p.add_argument("--codecs", default="subspace,dense", help="comma-separated codecs (default: subspace,dense)")
+    p.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES, help="compute dtype; auto: bf16 on a CUDA "
+                   "card that has it, fp16 on an older one, fp32 on the CPU (default: auto)")
+    p.add_argument("--warm-steps", type=int, default=20, help="steps trained before the measured ones (default: 20)")
+    p.add_argument("--steps", type=int, default=2, help="steps whose shares are measured (default: 2)")
+    p.add_argument("--replicas", type=int, default=3, help="shares a step's microbatches are dealt to (default: 3)")
     _data(p)
 
 
@@ -319,7 +339,7 @@ def register(sub) -> argparse.ArgumentParser:
                         "`swarm bench BENCH --help` lists a benchmark's flags.")
     benches = be.add_subparsers(dest="which", required=True, metavar="BENCH")
     for add in (_add_codecs, _add_throughput, _add_convergence, _add_mfu, _add_replicas, _add_replica_sync,
-                _add_verify, _add_fidelity, _add_churn, _add_memory, _add_record, _add_simulate):
+                _add_verify, _add_share_tolerance, _add_fidelity, _add_churn, _add_memory, _add_record, _add_simulate):
         add(benches)
     be.set_defaults(func=run_bench)
     return be

@@ -2,7 +2,8 @@
 
 An in-memory swarm of the preset (`peer/memory_swarm.py`: every peer in this process, messages
 through the real encoders over loopback links, each host's uplink shaped to --bandwidth) with
-one head and --replicas replicas of every other stage, trained for --steps steps at each spot-check
+one head and --replicas replicas of every other stage, all on --device and computing in --dtype (auto:
+bf16 on a CUDA card, as a GPU run would), trained for --steps steps at each spot-check
 rate in turn (0, the default 1/16, and 1: every share recomputed), the rates interleaved over
 --repeats rounds so that drift of a noisy machine hits each alike. Per rate: tokens/s (steps 2..N),
 its ratio to no checks, the shares recomputed per step and the input bytes a check fetched per
@@ -50,12 +51,13 @@ async def _run(spec, replicas: int, steps: int, rate: float, device: str, data: 
 
 def run_verify_bench(out_dir: str, preset_name: str = "tiny", steps: int = 12, replicas: int = 3, repeats: int = 2,
                      device: str = "cpu", data: str | None = None, bandwidth: str | None = "80mbit",
-                     latency: str = "0", stages: int | None = 3, smoke: bool = False) -> dict:
+                     latency: str = "0", stages: int | None = 3, dtype: str | None = None,
+                     smoke: bool = False) -> dict:
     if smoke:
         preset_name, steps, replicas, repeats, stages = "tiny", 3, 2, 1, 2
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    spec = preset(preset_name, stages=stages, codec="subspace")
+    spec = preset(preset_name, stages=stages, codec="subspace", dtype=dtype)
     runs: list[dict] = []
     for round_ in range(repeats):
         for rate in RATES:
@@ -70,11 +72,13 @@ def run_verify_bench(out_dir: str, preset_name: str = "tiny", steps: int = 12, r
         rows = [r for r in runs if r["rate"] == rate]
         tps = statistics.median(r["tokens_per_second"] for r in rows)
         summary.append({"rate": rate, "tokens_per_second": tps, "ratio_to_unchecked": tps / base,
+                        "step_seconds": statistics.median(r["step_seconds"] for r in rows),
                         "checks_per_step": statistics.mean(r["checks_per_step"] for r in rows),
                         "input_bytes_per_step": statistics.mean(r["input_bytes_per_step"] for r in rows),
                         "banned": sorted({p for r in rows for p in r["banned"]})})
         print(f"rate {rate:.4g}: {tps:.0f} tok/s = {tps / base:.3f} of no checks", flush=True)
     result = {"device": device, "devices": [device], "machine": machine_info([device]), "preset": preset_name,
+              "dtype": spec.dtype,
               "replicas": replicas, "bandwidth": bandwidth, "latency": latency, "steps": steps, "repeats": repeats,
               "spec": spec.to_dict(), "runs": runs, "summary": summary}
     (out / "verify.json").write_text(json.dumps(result, indent=1) + "\n")
@@ -99,7 +103,8 @@ def _plot(result: dict, path: Path) -> None:
     b.set_ylabel("input bytes fetched per step (kB)")
     b.set_xlabel("spot-check rate")
     fig.suptitle(f"spot checks: {result['preset']}, 1 head + {result['replicas']} replicas per stage, "
-                 f"{result['bandwidth'] or 'unshaped'} per host ({result['device']})", fontsize=9)
+                 f"{result['bandwidth'] or 'unshaped'} per host ({result['device']}, {result.get('dtype', 'fp32')})",
+                 fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -17,8 +17,8 @@ from swarm.bench.throughput import throughput_record
 from swarm.cli import build_parser, main
 
 ROOT = Path(__file__).resolve().parents[2]
-BENCHES = ["codecs", "throughput", "convergence", "mfu", "replicas", "replica-sync", "verify", "fidelity", "churn",
-           "memory", "record", "simulate"]
+BENCHES = ["codecs", "throughput", "convergence", "mfu", "replicas", "replica-sync", "verify", "share-tolerance",
+           "fidelity", "churn", "memory", "record", "simulate"]
 
 
 def _help(capsys, *argv: str) -> str:
@@ -107,7 +107,10 @@ def test_the_documented_bench_invocations_parse():
      {"ranks": (2, 4), "steps": 300, "seeds": 1, "bandwidth": "80mbit", "data": "stdlib"}),
     (["verify", "--replicas", "2"], "verify", "run_verify_bench",
      {"preset_name": "tiny", "steps": 12, "replicas": 2, "repeats": 2, "stages": 3, "bandwidth": "80mbit",
-      "device": "cpu"}),
+      "device": "cpu", "dtype": "fp32"}),  # --dtype auto on the CPU: fp32
+    (["share-tolerance", "--presets", "tiny", "--device", "cpu"], "share_tolerance", "run_share_tolerance_bench",
+     {"presets": ("tiny",), "codecs": ("subspace", "dense"), "device": "cpu", "dtype": "fp32", "warm_steps": 20,
+      "steps": 2, "replicas": 3, "data": "stdlib"}),
     (["fidelity", "--groups", "embed,seeds", "--best", '{"lr": 0.002}'], "fidelity", "run_fidelity_bench",
      {"plan": "gpu", "parallel": 1, "per_device": 1, "budget_s": 540.0, "groups": ("embed", "seeds"),
       "best": {"lr": 0.002}, "resume": False}),
