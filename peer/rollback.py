@@ -134,14 +134,19 @@ class Rollback:
         if order is None or order.id in self.done:
             return False
         self.done.add(order.id)  # once: an order that cannot be carried out now is not tried at every attempt
-        step = self.runner.step
-        if step <= order.to or step > order.caught + ORDER_SLACK:
-            return False
         members = await driver._members()
         lists = await self.snapshots.survey(members)
-        unable = sorted(s for s in range(self.daemon.spec.n_stages) if not any(
+        # the swarm's step: its most advanced stage's (this head may have refused the liar's steps, and be behind)
+        step = max([lst.step for lst in lists.values()] + [self.runner.step])
+        if step <= order.to or step > order.caught + ORDER_SLACK:
+            return False
+        unable = [s for s in range(self.daemon.spec.n_stages) if not any(
             members[p] == s and (lst.step == order.to or any(i.step == order.to for i in lst.held))
-            for p, lst in lists.items()))
+            for p, lst in lists.items())]
+        for s in list(unable):  # a replica that joined after the snapshot holds none of its own: custodians' copies
+            kept = await self.snapshots.survey({p: s for p, t in members.items() if t != s})
+            if any(i.step == order.to for lst in kept.values() for i in lst.held):
+                unable.remove(s)
         if unable:
             log.error("%s: the swarm cannot roll back to step %d, stage%s %s hold%s no snapshot of it. Steps %d-%d "
                       "trained on that head's data stay applied.", _why(order), order.to, _s(unable), _list(unable),

@@ -10,6 +10,7 @@ import logging
 import random
 import re
 
+import pytest
 import torch
 
 from peer.interfaces import RollbackOrder
@@ -27,7 +28,7 @@ def spec3():
                   microbatch_size=8, lr=1e-3)
 
 
-async def liar_swarm(spec, tmp_path, order: RollbackOrder):
+async def liar_swarm(spec, tmp_path, order: RollbackOrder, fresh_head: bool = False):
     """Heads "honest" and "liar" (on other text), one replica of stages 1 and 2, snapshots every 2
     steps. The lease names the honest head first, then the liar for steps LIAR_FROM+1..CAUGHT; after
     the liar's step CAUGHT the test plays the coordinator: a lease without the liar (gone from the
@@ -42,15 +43,33 @@ async def liar_swarm(spec, tmp_path, order: RollbackOrder):
     liar.driver.batches = batches(spec, str(evil))
     assert not torch.equal(liar.driver.batches(LIAR_FROM, 0), batches(spec)(LIAR_FROM, 0))
     swarm.net.lease = ["honest", "liar"]
-    revoked = []
+    revoked, tasks = [], []
+
+    async def fresh_head_catches_the_liar() -> None:
+        # a fresh head joins by download from the liar (its state has the liar's steps in it, and it holds no
+        # snapshot of its stage), reads the liar's next step record (as it would), and the coordinator revokes
+        # the liar: the new lease names the fresh head only (the liar, no longer named, drives nothing)
+        head = await swarm.add(0, "fresh", announce="syncing")
+        await head.join(["liar"])
+        await head.announce("online")
+        swarm.net.rollback = order
+        swarm.kill("liar")
+        await head.drive(STEPS, swarm.logs.append)
 
     def on_step(log) -> None:
         if log.step == LIAR_FROM and swarm.net.lease[0] == "honest" and not revoked:
             swarm.net.lease = ["liar", "honest"]
+        elif fresh_head and log.step == LIAR_FROM + 1 and "honest" not in swarm.net.down:
+            swarm.kill("honest")  # the honest head dies: the liar leads alone
         elif log.step == CAUGHT and swarm.net.lease[0] == "liar":
             revoked.append(log.step)
-            swarm.net.lease, swarm.net.rollback = ["honest"], order
-            swarm.kill("liar")
+            if fresh_head:
+                swarm.net.lease = ["fresh"]  # no head it names is live yet: the liar waits, and serves its state
+                tasks.append(asyncio.ensure_future(fresh_head_catches_the_liar()))
+            else:
+                swarm.net.lease, swarm.net.rollback = ["honest"], order
+                swarm.kill("liar")
+    on_step.tasks = tasks
     return swarm, on_step
 
 
@@ -61,24 +80,32 @@ def clean_stages(spec, steps: int) -> InProcessPipeline:
     return pipe
 
 
-async def test_a_caught_liars_steps_are_rolled_back_and_leave_no_trace(tmp_path, caplog):
+@pytest.mark.parametrize("fresh_head", [False, True], ids=["standby-head", "fresh-head"])
+async def test_a_caught_liars_steps_are_rolled_back_and_leave_no_trace(tmp_path, caplog, fresh_head):
+    """standby-head: the head that leads next was a replica of stage 0 all along. fresh-head: the honest
+    head died after the liar's first step, the liar led alone, and the head that catches it joined by
+    download from the liar, so it holds no snapshot of stage 0: the rollback restores stage 0 from the
+    custodians' copy."""
     spec = spec3()
-    swarm, on_step = await liar_swarm(spec, tmp_path, RollbackOrder(1, LIAR_FROM, CAUGHT, "liar"))
+    swarm, on_step = await liar_swarm(spec, tmp_path, RollbackOrder(1, LIAR_FROM, CAUGHT, "liar"), fresh_head)
     try:
         with caplog.at_level(logging.WARNING, logger="peer.rollback"):
             await asyncio.wait_for(swarm.drive(STEPS, on_step), 300)
+            if fresh_head:  # the swarm's first heads are gone: the fresh one drives the rest
+                await asyncio.wait_for(on_step.tasks[0], 300)
         await swarm.applied()
     finally:
         await swarm.stop()
+    head = "fresh" if fresh_head else "honest"
     assert "liar" in swarm.net.down
     numbers = [log.step for log in swarm.logs]
     # steps 5-7 were driven by the liar, then again by the honest head after the rollback
     assert all(numbers.count(s) == 2 for s in range(LIAR_FROM + 1, CAUGHT + 1)), numbers
-    assert all(swarm.peers[p].rollback.rollbacks == 1 for p in ("honest", "s1r0", "s2r0"))
-    assert all(1 in swarm.peers[p].rollback.done for p in ("honest", "s1r0", "s2r0"))
+    assert all(swarm.peers[p].rollback.rollbacks == 1 for p in (head, "s1r0", "s2r0"))
+    assert all(1 in swarm.peers[p].rollback.done for p in (head, "s1r0", "s2r0"))
     assert "orders its steps rolled back: every stage rolls back to step 4" in caplog.text
     pipe = clean_stages(spec, STEPS)
-    for stage, name in enumerate(("honest", "s1r0", "s2r0")):
+    for stage, name in enumerate((head, "s1r0", "s2r0")):
         runner = swarm.peers[name].runner
         assert runner.step == STEPS
         for (pname, p), q in zip(runner.module.named_parameters(), pipe.runners[stage].module.parameters()):
