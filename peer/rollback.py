@@ -117,15 +117,7 @@ class Rollback:
         log.warning("stage%s %s came back at step %d (restored from a snapshot), behind the swarm's step %d: every "
                     "stage rolls back to step %d and steps %d-%d are driven again", _s(behind), _list(behind), target,
                     step, target, target + 1, step)
-        if driver._applying is not None:  # its retries of an abandoned step must not reach the re-driven one
-            driver._applying.cancel()
-        replies = await driver._broadcast(members, "rollback", target, 0)
-        failed = sorted({members[p] for p, r in replies.items() if r.outcome != "ok"})
-        if failed:
-            log.warning("some replicas of stage%s %s could not roll back: they will not take part until they rejoin",
-                        _s(failed), _list(failed))
-        return replies.get(self.daemon.peer_id) is not None and replies[self.daemon.peer_id].outcome == "ok"
-
+        return await self._roll_back(driver, members, target, 0)
 
     async def ordered(self, driver) -> bool:
         """Carry out the rollback the swarm key's lease orders, if this head has not seen it done; True
@@ -154,9 +146,14 @@ class Rollback:
             return False
         log.warning("%s: every stage rolls back to step %d and steps %d-%d are driven again on the run's data",
                     _why(order), order.to, order.to + 1, step)
+        return await self._roll_back(driver, members, order.to, order.id)
+
+    async def _roll_back(self, driver, members: dict[str, int], target: int, number: int) -> bool:
+        """Send "rollback to `target`" to every peer (`number`: an order's, 0 for a realign); True if
+        this head rolled back."""
         if driver._applying is not None:  # its retries of an abandoned step must not reach the re-driven one
             driver._applying.cancel()
-        replies = await driver._broadcast(members, "rollback", order.to, order.id)
+        replies = await driver._broadcast(members, "rollback", target, number)
         failed = sorted({members[p] for p, r in replies.items() if r.outcome != "ok"})
         if failed:
             log.warning("some replicas of stage%s %s could not roll back: they will not take part until they rejoin",
