@@ -38,6 +38,18 @@ class MessageLink(Protocol):
     async def request(self, peer: str, kind: str, body: bytes, timeout: float | None = None) -> bytes: ...
 
 
+@dataclass(frozen=True)
+class RollbackOrder:
+    """The swarm key's order, in its lease, to undo a caught head's steps (peer/rollback.py): the
+    `id`-th revocation took the lease from `liar`, whose signed record of step `caught` (counted
+    from 1) showed other data; roll the swarm back to the snapshot step `to` (steps done)."""
+
+    id: int
+    to: int
+    caught: int
+    liar: str
+
+
 @dataclass
 class PeerStatus:
     """What a peer says of itself in its announcement (refreshed by heartbeat)."""
@@ -93,4 +105,8 @@ class PeerDirectory(Protocol):
     async def lease_order(self) -> list[str] | None:
         """The heads that may lead, in order, from the swarm key's newest lease (`peer/leadership.py`);
         None if the swarm has no coordinator to grant one; [] while it has granted none yet."""
+        ...
+
+    async def rollback_order(self) -> RollbackOrder | None:
+        """The rollback the swarm key's newest lease orders, or None (`LeaderLease.rollback_id`)."""
         ...

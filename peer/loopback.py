@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .interfaces import Handler, LinkError, PeerInfo, PeerStatus
+from .interfaces import Handler, LinkError, PeerInfo, PeerStatus, RollbackOrder
 
 
 @dataclass
@@ -21,6 +21,7 @@ class LoopbackNetwork:
     down: set[str] = field(default_factory=set)
     inflight: dict[str, int] = field(default_factory=dict)
     lease: list[str] | None = None  # the heads that may lead, in order, as a coordinator's lease would say
+    rollback: RollbackOrder | None = None  # the rollback that lease would order
 
     def link(self, peer_id: str) -> LoopbackLink:
         return LoopbackLink(self, peer_id)
@@ -79,6 +80,9 @@ class LoopbackDirectory:
 
     async def lease_order(self) -> list[str] | None:
         return None if self.net.lease is None else list(self.net.lease)
+
+    async def rollback_order(self) -> RollbackOrder | None:
+        return self.net.rollback
 
     async def members(self, stage: int) -> list[PeerInfo]:
         return sorted((PeerInfo(p, st.stage, st.state, st.step, st.throughput, st.leads)

@@ -15,8 +15,20 @@ Every replica's side (`on_command`, the "rollback" command, from the leading hea
 its own snapshot of S, or fetch the stage's snapshot of S from a peer that holds it; a replica
 already at S just drops its partial work. What a replica holds besides its state (the reduced
 sums it would forward to a follower, a follower's queue) belongs to the abandoned steps and
-is dropped. Not restored: replica_sync "powersgd"'s error feedback (it is not in the state), so
+is dropped, and so is every snapshot it holds of a later step (those steps are taken anew).
+Not restored: replica_sync "powersgd"'s error feedback (it is not in the state), so
 a rolled-back powersgd swarm continues close to, not equal to, the one-process run.
+
+A caught liar's steps (issue 20, item 2; `ordered`): when the coordinator revokes the lease of a
+head that fed other data than the run's, the new lease, signed by the swarm key, orders "roll
+back to snapshot step S" (`RollbackOrder`: S is the newest snapshot step that a head it still
+trusts vouched for, so from before the liar led). The head that leads next carries it out
+before it drives, as above, and the steps S+1.. are driven again on the run's data: the liar's
+steps leave no trace. At most once per revocation: an order is numbered, and a head that
+carried it out, or took its rollback command (the number rides in the command's attempt), or
+is past the caught step by more than `ORDER_SLACK` steps (the order was carried out before it
+joined) does not act on it again. A stage that holds no snapshot of S: the steps stay applied,
+and the head logs an error that says which and why; the swarm goes on.
 """
 from __future__ import annotations
 
@@ -27,11 +39,16 @@ from protocol.control import Command, CommandReply
 
 from .commit import StepCommit
 from .daemon import StageDaemon
+from .interfaces import RollbackOrder
 from .snapshots import NoSnapshot, SnapshotRefused, SnapshotService
 from .stage import StageError
 from .state_transfer import Follower
 
 log = logging.getLogger(__name__)
+
+# a caught liar drives at most a step or two more before its lease is gone: a head further past the
+# caught step than this is in the re-driven steps of an order carried out before it joined
+ORDER_SLACK = 8
 
 
 class Rollback:
@@ -40,6 +57,7 @@ class Rollback:
         self.daemon, self.commit, self.snapshots, self.follower, self.check = daemon, commit, snapshots, follower, check
         self.runner = daemon.runner
         self.rollbacks = 0  # rollbacks carried out here
+        self.done: set[int] = set()  # the numbers of the ordered rollbacks (RollbackOrder.id) seen carried out
 
     # ------------------------------------------------------------------ every replica
     async def on_command(self, cmd: Command) -> CommandReply:
@@ -57,6 +75,9 @@ class Rollback:
         else:
             await d.run(self.runner.abort_step)
             d.stepped()
+        if cmd.attempt:  # an ordered rollback's number (a realign sends 0)
+            self.done.add(cmd.attempt)
+        self.snapshots.store.drop_after(target)  # of the abandoned steps: taken anew when they are re-driven
         self.snapshots.restored = False
         self.commit.last_applied = None
         self.commit.forwarder.followers.clear()
@@ -70,6 +91,8 @@ class Rollback:
         """Roll the swarm back if a stage came back behind it; True if it did (the driver then goes
         on from the head's step). `driver` is this head's `StepDriver`; this head's own stage may be
         the one that came back (every head died and this one restored stage 0)."""
+        if await self.ordered(driver):
+            return True
         members = await driver._members()
         lists = await self.snapshots.survey(members)
         top: dict[int, int] = {}
@@ -94,14 +117,53 @@ class Rollback:
         log.warning("stage%s %s came back at step %d (restored from a snapshot), behind the swarm's step %d: every "
                     "stage rolls back to step %d and steps %d-%d are driven again", _s(behind), _list(behind), target,
                     step, target, target + 1, step)
+        return await self._roll_back(driver, members, target, 0)
+
+    async def ordered(self, driver) -> bool:
+        """Carry out the rollback the swarm key's lease orders, if this head has not seen it done; True
+        if the swarm rolled back."""
+        order = await self.daemon.directory.rollback_order()
+        if order is None or order.id in self.done:
+            return False
+        self.done.add(order.id)  # once: an order that cannot be carried out now is not tried at every attempt
+        members = await driver._members()
+        lists = await self.snapshots.survey(members)
+        # the swarm's step: its most advanced stage's (this head may have refused the liar's steps, and be behind)
+        step = max([lst.step for lst in lists.values()] + [self.runner.step])
+        if step <= order.to or step > order.caught + ORDER_SLACK:
+            return False
+        unable = [s for s in range(self.daemon.spec.n_stages) if not any(
+            members[p] == s and (lst.step == order.to or any(i.step == order.to for i in lst.held))
+            for p, lst in lists.items())]
+        for s in list(unable):  # a replica that joined after the snapshot holds none of its own: custodians' copies
+            kept = await self.snapshots.survey({p: s for p, t in members.items() if t != s})
+            if any(i.step == order.to for lst in kept.values() for i in lst.held):
+                unable.remove(s)
+        if unable:
+            log.error("%s: the swarm cannot roll back to step %d, stage%s %s hold%s no snapshot of it. Steps %d-%d "
+                      "trained on that head's data stay applied.", _why(order), order.to, _s(unable), _list(unable),
+                      "" if len(unable) > 1 else "s", order.to + 1, step)
+            return False
+        log.warning("%s: every stage rolls back to step %d and steps %d-%d are driven again on the run's data",
+                    _why(order), order.to, order.to + 1, step)
+        return await self._roll_back(driver, members, order.to, order.id)
+
+    async def _roll_back(self, driver, members: dict[str, int], target: int, number: int) -> bool:
+        """Send "rollback to `target`" to every peer (`number`: an order's, 0 for a realign); True if
+        this head rolled back."""
         if driver._applying is not None:  # its retries of an abandoned step must not reach the re-driven one
             driver._applying.cancel()
-        replies = await driver._broadcast(members, "rollback", target, 0)
+        replies = await driver._broadcast(members, "rollback", target, number)
         failed = sorted({members[p] for p, r in replies.items() if r.outcome != "ok"})
         if failed:
             log.warning("some replicas of stage%s %s could not roll back: they will not take part until they rejoin",
                         _s(failed), _list(failed))
         return replies.get(self.daemon.peer_id) is not None and replies[self.daemon.peer_id].outcome == "ok"
+
+
+def _why(order: RollbackOrder) -> str:
+    return (f"the swarm key revoked head {order.liar[-8:]}'s lease (it fed other data than the run's, caught at "
+            f"step {order.caught}) and orders its steps rolled back")
 
 
 def _s(stages) -> str:

@@ -65,6 +65,16 @@ class SnapshotStore:
             del held[min(held)]
         return True
 
+    def drop_after(self, step: int) -> int:
+        """Drop every stage's snapshots of steps after `step` (the swarm rolled back to it: those
+        steps are driven again and snapshotted anew); returns how many were dropped."""
+        dropped = 0
+        for held in self._held.values():
+            for t in [t for t in held if t > step]:
+                del held[t]
+                dropped += 1
+        return dropped
+
     def wants(self, stage: int, step: int) -> bool:
         """Whether a snapshot of `stage` at `step` would be kept (and is not held already)."""
         held = self._held.get(stage, {})

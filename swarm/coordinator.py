@@ -180,7 +180,12 @@ async def _coordinate(opts: CoordinatorOptions, spec: RunSpec, key: SigningKey, 
                      for a in anns]
             await tell_to_read_lease(transport, spec.run_hash, peers)
         keeper.on_revoke = everyone_reads
-        verdict = DataVerdict(spec.run_hash, spec.n_microbatches, lambda: run_batches(spec, opts.data), keeper.revoke)
+        async def revoke(head: str, why: str, to: int | None, caught: int) -> bool:
+            if to is not None:  # the undone steps' vouched snapshots and states go: they are driven again
+                await vouch.forget_after(to)
+            return await keeper.revoke(head, why, to, caught)
+        verdict = DataVerdict(spec.run_hash, spec.n_microbatches, lambda: run_batches(spec, opts.data), revoke,
+                              lambda head, caught: vouch.before(head, caught, keeper.revoked))
         await transport.serve(KIND_DATA_REPORT, verdict.on_report)  # heads report leaders that fed other data
         leases = asyncio.create_task(keeper.run())  # which heads may lead, signed by the swarm key
         maddrs = [str(m) for m in dht.get_visible_maddrs()]

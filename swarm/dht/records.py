@@ -252,6 +252,12 @@ class LeaderLease:
     when the leader dies the next live one leads at once, with or without the coordinator.
     `term` grows with every change of the order (a reader keeps the highest term it has seen,
     so an older lease cannot come back); a head absent from `order` never leads.
+
+    `rollback_id` > 0 orders a rollback (issue 20, item 2): the `rollback_id`-th revocation took the
+    lease from `rollback_of`, caught feeding other data at step `rollback_caught` (counted from 1),
+    and the steps it drove come after the snapshot step `rollback_to`, the newest that a head the
+    lease still trusts vouched for: the next leader rolls the swarm back to it before it drives
+    (`peer/rollback.py`). Only the swarm key signs a lease, so only it can order one.
     """
 
     run_hash: str
@@ -259,6 +265,10 @@ class LeaderLease:
     order: list[str]
     issued: float = field(default_factory=get_dht_time)
     revoked: list[str] = field(default_factory=list)  # heads caught lying (swarm/replicas/data_check.py): never again
+    rollback_id: int = 0  # 0: no rollback ordered
+    rollback_to: int = 0
+    rollback_caught: int = 0
+    rollback_of: str = ""
 
     def __post_init__(self) -> None:
         _require(isinstance(self.run_hash, str) and 0 < len(self.run_hash) <= 128, "run_hash must be a short string.")
@@ -272,6 +282,10 @@ class LeaderLease:
                  and all(isinstance(p, str) and 0 < len(p) <= 128 for p in self.revoked),
                  "revoked must be a list of peer ids.")
         self.revoked = list(self.revoked)
+        _require(all(_is_int(v) and 0 <= v < 2**31 for v in (self.rollback_id, self.rollback_to, self.rollback_caught))
+                 and isinstance(self.rollback_of, str) and len(self.rollback_of) <= 128
+                 and (self.rollback_id == 0 or 0 < self.rollback_to <= self.rollback_caught),
+                 "a rollback order names a snapshot step after 0 and no later than the step caught.")
         _require(isinstance(self.issued, (int, float)) and not isinstance(self.issued, bool)
                  and math.isfinite(self.issued), "issued must be a finite number.")
         self.issued = float(self.issued)

@@ -23,7 +23,8 @@ from swarm.trust.admission import AdmissionPolicy
 
 
 async def swarm_state(initial_peers: list[str]) -> dict:
-    """The run spec and every live announcement, each with whether its peer answers, as plain data."""
+    """The run spec and every live announcement, each with whether its peer answers, and the heads
+    whose lease the swarm key revoked (with the rollback it ordered, if any), as plain data."""
     dht = await asyncio.to_thread(start_dht, initial_peers, ["/ip4/127.0.0.1/tcp/0"], None, True)
     p2p = None
     try:
@@ -39,6 +40,10 @@ async def swarm_state(initial_peers: list[str]) -> dict:
         answers = await LivenessProbe(p2p).probe_all(spec.run_hash, sorted({a.peer_id for s in peers.values()
                                                                            for a in s}))
         peaks = await _peak_memory(sdht, spec)
+        try:
+            lease = await sdht.fetch_lease(spec.run_hash)  # only the swarm key's counts
+        except Exception:  # a DHT hiccup: the table without the lease's news
+            lease = None
         stages = {s: [{"peer": a.peer_id, "state": a.state if answers[a.peer_id] else "offline",
                        "announced_state": a.state, "answers": answers[a.peer_id], "throughput": a.throughput,
                        # a head that does not lead announces its measured compute speed, not traffic
@@ -53,6 +58,9 @@ async def swarm_state(initial_peers: list[str]) -> dict:
             "stages": stages,
             "paused": {s: why for s in range(spec.n_stages)
                        if (why := uncovered_reason(s, [p["state"] for p in stages.get(s, [])]))},
+            "revoked": [] if lease is None else [
+                {"head": p, "rollback_to": lease.rollback_to if lease.rollback_id and p == lease.rollback_of else None,
+                 "caught": lease.rollback_caught if p == lease.rollback_of else None} for p in lease.revoked],
         }
     finally:
         await close_node(dht, p2p)
@@ -103,6 +111,14 @@ def format_table(state: dict) -> str:
     if any(p.get("standby") for peers in state["stages"].values() for p in peers):
         lines.append("~N tok/s: a standby head's measured compute speed (one microbatch's forward+backward), "
                      "not traffic.")
+    for r in state.get("revoked", []):
+        head = f"head …{r['head'][-10:]} lost its lease for good: it fed other data than the run's"
+        if r.get("rollback_to") is not None:
+            lines.append(f"{head}; the swarm key ordered its steps rolled back to step {r['rollback_to']} (it was "
+                         f"caught at step {r['caught']}).")
+        else:
+            lines.append(f"{head}; no rollback is ordered for it (no snapshot from before it led): the steps it "
+                         f"drove stay applied (the coordinator's log names them).")
     if silent:
         lines.append(f"offline (did not answer a probe: stopped, or unreachable from here): {', '.join(silent)}; "
                      f"a stopped peer's announcement lives on until its ttl.")

@@ -13,7 +13,11 @@ signed run spec) and regenerates any microbatch. A record that fails is refused 
 does not sum with that leader). One whose only fault is the digest is the leader's own signed
 word that it fed other data: it goes to the coordinator, which recomputes the digest from the
 run's data itself, and only if the record is genuine and the digest is not the run's revokes
-the leader's lease (`LeaseKeeper.revoke`) and tells every peer to read the lease again. A
+the leader's lease (`LeaseKeeper.revoke`) and tells every peer to read the lease again. The
+steps that leader drove are undone: the new lease orders a rollback to the newest snapshot step,
+at most the caught step, that another, trusted head vouched for (`SnapshotVouch.before`: so from
+before the liar led), which the next leader carries out (`peer/rollback.py`). With no such
+snapshot the coordinator says so (an error naming the steps) and the swarm goes on. A
 report that does not hold (the digest is the run's) is logged and costs the reporter nothing
 but its word: no headcount, no trust in the reporter decides.
 """
@@ -85,10 +89,12 @@ class DataVerdict:
     """The coordinator's judge of reported step records (served on KIND_DATA_REPORT)."""
 
     def __init__(self, run_hash: str, n_microbatches: int, batches: Callable[[], Callable[[int, int], torch.Tensor]],
-                 revoke: Callable[[str, str], Awaitable[bool]]) -> None:
+                 revoke: Callable[[str, str, int | None, int], Awaitable[bool]],
+                 target: Callable[[str, int], int | None] = lambda head, caught: None) -> None:
         self.run_hash, self.n_microbatches = run_hash, n_microbatches
         self._make_batches, self._batches = batches, None  # the corpus is read on the first report
-        self.revoke = revoke
+        self.revoke = revoke  # (head, why, rollback to, caught step)
+        self.target = target  # (head, caught step) -> the snapshot step to roll back to, or None
         self.revoked: set[str] = set()
         self.unfounded = 0  # reports whose record checked out
 
@@ -109,10 +115,19 @@ class DataVerdict:
                         sender[-8:], record.leader[-8:], record.step + 1)
             return encode_message(ErrorReply("the reported step's data is the run's."))
         self.revoked.add(record.leader)
-        log.error("head %s fed other data than the run's at step %d (attempt %d; its own signed record, reported by "
-                  "%s): its lease is revoked. The steps it drove trained on that data: roll back to a snapshot from "
-                  "before it led if they matter.", record.leader[-8:], record.step + 1, record.attempt, sender[-8:])
-        await self.revoke(record.leader, f"fed other data than the run's at step {record.step + 1}")
+        caught = record.step + 1
+        to = self.target(record.leader, caught)
+        if to is None:
+            log.error("head %s fed other data than the run's at step %d (attempt %d; its own signed record, reported "
+                      "by %s): its lease is revoked. No snapshot from before it led is vouched for by another head: "
+                      "the steps it drove up to step %d trained on that data and stay applied.",
+                      record.leader[-8:], caught, record.attempt, sender[-8:], caught)
+        else:
+            log.error("head %s fed other data than the run's at step %d (attempt %d; its own signed record, reported "
+                      "by %s): its lease is revoked, and the swarm rolls back to the snapshot of step %d (the newest "
+                      "from before it led): steps %d-%d are driven again on the run's data.",
+                      record.leader[-8:], caught, record.attempt, sender[-8:], to, to + 1, caught)
+        await self.revoke(record.leader, f"fed other data than the run's at step {caught}", to, caught)
         return b""
 
 

@@ -13,7 +13,10 @@ Every `period` seconds the keeper reads the heads' announcements (stage 0) and c
     order    = the heads of the previous order still eligible, in place, then the newly eligible
 
 and signs a lease with a higher `term` whenever `order` changes; unchanged, the lease is stored
-again every `republish_s`. With the keeper away (the coordinator stopped) the heads go on
+again every `republish_s`. A revocation may order a rollback (`revoke(..., rollback_to=S)`: the
+caught head's steps are undone back to the snapshot step S, `peer/rollback.py`); the order is
+numbered by the revocations so far and stays in every later lease until the next one.
+With the keeper away (the coordinator stopped) the heads go on
 following the newest lease they read: its order names the successors.
 
 Why this order: it is what a stranger cannot buy. A head that joins comes after every head
@@ -55,6 +58,7 @@ class LeaseKeeper:
         self.period, self.republish_s, self.probe_failures = period, republish_s, probe_failures
         self.lease: LeaderLease | None = None
         self.revoked: list[str] = []
+        self.rollback: tuple[int, int, int, str] = (0, 0, 0, "")  # (number, to, caught, head) of the last order
         self.on_revoke = on_revoke  # after a revocation is stored: e.g. tell every peer to read the lease now
         self._lock = asyncio.Lock()
         self._first_seen: dict[str, float] = {}
@@ -70,6 +74,7 @@ class LeaseKeeper:
             log.debug("no earlier lease read: %s", e)
         if self.lease is not None:
             self.revoked = list(self.lease.revoked)
+            self.rollback = _rollback_of(self.lease)
             log.info("leader lease of a previous coordinator, term %d: %s", self.lease.term, _short(self.lease.order))
         while True:
             try:
@@ -80,11 +85,15 @@ class LeaseKeeper:
                 log.warning("could not update the leader lease (%s: %s); retrying", type(e).__name__, e)
             await asyncio.sleep(self.period)
 
-    async def revoke(self, head: str, why: str) -> bool:
-        """Take the lease from `head` for good (it is never named again); True once the new lease is stored."""
+    async def revoke(self, head: str, why: str, rollback_to: int | None = None, caught: int = 0) -> bool:
+        """Take the lease from `head` for good (it is never named again); with `rollback_to`, the new
+        lease also orders the swarm back to that snapshot step (`head` was caught at step `caught`).
+        True once the new lease is stored."""
         if head not in self.revoked:
             self.revoked.append(head)
             log.warning("head %s may no longer lead: %s", head[-8:], why)
+            if rollback_to is not None:  # numbered by the revocations: one order per revocation, never again
+                self.rollback = (len(self.revoked), rollback_to, caught, head)
         lease = await self.tick()
         if self.on_revoke is not None and lease is not None:
             await self.on_revoke(lease)
@@ -116,9 +125,12 @@ class LeaseKeeper:
                 self._first_seen.pop(first, None)  # if it comes back, it comes back last
                 self._gone[first] = max(a.timestamp for a in heads if a.peer_id == first)
         order = next_order(previous, present, self.trusted, self.revoked)
-        if self.lease is None or order != self.lease.order or self.revoked != self.lease.revoked:
+        if (self.lease is None or order != self.lease.order or self.revoked != self.lease.revoked
+                or self.rollback != _rollback_of(self.lease)):
             term = max((self.lease.term + 1) if self.lease else 0, int(time.time() * 1000))
-            self.lease = LeaderLease(self.run_hash, term, order, revoked=list(self.revoked))
+            number, to, caught, of = self.rollback
+            self.lease = LeaderLease(self.run_hash, term, order, revoked=list(self.revoked), rollback_id=number,
+                                     rollback_to=to, rollback_caught=caught, rollback_of=of)
             log.info("leader lease, term %d: %s", term, _short(order) or "no head yet")
             self._stored = float("-inf")
         if now - self._stored >= self.republish_s:
@@ -128,6 +140,10 @@ class LeaseKeeper:
             else:
                 log.warning("the DHT did not store the leader lease; retrying")
         return self.lease
+
+
+def _rollback_of(lease: LeaderLease) -> tuple[int, int, int, str]:
+    return lease.rollback_id, lease.rollback_to, lease.rollback_caught, lease.rollback_of
 
 
 def _short(order: Sequence[str]) -> str:

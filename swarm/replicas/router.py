@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from peer.interfaces import LinkError, PeerInfo, PeerStatus
+from peer.interfaces import LinkError, PeerInfo, PeerStatus, RollbackOrder
 from swarm import __version__
 from swarm.dht import LeaderLease, StageAnnouncement, SwarmDHT
 
@@ -148,6 +148,14 @@ class Router:
             return None  # no coordinator key adopted (a bare reader): the rule without a lease
         lease = await self.lease(fresh)
         return list(lease.order) if lease is not None else []
+
+    async def rollback_order(self) -> RollbackOrder | None:
+        if not self.dht.admission.policy.swarm_key:
+            return None
+        lease = await self.lease()
+        if lease is None or not lease.rollback_id:
+            return None
+        return RollbackOrder(lease.rollback_id, lease.rollback_to, lease.rollback_caught, lease.rollback_of)
 
     async def members(self, stage: int) -> list[PeerInfo]:
         return [PeerInfo(a.peer_id, a.stage, a.state, a.step, a.throughput, a.leads)

@@ -37,6 +37,23 @@ class SnapshotVouch:
         self.states = VouchedSnapshots(run_hash, {})  # step -> stage -> the state hash its replicas agreed on
         # called with (step, stage -> sha256) after a new snapshot step is vouched for (the coordinator's keeper)
         self.on_vouched = None
+        self.by: dict[int, str] = {}  # snapshot step -> the head whose record vouched for it
+
+    def before(self, head: str, caught: int, revoked: list[str]) -> int | None:
+        """The newest snapshot step vouched for, at most `caught`, by a head other than `head` and
+        the `revoked` ones: from before `head` led (a rollback's target), or None."""
+        return max((t for t, by in self.by.items() if t <= caught and by != head and by not in revoked
+                    and t in self.vouched.steps), default=None)
+
+    async def forget_after(self, step: int) -> None:
+        """The swarm rolls back to `step`: what was vouched for after it (the undone steps' snapshots and
+        states) is dropped, so that the same steps driven again are vouched for anew."""
+        self.vouched = VouchedSnapshots(self.run_hash, {t: h for t, h in self.vouched.steps.items() if t <= step})
+        self.states = VouchedSnapshots(self.run_hash, {t: h for t, h in self.states.steps.items() if t <= step})
+        self.by = {t: by for t, by in self.by.items() if t <= step}
+        await self.sdht.publish_vouched(self.vouched, VOUCH_TTL_S)
+        await self.sdht.publish_vouched(self.states, VOUCH_TTL_S, states=True)
+        log.info("forgot the snapshots and states vouched for after step %d: those steps are driven again", step)
 
     async def on_record(self, record: WorkRecord) -> None:
         """A verified work record from a lease holder: its snapshot hashes and its state hashes."""
@@ -62,6 +79,7 @@ class SnapshotVouch:
             return False
         steps = {**self.vouched.steps, step: dict(hashes)}
         self.vouched = VouchedSnapshots(self.run_hash, {t: steps[t] for t in sorted(steps)[-self.keep:]})
+        self.by = {t: by for t, by in {**self.by, step: record.leader}.items() if t in self.vouched.steps}
         stored = await self.sdht.publish_vouched(self.vouched, VOUCH_TTL_S)
         log.info("vouched for the snapshots at step %d (from %s's record)%s", step, record.leader[-8:],
                  "" if stored else "; the DHT did not store it, the next record retries")

@@ -52,6 +52,8 @@ async def test_a_leader_that_feeds_other_data_loses_the_lease_within_two_steps_a
     coordinator = (swarm.dir / "coordinator.log").read_text()
     liar_id = caught["leader"]
     assert "its lease is revoked" in coordinator and liar_id[-8:] in coordinator
+    # it led from step 0: no snapshot from before it exists, and the coordinator says its steps stay applied
+    assert "No snapshot from before it led is vouched for" in coordinator and "stay applied" in coordinator
     after = [e for e in _steps_by(swarm, "liar") if e["time"] > caught["time"]]
     assert len(after) <= 2, f"the liar drove {len(after)} steps after an honest head caught it"
     honest = _steps_by(swarm, "honest")

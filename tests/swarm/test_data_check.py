@@ -5,6 +5,7 @@ lease only if its own data agrees with the reporter, and never names it again.""
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 import torch
@@ -12,7 +13,7 @@ import torch
 from peer.corpus import load_corpus
 from peer.data import BatchSource
 from protocol.control import Command
-from protocol.step_record import StepRecord, data_digest
+from protocol.step_record import StepRecord, WorkRecord, data_digest
 from protocol.wire import WireError
 from swarm.replicas.data_check import DataVerdict, StepRecordCheck, sign_record, signed_by_leader, step_digest
 from swarm.replicas.leases import LeaseKeeper
@@ -110,3 +111,61 @@ async def test_the_leader_does_not_re_hash_its_own_record_and_another_head_still
     other = StepRecordCheck(RUN, M, counted, report, me="another head")
     assert "not the run's" in await other(Command(RUN, 4, 1, "reduce", record=liar_record))
     assert len(calls) == M
+
+
+async def test_a_revocation_orders_a_rollback_to_the_newest_snapshot_another_head_vouched_for_once(caplog):
+    from swarm.replicas.vouched import SnapshotVouch
+    from tests.swarm.test_vouched import Stored, sha
+
+    dht, stored = Heads(), Stored()
+    liar, honest = Identity.generate(), Identity.generate()
+    dht.heads |= {liar.peer_id: "online", honest.peer_id: "online"}
+    keeper = LeaseKeeper(dht, RUN)
+    await keeper.tick()
+    vouch = SnapshotVouch(stored, RUN, n_stages=2)
+
+    def vouched(step: int, leader: Identity, states: int = 0):
+        hashes = {0: sha(step), 1: sha(step + 1)}
+        return WorkRecord(RUN, step, leader.peer_id, {}, snapshot_step=step, snapshots=hashes,
+                          state_step=states, states=hashes if states else {})
+    await vouch.on_record(vouched(2, honest, states=2))
+    await vouch.on_record(vouched(4, honest, states=4))
+    await vouch.on_record(vouched(6, liar, states=6))  # the liar led from step 5 on: its snapshot is not a target
+    assert vouch.before(liar.peer_id, 7, keeper.revoked) == 4
+    assert vouch.before(liar.peer_id, 3, keeper.revoked) == 2  # never a snapshot after the caught step
+    assert vouch.before(honest.peer_id, 1, keeper.revoked) is None
+
+    async def revoke(head: str, why: str, to: int | None, caught: int) -> bool:
+        if to is not None:
+            await vouch.forget_after(to)
+        return await keeper.revoke(head, why, to, caught)
+    verdict = DataVerdict(RUN, M, lambda: RUN_DATA, revoke, lambda h, caught: vouch.before(h, caught, keeper.revoked))
+    with caplog.at_level(logging.ERROR):
+        assert await verdict.on_report(record(liar, OTHER_DATA, step=6).encode(), honest.peer_id) == b""
+    lease = dht.stored[-1]  # signed by the swarm key in a real DHT: only it orders a rollback
+    assert lease.order == [honest.peer_id] and lease.revoked == [liar.peer_id]
+    assert (lease.rollback_id, lease.rollback_to, lease.rollback_caught, lease.rollback_of) == (1, 4, 7, liar.peer_id)
+    assert "rolls back to the snapshot of step 4" in caplog.text and "steps 5-7 are driven again" in caplog.text
+    # the undone steps' snapshot and state hashes are no longer vouched for: the re-driven ones will be
+    assert sorted(stored.records[-1].steps) == [2, 4] and sorted(stored.states[-1].steps) == [2, 4]
+    assert await vouch.take(vouched(6, honest))
+    # the order stays in later leases (a head that joins still reads it), under the same number: at most once
+    dht.heads["late"] = "online"
+    later = await keeper.tick()
+    assert later.order == [honest.peer_id, "late"] and (later.rollback_id, later.rollback_to) == (1, 4)
+    assert await verdict.on_report(record(liar, OTHER_DATA, step=8).encode(), honest.peer_id) == b""
+    assert dht.stored[-1].rollback_id == 1  # the same head reported again: no second order
+
+
+async def test_with_no_snapshot_from_before_the_liar_led_the_coordinator_says_so_and_orders_nothing(caplog):
+    dht = Heads()
+    liar, honest = Identity.generate(), Identity.generate()
+    dht.heads |= {liar.peer_id: "online", honest.peer_id: "online"}
+    keeper = LeaseKeeper(dht, RUN)
+    await keeper.tick()
+    verdict = DataVerdict(RUN, M, lambda: RUN_DATA, keeper.revoke, lambda head, caught: None)
+    with caplog.at_level(logging.ERROR):
+        assert await verdict.on_report(record(liar, OTHER_DATA, step=6).encode(), honest.peer_id) == b""
+    assert dht.stored[-1].revoked == [liar.peer_id] and dht.stored[-1].rollback_id == 0
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert any("No snapshot from before it led" in m and "up to step 7" in m and "stay applied" in m for m in errors)

@@ -57,3 +57,15 @@ def test_a_standby_head_s_speed_is_marked_measured():
     rows = [line.split() for line in table.splitlines()[2:] if line.split()[0].isdigit()]
     assert rows[0][5] == "4000" and rows[1][5] == "~5321" and rows[2][5] == "4000"
     assert table.splitlines()[-1].startswith("~N tok/s: a standby head's measured compute speed")
+
+
+def test_a_revoked_head_and_the_rollback_ordered_for_it_or_that_its_steps_stay_applied():
+    stages = {s: [peer(f"12D3KooWPeer{s}Peer{s}", True)] for s in range(3)}
+    revoked = [{"head": "12D3KooWEarlyLiarXX", "rollback_to": None, "caught": None},
+               {"head": "12D3KooWLateLiarYYY", "rollback_to": 100, "caught": 117}]
+    table = format_table({"run": RUN, "stages": stages, "revoked": revoked})
+    lines = [line for line in table.splitlines() if line.startswith("head …")]
+    assert len(lines) == 2
+    assert "…arlyLiarXX lost its lease" in lines[0] and "the steps it drove stay applied" in lines[0]
+    assert "…ateLiarYYY lost its lease" in lines[1] and "rolled back to step 100" in lines[1]
+    assert "caught at step 117" in lines[1]
