@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from dataclasses import asdict, dataclass
 
 from peer.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint
@@ -52,6 +51,7 @@ from swarm.replicas.membership import PROBE_S, Membership
 from swarm.replicas.own_state import OwnStateCheck
 from swarm.replicas.placement import HOLD_S, Rebalancer
 from swarm.replicas.router import Router
+from swarm.replicas.swarm_step import newest_vouched_step, swarm_step
 from swarm.replicas.vouched import vouched_hashes, vouched_states
 from swarm.trust.signed_records import sign_record
 
@@ -282,24 +282,16 @@ class ReplicaService:
             return
 
     async def _swarm_step(self) -> int:
-        """The step the swarm is on, for a stage that had no live replica (so the swarm is paused).
+        """The step the swarm is on, for a stage that had no live replica: from the other peers' announced
+        steps, those the swarm key's records support (swarm/replicas/swarm_step.py)."""
+        ctx, spec = self.ctx, self.spec
 
-        A paused head announces the step it waits at as soon as it pauses. Without a head the
-        other stages cannot move either; their announcements settle within one heartbeat."""
-        router, ttl = self.ctx.router, self.ctx.ttl
-        t0 = time.monotonic()
-        while True:
-            peers = [a for s in range(self.spec.n_stages) for a in await router.live_peers(s, fresh=True)
-                     if a.peer_id != self.ctx.peer_id]
-            if all(a.step == 0 for a in peers):
-                return 0  # a swarm that has not trained yet
-            paused = [a.step for a in peers if a.stage == 0 and a.state == "paused"]
-            if paused:
-                return max(paused)
-            waited = time.monotonic() - t0
-            if waited > 2 * ttl or waited > ttl / 3 + 1 and not any(a.stage == 0 for a in peers):
-                return max(a.step for a in peers)
-            await asyncio.sleep(0.5)  # poll the announcements while the swarm settles
+        async def others() -> list:
+            return [a for s in range(spec.n_stages) for a in await ctx.router.live_peers(s, fresh=True)
+                    if a.peer_id != ctx.peer_id]
+
+        return await swarm_step(others, ctx.router.lease_order, lambda: newest_vouched_step(ctx.sdht, spec.run_hash),
+                                ctx.ttl, self.stage)
 
     async def _answers(self, peer: str) -> bool:
         """Whether `peer` answers a status request at all (a refusal is an answer): a liveness probe."""
