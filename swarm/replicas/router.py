@@ -150,7 +150,7 @@ class Router:
         return list(lease.order) if lease is not None else []
 
     async def rollback_order(self) -> RollbackOrder | None:
-        if not self.dht.admission.policy.swarm_key:
+        if await self.lease_order() is None:  # no swarm key: nobody can order a rollback
             return None
         lease = await self.lease()
         if lease is None or not lease.rollback_id:
