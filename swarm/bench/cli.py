@@ -43,6 +43,13 @@ def _data(p: argparse.ArgumentParser) -> None:
                    "(default: stdlib)")
 
 
+def _dtype(p: argparse.ArgumentParser, default: str | None) -> None:
+    """--dtype; `default` None: the preset's."""
+    said = default or "the preset's"
+    p.add_argument("--dtype", default=default, choices=DTYPE_CHOICES, help="compute dtype; auto: bf16 on a CUDA card "
+                   f"that has it, fp16 on an older one, fp32 on the CPU (default: {said})")
+
+
 def _link(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument("--bandwidth", default="80mbit", help=f"{what} (default: 80mbit)")
     p.add_argument("--latency", default="0", help="one-way latency on the limited links, e.g. 20ms (default: 0)")
@@ -63,8 +70,7 @@ def _add_throughput(sub) -> None:
     _preset(p, "small")
     p.add_argument("--steps", type=int, default=20, help="steps per run (default: 20)")
     p.add_argument("--stages", type=int, help="pipeline stages (default: the preset's)")
-    p.add_argument("--dtype", choices=DTYPE_CHOICES, help="compute dtype; auto: bf16 on a CUDA card that has it, "
-                   "fp16 on an older one, fp32 on the CPU (default: the preset's)")
+    _dtype(p, None)
     p.add_argument("--devices", help="comma-separated devices, one per peer in turn, e.g. cuda:0,cuda:1 "
                    "(default: --device for every peer)")
     p.add_argument("--codecs", help=f"comma-separated codecs to run (default: {','.join(CODECS)})")
@@ -82,8 +88,7 @@ def _add_convergence(sub) -> None:
     _common(p)
     _preset(p, "small")
     p.add_argument("--steps", type=int, default=2000, help="steps per curve (default: 2000)")
-    p.add_argument("--dtype", choices=DTYPE_CHOICES, help="compute dtype; auto: bf16 on a CUDA card that has it, "
-                   "fp16 on an older one, fp32 on the CPU (default: the preset's)")
+    _dtype(p, None)
     _data(p)
     p.add_argument("--throughput-json", metavar="FILE",
                    help="throughput results for the time-to-loss plot (default: OUT/throughput.json)")
@@ -101,8 +106,7 @@ def _add_mfu(sub) -> None:
     _preset(p, "large")
     p.add_argument("--steps", type=int, default=10, help="timed steps (default: 10)")
     p.add_argument("--codec", default="dense", choices=CODECS, help="codec (default: dense)")
-    p.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES, help="compute dtype; auto: bf16 on a CUDA "
-                   "card that has it, fp16 on an older one, fp32 on the CPU (default: auto)")
+    _dtype(p, "auto")
     p.add_argument("--microbatch-size", type=int, help="sequences per microbatch (default: the preset's)")
     p.add_argument("--matmul-size", type=int, default=8192, help="n of the n^3 bf16 matmul (default: 8192)")
     p.add_argument("--compile", action="store_true", help="torch.compile every block (default: off)")
@@ -145,8 +149,7 @@ def _add_verify(sub) -> None:
     p.add_argument("--replicas", type=int, default=3, help="replicas of every stage but the head's (default: 3)")
     p.add_argument("--steps", type=int, default=12, help="steps per run, the first untimed (default: 12)")
     p.add_argument("--repeats", type=int, default=2, help="rounds over the three rates (default: 2)")
-    p.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES, help="compute dtype; auto: bf16 on a CUDA "
-                   "card that has it, fp16 on an older one, fp32 on the CPU (default: auto)")
+    _dtype(p, "auto")
     _link(p, "every host's uplink (unlimited: no shaping)")
     _data(p)
 
@@ -161,8 +164,7 @@ def _add_share_tolerance(sub) -> None:
     _common(p)
     p.add_argument("--presets", default="tiny,small", help="comma-separated presets (default: tiny,small)")
     p.add_argument("--codecs", default="subspace,dense", help="comma-separated codecs (default: subspace,dense)")
-    p.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES, help="compute dtype; auto: bf16 on a CUDA "
-                   "card that has it, fp16 on an older one, fp32 on the CPU (default: auto)")
+    _dtype(p, "auto")
     p.add_argument("--warm-steps", type=int, default=20, help="steps trained before the measured ones (default: 20)")
     p.add_argument("--steps", type=int, default=2, help="steps whose shares are measured (default: 2)")
     p.add_argument("--replicas", type=int, default=3, help="shares a step's microbatches are dealt to (default: 3)")
@@ -233,8 +235,7 @@ def _add_memory(sub) -> None:
     _common(p, device=False)
     p.add_argument("--device", default="cuda", help="CUDA device, e.g. cuda:1 (default: cuda)")
     p.add_argument("--presets", default="small,large,xl", help="comma-separated presets (default: small,large,xl)")
-    p.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES, help="compute dtype; auto: bf16 on a CUDA "
-                   "card that has it, fp16 on an older one, fp32 on the CPU (default: auto)")
+    _dtype(p, "auto")
     p.add_argument("--stages", default="ends", help="ends (the first, one middle, the last), all, or "
                    "comma-separated stage numbers (default: ends)")
     p.add_argument("--checkpointing", default="both", choices=("both", "off", "on"),
