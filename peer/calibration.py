@@ -40,13 +40,13 @@ def time_forward_backward(daemon: StageDaemon, tokens: torch.Tensor, repeats: in
     with autograd.grad (d sum(out) / d theta), so nothing of the replica's state changes."""
     runner = daemon.runner
     dev = torch.device(runner.device)
-    inp = tokens.to(dev)[:, :-1]
+    tokens = tokens.to(dev)
     best = float("inf")
     for _ in range(repeats):
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
         t0 = time.perf_counter()
-        out = runner.module.leave(runner.module.body(runner.module.enter(inp, None)), inp)
+        out = runner.output(tokens, None)
         grads = torch.autograd.grad(out, runner.params, grad_outputs=torch.ones_like(out), allow_unused=True)
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)

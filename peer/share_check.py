@@ -78,8 +78,7 @@ def share_from_inputs(runner: StageRunner, packer: WirePacker, limits: WireLimit
         if not isinstance(am, ActivationMessage):
             raise WireError("an input is not an activation message.")
         tokens = am.tokens.to(runner.device)
-        inp, z = tokens[:, :-1], packer.unpack(am.payload, runner.dtype, runner.device).detach()
-        out = runner.module.leave(runner.module.body(runner.module.enter(inp, z)), inp)
+        out = runner.output(tokens, packer.unpack(am.payload, runner.dtype, runner.device).detach())
         if runner.is_last:
             loss = lm_loss(out, tokens[:, 1:]) / runner.spec.n_microbatches * scale
             grads = torch.autograd.grad(loss, runner.params, allow_unused=True)

@@ -119,11 +119,15 @@ class StageRunner(ReducedGradients, ScaledGradients):
             return None
         return z_in.to(self.device, self.dtype).detach().requires_grad_(True)
 
+    def output(self, tokens: torch.Tensor, z: torch.Tensor | None) -> torch.Tensor:
+        """The stage's output for `tokens` [B, T+1] and boundary input `z`, no statistic collected (a recomputation)."""
+        return self.module.leave(self.module.body(self.module.enter(tokens[:, :-1], z)), tokens[:, :-1])
+
     def _run_module(self, tokens: torch.Tensor, z: torch.Tensor | None) -> tuple[torch.Tensor, _Probe | None]:
+        if not self.collect_stats:
+            return self.output(tokens, z), None
         inp = tokens[:, :-1]
         h = self.module.enter(inp, z)
-        if not self.collect_stats:
-            return self.module.leave(self.module.body(h), inp), None
         probe = _Probe(h, z)
         if self.spec.refit_statistic == "act_cov":
             out = self.module.body(h)
