@@ -58,6 +58,7 @@ class SpotChecks:
         self._unchecked: dict[str, int] = {}  # replica -> checks of it in a row that could not run
         self.convicted: list[str] = []  # banned for the run, newest last: every abort names them
         self.checks = self.mismatches = 0
+        self.checkable = 0  # shares that could be drawn: work done, and another replica of the stage to check it
 
     def seen(self, peers: list[str]) -> None:
         now = time.monotonic()
@@ -96,7 +97,10 @@ class SpotChecks:
             if self._drawn[0] != step:
                 self._drawn = (step, set())
             for target, mbs in shares.get(stage, {}).items():
-                if not mbs or len(oks) < 2 or (target not in far | self._drawn[1] and self.rng.random() >= self.rate):
+                if not mbs or len(oks) < 2:
+                    continue
+                self.checkable += 1
+                if target not in far | self._drawn[1] and self.rng.random() >= self.rate:
                     continue
                 self._drawn[1].add(target)  # drawn: checked at every retry of this step, a dodge included
                 order = self._order(target, mbs, stage, sent, members)

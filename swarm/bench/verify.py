@@ -6,9 +6,10 @@ one head and --replicas replicas of every other stage, all on --device and compu
 bf16 on a CUDA card, as a GPU run would), trained for --steps steps at each spot-check
 rate in turn (0, the default 1/16, and 1: every share recomputed), the rates interleaved over
 --repeats rounds so that drift of a noisy machine hits each alike. Per rate: tokens/s (steps 2..N),
-its ratio to no checks, the shares recomputed per step and the input bytes a check fetched per
-step. The peers share this machine's compute, so the ratio counts a check's extra compute as the
-swarm pays it; on separate hosts a check runs on a checker that is otherwise idle at the commit.
+its ratio to no checks, the shares recomputed per step (of the checkable ones: a replica's non-empty
+share in a stage with another replica to recompute it) and the input bytes a check fetched per step.
+The peers share this machine's compute, so the ratio counts a check's extra compute as the swarm
+pays it; on separate hosts a check runs on a checker that is otherwise idle at the commit.
 
 Writes verify.json and verify.png into --out.
 """
@@ -44,6 +45,7 @@ async def _run(spec, replicas: int, steps: int, rate: float, device: str, data: 
     leader = next(p for p in peers if p.driver is not None)
     return {"rate": rate, "steps": len(logs), "tokens_per_second": sum(log.tokens for log in timed) / seconds,
             "step_seconds": seconds / len(timed), "checks_per_step": checks / len(logs),
+            "checkable_per_step": leader.driver.spot.checkable / len(logs),
             "input_bytes_per_step": sum(p.commit.share_check.input_bytes for p in peers) / len(logs),
             "attempts": sum(log.attempts for log in logs), "banned": list(leader.driver.spot.convicted),
             "final_loss": logs[-1].loss}
@@ -74,6 +76,7 @@ def run_verify_bench(out_dir: str, preset_name: str = "tiny", steps: int = 12, r
         summary.append({"rate": rate, "tokens_per_second": tps, "ratio_to_unchecked": tps / base,
                         "step_seconds": statistics.median(r["step_seconds"] for r in rows),
                         "checks_per_step": statistics.mean(r["checks_per_step"] for r in rows),
+                        "checkable_per_step": statistics.mean(r["checkable_per_step"] for r in rows),
                         "input_bytes_per_step": statistics.mean(r["input_bytes_per_step"] for r in rows),
                         "banned": sorted({p for r in rows for p in r["banned"]})})
         print(f"rate {rate:.4g}: {tps:.0f} tok/s = {tps / base:.3f} of no checks", flush=True)

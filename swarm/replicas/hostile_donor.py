@@ -2,11 +2,13 @@
 but serves joiners a state with noisy weights, under the sha256 of what it serves, and boasts a
 huge throughput and a step ahead of its own ("far": 1000 steps, which the swarm's records do not
 know; "near": 2, which they may), so that a joiner tries it first (joiners try donors by
-announced step, then throughput). What issue 21's attacker did to the
-state transfer; the joiner's check against the vouched state hashes must refuse it
-(`peer/vouched_state.py`)."""
+announced step, then throughput). It re-announces after every step, not only every heartbeat, so
+that its boast stays ahead of the honest replicas' announcements however fast the swarm steps.
+What issue 21's attacker did to the state transfer; the joiner's check against the vouched
+state hashes must refuse it (`peer/vouched_state.py`)."""
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import replace
 
@@ -40,5 +42,14 @@ def serve_bad_state(peer: StagePeer, how: str) -> None:
         s = honest_status(state)
         return replace(s, throughput=1e9, step=s.step + AHEAD[how])
 
+    honest_applied = peer.commit.on_applied
+    announcing: list[asyncio.Task] = []
+
+    def applied(step: int) -> None:
+        honest_applied(step)
+        if not announcing or announcing[-1].done():  # one store at a time: a slow DHT skips steps, never piles up
+            announcing[:] = [asyncio.get_running_loop().create_task(peer.announce())]
+
     peer.state._snapshot = snapshot
     peer.daemon.status = status
+    peer.commit.on_applied = peer.follower.on_applied = applied

@@ -2,9 +2,9 @@
 peer id, an honest `swarm peer` that pays it, and a stranger's bare hivemind node (no validator) that stores 40
 announcements for fake ids without proofs, and 40 with proofs paid at the run's (tiny, for speed) cost.
 
-Every honest node refuses the 40 unproven ones (no node stores them), every reader skips them (also a reader over
-the stranger's own node, which serves them), and the 40 proven ones cost the stranger 40 times what one id costs,
-counted in hashes."""
+Every honest node that holds the run's rule refuses the 40 unproven ones (no node stores them), every reader
+skips them (also a reader over the stranger's own node, which serves them), and the 40 proven ones cost the
+stranger 40 times what one id costs, counted in hashes."""
 from __future__ import annotations
 
 import asyncio
@@ -33,8 +33,13 @@ FAKES = 40
 async def test_forty_fake_ids_without_proofs_are_refused_and_paying_costs_forty_times_one(make_swarm, tmp_path):
     swarm = make_swarm(stages=2)
     maddrs = await asyncio.to_thread(swarm.start_coordinator, "--id-work-bits", str(BITS))
-    # it starts while the stranger attacks (direct: no dial-back check, which only costs time here)
+    # direct: no dial-back check, which only costs time here
     swarm.start_peer(1, "--identity", str(tmp_path / "honest.id"), "--reachability", "direct")
+
+    async def adopted() -> bool:  # the peer computes its proof once it holds the run's rule (SwarmDHT.adopt):
+        log = swarm.dir / "stage1.log"  # before that its node knows no rule to refuse by (swarm/dht/validator.py)
+        return log.exists() and "computing this peer's proof of work" in log.read_text()
+    await eventually(adopted, timeout=90.0, what="the honest peer adopting the run's rule")
 
     async with honest_reader(maddrs) as reader, attacker_node(maddrs) as attacker:
         spec = RunSpec.from_json((await reader.fetch_run_spec()).spec_json)
