@@ -22,6 +22,8 @@ measured side by side in one run.
   `simulate_run.py`, `simulate_report.py`, `simulate_validate.py`): a discrete-event simulation of 10-1,000
   home GPUs running the project's router and placement: tokens/s against N, churn and codec; `--validate`
   checks it against real local swarms.
+- `transport.py`: MB/s of raw TCP, the libp2p daemons and our Transport on loopback, and the tokens/s
+  that caps between two stages per preset and codec.
 - `memory.py`: each stage's peak GPU memory against `peer/memory_estimate.py`, and the smallest card it fits.
 - `cli.py`: each bench's flags (`swarm bench BENCH --help`); `machine.py`: the devices and machine
   every bench's JSON records.
@@ -97,6 +99,10 @@ def _dispatch(a: argparse.Namespace) -> None:
         run_replica_sync_bench(a.out, preset_name=a.preset, steps=a.steps, ranks=a.sync_rank,
                                bandwidth=a.bandwidth, latency=a.latency, device=a.device, data=a.data,
                                seeds=a.seeds, lr=a.lr, smoke=a.smoke)
+    elif a.which == "transport":
+        from .transport import run_transport_bench
+        run_transport_bench(a.out, sizes_mb=a.sizes, megabytes=a.megabytes, repeats=a.repeats, dtype=a.dtype,
+                            smoke=a.smoke)
     elif a.which == "verify":
         from .verify import run_verify_bench
         run_verify_bench(a.out, preset_name=a.preset, steps=a.steps, replicas=a.replicas, repeats=a.repeats,

@@ -331,6 +331,32 @@ def _add_simulate(sub) -> None:
                    "and write the table of both (default: off)")
 
 
+def _sizes(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of sizes in MB such as 1,16.") \
+            from None
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError("every frame size must be at least 1 MB.")
+    return sizes
+
+
+def _add_transport(sub) -> None:
+    p = sub.add_parser("transport", help="MB/s of raw TCP vs the libp2p daemons vs our Transport on loopback",
+                       description="The same frames moved over this machine's loopback by a raw TCP connection, "
+                       "by libp2p streams between two p2pd daemons, and by our Transport (one way, and both ways "
+                       "at once), interleaved over --repeats rounds: MB/s, the ratio to raw TCP, and the tokens/s "
+                       "that rate carries between two stages per preset and codec; writes transport.json and a PNG.")
+    _common(p, device=False)
+    p.add_argument("--sizes", type=_sizes, default=(1, 4, 16), metavar="MB,MB",
+                   help="frame sizes in MB, comma-separated (default: 1,4,16)")
+    p.add_argument("--megabytes", type=int, default=192, help="MB sent per case and size (default: 192)")
+    p.add_argument("--repeats", type=int, default=3, help="rounds over the cases (default: 3)")
+    p.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"),
+                   help="the wire's number size for the tokens/s caps (default: bf16)")
+
+
 def register(sub) -> argparse.ArgumentParser:
     """Add `bench` and its one subcommand per benchmark to the `swarm` subparsers `sub`."""
     from . import run_bench
@@ -340,7 +366,8 @@ def register(sub) -> argparse.ArgumentParser:
                         "`swarm bench BENCH --help` lists a benchmark's flags.")
     benches = be.add_subparsers(dest="which", required=True, metavar="BENCH")
     for add in (_add_codecs, _add_throughput, _add_convergence, _add_mfu, _add_replicas, _add_replica_sync,
-                _add_verify, _add_share_tolerance, _add_fidelity, _add_churn, _add_memory, _add_record, _add_simulate):
+                _add_verify, _add_share_tolerance, _add_fidelity, _add_churn, _add_memory, _add_record, _add_simulate,
+                _add_transport):
         add(benches)
     be.set_defaults(func=run_bench)
     return be
