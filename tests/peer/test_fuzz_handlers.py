@@ -125,8 +125,13 @@ def test_no_input_changes_any_peer_state_or_escapes_a_handler():
         loop.close()
 
 
+async def _ended(tasks: list[asyncio.Task]) -> None:
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
 def _fuzz(loop: asyncio.AbstractEventLoop) -> None:
     swarm = loop.run_until_complete(make_swarm(SPEC, [1, 1, 1]))
+    refitter = None
     try:
         loop.run_until_complete(swarm.drive(2))
         peers = dict(swarm.peers)
@@ -161,4 +166,8 @@ def _fuzz(loop: asyncio.AbstractEventLoop) -> None:
         assert count >= EXAMPLES * len(targets) // 2
         print(f"fuzzed {count} inputs over {len(targets)} handlers")
     finally:
+        if refitter is not None:  # its re-checks of the statistics the fuzzer sent end with the test
+            rechecks = list(refitter._rechecks.values())
+            refitter.stop()
+            loop.run_until_complete(_ended(rechecks))
         loop.run_until_complete(swarm.stop())
