@@ -10,6 +10,15 @@ p's measured round trips (activation out, its gradient back; decay 0.7). A repli
 measured yet counts as the median of the measured ones (1 s if none): a peer's *claimed*
 throughput never steers traffic (it only informs the dashboard).
 
+Near ties are drawn at random: every candidate whose score is within NEAR_TIE (1.25) x the
+lowest is equally likely. One sender with several microbatches in flight still spreads them
+exactly (each pick raises its replica's in_flight), and independent senders, each with one
+microbatch in flight (the replicas of the stage before), no longer all pick the same replica
+(the lowest id of a tie, as a deterministic rule did: one replica of a stage did all the work
+and the others none). A replica clearly faster than the rest (by more than 1.25x) still takes
+an idle sender's microbatch until queueing raises its round trip. The draw comes from this
+router's own generator (seeded from its peer id, so a simulation is reproducible).
+
 Probation (issue 20): a replica is *proven* once it has returned a gradient to this peer. While
 a stage has a proven live replica, its unproven ones share one probation slot: at most one
 microbatch is in flight to an unproven replica of the stage at a time, so 40 fake ids draw
@@ -29,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import statistics
 import time
 from collections.abc import Callable
@@ -48,6 +58,7 @@ BAD_DATA_BAN_S = 300.0  # a peer that sent out-of-band numbers: longer than any 
 PROBATION_PAUSE_FACTOR = 40.0  # a failed probe closes its stage's probation for 40x the time it wasted
 PROBATION_PAUSE_MIN_S = 1.0
 UNPROVEN_BAN_FACTOR = 12.0  # the ban of a replica that never returned work here, in units of a proven one's
+NEAR_TIE = 1.25  # scores within this factor of the lowest are drawn at random (independent senders spread)
 
 
 @dataclass
@@ -79,6 +90,11 @@ class Router:
     last_status: PeerStatus | None = None
     _lease: LeaderLease | None = None
     _lease_read: float = float("-inf")
+    rng: random.Random | None = None  # draws among near ties; None: seeded from peer_id
+
+    def __post_init__(self) -> None:
+        if self.rng is None:
+            self.rng = random.Random(self.peer_id)
 
     # ---------------------------------------------------------------- announcing
     def announcement(self, status: PeerStatus) -> StageAnnouncement:
@@ -188,7 +204,9 @@ class Router:
             live = [a.peer_id for a in await self.live_peers(stage, fresh) if a.peer_id not in exclude]
             candidates = self._on_probation(stage, live)
             if candidates:
-                best = min(candidates, key=lambda p: (self.score(p), p))
+                scores = {p: self.score(p) for p in sorted(candidates)}
+                low = min(scores.values())
+                best = self.rng.choice([p for p, v in scores.items() if v <= low * NEAR_TIE])
                 self._in_flight[best] = self._in_flight.get(best, 0) + 1
                 if best not in self._proven and any(p in self._proven for p in live):
                     self._probe[stage] = (best, self.clock())

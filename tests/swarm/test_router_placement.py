@@ -4,7 +4,7 @@ from __future__ import annotations
 import time
 
 from swarm.dht import StageAnnouncement
-from swarm.replicas.router import BAD_DATA_BAN_S, PROBATION_PAUSE_FACTOR, UNPROVEN_BAN_FACTOR, Router
+from swarm.replicas.router import BAD_DATA_BAN_S, NEAR_TIE, PROBATION_PAUSE_FACTOR, UNPROVEN_BAN_FACTOR, Router
 
 
 class Directory(Router):
@@ -51,6 +51,7 @@ async def test_unproven_replicas_share_one_probation_slot_while_a_proven_one_ser
 async def test_a_failed_probe_closes_the_stage_to_newcomers_for_forty_times_what_it_wasted():
     r = Directory("me", {1: [("honest", 1.0), ("fake", 1e9)]})
     r.release("honest", 0.2)
+    r._in_flight["honest"] = 1  # busy: 2 x 0.2 s against the newcomer's 0.2 s (the median of the measured)
     assert await r.pick(1) == "fake"  # the slot is free: the newcomer draws the next microbatch (it scores lower)
     r._probe[1] = ("fake", time.monotonic() - 0.5)  # it has held it for 0.5 s
     r.report_failure("fake")
@@ -69,3 +70,36 @@ def test_an_id_that_never_returned_work_is_banned_twelve_times_longer():
     r = Directory("me", {})
     r.report_failure("stranger")
     assert r._bans["stranger"].until - time.monotonic() > UNPROVEN_BAN_FACTOR * r.base_ban - 1
+
+
+async def test_independent_senders_spread_their_microbatches_over_equally_fast_replicas():
+    """The replicas of stage 1 each send their one microbatch of a step to stage 2 through their own router: with
+    equal round trips a deterministic rule (lowest score, then lowest id) sent every one to the same replica."""
+    table = {2: [("x", 1.0), ("y", 1.0)]}
+    senders = [Directory(f"stage1-replica{i}", table) for i in range(2)]
+    for r in senders:
+        for p in ("x", "y"):
+            r.release(p, 0.1)  # both proven, both measured at 0.1 s
+    got = {"x": 0, "y": 0}
+    for _ in range(200):  # steps
+        for r in senders:
+            p = await r.pick(2)
+            got[p] += 1
+            r.release(p, 0.1)
+    assert 0.35 < got["x"] / 400 < 0.65, got
+
+
+async def test_one_sender_spreads_a_steps_microbatches_exactly_and_prefers_a_clearly_faster_replica():
+    r = Directory("head", {1: [("a", 1.0), ("b", 1.0)]})
+    r.release("a", 0.1)
+    r.release("b", 0.1)
+    for _ in range(20):  # two microbatches in flight at once: one each, whatever the draw
+        picks = [await r.pick(1), await r.pick(1)]
+        assert sorted(picks) == ["a", "b"]
+        for p in picks:
+            r.release(p, 0.1)
+    r._rtt["b"] = 0.1 * NEAR_TIE * 1.2  # b is clearly slower: an idle sender always picks a
+    for _ in range(20):
+        p = await r.pick(1)
+        assert p == "a"
+        r.release(p, None)
