@@ -16,14 +16,23 @@ def resolve_bench_dtype(a: argparse.Namespace) -> None:
         a.dtype = resolve_dtype("auto", getattr(a, "device", None) or "cpu")
 
 
-def _ranks(text: str) -> tuple[int, ...]:
+def _positive_ints(text: str, what: str, example: str) -> tuple[int, ...]:
     try:
-        ranks = tuple(int(x) for x in text.split(","))
+        values = tuple(int(x) for x in text.split(","))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of ranks such as 4,8.") from None
-    if not ranks or min(ranks) < 1:
-        raise argparse.ArgumentTypeError("every rank must be at least 1.")
-    return ranks
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of {what} such as {example}.") \
+            from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"every one of the {what} must be at least 1.")
+    return values
+
+
+def _ranks(text: str) -> tuple[int, ...]:
+    return _positive_ints(text, "ranks", "4,8")
+
+
+def _sizes(text: str) -> tuple[int, ...]:
+    return _positive_ints(text, "sizes in MB", "1,16")
 
 
 def _common(p: argparse.ArgumentParser, device: bool = True) -> None:
@@ -329,17 +338,6 @@ def _add_simulate(sub) -> None:
     p.add_argument("--validate", action="store_true",
                    help="run real local swarms (tiny, CPU, shaped links) and the simulator calibrated to this CPU, "
                    "and write the table of both (default: off)")
-
-
-def _sizes(text: str) -> tuple[int, ...]:
-    try:
-        sizes = tuple(int(x) for x in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of sizes in MB such as 1,16.") \
-            from None
-    if not sizes or min(sizes) < 1:
-        raise argparse.ArgumentTypeError("every frame size must be at least 1 MB.")
-    return sizes
 
 
 def _add_transport(sub) -> None:
