@@ -100,6 +100,7 @@ class StageDaemon(InboundHandlers):
         self._tasks: set[asyncio.Task] = set()
         self.state = "online"
         self.leads = False  # set by the head's driver while it drives the steps
+        self.feeders: tuple[tuple[int, int], frozenset[str]] | None = None  # stage 1: (step, attempt) -> named heads
         self.refused = 0
         self.tokens_done = 0
         self.throughput = 0.0
@@ -228,7 +229,7 @@ class StageDaemon(InboundHandlers):
             return "the message belongs to an attempt that was superseded.", "stale"
         if h.attempt > self.attempt:
             # the driver started a new attempt (its abort may not have reached this peer): follow it. Only
-            # the leading head may send stage 1 activations, and only its attempts travel downstream.
+            # heads the leader named may send stage 1 activations, and only its attempts travel downstream.
             await self.adopt_attempt(h.attempt)
         return None
 

@@ -9,9 +9,9 @@ A step, as the leader drives it (docs/design.md section 3):
 
 1. wait until every stage has a live peer (the swarm pauses, it does not exit, and says
    which stage is missing);
-2. forward every microbatch of the step through this head and send it on; the router picks
-   a replica of the next stage for each, weighted by measured round trips and requests in
-   flight, and so does every stage downstream;
+2. split the step's microbatches over the live heads by speed (`peer/head_work.py`): each forwards
+   its share and sends it on; the router picks a replica of the next stage for each, weighted by
+   measured round trips and requests in flight, and so does every stage downstream;
 3. wait for every microbatch's gradient, with a deadline that follows the measured step time;
 4. commit (`peer/commit.py`): every live replica of every stage reduces, and if each stage
    agrees on one sum that holds every microbatch once, every replica that reduced applies it.
@@ -37,6 +37,7 @@ from .calibration import PERIOD_S, Calibration
 from .commands import UNREACHABLE, CommandSender
 from .commit import StepCommit
 from .daemon import StageDaemon
+from .head_work import HeadWork
 from .interfaces import LinkError, PeerDirectory, PeerInfo
 from .leadership import leader_of
 from .spot_checks import SpotChecks
@@ -88,6 +89,10 @@ class StepDriver:
         self.watch = AttemptWatch(daemon.link, directory, self.spec.run_hash, watch_period) if watch_period else None
         # a standby head announces its measured compute speed, not 0 (peer/calibration.py); None: it announces 0
         self.calibration = Calibration(daemon, batches, period=calibrate_period) if calibrate_period else None
+        # every head computes a share of each step (peer/head_work.py): the leader splits it, the others serve
+        self.work = HeadWork(daemon, batches, self._send, command_timeout,
+                             lambda: self.calibration.speed if self.calibration is not None else None)
+        commit.compute_share = self.work.compute
 
     # ------------------------------------------------------------------ leading and standing by
     async def drive(self, until: int | None, on_step: Callable[[StepLog], None]) -> None:
@@ -253,7 +258,7 @@ class StepDriver:
         self.daemon.last_loss = sum(losses) / len(losses)
         return StepLog(step + 1, self.daemon.last_loss, tokens, seconds, self.runner.version_for_step(step),
                        record.lr, attempts, commit_seconds, self.commit.last_sync_bytes, record.skipped,
-                       self.runner.scale)
+                       self.runner.scale, {h: len(m) for h, m in self.work.shares.items()})
 
     async def _realigned(self) -> bool:
         return self.realign is not None and await self.realign()
@@ -286,21 +291,21 @@ class StepDriver:
         return max(self.min_timeout, 4.0 * self._step_seconds)
 
     async def _run_microbatches(self, step: int, attempt: int) -> tuple[list[float], int]:
+        """Every microbatch of the attempt, split over the live heads (peer/head_work.py); their losses."""
         d = self.daemon
         await d.adopt_attempt(attempt)
-        t0, futures, tokens, fed = time.monotonic(), [], 0, []
+        t0 = time.monotonic()
+        fed = [self.batches(step, mb) for mb in range(self.spec.n_microbatches)]  # the record covers every head's
+        tokens = sum(batch.shape[0] for batch in fed) * self.spec.seq_len
+        self._record = self.sign_record(StepRecord(self.spec.run_hash, step, attempt, self.peer_id,
+                                                   data_digest(fed))).encode() if self.sign_record else b""
+        self.work.assign(await self.directory.members(0))
+        stage1 = [p.peer_id for p in await self.directory.members(1)] if self.spec.n_stages > 1 else []
         try:
-            for mb in range(self.spec.n_microbatches):
-                batch = self.batches(step, mb)
-                tokens += batch.shape[0] * self.spec.seq_len
-                fed.append(batch)
-                futures.append(await d.start_microbatch(step, mb, batch))
-            self._record = self.sign_record(StepRecord(self.spec.run_hash, step, attempt, self.peer_id,
-                                                       data_digest(fed))).encode() if self.sign_record else b""
             # asyncio.timeout, not wait_for: cancelled (Ctrl+C), 3.11's wait_for cancels the gather
             # without reading its outcome, and asyncio logs "exception was never retrieved"
             async with asyncio.timeout(self._timeout()):
-                losses = await self._gather_watched(futures, step)
+                losses = await self._gather_watched(self.work.run(step, attempt, fed, stage1), step)
         except TimeoutError:
             raise AttemptFailed(f"not every gradient came back within {self._timeout():.0f} s") from None
         except (LinkError, asyncio.CancelledError) as e:
@@ -309,11 +314,11 @@ class StepDriver:
             raise AttemptFailed(str(e) or "a microbatch was dropped") from None
         seconds = time.monotonic() - t0
         self._step_seconds = seconds if self._step_seconds is None else 0.8 * self._step_seconds + 0.2 * seconds
-        return list(losses), tokens
+        return losses, tokens
 
-    async def _gather_watched(self, futures: list[asyncio.Future], step: int) -> list[float]:
+    async def _gather_watched(self, work: Awaitable[list[float]], step: int) -> list[float]:
         """The losses, or AttemptFailed once a peer that did the last step's work stops answering (`AttemptWatch`)."""
-        gathered = asyncio.gather(*futures)
+        gathered = asyncio.ensure_future(work)
         if self.watch is None:
             return await gathered
         # cancelled below, a gather ends with CancelledError set as its exception: read it, or asyncio logs it
@@ -372,6 +377,8 @@ class StepDriver:
             if len(claims) == 1 and None not in claims:  # the stage's replicas agree on their newest snapshot
                 snapshots[stage] = claims.pop()
             overflowed += [stage] if any(r.overflow for r in oks.values()) else []
+        if {p: m for p, m in shares[0].items() if m} != {p: m for p, m in self.work.shares.items() if m}:
+            raise AttemptFailed("stage 0's contributions are not the shares the heads were given")
         # nothing is applied before the drawn shares are shown to be their replicas' work (a step that
         # overflowed in fp16 applies nothing: its shares carry no numbers to check)
         if not overflowed:

@@ -58,6 +58,9 @@ class InboundHandlers:
         refusal = self._check_version(h, sender)
         if refusal is not None:
             return refusal
+        named = self.feeders  # the heads the leader named for this attempt (peer/head_work.py), if it named any
+        if self.stage == 1 and named is not None and named[0] == (h.step, h.attempt) and sender not in named[1]:
+            return self.refuse("only the heads the leader named for this step may send it activations.", sender)
         if not 0 <= h.microbatch < self.spec.n_microbatches:
             return self.refuse(f"microbatch {h.microbatch} is outside 0..{self.spec.n_microbatches - 1}.", sender)
         if h.microbatch in self._upstream or self.runner.has_seen(h.microbatch):
