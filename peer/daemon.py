@@ -100,7 +100,8 @@ class StageDaemon(InboundHandlers):
         self._tasks: set[asyncio.Task] = set()
         self.state = "online"
         self.leads = False  # set by the head's driver while it drives the steps
-        self.feeders: tuple[tuple[int, int], frozenset[str]] | None = None  # stage 1: (step, attempt) -> named heads
+        # stage 1: ((step, attempt), leader, heads) of the leader's last "work" command (peer/head_work.py)
+        self.feeders: tuple[tuple[int, int], str, frozenset[str]] | None = None
         self.refused = 0
         self.tokens_done = 0
         self.throughput = 0.0

@@ -90,7 +90,7 @@ class StepDriver:
         # a standby head announces its measured compute speed, not 0 (peer/calibration.py); None: it announces 0
         self.calibration = Calibration(daemon, batches, period=calibrate_period) if calibrate_period else None
         # every head computes a share of each step (peer/head_work.py): the leader splits it, the others serve
-        self.work = HeadWork(daemon, batches, self._send, command_timeout,
+        self.work = HeadWork(daemon, directory, batches, self._send, command_timeout,
                              lambda: self.calibration.speed if self.calibration is not None else None)
         commit.compute_share = self.work.compute
 
@@ -292,20 +292,17 @@ class StepDriver:
 
     async def _run_microbatches(self, step: int, attempt: int) -> tuple[list[float], int]:
         """Every microbatch of the attempt, split over the live heads (peer/head_work.py); their losses."""
-        d = self.daemon
-        await d.adopt_attempt(attempt)
+        await self.daemon.adopt_attempt(attempt)
         t0 = time.monotonic()
         fed = [self.batches(step, mb) for mb in range(self.spec.n_microbatches)]  # the record covers every head's
         tokens = sum(batch.shape[0] for batch in fed) * self.spec.seq_len
         self._record = self.sign_record(StepRecord(self.spec.run_hash, step, attempt, self.peer_id,
                                                    data_digest(fed))).encode() if self.sign_record else b""
-        self.work.assign(await self.directory.members(0))
-        stage1 = [p.peer_id for p in await self.directory.members(1)] if self.spec.n_stages > 1 else []
         try:
             # asyncio.timeout, not wait_for: cancelled (Ctrl+C), 3.11's wait_for cancels the gather
             # without reading its outcome, and asyncio logs "exception was never retrieved"
             async with asyncio.timeout(self._timeout()):
-                losses = await self._gather_watched(self.work.run(step, attempt, fed, stage1), step)
+                losses = await self._gather_watched(self.work.run(step, attempt, fed), step)
         except TimeoutError:
             raise AttemptFailed(f"not every gradient came back within {self._timeout():.0f} s") from None
         except (LinkError, asyncio.CancelledError) as e:

@@ -12,7 +12,9 @@ attempt; the attempt is re-driven without it (it sits out `SIT_OUT_S`).
 
 Stage 1 takes activations only from the heads the leader named for the step and attempt in
 progress: before any other head is told its share, the leader sends every stage-1 replica the
-same "work" command with the named heads and no microbatches (`StageDaemon.feeders`).
+same "work" command with the named heads (itself first) and no microbatches (`StageDaemon.feeders`).
+A named head other than the leader may send only for that attempt (it cannot start a newer one);
+an unnamed head not at all (`peer/inbound.py`; over the network `swarm/replicas/membership.py`).
 
 A head's speed is microbatches per second of its last shares (an EWMA of its share's size over
 the time from the leader's start to its last gradient, or to its reply), and until measured, the
@@ -30,7 +32,7 @@ import torch
 from protocol.control import Command, CommandReply
 
 from .daemon import StageDaemon
-from .interfaces import LinkError, PeerInfo
+from .interfaces import LinkError, PeerDirectory, PeerInfo
 from .step_log import AttemptFailed
 
 log = logging.getLogger(__name__)
@@ -84,9 +86,9 @@ async def first_failure(*aws: Awaitable) -> list:
 class HeadWork:
     """The leader's split of a step over the heads, and a head's side of a share it is given."""
 
-    def __init__(self, daemon: StageDaemon, batches: Callable[[int, int], torch.Tensor], send: Send,
-                 timeout: float, own_figure: Callable[[], float | None]) -> None:
-        self.daemon, self.batches, self.send, self.timeout = daemon, batches, send, timeout
+    def __init__(self, daemon: StageDaemon, directory: PeerDirectory, batches: Callable[[int, int], torch.Tensor],
+                 send: Send, timeout: float, own_figure: Callable[[], float | None]) -> None:
+        self.daemon, self.directory, self.batches, self.send, self.timeout = daemon, directory, batches, send, timeout
         self.spec, self.peer_id = daemon.spec, daemon.peer_id
         self.own_figure = own_figure  # this head's calibrated compute speed (tokens/s), if it measured one
         self.speeds: dict[str, float] = {}  # head -> microbatches/s of its last shares (EWMA)
@@ -112,10 +114,12 @@ class HeadWork:
         old = self.speeds.get(head)
         self.speeds[head] = speed if old is None else SPEED_DECAY * old + (1 - SPEED_DECAY) * speed
 
-    async def run(self, step: int, attempt: int, fed: list[torch.Tensor], stage1: list[str]) -> list[float]:
-        """Compute this head's share and have the others compute theirs; every microbatch's loss, in
-        order. AttemptFailed names a head that did not compute its share (it then sits out)."""
-        named, t0 = sorted(self.shares), time.monotonic()
+    async def run(self, step: int, attempt: int, fed: list[torch.Tensor]) -> list[float]:
+        """Split the attempt (`shares`), compute this head's share and have the others compute theirs;
+        every microbatch's loss, in order. AttemptFailed names a head that failed its share (it sits out)."""
+        self.assign(await self.directory.members(0))
+        stage1 = [p.peer_id for p in await self.directory.members(1)] if self.spec.n_stages > 1 else []
+        named, t0 = [self.peer_id] + sorted(h for h in self.shares if h != self.peer_id), time.monotonic()
         mine = self.shares.get(self.peer_id, [])
 
         async def own() -> dict[int, float]:
@@ -188,7 +192,9 @@ async def serve_work(daemon: StageDaemon, cmd: Command,
         return reply("failed", f"microbatches must be in 0..{n - 1}.")
     await d.adopt_attempt(cmd.attempt)
     if d.stage == 1 and not cmd.microbatches:
-        d.feeders = ((cmd.step, cmd.attempt), frozenset(cmd.candidates))
+        if not cmd.candidates:
+            return reply("failed", "a work command to stage 1 names the heads, the leader first.")
+        d.feeders = ((cmd.step, cmd.attempt), cmd.candidates[0], frozenset(cmd.candidates))
         return reply("ok")
     if d.stage != 0 or compute is None or not cmd.microbatches or d.peer_id not in cmd.candidates:
         return reply("failed", "this peer computes no share of stage 0.")

@@ -52,14 +52,19 @@ class InboundHandlers:
         z = self.packer.unpack(msg.payload, self.runner.dtype, self.runner.device)
         if (refusal := self._out_of_band(KIND_ACTIVATION, z, sender)) is not None:
             return refusal
+        named = self.feeders  # the heads the leader named (peer/head_work.py): (step, attempt), leader, heads
+        if self.stage == 1 and named is not None and sender in named[2] and sender != named[1] and (
+                (h.step, h.attempt) != named[0] or named[0] != (self.runner.step, self.attempt)):
+            # checked before `_admit`, which follows a newer attempt: only the leader may start one
+            return self.refuse("a head may send activations only for the attempt the leader named it for.", sender,
+                               code="stale")
         problem = await self._admit(h, sender)
         if problem:
             return self.refuse(problem[0], sender, code=problem[1])
         refusal = self._check_version(h, sender)
         if refusal is not None:
             return refusal
-        named = self.feeders  # the heads the leader named for this attempt (peer/head_work.py), if it named any
-        if self.stage == 1 and named is not None and named[0] == (h.step, h.attempt) and sender not in named[1]:
+        if self.stage == 1 and named is not None and named[0] == (h.step, h.attempt) and sender not in named[2]:
             return self.refuse("only the heads the leader named for this step may send it activations.", sender)
         if not 0 <= h.microbatch < self.spec.n_microbatches:
             return self.refuse(f"microbatch {h.microbatch} is outside 0..{self.spec.n_microbatches - 1}.", sender)

@@ -6,9 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from peer.delivery import ACK
 from peer.head_work import split_microbatches
 from peer.memory_swarm import batches
 from peer.pipeline import InProcessPipeline
+from protocol.wire import ErrorReply, Header, decode_message
 from tests.peer.swarm_in_memory import make_swarm
 from tests.peer.test_replicas import KillOnSend, assert_close, spec_for
 
@@ -74,3 +76,27 @@ async def test_a_working_head_dying_mid_step_costs_a_retry_not_a_step(oracle_run
     assert all(log.tokens == spec.batch_size * spec.seq_len for log in logs)
     assert all(log.heads == {"s0r0": spec.n_microbatches} for log in logs[3:])  # the leader alone after it died
     assert_close([log.loss for log in logs], oracle_runs.losses(spec, STEPS), 1e-10)
+
+
+async def test_stage_one_takes_activations_only_from_named_heads_and_only_for_their_attempt():
+    """A head the leader did not name is refused; a named head (not the leader) cannot start a newer
+    attempt by claiming one (only the leader may), and is taken for the attempt it was named for."""
+    spec = spec_for("subspace", "fp64")
+    swarm = await make_swarm(spec, [1, 1])
+    head, tail = swarm.peers["s0r0"].daemon, swarm.peers["s1r0"].daemon
+    src = batches(spec)
+
+    async def activation(mb: int, attempt: int) -> bytes:
+        h = Header(spec.run_hash, 0, mb, head.runner.version_for_step(0), spec.codec, 0, attempt)
+        body, _ = await head.run(head._forward_job, h, src(0, mb), None)
+        return body
+
+    try:
+        tail.feeders = ((0, 0), "s0r0", frozenset({"s0r0", "s0r9"}))
+        newer = await tail._on_activation(await activation(0, 1), "s0r9")
+        assert isinstance(decode_message(newer, tail._limits()), ErrorReply) and tail.attempt == 0
+        stranger = await tail._on_activation(await activation(1, 0), "s0r7")
+        assert isinstance(decode_message(stranger, tail._limits()), ErrorReply)
+        assert await tail._on_activation(await activation(2, 0), "s0r9") == ACK
+    finally:
+        await swarm.stop()
