@@ -54,8 +54,9 @@ class InboundHandlers:
             return refusal
         named = self.feeders  # the heads the leader named (peer/head_work.py): (step, attempt), leader, heads
         if self.stage == 1 and named is not None and sender in named[2] and sender != named[1] and (
-                (h.step, h.attempt) != named[0] or named[0] != (self.runner.step, self.attempt)):
-            # checked before `_admit`, which follows a newer attempt: only the leader may start one
+                named[0] == (self.runner.step, self.attempt) != (h.step, h.attempt)):
+            # checked before `_admit`, which follows a newer attempt: only the leader may start one (once that
+            # attempt is here, the assignment is stale and a head it named counts for no more than any other)
             return self.refuse("a head may send activations only for the attempt the leader named it for.", sender,
                                code="stale")
         problem = await self._admit(h, sender)
@@ -74,6 +75,11 @@ class InboundHandlers:
         self.boundary.received(h.step, h.attempt, KIND_ACTIVATION, h.microbatch, body)  # a spot check's input
         self.spawn(self._process_activation(h, msg.tokens, z, sender))
         return ACK
+
+    def named_heads(self) -> frozenset[str]:
+        """Stage 1: the heads the leader named for the attempt in progress here (peer/head_work.py), else none."""
+        named = self.feeders
+        return named[2] if named is not None and named[0] == (self.runner.step, self.attempt) else frozenset()
 
     def _note_tokens(self, n: int) -> None:
         """Throughput of this stage: tokens through forward over the last ~10 s."""

@@ -153,7 +153,7 @@ class ReplicaService:
             # every stage snapshots at the same steps: the interval is the coordinator's, in the signed spec
             snapshot_options=dict(every=snapshot_interval(self.spec)))
         sync.daemon = peer.daemon
-        membership.named = lambda: peer.daemon.feeders[2] if peer.daemon.feeders else frozenset()  # head_work.py
+        membership.named = peer.daemon.named_heads  # stage 1: the heads named for the attempt (peer/head_work.py)
         peer.commit.on_lease = lambda: ctx.router.lease(fresh=True)  # the coordinator revoked a lease
         peer.snapshots.vouched = lambda: vouched_hashes(ctx.sdht, self.spec.run_hash, self.stage)
         # a coordinator with --checkpoint-dir holds the vouched snapshots too (swarm/replicas/checkpoint_keeper.py)

@@ -80,7 +80,8 @@ async def test_a_working_head_dying_mid_step_costs_a_retry_not_a_step(oracle_run
 
 async def test_stage_one_takes_activations_only_from_named_heads_and_only_for_their_attempt():
     """A head the leader did not name is refused; a named head (not the leader) cannot start a newer
-    attempt by claiming one (only the leader may), and is taken for the attempt it was named for."""
+    attempt by claiming one (only the leader may), and is taken for the attempt it was named for; once a
+    newer attempt is under way the assignment no longer counts (a new leader must not be refused by it)."""
     spec = spec_for("subspace", "fp64")
     swarm = await make_swarm(spec, [1, 1])
     head, tail = swarm.peers["s0r0"].daemon, swarm.peers["s1r0"].daemon
@@ -98,5 +99,11 @@ async def test_stage_one_takes_activations_only_from_named_heads_and_only_for_th
         stranger = await tail._on_activation(await activation(1, 0), "s0r7")
         assert isinstance(decode_message(stranger, tail._limits()), ErrorReply)
         assert await tail._on_activation(await activation(2, 0), "s0r9") == ACK
+        assert tail.named_heads() == {"s0r0", "s0r9"}
+        # the leader aborted the attempt (or a new leader took over): the assignment is stale, and a head
+        # it named is refused nothing here for it (over the network, Membership's leader rule decides)
+        await tail.adopt_attempt(1)
+        assert tail.named_heads() == frozenset()
+        assert await tail._on_activation(await activation(3, 1), "s0r9") == ACK
     finally:
         await swarm.stop()
