@@ -181,6 +181,7 @@ class StepDriver:
         step = self.runner.step
         members = await self._members()
         replies = await self._broadcast(members, "status", step, 0)
+        self.work.proven = {p for p, r in replies.items() if members[p] == 0 and r.outcome == "ok"}  # may get shares
         # a step the old leader applied here but not yet everywhere: finish it on the peers it missed
         short = [p for p, r in replies.items() if r.outcome == "behind"]  # one step short of ours
         last = self.commit.last_applied
@@ -293,14 +294,12 @@ class StepDriver:
     async def _run_microbatches(self, step: int, attempt: int) -> tuple[list[float], int]:
         """Every microbatch of the attempt, split over the live heads (peer/head_work.py); their losses."""
         await self.daemon.adopt_attempt(attempt)
-        t0 = time.monotonic()
-        fed = [self.batches(step, mb) for mb in range(self.spec.n_microbatches)]  # the record covers every head's
+        t0, fed = time.monotonic(), [self.batches(step, mb) for mb in range(self.spec.n_microbatches)]  # all heads'
         tokens = sum(batch.shape[0] for batch in fed) * self.spec.seq_len
         self._record = self.sign_record(StepRecord(self.spec.run_hash, step, attempt, self.peer_id,
                                                    data_digest(fed))).encode() if self.sign_record else b""
         try:
-            # asyncio.timeout, not wait_for: cancelled (Ctrl+C), 3.11's wait_for cancels the gather
-            # without reading its outcome, and asyncio logs "exception was never retrieved"
+            # asyncio.timeout, not wait_for: 3.11's cancels the gather unread ("exception was never retrieved")
             async with asyncio.timeout(self._timeout()):
                 losses = await self._gather_watched(self.work.run(step, attempt, fed), step)
         except TimeoutError:
@@ -385,6 +384,7 @@ class StepDriver:
                         step + 1, overflowed, self.runner.scale, self.runner.scale / 2)
         self._named = self._commands.named = sorted(named)[:MAX_GROUP]  # every apply names them (placement)
         self.last_workers = workers  # who did the step's work, stage by stage (issue 20: re-fits count only them)
+        self.work.proven = {p for p in named if members[p] == 0}  # heads that reduced: shares from the next step on
         steps = {step for step, _ in snapshots.values()}
         if len(snapshots) == self.spec.n_stages and len(steps) == 1:  # every stage's snapshot at one step
             self.last_snapshots = (steps.pop(), {s: sha for s, (_, sha) in snapshots.items()})

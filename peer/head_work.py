@@ -1,8 +1,10 @@
 """Every head works (issue 22, item 1): the leader splits a step's microbatches over the live heads.
 
 The leading head (`peer/driver.py`) assigns each attempt's microbatches to itself and to every
-other live head it sees, weighted by their speeds (`split_microbatches`), and tells each other
-head its share with a "work" command (protocol/control.py). A head regenerates its microbatches
+other live head it sees that has answered it (`HeadWork.proven`: its status at the leader's
+take-over, or its reduce of the last step the leader committed), weighted by their speeds
+(`split_microbatches`), and tells each other head its share with a "work" command
+(protocol/control.py). A head regenerates its microbatches
 from (seed, step, index) (`peer/data.py`), forwards them through its own stage-0 state, sends the
 activations on through its own router, runs backward as the gradients come back (accumulating,
 as the leader does for its own) and replies with each microbatch's loss once all are back. Stage
@@ -94,13 +96,16 @@ class HeadWork:
         self.speeds: dict[str, float] = {}  # head -> microbatches/s of its last shares (EWMA)
         self.sitting_out: dict[str, float] = {}  # head -> time.monotonic() until which it gets no share
         self.shares: dict[str, list[int]] = {}  # the attempt in progress: head -> its microbatches
+        # heads that answered this leader's status at its take-over or reduced in the last step it committed:
+        # only those get a share, so a head that announces itself and then answers nothing costs no retry
+        self.proven: set[str] = set()
 
     # ------------------------------------------------------------------ the leader
     def assign(self, heads: list[PeerInfo]) -> dict[str, list[int]]:
-        """This attempt's shares over this head and the other live heads that are not sitting out."""
+        """This attempt's shares over this head and the other live, proven heads that are not sitting out."""
         now, per_mb = time.monotonic(), self.spec.microbatch_size * self.spec.seq_len
-        figures = {h.peer_id: h.throughput / per_mb for h in heads if h.peer_id != self.peer_id
-                   and h.state == "online" and self.sitting_out.get(h.peer_id, 0.0) <= now}
+        figures = {h.peer_id: h.throughput / per_mb for h in heads if h.peer_id != self.peer_id and h.state == "online"
+                   and h.peer_id in self.proven and self.sitting_out.get(h.peer_id, 0.0) <= now}
         own = self.own_figure()
         figures[self.peer_id] = own / per_mb if own else 0.0
         known = [v for v in self.speeds.values()] or [v for v in figures.values() if v > 0]
