@@ -3,14 +3,18 @@ heads by speed; a 2 heads x 2 swarm in fp64 still equals the one-process run, bo
 microbatches at every step, and a head that dies mid-step costs a retry, not a step."""
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 import torch
 
 from peer.delivery import ACK
 from peer.head_work import split_microbatches
+from peer.loopback import LoopbackLink
 from peer.memory_swarm import batches
 from peer.pipeline import InProcessPipeline
-from protocol.wire import ErrorReply, Header, decode_message
+from protocol.spec import preset
+from protocol.wire import KIND_ACTIVATION, ErrorReply, Header, decode_message
 from tests.peer.swarm_in_memory import make_swarm
 from tests.peer.test_replicas import KillOnSend, assert_close, spec_for
 
@@ -107,3 +111,30 @@ async def test_stage_one_takes_activations_only_from_named_heads_and_only_for_th
         assert await tail._on_activation(await activation(3, 1), "s0r9") == ACK
     finally:
         await swarm.stop()
+
+
+class SlowHeadLink(LoopbackLink):
+    """s0r1's uplink sends one activation at a time, each taking `delay` seconds: a slow head, as its
+    leader measures it."""
+    delay = 0.4
+    uplink: asyncio.Lock | None = None
+
+    async def request(self, peer: str, kind: str, body: bytes, timeout: float | None = None) -> bytes:
+        if kind == KIND_ACTIVATION and self.peer_id == "s0r1":
+            self.uplink = self.uplink or asyncio.Lock()
+            async with self.uplink:
+                await asyncio.sleep(self.delay)  # the modelled link's time, not a wait for a condition
+        return await super().request(peer, kind, body, timeout)
+
+
+async def test_a_slower_head_gets_a_smaller_share_once_measured():
+    spec = preset("tiny", stages=2, codec="subspace", dtype="fp64", wire_dtype="fp64", batch_size=64,
+                  microbatch_size=8, lr=1e-3)
+    swarm = await make_swarm(spec, [2, 2], SlowHeadLink)
+    try:
+        logs = await swarm.drive(5)
+    finally:
+        await swarm.stop()
+    assert logs[0].heads == {"s0r0": 4, "s0r1": 4}  # nothing measured yet: an even split
+    for log in logs[1:]:  # measured: s0r1's 4 microbatches took >= 1.6 s, s0r0's a fraction of that
+        assert log.heads["s0r0"] > log.heads["s0r1"] >= 1 and sum(log.heads.values()) == 8, (log.step, log.heads)
