@@ -108,7 +108,7 @@ class HeadWork:
                    and h.peer_id in self.proven and self.sitting_out.get(h.peer_id, 0.0) <= now}
         own = self.own_figure()
         figures[self.peer_id] = own / per_mb if own else 0.0
-        known = [v for v in self.speeds.values()] or [v for v in figures.values() if v > 0]
+        known = list(self.speeds.values()) or [v for v in figures.values() if v > 0]
         fallback = sum(known) / len(known) if known else 1.0
         speeds = {h: self.speeds.get(h) or figures[h] or fallback for h in figures}
         self.shares = split_microbatches(self.spec.n_microbatches, speeds)
