@@ -311,7 +311,7 @@ class StageDaemon(InboundHandlers):
         (its late gradient, if any, is refused: it must come from the replica that holds the microbatch)."""
         missed: set[str] = set()
         holder: str | None = None
-        self.boundary.sending(h.step, h.attempt, h.microbatch, body)
+        self.boundary.sending(h.step, h.attempt, h.microbatch, body, keep=self.runner.is_first)
 
         def chosen(peer: str | None) -> None:
             nonlocal holder

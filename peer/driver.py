@@ -66,7 +66,7 @@ class StepDriver:
                                                       self._commands.send)
         # every replica's share of a step is recomputed by another with this probability (peer/spot_checks.py)
         self.spot = SpotChecks(self.spec.run_hash, self.spec.n_stages, spot_check_rate, self._send, directory.ban,
-                               exact=self.spec.replica_sync == "exact")
+                               exact=self.spec.replica_sync == "exact", leader=self.peer_id)
         self._step_seconds: float | None = None  # EWMA of a step's microbatch phase
         # signs the StepRecord that every reduce command carries, so that the standby heads check the
         # data this head fed (None: a swarm without a coordinator, nobody to prove anything to)
@@ -92,7 +92,7 @@ class StepDriver:
         # every head computes a share of each step (peer/head_work.py): the leader splits it, the others serve
         self.work = HeadWork(daemon, directory, batches, self._send, command_timeout,
                              lambda: self.calibration.speed if self.calibration is not None else None)
-        commit.compute_share = self.work.compute
+        commit.compute_share, commit.share_check.tokens = self.work.compute, batches  # a head's share, its check
 
     # ------------------------------------------------------------------ leading and standing by
     async def drive(self, until: int | None, on_step: Callable[[StepLog], None]) -> None:

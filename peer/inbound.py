@@ -72,7 +72,7 @@ class InboundHandlers:
         if h.microbatch in self._upstream or self.runner.has_seen(h.microbatch):
             return self.refuse("this microbatch is already here.", sender, code="duplicate")
         self._upstream[h.microbatch] = (sender, msg.tokens)
-        self.boundary.received(h.step, h.attempt, KIND_ACTIVATION, h.microbatch, body)  # a spot check's input
+        self.boundary.received(h.step, h.attempt, KIND_ACTIVATION, h.microbatch, body, sender)  # a check's input
         self.spawn(self._process_activation(h, msg.tokens, z, sender))
         return ACK
 
