@@ -166,7 +166,9 @@ class HeadWork:
         try:
             futures = [await d.start_microbatch(cmd.step, mb, self.batches(cmd.step, mb)) for mb in cmd.microbatches]
             async with asyncio.timeout(self.timeout):
-                return [float(v) for v in await asyncio.gather(*futures)]
+                losses = [float(v) for v in await asyncio.gather(*futures)]
+            log.info("step %d: computed microbatches %s for the leading head", cmd.step + 1, cmd.microbatches)
+            return losses
         except TimeoutError:
             return f"not every gradient of its share came back within {self.timeout:.0f} s."
         except (LinkError, asyncio.CancelledError) as e:

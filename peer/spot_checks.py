@@ -163,6 +163,8 @@ class SpotChecks:
         first = await self._ask(checkers[0], step, attempt, order)
         if first is None:
             self._unchecked.pop(target, None)
+            log.info("step %d: stage %d: %s's share, recomputed by %s, is its work", step + 1, stage, target[-8:],
+                     "this head" if checkers[0] == self.leader else checkers[0][-8:])
             return
         if first.startswith(UNCHECKED):  # no verdict: the step waits for one (3 in a row: it withholds)
             self._unchecked[target] = self._unchecked.get(target, 0) + 1
