@@ -12,6 +12,7 @@ import time
 import pytest
 
 from peer.memory_swarm import TEST_COMMIT_OPTIONS, TEST_DRIVER_OPTIONS
+from protocol.spot_check import Sent
 from tests.peer.swarm_in_memory import make_swarm, param_hash
 from tests.peer.test_spot_checks import LIES_FROM, STEPS, make_liar, spec_for
 
@@ -33,7 +34,7 @@ def options(rate: float = 1.0) -> dict:
                 commit_options=dict(TEST_COMMIT_OPTIONS, straggle_after=1.0))
 
 
-async def drive(swarm) -> list:
+async def drive(swarm, liar: str = LIAR) -> list:
     """Every step of the run, driven to the end; the swarm stopped whatever happens. A banned head
     hears of no step after its ban and would stand by for ever: once the run is done, it is taken down."""
     run = asyncio.ensure_future(swarm.drive(STEPS))
@@ -41,9 +42,9 @@ async def drive(swarm) -> list:
         deadline = time.monotonic() + 300
         while len(swarm.logs) < STEPS and not run.done() and time.monotonic() < deadline:
             await asyncio.sleep(0.05)  # poll the run's progress
-        if not run.done() and LIAR in swarm.tasks:
-            swarm.net.kill(LIAR)
-            swarm.tasks[LIAR].cancel()
+        if not run.done() and liar in swarm.tasks:
+            swarm.net.kill(liar)
+            swarm.tasks[liar].cancel()
         logs = await asyncio.wait_for(run, 60)
         await swarm.applied()
     finally:
@@ -103,3 +104,35 @@ async def test_a_lying_head_is_caught_and_the_run_equals_the_oracle(mode, oracle
     honest = [p for p in swarm.peers if p != LIAR]
     for s in range(spec.n_stages):  # the honest replicas of each stage end bit-identical
         assert len({param_hash(swarm.peers[p].runner) for p in honest if swarm.peers[p].runner.stage == s}) == 1
+
+
+
+def misreport(peer, kind: str, about: str | None) -> None:
+    """`peer` computes and sends honestly but reports other bytes for the activations of kind `kind`
+    ("a": it sent, "r": it received) to or from `about` (None: any peer)."""
+    runner, boundary, honest_sent = peer.runner, peer.daemon.boundary, peer.daemon.boundary.sent
+
+    def sent(step: int, attempt: int) -> list[Sent]:
+        got = honest_sent(step, attempt)
+        if runner.step < LIES_FROM:
+            return got
+        return [Sent(s.kind, s.microbatch, s.to, bytes(16)) if s.kind == kind and about in (None, s.to) else s
+                for s in got]
+    boundary.sent = sent
+
+
+@pytest.mark.parametrize("liar,kind,about", [(LIAR, "a", None), ("s1r1", "r", LIAR)])
+async def test_the_two_ends_of_an_activation_that_disagree_ban_the_later_one(liar, kind, about, oracle_runs):
+    # nothing can say which end lies (the bytes are the sender's word against the receiver's): as for two
+    # replicas that disagree, the step is not applied with the doubtful work and the later of the two is banned
+    spec = spec_for(2)
+    swarm = await make_swarm(spec, [2, 2], **options())
+    for head in swarm.stage(0):  # every honest peer was seen before the liar
+        head.driver.spot.first_seen.update({p: 0.0 for p in swarm.peers if p != liar})
+    misreport(swarm.peers[liar], kind, about)
+    logs = await drive(swarm, liar)
+    want = oracle_runs.losses(spec, STEPS)
+    for step, (log, w) in enumerate(zip(logs, want), start=1):
+        assert abs(log.loss - w) <= 1e-10 * abs(w), f"step {step}: {log.loss!r} vs the oracle's {w!r}"
+    assert leader_of(swarm).driver.spot.convicted == [liar]
+    assert not [p for p in swarm.peers.values() if set(p.directory.banned) - {liar}], "an honest peer was banned"
