@@ -3,8 +3,11 @@ share of the step can be recomputed by another (issue 21, protocol/spot_check.py
 
 Received: the body of every activation and gradient this peer accepted for a microbatch (the
 inputs of its share: what a checker asks for). Sent: who got each message this peer sent and a
-digest of its bytes (what the leader learns from the senders, reported in reduce replies). Only
-the step in progress is kept: a few compressed boundary tensors per microbatch.
+digest of its bytes (what the leader learns from the senders, reported in reduce replies), and who
+sent each activation it received (what the leader learns of a head's output from stage 1). A head
+(stage 0) also keeps the activations it sent: with the gradients, what a checker of its share
+recomputes and compares (its input, the tokens, the checker regenerates). Only the step in
+progress is kept: a few compressed boundary tensors per microbatch.
 """
 from __future__ import annotations
 
@@ -18,23 +21,31 @@ class BoundaryLog:
         self._received: dict[tuple[str, int], bytes] = {}  # (kind, microbatch) -> body
         self._sent: dict[tuple[str, int], Sent] = {}
         self._outgoing: dict[int, bytes] = {}  # microbatch -> digest of the activation on its way down
+        self._output: dict[int, bytes] = {}  # a head's: microbatch -> the activation body it sent
 
     def _at(self, step: int, attempt: int) -> bool:
         """Hold (step, attempt), dropping an older one; False for a message of an older attempt."""
         key = (step, attempt)
         if self._key is None or key > self._key:
             self._key = key
-            self._received, self._sent, self._outgoing = {}, {}, {}
+            self._received, self._sent, self._outgoing, self._output = {}, {}, {}, {}
         return key == self._key
 
-    def received(self, step: int, attempt: int, kind: str, microbatch: int, body: bytes) -> None:
+    def received(self, step: int, attempt: int, kind: str, microbatch: int, body: bytes,
+                 sender: str | None = None) -> None:
+        """An input accepted; an activation's `sender` is reported (kind "r")."""
         if self._at(step, attempt):
             self._received[(kind, microbatch)] = bytes(body)
+            if kind == KIND_ACTIVATION and sender is not None:
+                self._sent[("r", microbatch)] = Sent("r", microbatch, sender, digest(body))
 
-    def sending(self, step: int, attempt: int, microbatch: int, body: bytes) -> None:
-        """An activation goes downstream; whom it went to is known once its gradient is accepted."""
+    def sending(self, step: int, attempt: int, microbatch: int, body: bytes, keep: bool = False) -> None:
+        """An activation goes downstream; whom it went to is known once its gradient is accepted
+        (`keep`: a head keeps the body, for a checker of its share)."""
         if self._at(step, attempt):
             self._outgoing[microbatch] = digest(body)
+            if keep:
+                self._output[microbatch] = bytes(body)
 
     def answered(self, step: int, attempt: int, microbatch: int, by: str) -> None:
         """`by` returned the gradient of the activation this peer sent it: it took that activation."""
@@ -48,15 +59,16 @@ class BoundaryLog:
     def sent(self, step: int, attempt: int) -> list[Sent]:
         return list(self._sent.values()) if self._key == (step, attempt) else []
 
-    def inputs(self, step: int, attempt: int, microbatches: list[int],
-               gradients: bool) -> list[tuple[bytes, bytes | None]] | None:
+    def inputs(self, step: int, attempt: int, microbatches: list[int], gradients: bool,
+               head: bool = False) -> list[tuple[bytes, bytes | None]] | None:
         """The (activation, gradient) bodies of `microbatches`, or None if any is not held here
-        (`gradients` False: the last stage, whose inputs are activations only)."""
+        (`gradients` False: the last stage, whose inputs are activations only; `head`: stage 0,
+        whose "activation" is the one it SENT, its input being the tokens)."""
         if self._key != (step, attempt):
             return None
         out = []
         for mb in microbatches:
-            act = self._received.get((KIND_ACTIVATION, mb))
+            act = self._output.get(mb) if head else self._received.get((KIND_ACTIVATION, mb))
             grad = self._received.get((KIND_GRADIENT, mb)) if gradients else None
             if act is None or gradients and grad is None:
                 return None

@@ -63,6 +63,7 @@ from protocol.wire import KIND_CONTROL, KIND_DRIVE, KIND_REDUCE, ErrorReply, Wir
 from .daemon import StageDaemon
 from .delivery import ACK
 from .follow_forward import FollowForwarder
+from .head_work import serve_work
 from .reduce_watch import ReduceWatch, RunningReduces
 from .reduced import Reduced, sum_contributions, sum_factors
 from .replica_sync import PowerSync, flat_limits
@@ -110,6 +111,7 @@ class StepCommit:
         # a head's check of the leader's step record before it sums with it: why not, or None
         self.check_record: Callable[[Command], Awaitable[str | None]] | None = None
         self.on_lease: Callable[[], Awaitable[object]] | None = None  # the coordinator says: read the lease now
+        self.compute_share: Callable[[Command], Awaitable[list[float] | str]] | None = None  # a head's (head_work.py)
         self.own_snapshot: Callable[[], tuple[int, str] | None] | None = None  # (step, sha256) of its newest
         self.sync_bytes = 0  # contribution bytes this replica sent to other replicas, every phase and attempt
         self.synced_steps = 0  # steps applied here whose reduce had another replica in it
@@ -150,6 +152,8 @@ class StepCommit:
             if self.on_rollback is None:
                 return self._reply(cmd, "failed", "this peer keeps no snapshots.")
             return await self.on_rollback(cmd)
+        if cmd.op == "work":  # a head's share of the attempt, or (stage 1) the heads that may feed it
+            return await serve_work(d, cmd, self.compute_share)
         if cmd.op == "apply" and cmd.step < step:
             return self._reply(cmd, "ok")  # applied already: a repeat of a command whose reply was lost
         if cmd.step != step:  # "ahead" says whether this replica skipped the step (a new leader finishing it asks)

@@ -100,6 +100,8 @@ class StageDaemon(InboundHandlers):
         self._tasks: set[asyncio.Task] = set()
         self.state = "online"
         self.leads = False  # set by the head's driver while it drives the steps
+        # stage 1: ((step, attempt), leader, heads) of the leader's last "work" command (peer/head_work.py)
+        self.feeders: tuple[tuple[int, int], str, frozenset[str]] | None = None
         self.refused = 0
         self.tokens_done = 0
         self.throughput = 0.0
@@ -228,7 +230,7 @@ class StageDaemon(InboundHandlers):
             return "the message belongs to an attempt that was superseded.", "stale"
         if h.attempt > self.attempt:
             # the driver started a new attempt (its abort may not have reached this peer): follow it. Only
-            # the leading head may send stage 1 activations, and only its attempts travel downstream.
+            # heads the leader named may send stage 1 activations, and only its attempts travel downstream.
             await self.adopt_attempt(h.attempt)
         return None
 
@@ -309,7 +311,7 @@ class StageDaemon(InboundHandlers):
         (its late gradient, if any, is refused: it must come from the replica that holds the microbatch)."""
         missed: set[str] = set()
         holder: str | None = None
-        self.boundary.sending(h.step, h.attempt, h.microbatch, body)
+        self.boundary.sending(h.step, h.attempt, h.microbatch, body, keep=self.runner.is_first)
 
         def chosen(peer: str | None) -> None:
             nonlocal holder

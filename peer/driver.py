@@ -9,9 +9,9 @@ A step, as the leader drives it (docs/design.md section 3):
 
 1. wait until every stage has a live peer (the swarm pauses, it does not exit, and says
    which stage is missing);
-2. forward every microbatch of the step through this head and send it on; the router picks
-   a replica of the next stage for each, weighted by measured round trips and requests in
-   flight, and so does every stage downstream;
+2. split the step's microbatches over the live heads by speed (`peer/head_work.py`): each forwards
+   its share and sends it on; the router picks a replica of the next stage for each, weighted by
+   measured round trips and requests in flight, and so does every stage downstream;
 3. wait for every microbatch's gradient, with a deadline that follows the measured step time;
 4. commit (`peer/commit.py`): every live replica of every stage reduces, and if each stage
    agrees on one sum that holds every microbatch once, every replica that reduced applies it.
@@ -37,6 +37,7 @@ from .calibration import PERIOD_S, Calibration
 from .commands import UNREACHABLE, CommandSender
 from .commit import StepCommit
 from .daemon import StageDaemon
+from .head_work import HeadWork
 from .interfaces import LinkError, PeerDirectory, PeerInfo
 from .leadership import leader_of
 from .spot_checks import SpotChecks
@@ -65,7 +66,7 @@ class StepDriver:
                                                       self._commands.send)
         # every replica's share of a step is recomputed by another with this probability (peer/spot_checks.py)
         self.spot = SpotChecks(self.spec.run_hash, self.spec.n_stages, spot_check_rate, self._send, directory.ban,
-                               exact=self.spec.replica_sync == "exact")
+                               exact=self.spec.replica_sync == "exact", leader=self.peer_id)
         self._step_seconds: float | None = None  # EWMA of a step's microbatch phase
         # signs the StepRecord that every reduce command carries, so that the standby heads check the
         # data this head fed (None: a swarm without a coordinator, nobody to prove anything to)
@@ -88,6 +89,10 @@ class StepDriver:
         self.watch = AttemptWatch(daemon.link, directory, self.spec.run_hash, watch_period) if watch_period else None
         # a standby head announces its measured compute speed, not 0 (peer/calibration.py); None: it announces 0
         self.calibration = Calibration(daemon, batches, period=calibrate_period) if calibrate_period else None
+        # every head computes a share of each step (peer/head_work.py): the leader splits it, the others serve
+        self.work = HeadWork(daemon, directory, batches, self._send, command_timeout,
+                             lambda: self.calibration.speed if self.calibration is not None else None)
+        commit.compute_share, commit.share_check.tokens = self.work.compute, batches  # a head's share, its check
 
     # ------------------------------------------------------------------ leading and standing by
     async def drive(self, until: int | None, on_step: Callable[[StepLog], None]) -> None:
@@ -176,6 +181,7 @@ class StepDriver:
         step = self.runner.step
         members = await self._members()
         replies = await self._broadcast(members, "status", step, 0)
+        self.work.proven = {p for p, r in replies.items() if members[p] == 0 and r.outcome == "ok"}  # may get shares
         # a step the old leader applied here but not yet everywhere: finish it on the peers it missed
         short = [p for p, r in replies.items() if r.outcome == "behind"]  # one step short of ours
         last = self.commit.last_applied
@@ -253,7 +259,7 @@ class StepDriver:
         self.daemon.last_loss = sum(losses) / len(losses)
         return StepLog(step + 1, self.daemon.last_loss, tokens, seconds, self.runner.version_for_step(step),
                        record.lr, attempts, commit_seconds, self.commit.last_sync_bytes, record.skipped,
-                       self.runner.scale)
+                       self.runner.scale, {h: len(m) for h, m in self.work.shares.items()})
 
     async def _realigned(self) -> bool:
         return self.realign is not None and await self.realign()
@@ -286,21 +292,16 @@ class StepDriver:
         return max(self.min_timeout, 4.0 * self._step_seconds)
 
     async def _run_microbatches(self, step: int, attempt: int) -> tuple[list[float], int]:
-        d = self.daemon
-        await d.adopt_attempt(attempt)
-        t0, futures, tokens, fed = time.monotonic(), [], 0, []
+        """Every microbatch of the attempt, split over the live heads (peer/head_work.py); their losses."""
+        await self.daemon.adopt_attempt(attempt)
+        t0, fed = time.monotonic(), [self.batches(step, mb) for mb in range(self.spec.n_microbatches)]  # all heads'
+        tokens = sum(batch.shape[0] for batch in fed) * self.spec.seq_len
+        self._record = self.sign_record(StepRecord(self.spec.run_hash, step, attempt, self.peer_id,
+                                                   data_digest(fed))).encode() if self.sign_record else b""
         try:
-            for mb in range(self.spec.n_microbatches):
-                batch = self.batches(step, mb)
-                tokens += batch.shape[0] * self.spec.seq_len
-                fed.append(batch)
-                futures.append(await d.start_microbatch(step, mb, batch))
-            self._record = self.sign_record(StepRecord(self.spec.run_hash, step, attempt, self.peer_id,
-                                                       data_digest(fed))).encode() if self.sign_record else b""
-            # asyncio.timeout, not wait_for: cancelled (Ctrl+C), 3.11's wait_for cancels the gather
-            # without reading its outcome, and asyncio logs "exception was never retrieved"
+            # asyncio.timeout, not wait_for: 3.11's cancels the gather unread ("exception was never retrieved")
             async with asyncio.timeout(self._timeout()):
-                losses = await self._gather_watched(futures, step)
+                losses = await self._gather_watched(self.work.run(step, attempt, fed), step)
         except TimeoutError:
             raise AttemptFailed(f"not every gradient came back within {self._timeout():.0f} s") from None
         except (LinkError, asyncio.CancelledError) as e:
@@ -309,11 +310,11 @@ class StepDriver:
             raise AttemptFailed(str(e) or "a microbatch was dropped") from None
         seconds = time.monotonic() - t0
         self._step_seconds = seconds if self._step_seconds is None else 0.8 * self._step_seconds + 0.2 * seconds
-        return list(losses), tokens
+        return losses, tokens
 
-    async def _gather_watched(self, futures: list[asyncio.Future], step: int) -> list[float]:
+    async def _gather_watched(self, work: Awaitable[list[float]], step: int) -> list[float]:
         """The losses, or AttemptFailed once a peer that did the last step's work stops answering (`AttemptWatch`)."""
-        gathered = asyncio.gather(*futures)
+        gathered = asyncio.ensure_future(work)
         if self.watch is None:
             return await gathered
         # cancelled below, a gather ends with CancelledError set as its exception: read it, or asyncio logs it
@@ -372,6 +373,8 @@ class StepDriver:
             if len(claims) == 1 and None not in claims:  # the stage's replicas agree on their newest snapshot
                 snapshots[stage] = claims.pop()
             overflowed += [stage] if any(r.overflow for r in oks.values()) else []
+        if {p: m for p, m in shares[0].items() if m} != {p: m for p, m in self.work.shares.items() if m}:
+            raise AttemptFailed("stage 0's contributions are not the shares the heads were given")
         # nothing is applied before the drawn shares are shown to be their replicas' work (a step that
         # overflowed in fp16 applies nothing: its shares carry no numbers to check)
         if not overflowed:
@@ -381,6 +384,7 @@ class StepDriver:
                         step + 1, overflowed, self.runner.scale, self.runner.scale / 2)
         self._named = self._commands.named = sorted(named)[:MAX_GROUP]  # every apply names them (placement)
         self.last_workers = workers  # who did the step's work, stage by stage (issue 20: re-fits count only them)
+        self.work.proven = {p for p in named if members[p] == 0}  # heads that reduced: shares from the next step on
         steps = {step for step, _ in snapshots.values()}
         if len(snapshots) == self.spec.n_stages and len(steps) == 1:  # every stage's snapshot at one step
             self.last_snapshots = (steps.pop(), {s: sha for s, (_, sha) in snapshots.items()})

@@ -52,20 +52,34 @@ class InboundHandlers:
         z = self.packer.unpack(msg.payload, self.runner.dtype, self.runner.device)
         if (refusal := self._out_of_band(KIND_ACTIVATION, z, sender)) is not None:
             return refusal
+        named = self.feeders  # the heads the leader named (peer/head_work.py): (step, attempt), leader, heads
+        if self.stage == 1 and named is not None and sender in named[2] and sender != named[1] and (
+                named[0] == (self.runner.step, self.attempt) != (h.step, h.attempt)):
+            # checked before `_admit`, which follows a newer attempt: only the leader may start one (once that
+            # attempt is here, the assignment is stale and a head it named counts for no more than any other)
+            return self.refuse("a head may send activations only for the attempt the leader named it for.", sender,
+                               code="stale")
         problem = await self._admit(h, sender)
         if problem:
             return self.refuse(problem[0], sender, code=problem[1])
         refusal = self._check_version(h, sender)
         if refusal is not None:
             return refusal
+        if self.stage == 1 and named is not None and named[0] == (h.step, h.attempt) and sender not in named[2]:
+            return self.refuse("only the heads the leader named for this step may send it activations.", sender)
         if not 0 <= h.microbatch < self.spec.n_microbatches:
             return self.refuse(f"microbatch {h.microbatch} is outside 0..{self.spec.n_microbatches - 1}.", sender)
         if h.microbatch in self._upstream or self.runner.has_seen(h.microbatch):
             return self.refuse("this microbatch is already here.", sender, code="duplicate")
         self._upstream[h.microbatch] = (sender, msg.tokens)
-        self.boundary.received(h.step, h.attempt, KIND_ACTIVATION, h.microbatch, body)  # a spot check's input
+        self.boundary.received(h.step, h.attempt, KIND_ACTIVATION, h.microbatch, body, sender)  # a check's input
         self.spawn(self._process_activation(h, msg.tokens, z, sender))
         return ACK
+
+    def named_heads(self) -> frozenset[str]:
+        """Stage 1: the heads the leader named for the attempt in progress here (peer/head_work.py), else none."""
+        named = self.feeders
+        return named[2] if named is not None and named[0] == (self.runner.step, self.attempt) else frozenset()
 
     def _note_tokens(self, n: int) -> None:
         """Throughput of this stage: tokens through forward over the last ~10 s."""

@@ -21,11 +21,20 @@ room over the worst same-dtype pair and sits 17x below the smallest lie measured
 gradient, 0.35; random numbers of the honest norm ~1.41, x -50 = 51). fp16 (3 more mantissa bits
 than bf16; not measured) keeps the same bound. A lie the size of the share's own rounding noise passes.
 
+A head's share (stage 0; peer/head_work.py) is checked by another head: its input, the tokens,
+the checker regenerates from (seed, step, index) and never takes from the head checked; what it
+fetches is the activation the head sent (digest reported by the stage-1 replica that received it)
+and the gradient that came back (digest reported by its sender). The activation must carry those
+tokens and equal the recomputed forward's within the tolerance below (a head that sends stage 1
+other numbers than its state gives is caught like one that lies in the reduce), and the share is
+recomputed as any stage's.
+
 Serving: the inputs of this replica's own share, to a checker of the same stage.
 """
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import torch
 
@@ -96,6 +105,36 @@ def share_from_inputs(runner: StageRunner, packer: WirePacker, limits: WireLimit
     return runner.layout.pack(total, runner.current_U()).cpu()
 
 
+def recompute_head_share(daemon: StageDaemon, tokens: list[torch.Tensor],
+                         bodies: list[tuple[bytes, bytes | None]]) -> torch.Tensor | str:
+    """Worker thread: a head's share (stage 0) from the `tokens` regenerated here, checked against
+    the activations it sent (`bodies`' first halves), or why it is not its work: per microbatch m
+
+        out_m = stage0(tokens_m);  the sent activation must hold tokens_m and unpack to
+        roundtrip(out_m) within the tolerance;  share = sum_m d(out_m . g_m)/dtheta, packed."""
+    runner, packer, limits = daemon.runner, daemon.packer, daemon._limits()
+    tol = TOLERANCE[COMPUTE_DTYPES[daemon.spec.dtype]]
+    total = [torch.zeros_like(p) for p in runner.params]
+    for t, (act, grad) in zip(tokens, bodies):
+        am, gm = decode_message(act, limits), decode_message(grad, limits)
+        if not isinstance(am, ActivationMessage) or not isinstance(gm, GradientMessage):
+            raise WireError("the inputs are not an activation and a gradient message.")
+        if am.header.microbatch != gm.header.microbatch or not torch.equal(am.tokens.cpu(), t.cpu()):
+            return f"the activation of microbatch {am.header.microbatch} it sent does not carry its tokens"
+        out = runner.output(t.to(runner.device), None)
+        off = disagreement(packer.roundtrip(out.detach()), packer.unpack(am.payload, runner.dtype, runner.device))
+        if not off <= tol:
+            return f"the activation of microbatch {am.header.microbatch} it sent differs from its forward by {off:.3g}"
+        g = packer.unpack(gm.payload, runner.dtype, runner.device)
+        if gm.overflow and runner.loss_scale is not None:
+            g = torch.zeros_like(g)  # as the head did: the sender's overflow stands in as zeros
+        grads = torch.autograd.grad(out, runner.params, grad_outputs=g.to(out.dtype), allow_unused=True)
+        for acc, gr in zip(total, grads):
+            if gr is not None:
+                acc.add_(gr)
+    return runner.layout.pack(total, runner.current_U()).cpu()
+
+
 def disagreement(recomputed: torch.Tensor, sent: torch.Tensor) -> float:
     """||recomputed - sent|| / ||recomputed||, in float64."""
     a, b = recomputed.double(), sent.double().to(recomputed.device)
@@ -108,6 +147,8 @@ class ShareCheck:
         self.spec = daemon.spec
         # the spec's compute dtype: a bf16 or fp16 run keeps fp32 weights (runner.dtype) but computes in bf16/fp16
         self.tolerance = TOLERANCE[COMPUTE_DTYPES[self.spec.dtype]]
+        # a head's: (step, microbatch) -> its tokens, regenerated (peer/data.py): a head's share is checked from them
+        self.tokens: Callable[[int, int], torch.Tensor] | None = None
         self.checks_run = 0  # shares of other replicas recomputed here
         self.input_bytes = 0  # the input messages fetched for them
 
@@ -116,7 +157,7 @@ class ShareCheck:
         d = self.daemon
         if (req.step, req.attempt) != (d.runner.step, d.attempt):
             return encode_inputs_reply([])  # not this attempt's: the checker finds none, and says so
-        bodies = d.boundary.inputs(req.step, req.attempt, req.microbatches, not d.runner.is_last)
+        bodies = d.boundary.inputs(req.step, req.attempt, req.microbatches, not d.runner.is_last, d.runner.is_first)
         return encode_inputs_reply(bodies or [])
 
     async def check(self, cmd: Command, held: dict[str, Contribution]) -> tuple[str, str, list[str]]:
@@ -146,9 +187,18 @@ class ShareCheck:
                 return "failed", f"replica {who} gave inputs of microbatch {mb} that its senders did not send.", \
                     [order.target]
         try:
-            share = await self.daemon.run(recompute_share, self.daemon, bodies)
+            if self.daemon.runner.is_first:  # a head's share: its input, the tokens, regenerated here
+                if self.tokens is None:
+                    return "failed", "this peer cannot regenerate a head's tokens.", []
+                tokens = [self.tokens(cmd.step, mb) for mb in order.microbatches]
+                share = await self.daemon.run(recompute_head_share, self.daemon, tokens, bodies)
+            else:
+                share = await self.daemon.run(recompute_share, self.daemon, bodies)
         except (WireError, RuntimeError, ValueError) as e:
             return "failed", f"replica {who}'s inputs could not be recomputed ({e}).", [order.target]
+        if isinstance(share, str):
+            log.warning("stage 0: head %s's work in step %d is not its state's: %s", who, cmd.step + 1, share)
+            return "failed", f"head {who}: {share}.", [order.target]
         self.checks_run += 1
         off = disagreement(share, sent.grads)
         if off <= self.tolerance:

@@ -25,8 +25,16 @@ After every stage's replicas have reduced, and before anything is applied:
 A convicted replica is banned for the run here and, through the leader's next abort, everywhere;
 the attempt is re-driven without it, so the liar's work is thrown out and redone and the run still
 equals the one-process run. Checks cover exact replica sync (`powersgd`'s error feedback is each
-replica's own and cannot be recomputed) and the stages a head's work reaches (stage 0 is the
-leader's own: a head that lies drives nothing, issue 20).
+replica's own and cannot be recomputed) and every stage.
+
+4. **Heads.** Every head computes a share of stage 0 (peer/head_work.py), so a head's share is
+   drawn like any other's (the leader's own is not: it is the swarm's trusted driver) and the
+   leader recomputes it itself (peer/share_check.py `recompute_head_share`): the tokens it
+   regenerates, the activations the head sent as the stage-1 replicas that took them report them,
+   the gradients as their senders report them. The leader's verdict needs no third computation.
+5. **Sender against receiver.** A boundary activation is reported twice, by its sender ("a") and
+   by its receiver ("r"). Where the two differ and the sender is not the leader, nothing can say
+   which of them lies: as in item 3, the step is not applied and the later of the two is banned.
 """
 from __future__ import annotations
 
@@ -49,8 +57,9 @@ UNCHECKED = "unchecked: "  # a check that found nothing either way
 
 class SpotChecks:
     def __init__(self, run_hash: str, n_stages: int, rate: float, send: Send, ban: Callable[[str], None],
-                 exact: bool = True, rng: random.Random | None = None) -> None:
+                 exact: bool = True, rng: random.Random | None = None, leader: str = "") -> None:
         self.run_hash, self.n_stages, self.rate, self.exact = run_hash, n_stages, rate, exact
+        self.leader = leader  # this leading head: its word is the run's, it checks the other heads' shares
         self.send, self.ban = send, ban
         self.rng = rng or random.SystemRandom()  # drawn where no replica can predict it
         self.first_seen: dict[str, float] = {}
@@ -90,37 +99,55 @@ class SpotChecks:
             return
         sent = [(p, s) for p, r in replies.items() for s in r.sent] + [("", s) for s in own_sent]
         jobs = []
-        for stage in range(1, self.n_stages):
+        for stage in range(self.n_stages if self.n_stages > 1 else 0):
             oks = [p for p, r in replies.items() if members.get(p) == stage and r.outcome == "ok"]
+            if stage == 0 and self.leader not in oks:  # heads: the leader checks them (item 4)
+                oks = []
             # a share far from the rest (peer/robust_sum.py, as the stage's replicas agree) is checked whatever the draw
             far = {p for q in oks for p in replies[q].suspects}
             if self._drawn[0] != step:
                 self._drawn = (step, set())
             for target, mbs in shares.get(stage, {}).items():
-                if not mbs or len(oks) < 2:
+                if not mbs or len(oks) < 2 or stage == 0 and target == self.leader:
                     continue
                 self.checkable += 1
                 if target not in far | self._drawn[1] and self.rng.random() >= self.rate:
                     continue
                 self._drawn[1].add(target)  # drawn: checked at every retry of this step, a dodge included
                 order = self._order(target, mbs, stage, sent, members)
+                checkers = [self.leader] if stage == 0 else [p for p in oks if p != target]
                 if order is not None:
-                    jobs.append(self._check(step, attempt, stage, order, [p for p in oks if p != target]))
+                    jobs.append(self._check(step, attempt, stage, order, checkers))
         for outcome in await asyncio.gather(*jobs, return_exceptions=True):
             if isinstance(outcome, BaseException):
                 raise outcome
 
     def _order(self, target: str, mbs: list[int], stage: int, sent: list[tuple[str, Sent]],
                members: dict[str, int]) -> CheckOrder | None:
-        """The inputs of `target`'s share, as its senders reported them; None if one did not."""
+        """The inputs of `target`'s share, as its senders reported them (a head's: as stage 1 reported
+        what it sent on and what it got back); None if one did not."""
         def digest_of(kind: str, mb: int, from_stage: int) -> bytes | None:
             found = {s.digest for p, s in sent if s.kind == kind and s.microbatch == mb and s.to == target
                      and members.get(p, 0) == from_stage}
             return found.pop() if len(found) == 1 else None
+
+        def said(by: str, kind: str, mb: int, about: str) -> set[bytes]:
+            return {s.digest for p, s in sent if (p or self.leader) == by and s.kind == kind and s.microbatch == mb
+                    and s.to == about}
         inputs = []
         for mb in mbs:
-            a = digest_of("a", mb, stage - 1)
-            g = digest_of("g", mb, stage + 1) if stage < self.n_stages - 1 else None
+            if stage == 0:  # a head's input is the tokens (regenerated); what it sent on, as its receiver saw it
+                a, g = digest_of("r", mb, 1), digest_of("g", mb, 1)
+                ends = {(target, q) for q, s in sent if s.kind == "r" and s.microbatch == mb and s.to == target}
+            else:
+                a = digest_of("a", mb, stage - 1)
+                g = digest_of("g", mb, stage + 1) if stage < self.n_stages - 1 else None
+                ends = {(p or self.leader, target) for p, s in sent if s.kind == "a" and s.microbatch == mb
+                        and s.to == target}
+            for sender, receiver in sorted(ends):  # item 5: the two ends of one activation disagree
+                out, seen = said(sender, "a", mb, receiver), said(receiver, "r", mb, sender)
+                if out and seen and not out & seen and sender != self.leader:
+                    self._dispute(sender, receiver, stage, f"they report different bytes for microbatch {mb}")
             if a is None or (stage < self.n_stages - 1 and g is None):
                 log.info("step check skipped: microbatch %d's inputs to %s were not reported by their sender",
                          mb, target[-8:])
@@ -136,6 +163,8 @@ class SpotChecks:
         first = await self._ask(checkers[0], step, attempt, order)
         if first is None:
             self._unchecked.pop(target, None)
+            log.info("step %d: stage %d: %s's share, recomputed by %s, is its work", step + 1, stage, target[-8:],
+                     "this head" if checkers[0] == self.leader else checkers[0][-8:])
             return
         if first.startswith(UNCHECKED):  # no verdict: the step waits for one (3 in a row: it withholds)
             self._unchecked[target] = self._unchecked.get(target, 0) + 1
@@ -143,6 +172,8 @@ class SpotChecks:
                 self._convict(target, f"its share could not be checked 3 times in a row ({first[len(UNCHECKED):]})")
             raise AttemptFailed(f"the check of {target[-8:]}'s share could not run ({first[len(UNCHECKED):]})")
         self.mismatches += 1
+        if checkers[0] == self.leader:  # the leading head recomputed it: its word is the run's
+            self._convict(target, f"the leading head recomputed its share: {first}")
         if len(checkers) < 2:
             self._dispute(target, checkers[0], stage, first)
         second = await self._ask(checkers[1], step, attempt, order)

@@ -2,7 +2,7 @@
 that did not complete and is re-driven (peer/driver.py)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -18,6 +18,7 @@ class StepLog:
     sync_bytes: int = 0  # what this head's replica sent to the other heads in that reduce
     skipped: bool = False  # fp16: some stage overflowed, so no stage stepped its optimizer
     loss_scale: float = 1.0  # fp16: the loss scale after this step (1 without loss scaling)
+    heads: dict[str, int] = field(default_factory=dict)  # microbatches each head computed (peer/head_work.py)
 
 
 class AttemptFailed(RuntimeError):

@@ -7,22 +7,25 @@ microbatch's gradient is back (docs/design.md section 3):
             up in one agreed order, so that every replica holds the same summed gradient;
     apply   every replica that reduced takes the optimizer step with it;
     abort   a failed attempt's partial work is dropped everywhere, and the step is re-driven;
-    rollback  every replica goes back to the stage's snapshot at step s (peer/rollback.py).
+    rollback  every replica goes back to the stage's snapshot at step s (peer/rollback.py);
+    work    a head computes the microbatches m of the attempt; at stage 1: c names the heads that may feed it.
 
 Maps (short keys; tensors are wire.py's ExtType):
 
     Command       {k: "ctl", r: run, s: step, a: attempt, o: op, c: [peer ids], d: step record, v: skip,
-                   q: check order, b: [banned peer ids]}
-                  op in status | reduce | apply | abort | rollback | lease | check; c: for reduce, the candidate
+                   q: check order, b: [banned peer ids], m: [microbatches]}
+                  op in status | reduce | apply | abort | rollback | lease | check | work; c: for reduce, the candidate
                   replicas of the receiver's stage (it exchanges contributions with those); d: for
                   reduce, the leader's signed `StepRecord` of the attempt (protocol/step_record.py;
                   absent in swarms without a coordinator); lease: the coordinator asks the peer to
                   read the leader lease again now (it says nothing itself: the lease is read signed);
                   v (fp16; left out when false): apply means skip, some stage overflowed
                   (protocol/loss_scale.py); q: for check, a `CheckOrder` (protocol/spot_check.py);
-                  b: for abort, replicas the leader caught lying about their work, banned for the run
+                  b: for abort, replicas the leader caught lying about their work, banned for the run;
+                  work (peer/head_work.py): c the heads the leader named for the attempt, m (to a head) its share
     CommandReply  {k: "ctlr", s: step, a: attempt, o: outcome, m: [microbatches], x: {peer: [mb]}, e: text,
-                   h: [step, sha256 hex], v, z: [step, sha256 hex], n: [sent], b: [peer ids], u: [peer ids]}
+                   h: [step, sha256 hex], v, z: [step, sha256 hex], n: [sent], b: [peer ids], u: [peer ids],
+                   l: [losses]}
                   outcome in ok | behind | ahead | failed; m: what this replica computed in the
                   attempt; x: after a reduce, whose contributions it summed; h: after a reduce, the
                   step and hash of the replica's newest own snapshot (peer/snapshots.py), which the
@@ -33,7 +36,8 @@ Maps (short keys; tensors are wire.py's ExtType):
                   and vouches for through the coordinator (peer/state_votes.py); after a reduce, n: the
                   boundary messages it sent in the attempt (protocol/spot_check.py `Sent`), b: replicas
                   whose contribution it refused or that withheld it, u: shares far from the rest
-                  (peer/robust_sum.py); after a check, b: the replica checked, if its share is not its work
+                  (peer/robust_sum.py); after a check, b: the replica checked, if its share is not its work;
+                  after a work, l: the loss of each microbatch of m, in m's order (finite floats)
     Contribution  {k: "red", r, s, a, g: stage, p: phase, m: [microbatches], t: flat gradient | nil,
                    f: factors | nil, q: statistic | nil}
                   replica_sync "exact" (one phase, p = 0): t is every trainable parameter's
@@ -64,10 +68,11 @@ import torch
 
 from .wire import KIND_CONTROL, KIND_REDUCE, WireError, _ext_hook, _need, _pack_tensor
 
-OPS = ("status", "reduce", "apply", "abort", "rollback", "lease", "check")
+OPS = ("status", "reduce", "apply", "abort", "rollback", "lease", "check", "work")
 OUTCOMES = ("ok", "behind", "ahead", "failed")
 PROBE_STATES = ("reducing", "idle", "ended", "elsewhere")
 MAX_GROUP = 64  # replicas of one stage that one command may name
+MAX_MICROBATCHES = 4096  # indices a work command may carry (the receiver checks them against its spec)
 _REPLY = "ctlr"
 _PROBE, _PROBE_REPLY = "redq", "redqr"
 
@@ -83,6 +88,7 @@ class Command:
     skip: bool = False  # apply: skip the step (fp16 overflow on some stage)
     check: bytes = b""  # check: the encoded `CheckOrder` (protocol/spot_check.py)
     banned: list[str] = field(default_factory=list)  # abort: replicas the leader caught; banned for the run
+    microbatches: list[int] = field(default_factory=list)  # work: the head's share of the attempt
 
 
 @dataclass
@@ -99,6 +105,7 @@ class CommandReply:
     blame: list[str] = field(default_factory=list)  # reduce, check: replicas whose contribution it found false
     suspects: list[str] = field(default_factory=list)  # reduce: shares far from the rest (peer/robust_sum.py)
     state: tuple[int, str] | None = None  # apply: (steps applied, sha256 hex) of the replica's state after it
+    losses: list[float] = field(default_factory=list)  # work: each microbatch's loss, in the command's order
 
 
 @dataclass
@@ -236,7 +243,8 @@ def _with_flag(d: dict, key: str, value: bool) -> dict:
 def encode_command(c: Command) -> bytes:
     body = _with_flag({"k": KIND_CONTROL, "r": c.run, "s": c.step, "a": c.attempt, "o": c.op, "c": c.candidates},
                       "v", c.skip)
-    body.update({k: v for k, v in (("d", c.record), ("q", c.check), ("b", c.banned)) if v})  # left out when empty
+    body.update({k: v for k, v in (("d", c.record), ("q", c.check), ("b", c.banned), ("m", c.microbatches))
+                 if v})  # left out when empty
     return msgpack.packb(body)
 
 
@@ -250,7 +258,8 @@ def decode_command(data: bytes, run: str) -> Command:
     check = d.get("q", b"")
     _need(isinstance(check, bytes), "a control command's check order must be bytes.")
     return Command(run, _int(d, "s", "step"), _int(d, "a", "attempt", 2**31), d["o"], _peer_ids(d.get("c", [])),
-                   record, _flag(d, "v", "a control command's skip flag"), check, _peer_ids(d.get("b", [])))
+                   record, _flag(d, "v", "a control command's skip flag"), check, _peer_ids(d.get("b", [])),
+                   _mbs(d.get("m", []), MAX_MICROBATCHES))
 
 
 def encode_reply(r: CommandReply) -> bytes:
@@ -258,7 +267,8 @@ def encode_reply(r: CommandReply) -> bytes:
                        "x": r.contributors, "e": r.reason[:500]}, "v", r.overflow)
     from .spot_check import encode_sent  # spot_check builds on this module's validators
     body.update({k: v for k, v in (("h", list(r.snapshot or ())), ("z", list(r.state or ())),
-                                   ("n", encode_sent(r.sent)), ("b", r.blame), ("u", r.suspects)) if v})  # if any
+                                   ("n", encode_sent(r.sent)), ("b", r.blame), ("u", r.suspects),
+                                   ("l", r.losses)) if v})  # if any
     return msgpack.packb(body)
 
 
@@ -279,11 +289,14 @@ def decode_reply(data: bytes, n_microbatches: int) -> CommandReply:
     _need(z is None or isinstance(z, list) and len(z) == 2 and isinstance(z[0], int) and not isinstance(z[0], bool)
           and 0 < z[0] < 2**53 and isinstance(z[1], str) and len(z[1]) == 64,
           "a control reply's state hash must be [step, sha256 hex].")
+    losses = d.get("l", [])
+    _need(isinstance(losses, list) and len(losses) <= n_microbatches and all(
+        isinstance(v, float) and math.isfinite(v) for v in losses), "a control reply's losses must be finite floats.")
     return CommandReply(_int(d, "s", "step"), _int(d, "a", "attempt", 2**31), d["o"],
                         _mbs(d.get("m", []), n_microbatches), contributors, reason if isinstance(reason, str) else "",
                         (h[0], h[1]) if h else None, _flag(d, "v", "a control reply's overflow flag"),
                         decode_sent(d.get("n", []), n_microbatches), _peer_ids(d.get("b", [])),
-                        _peer_ids(d.get("u", [])), (z[0], z[1]) if z else None)
+                        _peer_ids(d.get("u", [])), (z[0], z[1]) if z else None, list(losses))
 
 
 # ---------------------------------------------------------------- contributions and follow updates

@@ -5,16 +5,19 @@ A replica's contribution to a reduce is the sum of its microbatches' gradients, 
 the stage's state (the same on every replica) and of each microbatch's inputs: the activation
 that came from upstream and, below the last stage, the gradient that came back from downstream.
 So every peer keeps the boundary messages of the attempt in progress (peer/boundary_log.py) and
-reports, in its reduce reply, a digest of every message it SENT and to whom (`Sent`). The leader
-thereby knows, from the senders and not from the replica checked, what each replica's inputs
-were. A check (`CheckOrder`, in the leader's command to a checking replica of the same stage)
-names the replica checked, its microbatches and those digests; the checker asks it for the
+reports, in its reduce reply, a digest of every message it SENT and to whom (`Sent`), and of every
+activation it RECEIVED and from whom. The leader thereby knows, from the senders and not from the
+replica checked, what each replica's inputs were; and for a head (stage 0, whose input is the tokens
+that any head regenerates from (seed, step, index)), from the stage-1 receivers, what it sent on.
+A check (`CheckOrder`, in the leader's command to a checking replica of the same stage) names
+the replica checked, its microbatches and those digests; the checker asks it for the
 message bodies (`InputsRequest`/`InputsReply`), refuses any whose digest differs, recomputes the
 share and compares it with the contribution it received in the reduce.
 
 Maps (short keys):
 
-    Sent          [kind, microbatch, to, digest]   kind "a" (activation) or "g" (gradient)
+    Sent          [kind, microbatch, to, digest]   kind "a" (activation) or "g" (gradient) sent to `to`,
+                                                   or "r": an activation received from `to`
     CheckOrder    {t: target peer id, m: [microbatches], i: [[activation digest, gradient digest | nil], ...]}
     InputsRequest {k: "redi", r: run, s: step, a: attempt, g: stage, m: [microbatches]}   (over `red`)
     InputsReply   {k: "redir", b: [[activation body, gradient body | nil], ...]}   in the request's order
@@ -32,7 +35,7 @@ from .control import MAX_GROUP, _int, _mbs, _need, _run, _unpack
 from .wire import WireError
 
 DIGEST_BYTES = 16
-KINDS = ("a", "g")  # activation (sent downstream), gradient (sent upstream)
+KINDS = ("a", "g", "r")  # activation (sent downstream), gradient (sent upstream), activation received
 _REQUEST, _REPLY = "redi", "redir"
 
 
@@ -42,7 +45,8 @@ def digest(body: bytes) -> bytes:
 
 @dataclass(frozen=True)
 class Sent:
-    """A boundary message this peer sent in the attempt: to whom, and a digest of its bytes."""
+    """A boundary message this peer sent in the attempt: to whom, and a digest of its bytes (kind "r":
+    an activation it received, `to` naming its sender)."""
 
     kind: str
     microbatch: int

@@ -3,7 +3,8 @@
 Each kind of message may come only from peers that are announced (and, in a private swarm,
 admitted with a ticket) for the stage it belongs to:
 
-    act          peers of the previous stage; at stage 1, only the leading head
+    act          peers of the previous stage; at stage 1, only the leading head and the heads it named
+                 for the step in progress (`named`, peer/head_work.py; the attempt is checked in peer/inbound.py)
     grad         peers of the next stage
     ctl          status: any admitted peer (a liveness probe, a dashboard); reduce, apply, abort:
                  only the leading head
@@ -63,6 +64,7 @@ class Membership:
         self._refreshed: dict[int, float] = {}
         self._gone: dict[str, float] = {}  # head that failed a probe -> its last announcement's timestamp then
         self._probes: dict[str, tuple[float, asyncio.Task]] = {}
+        self.named: Callable[[], frozenset[str]] = frozenset  # stage 1: heads the leader named (peer/head_work.py)
 
     def _source(self, kind: str) -> tuple[int, tuple[str, ...]] | None:
         """(stage the sender must serve, the states that count), or None if anyone may send it."""
@@ -141,6 +143,8 @@ class Membership:
             code = "retry" if kind in (KIND_ACTIVATION, KIND_GRADIENT, KIND_CONTROL, KIND_DRIVE) else "refused"
             return Refusal(f"only peers announced for stage {stage} may send this kind of message here "
                            f"(this peer has not read an announcement of {sender[-8:]} yet).", code)
+        if kind == KIND_ACTIVATION and stage == 0 and sender in self.named():
+            return None  # a head the leader (whose command was admitted as such) named for the step in progress
         if kind == KIND_DRIVE or kind == KIND_ACTIVATION and stage == 0:
             return await self._leads(sender)
         return None

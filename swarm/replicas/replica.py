@@ -142,17 +142,18 @@ class ReplicaService:
                                                        checkpointing=ctx.checkpointing)
         self.sync = sync = BasisSync(self.spec, ctx.sdht, ctx.transport)
         batches = ctx.batches() if self.stage == 0 else None
+        membership = Membership(ctx.router, ctx.sdht, self.stage, self.spec.n_stages, probe=self._answers)
         self.peer = peer = StagePeer(
             runner, ctx.link, ctx.router, batches=batches, verify_state=sync.verify_state,
             daemon_options=dict(on_refit=sync.send_stats, verify_update=sync.verify, pull_updates=sync.pull,
-                                admit=Membership(ctx.router, ctx.sdht, self.stage, self.spec.n_stages,
-                                                 probe=self._answers).check,
+                                admit=membership.check,
                                 **given(future_step_wait=ctx.next_step_wait)),
             driver_options=dict(first_timeout=ctx.step_timeout, sign_record=sign_record(ctx.sdht.identity),
                                 **given(min_timeout=ctx.min_step_timeout, spot_check_rate=ctx.spot_check_rate)),
             # every stage snapshots at the same steps: the interval is the coordinator's, in the signed spec
             snapshot_options=dict(every=snapshot_interval(self.spec)))
         sync.daemon = peer.daemon
+        membership.named = peer.daemon.named_heads  # stage 1: the heads named for the attempt (peer/head_work.py)
         peer.commit.on_lease = lambda: ctx.router.lease(fresh=True)  # the coordinator revoked a lease
         peer.snapshots.vouched = lambda: vouched_hashes(ctx.sdht, self.spec.run_hash, self.stage)
         # a coordinator with --checkpoint-dir holds the vouched snapshots too (swarm/replicas/checkpoint_keeper.py)
