@@ -329,8 +329,8 @@ def _add_simulate(sub) -> None:
     p.add_argument("--rejoin-s", type=float, default=60.0,
                    help="seconds from a peer's death to its replacement's join (default: 60)")
     p.add_argument("--every-head-works", action="store_true",
-                   help="also model issue 22 item 1 (every head computes stage 0; not built) beside today's schedule "
-                   "(default: off)")
+                   help="also model issue 22 item 1 (every head computes stage 0, as the swarm now does) beside the "
+                   "old schedule (default: off)")
     p.add_argument("--step-timeout", type=float, default=0.0,
                    help="seconds the first step may take before the driver re-drives it (swarm peer --step-timeout); "
                    "0: none, as an operator of a big swarm would set it high enough (default: 0)")

@@ -13,8 +13,9 @@ peers, their directory and churn; `simulate_step.py` is the step as the driver r
 2. goodput against the mean peer lifetime (exponential lifetimes, a replacement `--rejoin-s`
    later) at `--churn-peers` peers over `--churn-minutes` of virtual time;
 
-each with today's schedule (only the leading head computes stage 0) and, with
-`--every-head-works`, with issue 22 item 1's (not built: a model). Beside them, the one-GPU rate
+each with the old schedule (only the leading head computes stage 0) and, with
+`--every-head-works`, with issue 22 item 1's (modelled before it was built; the swarm now runs it:
+peer/head_work.py). Beside them, the one-GPU rate
 of an A100 and an H100 at the same MFU, and per codec the smallest N that matches each.
 Writes simulate.json and simulate.png.
 """

@@ -9,9 +9,10 @@ One attempt at a step:
    swarm pauses and looks again every 0.5 s (`_wait_for_coverage`);
 2. microbatches: today only the leader computes stage 0 (`StepDriver._run_microbatches`): it
    queues the forward of every microbatch on its GPU, and sends each on as it is done. With
-   `every_head_works` (issue 22 item 1, NOT BUILT: a model of the proposed schedule) the leader
-   splits the M microbatches over every live head in proportion to its sustained FLOP/s (largest
-   remainders), telling each with a command. Every hop picks the next stage's replica with the
+   `every_head_works` (issue 22 item 1, modelled before it was built; the swarm now runs it,
+   peer/head_work.py, splitting by measured speed) the leader splits the M microbatches over every
+   live head in proportion to its sustained FLOP/s (largest remainders), telling each with a command.
+   Every hop picks the next stage's replica with the
    sender's own `Router.pick` (least (in flight + 1) x measured round trip, probation, bans),
    the receiver queues the forward (the tail: forward and backward) on its GPU, the gradient goes
    back to exactly the sender, which queues its backward, and `Router.release` records the round
