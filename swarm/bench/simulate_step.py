@@ -7,7 +7,8 @@ One attempt at a step:
    order); when it dies, the next one takes over after `takeover_s` (three missed pings) plus a
    status and an abort round trip; with no live head, or a stage without a live replica, the
    swarm pauses and looks again every 0.5 s (`_wait_for_coverage`);
-2. microbatches: today only the leader computes stage 0 (`StepDriver._run_microbatches`): it
+2. microbatches: by default (the schedule before issue 22 item 1) only the leader computes stage 0
+   (`StepDriver._run_microbatches` then): it
    queues the forward of every microbatch on its GPU, and sends each on as it is done. With
    `every_head_works` (issue 22 item 1, modelled before it was built; the swarm now runs it,
    peer/head_work.py, splitting by measured speed) the leader splits the M microbatches over every
