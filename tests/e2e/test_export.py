@@ -20,6 +20,7 @@ import sys
 import pytest
 import torch
 
+from peer.state_hash import HASH_EVERY
 from protocol.spec import preset
 from swarm.cli import main
 from swarm.export import StagedModel, gather_from_checkpoints
@@ -29,7 +30,9 @@ from tests.e2e.conftest import wait_for_event
 
 transformers = pytest.importorskip("transformers")
 
-STEPS = 3
+# a step whose state the replicas hash: a live peer serves its state at once then, where between two
+# hashed steps it waits for the next one, up to HASHED_WAIT_S (60 s), and a lingering swarm takes no step
+STEPS = HASH_EVERY
 TOL = 1e-4
 
 
