@@ -98,7 +98,7 @@ def test_mfu_counts_the_factored_subspace_maps_at_rank_k():
 @pytest.mark.e2e  # peers in network namespaces, one of them killed
 @pytest.mark.skipif(bool(missing_requirements(nat=False)), reason=str(missing_requirements(nat=False)))
 def test_churn_bench_smoke(tmp_path):
-    """4 hosts, 2 stages x 2 replicas, 10 s calm, then the leading head killed and a fresh peer started."""
+    """4 hosts, 2 stages x 2 replicas, 5 s calm, then the leading head killed and a fresh peer started."""
     run_churn_bench(str(tmp_path), smoke=True)
     written = json.loads((tmp_path / "churn.json").read_text())
     assert (tmp_path / "churn.png").stat().st_size > 10_000
