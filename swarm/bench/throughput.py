@@ -90,8 +90,8 @@ def run_throughput_bench(out_dir: str, preset_name: str = "small", steps: int = 
     if unknown:
         raise ValueError(f"--codecs takes {', '.join(CODECS)}, not {', '.join(unknown)}.")
     codecs = chosen[:2] if smoke else chosen  # smoke: two codecs, enough to exercise it all
-    if smoke:  # the first step is warm-up (not timed, local_reports.metrics), the second is timed
-        preset_name, steps = "tiny", 2
+    if smoke:
+        preset_name, steps = "tiny", 3
     bandwidths = [b.strip() for b in bandwidth.split(",")]
     for b in bandwidths:
         if parse_bandwidth(b) is None:
