@@ -58,8 +58,10 @@ from .machine import machine_info
 
 FOREVER = 10**9  # --steps of every peer: the bench, not a step count, ends the run
 POLL_S = 0.5  # how often reports, checkpoints and killed hosts are looked at
-SMOKE = dict(preset_name="tiny", hosts=4, replicas=2, period=20.0, minutes=20 / 60, leader_every=1,
-             baseline_minutes=10 / 60, checkpoint_every=3)
+# --smoke: 5 s calm, then one kill of the leading head and 15 s of churn, time for a failover (the
+# issue asks for the next step within 10 s) and for the killed peer's children to go (seconds)
+SMOKE = dict(preset_name="tiny", hosts=4, replicas=2, period=15.0, minutes=15 / 60, leader_every=1,
+             baseline_minutes=5 / 60, checkpoint_every=3)
 
 
 def churn_problem() -> str | None:

@@ -118,8 +118,8 @@ def run_convergence_bench(out_dir: str, preset_name: str = "small", steps: int =
 
 def _train_all(out: Path, preset_name: str, steps: int, intervals: tuple[int, ...], data: str | None, device: str,
                eval_every: int, eval_batches: int, smoke: bool, parallel: bool | None, dtype: str | None) -> dict:
-    if smoke:
-        preset_name, steps, intervals, eval_every, eval_batches = "tiny", 30, (10,), 10, 2
+    if smoke:  # two re-fits (steps 6 and 12, each 3 steps later) within 20 steps
+        preset_name, steps, intervals, eval_every, eval_batches = "tiny", 20, (6,), 10, 2
     base = preset(preset_name, codec="subspace", total_steps=steps, dtype=dtype)
     return train_curves(out, preset_name, _variants(base, intervals), data, device, eval_every, eval_batches,
                         parallel)

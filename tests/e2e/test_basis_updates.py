@@ -125,6 +125,8 @@ async def test_restarted_head_comes_back_on_the_current_basis(tmp_path, oracle_r
         await asyncio.to_thread(wait_for_event, swarm, "head", "done", 180)
         assert await asyncio.to_thread(first.wait, 60) == 0
         swarm.procs = [(n, p) for n, p in swarm.procs if p is not first]  # it finished as asked, not crashed
+        # the oracle trains meanwhile (one torch thread): the swarm waits for its head now
+        oracle = asyncio.create_task(asyncio.to_thread(oracle_runs.losses, spec, 17))
         before = [e for e in swarm.events("head") if e["event"] == "step"]
         assert before[-1]["basis_version"] == 2, "two updates (effective at steps 8 and 13) were expected"
 
@@ -133,7 +135,7 @@ async def test_restarted_head_comes_back_on_the_current_basis(tmp_path, oracle_r
     finally:
         await asyncio.to_thread(swarm.stop)
 
-    losses = oracle_runs.losses(spec, 17)
+    losses = await oracle
     assert_matches(before, losses, first_step=1)
     assert_matches(after, losses, first_step=14)
     assert after[0]["basis_version"] == 2

@@ -2,6 +2,10 @@
 the peers' checkpoints with `swarm export`, load the Hugging Face folder with transformers
 (a library we did not write must compute our logits), and check `swarm eval` against the
 loss the tail reported for the next step, and `swarm generate`.
+
+The export from the live peers runs as its own `swarm` process (its exit code, and another
+process writing the same bytes); the commands on files run through `swarm.cli.main` in this
+process (the same parser, command and exit code, without a torch import each).
 """
 from __future__ import annotations
 
@@ -16,16 +20,19 @@ import sys
 import pytest
 import torch
 
+from peer.state_hash import HASH_EVERY
 from protocol.spec import preset
+from swarm.cli import main
 from swarm.export import StagedModel, gather_from_checkpoints
 from swarm.export.exporter import export_run
 from swarm.local import LocalOptions, run_local
 from tests.e2e.conftest import wait_for_event
-from tests.e2e.processes import at_once
 
 transformers = pytest.importorskip("transformers")
 
-STEPS = 3
+# a step whose state the replicas hash: a live peer serves its state at once then, where between two
+# hashed steps it waits for the next one, up to HASHED_WAIT_S (60 s), and a lingering swarm takes no step
+STEPS = HASH_EVERY
 TOL = 1e-4
 
 
@@ -38,9 +45,13 @@ def cli(*args: str) -> str:
     return done.stdout
 
 
-def cli_at_once(*commands: tuple[str, ...]) -> list[str]:
-    """Independent commands run side by side (each is mostly its own start-up): their outputs, in order."""
-    return at_once(*[lambda args=args: cli(*args) for args in commands])
+def command(capsys, *args: str) -> str:
+    """`swarm ARGS` run in this process: its printed output, once it exited with 0."""
+    capsys.readouterr()
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    assert code == 0, err[-3000:]
+    return out
 
 
 def hf_matches_our_model(ck, hf_dir) -> None:
@@ -59,7 +70,7 @@ def sha(path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def test_export_a_trained_subspace_swarm(make_swarm, tmp_path):
+def test_export_a_trained_subspace_swarm(make_swarm, tmp_path, capsys):
     swarm = make_swarm(codec="subspace")
     ck = tmp_path / "ck"
     swarm.start_coordinator()
@@ -83,10 +94,10 @@ def test_export_a_trained_subspace_swarm(make_swarm, tmp_path):
         swarm.start_peer(s, "--checkpoint-dir", str(resumed), "--resume", name=f"again{s}")
     swarm.start_peer(0, "--checkpoint-dir", str(resumed), "--resume", "--steps", str(STEPS + 1), name="again0")
 
-    cli_at_once(("export", "--from-checkpoints", str(ck), "--out", str(tmp_path / "native")),
-                ("export", "--from-checkpoints", str(ck), "--out", str(tmp_path / "hf"), "--format", "hf"))
+    command(capsys, "export", "--from-checkpoints", str(ck), "--out", str(tmp_path / "native"))
+    command(capsys, "export", "--from-checkpoints", str(ck), "--out", str(tmp_path / "hf"), "--format", "hf")
     hf_matches_our_model(ck, tmp_path / "hf")
-    # another process exporting the same states writes the same bytes, and so did the live export
+    # exporting the same states again writes the same bytes, and so did the live export (another process)
     again = export_run(gather_from_checkpoints([ck]), tmp_path / "again")[0]
     assert sha(again) == sha(tmp_path / "native" / "model.safetensors")
     assert sha(tmp_path / "live" / "model.safetensors") == sha(tmp_path / "native" / "model.safetensors")
@@ -95,9 +106,10 @@ def test_export_a_trained_subspace_swarm(make_swarm, tmp_path):
     (step,) = [e for e in swarm.events("again0") if e["event"] == "step"]
     assert step["step"] == STEPS + 1
     folders = ("native", "hf")
-    *evals, text = cli_at_once(
-        *[("eval", "--model", str(tmp_path / folder), "--train-step", str(STEPS), "--json") for folder in folders],
-        ("generate", "--model", str(tmp_path / "native"), "--prompt", "The ", "--max-new-tokens", "40"))
+    evals = [command(capsys, "eval", "--model", str(tmp_path / folder), "--train-step", str(STEPS), "--json")
+             for folder in folders]
+    text = command(capsys, "generate", "--model", str(tmp_path / "native"), "--prompt", "The ", "--max-new-tokens",
+                   "40")
     for folder, out in zip(folders, evals):
         result = json.loads(out)
         assert result["step"] == STEPS
@@ -105,11 +117,11 @@ def test_export_a_trained_subspace_swarm(make_swarm, tmp_path):
     assert text.startswith("The ") and len(text.rstrip("\n")) > len("The ")
 
 
-def test_export_a_trained_dense_swarm(tmp_path):
+def test_export_a_trained_dense_swarm(tmp_path, capsys):
     spec = preset("tiny", codec="dense", stages=3)
     ck = tmp_path / "ck"
     run_local(LocalOptions(spec, steps=STEPS, workdir=str(tmp_path / "run"), quiet=True, threads=1,
                            checkpoint_dir=str(ck)))  # `swarm local --checkpoint-dir`
-    cli("export", "--from-checkpoints", str(ck), "--out", str(tmp_path / "hf"), "--format", "hf")
+    command(capsys, "export", "--from-checkpoints", str(ck), "--out", str(tmp_path / "hf"), "--format", "hf")
     assert gather_from_checkpoints([ck]).step == STEPS
     hf_matches_our_model(ck, tmp_path / "hf")

@@ -48,7 +48,8 @@ def test_peer_started_by_hand_joins_and_status_lists_it(make_swarm):
     proc = dict(swarm.procs)["stage2"]
     os.killpg(proc.pid, signal.SIGKILL)  # the peer and its p2pd, as a crash or `kill -9` of the group
     proc.wait(timeout=10)
-    after = json.loads(status("--json").stdout)
+    done, table = at_once(lambda: status("--json"), status)  # both forms again, side by side
+    after = json.loads(done.stdout)
     listed = {p["peer"]: p for peers in after["stages"].values() for p in peers}
     assert tail in listed, "its announcement should still live (ttl 30 s); else this check proves nothing"
     assert listed[tail]["answers"] is False and listed[tail]["state"] == "offline", listed[tail]
@@ -56,5 +57,5 @@ def test_peer_started_by_hand_joins_and_status_lists_it(make_swarm):
     # the head lives on; it pauses as soon as it sees stage 2 gone (peer/attempt_watch.py: within seconds)
     assert listed[ready["peer_id"]]["answers"] and listed[ready["peer_id"]]["state"] in ("online", "paused")
     assert list(after["paused"]) == ["2"] and "stage 2 has no live replica" in after["paused"]["2"], after["paused"]
-    rows = {line.split()[1]: line for line in status().stdout.splitlines() if line.split()[0].isdigit()}
+    rows = {line.split()[1]: line for line in table.stdout.splitlines() if line.split()[0].isdigit()}
     assert rows["…" + tail[-10:]].split()[2:4] == ["offline", "no"], rows

@@ -27,7 +27,7 @@ def _local(tmp_path, name: str, **overrides) -> LocalSwarm:
 
 
 async def test_killing_a_replica_of_every_stage_mid_run_loses_no_step(tmp_path):
-    steps = 30
+    steps = 20  # 16 or more after the kills; the loss bound below holds from step 5 on
     swarm = _local(tmp_path, "kill", replicas=2, steps=steps, batch_size=32, microbatch_size=8, lr=1e-3)
     try:
         await asyncio.to_thread(swarm.start)
@@ -43,9 +43,12 @@ async def test_killing_a_replica_of_every_stage_mid_run_loses_no_step(tmp_path):
                    for name in (leader, swarm.peer_name(1, 0))]
         killed_at = len(swarm.step_events()[0])
         swarm.procs = [(n, p) for n, p in swarm.procs if n not in (leader, swarm.peer_name(1, 0))]
+        # the oracle trains meanwhile (one torch thread): the swarm mostly waits for its failover now
+        want = asyncio.create_task(asyncio.to_thread(oracle, swarm.opts.spec, steps))
         records = await asyncio.to_thread(swarm.follow, 90.0)  # a stuck step fails in 90 s, not 300
     finally:
         await asyncio.to_thread(swarm.stop)
+    oracle_losses = await want
     assert killed_at < steps, "the run was over before the kills: nothing was tested"
     survivor = next(n for n in swarm.head_names() if n != leader)
     assert any(e["event"] == "step" and e["step"] > killed_at for e in swarm.events(survivor)), \
@@ -57,12 +60,12 @@ async def test_killing_a_replica_of_every_stage_mid_run_loses_no_step(tmp_path):
     losses = [r["loss"] for r in records]
     assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0] - 0.3
     # every microbatch was applied exactly once: the run is the single-replica oracle's, step for step
-    for step, (a, b) in enumerate(zip(losses, oracle(spec, steps)), start=1):
+    for step, (a, b) in enumerate(zip(losses, oracle_losses), start=1):
         assert abs(a - b) <= 1e-5 * abs(b), f"step {step}: swarm {a} vs oracle {b}"
 
 
 async def test_a_fresh_peer_joins_mid_run_and_equals_its_replica(tmp_path):
-    steps = 60
+    steps = 40  # the newcomer joins within about 20 steps of its start, and takes part in the steps after
     swarm = _local(tmp_path, "join", steps=steps)
     dirs = {name: tmp_path / f"ckpt-{name}" for name in ("old", "new")}
     try:

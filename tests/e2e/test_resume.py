@@ -30,6 +30,8 @@ async def test_head_resumes_exactly_and_catches_up_a_basis_update_published_whil
         head.send_signal(signal.SIGTERM)
         assert await asyncio.to_thread(head.wait, 60) == 0, "the head did not stop cleanly on SIGTERM"
         swarm.procs = [(n, p) for n, p in swarm.procs if p is not head]
+        # the oracle trains meanwhile (one torch thread): the swarm waits for its head now
+        oracle = asyncio.create_task(asyncio.to_thread(oracle_runs.losses, spec, STEPS))
         saved = load_checkpoint(checkpoint_path(ckpt, swarm.run_hash, 0))
         async with Client(maddrs) as c:
             published = await c.wait_for_version(2)  # appears while the head is down
@@ -42,7 +44,7 @@ async def test_head_resumes_exactly_and_catches_up_a_basis_update_published_whil
     finally:
         await asyncio.to_thread(swarm.stop)
 
-    losses, log = oracle_runs.losses(spec, STEPS), oracle_runs.basis_log(spec, STEPS)
+    losses, log = await oracle, oracle_runs.basis_log(spec, STEPS)
     assert [r["step"] for r in resumed] == list(range(saved["step"] + 1, STEPS + 1))
     for rec in resumed:
         want = losses[rec["step"] - 1]
