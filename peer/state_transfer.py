@@ -46,6 +46,7 @@ SNAPSHOT_TTL_S = 300.0  # a snapshot is served this long after it was taken
 MAX_QUEUED = 64  # reduced gradients a joiner holds while it loads (it downloads again if it falls further behind)
 MAX_SNAPSHOTS = 2
 HASHED_WAIT_S = 60.0  # how long a donor waits for a step whose state hash the swarm records
+STALLED_MIN_S = 10.0  # a stage whose step has not moved for max(this, 3 x its recent step time) is not training
 
 
 class StateError(RuntimeError):
@@ -66,6 +67,19 @@ class StateService:
         # serve only a state at a step whose hash the replicas report (set where the swarm records those hashes:
         # a run with a coordinator), so that the joiner can check it against the vouched one
         self.hashed_only = False
+        self._applied: list[float] = []  # monotonic times of the last steps applied here (after_step)
+
+    def after_step(self, step: int) -> None:
+        self._applied = (self._applied + [time.monotonic()])[-4:]
+
+    def stalled(self) -> bool:
+        """No step applied here for max(STALLED_MIN_S, 3 x the recent step time): the swarm is not training
+        (its head finished, or it is paused), so no hashed step is coming."""
+        if not self._applied:
+            return False
+        times = self._applied
+        step_s = (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else 0.0
+        return time.monotonic() - times[-1] > max(STALLED_MIN_S, 3 * step_s)
 
     async def start(self) -> None:
         await self.daemon.link.serve(KIND_STATE, self._on_request)
@@ -80,10 +94,12 @@ class StateService:
 
     async def _hashed_snapshot(self, follower: str) -> tuple[int, bytes]:
         """The state at the next step whose hash the replicas report (`StepCommit.hash_every`), which the
-        joiner checks against the swarm's records: waits for it, at most HASHED_WAIT_S (then as it is)."""
+        joiner checks against the swarm's records: waits for it, at most HASHED_WAIT_S, and not at all
+        while the stage is not stepping (`stalled`: an export from a swarm that finished training); then
+        as it is."""
         deadline = time.monotonic() + HASHED_WAIT_S
         while True:
-            every = self.commit.hash_every if time.monotonic() < deadline else 1
+            every = self.commit.hash_every if time.monotonic() < deadline and not self.stalled() else 1
             got = await self.daemon.run(self._snapshot, follower, every)
             if got is not None:
                 return got

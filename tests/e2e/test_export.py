@@ -31,7 +31,7 @@ from tests.e2e.conftest import wait_for_event
 transformers = pytest.importorskip("transformers")
 
 # a step whose state the replicas hash: a live peer serves its state at once then, where between two
-# hashed steps it waits for the next one, up to HASHED_WAIT_S (60 s), and a lingering swarm takes no step
+# hashed steps it waits until its stage counts as stopped (peer/state_transfer.py `stalled`: 10 s here)
 STEPS = HASH_EVERY
 TOL = 1e-4
 

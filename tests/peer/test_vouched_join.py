@@ -9,8 +9,10 @@ import time
 
 import torch
 
+from peer import state_transfer
 from peer.loopback import LoopbackLink
 from peer.state_hash import state_bytes, state_sha256
+from peer.state_transfer import load_state_bytes
 from peer.vouched_state import VouchedStates
 from protocol.wire import KIND_STATE
 from swarm.replicas.hostile_donor import serve_bad_state
@@ -143,3 +145,32 @@ async def test_a_joiner_that_catches_up_from_a_lone_donor_has_its_donors_state_s
     assert state_sha256(newcomer.runner.state_dict()) == state_sha256(donor.state_dict())
     # and its serialised state (its snapshots) is byte for byte its donor's, although it was loaded from bytes
     assert state_bytes(newcomer.runner.state_dict()) == state_bytes(donor.state_dict())
+
+
+async def test_a_donor_whose_swarm_stopped_stepping_serves_its_state_as_it_is_without_waiting(monkeypatch):
+    """A hashed-only donor waits for the next hashed step only while its stage steps: once the swarm stopped (a
+    head that finished, an export afterwards) none is coming, and it served after HASHED_WAIT_S (60 s) before."""
+    monkeypatch.setattr(state_transfer, "STALLED_MIN_S", 0.5)
+    swarm = await make_swarm(spec_for("subspace", "fp64"), [1, 1])
+    donor = swarm.peers["s1r0"]
+    try:
+        await swarm.drive(3)
+        await swarm.applied()
+        donor.commit.hash_every, donor.state.hashed_only = 1000, True  # the next hashed step never comes
+        step, data = await asyncio.wait_for(donor.state._hashed_snapshot("exporter"), timeout=20)
+    finally:
+        await swarm.stop()
+    assert step == 3 and state_sha256(load_state_bytes(data)) == state_sha256(donor.runner.state_dict())
+
+
+def test_a_stage_counts_as_stalled_after_three_of_its_recent_step_times_or_the_floor():
+    service = state_transfer.StateService.__new__(state_transfer.StateService)
+    now = time.monotonic()
+    service._applied = []
+    assert not service.stalled()  # no step seen yet: a fresh swarm is not a stopped one
+    service._applied = [now - 40, now - 30, now - 20]  # 10 s a step, the last 20 s ago: still within 3 x 10 s
+    assert not service.stalled()
+    service._applied = [now - 75, now - 65, now - 55, now - 45]  # 45 s without a step, at 10 s a step
+    assert service.stalled()
+    service._applied = [now - 6.2, now - 6.1, now - 6.0]  # fast steps: the floor (10 s) holds
+    assert not service.stalled()
