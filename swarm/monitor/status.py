@@ -109,8 +109,9 @@ def format_table(state: dict) -> str:
     for _, why in sorted(state.get("paused", {}).items()):
         lines.append(f"paused: {why}.")
     if any(p.get("standby") for peers in state["stages"].values() for p in peers):
-        lines.append("~N tok/s: a standby head's measured compute speed (one microbatch's forward+backward), "
-                     "not traffic.")
+        lines.append("~N tok/s: a head that does not lead (it computes the share of each step the leader gives "
+                     "it, and takes over if the leader dies): its measured compute speed (one microbatch's "
+                     "forward+backward), not traffic.")
     for r in state.get("revoked", []):
         head = f"head …{r['head'][-10:]} lost its lease for good: it fed other data than the run's"
         if r.get("rollback_to") is not None:

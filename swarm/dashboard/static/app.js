@@ -126,7 +126,7 @@ function chart(id, label, color, series) {
 // ------------------------------------------------------------------ peer tables
 const COLUMNS = [
   ["peer_id", (p) => shortPeer(p.peer_id)], ["stage", (p) => p.stage], ["state", (p) => p.state],
-  ["step", (p) => num(p.step)], ["tokens_per_s", (p) => p.standby ? `standby, measured ~${num(p.measured_tokens_per_s)}` : num(p.tokens_per_s)], ["loss", (p) => num(p.loss, 3)],
+  ["step", (p) => num(p.step)], ["tokens_per_s", (p) => p.standby ? `head, not leading: measured ~${num(p.measured_tokens_per_s)}` : num(p.tokens_per_s)], ["loss", (p) => num(p.loss, 3)],
   ["queue", (p) => num(p.queue)], ["bytes_out_per_s", (p) => bytes(p.bytes_out_per_s)],
   ["bytes_in_per_s", (p) => bytes(p.bytes_in_per_s)],
   ["forward_bytes_per_token", (p) => num(p.forward_bytes_per_token, 1)],
