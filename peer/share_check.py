@@ -95,14 +95,24 @@ def share_from_inputs(runner: StageRunner, packer: WirePacker, limits: WireLimit
             gm = decode_message(grad, limits)
             if not isinstance(gm, GradientMessage):
                 raise WireError("an input is not a gradient message.")
-            g = packer.unpack(gm.payload, runner.dtype, runner.device)
-            if gm.overflow and runner.loss_scale is not None:
-                g = torch.zeros_like(g)  # as the replica did: the sender's overflow stands in as zeros
-            grads = torch.autograd.grad(out, runner.params, grad_outputs=g.to(out.dtype), allow_unused=True)
-        for t, g in zip(total, grads):
-            if g is not None:
-                t.add_(g)
+            grads = _backward(runner, packer, out, gm)
+        _accumulate(total, grads)
     return runner.layout.pack(total, runner.current_U()).cpu()
+
+
+def _backward(runner: StageRunner, packer: WirePacker, out: torch.Tensor, gm: GradientMessage) -> tuple:
+    """d(out . g)/dtheta for the gradient message `gm`, as the replica computed it (a sender's overflow
+    stands in as zeros)."""
+    g = packer.unpack(gm.payload, runner.dtype, runner.device)
+    if gm.overflow and runner.loss_scale is not None:
+        g = torch.zeros_like(g)
+    return torch.autograd.grad(out, runner.params, grad_outputs=g.to(out.dtype), allow_unused=True)
+
+
+def _accumulate(total: list[torch.Tensor], grads: tuple) -> None:
+    for t, g in zip(total, grads):
+        if g is not None:
+            t.add_(g)
 
 
 def recompute_head_share(daemon: StageDaemon, tokens: list[torch.Tensor],
@@ -125,13 +135,7 @@ def recompute_head_share(daemon: StageDaemon, tokens: list[torch.Tensor],
         off = disagreement(packer.roundtrip(out.detach()), packer.unpack(am.payload, runner.dtype, runner.device))
         if not off <= tol:
             return f"the activation of microbatch {am.header.microbatch} it sent differs from its forward by {off:.3g}"
-        g = packer.unpack(gm.payload, runner.dtype, runner.device)
-        if gm.overflow and runner.loss_scale is not None:
-            g = torch.zeros_like(g)  # as the head did: the sender's overflow stands in as zeros
-        grads = torch.autograd.grad(out, runner.params, grad_outputs=g.to(out.dtype), allow_unused=True)
-        for acc, gr in zip(total, grads):
-            if gr is not None:
-                acc.add_(gr)
+        _accumulate(total, _backward(runner, packer, out, gm))
     return runner.layout.pack(total, runner.current_U()).cpu()
 
 
