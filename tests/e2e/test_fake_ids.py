@@ -6,7 +6,8 @@ that a machine whose load drifts does not decide: the swarm is not stalled by th
 (tokens/s with them at least half of tokens/s without them; before, 40 fake ids took the swarm
 from 5.19 to 0.04 steps/s; the issue's target of 0.8 is a performance figure, reported by this
 test, not asserted: on this 2-core machine it measured 0.69-0.93), the silent node draws about one
-microbatch per stage (probation) and is banned at its first missed deadline, and no honest peer
+microbatch per stage (probation) at most, the routers probe the attacker's ids one at a time and ban each
+that fails (which of the 21 newcomers of a stage is probed is drawn at random), and no honest peer
 moves (the rebalancer checks every second, with no hold: by announcements each of stages 1 and
 2 looks 22 strong against the head's 1)."""
 from __future__ import annotations
@@ -74,8 +75,8 @@ async def test_forty_fake_ids_on_two_stages_cost_little_throughput_and_move_no_h
         ids = [wait_for_event(swarm, f"stage{s}", "ready")[0]["peer_id"] for s in range(3)]
         fakes = [_below(min(ids[1], ids[2])) for _ in range(2 * FAKES_PER_STAGE)]
         # by announcements, an honest peer is the one that moves (the attacker's ids sort below theirs). Routers
-        # draw their newcomer to try at random (swarm/replicas/router.py): the fakes do not listen and fail at once
-        # (each a ban), so the silent node, which takes an activation and never answers, is drawn within a few probes
+        # draw the newcomer to probe at random among near ties (swarm/replicas/router.py): no id can be ground to be
+        # tried first, so the silent node is one of 21 newcomers a stage may probe, one probe per probation pause
         async with Attacker(maddrs, below=min(f.peer_id for f in fakes)) as a:
             async def silent(body: bytes, sender: str) -> bytes:
                 taken.append(done())
@@ -91,10 +92,6 @@ async def test_forty_fake_ids_on_two_stages_cost_little_throughput_and_move_no_h
                     await asyncio.to_thread(wait_for_event, swarm, "stage0", "step", 120, done() + SETTLE)
                 first = done()
                 await asyncio.to_thread(wait_for_event, swarm, "stage0", "step", 300, first + WINDOW)
-                if phase == "attacked" and i == len(PHASES) - 2:  # the last attacked window lasts until it drew one
-                    deadline = asyncio.get_running_loop().time() + 120.0
-                    while not taken and asyncio.get_running_loop().time() < deadline:
-                        await asyncio.sleep(0.2)  # poll: the silent node's handler records the step it drew at
                 windows[phase].append((first, done()))
     finally:
         await asyncio.to_thread(swarm.stop)
@@ -107,7 +104,10 @@ async def test_forty_fake_ids_on_two_stages_cost_little_throughput_and_move_no_h
     clean, attacked = rate("clean"), rate("attacked")
     print(f"tokens/s clean {clean:.0f}, with 40 fake ids {attacked:.0f} ({attacked / clean:.2f}); windows {windows}; "
           f"the silent node took microbatches at steps {taken}")
-    assert taken, "the silent node never drew a microbatch: were the fake ids ever seen?"
+    attacker_ids = {f.peer_id[-8:] for f in fakes} | {a.identity.peer_id[-8:]}
+    probed = [line for name in ("stage0", "stage1") for line in (swarm.dir / f"{name}.log").read_text().splitlines()
+              if "failed its probation" in line and any(i in line for i in attacker_ids)]
+    assert probed or taken, "no router ever probed an attacker's id: were the fake ids ever seen?"
     print(f"tokens/s with 40 fake ids: {attacked:.0f} against {clean:.0f} without ({attacked / clean:.2f})")
     assert attacked >= 0.5 * clean, f"tokens/s fell from {clean:.0f} to {attacked:.0f} with 40 fake ids"
     assert len(taken) <= 2, f"the silent node took {len(taken)} microbatches (probation: one per stage)"
