@@ -363,8 +363,12 @@ class StageDaemon(InboundHandlers):
         if not self.runner.is_first:
             raise RuntimeError("only a head peer starts microbatches.")
         fut = asyncio.get_running_loop().create_future()
-        self.waiting[mb] = fut
         h = Header(self.spec.run_hash, step, mb, self.runner.version_for_step(step), self.spec.codec, 0, self.attempt)
+        if self.runner.is_last:  # one stage (pure data parallel): the head is the whole model, nothing to send
+            _, _, loss = await self.run(self._tail_job, h, tokens, None)
+            fut.set_result(loss)
+            return fut
+        self.waiting[mb] = fut
         body, ntokens = await self.run(self._forward_job, h, tokens, None)
         self.spawn(self._forward_or_fail(h, body, ntokens, fut))
         return fut

@@ -139,6 +139,21 @@ def recompute_head_share(daemon: StageDaemon, tokens: list[torch.Tensor],
     return runner.layout.pack(total, runner.current_U()).cpu()
 
 
+def recompute_tokens_share(daemon: StageDaemon, tokens: list[torch.Tensor]) -> torch.Tensor:
+    """Worker thread: a head's share in a one-stage swarm (pure data parallel), whose only input is
+    the `tokens`, regenerated here:
+
+        share = sum_m d(lm_loss(model(tokens_m)) / n_microbatches x loss scale)/dtheta, packed."""
+    runner = daemon.runner
+    scale = runner.loss_scale.scale if runner.loss_scale is not None else 1.0
+    total = [torch.zeros_like(p) for p in runner.params]
+    for t in tokens:
+        t = t.to(runner.device)
+        loss = lm_loss(runner.output(t, None), t[:, 1:]) / runner.spec.n_microbatches * scale
+        _accumulate(total, torch.autograd.grad(loss, runner.params, allow_unused=True))
+    return runner.layout.pack(total, runner.current_U()).cpu()
+
+
 def disagreement(recomputed: torch.Tensor, sent: torch.Tensor) -> float:
     """||recomputed - sent|| / ||recomputed||, in float64."""
     a, b = recomputed.double(), sent.double().to(recomputed.device)
@@ -174,6 +189,12 @@ class ShareCheck:
         who, sent = order.target[-8:], held.get(order.target)
         if sent is None or sent.grads is None or sent.microbatches != order.microbatches:
             return "failed", f"no contribution of {who} for microbatches {order.microbatches} is held here.", []
+        if self.daemon.runner.is_last and self.daemon.runner.is_first:  # one stage: no boundary message to fetch
+            if self.tokens is None:
+                return "failed", "this peer cannot regenerate a head's tokens.", []
+            tokens = [self.tokens(cmd.step, mb) for mb in order.microbatches]
+            return self._verdict(await self.daemon.run(recompute_tokens_share, self.daemon, tokens), sent, who, cmd,
+                                 order)
         req = InputsRequest(self.spec.run_hash, cmd.step, cmd.attempt, self.daemon.stage, order.microbatches)
         try:
             reply = await self.daemon.link.request(order.target, KIND_REDUCE, encode_inputs_request(req),
@@ -203,6 +224,10 @@ class ShareCheck:
         if isinstance(share, str):
             log.warning("stage 0: head %s's work in step %d is not its state's: %s", who, cmd.step + 1, share)
             return "failed", f"head {who}: {share}.", [order.target]
+        return self._verdict(share, sent, who, cmd, order)
+
+    def _verdict(self, share: torch.Tensor, sent: Contribution, who: str, cmd: Command,
+                 order: CheckOrder) -> tuple[str, str, list[str]]:
         self.checks_run += 1
         off = disagreement(share, sent.grads)
         if off <= self.tolerance:

@@ -45,7 +45,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from protocol.control import Command, CommandReply
-from protocol.spot_check import CheckOrder, Sent, encode_order
+from protocol.spot_check import DIGEST_BYTES, CheckOrder, Sent, encode_order
 
 from .step_log import AttemptFailed
 
@@ -99,7 +99,7 @@ class SpotChecks:
             return
         sent = [(p, s) for p, r in replies.items() for s in r.sent] + [("", s) for s in own_sent]
         jobs = []
-        for stage in range(self.n_stages if self.n_stages > 1 else 0):
+        for stage in range(self.n_stages):
             oks = [p for p, r in replies.items() if members.get(p) == stage and r.outcome == "ok"]
             if stage == 0 and self.leader not in oks:  # heads: the leader checks them (item 4)
                 oks = []
@@ -134,6 +134,8 @@ class SpotChecks:
         def said(by: str, kind: str, mb: int, about: str) -> set[bytes]:
             return {s.digest for p, s in sent if (p or self.leader) == by and s.kind == kind and s.microbatch == mb
                     and s.to == about}
+        if self.n_stages == 1:  # a one-stage swarm's head: its only input is the tokens, which the checker regenerates
+            return CheckOrder(target, list(mbs), [(bytes(DIGEST_BYTES), None)] * len(mbs))
         inputs = []
         for mb in mbs:
             if stage == 0:  # a head's input is the tokens (regenerated); what it sent on, as its receiver saw it

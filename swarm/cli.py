@@ -149,10 +149,13 @@ def cmd_local(a: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     steps, wire = result["steps"], result["wire"]
-    print(f"done: {len(steps)} steps, loss {steps[0]['loss']:.3f} -> {steps[-1]['loss']:.3f}, "
-          f"{result['tokens_per_second']:.0f} tokens/s, wire {wire['forward_bytes_per_token']:.1f} B/token forward "
-          f"(dense would be {wire['dense_forward_bytes_per_token']:.1f}: "
-          f"{wire['dense_forward_bytes_per_token'] / max(wire['forward_bytes_per_token'], 1e-9):.1f}x smaller)")
+    line = (f"done: {len(steps)} steps, loss {steps[0]['loss']:.3f} -> {steps[-1]['loss']:.3f}, "
+            f"{result['tokens_per_second']:.0f} tokens/s")
+    if wire['forward_bytes_per_token'] > 0:  # a one-stage swarm sends no activations
+        line += (f", wire {wire['forward_bytes_per_token']:.1f} B/token forward (dense would be "
+                 f"{wire['dense_forward_bytes_per_token']:.1f}: "
+                 f"{wire['dense_forward_bytes_per_token'] / wire['forward_bytes_per_token']:.1f}x smaller)")
+    print(line)
     if a.metrics_out:
         print(f"metrics written to {a.metrics_out}")
     return 0

@@ -24,6 +24,7 @@ measured side by side in one run.
   checks it against real local swarms.
 - `transport.py`: MB/s of raw TCP, the libp2p daemons and our Transport on loopback, and the tokens/s
   that caps between two stages per preset and codec.
+- `scale.py`: tokens/s against GPUs: layouts of stages x replicas (1x2: data parallel heads) vs one process.
 - `memory.py`: each stage's peak GPU memory against `peer/memory_estimate.py`, and the smallest card it fits.
 - `cli.py`: each bench's flags (`swarm bench BENCH --help`); `machine.py`: the devices and machine
   every bench's JSON records.
@@ -132,6 +133,12 @@ def _dispatch(a: argparse.Namespace) -> None:
                          resume=a.resume, parts=a.parts, smoke=a.smoke)
     elif a.which == "simulate":
         _simulate(a)
+    elif a.which == "scale":
+        from .scale import run_scale_bench
+        run_scale_bench(a.out, preset_name=a.preset, layouts=a.layouts, codec=a.codec, dtype=a.dtype,
+                        devices=a.devices, device=a.device, steps=a.steps, warmup=a.warmup, bandwidth=a.bandwidth,
+                        latency=a.latency, replica_sync=a.replica_sync, baseline=not a.no_baseline, resume=a.resume,
+                        smoke=a.smoke)
     elif a.which == "replicas":
         from .replicas import run_replicas_bench
         run_replicas_bench(a.out, preset_name=a.preset, steps=a.steps, device=a.device, smoke=a.smoke)

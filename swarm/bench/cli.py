@@ -11,9 +11,11 @@ CODECS = ["dense", "subspace", "bottleneck"]
 
 
 def resolve_bench_dtype(a: argparse.Namespace) -> None:
-    """A bench's --dtype auto, resolved for its --device (protocol/spec.py `resolve_dtype`)."""
+    """A bench's --dtype auto, resolved for its --devices' first, else its --device (protocol/spec.py
+    `resolve_dtype`)."""
     if getattr(a, "dtype", None) == "auto":
-        a.dtype = resolve_dtype("auto", getattr(a, "device", None) or "cpu")
+        devices = [d.strip() for d in (getattr(a, "devices", None) or "").split(",") if d.strip()]
+        a.dtype = resolve_dtype("auto", devices[0] if devices else getattr(a, "device", None) or "cpu")
 
 
 def _positive_ints(text: str, what: str, example: str) -> tuple[int, ...]:
@@ -355,6 +357,29 @@ def _add_transport(sub) -> None:
                    help="the wire's number size for the tokens/s caps (default: bf16)")
 
 
+def _add_scale(sub) -> None:
+    p = sub.add_parser("scale", help="tokens/s against GPUs: layouts of stages x replicas vs one process",
+                       description="Tokens/s of local swarms laid out as STAGESxREPLICAS (1x2: two heads of one "
+                       "stage, pure data parallel; 2x1: a 2-stage pipeline), their peers on --devices round robin, "
+                       "beside the whole model trained in one process on the first device; the ratios to both. "
+                       "Writes scale.json (resumable) and a PNG.")
+    _common(p)
+    _preset(p, "small")
+    p.add_argument("--layouts", default="1x1,1x2,2x1", help="comma-separated STAGESxREPLICAS (default: 1x1,1x2,2x1)")
+    p.add_argument("--devices", help="comma-separated devices the peers take in turn, e.g. cuda:0,cuda:1 "
+                   "(default: --device for every peer)")
+    p.add_argument("--codec", default="subspace", choices=CODECS, help="codec (default: subspace)")
+    _dtype(p, "auto")
+    p.add_argument("--steps", type=int, default=20, help="steps per layout (default: 20)")
+    p.add_argument("--warmup", type=int, default=3, help="first steps not timed (default: 3)")
+    p.add_argument("--bandwidth", help="shape every peer's uplink and downlink, e.g. 80mbit (default: unlimited)")
+    p.add_argument("--latency", default="0", help="one-way latency on shaped links, e.g. 20ms (default: 0)")
+    p.add_argument("--replica-sync", default="exact", choices=("exact", "powersgd"),
+                   help="how replicas of a stage keep in step (default: exact)")
+    p.add_argument("--no-baseline", action="store_true", help="skip the one-process run (default: run it)")
+    p.add_argument("--resume", action="store_true", help="keep the layouts already in OUT/scale.json (default: off)")
+
+
 def register(sub) -> argparse.ArgumentParser:
     """Add `bench` and its one subcommand per benchmark to the `swarm` subparsers `sub`."""
     from . import run_bench
@@ -365,7 +390,7 @@ def register(sub) -> argparse.ArgumentParser:
     benches = be.add_subparsers(dest="which", required=True, metavar="BENCH")
     for add in (_add_codecs, _add_throughput, _add_convergence, _add_mfu, _add_replicas, _add_replica_sync,
                 _add_verify, _add_share_tolerance, _add_fidelity, _add_churn, _add_memory, _add_record, _add_simulate,
-                _add_transport):
+                _add_transport, _add_scale):
         add(benches)
     be.set_defaults(func=run_bench)
     return be

@@ -1,0 +1,165 @@
+"""`swarm bench scale`: how tokens/s grows with GPUs, layout by layout, against one GPU.
+
+A layout `SxR` is S pipeline stages with R replicas each (`1xR`: R heads of one stage, pure
+data parallel; `Sx1`: a pipeline; `SxR`: both). Each is a full `swarm local` run (separate
+processes over libp2p) whose peers take `--devices` round robin in the order they start, so
+`--layouts 1x1,1x2,2x1 --devices cuda:0,cuda:1` gives the one-head run one GPU and the others two.
+Beside them, in the same invocation, the whole model trained in one process on the first device
+(`swarm.bench.mfu.train_rate`, no swarm at all): the "one GPU" every ratio is taken against.
+
+Per layout: tokens/s over the steps after `--warmup` (sum of tokens / sum of step seconds),
+the median step time and the slowest step over the median (a stall shows there), the most
+bytes a replica sent per step to keep its stage in step, each peer's uplink busy fraction where
+the links are shaped, and
+
+    vs_one_process = tokens/s / one process's tokens/s;   vs_first = tokens/s / the first layout's.
+
+`--resume` keeps the layouts already in OUT/scale.json (same preset, codec, dtype, link, devices)
+and runs the rest: GPU time comes in pieces. Absolute figures mean something only on the machine
+the JSON names.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+from protocol.spec import preset
+from swarm.local import LocalOptions, parse_devices, run_local
+
+from .machine import machine_info
+
+
+def parse_layouts(text: str) -> list[tuple[int, int]]:
+    """"1x1,1x2,2x1" -> [(1, 1), (1, 2), (2, 1)]: (stages, replicas per stage)."""
+    out = []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        try:
+            s, r = (int(x) for x in part.lower().split("x"))
+        except ValueError:
+            raise ValueError(f"layout {part!r} is not STAGESxREPLICAS; write e.g. 1x1,1x2,2x1.") from None
+        if s < 1 or r < 1:
+            raise ValueError(f"layout {part!r} needs at least 1 stage and 1 replica; write e.g. 1x1,1x2,2x1.")
+        out.append((s, r))
+    if not out:
+        raise ValueError("--layouts names no layout; write e.g. 1x1,1x2,2x1.")
+    return out
+
+
+def _config(preset_name: str, codec: str, dtype: str | None, bandwidth: str | None, latency: str,
+            replica_sync: str, devices: list[str], steps: int, warmup: int) -> dict:
+    return {"preset": preset_name, "codec": codec, "dtype": dtype, "bandwidth": bandwidth or "unlimited",
+            "latency": latency, "replica_sync": replica_sync, "devices": devices, "steps": steps, "warmup": warmup}
+
+
+def _layout_run(spec, steps: int, warmup: int, replicas: int, bandwidth: str | None, latency: str,
+                devices: list[str]) -> dict:
+    m = run_local(LocalOptions(spec, steps=steps, replicas=replicas, bandwidth=bandwidth,
+                               latency=latency if bandwidth else "0", device=devices[0],
+                               devices=",".join(devices), quiet=True))
+    timed = m["steps"][warmup:] or m["steps"][-1:]
+    seconds = [s["seconds"] for s in timed]
+    median = statistics.median(seconds)
+    return {"stages": spec.n_stages, "replicas": replicas, "peers": spec.n_stages * replicas,
+            "devices": sorted({devices[i % len(devices)] for i in range(spec.n_stages * replicas)}),
+            "tokens_per_second": sum(s["tokens"] for s in timed) / max(sum(seconds), 1e-9),
+            "median_step_seconds": median, "slowest_over_median": max(seconds) / max(median, 1e-9),
+            "sync_bytes_per_step": m["sync"]["max_bytes_per_step"], "commit_seconds": m["sync"]["commit_seconds"],
+            "first_loss": m["steps"][0]["loss"], "final_loss": m["steps"][-1]["loss"],
+            "step_seconds": [s["seconds"] for s in m["steps"]],
+            "uplink_busy": [p["uplink_busy_fraction"] for p in m["peers"] if "uplink_busy_fraction" in p]}
+
+
+def _one_process(spec, device: str, steps: int, warmup: int) -> dict:
+    import torch
+
+    from .mfu import train_rate
+    train = train_rate(spec, torch.device(device), steps=steps, warmup=warmup, compile_blocks=False)
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()  # the peers that follow share this card: leave them its memory
+    return {"tokens_per_second": train["tokens_per_second"], "device": device,
+            "median_step_seconds": statistics.median(train["step_seconds"])}
+
+
+def run_scale_bench(out_dir: str, preset_name: str = "small", layouts: str = "1x1,1x2,2x1", codec: str = "subspace",
+                    dtype: str | None = None, devices: str | None = None, device: str = "cpu", steps: int = 20,
+                    warmup: int = 3, bandwidth: str | None = None, latency: str = "0", replica_sync: str = "exact",
+                    baseline: bool = True, resume: bool = False, smoke: bool = False) -> dict:
+    if smoke:
+        preset_name, steps, warmup, layouts = "tiny", 4, 1, "1x2"
+    chosen = parse_layouts(layouts)
+    if warmup >= steps:
+        raise ValueError(f"--warmup {warmup} leaves none of {steps} steps to time; take more --steps.")
+    used = parse_devices(devices) or [device]
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "scale.json"
+    config = _config(preset_name, codec, dtype, bandwidth, latency, replica_sync, used, steps, warmup)
+    result = {"config": config, "machine": machine_info(used), "one_process": None, "runs": []}
+    if resume and path.exists():
+        old = json.loads(path.read_text())
+        if old.get("config") == config:
+            result = old
+            print(f"resuming: {len(old['runs'])} layout(s) already in {path}")
+        else:
+            print(f"not resuming: {path} holds another configuration; starting over")
+
+    def save() -> None:
+        result["ratios"] = _ratios(result)
+        path.write_text(json.dumps(result, indent=1) + "\n")
+
+    if baseline and result["one_process"] is None:
+        whole = preset(preset_name, codec=codec, dtype=dtype, stages=1)
+        result["one_process"] = _one_process(whole, used[0], steps - warmup, warmup)
+        print(f"one process on {used[0]}: {result['one_process']['tokens_per_second']:9.0f} tok/s", flush=True)
+        save()
+    done = {(r["stages"], r["replicas"]) for r in result["runs"]}
+    for stages, replicas in chosen:
+        if (stages, replicas) in done:
+            continue
+        spec = preset(preset_name, codec=codec, dtype=dtype, stages=stages, replica_sync=replica_sync)
+        row = _layout_run(spec, steps, warmup, replicas, bandwidth, latency, used)
+        result["runs"].append(row)
+        save()
+        print(f"{stages} stage(s) x {replicas} replica(s) on {', '.join(row['devices'])}: "
+              f"{row['tokens_per_second']:9.0f} tok/s, median step {row['median_step_seconds']:.3f} s, "
+              f"slowest x{row['slowest_over_median']:.1f}", flush=True)
+    save()
+    _plot(result, out / "scale.png")
+    for k, v in result["ratios"].items():
+        print(f"{k}: {v:.2f}")
+    return result
+
+
+def _ratios(result: dict) -> dict[str, float]:
+    runs, base = result["runs"], result["one_process"]
+    out = {}
+    for r in runs:
+        name = f"{r['stages']}x{r['replicas']}"
+        if base:
+            out[f"{name}_over_one_process"] = r["tokens_per_second"] / base["tokens_per_second"]
+        if runs:
+            out[f"{name}_over_{runs[0]['stages']}x{runs[0]['replicas']}"] = \
+                r["tokens_per_second"] / runs[0]["tokens_per_second"]
+    return out
+
+
+def _plot(result: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [("one process", result["one_process"]["tokens_per_second"])] if result["one_process"] else []
+    rows += [(f"{r['stages']} x {r['replicas']}\n({len(r['devices'])} dev)", r["tokens_per_second"])
+             for r in result["runs"]]
+    fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(rows)), 4))
+    ax.bar([n for n, _ in rows], [v for _, v in rows], color=["grey"] * bool(result["one_process"]) +
+           ["tab:blue"] * len(result["runs"]))
+    ax.set_ylabel("tokens / s")
+    ax.set_xlabel("stages x replicas per stage")
+    c = result["config"]
+    ax.set_title(f"{c['preset']}, {c['codec']}, {c['dtype'] or 'preset dtype'}, link {c['bandwidth']}, "
+                 f"sync {c['replica_sync']}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,59 @@
+"""A one-stage swarm: pure data parallel (issue 22's "one stage served by 2 heads"). Each head is
+the whole model; the leader splits a step's microbatches over the heads, each computes its share
+with no boundary to send, and the heads reduce. In memory and in fp64 it equals the one-process
+run; the leader spot-checks another head's share from the tokens alone (regenerated, never taken
+from the head), so a head that lies in the reduce is banned and its work redone."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.peer.swarm_in_memory import make_swarm, param_hash, patient_options
+from tests.peer.test_every_head import oracle_weights
+from tests.peer.test_head_checks import LIAR, drive, leader_of, options
+from tests.peer.test_spot_checks import LIES_FROM, STEPS, make_liar, spec_for
+
+
+async def test_two_heads_of_one_stage_both_work_every_step_and_equal_the_oracle(oracle_runs):
+    spec = spec_for(1)
+    swarm = await make_swarm(spec, [2], **patient_options())
+    logs = await drive(swarm)
+    assert all(log.attempts == 1 for log in logs), [log.attempts for log in logs]
+    for log in logs:  # both heads computed microbatches at every step, together all of them once
+        assert sorted(log.heads) == ["s0r0", "s0r1"] and min(log.heads.values()) >= 1, (log.step, log.heads)
+        assert sum(log.heads.values()) == spec.n_microbatches
+    want = oracle_runs.losses(spec, STEPS)
+    for step, (log, w) in enumerate(zip(logs, want), start=1):
+        assert abs(log.loss - w) <= 1e-10 * abs(w), f"step {step}: {log.loss!r} vs the oracle's {w!r}"
+    exp = oracle_weights(spec, STEPS)[0]
+    for peer in swarm.stage(0):
+        for got, w in zip(peer.runner.module.parameters(), exp):
+            assert torch.allclose(got.detach(), w, rtol=1e-10, atol=1e-12), f"{peer.peer_id}: weights differ"
+    # nothing crossed a boundary: there is none
+    assert all(h.daemon.sent_tokens["act"] == 0 for h in swarm.stage(0))
+
+
+async def test_an_honest_head_of_one_stage_is_checked_from_its_tokens_and_never_convicted(oracle_runs):
+    spec = spec_for(1)
+    swarm = await make_swarm(spec, [2], **options())
+    await drive(swarm)
+    leader = leader_of(swarm)
+    assert leader.driver.spot.convicted == []
+    assert leader.commit.share_check.checks_run >= STEPS  # rate 1: the other head's share, every step
+
+
+@pytest.mark.parametrize("mode", ["x-50", "random-honest-norm"])
+async def test_a_lying_head_of_one_stage_is_banned_and_the_run_equals_the_oracle(mode, oracle_runs):
+    spec = spec_for(1)
+    swarm = await make_swarm(spec, [3], **options())
+    make_liar(swarm.peers[LIAR], mode)
+    logs = await drive(swarm)
+    want = oracle_runs.losses(spec, STEPS)
+    for step, (log, w) in enumerate(zip(logs, want), start=1):
+        assert abs(log.loss - w) <= 1e-10 * abs(w), f"{mode}: step {step}: {log.loss!r} vs the oracle's {w!r}"
+    assert logs[0].heads.get(LIAR, 0) >= 1, "the liar computed no share while it was honest: nothing was tested"
+    leader = leader_of(swarm)
+    assert leader.peer_id != LIAR and leader.driver.spot.convicted == [LIAR], leader.driver.spot.convicted
+    assert all(LIAR not in log.heads for log in logs[LIES_FROM + 1:]), "the banned head still got shares"
+    honest = [p for p in swarm.peers if p != LIAR]
+    assert len({param_hash(swarm.peers[p].runner) for p in honest}) == 1

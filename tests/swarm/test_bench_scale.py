@@ -1,0 +1,34 @@
+"""`swarm bench scale` at smoke size: the whole model trained in one process, and a real one-stage
+swarm of two heads (pure data parallel, separate processes over libp2p) whose steps both heads
+computed; ratios consistent with the rates; `--resume` keeps what was measured and runs nothing again."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from swarm.bench.scale import parse_layouts, run_scale_bench
+
+
+def test_layouts_parse_and_bad_ones_say_how_to_write_them():
+    assert parse_layouts("1x1, 1x2,2X1") == [(1, 1), (1, 2), (2, 1)]
+    for bad in ("2", "1x0", "axb", ""):
+        with pytest.raises(ValueError, match="1x1,1x2,2x1"):
+            parse_layouts(bad)
+
+
+@pytest.mark.e2e
+def test_scale_bench_smoke_and_resume(tmp_path):
+    result = run_scale_bench(str(tmp_path), smoke=True)
+    written = json.loads((tmp_path / "scale.json").read_text())
+    assert written["ratios"] == result["ratios"]
+    assert (tmp_path / "scale.png").stat().st_size > 10_000
+    base = written["one_process"]["tokens_per_second"]
+    [row] = written["runs"]
+    assert (row["stages"], row["replicas"], row["peers"]) == (1, 2, 2)
+    assert len(row["step_seconds"]) == written["config"]["steps"]
+    assert base > 0 and row["tokens_per_second"] > 0 and row["slowest_over_median"] >= 1.0
+    assert abs(written["ratios"]["1x2_over_one_process"] - row["tokens_per_second"] / base) < 1e-12
+    assert row["final_loss"] < row["first_loss"] - 0.1  # the two heads' steps trained the model
+    again = run_scale_bench(str(tmp_path), smoke=True, resume=True)
+    assert again["runs"] == written["runs"] and again["one_process"] == written["one_process"]
