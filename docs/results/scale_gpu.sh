@@ -1,26 +1,32 @@
 #!/usr/bin/env bash
 # The GPU runs of `swarm bench scale` behind docs/benchmarks.md "Scaling with GPUs", as run on the
 # device machine (torch preinstalled; hivemind and the rest carried as wheels in .whl, see
-# ../shared/gpu/README.md). Usage: bash docs/results/scale_gpu.sh PART OUT_DIR [SECONDS]
+# ../shared/gpu/README.md). Each layout is its own invocation with its own time limit; --resume
+# adds it to the JSON (a JSON from an earlier session, copied to OUT/NAME/scale.json, is resumed).
+# Usage: bash docs/results/scale_gpu.sh PART OUT_DIR [SECONDS_PER_LAYOUT]
 set -uo pipefail
-part=$1 out=$2 budget=${3:-540}
+part=$1 out=$2 limit=${3:-110}
 python3 -m pip install -q --no-index --no-deps --target "$PWD/.site" .whl/*.whl 2>/dev/null
 export PYTHONPATH="$PWD/.site:$PWD"
 nvidia-smi -L
 n=$(nvidia-smi -L | wc -l)
 all=$(seq -s, -f "cuda:%g" 0 $((n - 1)))
-swarm() { timeout "$budget" python3 -m swarm.cli "$@"; }
+layouts() {  # NAME LAYOUTS FLAGS...: one invocation per layout
+    local name=$1 list=$2; shift 2
+    for l in ${list//,/ }; do
+        timeout "$limit" python3 -m swarm.cli bench scale --layouts "$l" --resume --out "$out/$name" "$@" \
+            2>&1 | grep -v "^WARNING" | grep -E "tok/s|_over_|Error|error" | grep -v "_over_1x1\|_over_2x1\|_over_3x1"
+        echo "== $name $l exit ${PIPESTATUS[0]}"
+        tail -n 4 "$out/$name/logs/$l/stage0.log" 2>/dev/null
+    done
+}
 case $part in
-  large)  # one process vs 1 head, 2 heads (pure data parallel), 2 stages, and with 4 GPUs 2x2 and 4 stages
-    layouts=1x1,1x2,2x1; [ "$n" -ge 4 ] && layouts=$layouts,2x2,4x1
-    swarm bench scale --preset large --layouts "$layouts" --devices "$all" --codec subspace --dtype auto \
-        --steps 20 --warmup 5 --replica-sync powersgd --resume --out "$out/scale-large" ;;
-  large-exact)  # two heads of the whole large model kept in step exactly: the reduce moves every gradient
-    swarm bench scale --preset large --layouts 1x2 --devices cuda:0,cuda:1 --codec subspace --dtype auto \
-        --steps 8 --warmup 3 --replica-sync exact --no-baseline --resume --out "$out/scale-large-exact" ;;
+  large)  # one process vs 1 head, 2 stages, 2 heads (pure data parallel), and with 4 GPUs 4 stages and 2x2
+    list=1x1,2x1,1x2; [ "$n" -ge 4 ] && list=1x1,2x1,4x1,1x2,2x2
+    layouts scale-large "$list" --preset large --devices "$all" --codec subspace --dtype auto --steps 12 \
+        --warmup 4 --replica-sync powersgd ;;
   small80)  # small, 3 stages at 80 Mbit/s per host: 1 vs 2 replicas per stage with powersgd, same 2 GPUs
-    swarm bench scale --preset small --layouts 3x1,3x2 --devices cuda:0,cuda:1 --codec subspace --dtype auto \
-        --steps 40 --warmup 10 --bandwidth 80mbit --replica-sync powersgd --no-baseline --resume \
-        --out "$out/scale-small-80mbit" ;;
+    layouts scale-small-80mbit 3x1,3x2 --preset small --devices cuda:0,cuda:1 --codec subspace --dtype auto \
+        --steps 40 --warmup 10 --bandwidth 80mbit --replica-sync powersgd --no-baseline ;;
   *) echo "unknown part $part"; exit 2 ;;
 esac

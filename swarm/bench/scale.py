@@ -14,9 +14,9 @@ the links are shaped, and
 
     vs_one_process = tokens/s / one process's tokens/s;   vs_first = tokens/s / the first layout's.
 
-`--resume` keeps the layouts already in OUT/scale.json (same preset, codec, dtype, link, devices)
-and runs the rest: GPU time comes in pieces. Absolute figures mean something only on the machine
-the JSON names.
+Each layout's logs stay in OUT/logs/SxR. `--resume` keeps the layouts already in OUT/scale.json
+(same preset, codec, dtype, link, devices) and runs the rest: GPU time comes in pieces.
+Absolute figures mean something only on the machine the JSON names.
 """
 from __future__ import annotations
 
@@ -53,10 +53,10 @@ def _config(preset_name: str, codec: str, dtype: str | None, bandwidth: str | No
 
 
 def _layout_run(spec, steps: int, warmup: int, replicas: int, bandwidth: str | None, latency: str,
-                devices: list[str]) -> dict:
+                devices: list[str], workdir: Path) -> dict:
     m = run_local(LocalOptions(spec, steps=steps, replicas=replicas, bandwidth=bandwidth,
                                latency=latency if bandwidth else "0", device=devices[0],
-                               devices=",".join(devices), quiet=True))
+                               devices=",".join(devices), quiet=True, workdir=str(workdir)))
     timed = m["steps"][warmup:] or m["steps"][-1:]
     seconds = [s["seconds"] for s in timed]
     median = statistics.median(seconds)
@@ -118,7 +118,8 @@ def run_scale_bench(out_dir: str, preset_name: str = "small", layouts: str = "1x
         if (stages, replicas) in done:
             continue
         spec = preset(preset_name, codec=codec, dtype=dtype, stages=stages, replica_sync=replica_sync)
-        row = _layout_run(spec, steps, warmup, replicas, bandwidth, latency, used)
+        logs = out / "logs" / f"{stages}x{replicas}"
+        row = _layout_run(spec, steps, warmup, replicas, bandwidth, latency, used, logs)
         result["runs"].append(row)
         save()
         print(f"{stages} stage(s) x {replicas} replica(s) on {', '.join(row['devices'])}: "

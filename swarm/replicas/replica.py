@@ -45,6 +45,7 @@ from swarm.basis import BasisSync
 from swarm.dht import SwarmDHT
 from swarm.monitor.liveness import LivenessProbe
 from swarm.net import Transport
+from swarm.net.transport import MAX_LENGTH_FIELD
 from swarm.replicas.data_check import StepRecordCheck
 from swarm.replicas.hostile_donor import serve_bad_state
 from swarm.replicas.membership import PROBE_S, Membership
@@ -85,7 +86,10 @@ def transport_limit(spec: RunSpec) -> int:
     """The largest frame any replica of this run sends or receives (replies included)."""
     # counted from the spec: building every stage to count would take paper8b's 8e9 parameters into memory
     runners = max(estimate_stage(spec, s).params for s in range(spec.n_stages))
-    return max(WireLimits.for_spec(spec).max_bytes, STATE_CHUNK_BYTES + 4096, 8 * runners + (1 << 20))
+    # a frame's length field is 32 bits: a stage past ~5e8 parameters (`large` in one stage) is capped there,
+    # and a frame over the cap fails with its size named (powersgd's reduce is far below it)
+    return min(max(WireLimits.for_spec(spec).max_bytes, STATE_CHUNK_BYTES + 4096, 8 * runners + (1 << 20)),
+               MAX_LENGTH_FIELD)
 
 
 @dataclass
