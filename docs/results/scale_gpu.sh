@@ -25,6 +25,9 @@ case $part in
     list=1x1,2x1,1x2; [ "$n" -ge 4 ] && list=1x1,2x1,4x1,1x2,2x2
     layouts scale-large "$list" --preset large --devices "$all" --codec subspace --dtype auto --steps 12 \
         --warmup 4 --replica-sync powersgd ;;
+  heads)  # the whole large model in one stage: one head against two (pure data parallel)
+    layouts scale-large "1x1,1x2" --preset large --devices "$all" --codec subspace --dtype auto --steps 12 \
+        --warmup 4 --replica-sync powersgd ;;
   small80)  # small, 3 stages at 80 Mbit/s per host: 1 vs 2 replicas per stage with powersgd, same 2 GPUs
     layouts scale-small-80mbit 3x1,3x2 --preset small --devices cuda:0,cuda:1 --codec subspace --dtype auto \
         --steps 40 --warmup 10 --bandwidth 80mbit --replica-sync powersgd --no-baseline ;;
