@@ -10,10 +10,13 @@ joiner recomputes from the state it loaded.
                            over its bytes (contiguous, CPU) cut in pieces of PIECE_BYTES
                  other  -> "S" repr(value)        (str, int, float, bool, None)
 
-The pieces are copied off the device and hashed on a pool of threads (hashlib lets go of the
-GIL), so a state of gigabytes costs what the host's copy engine and cores give in parallel, not
-one core's sha256: `large` in one stage (9.7 GB with both Adam moments) took 14-17 s on one core
-of an H100 host after every 4th step, 5x the step itself (`swarm bench scale`, docs/benchmarks.md).
+The pieces are copied off the device through pinned buffers and hashed on a pool of threads
+(hashlib lets go of the GIL). Measured on an H100 host (docs/results/hash_cost.py, 4.8 GB: one
+stage of `large` in two, weights and both Adam moments): pageable copies 3.8 s (1.3 GB/s) and one
+thread's sha256 4.1 s (1.2 GB/s), as this hash was first computed; pinned copies 0.09 s (55 GB/s)
+and sha256 on 16 threads 0.30 s (16 GB/s). In a swarm (`swarm bench scale`, docs/benchmarks.md)
+`large` in one stage spent 14-17 s on every 4th step with one thread, 6.6 s with the pool over
+pageable copies; the pinned path was not yet timed in a swarm.
 
 Over values, not over torch.save bytes: those are the same for equal states only because
 `state_bytes` interns every string first (pickle writes a string object it met before as a
@@ -29,16 +32,18 @@ applied % k == 0: 1.2% on `tiny`), and a donor serves a joiner its state at such
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import os
+import queue
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
 HASH_EVERY = 4  # steps between two state hashes of a replica: the hash costs well under 1% of the steps then
-PIECE_BYTES = 64 << 20  # a tensor's bytes are hashed in pieces of this size, in parallel
+PIECE_BYTES = 16 << 20  # a tensor's bytes are hashed in pieces of this size, in parallel
 HASH_THREADS = min(16, os.cpu_count() or 1)
 
 
@@ -69,8 +74,9 @@ def state_sha256(state: dict) -> str:
     tensors = [p for p in parts if isinstance(p, torch.Tensor)]
     pieces = [(i, t[a:a + PIECE_BYTES]) for i, t in enumerate(tensors)
               for a in range(0, max(t.numel(), 1), PIECE_BYTES)]
+    staging = _staging() if any(t.is_cuda for t in tensors) else None
     with ThreadPoolExecutor(max_workers=min(HASH_THREADS, len(pieces)) or 1) as pool:
-        digests = list(pool.map(lambda job: _piece_digest(job[1]), pieces))
+        digests = list(pool.map(lambda job: _piece_digest(job[1], staging), pieces))
     per_tensor: list[list[bytes]] = [[] for _ in tensors]
     for (i, _), d in zip(pieces, digests):
         per_tensor[i].append(d)
@@ -84,8 +90,27 @@ def state_sha256(state: dict) -> str:
     return h.hexdigest()
 
 
-def _piece_digest(piece: torch.Tensor) -> bytes:
-    return hashlib.sha256(piece.to("cpu").numpy()).digest()
+def _piece_digest(piece: torch.Tensor, staging: queue.Queue | None) -> bytes:
+    if not piece.is_cuda:
+        return hashlib.sha256(piece.numpy()).digest()
+    buf = staging.get()  # a pinned buffer of its own while it copies and hashes
+    try:
+        host = buf[:piece.numel()]
+        host.copy_(piece)
+        return hashlib.sha256(host.numpy()).digest()
+    finally:
+        staging.put(buf)
+
+
+@functools.cache
+def _staging() -> queue.Queue:
+    """HASH_THREADS pinned host buffers of PIECE_BYTES, made once per process that hashes a GPU's state:
+    an H100 host copied a stage's state into pageable memory at 1.3 GB/s and into pinned at 55 GB/s
+    (docs/results/hash_cost.py, docs/img/hash-cost-h100.json)."""
+    free: queue.Queue = queue.Queue()
+    for _ in range(HASH_THREADS):
+        free.put(torch.empty(PIECE_BYTES, dtype=torch.uint8, pin_memory=True))
+    return free
 
 
 def _walk(obj: object, parts: list) -> None:
