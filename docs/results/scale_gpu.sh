@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU runs of `swarm bench scale` behind docs/benchmarks.md "Scaling with GPUs", as run on the
 # device machine (torch preinstalled; hivemind and the rest carried as wheels in .whl, see
-# ../shared/gpu/README.md). Each layout is its own invocation with its own time limit; --resume
+# ../shared/gpu/README.md). Each layout is its own invocation with its own time limit (a layout
+# that runs out of it keeps the steps it did, marked incomplete); --resume
 # adds it to the JSON (a JSON from an earlier session, copied to OUT/NAME/scale.json, is resumed).
 # Usage: bash docs/results/scale_gpu.sh PART OUT_DIR [SECONDS_PER_LAYOUT]
 set -uo pipefail
@@ -14,7 +15,8 @@ all=$(seq -s, -f "cuda:%g" 0 $((n - 1)))
 layouts() {  # NAME LAYOUTS FLAGS...: one invocation per layout
     local name=$1 list=$2; shift 2
     for l in ${list//,/ }; do
-        timeout "$limit" python3 -m swarm.cli bench scale --layouts "$l" --resume --out "$out/$name" "$@" \
+        timeout $((limit + 90)) python3 -m swarm.cli bench scale --layouts "$l" --resume --out "$out/$name" \
+            --layout-limit "$limit" "$@" \
             2>&1 | grep -v "^WARNING" | grep -E "tok/s|_over_|Error|error" | grep -v "_over_1x1\|_over_2x1\|_over_3x1"
         echo "== $name $l exit ${PIPESTATUS[0]}"
         tail -n 4 "$out/$name/logs/$l/stage0.log" 2>/dev/null

@@ -138,7 +138,7 @@ def _dispatch(a: argparse.Namespace) -> None:
         run_scale_bench(a.out, preset_name=a.preset, layouts=a.layouts, codec=a.codec, dtype=a.dtype,
                         devices=a.devices, device=a.device, steps=a.steps, warmup=a.warmup, bandwidth=a.bandwidth,
                         latency=a.latency, replica_sync=a.replica_sync, baseline=not a.no_baseline, resume=a.resume,
-                        smoke=a.smoke)
+                        limit_s=a.layout_limit, smoke=a.smoke)
     elif a.which == "replicas":
         from .replicas import run_replicas_bench
         run_replicas_bench(a.out, preset_name=a.preset, steps=a.steps, device=a.device, smoke=a.smoke)

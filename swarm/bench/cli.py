@@ -378,6 +378,8 @@ def _add_scale(sub) -> None:
                    help="how replicas of a stage keep in step (default: exact)")
     p.add_argument("--no-baseline", action="store_true", help="skip the one-process run (default: run it)")
     p.add_argument("--resume", action="store_true", help="keep the layouts already in OUT/scale.json (default: off)")
+    p.add_argument("--layout-limit", type=float, metavar="SECONDS",
+                   help="end a layout after this long and keep what it did, marked incomplete (default: none)")
 
 
 def register(sub) -> argparse.ArgumentParser:

@@ -7,14 +7,15 @@ processes over libp2p) whose peers take `--devices` round robin in the order the
 Beside them, in the same invocation, the whole model trained in one process on the first device
 (`swarm.bench.mfu.train_rate`, no swarm at all): the "one GPU" every ratio is taken against.
 
-Per layout: tokens/s over the steps after `--warmup` (sum of tokens / sum of step seconds),
-the median step time and the slowest step over the median (a stall shows there), the most
-bytes a replica sent per step to keep its stage in step, each peer's uplink busy fraction where
-the links are shaped, and
+Per layout: the seconds from its start to its first step, tokens/s over the steps after
+`--warmup` (sum of tokens / sum of step seconds), the median step time and the slowest step over
+the median (a stall shows there), the most bytes a replica sent per step to keep its stage in
+step, each peer's uplink busy fraction where the links are shaped, and
 
     vs_one_process = tokens/s / one process's tokens/s;   vs_first = tokens/s / the first layout's.
 
-Each layout's logs stay in OUT/logs/SxR. `--resume` keeps the layouts already in OUT/scale.json
+`--layout-limit` ends a layout after that many seconds with what it did so far (marked
+incomplete). Each layout's logs stay in OUT/logs/SxR. `--resume` keeps the layouts already in OUT/scale.json
 (same preset, codec, dtype, link, devices) and runs the rest: GPU time comes in pieces.
 Absolute figures mean something only on the machine the JSON names.
 """
@@ -22,10 +23,11 @@ from __future__ import annotations
 
 import json
 import statistics
+import time
 from pathlib import Path
 
 from protocol.spec import preset
-from swarm.local import LocalOptions, parse_devices, run_local
+from swarm.local import LocalOptions, LocalSwarm, parse_devices
 
 from .machine import machine_info
 
@@ -53,21 +55,42 @@ def _config(preset_name: str, codec: str, dtype: str | None, bandwidth: str | No
 
 
 def _layout_run(spec, steps: int, warmup: int, replicas: int, bandwidth: str | None, latency: str,
-                devices: list[str], workdir: Path) -> dict:
-    m = run_local(LocalOptions(spec, steps=steps, replicas=replicas, bandwidth=bandwidth,
-                               latency=latency if bandwidth else "0", device=devices[0],
-                               devices=",".join(devices), quiet=True, workdir=str(workdir)))
-    timed = m["steps"][warmup:] or m["steps"][-1:]
-    seconds = [s["seconds"] for s in timed]
+                devices: list[str], workdir: Path, limit_s: float | None) -> dict:
+    """One layout's swarm, until its head is done or `limit_s` passed (then what it did so far,
+    marked incomplete: a layout too slow for the time a GPU session has still says how slow)."""
+    swarm = LocalSwarm(LocalOptions(spec, steps=steps, replicas=replicas, bandwidth=bandwidth,
+                                    latency=latency if bandwidth else "0", device=devices[0],
+                                    devices=",".join(devices), quiet=True, workdir=str(workdir)))
+    t0 = time.time()
+    try:
+        swarm.start()
+        deadline = time.monotonic() + limit_s if limit_s else float("inf")
+        while not (done := swarm.step_events()[1]) and time.monotonic() < deadline:
+            swarm._check_alive()
+            time.sleep(0.5)  # poll the heads' reports
+        if done:
+            swarm.wait_for_head()  # the head leaves by itself after its last step
+        swarm.stop()  # peers write their wire counters as they leave
+        records = swarm.step_events()[0]
+        m = swarm.metrics(records) if records else None
+    finally:
+        swarm.stop(grace=5.0)
+    row = {"stages": spec.n_stages, "replicas": replicas, "peers": spec.n_stages * replicas,
+           "devices": sorted({devices[i % len(devices)] for i in range(spec.n_stages * replicas)}),
+           "completed": bool(done), "steps_done": len(records),
+           "seconds_to_first_step": records[0]["time"] - t0 if records else None,
+           "step_seconds": [r["seconds"] for r in records]}
+    timed = records[warmup:]
+    if m is None or not timed:
+        return row | {"tokens_per_second": None}
+    seconds = [r["seconds"] for r in timed]
     median = statistics.median(seconds)
-    return {"stages": spec.n_stages, "replicas": replicas, "peers": spec.n_stages * replicas,
-            "devices": sorted({devices[i % len(devices)] for i in range(spec.n_stages * replicas)}),
-            "tokens_per_second": sum(s["tokens"] for s in timed) / max(sum(seconds), 1e-9),
-            "median_step_seconds": median, "slowest_over_median": max(seconds) / max(median, 1e-9),
-            "sync_bytes_per_step": m["sync"]["max_bytes_per_step"], "commit_seconds": m["sync"]["commit_seconds"],
-            "first_loss": m["steps"][0]["loss"], "final_loss": m["steps"][-1]["loss"],
-            "step_seconds": [s["seconds"] for s in m["steps"]],
-            "uplink_busy": [p["uplink_busy_fraction"] for p in m["peers"] if "uplink_busy_fraction" in p]}
+    return row | {"tokens_per_second": sum(r["tokens"] for r in timed) / max(sum(seconds), 1e-9),
+                  "median_step_seconds": median, "slowest_over_median": max(seconds) / max(median, 1e-9),
+                  "sync_bytes_per_step": m["sync"]["max_bytes_per_step"],
+                  "commit_seconds": m["sync"]["commit_seconds"], "first_loss": records[0]["loss"],
+                  "final_loss": records[-1]["loss"],
+                  "uplink_busy": [p["uplink_busy_fraction"] for p in m["peers"] if "uplink_busy_fraction" in p]}
 
 
 def _one_process(spec, device: str, steps: int, warmup: int) -> dict:
@@ -84,7 +107,8 @@ def _one_process(spec, device: str, steps: int, warmup: int) -> dict:
 def run_scale_bench(out_dir: str, preset_name: str = "small", layouts: str = "1x1,1x2,2x1", codec: str = "subspace",
                     dtype: str | None = None, devices: str | None = None, device: str = "cpu", steps: int = 20,
                     warmup: int = 3, bandwidth: str | None = None, latency: str = "0", replica_sync: str = "exact",
-                    baseline: bool = True, resume: bool = False, smoke: bool = False) -> dict:
+                    baseline: bool = True, resume: bool = False, limit_s: float | None = None,
+                    smoke: bool = False) -> dict:
     if smoke:
         preset_name, steps, warmup, layouts = "tiny", 4, 1, "1x2"
     chosen = parse_layouts(layouts)
@@ -119,12 +143,17 @@ def run_scale_bench(out_dir: str, preset_name: str = "small", layouts: str = "1x
             continue
         spec = preset(preset_name, codec=codec, dtype=dtype, stages=stages, replica_sync=replica_sync)
         logs = out / "logs" / f"{stages}x{replicas}"
-        row = _layout_run(spec, steps, warmup, replicas, bandwidth, latency, used, logs)
+        row = _layout_run(spec, steps, warmup, replicas, bandwidth, latency, used, logs, limit_s)
         result["runs"].append(row)
         save()
-        print(f"{stages} stage(s) x {replicas} replica(s) on {', '.join(row['devices'])}: "
-              f"{row['tokens_per_second']:9.0f} tok/s, median step {row['median_step_seconds']:.3f} s, "
-              f"slowest x{row['slowest_over_median']:.1f}", flush=True)
+        where = f"{stages} stage(s) x {replicas} replica(s) on {', '.join(row['devices'])}"
+        if row["tokens_per_second"] is None:
+            print(f"{where}: {row['steps_done']} step(s) in {limit_s:g} s, too few to time", flush=True)
+        else:
+            print(f"{where}: {row['tokens_per_second']:9.0f} tok/s, median step {row['median_step_seconds']:.3f} s, "
+                  f"slowest x{row['slowest_over_median']:.1f}" + ("" if row["completed"] else
+                                                                   f" ({row['steps_done']} steps in {limit_s:g} s)"),
+                  flush=True)
     save()
     _plot(result, out / "scale.png")
     for k, v in result["ratios"].items():
@@ -135,13 +164,13 @@ def run_scale_bench(out_dir: str, preset_name: str = "small", layouts: str = "1x
 def _ratios(result: dict) -> dict[str, float]:
     runs, base = result["runs"], result["one_process"]
     out = {}
-    for r in runs:
+    timed = [r for r in runs if r["tokens_per_second"]]
+    for r in timed:
         name = f"{r['stages']}x{r['replicas']}"
         if base:
             out[f"{name}_over_one_process"] = r["tokens_per_second"] / base["tokens_per_second"]
-        if runs:
-            out[f"{name}_over_{runs[0]['stages']}x{runs[0]['replicas']}"] = \
-                r["tokens_per_second"] / runs[0]["tokens_per_second"]
+        out[f"{name}_over_{timed[0]['stages']}x{timed[0]['replicas']}"] = \
+            r["tokens_per_second"] / timed[0]["tokens_per_second"]
     return out
 
 
@@ -151,7 +180,7 @@ def _plot(result: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     rows = [("one process", result["one_process"]["tokens_per_second"])] if result["one_process"] else []
-    rows += [(f"{r['stages']} x {r['replicas']}\n({len(r['devices'])} dev)", r["tokens_per_second"])
+    rows += [(f"{r['stages']} x {r['replicas']}\n({len(r['devices'])} dev)", r["tokens_per_second"] or 0.0)
              for r in result["runs"]]
     fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(rows)), 4))
     ax.bar([n for n, _ in rows], [v for _, v in rows], color=["grey"] * bool(result["one_process"]) +

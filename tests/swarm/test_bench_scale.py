@@ -30,5 +30,17 @@ def test_scale_bench_smoke_and_resume(tmp_path):
     assert base > 0 and row["tokens_per_second"] > 0 and row["slowest_over_median"] >= 1.0
     assert abs(written["ratios"]["1x2_over_one_process"] - row["tokens_per_second"] / base) < 1e-12
     assert row["final_loss"] < row["first_loss"] - 0.1  # the two heads' steps trained the model
+    assert row["completed"] and row["steps_done"] == written["config"]["steps"] and row["seconds_to_first_step"] > 0
     again = run_scale_bench(str(tmp_path), smoke=True, resume=True)
     assert again["runs"] == written["runs"] and again["one_process"] == written["one_process"]
+
+
+@pytest.mark.e2e
+def test_a_layout_past_its_time_limit_keeps_what_it_did(tmp_path):
+    result = run_scale_bench(str(tmp_path), preset_name="tiny", layouts="2x1", steps=10_000, warmup=1,
+                             baseline=False, limit_s=20.0)
+    [row] = result["runs"]
+    assert not row["completed"] and 0 < row["steps_done"] < 10_000
+    assert len(row["step_seconds"]) == row["steps_done"]
+    if row["steps_done"] > 1:  # the steps it did past the warm-up are timed
+        assert row["tokens_per_second"] > 0
