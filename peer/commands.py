@@ -31,6 +31,8 @@ class CommandSender:
         self.n_microbatches = daemon.spec.n_microbatches
         # hears every (peer, (steps applied, state sha256)) an apply reply carries (peer/state_votes.py)
         self.on_apply: Callable[[str, tuple[int, str]], None] | None = None
+        # this head's own apply replies before its state is hashed (peer/commit.py): its hash comes here
+        commit.on_hashed.append(lambda state: self.on_apply(self.peer_id, state) if self.on_apply else None)
 
     async def broadcast(self, peers: dict[str, int], op: str, step: int, attempt: int,
                         skip: bool = False) -> dict[str, CommandReply]:
@@ -46,7 +48,7 @@ class CommandSender:
         """One command to one peer. A peer that asks to retry (it has not read this head's
         announcement yet) is asked again every 0.2 s within the command's timeout."""
         if peer == self.peer_id:
-            return self._heard(peer, cmd, await self.commit.handle(cmd))
+            return self._heard(peer, cmd, await self.commit.handle(cmd, local=True))
         body, deadline = encode_command(cmd), time.monotonic() + (timeout or self.command_timeout)
         while True:
             try:

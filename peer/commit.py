@@ -117,9 +117,16 @@ class StepCommit:
         self.synced_steps = 0  # steps applied here whose reduce had another replica in it
         self.last_sync_bytes = 0  # what the last applied step's reduce sent
         self._attempt_bytes: dict[tuple[int, int], int] = {}
-        # the state hash (peer/state_hash.py) after every `hash_every`-th applied step, in the apply's reply (0: never)
+        # the state hash (peer/state_hash.py) after every `hash_every`-th applied step, in the apply's reply (0: never;
+        # a local apply, the leader's own, replies at once and its hash goes to `on_hashed`)
         self.hash_every = HASH_EVERY
         self.last_state: tuple[int, str] | None = None  # (steps applied, sha256 hex) of the last state hashed here
+        # the hash of the last hashed step, computed on a thread while the next step's microbatches run (it
+        # reads the state, which only the next apply changes: that apply, a reduce and a rollback wait for it)
+        self._hashing: asyncio.Task | None = None
+        # hear this replica's own (steps, sha256) once hashed: the leader's own vote (its apply replies at
+        # once), the own-state check (swarm/replicas/own_state.py)
+        self.on_hashed: list[Callable[[tuple[int, str]], None]] = []
 
     def limits(self) -> FlatLimits:
         return self._limits
@@ -141,8 +148,14 @@ class StepCommit:
                 return refusal
         return encode_reply(await self.handle(cmd))
 
-    async def handle(self, cmd: Command) -> CommandReply:
-        """Carry out one command of the driver (also called directly by a driver on this peer)."""
+    async def hashed(self) -> None:
+        """Wait until the state hash in progress, if any, is done (the state may change after it)."""
+        if self._hashing is not None:
+            await asyncio.gather(asyncio.shield(self._hashing), return_exceptions=True)
+
+    async def handle(self, cmd: Command, local: bool = False) -> CommandReply:
+        """Carry out one command of the driver (also called directly by a driver on this peer: `local`,
+        whose apply replies before the state hash is done; `on_hashed` hears it)."""
         step, d = self.runner.step, self.daemon
         if cmd.op == "lease":  # read the leader lease again now: it asks nothing else, so anyone may ask
             if self.on_lease is not None:
@@ -151,6 +164,7 @@ class StepCommit:
         if cmd.op == "rollback":  # back to the stage's snapshot at cmd.step, wherever this replica is
             if self.on_rollback is None:
                 return self._reply(cmd, "failed", "this peer keeps no snapshots.")
+            await self.hashed()
             return await self.on_rollback(cmd)
         if cmd.op == "work":  # a head's share of the attempt, or (stage 1) the heads that may feed it
             return await serve_work(d, cmd, self.compute_share)
@@ -179,10 +193,11 @@ class StepCommit:
         if cmd.op == "reduce":
             if self.check_record is not None and (problem := await self.check_record(cmd)) is not None:
                 return self._reply(cmd, "failed", problem)  # this replica does not sum with a leader it caught
+            await self.hashed()  # the last step's hash is in (its apply reply sent) before this step's reduce
             with self._running.running(cmd.step, cmd.attempt):
                 await d.adopt_attempt(cmd.attempt)
                 return await self._reduce(cmd)
-        return await self._apply(cmd)
+        return await self._apply(cmd, local)
 
     def _reply(self, cmd: Command, outcome: str, reason: str = "") -> CommandReply:
         reduced = self.runner.reduced
@@ -359,13 +374,17 @@ class StepCommit:
         return ACK
 
     # ------------------------------------------------------------------ apply
-    async def _apply(self, cmd: Command) -> CommandReply:
+    async def _apply(self, cmd: Command, local: bool = False) -> CommandReply:
         d = self.daemon
         reduced = self.runner.reduced
         if reduced is None or (reduced.step, reduced.attempt) != (cmd.step, cmd.attempt):
             return self._reply(cmd, "failed", "no reduced gradient is held for this attempt.")
-        stats, record, state = await d.run_step(self._apply_job, cmd.step, cmd.attempt, cmd.skip)
-        self.last_state = state or self.last_state
+        await self.hashed()  # the step changes the state the last hash reads
+        if cmd.step < self.runner.step:
+            return self._reply(cmd, "ok")  # a repeat of this apply got here first while the hash ran
+        stats, record, due = await d.run_step(self._apply_job, cmd.step, cmd.attempt, cmd.skip)
+        if due is not None:  # hashed on a thread from now on; the next microbatches need not wait for it
+            self._hashing = asyncio.create_task(self._hash(*due))
         self.records.append(record)
         self.last_applied = (cmd.step, cmd.attempt)
         if cmd.candidates:  # the leader names the replicas of every stage that took part in this step's reduce
@@ -381,7 +400,16 @@ class StepCommit:
             self.on_applied(self.runner.step)
         if stats is not None and d.on_refit is not None:
             d.spawn(d.on_refit(stats))
+        state = None
+        if due is not None and not local:  # a replica's apply reply carries its hash: the leader tallies it
+            await self.hashed()
+            state = self.last_state
         return CommandReply(cmd.step, cmd.attempt, "ok", [], reduced.contributors, state=state)
+
+    async def _hash(self, steps: int, state: dict) -> None:
+        self.last_state = (steps, await asyncio.to_thread(state_sha256, state))
+        for hear in self.on_hashed:
+            hear(self.last_state)
 
     def _apply_job(self, step: int, attempt: int, skip: bool):
         if self.forwarder.followers and self.runner.reduced.grads is None and not skip:  # a joiner needs it in full
@@ -393,4 +421,5 @@ class StepCommit:
             self.power.discard() if skip else self.power.commit(step, attempt)
         stat, steps = self.daemon.refit_statistic(), self.runner.step
         hashed = self.hash_every > 0 and steps % self.hash_every == 0
-        return stat, record, (steps, state_sha256(self.runner.state_dict())) if hashed else None
+        # the state as it is now (tensors by reference: no step changes them before the hash is done)
+        return stat, record, (steps, self.runner.state_dict()) if hashed else None

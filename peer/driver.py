@@ -346,11 +346,13 @@ class StepDriver:
 
     async def _commit(self, step: int, attempt: int) -> None:
         members = await self._members()
-        self.votes.conclude(step, members)  # the replicas' states after the last step, now its replies are in
         groups = {s: sorted(p for p, t in members.items() if t == s) for s in set(members.values())}
         cmds = {peer: Command(self.spec.run_hash, step, attempt, "reduce", groups[stage], self._record)
                 for peer, stage in members.items()}
         replies = dict(zip(cmds, await asyncio.gather(*(self._send(p, c) for p, c in cmds.items()))))
+        # the replicas' states after the last step: a replica hashes it while this step's microbatches run and
+        # answers this reduce only once its hash is done, so its apply reply (which carries it) is in by now
+        self.votes.conclude(step, members)
         self.spot.seen(sorted(members))
         if any(r.blame for r in replies.values()):  # a replica refused another's contribution, or it never came
             self.spot.judge_blame(replies, members)

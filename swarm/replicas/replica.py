@@ -166,6 +166,7 @@ class ReplicaService:
         peer.vouched = VouchedStates(states)  # a joiner loads only a state whose hash the swarm key vouches for
         peer.state.hashed_only = bool(self.spec.extra.get("coordinator_peer"))  # and a donor serves such a state
         self.own_check = OwnStateCheck(peer, states, self._resync, ctx.report)
+        peer.commit.on_hashed.append(lambda state: self.own_check.after_step(state[0]))  # once its hash is in
         if ctx.serve_bad_state:
             serve_bad_state(peer, ctx.serve_bad_state)
         if peer.driver is not None:
@@ -312,7 +313,6 @@ class ReplicaService:
                  f" ({record.attempts} attempts)" if record.attempts > 1 else "")
 
     def _after_step(self, step: int) -> None:
-        self.own_check.after_step(step)
         if self.ctx.checkpoint_dir and self.ctx.checkpoint_every and step % self.ctx.checkpoint_every == 0:
             if self._saving is None or self._saving.done():
                 self._saving = asyncio.create_task(self.save_checkpoint())

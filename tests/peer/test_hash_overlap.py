@@ -1,0 +1,56 @@
+"""The state hash runs off the step's critical path (peer/commit.py): a replica hashes its state
+after a hashed step on a thread while the next step's microbatches run through it, and the next
+apply waits for the hash. In memory, fp64, with a hash made slow: stage 1 computes microbatches
+of the next step while its hash of the last is still running, every hashed step is still agreed
+by the leader's tally (each stage's hash equal to its state's), and the run equals the oracle."""
+from __future__ import annotations
+
+import time
+
+import peer.commit as commit_module
+from peer.state_hash import state_sha256
+from tests.peer.swarm_in_memory import make_swarm
+from tests.peer.test_replicas import assert_close, spec_for
+
+STEPS = 7
+SLOW_S = 0.4  # what the hash takes here: a stand-in for a GPU stage's gigabytes
+
+
+async def test_a_replica_computes_the_next_step_while_it_hashes_and_the_votes_still_agree(oracle_runs, monkeypatch):
+    spec = spec_for("subspace", "fp64")
+    hashing: list[tuple[int, float, float]] = []  # (steps, start, end) of each hash, on the stage-1 peer
+
+    def slow_hash(state: dict) -> str:
+        start = time.monotonic()
+        time.sleep(SLOW_S)  # the hash's own cost, stretched; nothing waits on a condition here
+        sha = state_sha256(state)
+        if state["stage"] == 1:
+            hashing.append((state["step"], start, time.monotonic()))
+        return sha
+    monkeypatch.setattr(commit_module, "state_sha256", slow_hash)
+    swarm = await make_swarm(spec, [1, 1])
+    for p in swarm.peers.values():
+        p.commit.hash_every = 2
+    head, tail = swarm.peers["s0r0"], swarm.peers["s1r0"]
+    agreed: dict[int, dict[int, str]] = {}
+    head.driver.votes.on_agreed = lambda steps, hashes: agreed.setdefault(steps, hashes)
+    computed: list[tuple[int, float]] = []  # (step, when) of each microbatch stage 1 started
+    honest = tail.runner.forward_backward
+
+    def forward_backward(step, microbatch, tokens, z_in):
+        computed.append((step, time.monotonic()))
+        return honest(step, microbatch, tokens, z_in)
+    tail.runner.forward_backward = forward_backward
+    try:
+        logs = await swarm.drive(STEPS)
+        await swarm.applied()
+    finally:
+        await swarm.stop()
+    assert [s for s, _, _ in hashing] == [2, 4, 6]
+    # the hash after k steps ran while microbatches of step index k (the next step) went through stage 1
+    for steps, start, end in hashing:
+        assert any(s == steps and start < t < end for s, t in computed), f"no overlap with the hash after {steps}"
+    # every hashed step is agreed for both stages (the last one, 6, concluded at step 7's reduce)
+    assert sorted(agreed) == [2, 4, 6] and all(set(h) == {0, 1} for h in agreed.values()), agreed
+    assert head.commit.last_state[0] == tail.commit.last_state[0] == 6
+    assert_close([log.loss for log in logs], oracle_runs.losses(spec, STEPS), 1e-10)
