@@ -18,7 +18,7 @@ from swarm.cli import build_parser, main
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCHES = ["codecs", "throughput", "convergence", "mfu", "replicas", "replica-sync", "verify", "share-tolerance",
-           "fidelity", "churn", "memory", "record", "simulate", "transport"]
+           "fidelity", "churn", "memory", "record", "simulate", "transport", "scale"]
 
 
 def _help(capsys, *argv: str) -> str:
