@@ -12,8 +12,8 @@ from peer.state_hash import state_sha256
 from tests.peer.swarm_in_memory import make_swarm
 from tests.peer.test_replicas import assert_close, spec_for
 
-STEPS = 7
-SLOW_S = 0.4  # what the hash takes here: a stand-in for a GPU stage's gigabytes
+STEPS = 5
+SLOW_S = 0.3  # what the hash takes here: a stand-in for a GPU stage's gigabytes
 
 
 async def test_a_replica_computes_the_next_step_while_it_hashes_and_the_votes_still_agree(oracle_runs, monkeypatch):
@@ -46,11 +46,11 @@ async def test_a_replica_computes_the_next_step_while_it_hashes_and_the_votes_st
         await swarm.applied()
     finally:
         await swarm.stop()
-    assert [s for s, _, _ in hashing] == [2, 4, 6]
+    assert [s for s, _, _ in hashing] == [2, 4]
     # the hash after k steps ran while microbatches of step index k (the next step) went through stage 1
     for steps, start, end in hashing:
         assert any(s == steps and start < t < end for s, t in computed), f"no overlap with the hash after {steps}"
-    # every hashed step is agreed for both stages (the last one, 6, concluded at step 7's reduce)
-    assert sorted(agreed) == [2, 4, 6] and all(set(h) == {0, 1} for h in agreed.values()), agreed
-    assert head.commit.last_state[0] == tail.commit.last_state[0] == 6
+    # every hashed step is agreed for both stages (the last one, 4, concluded at step 5's reduce)
+    assert sorted(agreed) == [2, 4] and all(set(h) == {0, 1} for h in agreed.values()), agreed
+    assert head.commit.last_state[0] == tail.commit.last_state[0] == 4
     assert_close([log.loss for log in logs], oracle_runs.losses(spec, STEPS), 1e-10)

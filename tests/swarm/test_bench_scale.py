@@ -4,9 +4,11 @@ computed; ratios consistent with the rates; `--resume` keeps what was measured a
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
+from swarm.bench import scale
 from swarm.bench.scale import parse_layouts, run_scale_bench
 
 
@@ -35,12 +37,36 @@ def test_scale_bench_smoke_and_resume(tmp_path):
     assert again["runs"] == written["runs"] and again["one_process"] == written["one_process"]
 
 
-@pytest.mark.e2e
-def test_a_layout_past_its_time_limit_keeps_what_it_did(tmp_path):
-    result = run_scale_bench(str(tmp_path), preset_name="tiny", layouts="2x1", steps=10_000, warmup=1,
-                             baseline=False, limit_s=20.0)
+class SlowSwarm:
+    """A stand-in for `LocalSwarm` whose head reports a step every 0.1 s and never says done."""
+
+    def __init__(self, opts) -> None:
+        self.opts, self.t0, self.stopped = opts, None, False
+
+    def start(self) -> None:
+        self.t0 = time.time()
+
+    def step_events(self) -> tuple[list[dict], bool]:
+        n = int((time.time() - self.t0) / 0.1)
+        return [{"step": i + 1, "time": self.t0 + 0.1 * (i + 1), "seconds": 0.1, "tokens": 1000, "loss": 5.0 - i / 100}
+                for i in range(n)], False
+
+    def _check_alive(self) -> None:
+        pass
+
+    def stop(self, grace: float = 15.0) -> None:
+        self.stopped = True
+
+    def metrics(self, records: list[dict]) -> dict:
+        return {"sync": {"max_bytes_per_step": 0.0, "commit_seconds": 0.0}, "peers": []}
+
+
+def test_a_layout_past_its_time_limit_keeps_what_it_did(tmp_path, monkeypatch):
+    monkeypatch.setattr(scale, "LocalSwarm", SlowSwarm)
+    result = run_scale_bench(str(tmp_path), preset_name="tiny", layouts="2x1", steps=10_000, warmup=2,
+                             baseline=False, limit_s=1.0)
     [row] = result["runs"]
-    assert not row["completed"] and 0 < row["steps_done"] < 10_000
-    assert len(row["step_seconds"]) == row["steps_done"]
-    if row["steps_done"] > 1:  # the steps it did past the warm-up are timed
-        assert row["tokens_per_second"] > 0
+    assert not row["completed"] and 5 <= row["steps_done"] < 10_000
+    assert len(row["step_seconds"]) == row["steps_done"] and row["seconds_to_first_step"] > 0
+    assert abs(row["tokens_per_second"] - 10_000) < 1e-6  # 1000 tokens in 0.1 s, the first 2 steps untimed
+    assert json.loads((tmp_path / "scale.json").read_text())["runs"] == [row]
