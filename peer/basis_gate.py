@@ -54,7 +54,7 @@ class BasisGate:
         """Head: at a switch step, wait (bounded) for the coordinator's update before starting.
         If it does not come (coordinator away), training goes on with the current basis."""
         runner, spec = self.runner, self.runner.spec
-        if runner.basis is None or not spec.basis_updates:
+        if runner.basis is None or not spec.refits_basis:
             return
         refit = step - spec.basis_switch_delay
         if refit <= 0 or refit % spec.basis_interval or runner.basis_updated_step == step:

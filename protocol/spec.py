@@ -116,6 +116,12 @@ class RunSpec:
         return len(self.stage_layers)
 
     @property
+    def refits_basis(self) -> bool:
+        """Whether the coordinator re-fits the subspace basis: a subspace run with basis updates and a
+        boundary to fit it to (a one-stage swarm, pure data parallel, sends no activations)."""
+        return self.codec == "subspace" and self.basis_updates and self.n_stages > 1
+
+    @property
     def n_microbatches(self) -> int:
         return self.batch_size // self.microbatch_size
 

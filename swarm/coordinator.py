@@ -170,7 +170,7 @@ async def _coordinate(opts: CoordinatorOptions, spec: RunSpec, key: SigningKey, 
             snapshots = CheckpointKeeper(spec, transport, holders, opts.checkpoint_dir)
             vouch.on_vouched = snapshots.on_vouched
             await transport.serve(KIND_SNAPSHOT, snapshots.on_request)
-        if spec.codec == "subspace" and spec.basis_updates:
+        if spec.refits_basis:
             await transport.serve(KIND_STATS, refitter.on_stats)
         await transport.serve(KIND_WORK, refitter.on_work)  # who may vote in each re-fit; which snapshots are sound
         await DialBack().serve(transport)  # joining peers ask whether they can be reached

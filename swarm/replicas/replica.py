@@ -321,7 +321,7 @@ class ReplicaService:
                       snapshots: tuple[int, dict[int, str]] | None) -> None:
         """After a re-fit step, tell the coordinator who did its work (only they vote in the re-fit), and
         after every stage agreed on a newer snapshot, its hashes (the coordinator vouches for them)."""
-        refit = self.spec.codec == "subspace" and self.spec.basis_updates and steps % self.spec.basis_interval == 0
+        refit = self.spec.refits_basis and steps % self.spec.basis_interval == 0
         fresh = snapshots is not None and snapshots[0] > self._vouched_step
         if (refit or fresh) and self.sync is not None:
             at, hashes = snapshots if snapshots is not None else (0, {})

@@ -5,9 +5,12 @@ run; the leader spot-checks another head's share from the tokens alone (regenera
 from the head), so a head that lies in the reduce is banned and its work redone."""
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 
+from protocol.spec import preset
 from tests.peer.swarm_in_memory import make_swarm, param_hash, patient_options
 from tests.peer.test_every_head import oracle_weights
 from tests.peer.test_head_checks import LIAR, drive, leader_of, options
@@ -54,3 +57,19 @@ async def test_a_lying_head_of_one_stage_is_banned_and_the_run_equals_the_oracle
     assert all(LIAR not in log.heads for log in logs[LIES_FROM + 1:]), "the banned head still got shares"
     honest = [p for p in swarm.peers if p != LIAR]
     assert len({param_hash(swarm.peers[p].runner) for p in honest}) == 1
+
+
+async def test_a_one_stage_subspace_swarm_waits_for_no_basis_re_fit(oracle_runs, caplog):
+    """Nothing crosses a boundary, so nothing is re-fitted: a head must not wait at every interval for a
+    basis update that never comes (it did, 30 s each, before `RunSpec.refits_basis`)."""
+    spec = preset("tiny", stages=1, dtype="fp64", wire_dtype="fp64", batch_size=24, microbatch_size=4, lr=1e-3,
+                  basis_updates=True, basis_interval=2, basis_switch_delay=1)
+    assert not spec.refits_basis and preset("tiny", stages=2, basis_updates=True).refits_basis
+    swarm = await make_swarm(spec, [2], **patient_options())
+    try:
+        with caplog.at_level(logging.WARNING, logger="peer.basis_gate"):
+            logs = await swarm.drive(6)  # switch steps 4 and 6 (a re-fit after steps 2 and 4, taking effect 1 later)
+    finally:
+        await swarm.stop()
+    assert not [r for r in caplog.records if "no basis update arrived" in r.getMessage()]
+    assert_close([log.loss for log in logs], oracle_runs.losses(spec, 6), 1e-10)
