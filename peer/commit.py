@@ -127,6 +127,7 @@ class StepCommit:
         # hear this replica's own (steps, sha256) once hashed: the leader's own vote (its apply replies at
         # once), the own-state check (swarm/replicas/own_state.py)
         self.on_hashed: list[Callable[[tuple[int, str]], None]] = []
+        self.banned = asyncio.Event()  # the leader's abort named this peer as caught lying about its work
 
     def limits(self) -> FlatLimits:
         return self._limits
@@ -166,6 +167,11 @@ class StepCommit:
                 return self._reply(cmd, "failed", "this peer keeps no snapshots.")
             await self.hashed()
             return await self.on_rollback(cmd)
+        if cmd.op == "abort" and d.peer_id in cmd.banned and not self.banned.is_set():
+            log.error("the leading head banned this peer for the run: it recomputed this peer's share of step %d and "
+                      "got other numbers (tampering, or a GPU, driver or overclock that computes wrongly); this peer "
+                      "stops", cmd.step + 1)
+            self.banned.set()  # its owner stops it (swarm/replicas/replica.py): the swarm takes no more of its work
         if cmd.op == "work":  # a head's share of the attempt, or (stage 1) the heads that may feed it
             return await serve_work(d, cmd, self.compute_share)
         if cmd.op == "apply" and cmd.step < step:
@@ -180,7 +186,8 @@ class StepCommit:
                                 reduced.contributors if held else {})
         if cmd.op == "abort":
             for peer in cmd.banned:  # caught lying by the leader's spot checks (peer/spot_checks.py)
-                self.daemon.directory.ban(peer)
+                if peer != d.peer_id:
+                    self.daemon.directory.ban(peer)
             if cmd.attempt >= d.attempt:
                 await d.adopt_attempt(cmd.attempt + 1)
             return self._reply(cmd, "ok")

@@ -79,6 +79,7 @@ class StepDriver:
         self.votes = StateVotes(self.peer_id, directory)  # the state hashes in apply replies (peer/state_votes.py)
         self._commands.on_apply = self.votes.add
         self._dead: dict[str, float] = {}  # heads that stopped answering -> when we may try them again
+        self._told: set[str] = set()  # convicted replicas told of their ban
         self._leading, self._named = False, []  # _named: who reduced the last step this head committed
         self._applying: asyncio.Task | None = None  # telling the other peers to apply the last step
         self.paused: list[int] = []  # stages without a live peer while paused, else []
@@ -245,6 +246,7 @@ class StepDriver:
                 log.warning("step %d, attempt %d failed (%s); re-driving it", step + 1, attempt, e)
                 self._commands.banned = list(self.spot.convicted)  # the abort bans them everywhere
                 await self._broadcast(await self._members(), "abort", step, attempt)
+                self._tell_convicted(step, attempt)
                 if await self._realigned():
                     return None
                 await asyncio.sleep(min(attempts, 10) * 0.2)  # back off: what failed may need a moment to settle
@@ -260,6 +262,14 @@ class StepDriver:
         return StepLog(step + 1, self.daemon.last_loss, tokens, seconds, self.runner.version_for_step(step),
                        record.lr, attempts, commit_seconds, self.commit.last_sync_bytes, record.skipped,
                        self.runner.scale, {h: len(m) for h, m in self.work.shares.items()})
+
+    def _tell_convicted(self, step: int, attempt: int) -> None:
+        """Tell each newly convicted replica, once and in the background, that the abort bans it: it
+        stops (peer/commit.py) instead of standing by for a step that no honest peer will give it."""
+        for peer in [p for p in self.spot.convicted if p not in self._told and p != self.peer_id]:
+            self._told.add(peer)
+            cmd = Command(self.spec.run_hash, step, attempt, "abort", banned=list(self.spot.convicted))
+            self.daemon.spawn(self._send(peer, cmd, timeout=5.0))
 
     async def _realigned(self) -> bool:
         return self.realign is not None and await self.realign()

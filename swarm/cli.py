@@ -183,9 +183,10 @@ def cmd_peer(a: argparse.Namespace) -> int:
 
     from .net.reachability import ReachabilityError
     from .node import JoinError
+    from .replicas.replica import PeerBanned
     try:
         return _run_async(lambda: run_peer(opts))
-    except (JoinError, LinkError, StateError, ReachabilityError) as e:
+    except (JoinError, LinkError, StateError, ReachabilityError, PeerBanned) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
 

@@ -92,6 +92,10 @@ def transport_limit(spec: RunSpec) -> int:
                MAX_LENGTH_FIELD)
 
 
+class PeerBanned(RuntimeError):
+    """The leading head caught this peer's work not matching its recomputation: it is banned for the run."""
+
+
 @dataclass
 class ReplicaContext:
     """What every stage this process serves shares: the run, the network, where to report."""
@@ -193,7 +197,7 @@ class ReplicaService:
                 ctx.report.write("start", step=runner.step)
                 # a standby head rebalances too (the leader never is the one that moves: placement.py)
                 drive = asyncio.create_task(peer.drive(ctx.steps, self._on_step))
-                move = asyncio.create_task(self._serve_until_moved())
+                move = asyncio.create_task(self._until_moved_or_banned())
                 try:
                     await asyncio.wait({drive, move}, return_when=asyncio.FIRST_COMPLETED)
                 finally:
@@ -209,7 +213,7 @@ class ReplicaService:
                 ctx.report.write("done", steps=runner.step)
                 if not ctx.linger:
                     return None
-            return await self._serve_until_moved()
+            return await self._until_moved_or_banned()
         finally:
             if heartbeat is not None:
                 heartbeat.cancel()
@@ -364,6 +368,23 @@ class ReplicaService:
                 await self.sync.pull()
             except Exception as e:  # a DHT hiccup must not kill the peer; the next beat retries
                 log.warning("heartbeat failed: %s", e)
+
+    async def _until_moved_or_banned(self) -> int:
+        """`_serve_until_moved`, or PeerBanned once the leader's abort names this peer as caught lying."""
+        move = asyncio.create_task(self._serve_until_moved())
+        banned = asyncio.create_task(self.peer.commit.banned.wait())
+        try:
+            await asyncio.wait({move, banned}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (move, banned):
+                task.cancel()
+            await asyncio.gather(move, banned, return_exceptions=True)
+        if not move.done() or move.cancelled():
+            self.ctx.report.write("banned", stage=self.stage, step=self.runner.step)
+            raise PeerBanned("the leading head banned this peer for the run: its recomputation of this peer's work "
+                             "gave other numbers (tampering, or a GPU, driver or overclock that computes wrongly); "
+                             "check the card (swarm bench share-tolerance) before joining again.")
+        return move.result()
 
     async def _serve_until_moved(self) -> int:
         period = self.ctx.rebalance_period

@@ -99,6 +99,9 @@ async def test_a_lying_head_is_caught_and_the_run_equals_the_oracle(mode, oracle
     when = {name: done for name, who, done in banned_at if who == LIAR}
     assert when.get(leader.peer_id, STEPS) <= LIES_FROM + 1, f"{mode}: banned after {when} steps"
     assert not [who for _, who, _ in banned_at if who != LIAR], f"{mode}: an honest peer was banned: {banned_at}"
+    # the leader told the liar itself, which stops (swarm/replicas/replica.py); no honest peer heard that of itself
+    assert swarm.peers[LIAR].commit.banned.is_set()
+    assert not [p for p, peer in swarm.peers.items() if p != LIAR and peer.commit.banned.is_set()]
     assert sum(log.attempts for log in logs) > STEPS, "the liar's step was never re-driven"
     assert all(LIAR not in log.heads for log in logs[LIES_FROM + 1:]), "the banned head still got shares"
     honest = [p for p in swarm.peers if p != LIAR]
