@@ -414,7 +414,13 @@ class StepCommit:
         return CommandReply(cmd.step, cmd.attempt, "ok", [], reduced.contributors, state=state)
 
     async def _hash(self, steps: int, state: dict) -> None:
-        self.last_state = (steps, await asyncio.to_thread(state_sha256, state))
+        try:
+            sha = await asyncio.to_thread(state_sha256, state)
+        except Exception:  # e.g. no pinned memory to be had: this step goes unvouched, the run goes on
+            log.exception("stage %d: hashing the state after step %d failed; no hash is reported for it",
+                          self.stage, steps)
+            return
+        self.last_state = (steps, sha)
         for hear in self.on_hashed:
             hear(self.last_state)
 

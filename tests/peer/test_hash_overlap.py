@@ -54,3 +54,24 @@ async def test_a_replica_computes_the_next_step_while_it_hashes_and_the_votes_st
     assert sorted(agreed) == [2, 4] and all(set(h) == {0, 1} for h in agreed.values()), agreed
     assert head.commit.last_state[0] == tail.commit.last_state[0] == 4
     assert_close([log.loss for log in logs], oracle_runs.losses(spec, STEPS), 1e-10)
+
+
+async def test_a_hash_that_fails_is_logged_and_the_run_goes_on(oracle_runs, monkeypatch, caplog):
+    spec = spec_for("subspace", "fp64")
+
+    def failing_hash(state: dict) -> str:
+        raise RuntimeError("no pinned memory")
+    monkeypatch.setattr(commit_module, "state_sha256", failing_hash)
+    swarm = await make_swarm(spec, [1, 1])
+    for p in swarm.peers.values():
+        p.commit.hash_every = 2
+    try:
+        with caplog.at_level("ERROR", logger="peer.commit"):
+            logs = await swarm.drive(3)
+            await swarm.applied()
+    finally:
+        await swarm.stop()
+    failed = [r.getMessage() for r in caplog.records if "hashing the state after step 2 failed" in r.getMessage()]
+    assert len(failed) == 2  # each stage's replica said so
+    assert all(p.commit.last_state is None for p in swarm.peers.values())
+    assert_close([log.loss for log in logs], oracle_runs.losses(spec, 3), 1e-10)
