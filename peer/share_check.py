@@ -189,10 +189,11 @@ class ShareCheck:
         who, sent = order.target[-8:], held.get(order.target)
         if sent is None or sent.grads is None or sent.microbatches != order.microbatches:
             return "failed", f"no contribution of {who} for microbatches {order.microbatches} is held here.", []
-        if self.daemon.runner.is_last and self.daemon.runner.is_first:  # one stage: no boundary message to fetch
-            if self.tokens is None:
-                return "failed", "this peer cannot regenerate a head's tokens.", []
-            tokens = [self.tokens(cmd.step, mb) for mb in order.microbatches]
+        head = self.daemon.runner.is_first  # a head's share: its input, the tokens, regenerated here
+        if head and self.tokens is None:
+            return "failed", "this peer cannot regenerate a head's tokens.", []
+        tokens = [self.tokens(cmd.step, mb) for mb in order.microbatches] if head else []
+        if head and self.daemon.runner.is_last:  # one stage: no boundary message to fetch
             return self._verdict(await self.daemon.run(recompute_tokens_share, self.daemon, tokens), sent, who, cmd,
                                  order)
         req = InputsRequest(self.spec.run_hash, cmd.step, cmd.attempt, self.daemon.stage, order.microbatches)
@@ -212,10 +213,7 @@ class ShareCheck:
                 return "failed", f"replica {who} gave inputs of microbatch {mb} that its senders did not send.", \
                     [order.target]
         try:
-            if self.daemon.runner.is_first:  # a head's share: its input, the tokens, regenerated here
-                if self.tokens is None:
-                    return "failed", "this peer cannot regenerate a head's tokens.", []
-                tokens = [self.tokens(cmd.step, mb) for mb in order.microbatches]
+            if head:
                 share = await self.daemon.run(recompute_head_share, self.daemon, tokens, bodies)
             else:
                 share = await self.daemon.run(recompute_share, self.daemon, bodies)
