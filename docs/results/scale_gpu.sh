@@ -5,6 +5,7 @@
 # that runs out of it keeps the steps it did, marked incomplete); --resume
 # adds it to the JSON (a JSON from an earlier session, copied to OUT/NAME/scale.json, is resumed).
 # Usage: bash docs/results/scale_gpu.sh PART OUT_DIR [SECONDS_PER_LAYOUT]
+# LAYOUTS=1x1,2x1 (say) runs those layouts of PART only.
 set -uo pipefail
 part=$1 out=$2 limit=${3:-110}
 python3 -m pip install -q --no-index --no-deps --target "$PWD/.site" .whl/*.whl 2>/dev/null
@@ -13,7 +14,7 @@ nvidia-smi -L
 n=$(nvidia-smi -L | wc -l)
 all=$(seq -s, -f "cuda:%g" 0 $((n - 1)))
 layouts() {  # NAME LAYOUTS FLAGS...: one invocation per layout
-    local name=$1 list=$2; shift 2
+    local name=$1 list=${LAYOUTS:-$2}; shift 2
     for l in ${list//,/ }; do
         timeout $((limit + 90)) python3 -m swarm.cli bench scale --layouts "$l" --resume --out "$out/$name" \
             --layout-limit "$limit" "$@" \
