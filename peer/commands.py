@@ -32,7 +32,7 @@ class CommandSender:
         # hears every (peer, (steps applied, state sha256)) an apply reply carries (peer/state_votes.py)
         self.on_apply: Callable[[str, tuple[int, str]], None] | None = None
         # this head's own apply replies before its state is hashed (peer/commit.py): its hash comes here
-        commit.on_hashed.append(lambda state: self.on_apply(self.peer_id, state) if self.on_apply else None)
+        commit.hasher.on_hashed.append(lambda state: self.on_apply(self.peer_id, state) if self.on_apply else None)
 
     async def broadcast(self, peers: dict[str, int], op: str, step: int, attempt: int,
                         skip: bool = False) -> dict[str, CommandReply]:

@@ -70,7 +70,7 @@ from .replica_sync import PowerSync, flat_limits
 from .robust_sum import suspects
 from .share_check import ShareCheck
 from .stage import StageError
-from .state_hash import HASH_EVERY, state_sha256
+from .state_hasher import StateHasher
 
 log = logging.getLogger(__name__)
 
@@ -117,16 +117,11 @@ class StepCommit:
         self.synced_steps = 0  # steps applied here whose reduce had another replica in it
         self.last_sync_bytes = 0  # what the last applied step's reduce sent
         self._attempt_bytes: dict[tuple[int, int], int] = {}
-        # the state hash (peer/state_hash.py) after every `hash_every`-th applied step, in the apply's reply (0: never;
-        # a local apply, the leader's own, replies at once and its hash goes to `on_hashed`)
-        self.hash_every = HASH_EVERY
-        self.last_state: tuple[int, str] | None = None  # (steps applied, sha256 hex) of the last state hashed here
-        # the hash of the last hashed step, computed on a thread while the next step's microbatches run (it
-        # reads the state, which only the next apply changes: that apply, a reduce and a rollback wait for it)
-        self._hashing: asyncio.Task | None = None
-        # hear this replica's own (steps, sha256) once hashed: the leader's own vote (its apply replies at
-        # once), the own-state check (swarm/replicas/own_state.py)
-        self.on_hashed: list[Callable[[tuple[int, str]], None]] = []
+        self.hasher = StateHasher(self.stage)  # the state hash after every few steps (peer/state_hasher.py)
+        # the leader's command of a later step came: the swarm went on without this replica, whose owner catches
+        # up (swarm/replicas/own_state.py). Only commands count: they come from the leader, a message's step
+        # from anyone admitted
+        self.on_behind: Callable[[int], None] | None = None
         self.banned = asyncio.Event()  # the leader's abort named this peer as caught lying about its work
 
     def limits(self) -> FlatLimits:
@@ -149,14 +144,9 @@ class StepCommit:
                 return refusal
         return encode_reply(await self.handle(cmd))
 
-    async def hashed(self) -> None:
-        """Wait until the state hash in progress, if any, is done (the state may change after it)."""
-        if self._hashing is not None:
-            await asyncio.gather(asyncio.shield(self._hashing), return_exceptions=True)
-
     async def handle(self, cmd: Command, local: bool = False) -> CommandReply:
         """Carry out one command of the driver (also called directly by a driver on this peer: `local`,
-        whose apply replies before the state hash is done; `on_hashed` hears it)."""
+        whose apply replies before the state hash is done; `hasher.on_hashed` hears it)."""
         step, d = self.runner.step, self.daemon
         if cmd.op == "lease":  # read the leader lease again now: it asks nothing else, so anyone may ask
             if self.on_lease is not None:
@@ -165,7 +155,7 @@ class StepCommit:
         if cmd.op == "rollback":  # back to the stage's snapshot at cmd.step, wherever this replica is
             if self.on_rollback is None:
                 return self._reply(cmd, "failed", "this peer keeps no snapshots.")
-            await self.hashed()
+            await self.hasher.wait()
             return await self.on_rollback(cmd)
         if cmd.op == "abort" and d.peer_id in cmd.banned and not self.banned.is_set():
             log.error("the leading head banned this peer for the run: it recomputed this peer's share of step %d and "
@@ -176,6 +166,8 @@ class StepCommit:
             return await serve_work(d, cmd, self.compute_share)
         if cmd.op == "apply" and cmd.step < step:
             return self._reply(cmd, "ok")  # applied already: a repeat of a command whose reply was lost
+        if cmd.step > step and cmd.op in ("reduce", "apply", "abort") and not local and self.on_behind is not None:
+            self.on_behind(cmd.step)
         if cmd.step != step:  # "ahead" says whether this replica skipped the step (a new leader finishing it asks)
             return replace(self._reply(cmd, "behind" if cmd.step > step else "ahead", "not at this step."),
                            overflow=cmd.step < step and cmd.step in self.runner.skipped_steps)
@@ -200,7 +192,7 @@ class StepCommit:
         if cmd.op == "reduce":
             if self.check_record is not None and (problem := await self.check_record(cmd)) is not None:
                 return self._reply(cmd, "failed", problem)  # this replica does not sum with a leader it caught
-            await self.hashed()  # the last step's hash is in (its apply reply sent) before this step's reduce
+            await self.hasher.wait()  # the last step's hash is in (its apply reply sent) before this step's reduce
             with self._running.running(cmd.step, cmd.attempt):
                 await d.adopt_attempt(cmd.attempt)
                 return await self._reduce(cmd)
@@ -386,12 +378,12 @@ class StepCommit:
         reduced = self.runner.reduced
         if reduced is None or (reduced.step, reduced.attempt) != (cmd.step, cmd.attempt):
             return self._reply(cmd, "failed", "no reduced gradient is held for this attempt.")
-        await self.hashed()  # the step changes the state the last hash reads
+        await self.hasher.wait()  # the step changes the state the last hash reads
         if cmd.step < self.runner.step:
             return self._reply(cmd, "ok")  # a repeat of this apply got here first while the hash ran
         stats, record, due = await d.run_step(self._apply_job, cmd.step, cmd.attempt, cmd.skip)
         if due is not None:  # hashed on a thread from now on; the next microbatches need not wait for it
-            self._hashing = asyncio.create_task(self._hash(*due))
+            self.hasher.start(*due)
         self.records.append(record)
         self.last_applied = (cmd.step, cmd.attempt)
         if cmd.candidates:  # the leader names the replicas of every stage that took part in this step's reduce
@@ -409,20 +401,9 @@ class StepCommit:
             d.spawn(d.on_refit(stats))
         state = None
         if due is not None and not local:  # a replica's apply reply carries its hash: the leader tallies it
-            await self.hashed()
-            state = self.last_state
+            await self.hasher.wait()
+            state = self.hasher.last
         return CommandReply(cmd.step, cmd.attempt, "ok", [], reduced.contributors, state=state)
-
-    async def _hash(self, steps: int, state: dict) -> None:
-        try:
-            sha = await asyncio.to_thread(state_sha256, state)
-        except Exception:  # e.g. no pinned memory to be had: this step goes unvouched, the run goes on
-            log.exception("stage %d: hashing the state after step %d failed; no hash is reported for it",
-                          self.stage, steps)
-            return
-        self.last_state = (steps, sha)
-        for hear in self.on_hashed:
-            hear(self.last_state)
 
     def _apply_job(self, step: int, attempt: int, skip: bool):
         if self.forwarder.followers and self.runner.reduced.grads is None and not skip:  # a joiner needs it in full
@@ -433,6 +414,5 @@ class StepCommit:
         if self.power is not None:  # a skipped step keeps the error feedback and Q it had
             self.power.discard() if skip else self.power.commit(step, attempt)
         stat, steps = self.daemon.refit_statistic(), self.runner.step
-        hashed = self.hash_every > 0 and steps % self.hash_every == 0
         # the state as it is now (tensors by reference: no step changes them before the hash is done)
-        return stat, record, (steps, self.runner.state_dict()) if hashed else None
+        return stat, record, (steps, self.runner.state_dict()) if self.hasher.due(steps) else None

@@ -133,7 +133,7 @@ class StagePeer:
         await self.driver.drive(until, on_step)
 
     async def stop(self) -> None:
-        await self.commit.hashed()  # a state hash on its thread ends first (it reads the runner's tensors)
+        await self.commit.hasher.wait()  # a state hash on its thread ends first (it reads the runner's tensors)
         await self.daemon.stop()
 
 

@@ -93,13 +93,13 @@ class StateService:
         return self.runner.step, state_bytes(self.runner.state_dict())
 
     async def _hashed_snapshot(self, follower: str) -> tuple[int, bytes]:
-        """The state at the next step whose hash the replicas report (`StepCommit.hash_every`), which the
+        """The state at the next step whose hash the replicas report (`StateHasher.every`), which the
         joiner checks against the swarm's records: waits for it, at most HASHED_WAIT_S, and not at all
         while the stage is not stepping (`stalled`: an export from a swarm that finished training); then
         as it is."""
         deadline = time.monotonic() + HASHED_WAIT_S
         while True:
-            every = self.commit.hash_every if time.monotonic() < deadline and not self.stalled() else 1
+            every = self.commit.hasher.every if time.monotonic() < deadline and not self.stalled() else 1
             got = await self.daemon.run(self._snapshot, follower, every)
             if got is not None:
                 return got

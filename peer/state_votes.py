@@ -15,7 +15,7 @@ of the stage (it is avoided like a peer that sent bad data, so it gets no more w
 commands; it falls behind) and it has to download the state again to come back; a joiner's
 download is checked against the vouched hash, so it comes back only with a state the swarm had.
 The leader tallies every apply reply as it comes (`CommandSender.on_apply`; its own hash once its
-thread is done, `StepCommit.on_hashed`) and concludes a step's tally when the reduce replies of
+thread is done, `StateHasher.on_hashed`) and concludes a step's tally when the reduce replies of
 the next step are in (a replica hashes while that step's microbatches run and answers the reduce
 only once its hash is done, so its apply reply, sent first, has counted), with the stages of that
 commit's members. The agreed hashes go to the coordinator in a signed work

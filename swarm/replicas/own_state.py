@@ -7,6 +7,13 @@ that step is the one the record holds), and then every `every` steps: the leader
 a replica whose hash differs out of the stage (`peer/state_votes.py`); this is how an honest
 replica that went astray (a bad download, a bit flip) finds out and comes back by itself.
 Each check is one read of the DHT record; the hash itself is computed at the apply anyway.
+
+`BehindCheck`: a replica the swarm left behind (it missed a step's reduce: set aside at a missed
+deadline under load, a stall) hears a reduce or apply of a later step. Nothing would bring it
+level: the leader commands only replicas at the step, so it would stand by for ever, its GPU idle
+and its stage one replica short. Unless it gets level by itself (the apply of the step before may
+be on its way; a joiner applies its donor's forwarded sums), with no `grace` seconds passing
+without a step applied, it downloads the stage's state again.
 """
 from __future__ import annotations
 
@@ -21,6 +28,7 @@ log = logging.getLogger(__name__)
 
 CHECK_EVERY = 10  # steps between a replica's checks of its own state hash, after the first
 WAIT_S = 60.0  # how long a check waits for the record of its step (it comes through the coordinator)
+BEHIND_GRACE_S = 10.0  # how long a replica told of a later step waits to get level by itself
 
 
 class OwnStateCheck:
@@ -34,7 +42,7 @@ class OwnStateCheck:
 
     def after_step(self, steps: int) -> None:
         """The stage applied its `steps`-th step: check its hash if one was taken and a check is due."""
-        state = self.peer.commit.last_state
+        state = self.peer.commit.hasher.last
         due = self.checked == 0 or steps - self.checked >= self.every
         if state is None or state[0] != steps or not due or self._running:
             return
@@ -69,3 +77,37 @@ class OwnStateCheck:
                     "downloads the stage's state again", self.peer.runner.stage, steps)
         self.checked = 0  # the state downloaded next is checked at its first step
         await self.resync()
+
+
+class BehindCheck:
+    def __init__(self, peer: StagePeer, resync: Callable[[], Awaitable[None]], report,
+                 grace: float = BEHIND_GRACE_S) -> None:
+        self.peer, self.resync, self.report, self.grace = peer, resync, report, grace
+        self.resyncs = 0
+        self._running = False
+
+    def behind(self, swarm_step: int) -> None:
+        """A command of step `swarm_step` came while this replica is at an earlier one."""
+        if self._running:
+            return
+        self._running = True
+        self.peer.daemon.spawn(self._catch_up(swarm_step))
+
+    async def _catch_up(self, swarm_step: int) -> None:
+        runner = self.peer.runner
+        try:
+            deadline, seen = time.monotonic() + self.grace, runner.step
+            while runner.step < swarm_step and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)  # the apply of the step before may still be on its way here
+                if runner.step != seen:  # getting level by itself (a joiner follows its donor)
+                    deadline, seen = time.monotonic() + self.grace, runner.step
+            if runner.step >= swarm_step:
+                return
+            log.warning("stage %d: this replica is at step %d but the swarm is at step %d (it missed a step's reduce: "
+                        "slow, or set aside); it downloads the stage's state again", runner.stage, runner.step + 1,
+                        swarm_step + 1)
+            self.report.write("behind", stage=runner.stage, step=runner.step, swarm_step=swarm_step)
+            self.resyncs += 1
+            await self.resync()
+        finally:
+            self._running = False

@@ -49,7 +49,7 @@ from swarm.net.transport import MAX_LENGTH_FIELD
 from swarm.replicas.data_check import StepRecordCheck
 from swarm.replicas.hostile_donor import serve_bad_state
 from swarm.replicas.membership import PROBE_S, Membership
-from swarm.replicas.own_state import OwnStateCheck
+from swarm.replicas.own_state import BehindCheck, OwnStateCheck
 from swarm.replicas.placement import HOLD_S, Rebalancer
 from swarm.replicas.router import Router
 from swarm.replicas.swarm_step import newest_vouched_step, swarm_step
@@ -170,7 +170,8 @@ class ReplicaService:
         peer.vouched = VouchedStates(states)  # a joiner loads only a state whose hash the swarm key vouches for
         peer.state.hashed_only = bool(self.spec.extra.get("coordinator_peer"))  # and a donor serves such a state
         self.own_check = OwnStateCheck(peer, states, self._resync, ctx.report)
-        peer.commit.on_hashed.append(lambda state: self.own_check.after_step(state[0]))  # once its hash is in
+        peer.commit.hasher.on_hashed.append(lambda state: self.own_check.after_step(state[0]))  # once its hash is in
+        self.behind_check = BehindCheck(peer, self._resync, ctx.report)
         if ctx.serve_bad_state:
             serve_bad_state(peer, ctx.serve_bad_state)
         if peer.driver is not None:
@@ -186,6 +187,7 @@ class ReplicaService:
             await peer.start()
             await self._acquire_state()
             peer.on_applied = self._after_step
+            peer.commit.on_behind = self.behind_check.behind  # from now on: a joiner's own download is done
             await peer.announce("online")
             ctx.monitor.attach(ctx.sdht, self.spec, ctx.peer_id, ctx.router.maddrs, ctx.transport, peer.daemon,
                                ctx.router, ctx.device, peer.commit)
@@ -222,10 +224,16 @@ class ReplicaService:
     # ------------------------------------------------------------------ getting the state
     async def _acquire_state(self) -> None:
         ctx, peer, runner = self.ctx, self.peer, self.runner
-        if await self._download():
-            return
         path = checkpoint_path(ctx.checkpoint_dir, self.spec.run_hash, self.stage) if ctx.checkpoint_dir else None
-        if ctx.resume and path is not None and path.exists():
+        if await self._fresh_swarm():
+            # every replica's state is the one built from the signed spec's seed (on the CPU, then moved), this
+            # one's too, so none is downloaded (`large`: 9.7 GB a stage). Had a step been applied meanwhile, the
+            # leader's next command finds this replica behind, and it downloads then (BehindCheck)
+            log.info("stage %d: the swarm has not stepped yet; this replica starts from the initial state, "
+                     "which every replica builds from the spec's seed", self.stage)
+        elif await self._download():
+            return
+        elif ctx.resume and path is not None and path.exists():
             state = await asyncio.to_thread(load_checkpoint, path)
             await peer.daemon.run(runner.load_state_dict, state)
             log.info("resumed stage %d at step %d from %s", self.stage, runner.step + 1, path)
@@ -235,6 +243,11 @@ class ReplicaService:
                 await self._restore(swarm_step)
         await self.sync.catch_up(peer.daemon)
         peer.daemon.stepped()
+
+    async def _fresh_swarm(self) -> bool:
+        """Whether this stage has live replicas and all of them announce that they have not stepped."""
+        others = [a for a in await self.ctx.router.live_peers(self.stage, fresh=True) if a.peer_id != self.ctx.peer_id]
+        return self.runner.step == 0 and bool(others) and all(a.step == 0 for a in others)
 
     async def _download(self) -> bool:
         """Join from a live replica of the stage (the first in order of announced step and throughput that
@@ -254,7 +267,9 @@ class ReplicaService:
         return True
 
     async def _resync(self) -> None:
-        """This replica's state differs from the vouched one: download the stage's state again."""
+        """This replica's state differs from the vouched one, or it fell behind: download the stage's state
+        again (its first hashed step after is checked against the records)."""
+        self.own_check.checked = 0
         if not await self._download():
             log.error("stage %d: no replica gave a vouched state; this replica goes on with its own", self.stage)
         await self.peer.announce("online")

@@ -44,7 +44,7 @@ async def test_a_joiner_refuses_hostile_donors_takes_the_vouched_state_and_the_c
         swarm.start_peer(0, "--steps", STEPS, name="head")
         wait_for_event(swarm, "head", "ready")
         # two honest replicas: under CI's load one may miss a microbatch deadline while it serves a liar its
-        # state and fall behind (a replica that misses a step's reduce does not catch up), leaving none to give
+        # state and fall a step behind; while it downloads the state again (BehindCheck) the other can give
         # the joiner a state the records hold
         swarm.start_peer(1, name="honest")
         swarm.start_peer(1, name="honest2")

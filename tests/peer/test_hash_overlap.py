@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 
-import peer.commit as commit_module
+import peer.state_hasher as hasher_module
 from peer.state_hash import state_sha256
 from tests.peer.swarm_in_memory import make_swarm
 from tests.peer.test_replicas import assert_close, spec_for
@@ -27,10 +27,10 @@ async def test_a_replica_computes_the_next_step_while_it_hashes_and_the_votes_st
         if state["stage"] == 1:
             hashing.append((state["step"], start, time.monotonic()))
         return sha
-    monkeypatch.setattr(commit_module, "state_sha256", slow_hash)
+    monkeypatch.setattr(hasher_module, "state_sha256", slow_hash)
     swarm = await make_swarm(spec, [1, 1])
     for p in swarm.peers.values():
-        p.commit.hash_every = 2
+        p.commit.hasher.every = 2
     head, tail = swarm.peers["s0r0"], swarm.peers["s1r0"]
     agreed: dict[int, dict[int, str]] = {}
     head.driver.votes.on_agreed = lambda steps, hashes: agreed.setdefault(steps, hashes)
@@ -52,7 +52,7 @@ async def test_a_replica_computes_the_next_step_while_it_hashes_and_the_votes_st
         assert any(s == steps and start < t < end for s, t in computed), f"no overlap with the hash after {steps}"
     # every hashed step is agreed for both stages (the last one, 4, concluded at step 5's reduce)
     assert sorted(agreed) == [2, 4] and all(set(h) == {0, 1} for h in agreed.values()), agreed
-    assert head.commit.last_state[0] == tail.commit.last_state[0] == 4
+    assert head.commit.hasher.last[0] == tail.commit.hasher.last[0] == 4
     assert_close([log.loss for log in logs], oracle_runs.losses(spec, STEPS), 1e-10)
 
 
@@ -61,10 +61,10 @@ async def test_a_hash_that_fails_is_logged_and_the_run_goes_on(oracle_runs, monk
 
     def failing_hash(state: dict) -> str:
         raise RuntimeError("no pinned memory")
-    monkeypatch.setattr(commit_module, "state_sha256", failing_hash)
+    monkeypatch.setattr(hasher_module, "state_sha256", failing_hash)
     swarm = await make_swarm(spec, [1, 1])
     for p in swarm.peers.values():
-        p.commit.hash_every = 2
+        p.commit.hasher.every = 2
     try:
         with caplog.at_level("ERROR", logger="peer.commit"):
             logs = await swarm.drive(3)
@@ -73,5 +73,5 @@ async def test_a_hash_that_fails_is_logged_and_the_run_goes_on(oracle_runs, monk
         await swarm.stop()
     failed = [r.getMessage() for r in caplog.records if "hashing the state after step 2 failed" in r.getMessage()]
     assert len(failed) == 2  # each stage's replica said so
-    assert all(p.commit.last_state is None for p in swarm.peers.values())
+    assert all(p.commit.hasher.last is None for p in swarm.peers.values())
     assert_close([log.loss for log in logs], oracle_runs.losses(spec, 3), 1e-10)

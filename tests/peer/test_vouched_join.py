@@ -28,7 +28,7 @@ async def test_a_joiner_refuses_a_noisy_donor_and_its_state_is_the_swarms_after_
     agreed: dict[int, dict[int, str]] = {}
     head = swarm.peers["s0r0"]
     for peer in swarm.peers.values():  # hashed every 2nd step; a donor serves a state at such a step
-        peer.commit.hash_every, peer.state.hashed_only = 2, True
+        peer.commit.hasher.every, peer.state.hashed_only = 2, True
     head.driver.votes.on_agreed = lambda steps, hashes: agreed.setdefault(steps, hashes)
     reported: dict[tuple[str, int], str] = {}  # (peer, steps) -> the state hash in its apply reply
 
@@ -45,7 +45,7 @@ async def test_a_joiner_refuses_a_noisy_donor_and_its_state_is_the_swarms_after_
         while len(swarm.logs) < 3:
             await asyncio.sleep(0.01)  # poll the run's progress
         newcomer = await swarm.add(1, "s1new", announce="syncing")
-        newcomer.commit.hash_every = 2
+        newcomer.commit.hasher.every = 2
         newcomer.vouched = VouchedStates(stage1_records, wait=60.0, poll=0.05)
         announced = {p: swarm.peers[p].status().step for p in ("s1r1", "s1r0")}
         donor = await newcomer.join(["s1r1", "s1r0"], announced=announced)  # the liar first, as it boasts
@@ -64,7 +64,7 @@ async def test_a_joiner_refuses_a_noisy_donor_and_its_state_is_the_swarms_after_
     after = sorted(t for (p, t) in reported if p == "s1new" and t in agreed)
     assert after and after[-1] == STEPS - 1, (after, joined_at)
     assert all(reported[("s1new", t)] == agreed[t][1] == reported[("s1r0", t)] for t in after)
-    assert newcomer.commit.last_state == (STEPS - 1, reported[("s1r0", STEPS - 1)])
+    assert newcomer.commit.hasher.last == (STEPS - 1, reported[("s1r0", STEPS - 1)])
     assert all(set(h) == {0, 1} for h in agreed.values()) and sorted(agreed) == list(range(2, STEPS, 2))
     assert state_sha256(newcomer.runner.state_dict()) == state_sha256(swarm.peers["s1r0"].runner.state_dict())
     assert_close([log.loss for log in logs], oracle_runs.losses(spec, STEPS), 1e-10)
@@ -80,7 +80,7 @@ async def test_a_replica_whose_state_goes_astray_is_found_odd_and_taken_out():
     head.driver.votes.on_agreed = lambda steps, hashes: agreed.setdefault(steps, hashes)
     astray = swarm.peers["s1r2"]
     for peer in swarm.peers.values():
-        peer.commit.hash_every = 1
+        peer.commit.hasher.every = 1
 
     def flip() -> None:  # a bit flip in one weight of one replica
         p = next(astray.runner.module.parameters())
@@ -156,7 +156,7 @@ async def test_a_donor_whose_swarm_stopped_stepping_serves_its_state_as_it_is_wi
     try:
         await swarm.drive(3)
         await swarm.applied()
-        donor.commit.hash_every, donor.state.hashed_only = 1000, True  # the next hashed step never comes
+        donor.commit.hasher.every, donor.state.hashed_only = 1000, True  # the next hashed step never comes
         step, data = await asyncio.wait_for(donor.state._hashed_snapshot("exporter"), timeout=20)
     finally:
         await swarm.stop()

@@ -23,7 +23,8 @@ class Report:
 def fake_peer():
     tasks: list[asyncio.Task] = []
     daemon = SimpleNamespace(spawn=lambda coro: tasks.append(asyncio.get_running_loop().create_task(coro)))
-    peer = SimpleNamespace(commit=SimpleNamespace(last_state=None), daemon=daemon, runner=SimpleNamespace(stage=1))
+    commit = SimpleNamespace(hasher=SimpleNamespace(last=None))
+    peer = SimpleNamespace(commit=commit, daemon=daemon, runner=SimpleNamespace(stage=1))
     return peer, tasks
 
 
@@ -36,18 +37,18 @@ async def test_a_replica_checks_its_first_hashed_step_then_every_few_and_resyncs
         return dict(vouched)
 
     async def resync() -> None:
-        resyncs.append(peer.commit.last_state[0])
+        resyncs.append(peer.commit.hasher.last[0])
     report = Report()
     check = OwnStateCheck(peer, hashes, resync, report, every=8, wait=5.0)
     check.after_step(3)  # no hash taken at this step: nothing to check
     for steps in (4, 8, 12):
-        peer.commit.last_state = (steps, sha(steps))
+        peer.commit.hasher.last = (steps, sha(steps))
         check.after_step(steps)
         await asyncio.gather(*tasks)
     checked = [e["step"] for e in report.events]
     assert checked == [4, 12]  # the first, then once 8 steps have passed (8 is not due)
     assert [e["agrees"] for e in report.events] == [True, False] and resyncs == [12]
-    peer.commit.last_state = (16, sha(16))  # after a re-sync the next hashed step is checked at once
+    peer.commit.hasher.last = (16, sha(16))  # after a re-sync the next hashed step is checked at once
     vouched[16] = sha(16)
     check.after_step(16)
     await asyncio.gather(*tasks)

@@ -1,0 +1,45 @@
+"""A replica the swarm went on without (set aside for one step, as a replica that missed a deadline
+under load is) hears the leader's next command, downloads its stage's state again and takes part
+again (swarm/replicas/own_state.py `BehindCheck`); before, it stood by at its old step for ever.
+In memory, fp64: the run still equals the one-process oracle."""
+from __future__ import annotations
+
+from swarm.replicas.own_state import BehindCheck
+from tests.peer.swarm_in_memory import make_swarm, param_hash
+from tests.peer.test_replicas import assert_close, spec_for
+from tests.swarm.test_own_state import Report
+
+STEPS = 9
+LEFT_OUT = 4  # the step (1-based) that the leader drives without s1r1
+
+
+async def test_a_replica_left_behind_for_a_step_downloads_the_state_and_takes_part_again(oracle_runs):
+    spec = spec_for("subspace", "fp64")
+    swarm = await make_swarm(spec, [1, 2])
+    head, late = swarm.peers["s0r0"], swarm.peers["s1r1"]
+    report = Report()
+
+    async def resync() -> None:  # what ReplicaService._resync does, with the in-memory swarm's one donor
+        await late.announce("syncing")
+        await late.join(["s1r0"])
+        await late.announce("online")
+    check = BehindCheck(late, resync, report, grace=0.5)
+    late.commit.on_behind = check.behind
+
+    def set_aside(log) -> None:  # the leader's view: s1r1 is not there for one step
+        if log.step == LEFT_OUT - 1:
+            head.directory.banned.add("s1r1")
+        elif log.step == LEFT_OUT:
+            head.directory.banned.discard("s1r1")
+    try:
+        logs = await swarm.drive(STEPS, set_aside)
+        await swarm.applied()
+    finally:
+        await swarm.stop()
+    assert [e["event"] for e in report.events] == ["behind"] and check.resyncs == 1
+    assert report.events[0]["step"] == LEFT_OUT - 1 and report.events[0]["swarm_step"] >= LEFT_OUT
+    applied = [r.step + 1 for r in late.commit.records]  # the steps it reduced and applied itself
+    assert LEFT_OUT not in applied and applied[-1] == STEPS, applied  # it took part again, up to the last step
+    assert late.runner.step == swarm.peers["s1r0"].runner.step == STEPS
+    assert param_hash(late.runner) == param_hash(swarm.peers["s1r0"].runner)
+    assert_close([log.loss for log in logs], oracle_runs.losses(spec, STEPS), 1e-10)
