@@ -78,7 +78,7 @@ class PowerSync:
 
     def finish(self, key: tuple[int, int], first: FirstRound, exact_sum: torch.Tensor, P_hat: list[torch.Tensor],
                Q_mine: list[torch.Tensor], Q_sum: torch.Tensor) -> torch.Tensor:
-        """The agreed gradient (flat, layout, CPU); the new state waits for the step to be applied."""
+        """The agreed gradient (flat, layout, on the device); the new state waits for the step to be applied."""
         flat, state = finish(self.layout, self.plan, first, exact_sum, P_hat, Q_mine, Q_sum, self.runner.dtype)
         if first.zero:  # it sent nothing: all it holds back (M = its error) stays its error
             state = PowerState(state.Q, [m.clone() for m in first.M])
@@ -87,14 +87,14 @@ class PowerSync:
 
     def solo(self, key: tuple[int, int], first: FirstRound) -> torch.Tensor:
         """No other replica took part: the sum is this replica's own (error included), sent nowhere, exact."""
-        flat = torch.empty(self.layout.numel, dtype=self.runner.dtype)
+        flat = torch.empty(self.layout.numel, dtype=self.runner.dtype, device=self.runner.device)
         views, off = self.layout.views(flat), 0
         for i in self.plan.exact:
             n = self.layout.entries[i].numel
             views[i].copy_(first.exact[off:off + n].view(self.layout.entries[i].shape))
             off += n
         for j, i in enumerate(self.plan.compressed):
-            views[i].copy_(first.M[j].cpu())
+            views[i].copy_(first.M[j])
         self._keep(key, PowerState(self.state.Q, [torch.zeros_like(e) for e in self.state.error]))
         return flat
 

@@ -129,7 +129,8 @@ def cat_factors(factors: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor
 def finish(layout: SyncLayout, plan: PowerPlan, first: FirstRound, exact_sum: torch.Tensor,
            P_hat: list[torch.Tensor], Q_mine: list[torch.Tensor], Q_sum: torch.Tensor,
            dtype: torch.dtype) -> tuple[torch.Tensor, PowerState]:
-    """(G^ as a flat vector in layout coordinates, on the CPU; this replica's next state)."""
+    """(G^ as a flat vector in layout coordinates, on the device of M; this replica's next state).
+    It stays there: a large stage's G^ copied to the host and back cost seconds a step on a GPU."""
     device = first.M[0].device if first.M else exact_sum.device
     flat = torch.empty(layout.numel, dtype=dtype, device=device)
     views = layout.views(flat)
@@ -147,7 +148,7 @@ def finish(layout: SyncLayout, plan: PowerPlan, first: FirstRound, exact_sum: to
         views[i].copy_(p @ q.to(device).T)
         error.append(first.M[j] - p @ Q_mine[j].to(dtype).T)
         Q_next.append(orthonormalize(q).to(device))
-    return flat.cpu(), PowerState(Q_next, error)
+    return flat, PowerState(Q_next, error)
 
 
 def _cat(tensors: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
