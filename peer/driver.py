@@ -75,6 +75,7 @@ class StepDriver:
         # last_snapshots: (step, stage -> sha256) of the newest step at which every stage's replicas agreed;
         # on_committed(steps done, last_workers, last_snapshots) after each step: what the leader vouches for
         self.last_workers, self.last_snapshots = {}, None
+        self.commit_parts: dict[str, float] = {}  # seconds of the last commit by part (StepLog.commit_parts)
         self.on_committed: Callable[[int, dict, tuple | None], None] | None = None
         self.votes = StateVotes(self.peer_id, directory)  # the state hashes in apply replies (peer/state_votes.py)
         self._commands.on_apply = self.votes.add
@@ -261,7 +262,7 @@ class StepDriver:
         self.daemon.last_loss = sum(losses) / len(losses)
         return StepLog(step + 1, self.daemon.last_loss, tokens, seconds, self.runner.version_for_step(step),
                        record.lr, attempts, commit_seconds, self.commit.last_sync_bytes, record.skipped,
-                       self.runner.scale, {h: len(m) for h, m in self.work.shares.items()})
+                       self.runner.scale, {h: len(m) for h, m in self.work.shares.items()}, dict(self.commit_parts))
 
     def _tell_convicted(self, step: int, attempt: int) -> None:
         """Tell each newly convicted replica, once and in the background, that the abort bans it: it
@@ -359,7 +360,9 @@ class StepDriver:
         groups = {s: sorted(p for p, t in members.items() if t == s) for s in set(members.values())}
         cmds = {peer: Command(self.spec.run_hash, step, attempt, "reduce", groups[stage], self._record)
                 for peer, stage in members.items()}
+        t0 = time.perf_counter()
         replies = dict(zip(cmds, await asyncio.gather(*(self._send(p, c) for p, c in cmds.items()))))
+        self.commit_parts = {"reduce": time.perf_counter() - t0, **self.commit.reduce_parts()}
         # the replicas' states after the last step: a replica hashes it while this step's microbatches run and
         # answers this reduce only once its hash is done, so its apply reply (which carries it) is in by now
         self.votes.conclude(step, members)
@@ -390,7 +393,9 @@ class StepDriver:
         # nothing is applied before the drawn shares are shown to be their replicas' work (a step that
         # overflowed in fp16 applies nothing: its shares carry no numbers to check)
         if not overflowed:
+            t0 = time.perf_counter()
             await self.spot.run(step, attempt, members, replies, shares, self.daemon.boundary.sent(step, attempt))
+            self.commit_parts["checks"] = time.perf_counter() - t0
         if skip := bool(overflowed):  # fp16 (protocol/loss_scale.py): one stage's overflow skips the step everywhere
             log.warning("step %d: fp16 gradients overflowed on stages %s: skipped everywhere, loss scale %g -> %g",
                         step + 1, overflowed, self.runner.scale, self.runner.scale / 2)
@@ -404,8 +409,10 @@ class StepDriver:
         # others are told meanwhile (their next share waits for it), and a stage whose replicas all failed to apply
         # (views of the leader settling, a lost reply) is asked again: it holds the sum; a second apply is "ok"
         if self.peer_id in appliers:
+            t0 = time.perf_counter()
             mine = await self._send(self.peer_id, Command(self.spec.run_hash, step, attempt, "apply", self._named,
                                                           skip=skip))
+            self.commit_parts["apply"] = time.perf_counter() - t0
             if mine.outcome != "ok":
                 raise AttemptFailed(f"this head could not apply the step: {mine.reason}")
         others = {p: members[p] for p in appliers if p != self.peer_id}

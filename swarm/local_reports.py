@@ -23,6 +23,12 @@ class LocalSwarmError(RuntimeError):
     """The local swarm could not run; the message says what failed and where its logs are."""
 
 
+def mean_parts(parts: list[dict[str, float]]) -> dict[str, float]:
+    """The mean of each part over the steps that have it (a step's commit by part, peer/step_log.py)."""
+    keys = sorted({k for p in parts for k in p})
+    return {k: sum(p[k] for p in parts if k in p) / sum(1 for p in parts if k in p) for k in keys}
+
+
 def dense_bytes_per_token(spec: RunSpec) -> float:
     """Bytes per token a dense boundary would put on the wire: a real dense message, framed and acked."""
     dense = spec.replace(codec="dense", quant="none")
@@ -110,7 +116,8 @@ class RunReports:
             "tokens_per_second": tps,
             "sync": {"mode": self.opts.spec.replica_sync, "bytes_per_step": sync,
                      "max_bytes_per_step": max(sync.values(), default=0.0),
-                     "commit_seconds": sum(s.get("commit_seconds", 0.0) for s in timed) / max(1, len(timed))},
+                     "commit_seconds": sum(s.get("commit_seconds", 0.0) for s in timed) / max(1, len(timed)),
+                     "commit_parts": mean_parts([s.get("commit_parts", {}) for s in timed])},
             "link": {"bandwidth": self.opts.bandwidth, "latency": self.opts.latency},
             "peers": self.peer_links(steps),
         }

@@ -88,7 +88,8 @@ def _layout_run(spec, steps: int, warmup: int, replicas: int, bandwidth: str | N
     return row | {"tokens_per_second": sum(r["tokens"] for r in timed) / max(sum(seconds), 1e-9),
                   "median_step_seconds": median, "slowest_over_median": max(seconds) / max(median, 1e-9),
                   "sync_bytes_per_step": m["sync"]["max_bytes_per_step"],
-                  "commit_seconds": m["sync"]["commit_seconds"], "first_loss": records[0]["loss"],
+                  "commit_seconds": m["sync"]["commit_seconds"], "commit_parts": m["sync"]["commit_parts"],
+                  "first_loss": records[0]["loss"],
                   "final_loss": records[-1]["loss"],
                   "uplink_busy": [p["uplink_busy_fraction"] for p in m["peers"] if "uplink_busy_fraction" in p]}
 

@@ -1,10 +1,6 @@
 """`ReplicaService`: this process serving one stage as one of its replicas, over libp2p.
 
-It builds the stage's `StagePeer`, gets the stage's state (downloaded from a live replica,
-else this peer's checkpoint with `--resume`, else, if the swarm has trained, the stage's newest
-snapshot that peers of other stages hold, after which the swarm rolls back to it; with no
-snapshot anywhere it waits, the swarm paused, unless `--allow-fresh-stage` lets the stage start
-from its initial weights at the swarm's step; a swarm that has not trained starts afresh),
+It builds the stage's `StagePeer`, gets the stage's state (`swarm/replicas/state_source.py`),
 announces itself, beats the heartbeat, writes checkpoints (atomically, every
 `checkpoint_every` steps and when it stops), drives steps if it is a head, and every
 `rebalance_period` asks `swarm/replicas/placement.py` whether it should move to another stage
@@ -17,14 +13,13 @@ import asyncio
 import logging
 from dataclasses import asdict, dataclass
 
-from peer.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint
+from peer.checkpoint import checkpoint_path, save_checkpoint
 from peer.driver import StepLog
 from peer.memory_estimate import estimate_stage
 from peer.replica_sync import flat_limits
-from peer.snapshots import NoSnapshot
 from peer.stage import StageRunner
 from peer.stage_peer import StagePeer
-from peer.state_transfer import StateError, state_bytes
+from peer.state_transfer import state_bytes
 from peer.vouched_state import VouchedStates
 from protocol.spec import RunSpec
 from protocol.state_wire import STATE_CHUNK_BYTES
@@ -52,13 +47,12 @@ from swarm.replicas.membership import PROBE_S, Membership
 from swarm.replicas.own_state import BehindCheck, OwnStateCheck
 from swarm.replicas.placement import HOLD_S, Rebalancer
 from swarm.replicas.router import Router
-from swarm.replicas.swarm_step import newest_vouched_step, swarm_step
+from swarm.replicas.state_source import StateSource
 from swarm.replicas.vouched import vouched_hashes, vouched_states
 from swarm.trust.signed_records import sign_record
 
 log = logging.getLogger(__name__)
 
-RESTORE_RETRY_S = 5.0  # how often a peer waiting for a snapshot of its emptied stage asks again
 SERVED_KINDS = (KIND_ACTIVATION, KIND_GRADIENT, KIND_BASIS, KIND_CONTROL, KIND_REDUCE, KIND_FOLLOW, KIND_STATE,
                 KIND_SNAPSHOT)
 
@@ -169,6 +163,7 @@ class ReplicaService:
         states = lambda: vouched_states(ctx.sdht, self.spec.run_hash, self.stage)  # noqa: E731
         peer.vouched = VouchedStates(states)  # a joiner loads only a state whose hash the swarm key vouches for
         peer.state.hashed_only = bool(self.spec.extra.get("coordinator_peer"))  # and a donor serves such a state
+        self.source = StateSource(ctx, self.stage, peer, sync)
         self.own_check = OwnStateCheck(peer, states, self._resync, ctx.report)
         peer.commit.hasher.on_hashed.append(lambda state: self.own_check.after_step(state[0]))  # once its hash is in
         self.behind_check = BehindCheck(peer, self._resync, ctx.report)
@@ -185,7 +180,7 @@ class ReplicaService:
         heartbeat = None
         try:
             await peer.start()
-            await self._acquire_state()
+            await self.source.acquire()
             peer.on_applied = self._after_step
             peer.commit.on_behind = self.behind_check.behind  # from now on: a joiner's own download is done
             await peer.announce("online")
@@ -221,102 +216,11 @@ class ReplicaService:
                 heartbeat.cancel()
             await self._leave()
 
-    # ------------------------------------------------------------------ getting the state
-    async def _acquire_state(self) -> None:
-        ctx, peer, runner = self.ctx, self.peer, self.runner
-        path = checkpoint_path(ctx.checkpoint_dir, self.spec.run_hash, self.stage) if ctx.checkpoint_dir else None
-        if await self._fresh_swarm():
-            # every replica's state is the one built from the signed spec's seed (on the CPU, then moved), this
-            # one's too, so none is downloaded (`large`: 9.7 GB a stage). Had a step been applied meanwhile, the
-            # leader's next command finds this replica behind, and it downloads then (BehindCheck)
-            log.info("stage %d: the swarm has not stepped yet; this replica starts from the initial state, "
-                     "which every replica builds from the spec's seed", self.stage)
-        elif await self._download():
-            return
-        elif ctx.resume and path is not None and path.exists():
-            state = await asyncio.to_thread(load_checkpoint, path)
-            await peer.daemon.run(runner.load_state_dict, state)
-            log.info("resumed stage %d at step %d from %s", self.stage, runner.step + 1, path)
-        else:
-            swarm_step = await self._swarm_step()
-            if swarm_step:
-                await self._restore(swarm_step)
-        await self.sync.catch_up(peer.daemon)
-        peer.daemon.stepped()
-
-    async def _fresh_swarm(self) -> bool:
-        """Whether this stage has live replicas and all of them announce that they have not stepped."""
-        others = [a for a in await self.ctx.router.live_peers(self.stage, fresh=True) if a.peer_id != self.ctx.peer_id]
-        return self.runner.step == 0 and bool(others) and all(a.step == 0 for a in others)
-
-    async def _download(self) -> bool:
-        """Join from a live replica of the stage (the first in order of announced step and throughput that
-        gives a vouched state); False if there is none, or none gave one."""
-        ctx = self.ctx
-        donors = [a for a in await ctx.router.live_peers(self.stage, fresh=True) if a.peer_id != ctx.peer_id]
-        if not donors:
-            return False
-        await self.peer.announce("syncing")
-        order = [a.peer_id for a in sorted(donors, key=lambda a: (-a.step, -a.throughput, a.peer_id))]
-        try:
-            donor = await self.peer.join(order, announced={a.peer_id: a.step for a in donors})
-        except StateError as e:
-            log.warning("%s; starting from this peer's own state instead", e)
-            return False
-        ctx.report.write("joined", stage=self.stage, donor=donor, step=self.runner.step)
-        return True
-
     async def _resync(self) -> None:
         """This replica's state differs from the vouched one, or it fell behind: download the stage's state
         again (its first hashed step after is checked against the records)."""
         self.own_check.checked = 0
-        if not await self._download():
-            log.error("stage %d: no replica gave a vouched state; this replica goes on with its own", self.stage)
-        await self.peer.announce("online")
-
-    async def _restore(self, swarm_step: int) -> None:
-        """The stage lost every replica after the swarm trained: load its newest snapshot (the swarm
-        then rolls back to it, `peer/rollback.py`). With none anywhere, start afresh only if the
-        owner said so (`--allow-fresh-stage`); else wait, the swarm paused, until a snapshot's
-        holder is back."""
-        ctx, peer, runner = self.ctx, self.peer, self.runner
-        await peer.announce("syncing")
-        said = False
-        while True:
-            try:
-                step = await peer.restore()
-            except NoSnapshot as e:
-                if ctx.allow_fresh_stage:
-                    log.warning("stage %d had no live replica and no peer holds a snapshot of it: the stage starts "
-                                "again from its initial weights, at the swarm's step %d (--allow-fresh-stage)",
-                                self.stage, swarm_step + 1)
-                    ctx.report.write("fresh_stage", stage=self.stage, step=swarm_step)
-                    runner.step = swarm_step
-                    return
-                if not said:
-                    log.error("stage %d: %s", self.stage, e)
-                    ctx.report.write("waiting_for_snapshot", stage=self.stage, swarm_step=swarm_step)
-                    said = True
-                await asyncio.sleep(RESTORE_RETRY_S)  # the retry schedule: a holder may come back
-                await peer.announce("syncing")  # the heartbeat does not run yet
-                continue
-            log.warning("stage %d had no live replica: restored from its snapshot at step %d; the swarm is at step %d, "
-                        "so every stage rolls back to step %d and the steps after it are driven again", self.stage,
-                        step, swarm_step, step)
-            ctx.report.write("restored", stage=self.stage, step=step, swarm_step=swarm_step)
-            return
-
-    async def _swarm_step(self) -> int:
-        """The step the swarm is on, for a stage that had no live replica: from the other peers' announced
-        steps, those the swarm key's records support (swarm/replicas/swarm_step.py)."""
-        ctx, spec = self.ctx, self.spec
-
-        async def others() -> list:
-            return [a for s in range(spec.n_stages) for a in await ctx.router.live_peers(s, fresh=True)
-                    if a.peer_id != ctx.peer_id]
-
-        return await swarm_step(others, ctx.router.lease_order, lambda: newest_vouched_step(ctx.sdht, spec.run_hash),
-                                ctx.ttl, self.stage)
+        await self.source.resync()
 
     async def _answers(self, peer: str) -> bool:
         """Whether `peer` answers a status request at all (a refusal is an answer): a liveness probe."""
@@ -332,6 +236,9 @@ class ReplicaService:
                  f" ({record.attempts} attempts)" if record.attempts > 1 else "")
 
     def _after_step(self, step: int) -> None:
+        check = self.peer.commit.check_record
+        if isinstance(check, StepRecordCheck) and not self.peer.daemon.leads:  # a standby head: the next reduce's
+            check.prepare(step)
         if self.ctx.checkpoint_dir and self.ctx.checkpoint_every and step % self.ctx.checkpoint_every == 0:
             if self._saving is None or self._saving.done():
                 self._saving = asyncio.create_task(self.save_checkpoint())

@@ -54,6 +54,14 @@ async def test_powersgd_replicas_stay_identical_and_in_the_subspace_after_every_
     assert all(c["equal"] == [True, True] for c in checks), "replicas of a stage differ after a step"
     assert max(c["drift"] for c in checks) < 1e-6  # fp32: the weights never leave span(U)
     assert all(b > 0 for c in checks for b in c["bytes"])  # every replica really took part in every sync
+    # every step's log breaks its commit down: the replies to reduce, the head's own reduce by part, its apply
+    own = ["own_record_check", "own_hash_wait", "own_round1", "own_exchange1", "own_round2", "own_exchange2",
+           "own_sum", "own_reply"]
+    for log in logs:
+        parts = log.commit_parts
+        assert {"reduce", "checks", "apply", *own} <= set(parts) and all(v >= 0 for v in parts.values()), parts
+        assert sum(parts[k] for k in own) <= parts["reduce"] + 1e-3  # its own reduce is inside the wait for all
+        assert parts["reduce"] + parts["checks"] + parts["apply"] <= log.commit_seconds + 1e-3
     # it trains: the first step (before any update) is the oracle's, and the loss goes down from there
     (want,) = oracle_runs.losses(spec.replace(replica_sync="exact"), 1)  # the oracle's first step
     assert abs(logs[0].loss - want) <= 1e-5 * want

@@ -1,10 +1,15 @@
 """A replica the swarm went on without (set aside for one step, as a replica that missed a deadline
 under load is) hears the leader's next command, downloads its stage's state again and takes part
 again (swarm/replicas/own_state.py `BehindCheck`); before, it stood by at its old step for ever.
-In memory, fp64: the run still equals the one-process oracle."""
+In memory, fp64: the run still equals the one-process oracle. Both checks of own_state.py may find
+a replica astray at once: it downloads once (`StateSource.resync`)."""
 from __future__ import annotations
 
+import asyncio
+from types import SimpleNamespace
+
 from swarm.replicas.own_state import BehindCheck
+from swarm.replicas.state_source import StateSource
 from tests.peer.swarm_in_memory import make_swarm, param_hash
 from tests.peer.test_replicas import assert_close, spec_for
 from tests.swarm.test_own_state import Report
@@ -43,3 +48,29 @@ async def test_a_replica_left_behind_for_a_step_downloads_the_state_and_takes_pa
     assert late.runner.step == swarm.peers["s1r0"].runner.step == STEPS
     assert param_hash(late.runner) == param_hash(swarm.peers["s1r0"].runner)
     assert_close([log.loss for log in logs], oracle_runs.losses(spec, STEPS), 1e-10)
+
+
+async def test_a_replica_downloads_its_state_once_when_both_checks_find_it_astray_at_once():
+    source = StateSource.__new__(StateSource)
+    source.resyncing, downloads, release = False, [], asyncio.Event()
+
+    async def donors() -> list:
+        return ["donor"]
+
+    async def download(found: list) -> bool:
+        downloads.append(found)
+        await release.wait()  # a download takes a while: the second check comes meanwhile
+        return True
+
+    async def announce(state: str) -> None:
+        pass
+    source._donors, source._download, source.peer = donors, download, SimpleNamespace(announce=announce)
+    first = asyncio.create_task(source.resync())
+    while not downloads:
+        await asyncio.sleep(0.01)  # poll: the first download is under way
+    await asyncio.wait_for(source.resync(), 1.0)  # the second returns at once
+    release.set()
+    await first
+    assert downloads == [["donor"]] and not source.resyncing
+    await source.resync()  # and a later one downloads again
+    assert len(downloads) == 2

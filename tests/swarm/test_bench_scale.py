@@ -58,7 +58,7 @@ class SlowSwarm:
         self.stopped = True
 
     def metrics(self, records: list[dict]) -> dict:
-        return {"sync": {"max_bytes_per_step": 0.0, "commit_seconds": 0.0}, "peers": []}
+        return {"sync": {"max_bytes_per_step": 0.0, "commit_seconds": 0.0, "commit_parts": {}}, "peers": []}
 
 
 def test_a_layout_past_its_time_limit_keeps_what_it_did(tmp_path, monkeypatch):

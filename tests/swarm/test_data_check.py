@@ -113,6 +113,24 @@ async def test_the_leader_does_not_re_hash_its_own_record_and_another_head_still
     assert len(calls) == M
 
 
+async def test_a_standby_heads_digest_computed_ahead_is_the_one_its_check_uses():
+    async def report(body: bytes) -> None:
+        pass
+    leader = Identity.generate()
+    calls = []
+
+    def counted(step: int, mb: int):
+        calls.append((step, mb))
+        return RUN_DATA(step, mb)
+    check = StepRecordCheck(RUN, M, counted, report, me="a standby head")
+    check.prepare(3)
+    check.prepare(4)  # the next step applied before the leader's reduce of step 3 came: 3's is dropped
+    honest, liar = record(leader, RUN_DATA).encode(), record(leader, OTHER_DATA, attempt=2).encode()
+    assert await check(Command(RUN, 4, 1, "reduce", record=honest)) is None
+    assert "not the run's" in await check(Command(RUN, 4, 2, "reduce", record=liar))  # a re-driven attempt
+    assert [c for c in calls if c[0] == 4] == [(4, m) for m in range(M)]  # step 4's batches: generated once
+
+
 async def test_a_revocation_orders_a_rollback_to_the_newest_snapshot_another_head_vouched_for_once(caplog):
     from swarm.replicas.vouched import SnapshotVouch
     from tests.swarm.test_vouched import Stored, sha

@@ -10,7 +10,7 @@ import time
 from types import SimpleNamespace
 
 from swarm.dht import StageAnnouncement, VouchedSnapshots
-from swarm.replicas.replica import ReplicaService
+from swarm.replicas.state_source import StateSource
 from swarm.replicas.swarm_step import SLACK, counted_claims, settled_step
 
 RUN = "r"
@@ -46,13 +46,14 @@ class FakeDHT:
         return VouchedSnapshots(run_hash, {t: {s: f"{s:x}" * 64 for s in range(3)} for t in steps}) if steps else None
 
 
-def joiner_of_stage_1(peers: list[StageAnnouncement], order: list[str] | None, dht: FakeDHT) -> ReplicaService:
-    """A ReplicaService of stage 1 just far enough built to judge the swarm's step (as `_acquire_state` does)."""
-    service = ReplicaService.__new__(ReplicaService)
-    service.stage = 1
-    service.spec = SimpleNamespace(n_stages=3, run_hash=RUN)
-    service.ctx = SimpleNamespace(router=FakeRouter(peers, order), sdht=dht, peer_id=JOINER, ttl=TTL)
-    return service
+def joiner_of_stage_1(peers: list[StageAnnouncement], order: list[str] | None, dht: FakeDHT) -> StateSource:
+    """The StateSource of a replica of stage 1, just far enough built to judge the swarm's step (as `acquire`
+    does)."""
+    source = StateSource.__new__(StateSource)
+    source.stage = 1
+    source.spec = SimpleNamespace(n_stages=3, run_hash=RUN)
+    source.ctx = SimpleNamespace(router=FakeRouter(peers, order), sdht=dht, peer_id=JOINER, ttl=TTL)
+    return source
 
 
 async def judged(peers: list[StageAnnouncement], order: list[str] | None, dht: FakeDHT) -> tuple[int, float]:
