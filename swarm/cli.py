@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import faulthandler
 import json
 import logging
 import os
@@ -29,6 +30,12 @@ from protocol.spec import DTYPE_CHOICES, PRESETS, REPLICA_SYNCS, RunSpec, SpecEr
 from swarm.options import add_options, from_args  # noqa: E402
 
 log = logging.getLogger("swarm")
+
+
+def enable_stack_dumps() -> None:
+    """`kill -USR1 PID` writes every thread's stack to stderr (a peer's log): what a process that seems
+    stuck is doing (`swarm local` asks each of its processes for this when no step finishes in time)."""
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
 
 
 def _setup_logging(verbose: bool) -> None:
@@ -372,6 +379,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _setup_logging(args.verbose)
+    enable_stack_dumps()
     try:
         return args.func(args)
     except (SpecError, ValueError) as e:  # bad input a user can fix: DataError, a bad --bandwidth, ...

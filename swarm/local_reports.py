@@ -6,6 +6,7 @@ boundary's, tokens/s, replica-sync bytes and each stage's link.
 from __future__ import annotations
 
 import json
+import signal
 import time
 
 import torch
@@ -61,6 +62,20 @@ class RunReports:
         steps = [by_step[k] for k in sorted(by_step)]
         return steps, done
 
+    def dump_stacks(self, wait: float = 5.0) -> None:
+        """Have every live process write its threads' stacks to its log (SIGUSR1, swarm/cli.py), and wait
+        up to `wait` s for them to be there: what a swarm that stopped stepping was doing."""
+        logs = {}
+        for name, proc in self.procs:
+            if proc.poll() is None:
+                path = self.dir / f"{name}.log"
+                logs[path] = path.stat().st_size if path.exists() else 0
+                proc.send_signal(signal.SIGUSR1)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and any((p.stat().st_size if p.exists() else 0) <= n
+                                                 for p, n in logs.items()):
+            time.sleep(0.1)  # poll: each process writes its stacks when its signal handler runs
+
     def follow(self, timeout_per_step: float = 300.0) -> list[dict]:
         """Feed the progress bar from the heads' reports until one says done; returns the step records."""
         bar = tqdm(total=self.opts.steps, unit="step", disable=self.opts.quiet, dynamic_ncols=True)
@@ -88,7 +103,9 @@ class RunReports:
                         return self.step_events()[0]
                     raise
                 if time.monotonic() - last_progress > timeout_per_step:
-                    raise LocalSwarmError(f"no step finished in {timeout_per_step:g} s; see the logs in {self.dir}.")
+                    self.dump_stacks()
+                    raise LocalSwarmError(f"no step finished in {timeout_per_step:g} s; see the logs in {self.dir} "
+                                          f"(each live peer's ends with its threads' stacks).")
                 time.sleep(0.2)  # poll interval of the head's report file
         finally:
             bar.close()

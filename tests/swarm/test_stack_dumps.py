@@ -1,0 +1,38 @@
+"""A local swarm that stops stepping has each of its live processes write its threads' stacks to its
+log (SIGUSR1, `swarm.cli.enable_stack_dumps`; `RunReports.dump_stacks`), and the process goes on."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from swarm.local_reports import RunReports
+
+SCRIPT = ("from swarm.cli import enable_stack_dumps; enable_stack_dumps(); print('ready', flush=True)\n"
+          "import time\n"
+          "def waiting_for_a_step():\n"
+          "    time.sleep(60)\n"
+          "waiting_for_a_step()\n")
+
+
+@pytest.mark.e2e  # a real process and a real signal
+def test_a_stuck_process_writes_its_stacks_to_its_log_and_lives_on(tmp_path):
+    log = tmp_path / "stage1.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-c", SCRIPT], stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while "ready" not in log.read_text():
+            assert time.monotonic() < deadline and proc.poll() is None, log.read_text()
+            time.sleep(0.05)  # poll: the child has registered its handler once it says so
+        reports = SimpleNamespace(procs=[("stage1", proc)], dir=tmp_path)
+        RunReports.dump_stacks(reports, wait=30.0)
+        text = log.read_text()
+        assert "waiting_for_a_step" in text and "Current thread" in text, text
+        assert proc.poll() is None  # the signal did not stop it
+    finally:
+        proc.kill()
+        proc.wait()
