@@ -62,7 +62,7 @@ class StepRecordCheck:
     def prepare(self, step: int) -> None:
         """Compute the digest of `step` now, on a thread: the leader's reduce of that step needs it."""
         for old in [s for s in self._digests if s < step]:
-            self._digests.pop(old).cancel()
+            del self._digests[old]  # not cancelled: a reduce of that step may still be awaiting it
         if step not in self._digests:
             self._digests[step] = asyncio.ensure_future(
                 asyncio.to_thread(step_digest, self.batches, step, self.n_microbatches))
