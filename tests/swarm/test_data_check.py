@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
+import time
 
 import pytest
 import torch
@@ -187,3 +189,23 @@ async def test_with_no_snapshot_from_before_the_liar_led_the_coordinator_says_so
     assert dht.stored[-1].revoked == [liar.peer_id] and dht.stored[-1].rollback_id == 0
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert any("No snapshot from before it led" in m and "up to step 7" in m and "stay applied" in m for m in errors)
+
+
+async def test_a_reduce_awaiting_its_digest_gets_it_when_the_next_steps_is_asked_for_meanwhile():
+    async def report(body: bytes) -> None:
+        pass
+    leader, go = Identity.generate(), threading.Event()
+
+    def slow(step: int, mb: int):
+        go.wait(30)  # step 3's batches take a while
+        return RUN_DATA(step, mb)
+    check = StepRecordCheck(RUN, M, slow, report, me="a standby head")
+    body = record(leader, RUN_DATA, step=3).encode()
+    reduce = asyncio.ensure_future(check(Command(RUN, 3, 1, "reduce", record=body)))
+    deadline = time.monotonic() + 10
+    while 3 not in check._digests:  # poll: the check is under way, awaiting step 3's digest
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.01)
+    check.prepare(4)  # the step after is asked for meanwhile
+    go.set()
+    assert await asyncio.wait_for(reduce, 30) is None
