@@ -35,7 +35,10 @@ log = logging.getLogger("swarm")
 def enable_stack_dumps() -> None:
     """`kill -USR1 PID` writes every thread's stack to stderr (a peer's log): what a process that seems
     stuck is doing (`swarm local` asks each of its processes for this when no step finishes in time)."""
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    try:
+        faulthandler.register(signal.SIGUSR1, file=sys.__stderr__ or sys.stderr, all_threads=True)
+    except (AttributeError, OSError, ValueError):  # no file descriptor behind stderr: nowhere to write them
+        log.debug("stack dumps on SIGUSR1 are off: stderr has no file descriptor")
 
 
 def _setup_logging(verbose: bool) -> None:
