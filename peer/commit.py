@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 
@@ -72,6 +71,7 @@ from .robust_sum import suspects
 from .share_check import ShareCheck
 from .stage import StageError
 from .state_hasher import StateHasher
+from .step_log import PartClock
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +124,7 @@ class StepCommit:
         # from anyone admitted
         self.on_behind: Callable[[int], None] | None = None
         self.banned = asyncio.Event()  # the leader's abort named this peer as caught lying about its work
-        self._marks: list[tuple[str, float]] = []  # (part done, when) in the last reduce here: `reduce_parts`
+        self.clock = PartClock()  # the parts of the last reduce here (the driver's step log)
 
     def limits(self) -> FlatLimits:
         return self._limits
@@ -192,23 +192,16 @@ class StepCommit:
             outcome, reason, blame = await self.share_check.check(cmd, held)
             return replace(self._reply(cmd, outcome, reason), blame=blame)
         if cmd.op == "reduce":
-            self._marks = [("start", time.perf_counter())]
+            self.clock.start()
             if self.check_record is not None and (problem := await self.check_record(cmd)) is not None:
                 return self._reply(cmd, "failed", problem)  # this replica does not sum with a leader it caught
-            self._mark("record_check")
+            self.clock.mark("record_check")
             await self.hasher.wait()  # the last step's hash is in (its apply reply sent) before this step's reduce
-            self._mark("hash_wait")
+            self.clock.mark("hash_wait")
             with self._running.running(cmd.step, cmd.attempt):
                 await d.adopt_attempt(cmd.attempt)
                 return await self._reduce(cmd)
         return await self._apply(cmd, local)
-
-    def _mark(self, part: str) -> None:
-        self._marks.append((part, time.perf_counter()))
-
-    def reduce_parts(self) -> dict[str, float]:
-        """Seconds of each part of the last reduce here, named "own_<part>" (the driver's step log)."""
-        return {f"own_{part}": t - before for (_, before), (part, t) in zip(self._marks, self._marks[1:])}
 
     def _reply(self, cmd: Command, outcome: str, reason: str = "") -> CommandReply:
         reduced = self.runner.reduced
@@ -249,12 +242,12 @@ class StepCommit:
             return self._reply(cmd, "failed", reduced)
         if (cmd.step, cmd.attempt) != (self.runner.step, d.attempt):
             return self._reply(cmd, "failed", "the attempt was superseded during the reduce.")
-        self._mark("sum")
+        self.clock.mark("sum")
         await d.run(self.runner.set_reduced, reduced)
         for key in [k for k in self._inbox if k[:2] == (cmd.step, cmd.attempt)]:
             del self._inbox[key]
         reply = await self._reduced_reply(cmd)
-        self._mark("reply")
+        self.clock.mark("reply")
         return reply
 
     async def _reduced_reply(self, cmd: Command) -> CommandReply:  # "ok", and whether the stage overflowed (fp16)
@@ -281,12 +274,12 @@ class StepCommit:
             return got if isinstance(got, str) else Reduced(cmd.step, cmd.attempt, None, None,
                                                             {p: c.microbatches for p, c in got.items()}, overflow=True)
         first = await d.run(power.first, flat)
-        self._mark("round1")
+        self.clock.mark("round1")
         # a replica with nothing to add (a standby head, say) sends no tensors: zeros to the others
         mine = Contribution(run, cmd.step, cmd.attempt, self.stage, mbs, None if first.zero else first.exact, stat, 0,
                             None if first.zero else first.P)
         got = await self._exchange(cmd, mine, others)
-        self._mark("exchange1")
+        self.clock.mark("exchange1")
         if isinstance(got, str):
             return got
         try:
@@ -299,10 +292,10 @@ class StepCommit:
             flat = await d.run(power.solo, key, first)
             return Reduced(cmd.step, cmd.attempt, flat, total.stat, total.contributors)
         P_hat, Q_mine, Q_flat = await d.run(power.second, first, sum_factors(got, self.runner.dtype))
-        self._mark("round2")
+        self.clock.mark("round2")
         mine = Contribution(run, cmd.step, cmd.attempt, self.stage, [], None, None, 1, None if first.zero else Q_flat)
         got2 = await self._exchange(cmd, mine, sorted(p for p in got if p != self.peer_id), everyone=True)
-        self._mark("exchange2")
+        self.clock.mark("exchange2")
         if isinstance(got2, str):
             return got2
         flat = await d.run(power.finish, key, first, total.grads, P_hat, Q_mine,

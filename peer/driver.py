@@ -43,7 +43,7 @@ from .leadership import leader_of
 from .spot_checks import SpotChecks
 from .stage import StageError
 from .state_votes import StateVotes
-from .step_log import AttemptFailed, StepLog
+from .step_log import AttemptFailed, StepLog, timed
 
 log = logging.getLogger(__name__)
 
@@ -360,9 +360,10 @@ class StepDriver:
         groups = {s: sorted(p for p, t in members.items() if t == s) for s in set(members.values())}
         cmds = {peer: Command(self.spec.run_hash, step, attempt, "reduce", groups[stage], self._record)
                 for peer, stage in members.items()}
-        t0 = time.perf_counter()
-        replies = dict(zip(cmds, await asyncio.gather(*(self._send(p, c) for p, c in cmds.items()))))
-        self.commit_parts = {"reduce": time.perf_counter() - t0, **self.commit.reduce_parts()}
+        self.commit_parts = {}
+        with timed(self.commit_parts, "reduce"):
+            replies = dict(zip(cmds, await asyncio.gather(*(self._send(p, c) for p, c in cmds.items()))))
+        self.commit_parts.update(self.commit.clock.parts("own_"))
         # the replicas' states after the last step: a replica hashes it while this step's microbatches run and
         # answers this reduce only once its hash is done, so its apply reply (which carries it) is in by now
         self.votes.conclude(step, members)
@@ -393,9 +394,8 @@ class StepDriver:
         # nothing is applied before the drawn shares are shown to be their replicas' work (a step that
         # overflowed in fp16 applies nothing: its shares carry no numbers to check)
         if not overflowed:
-            t0 = time.perf_counter()
-            await self.spot.run(step, attempt, members, replies, shares, self.daemon.boundary.sent(step, attempt))
-            self.commit_parts["checks"] = time.perf_counter() - t0
+            with timed(self.commit_parts, "checks"):
+                await self.spot.run(step, attempt, members, replies, shares, self.daemon.boundary.sent(step, attempt))
         if skip := bool(overflowed):  # fp16 (protocol/loss_scale.py): one stage's overflow skips the step everywhere
             log.warning("step %d: fp16 gradients overflowed on stages %s: skipped everywhere, loss scale %g -> %g",
                         step + 1, overflowed, self.runner.scale, self.runner.scale / 2)
@@ -409,10 +409,9 @@ class StepDriver:
         # others are told meanwhile (their next share waits for it), and a stage whose replicas all failed to apply
         # (views of the leader settling, a lost reply) is asked again: it holds the sum; a second apply is "ok"
         if self.peer_id in appliers:
-            t0 = time.perf_counter()
-            mine = await self._send(self.peer_id, Command(self.spec.run_hash, step, attempt, "apply", self._named,
-                                                          skip=skip))
-            self.commit_parts["apply"] = time.perf_counter() - t0
+            with timed(self.commit_parts, "apply"):
+                mine = await self._send(self.peer_id, Command(self.spec.run_hash, step, attempt, "apply", self._named,
+                                                              skip=skip))
             if mine.outcome != "ok":
                 raise AttemptFailed(f"this head could not apply the step: {mine.reason}")
         others = {p: members[p] for p in appliers if p != self.peer_id}

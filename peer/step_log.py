@@ -1,7 +1,11 @@
 """`StepLog`: what the leading head reports of each step it drove, and `AttemptFailed`, an attempt
-that did not complete and is re-driven (peer/driver.py)."""
+that did not complete and is re-driven (peer/driver.py); `PartClock` and `timed`, which time the
+parts of a step's commit for it."""
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 
@@ -26,3 +30,29 @@ class StepLog:
 
 class AttemptFailed(RuntimeError):
     """One attempt at a step did not complete; the step is re-driven."""
+
+
+class PartClock:
+    """Seconds between named marks: `start()`, then `mark(part)` as each part ends."""
+
+    def __init__(self) -> None:
+        self._marks: list[tuple[str, float]] = []
+
+    def start(self) -> None:
+        self._marks = [("", time.perf_counter())]
+
+    def mark(self, part: str) -> None:
+        self._marks.append((part, time.perf_counter()))
+
+    def parts(self, prefix: str = "") -> dict[str, float]:
+        return {prefix + part: t - before for (_, before), (part, t) in zip(self._marks, self._marks[1:])}
+
+
+@contextmanager
+def timed(parts: dict[str, float], name: str) -> Iterator[None]:
+    """parts[name] = the seconds the block took."""
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        parts[name] = time.perf_counter() - t0
