@@ -17,7 +17,8 @@ measured side by side in one run.
 - `churn.py` (+ `churn_report.py`): peers in network namespaces killed and replaced all the time:
   goodput, gaps, lost/doubled steps, resets, rollbacks, replica agreement, failover.
 - `record.py`: the public slow-link record's setting (d=1024, 8 stages, 200 Mbit/s, 50 ms): time to
-  dense's final loss per codec, from convergence's curves and throughput's swarms.
+  dense's final loss per codec, from convergence's curves and throughput's swarms (`record_variants.py`:
+  what it trains, by name).
 - `simulate.py` (+ `simulate_engine.py`, `simulate_hardware.py`, `simulate_swarm.py`, `simulate_step.py`,
   `simulate_run.py`, `simulate_report.py`, `simulate_validate.py`): a discrete-event simulation of 10-1,000
   home GPUs running the project's router and placement: tokens/s against N, churn and codec; `--validate`
@@ -130,7 +131,7 @@ def _dispatch(a: argparse.Namespace) -> None:
         from .record import run_record_bench
         run_record_bench(a.out, tokens=a.tokens, data=a.data, device=a.device, devices=a.devices,
                          bandwidth=a.bandwidth, latency=a.latency, steps=a.steps, codec_tokens=a.codec_tokens,
-                         resume=a.resume, parts=a.parts, smoke=a.smoke)
+                         resume=a.resume, parts=a.parts, smoke=a.smoke, variants=a.variants)
     elif a.which == "simulate":
         _simulate(a)
     elif a.which == "scale":

@@ -7,6 +7,8 @@ import argparse
 
 from protocol.spec import DTYPE_CHOICES, PRESETS, resolve_dtype
 
+from .record_variants import VARIANTS
+
 CODECS = ["dense", "subspace", "bottleneck"]
 
 
@@ -261,14 +263,24 @@ def _parts(text: str) -> tuple[str, ...]:
     return parts
 
 
+def _variants(text: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown or "dense" not in names:
+        raise argparse.ArgumentTypeError(f"{text!r}: name dense and any of {', '.join(VARIANTS)}"
+                                         + (f" (not {', '.join(unknown)})." if unknown else "."))
+    return names
+
+
 def _add_record(sub) -> None:
     p = sub.add_parser("record", help="the public slow-link record's setting: time to dense's loss per codec",
                        description="The setting of the public record on slow links (Pluralis' ProtocolNanoGPT: "
                        "~203M parameters, d=1024, 8 stages, 200 Mbit/s and 50 ms per link) on our data: the record "
-                       "preset trained with dense, subspace (k=10, ~100x) and bottleneck side by side to a token "
+                       "preset trained with dense, subspace (k=10, ~100x), bottleneck and subspace with its "
+                       "constrained stages at 0.03 x the lr (at ~100x and at 16x) side by side to a token "
                        "budget (convergence.json), each codec's tokens/s measured as a real local swarm on the "
-                       "shaped link (throughput.json), and the time to dense's final held-out loss per codec, with "
-                       "the steps and tokens/s ratios that bound it; writes record.json and record.png.")
+                       "shaped link (throughput.json), and the time to dense's final held-out loss per variant, "
+                       "with the steps and tokens/s ratios that bound it; writes record.json and record.png.")
     _common(p)
     p.add_argument("--tokens", type=int, default=12_000_000, help="dense's token budget (default: 12000000)")
     p.add_argument("--codec-tokens", type=float, default=1.0, metavar="X",
@@ -280,8 +292,13 @@ def _add_record(sub) -> None:
     p.add_argument("--latency", default="50ms", help="one-way latency per link (default: 50ms)")
     p.add_argument("--parts", type=_parts, default=("curves", "throughput"), metavar="PART[,PART]",
                    help="which parts to run: curves (training), throughput (the swarms) (default: both)")
-    p.add_argument("--resume", action="store_true", help="reuse OUT/convergence.json where it has the same steps "
-                   "per codec, and OUT/throughput.json where it has the same preset, link and latency (default: off)")
+    p.add_argument("--variants", type=_variants, default=None, metavar="NAME[,NAME]",
+                   help=f"what to train and measure, dense among them: {', '.join(VARIANTS)}; a variant ending in "
+                   "-lr0.03 trains its constrained stages at 0.03 x the lr and has the tokens/s of the same codec "
+                   "and width (default: all)")
+    p.add_argument("--resume", action="store_true", help="keep OUT/convergence.json's curves trained with the same "
+                   "spec and OUT/throughput.json's swarms on the same preset, link and latency; run only the rest "
+                   "(default: off)")
     _data(p)
 
 

@@ -126,10 +126,11 @@ def _train_all(out: Path, preset_name: str, steps: int, intervals: tuple[int, ..
 
 
 def train_curves(out: Path, preset_name: str, variants: dict[str, RunSpec], data: str | None, device: str,
-                 eval_every: int, eval_batches: int, parallel: bool | None = None) -> dict:
+                 eval_every: int, eval_batches: int, parallel: bool | None = None, done: dict | None = None) -> dict:
     """Train `variants` side by side (same data and seeds; in parallel processes on a GPU unless
-    `parallel` says otherwise); write OUT/convergence.json and its plot. Each summary row's vs_dense
-    is final / dense's final - 1, and vs_fixed the same against the "fixed U" variant, if any."""
+    `parallel` says otherwise); write OUT/convergence.json, with the curves of `done` (trained
+    earlier, by name) first, and its plot. Each summary row's vs_dense is final / dense's final - 1,
+    and vs_fixed the same against the "fixed U" variant, if any."""
     parallel = device.startswith("cuda") if parallel is None else parallel
     threads = max(1, (os.cpu_count() or 1) // (len(variants) if parallel else 1))
     args = [(name, spec.to_json(), data, device, eval_every, eval_batches, threads) for name, spec in variants.items()]
@@ -139,7 +140,7 @@ def train_curves(out: Path, preset_name: str, variants: dict[str, RunSpec], data
             recs = list(pool.map(_train_variant, *zip(*args)))
     else:
         recs = [_train_variant(*a) for a in args]
-    curves = dict(zip(variants, recs))
+    curves = {**(done or {}), **dict(zip(variants, recs))}
     fixed, dense = curves.get("fixed U", curves["dense"])["final_val"], curves["dense"]["final_val"]
     summary = {name: {"final_val": c["final_val"], "vs_fixed": c["final_val"] / fixed - 1,
                       "vs_dense": c["final_val"] / dense - 1, "seconds": c["seconds"]} for name, c in curves.items()}
@@ -150,6 +151,8 @@ def train_curves(out: Path, preset_name: str, variants: dict[str, RunSpec], data
     result = {"preset": preset_name, "steps": first.total_steps, "data": recs[0]["data"], "tokens": recs[0]["tokens"],
               "device": device, "devices": [device], "machine": machine_info([device]), "dtype": first.dtype,
               "summary": summary, "curves": curves}
+    if done:  # trained by an earlier call, perhaps on another machine: "machine" is this call's
+        result["reused_curves"] = list(done)
     (out / "convergence.json").write_text(json.dumps(result) + "\n")
     _plot(result, out / "convergence.png")
     for name, s in summary.items():

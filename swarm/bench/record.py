@@ -3,16 +3,19 @@
 The record: Pluralis' ProtocolNanoGPT (`RECORD` below), a ~203M model, d=1024, 8 stages,
 200 Mbit/s and 50 ms per link, a fixed random projection at rank 160 (6.4x): 5.05x faster per
 step than dense, 3.1x more steps, so 1.62x sooner to the target loss. Here: the `record`
-preset (the same shape with our byte tokenizer; k = d/100, ~100x), dense, subspace and
-bottleneck, composed from two benches whose JSONs stay in the output folder:
+preset (the same shape with our byte tokenizer; k = d/100, ~100x), dense, subspace, bottleneck
+and subspace with the constrained stages at 0.03 x the lr at ~100x and at 16x (`VARIANTS`,
+record_variants.py; variants that differ only in the lr share one swarm, `swarm_of`), composed
+from two benches whose JSONs stay in the output folder:
 
 - loss per token: `convergence.train_curves` trains the three side by side to the token
   budget (same data and seeds) -> OUT/convergence.json;
 - tokens/s: `throughput.run_throughput_bench`, a real local swarm (a process per stage) per
   codec on the built-in shaper's link -> OUT/throughput.json.
 
-`--resume` reuses either JSON when it matches the asked setting; `--smoke`: dense and subspace on
-`tiny` (16 steps), the shaped link only (no unshaped ceiling runs: two swarms). With both parts, per codec c
+`--resume` keeps each curve trained with the asked spec and each swarm's rows on the asked link,
+and runs only the rest; `--smoke`: `SMOKE_VARIANTS` on `tiny` (16 steps), the shaped link only (no
+unshaped ceiling runs: two swarms). With both parts, per codec c
 (`record_figures`), for the target L* = dense's final held-out loss:
 
   tokens_to(c)  = the first tokens at which c's held-out curve reaches L* (interpolated)
@@ -34,7 +37,8 @@ from peer.memory_estimate import estimate_stage
 from protocol.spec import RunSpec, preset
 
 from .convergence import train_curves
-from .throughput import run_throughput_bench
+from .record_variants import SMOKE_VARIANTS, VARIANTS, swarm_of
+from .throughput import merge_throughput, run_throughput_bench, variant_of
 from .time_to_loss import seconds_to, time_to_loss
 
 RECORD = {"name": "Pluralis ProtocolNanoGPT", "parameters": 203e6, "d_model": 1024, "stages": 8,
@@ -44,15 +48,34 @@ CODECS = ("dense", "subspace", "bottleneck")
 PARTS = ("curves", "throughput")
 
 
-def record_specs(tokens: int, smoke: bool = False, codec_tokens: float = 1.0) -> dict[str, RunSpec]:
-    """Dense, subspace (fixed U) and bottleneck on the `record` preset, bf16 (smoke: dense and subspace
-    on `tiny`, fp32), dense trained for `tokens` and the others for `codec_tokens` x that."""
+def record_specs(tokens: int, smoke: bool = False, codec_tokens: float = 1.0,
+                 variants: tuple[str, ...] | None = None) -> dict[str, RunSpec]:
+    """The `variants` (default: all; smoke: `SMOKE_VARIANTS`) on the `record` preset, bf16 (smoke:
+    `tiny`, fp32), fixed U, dense trained for `tokens` and the others for `codec_tokens` x that."""
     base = preset("tiny", stages=3, basis_updates=False) if smoke else \
         preset("record", dtype="bf16", basis_updates=False)
+    names = variants or (SMOKE_VARIANTS if smoke else tuple(VARIANTS))
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown or "dense" not in names:
+        raise ValueError(f"--variants takes dense and any of {', '.join(VARIANTS)}; "
+                         + (f"not {', '.join(unknown)}." if unknown else "dense is the reference, name it too."))
     per_step = base.batch_size * base.seq_len
     steps = max(2, tokens // per_step)
-    return {c: base.replace(codec=c, total_steps=steps if c == "dense" else max(2, round(steps * codec_tokens)))
-            for c in (CODECS[:2] if smoke else CODECS)}
+    specs = {}
+    for name in names:
+        v = dict(VARIANTS[name])
+        ratio = v.pop("ratio", None)
+        spec = base.replace(**v, total_steps=steps if name == "dense" else max(2, round(steps * codec_tokens)))
+        specs[name] = spec.replace(rank=max(1, base.d_model // ratio)) if ratio else spec
+    return specs
+
+
+def swarm_specs(specs: dict[str, RunSpec]) -> dict[str, RunSpec]:
+    """One swarm per distinct `swarm_of`, in the variants' order."""
+    out: dict[str, RunSpec] = {}
+    for name, spec in specs.items():
+        out.setdefault(swarm_of(name), spec)
+    return out
 
 
 def shape(spec: RunSpec) -> dict:
@@ -92,19 +115,27 @@ def record_figures(curves: dict, tokens_per_second: dict[str, float], target: fl
 
 def combine(convergence: dict, throughput: dict, bandwidth: str, specs: dict[str, RunSpec]) -> dict:
     """record.json's content from the two parts' JSONs."""
-    ttl = time_to_loss(convergence, throughput, bandwidth)
+    curves = {name: convergence["curves"][name] for name in specs}
+    convergence = {**convergence, "curves": curves}
+    ttl = time_to_loss(convergence, throughput, bandwidth, swarm_of={name: swarm_of(name) for name in specs})
     tps = {name: c["tokens_per_second"] for name, c in ttl["curves"].items()}
-    curves = convergence["curves"]
     dense_final = curves["dense"]["val"][-1][1]
-    rows = [r for r in throughput["runs"] if r["bandwidth"] == bandwidth and r["shaping"] == "builtin"]
-    link = {r["codec"]: {"tokens_per_second": r["tokens_per_second"],
+    swarms = set(swarm_specs(specs))
+    rows = [r for r in throughput["runs"] if r["bandwidth"] == bandwidth and r["shaping"] == "builtin"
+            and variant_of(r) in swarms]
+    link = {variant_of(r): {"tokens_per_second": r["tokens_per_second"],
                          "roofline_tokens_per_second": r["roofline_tokens_per_second"],
                          "forward_bytes_per_token": r["forward_bytes_per_token"],
                          "wire_compression": r["dense_forward_bytes_per_token"] / r["forward_bytes_per_token"],
                          "max_peer_bytes_sent_per_token": max(p["bytes_sent_per_token"] or 0.0 for p in r["peers"])}
             for r in rows}
-    unlimited = {r["codec"]: r["tokens_per_second"] for r in throughput["runs"] if r["bandwidth"] == "unlimited"}
-    return {"record": RECORD, "model": shape(specs["subspace"]), "codecs": list(specs),
+    unlimited = {variant_of(r): r["tokens_per_second"] for r in throughput["runs"]
+                 if r["bandwidth"] == "unlimited" and variant_of(r) in swarms}
+    compressed = next((s for n, s in specs.items() if n != "dense"), specs["dense"])
+    return {"record": RECORD, "model": shape(compressed), "codecs": list(specs),
+            "variants": {n: {"codec": s.codec, "rank": s.rank, "compression": s.d_model / s.rank,
+                             "constrained_stage_lr_scale": s.constrained_stage_lr_scale, "swarm": swarm_of(n)}
+                         for n, s in specs.items()},
             "bottleneck_rank": specs["bottleneck"].rank if "bottleneck" in specs else None,
             "data": convergence["data"], "corpus_tokens": convergence["tokens"],
             "token_budget": {name: c["val"][-1][0] for name, c in curves.items()},
@@ -120,46 +151,71 @@ def combine(convergence: dict, throughput: dict, bandwidth: str, specs: dict[str
             "notes": ttl["notes"]}
 
 
-def _matches(path: Path, check) -> dict | None:
+def _reusable_curves(path: Path, specs: dict[str, RunSpec]) -> dict:
+    """The curves of an earlier convergence.json trained with exactly the wanted spec, by name."""
     if not path.is_file():
-        return None
-    part = json.loads(path.read_text())
-    return part if check(part) else None
+        return {}
+    old = json.loads(path.read_text())
+    return {name: c for name, c in old["curves"].items()
+            if name in specs and RunSpec.from_dict(c["spec"]) == specs[name]}
+
+
+def _reusable_runs(path: Path, preset_name: str, latency: str, bandwidth: str, ceiling: bool,
+                   swarms: dict[str, RunSpec]) -> tuple[dict | None, list[dict]]:
+    """An earlier throughput.json of the same preset and latency, and its runs of the wanted swarms
+    that have every row this bench needs (the shaped link, and the unshaped run with `ceiling`)."""
+    if not path.is_file():
+        return None, []
+    old = json.loads(path.read_text())
+    if old["preset"] != preset_name or old["latency"] != latency:
+        return None, []
+    links = {(bandwidth, "builtin")} | ({("unlimited", "none")} if ceiling else set())
+    have = {name: [r for r in old["runs"] if variant_of(r) == name and (r["bandwidth"], r["shaping"]) in links]
+            for name in swarms}
+    return old, [r for rows in have.values() if len(rows) == len(links) for r in rows]
 
 
 def run_record_bench(out_dir: str, tokens: int = 12_000_000, data: str | None = "stdlib", device: str = "cpu",
                      devices: str | None = None, bandwidth: str = "200mbit", latency: str = "50ms",
                      steps: int = 8, codec_tokens: float = 1.0, eval_points: int = 20, resume: bool = False,
-                     parts: tuple[str, ...] = PARTS, smoke: bool = False) -> dict | None:
-    """Run (or, with `resume`, reuse) the asked `parts`; combine them when both are there."""
+                     parts: tuple[str, ...] = PARTS, smoke: bool = False,
+                     variants: tuple[str, ...] | None = None) -> dict | None:
+    """Run the asked `parts` for the `variants`; with `resume`, only what the output folder lacks (a
+    curve trained with the same spec, a swarm's rows on the same link) is run, and merged into it.
+    Combine the parts when every variant has both."""
     if smoke:
         tokens, steps, eval_points = min(tokens, 16 * 1024), min(steps, 3), 4
-    specs = record_specs(tokens, smoke, codec_tokens)
+    specs = record_specs(tokens, smoke, codec_tokens, variants)
     dense = specs["dense"]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     conv_path, tp_path = out / "convergence.json", out / "throughput.json"
-    want_steps = {c: s.total_steps for c, s in specs.items()}
-    convergence = _matches(conv_path, lambda j: resume and {c: v["spec"]["total_steps"] for c, v in
-                                                            j["curves"].items()} == want_steps)
-    if convergence is None and "curves" in parts:
+    curves = _reusable_curves(conv_path, specs) if resume else {}
+    if curves:
+        print(f"reusing the training curves of {conv_path}: {', '.join(curves)}")
+    todo = {n: s for n, s in specs.items() if n not in curves}
+    if todo and "curves" in parts:
         every = max(1, dense.total_steps // eval_points)
-        convergence = train_curves(out, dense.name, specs, data, device, every, 2 if smoke else 16)
-    elif convergence is not None:
-        print(f"reusing the training curves of {conv_path}")
-    throughput = _matches(tp_path, lambda j: resume and j["preset"] == dense.name and j["latency"] == latency
-                          and bandwidth in j["bandwidths"] and {r["codec"] for r in j["runs"]} >= set(specs))
-    if throughput is None and "throughput" in parts:
-        throughput = run_throughput_bench(str(out), preset_name=dense.name, steps=steps, bandwidth=bandwidth,
-                                          latency=latency, device=device, devices=devices, dtype=dense.dtype,
-                                          stages=dense.n_stages, codecs=",".join(specs), ceiling=not smoke)
-    elif throughput is not None:
-        print(f"reusing the throughput rows of {tp_path}")
-    if convergence is None or throughput is None:
-        missing = "training curves" if convergence is None else "throughput rows"
-        print(f"record: no {missing} yet; run again with --resume and that part in --parts to finish.")
+        train_curves(out, dense.name, todo, data, device, every, 2 if smoke else 16, done=curves)
+        curves = _reusable_curves(conv_path, specs)
+    swarms = swarm_specs(specs)
+    old, runs = _reusable_runs(tp_path, dense.name, latency, bandwidth, not smoke, swarms) if resume else (None, [])
+    if runs:
+        print(f"reusing the throughput rows of {tp_path}: {', '.join(dict.fromkeys(map(variant_of, runs)))}")
+    missing = {n: s for n, s in swarms.items() if n not in {variant_of(r) for r in runs}}
+    throughput = old if not missing else None
+    if missing and "throughput" in parts:
+        new = run_throughput_bench(str(out), preset_name=dense.name, steps=steps, bandwidth=bandwidth,
+                                   latency=latency, device=device, devices=devices, dtype=dense.dtype,
+                                   stages=dense.n_stages, ceiling=not smoke, variants=missing)
+        throughput = merge_throughput(new, runs, out) if runs else new
+    if len(curves) < len(specs) or throughput is None:
+        lacking = [n for n in specs if n not in curves] + [f"the {n} swarm" for n in missing if throughput is None]
+        print(f"record: no results yet for {', '.join(lacking)}; run again with --resume and that part in "
+              "--parts to finish.")
         return None
-    result = combine(convergence, throughput, bandwidth, specs)
+    result = combine({"data": next(iter(curves.values()))["data"], "tokens": next(iter(curves.values()))["tokens"],
+                      **json.loads(conv_path.read_text()), "curves": curves}, throughput, bandwidth, specs)
     (out / "record.json").write_text(json.dumps(result, indent=1) + "\n")
     _plot(result, out / "record.png")
     _print(result)

@@ -44,7 +44,7 @@ def kernel_shaping_problem() -> str | None:
 
 
 def _one_run(spec: RunSpec, steps: int, link: str | None, latency: str, shaping: str, device: str,
-             devices: str | None) -> dict:
+             devices: str | None, variant: str) -> dict:
     opts = LocalOptions(spec, steps=steps, bandwidth=link if shaping == "builtin" else None,
                         latency=latency if link else "0", device=device, devices=devices, quiet=True)
     kernel = None
@@ -64,7 +64,8 @@ def _one_run(spec: RunSpec, steps: int, link: str | None, latency: str, shaping:
         elif "uplink_busy_fraction" in p:
             row["uplink_busy_fraction"] = p["uplink_busy_fraction"]
         peers.append(row)
-    return {"codec": spec.codec, "bandwidth": link or "unlimited", "shaping": shaping,
+    return {"codec": spec.codec, "variant": variant, "rank": spec.rank, "bandwidth": link or "unlimited",
+            "shaping": shaping,
             "latency": opts.latency, "tokens_per_second": m["tokens_per_second"],
             "forward_bytes_per_token": m["wire"]["forward_bytes_per_token"],
             "dense_forward_bytes_per_token": m["wire"]["dense_forward_bytes_per_token"],
@@ -83,15 +84,20 @@ def roofline(ceiling: float, bandwidth: str, peers: list[dict]) -> float:
 def run_throughput_bench(out_dir: str, preset_name: str = "small", steps: int = 20, bandwidth: str = "80mbit",
                          latency: str = "0", device: str = "cpu", smoke: bool = False, devices: str | None = None,
                          dtype: str | None = None, kernel_shaping: bool = False, stages: int | None = None,
-                         codecs: str | None = None, ceiling: bool = True) -> dict:
-    """`ceiling=False` skips each codec's unshaped run: the rooflines are then the link's alone."""
+                         codecs: str | None = None, ceiling: bool = True,
+                         variants: dict[str, RunSpec] | None = None) -> dict:
+    """`ceiling=False` skips each codec's unshaped run: the rooflines are then the link's alone.
+    `variants` (name -> spec) replaces the preset's codecs: one swarm per variant, its rows keyed
+    by that name ("variant"), e.g. a codec at another rank."""
     chosen = tuple(c.strip() for c in codecs.split(",")) if codecs else CODECS
     unknown = [c for c in chosen if c not in CODECS]
     if unknown:
         raise ValueError(f"--codecs takes {', '.join(CODECS)}, not {', '.join(unknown)}.")
-    codecs = chosen[:2] if smoke else chosen  # smoke: two codecs, enough to exercise it all
     if smoke:
         preset_name, steps = "tiny", 3
+    if variants is None:  # smoke: two codecs, enough to exercise it all
+        variants = {c: preset(preset_name, codec=c, dtype=dtype, stages=stages) for c in chosen[:2 if smoke else None]}
+    codecs = tuple(variants)
     bandwidths = [b.strip() for b in bandwidth.split(",")]
     for b in bandwidths:
         if parse_bandwidth(b) is None:
@@ -107,24 +113,23 @@ def run_throughput_bench(out_dir: str, preset_name: str = "small", steps: int = 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     runs = []
-    for codec in codecs:
-        spec = preset(preset_name, codec=codec, dtype=dtype, stages=stages)
+    for name, spec in variants.items():
         top = float("inf")
         if ceiling:
-            base = _one_run(spec, steps, None, "0", "none", device, devices)
+            base = _one_run(spec, steps, None, "0", "none", device, devices, name)
             top = base["tokens_per_second"]
             base.update(roofline_tokens_per_second=top, of_roofline=1.0)
             runs.append(base)
             _print(base)
         for b in bandwidths:
             for shaping in shapings:
-                row = _one_run(spec, steps, b, latency, shaping, device, devices)
+                row = _one_run(spec, steps, b, latency, shaping, device, devices, name)
                 row["roofline_tokens_per_second"] = roofline(top, b, row["peers"])
                 row["of_roofline"] = row["tokens_per_second"] / row["roofline_tokens_per_second"]
                 runs.append(row)
                 _print(row)
     result = throughput_record(preset_name, spec, device, devices, latency, bandwidths, kernel_shaping, kernel_note,
-                               runs, _ratios(runs, codecs, bandwidths))
+                               runs, throughput_ratios(runs, codecs, bandwidths))
     (out / "throughput.json").write_text(json.dumps(result, indent=1) + "\n")
     _plot(result, out / "throughput.png", codecs)
     for k, v in result["ratios"].items():
@@ -143,8 +148,26 @@ def throughput_record(preset_name: str, spec: RunSpec, device: str, devices: str
             "kernel_shaping": kernel_shaping, "kernel_shaping_skipped": kernel_note, "runs": runs, "ratios": ratios}
 
 
-def _ratios(runs: list[dict], codecs: tuple[str, ...], bandwidths: list[str]) -> dict[str, float]:
-    tps = {(r["codec"], r["bandwidth"], r["shaping"]): r["tokens_per_second"] for r in runs}
+def merge_throughput(new: dict, earlier_runs: list[dict], out: Path) -> dict:
+    """`new` (a throughput bench's result) with the runs of an earlier one of the same preset,
+    link and latency first, its ratios over all of them; rewrites OUT/throughput.json and its plot."""
+    runs = earlier_runs + new["runs"]
+    names = tuple(dict.fromkeys(map(variant_of, runs)))
+    result = {**new, "runs": runs, "ratios": throughput_ratios(runs, names, new["bandwidths"]),
+              "reused_runs": list(dict.fromkeys(map(variant_of, earlier_runs)))}
+    (out / "throughput.json").write_text(json.dumps(result, indent=1) + "\n")
+    _plot(result, out / "throughput.png", names)
+    return result
+
+
+def variant_of(row: dict) -> str:
+    """A run's variant name: its codec in JSONs written before variants."""
+    return row.get("variant", row["codec"])
+
+
+def throughput_ratios(runs: list[dict], codecs: tuple[str, ...], bandwidths: list[str]) -> dict[str, float]:
+    """Each variant on the first limited link over unlimited and over dense, and kernel over built-in."""
+    tps = {(variant_of(r), r["bandwidth"], r["shaping"]): r["tokens_per_second"] for r in runs}
     first = bandwidths[0]
     ratios = {f"{c}_limited_over_unlimited": tps[(c, first, "builtin")] / tps[(c, "unlimited", "none")]
               for c in codecs if (c, "unlimited", "none") in tps}
@@ -161,7 +184,7 @@ def _ratios(runs: list[dict], codecs: tuple[str, ...], bandwidths: list[str]) ->
 def _print(row: dict) -> None:
     link = row["bandwidth"] if row["shaping"] == "none" else f"{row['bandwidth']} {row['shaping']}"
     busy = ", ".join(f"{p['uplink_busy_fraction']:.2f}" for p in row["peers"] if "uplink_busy_fraction" in p)
-    print(f"{row['codec']:>10} {link:>16}: {row['tokens_per_second']:9.0f} tok/s "
+    print(f"{variant_of(row):>10} {link:>16}: {row['tokens_per_second']:9.0f} tok/s "
           f"({row['of_roofline']:.2f} of roofline {row['roofline_tokens_per_second']:.0f}), "
           f"{row['forward_bytes_per_token']:8.1f} B/token forward" + (f", uplinks busy {busy}" if busy else ""),
           flush=True)
@@ -180,7 +203,7 @@ def _plot(result: dict, path: Path, codecs: tuple[str, ...]) -> None:
     fig, ax = plt.subplots(figsize=(max(7, 2.2 * len(codecs) * len(configs) / 3), 4.5))
     width = 0.8 / len(configs)
     for i, (link, shaping) in enumerate(configs):
-        rows = [next(r for r in result["runs"] if r["codec"] == c and r["bandwidth"] == link
+        rows = [next(r for r in result["runs"] if variant_of(r) == c and r["bandwidth"] == link
                      and r["shaping"] == shaping) for c in codecs]
         xs = [x + (i - (len(configs) - 1) / 2) * width for x in range(len(codecs))]
         label = link if shaping == "none" else f"{link}, {'kernel tbf' if shaping == 'kernel' else 'built-in'}"

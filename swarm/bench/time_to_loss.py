@@ -32,7 +32,7 @@ def link_throughput(throughput: dict, bandwidth: str | None = None, shaping: str
         have = sorted({f"{r['bandwidth']} ({r.get('shaping', 'builtin')})" for r in throughput["runs"]})
         raise TimeToLossError(f"the throughput results have no {shaping} run at {bandwidth}; they have "
                               f"{', '.join(have)}. Run `swarm bench throughput --bandwidth {bandwidth}` first.")
-    return {r["codec"]: r["tokens_per_second"] for r in rows}
+    return {r.get("variant", r["codec"]): r["tokens_per_second"] for r in rows}
 
 
 def seconds_to(curve: list[list[float]], target: float) -> float | None:
@@ -49,13 +49,15 @@ def seconds_to(curve: list[list[float]], target: float) -> float | None:
 
 
 def time_to_loss(convergence: dict, throughput: dict, bandwidth: str | None = None,
-                 shaping: str = "builtin") -> dict:
-    """Held-out loss against seconds for every variant whose codec has a tokens/s on the link."""
+                 shaping: str = "builtin", swarm_of: dict[str, str] | None = None) -> dict:
+    """Held-out loss against seconds for every variant whose codec has a tokens/s on the link.
+    `swarm_of` names the throughput variant of a curve where it is not the curve's codec (e.g. a
+    codec at another rank)."""
     tps = link_throughput(throughput, bandwidth, shaping)
     link = bandwidth or next(r["bandwidth"] for r in throughput["runs"] if r["bandwidth"] != "unlimited")
     curves, missing = {}, []
     for name, c in convergence["curves"].items():
-        codec = c["spec"]["codec"]
+        codec = (swarm_of or {}).get(name, c["spec"]["codec"])
         if codec not in tps:
             missing.append(name)
             continue

@@ -124,7 +124,9 @@ def test_the_documented_bench_invocations_parse():
       "caps": True}),  # --dtype auto: bf16 on a CUDA card that has it, fp16 on one that has not, fp32 without CUDA
     (["record", "--parts", "throughput", "--resume"], "record", "run_record_bench",
      {"tokens": 12_000_000, "bandwidth": "200mbit", "latency": "50ms", "steps": 8, "codec_tokens": 1.0,
-      "parts": ("throughput",), "resume": True, "data": "stdlib", "device": "cpu"}),
+      "parts": ("throughput",), "resume": True, "data": "stdlib", "device": "cpu", "variants": None}),
+    (["record", "--variants", "dense,subspace-16x-lr0.03"], "record", "run_record_bench",
+     {"variants": ("dense", "subspace-16x-lr0.03"), "parts": ("curves", "throughput"), "resume": False}),
     (["simulate", "--peers", "10,100", "--uplink", "10-200", "--lifetimes", "inf,30", "--every-head-works"],
      "simulate", "run_simulate_bench",
      {"preset_name": "large", "codecs": ("dense", "subspace", "bottleneck"), "peers": (10, 100), "uplink": "10-200",

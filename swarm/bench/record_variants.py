@@ -1,0 +1,20 @@
+"""What `swarm bench record` trains and measures, by name (no torch here: the CLI reads it)."""
+from __future__ import annotations
+
+# The variants the bench trains. Beside the three codecs at the preset's k = d/100: the best lever of
+# issue 24 item 2 (docs/fidelity.md 3d-3f): the constrained stages (every stage before the last) at
+# 0.03 x the lr, at ~100x and at 16x (k = d/16), where it closed the gap at d=1024 (section 3e).
+VARIANTS: dict[str, dict] = {
+    "dense": {"codec": "dense"},
+    "subspace": {"codec": "subspace"},
+    "bottleneck": {"codec": "bottleneck"},
+    "subspace-lr0.03": {"codec": "subspace", "constrained_stage_lr_scale": 0.03},
+    "subspace-16x-lr0.03": {"codec": "subspace", "ratio": 16, "constrained_stage_lr_scale": 0.03},
+}
+SMOKE_VARIANTS = ("dense", "subspace", "subspace-lr0.03")  # two swarms, three curves
+
+
+def swarm_of(name: str) -> str:
+    """The swarm whose tokens/s a variant has: its codec at its width (`-16x`); the lr moves no byte."""
+    v = VARIANTS[name]
+    return v["codec"] + (f"-{v['ratio']}x" if "ratio" in v else "")
