@@ -128,6 +128,9 @@ def run_throughput_bench(out_dir: str, preset_name: str = "small", steps: int = 
                 row["of_roofline"] = row["tokens_per_second"] / row["roofline_tokens_per_second"]
                 runs.append(row)
                 _print(row)
+        partial = throughput_record(preset_name, spec, device, devices, latency, bandwidths, kernel_shaping,
+                                    kernel_note, runs, {})
+        (out / "throughput.json").write_text(json.dumps(partial, indent=1) + "\n")  # kept if a later swarm fails
     result = throughput_record(preset_name, spec, device, devices, latency, bandwidths, kernel_shaping, kernel_note,
                                runs, throughput_ratios(runs, codecs, bandwidths))
     (out / "throughput.json").write_text(json.dumps(result, indent=1) + "\n")
