@@ -254,8 +254,9 @@ def _plot(result: dict, path: Path) -> None:
     m = result["model"]
     ax.set_xlabel(f"wall-clock hours at {result['bandwidth']}, {result['latency']} per link (built-in shaper)")
     ax.set_ylabel("held-out loss (nats/byte)")
+    ranks = sorted({v["rank"] for n, v in result.get("variants", {}).items() if v["codec"] != "dense"} or {m["rank"]})
     ax.set_title(f"record setting: {m['parameters'] / 1e6:.0f}M, d={m['d_model']}, {m['stages']} stages, "
-                 f"k={m['rank']}", fontsize=10)
+                 f"k={', '.join(map(str, ranks))}", fontsize=10)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
