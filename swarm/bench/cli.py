@@ -284,7 +284,7 @@ def _add_record(sub) -> None:
     _common(p)
     p.add_argument("--tokens", type=int, default=12_000_000, help="dense's token budget (default: 12000000)")
     p.add_argument("--codec-tokens", type=float, default=1.0, metavar="X",
-                   help="train subspace and bottleneck for X times dense's tokens, so they can reach its final "
+                   help="train every variant but dense for X times dense's tokens, so they can reach its final "
                    "loss (default: 1.0)")
     p.add_argument("--devices", help="comma-separated devices, one per swarm peer in turn (default: --device)")
     p.add_argument("--steps", type=int, default=8, help="steps per throughput run, the first untimed (default: 8)")
