@@ -25,7 +25,8 @@ sends its exact part and its P factors, every replica adds them up in the same o
 orthonormalizes the summed P, then each sends its Q factors and adds those up; every replica
 rebuilds the same approximation of the summed gradient from the same sums, so replicas stay
 identical. Its error feedback and warm-started Q (`peer/replica_sync.py`) change only when the
-step is applied. The bytes a replica sends in reduces are counted here (`sync_bytes`).
+step is applied. The messages of a reduce, and the bytes a replica sends in them (`sync_bytes`),
+are `peer/reduce_exchange.py`'s.
 
 While it waits for contributions a replica probes the ones still missing (`peer/reduce_watch.py`):
 one that died, or that will never send (its reduce ended, it got no reduce command), fails the
@@ -41,7 +42,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from protocol.control import (
     BadContribution,
@@ -52,19 +53,17 @@ from protocol.control import (
     ReduceProbe,
     decode_command,
     decode_reduce,
-    encode_contribution,
-    encode_probe,
     encode_probe_reply,
     encode_reply,
 )
 from protocol.spot_check import InputsRequest
-from protocol.wire import KIND_CONTROL, KIND_DRIVE, KIND_REDUCE, ErrorReply, WireError, decode_message
+from protocol.wire import KIND_CONTROL, KIND_DRIVE, KIND_REDUCE, WireError
 
 from .daemon import StageDaemon
-from .delivery import ACK
 from .follow_forward import FollowForwarder
 from .head_work import serve_work
-from .reduce_watch import ReduceWatch, RunningReduces
+from .reduce_exchange import ReduceExchange
+from .reduce_watch import RunningReduces
 from .reduced import Reduced, sum_contributions, sum_factors
 from .replica_sync import PowerSync, flat_limits
 from .robust_sum import suspects
@@ -76,32 +75,23 @@ from .step_log import PartClock
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class Refused:
-    """A contribution this replica refused for its content: the reduce ends, and names its sender."""
-
-    reason: str
-
-
 class StepCommit:
     def __init__(self, daemon: StageDaemon, *, reduce_timeout: float = 60.0, probe_period: float = 1.0,
                  dead_after: float = 5.0, mute_after: float = 15.0, straggle_after: float = 30.0) -> None:
         self.daemon, self.runner = daemon, daemon.runner
         self.spec, self.stage, self.peer_id = daemon.spec, daemon.stage, daemon.peer_id
         self.reduce_timeout = reduce_timeout
-        # how missing contributors are probed (peer/reduce_watch.py)
-        self._watch_options = dict(period=probe_period, dead_after=dead_after, mute_after=mute_after,
-                                   straggle_after=straggle_after)
+        # the reduce's messages; how missing contributors are probed (peer/reduce_watch.py)
+        self.exchange = ReduceExchange(daemon, reduce_timeout, dict(period=probe_period, dead_after=dead_after,
+                                                                    mute_after=mute_after,
+                                                                    straggle_after=straggle_after))
         self.share_check = ShareCheck(daemon, timeout=reduce_timeout)  # spot checks of other replicas' shares
         self._summed: tuple[tuple[int, int], dict[str, Contribution]] | None = None  # the last reduce's inputs
-        self._blame: dict[tuple[int, int], list[str]] = {}  # replicas whose contribution this one refused
         self._suspects: dict[tuple[int, int], list[str]] = {}  # shares far from the rest (peer/robust_sum.py)
         self._running = RunningReduces()
         self._limits = flat_limits(self.spec, self.runner)
         self.forwarder = FollowForwarder(daemon, self._limits, reduce_timeout)  # to replicas catching up
         self.power = PowerSync(self.runner) if self.spec.replica_sync == "powersgd" else None
-        self._inbox: dict[tuple[int, int, int], dict[str, Contribution]] = {}  # (step, attempt, phase) -> sender ->
-        self._arrived = asyncio.Event()
         # peers that the leader's last `apply` named as having reduced that step (every stage): who did
         # work, for placement (swarm/replicas/placement.py), where announcements are only claims
         self.workers: list[str] = []
@@ -114,10 +104,8 @@ class StepCommit:
         self.on_lease: Callable[[], Awaitable[object]] | None = None  # the coordinator says: read the lease now
         self.compute_share: Callable[[Command], Awaitable[list[float] | str]] | None = None  # a head's (head_work.py)
         self.own_snapshot: Callable[[], tuple[int, str] | None] | None = None  # (step, sha256) of its newest
-        self.sync_bytes = 0  # contribution bytes this replica sent to other replicas, every phase and attempt
         self.synced_steps = 0  # steps applied here whose reduce had another replica in it
         self.last_sync_bytes = 0  # what the last applied step's reduce sent
-        self._attempt_bytes: dict[tuple[int, int], int] = {}
         self.hasher = StateHasher(self.stage)  # the state hash after every few steps (peer/state_hasher.py)
         # the leader's command of a later step came: the swarm went on without this replica, whose owner catches
         # up (swarm/replicas/own_state.py). Only commands count: they come from the leader, a message's step
@@ -128,6 +116,11 @@ class StepCommit:
 
     def limits(self) -> FlatLimits:
         return self._limits
+
+    @property
+    def sync_bytes(self) -> int:
+        """Contribution bytes this replica sent to other replicas, every phase and attempt."""
+        return self.exchange.sync_bytes
 
     async def start(self) -> None:
         await self.daemon.link.serve(KIND_CONTROL, self._on_command)
@@ -212,7 +205,7 @@ class StepCommit:
         reduce = cmd.op == "reduce"
         return CommandReply(cmd.step, cmd.attempt, outcome, self.runner.microbatches_done(), contributors, reason,
                             own, sent=self.daemon.boundary.sent(*key) if reduce else [],
-                            blame=self._blame.get(key, []) if reduce else [],
+                            blame=self.exchange.blame.get(key, []) if reduce else [],
                             suspects=self._suspects.get(key, []) if reduce else [])
 
     # ------------------------------------------------------------------ reduce
@@ -225,7 +218,7 @@ class StepCommit:
             mbs, flat, stat, overflow = await d.run(self.runner.share, False)
             mine = Contribution(self.spec.run_hash, cmd.step, cmd.attempt, self.stage, mbs, flat, stat,
                                 overflow=overflow)
-            got = await self._exchange(cmd, mine, others)
+            got = await self.exchange.exchange(cmd.step, cmd.attempt, mine, others, self.peer_id)
             try:
                 reduced = got if isinstance(got, str) else sum_contributions(cmd.step, cmd.attempt, got,
                                                                              self.spec.n_microbatches)
@@ -244,8 +237,7 @@ class StepCommit:
             return self._reply(cmd, "failed", "the attempt was superseded during the reduce.")
         self.clock.mark("sum")
         await d.run(self.runner.set_reduced, reduced)
-        for key in [k for k in self._inbox if k[:2] == (cmd.step, cmd.attempt)]:
-            del self._inbox[key]
+        self.exchange.drop(cmd.step, cmd.attempt)
         reply = await self._reduced_reply(cmd)
         self.clock.mark("reply")
         return reply
@@ -270,7 +262,7 @@ class StepCommit:
         mbs, flat, stat, overflow = await d.run(self.runner.share, True)
         if overflow:  # fp16: nothing to add, and no round 2 (every replica sees this flag and stops too)
             mine = Contribution(run, cmd.step, cmd.attempt, self.stage, mbs, None, overflow=True)
-            got = await self._exchange(cmd, mine, others)
+            got = await self.exchange.exchange(cmd.step, cmd.attempt, mine, others, self.peer_id)
             return got if isinstance(got, str) else Reduced(cmd.step, cmd.attempt, None, None,
                                                             {p: c.microbatches for p, c in got.items()}, overflow=True)
         first = await d.run(power.first, flat)
@@ -278,7 +270,7 @@ class StepCommit:
         # a replica with nothing to add (a standby head, say) sends no tensors: zeros to the others
         mine = Contribution(run, cmd.step, cmd.attempt, self.stage, mbs, None if first.zero else first.exact, stat, 0,
                             None if first.zero else first.P)
-        got = await self._exchange(cmd, mine, others)
+        got = await self.exchange.exchange(cmd.step, cmd.attempt, mine, others, self.peer_id)
         self.clock.mark("exchange1")
         if isinstance(got, str):
             return got
@@ -294,64 +286,14 @@ class StepCommit:
         P_hat, Q_mine, Q_flat = await d.run(power.second, first, sum_factors(got, self.runner.dtype))
         self.clock.mark("round2")
         mine = Contribution(run, cmd.step, cmd.attempt, self.stage, [], None, None, 1, None if first.zero else Q_flat)
-        got2 = await self._exchange(cmd, mine, sorted(p for p in got if p != self.peer_id), everyone=True)
+        got2 = await self.exchange.exchange(cmd.step, cmd.attempt, mine, sorted(p for p in got if p != self.peer_id),
+                                           self.peer_id, everyone=True)
         self.clock.mark("exchange2")
         if isinstance(got2, str):
             return got2
         flat = await d.run(power.finish, key, first, total.grads, P_hat, Q_mine,
                            sum_factors(got2, self.runner.dtype))
         return Reduced(cmd.step, cmd.attempt, flat, total.stat, total.contributors)
-
-    async def _exchange(self, cmd: Command, mine: Contribution, peers: list[str],
-                        everyone: bool = False) -> dict[str, Contribution] | str:
-        """Send `mine` to `peers` and gather theirs of the same phase: {peer: contribution}, ours
-        included. A peer that is not at this step is left out, unless `everyone` must take part;
-        a string says why the exchange failed."""
-        body = encode_contribution(mine)
-        offers = await asyncio.gather(*(self._offer(p, body) for p in peers))
-        key = (cmd.step, cmd.attempt)
-        self.sync_bytes += len(body) * len(peers)
-        self._attempt_bytes = {k: v for k, v in self._attempt_bytes.items() if k[0] == cmd.step}
-        self._attempt_bytes[key] = self._attempt_bytes.get(key, 0) + len(body) * len(peers)
-        members = [p for p, ok in zip(peers, offers) if ok]
-        if everyone and len(members) < len(peers):
-            return "a replica left the reduce between its two rounds."
-        got = await self._gather(cmd.step, cmd.attempt, mine.phase, members)
-        if not isinstance(got, str) and (refused := sorted(p for p, c in got.items() if isinstance(c, Refused))):
-            self._blame = {key: refused}
-            got = f"replica {refused[0][-8:]}'s contribution was refused: {got[refused[0]].reason}"
-        if isinstance(got, str):
-            log.info("stage %d: reduce of step %d, attempt %d: %s", self.stage, cmd.step + 1, cmd.attempt, got)
-            return got
-        return {self.peer_id: mine, **got}
-
-    async def _offer(self, peer: str, body: bytes) -> bool:
-        """Send our contribution to one candidate; False if it is not at this step or unreachable."""
-        try:
-            reply = await self.daemon.link.request(peer, KIND_REDUCE, body, timeout=self.reduce_timeout)
-        except Exception as e:  # a dead or unreachable candidate simply takes no part
-            log.info("stage %d: replica %s takes no part in the reduce (%s)", self.stage, peer[-8:], e)
-            return False
-        if reply == ACK:
-            return True
-        try:
-            err = decode_message(reply, self.daemon._limits())
-            reason = err.reason if isinstance(err, ErrorReply) else "an unexpected reply"
-        except WireError as e:
-            reason = str(e)
-        log.info("stage %d: replica %s takes no part in the reduce: %s", self.stage, peer[-8:], reason)
-        return False
-
-    async def _gather(self, step: int, attempt: int, phase: int, members: list[str]) -> dict[str, Contribution] | str:
-        """The `members`' contributions of this phase, or why they will not all come."""
-        probe = encode_probe(ReduceProbe(self.spec.run_hash, step, attempt, self.stage))
-        watch = ReduceWatch(self.daemon.link, probe, members, self._arrived, **self._watch_options)
-        def current() -> bool:
-            return (step, attempt) == (self.runner.step, self.daemon.attempt)
-        got = await watch.gather(lambda: self._inbox.get((step, attempt, phase), {}), current, self.reduce_timeout)
-        if watch.blamed:
-            self._blame = {(step, attempt): watch.blamed}
-        return got
 
     async def _on_reduce(self, body: bytes, sender: str) -> bytes:
         d = self.daemon
@@ -360,9 +302,7 @@ class StepCommit:
         try:
             c = decode_reduce(body, self.limits())
         except BadContribution as e:  # its sender spoils the reduce: the reduce ends at once and names it
-            if (e.step, e.attempt) == (self.runner.step, d.attempt):
-                self._inbox.setdefault((e.step, e.attempt, e.phase), {}).setdefault(sender, Refused(str(e)))
-                self._arrived.set()
+            self.exchange.refuse(e.step, e.attempt, e.phase, sender, str(e))
             return d.refuse(str(e), sender)
         except WireError as e:
             return d.refuse(str(e), sender)
@@ -370,19 +310,7 @@ class StepCommit:
             return self.share_check.serve(c)
         if isinstance(c, ReduceProbe):
             return encode_probe_reply(self._running.state(c.step, c.attempt, (self.runner.step, d.attempt)))
-        if c.step != self.runner.step:
-            return d.refuse("the contribution is not for the step in progress here.", sender,
-                            code="behind" if c.step > self.runner.step else "refused")
-        if c.attempt < d.attempt:
-            return d.refuse("the contribution belongs to an attempt that was superseded.", sender, code="stale")
-        box = self._inbox.setdefault((c.step, c.attempt, c.phase), {})
-        if sender in box:
-            return d.refuse("this replica's contribution is already here.", sender, code="duplicate")
-        for key in [k for k in self._inbox if k[0] != c.step or k[1] < c.attempt]:
-            del self._inbox[key]  # only the current step's newest attempts are kept: memory stays bounded
-        box[sender] = c
-        self._arrived.set()
-        return ACK
+        return self.exchange.receive(c, sender)
 
     # ------------------------------------------------------------------ apply
     async def _apply(self, cmd: Command, local: bool = False) -> CommandReply:
@@ -403,7 +331,7 @@ class StepCommit:
         if cmd.skip:
             log.warning("stage %d: step %d skipped: an fp16 gradient overflowed in the swarm; loss scale now %g",
                         self.stage, cmd.step + 1, self.runner.scale)
-        self.last_sync_bytes = self._attempt_bytes.pop((cmd.step, cmd.attempt), 0)
+        self.last_sync_bytes = self.exchange.attempt_bytes(cmd.step, cmd.attempt)
         self.synced_steps += len(reduced.contributors) > 1
         self.forwarder.forward(reduced, cmd.skip)
         d.stepped()

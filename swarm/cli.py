@@ -111,6 +111,10 @@ def _add_spec_flags(p: argparse.ArgumentParser) -> None:
                    help="how replicas of a stage agree on a step's gradient: exact (sum every step; LANs) or "
                    "powersgd (rank-r factors with error feedback; home uplinks) (default: exact)")
     g.add_argument("--replica-sync-rank", type=int, help="powersgd: rank r of the factors (default: 8)")
+    g.add_argument("--constrained-stage-lr", type=float, metavar="X",
+                   help="subspace: train every stage before the last at X times the lr; 0.03 brought the 16x loss "
+                   "gap to dense within 1%% at d=1024 in 8 stages and helps at d=512, but hurts at d=256 "
+                   "(docs/fidelity.md 3d-3g) (default: 1.0)")
 
 
 def _spec_from_args(a: argparse.Namespace) -> RunSpec:
@@ -122,7 +126,8 @@ def _spec_from_args(a: argparse.Namespace) -> RunSpec:
         or ("cuda" if torch.cuda.is_available() else "cpu")
     return preset(a.preset, stages=a.stages, codec=a.codec, rank=a.rank, wire_dtype=a.wire_dtype, quant=a.quant,
                   basis_interval=a.basis_interval, seed=a.seed, dtype=resolve_dtype(a.dtype, device),
-                  replica_sync=a.replica_sync, replica_sync_rank=a.replica_sync_rank)
+                  replica_sync=a.replica_sync, replica_sync_rank=a.replica_sync_rank,
+                  constrained_stage_lr_scale=a.constrained_stage_lr)
 
 
 # ------------------------------------------------------------------ subcommands

@@ -54,11 +54,11 @@ def make_liar(peer, mode: str) -> None:
 
     runner.share = share
     if mode == "withheld":
-        honest_offer = commit._offer
+        honest_offer = commit.exchange._offer
 
         async def offer(to: str, body: bytes) -> bool:
             return True if runner.step >= LIES_FROM else await honest_offer(to, body)  # says it sent; never does
-        commit._offer = offer
+        commit.exchange._offer = offer
 
 
 async def drive(swarm) -> list:

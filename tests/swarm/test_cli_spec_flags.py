@@ -26,3 +26,18 @@ def test_a_bad_replica_sync_is_refused(capsys):
     assert "replica_sync_rank must be between 1 and 1024" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         build_parser().parse_args(["local", "--replica-sync", "sometimes"])
+
+
+@pytest.mark.parametrize("command", ["local", "coordinator"])
+def test_the_constrained_stage_lr_reaches_the_spec_and_only_a_subspace_run_takes_it(command, capsys):
+    spec = _spec_from_args(build_parser().parse_args([command, "--preset", "small", "--constrained-stage-lr", "0.03"]))
+    default = _spec_from_args(build_parser().parse_args([command, "--preset", "small"]))
+    assert spec == default.replace(constrained_stage_lr_scale=0.03) and default.constrained_stage_lr_scale == 1.0
+    assert spec.run_hash != default.run_hash  # a stage lr is part of what every peer must agree on
+    with pytest.raises(SpecError, match="option of the subspace codec"):
+        _spec_from_args(build_parser().parse_args([command, "--codec", "dense", "--constrained-stage-lr", "0.03"]))
+    with pytest.raises(SpecError, match=r"must be in \(0, 1000\]"):
+        _spec_from_args(build_parser().parse_args([command, "--constrained-stage-lr", "0"]))
+    with pytest.raises(SystemExit):
+        build_parser().parse_args([command, "--help"])
+    assert "--constrained-stage-lr X" in capsys.readouterr().out
