@@ -44,7 +44,7 @@ def kernel_shaping_problem() -> str | None:
 
 
 def _one_run(spec: RunSpec, steps: int, link: str | None, latency: str, shaping: str, device: str,
-             devices: str | None, variant: str) -> dict:
+             devices: str | None, variant: str | None = None) -> dict:
     opts = LocalOptions(spec, steps=steps, bandwidth=link if shaping == "builtin" else None,
                         latency=latency if link else "0", device=device, devices=devices, quiet=True)
     kernel = None
@@ -64,7 +64,7 @@ def _one_run(spec: RunSpec, steps: int, link: str | None, latency: str, shaping:
         elif "uplink_busy_fraction" in p:
             row["uplink_busy_fraction"] = p["uplink_busy_fraction"]
         peers.append(row)
-    return {"codec": spec.codec, "variant": variant, "rank": spec.rank, "bandwidth": link or "unlimited",
+    return {"codec": spec.codec, "variant": variant or spec.codec, "rank": spec.rank, "bandwidth": link or "unlimited",
             "shaping": shaping,
             "latency": opts.latency, "tokens_per_second": m["tokens_per_second"],
             "forward_bytes_per_token": m["wire"]["forward_bytes_per_token"],
