@@ -112,9 +112,8 @@ def _add_spec_flags(p: argparse.ArgumentParser) -> None:
                    "powersgd (rank-r factors with error feedback; home uplinks) (default: exact)")
     g.add_argument("--replica-sync-rank", type=int, help="powersgd: rank r of the factors (default: 8)")
     g.add_argument("--constrained-stage-lr", type=float, metavar="X",
-                   help="subspace: train every stage before the last at X times the lr; 0.03 brought the 16x loss "
-                   "gap to dense within 1%% at d=1024 in 8 stages and helps at d=512, but hurts at d=256 "
-                   "(docs/fidelity.md 3d-3g) (default: 1.0)")
+                   help="subspace: every stage before the last at X times the lr; 0.03 helps from d=512 up, hurts "
+                   "at d=256 (docs/fidelity.md 3d-3g) (default: 1.0)")
 
 
 def _spec_from_args(a: argparse.Namespace) -> RunSpec:

@@ -7,7 +7,7 @@ import argparse
 
 from protocol.spec import DTYPE_CHOICES, PRESETS, resolve_dtype
 
-from .record_variants import VARIANTS
+from .record_variants import VARIANTS, check_variants
 
 CODECS = ["dense", "subspace", "bottleneck"]
 
@@ -264,12 +264,10 @@ def _parts(text: str) -> tuple[str, ...]:
 
 
 def _variants(text: str) -> tuple[str, ...]:
-    names = tuple(n.strip() for n in text.split(",") if n.strip())
-    unknown = [n for n in names if n not in VARIANTS]
-    if unknown or "dense" not in names:
-        raise argparse.ArgumentTypeError(f"{text!r}: name dense and any of {', '.join(VARIANTS)}"
-                                         + (f" (not {', '.join(unknown)})." if unknown else "."))
-    return names
+    try:
+        return check_variants(tuple(n.strip() for n in text.split(",") if n.strip()))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _add_record(sub) -> None:

@@ -37,14 +37,13 @@ from peer.memory_estimate import estimate_stage
 from protocol.spec import RunSpec, preset
 
 from .convergence import train_curves
-from .record_variants import SMOKE_VARIANTS, VARIANTS, swarm_of
-from .throughput import merge_throughput, run_throughput_bench, variant_of
-from .time_to_loss import seconds_to, time_to_loss
+from .record_variants import SMOKE_VARIANTS, VARIANTS, check_variants, swarm_of
+from .throughput import merge_throughput, run_throughput_bench
+from .time_to_loss import seconds_to, time_to_loss, variant_of
 
 RECORD = {"name": "Pluralis ProtocolNanoGPT", "parameters": 203e6, "d_model": 1024, "stages": 8,
           "bandwidth": "200mbit", "latency": "50ms", "codec": "fixed random projection, rank 160 (6.4x)",
           "speed_ratio": 5.05, "steps_ratio": 3.1, "x_sooner": 1.62}
-CODECS = ("dense", "subspace", "bottleneck")
 PARTS = ("curves", "throughput")
 
 
@@ -54,11 +53,7 @@ def record_specs(tokens: int, smoke: bool = False, codec_tokens: float = 1.0,
     `tiny`, fp32), fixed U, dense trained for `tokens` and the others for `codec_tokens` x that."""
     base = preset("tiny", stages=3, basis_updates=False) if smoke else \
         preset("record", dtype="bf16", basis_updates=False)
-    names = variants or (SMOKE_VARIANTS if smoke else tuple(VARIANTS))
-    unknown = [n for n in names if n not in VARIANTS]
-    if unknown or "dense" not in names:
-        raise ValueError(f"--variants takes dense and any of {', '.join(VARIANTS)}; "
-                         + (f"not {', '.join(unknown)}." if unknown else "dense is the reference, name it too."))
+    names = check_variants(variants or (SMOKE_VARIANTS if smoke else tuple(VARIANTS)))
     per_step = base.batch_size * base.seq_len
     steps = max(2, tokens // per_step)
     specs = {}
@@ -214,8 +209,7 @@ def run_record_bench(out_dir: str, tokens: int = 12_000_000, data: str | None = 
         print(f"record: no results yet for {', '.join(lacking)}; run again with --resume and that part in "
               "--parts to finish.")
         return None
-    result = combine({"data": next(iter(curves.values()))["data"], "tokens": next(iter(curves.values()))["tokens"],
-                      **json.loads(conv_path.read_text()), "curves": curves}, throughput, bandwidth, specs)
+    result = combine({**json.loads(conv_path.read_text()), "curves": curves}, throughput, bandwidth, specs)
     (out / "record.json").write_text(json.dumps(result, indent=1) + "\n")
     _plot(result, out / "record.png")
     _print(result)

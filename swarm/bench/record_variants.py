@@ -18,3 +18,12 @@ def swarm_of(name: str) -> str:
     """The swarm whose tokens/s a variant has: its codec at its width (`-16x`); the lr moves no byte."""
     v = VARIANTS[name]
     return v["codec"] + (f"-{v['ratio']}x" if "ratio" in v else "")
+
+
+def check_variants(names: tuple[str, ...]) -> tuple[str, ...]:
+    """`names` if each is a variant and dense (the reference) is among them; else ValueError."""
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown or "dense" not in names:
+        raise ValueError(f"--variants takes dense and any of {', '.join(VARIANTS)}; "
+                         + (f"not {', '.join(unknown)}." if unknown else "dense is the reference, name it too."))
+    return names

@@ -26,6 +26,7 @@ from swarm.net.namespaces import KernelLinks, KernelShapingUnavailable
 from swarm.net.shaper import parse_bandwidth
 
 from .machine import devices_used, machine_info
+from .time_to_loss import variant_of
 
 CODECS = ("dense", "subspace", "bottleneck")
 
@@ -161,11 +162,6 @@ def merge_throughput(new: dict, earlier_runs: list[dict], out: Path) -> dict:
     (out / "throughput.json").write_text(json.dumps(result, indent=1) + "\n")
     _plot(result, out / "throughput.png", names)
     return result
-
-
-def variant_of(row: dict) -> str:
-    """A run's variant name: its codec in JSONs written before variants."""
-    return row.get("variant", row["codec"])
 
 
 def throughput_ratios(runs: list[dict], codecs: tuple[str, ...], bandwidths: list[str]) -> dict[str, float]:

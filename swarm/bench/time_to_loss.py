@@ -21,6 +21,11 @@ class TimeToLossError(ValueError):
     """The throughput figures cannot be matched to the curves; the message says what is missing."""
 
 
+def variant_of(row: dict) -> str:
+    """A throughput run's variant name: its codec in JSONs written before variants."""
+    return row.get("variant", row["codec"])
+
+
 def link_throughput(throughput: dict, bandwidth: str | None = None, shaping: str = "builtin") -> dict[str, float]:
     """Tokens/s per codec on the limited link `bandwidth` (the first limited one if None)."""
     rows = [r for r in throughput["runs"] if r["bandwidth"] != "unlimited"
@@ -32,7 +37,7 @@ def link_throughput(throughput: dict, bandwidth: str | None = None, shaping: str
         have = sorted({f"{r['bandwidth']} ({r.get('shaping', 'builtin')})" for r in throughput["runs"]})
         raise TimeToLossError(f"the throughput results have no {shaping} run at {bandwidth}; they have "
                               f"{', '.join(have)}. Run `swarm bench throughput --bandwidth {bandwidth}` first.")
-    return {r.get("variant", r["codec"]): r["tokens_per_second"] for r in rows}
+    return {variant_of(r): r["tokens_per_second"] for r in rows}
 
 
 def seconds_to(curve: list[list[float]], target: float) -> float | None:

@@ -15,7 +15,8 @@ from swarm.bench.record import (
     swarm_of,
     swarm_specs,
 )
-from swarm.bench.throughput import merge_throughput, variant_of
+from swarm.bench.throughput import merge_throughput
+from swarm.bench.time_to_loss import variant_of
 
 
 def _curve(codec: str, points: list[tuple[float, float]], batch: int = 4, seq: int = 8) -> dict:
