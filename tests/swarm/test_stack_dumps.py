@@ -11,9 +11,12 @@ import pytest
 
 from swarm.local_reports import RunReports
 
-SCRIPT = ("from swarm.cli import enable_stack_dumps; enable_stack_dumps(); print('ready', flush=True)\n"
+# 'ready' is printed from inside the function: printed before it, the signal could land while the
+# process is still at module level, and its stack would rightly not name the function (ci failed so).
+SCRIPT = ("from swarm.cli import enable_stack_dumps; enable_stack_dumps()\n"
           "import time\n"
           "def waiting_for_a_step():\n"
+          "    print('ready', flush=True)\n"
           "    time.sleep(60)\n"
           "waiting_for_a_step()\n")
 
