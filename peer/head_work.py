@@ -128,7 +128,7 @@ class HeadWork:
         mine = self.shares.get(self.peer_id, [])
 
         async def own() -> dict[int, float]:
-            futures = [await self.daemon.start_microbatch(step, mb, fed[mb]) for mb in mine]
+            futures = await start_in_window(self.daemon, step, mine, fed.__getitem__)
             losses = await asyncio.gather(*futures)
             if mine:
                 self._measured(self.peer_id, len(mine), time.monotonic() - t0)
@@ -164,8 +164,8 @@ class HeadWork:
         if d.leads:
             return "this head leads the swarm; it takes no share from another head."
         try:
-            futures = [await d.start_microbatch(cmd.step, mb, self.batches(cmd.step, mb)) for mb in cmd.microbatches]
-            async with asyncio.timeout(self.timeout):
+            async with asyncio.timeout(self.timeout):  # starting waits for gradients too, past the window
+                futures = await start_in_window(d, cmd.step, cmd.microbatches, lambda mb: self.batches(cmd.step, mb))
                 losses = [float(v) for v in await asyncio.gather(*futures)]
             log.info("step %d: computed microbatches %s for the leading head", cmd.step + 1, cmd.microbatches)
             return losses
@@ -175,6 +175,21 @@ class HeadWork:
             if isinstance(e, asyncio.CancelledError) and asyncio.current_task().cancelling():
                 raise
             return str(e) or "the attempt was aborted here."
+
+
+async def start_in_window(daemon: StageDaemon, step: int, mbs: list[int],
+                          batch: Callable[[int], torch.Tensor]) -> list[asyncio.Future]:
+    """Start `mbs` in order on this head, at most `spec.max_in_flight` of them between forward and
+    gradient at once (the next starts as one comes back: what bounds every stage's saved activations);
+    their loss futures."""
+    slots = asyncio.Semaphore(daemon.spec.max_in_flight)
+    futures = []
+    for mb in mbs:
+        await slots.acquire()
+        fut = await daemon.start_microbatch(step, mb, batch(mb))
+        fut.add_done_callback(lambda _: slots.release())
+        futures.append(fut)
+    return futures
 
 
 async def serve_work(daemon: StageDaemon, cmd: Command,

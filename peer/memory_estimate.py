@@ -23,8 +23,11 @@ trainable numbers and N = microbatch_size * seq_len tokens per microbatch:
 ([grads]: only on the last stage, whose next microbatch's forward comes after the previous one's
 backward; a non-last stage runs every forward of a step before the first gradient exists.)
 
-m is `spec.n_microbatches` for a non-last stage (the head forwards every microbatch before
-the gradients come back) and 1 for the last stage (it runs backward right after forward).
+m is `spec.max_in_flight` for a non-last stage (the head forwards that many microbatches before
+the first gradient comes back, then one more per gradient back: every microbatch of the step
+unless `microbatches_in_flight` bounds it; a replica fed by several heads may hold up to that many
+times more, never more than the step's) and 1 for the last stage (it runs backward right after
+forward).
 a_block, bytes per token saved for backward by one block (the tensors autograd keeps, as
 `torch.autograd.graph.saved_tensors_hooks` lists them; H heads, d_ff = f):
 
@@ -180,7 +183,7 @@ def estimate_stage(spec: RunSpec, stage: int, *, device: str = "cuda", checkpoin
     n = spec.stage_layers[stage]
     sh = _shapes(spec, stage)
     P = sh["params"]
-    m = 1 if last else (spec.n_microbatches if in_flight is None else in_flight)
+    m = 1 if last else (spec.max_in_flight if in_flight is None else in_flight)
     N = spec.microbatch_size * T
 
     buffers = 2 * T * (spec.head_dim // 2) * e  # rope cos and sin

@@ -33,10 +33,18 @@ EMBED_SPLITS = ("subspace", "per_stage")
 # the statistic receiving stages send for a re-fit of U (docs/algorithms.md 1.7, docs/fidelity.md)
 REFIT_STATISTICS = ("grad_cov", "act_cov", "riemannian")
 REPLICA_SYNCS = ("exact", "powersgd")  # how a stage's replicas agree on a step's gradient (algorithms.md 5)
+# the subspace codec's own numeric options (docs/fidelity.md 3d), and their defaults: another codec refuses them
+SUBSPACE_OPTIONS: dict[str, float] = {"constrained_lr_scale": 1.0, "constrained_stage_lr_scale": 1.0,
+                                      "t_fixed_std": 0.02}
 # fields added after runs were signed: left out of `to_dict` (and so of the run hash) while they hold this
 # default, so every spec written before them keeps its hash (and a bench's --resume its finished jobs)
-HASH_NEUTRAL_DEFAULTS: dict[str, Any] = {"constrained_lr_scale": 1.0, "constrained_stage_lr_scale": 1.0,
-                                         "t_fixed_std": 0.02}
+HASH_NEUTRAL_DEFAULTS: dict[str, Any] = {**SUBSPACE_OPTIONS, "microbatches_in_flight": 0}
+# The subspace codec's stage lr in the presets (`preset`; docs/fidelity.md 3d-3g, 5): its stages before the last
+# at 0.03 x the lr took the gap to dense at 16x from +18.0% to +6.7% at d=512 and from +16.3% to -0.05% at
+# d=1024 in 8 stages (two seeds each), and the record setting's time to dense's loss to 5.2-5.8x sooner; at
+# d=256 it hurt (+7.2% against +4.9%, one seed), hence the width from which it applies.
+STAGE_LR_FROM_WIDTH = 512
+STAGE_LR_SCALE = 0.03
 
 
 class SpecError(ValueError):
@@ -79,6 +87,10 @@ class RunSpec:
     # batch
     batch_size: int = 16  # sequences per optimizer step
     microbatch_size: int = 8
+    # how many of a head's microbatches are between their forward and their gradient's return at once (the
+    # head starts the next as one comes back); 0 = all of its share at once. It bounds every stage's saved
+    # activations (peer/memory_estimate.py), so a step of many microbatches fits a card (issue 22 item 2)
+    microbatches_in_flight: int = 0
     # Grassmann basis updates (docs/algorithms.md 1.7)
     basis_interval: int = 500  # steps between re-fits of U
     basis_updates: bool = True  # False keeps U fixed for the whole run
@@ -106,7 +118,7 @@ class RunSpec:
     def __post_init__(self) -> None:
         object.__setattr__(self, "stage_layers", tuple(int(x) for x in self.stage_layers))
         object.__setattr__(self, "betas", tuple(float(x) for x in self.betas))
-        for name in HASH_NEUTRAL_DEFAULTS:  # 2 and 2.0 must hash alike
+        for name in SUBSPACE_OPTIONS:  # 2 and 2.0 must hash alike
             object.__setattr__(self, name, float(getattr(self, name)))
         self.validate()
 
@@ -124,6 +136,12 @@ class RunSpec:
     @property
     def n_microbatches(self) -> int:
         return self.batch_size // self.microbatch_size
+
+    @property
+    def max_in_flight(self) -> int:
+        """Microbatches one head has between forward and gradient at once: `microbatches_in_flight`,
+        or the whole step's when that is 0 or more."""
+        return min(self.microbatches_in_flight or self.n_microbatches, self.n_microbatches)
 
     @property
     def head_dim(self) -> int:
@@ -182,8 +200,10 @@ class RunSpec:
         need(self.replica_sync in REPLICA_SYNCS,
              f"replica_sync must be one of {', '.join(REPLICA_SYNCS)}, not {self.replica_sync!r}.")
         need(1 <= self.replica_sync_rank <= 1024, "replica_sync_rank must be between 1 and 1024.")
-        for name in HASH_NEUTRAL_DEFAULTS:
-            value, default = getattr(self, name), HASH_NEUTRAL_DEFAULTS[name]
+        need(0 <= self.microbatches_in_flight <= 1_000_000, "microbatches_in_flight must be 0 (all of a head's "
+             f"share at once) or a positive number, not {self.microbatches_in_flight}.")
+        for name in SUBSPACE_OPTIONS:
+            value, default = getattr(self, name), SUBSPACE_OPTIONS[name]
             need(0 < value <= 1000, f"{name} must be in (0, 1000], not {value}.")
             need(value == default or self.codec == "subspace",
                  f"{name} is an option of the subspace codec; leave it at {default} with codec {self.codec!r}.")
@@ -230,6 +250,14 @@ class RunSpec:
 
     def replace(self, **changes: Any) -> RunSpec:
         return dataclasses.replace(self, **changes)
+
+    def with_codec(self, codec: str, **changes: Any) -> RunSpec:
+        """This run with another codec: switching away from the subspace codec puts its own options
+        (the lr multipliers, T_fixed's scale, the embedding split) back at their defaults, since the
+        other codecs refuse them; `changes` apply on top."""
+        if codec != "subspace":
+            changes = {**SUBSPACE_OPTIONS, "embed_split": "subspace", **changes}
+        return self.replace(codec=codec, **changes)
 
     def save(self, path: str | Path) -> None:
         path = Path(path)
@@ -318,7 +346,9 @@ def split_layers(n_layers: int, n_stages: int) -> tuple[int, ...]:
 
 
 def preset(name: str, **overrides: Any) -> RunSpec:
-    """A named preset with overrides; `stages=N` re-cuts the layers into N stages."""
+    """A named preset with overrides; `stages=N` re-cuts the layers into N stages. A subspace run of
+    d_model >= `STAGE_LR_FROM_WIDTH` with more than one stage trains its stages before the last at
+    `STAGE_LR_SCALE` x the lr unless `constrained_stage_lr_scale` is given (1.0 is the published method)."""
     if name not in PRESETS:
         raise SpecError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}.")
     fields = dict(PRESETS[name])
@@ -328,4 +358,8 @@ def preset(name: str, **overrides: Any) -> RunSpec:
         fields["basis_switch_delay"] = max(1, min(10, fields["basis_interval"] // 2))
     if stages is not None:
         fields["stage_layers"] = split_layers(fields.get("n_layers", RunSpec.n_layers), stages)
+    if ("constrained_stage_lr_scale" not in fields and fields.get("codec", RunSpec.codec) == "subspace"
+            and fields.get("d_model", RunSpec.d_model) >= STAGE_LR_FROM_WIDTH
+            and len(fields.get("stage_layers", RunSpec.stage_layers)) > 1):
+        fields["constrained_stage_lr_scale"] = STAGE_LR_SCALE
     return RunSpec(**fields)

@@ -111,9 +111,15 @@ def _add_spec_flags(p: argparse.ArgumentParser) -> None:
                    help="how replicas of a stage agree on a step's gradient: exact (sum every step; LANs) or "
                    "powersgd (rank-r factors with error feedback; home uplinks) (default: exact)")
     g.add_argument("--replica-sync-rank", type=int, help="powersgd: rank r of the factors (default: 8)")
+    g.add_argument("--batch-size", type=int, metavar="N",
+                   help="sequences per optimizer step, a multiple of the microbatch (default: the preset's)")
+    g.add_argument("--microbatches-in-flight", type=int, metavar="N",
+                   help="a head's microbatches between forward and gradient at once: bounds every stage's saved "
+                   "activations, so a large --batch-size fits a card (default: 0, all of its share)")
     g.add_argument("--constrained-stage-lr", type=float, metavar="X",
                    help="subspace: every stage before the last at X times the lr; 0.03 helps from d=512 up, hurts "
-                   "at d=256 (docs/fidelity.md 3d-3g) (default: 1.0)")
+                   "at d=256 (docs/fidelity.md 3d-3g); 1 is the published method (default: 0.03 for a subspace "
+                   "preset from d=512 up with 2+ stages, else 1)")
 
 
 def _spec_from_args(a: argparse.Namespace) -> RunSpec:
@@ -126,7 +132,8 @@ def _spec_from_args(a: argparse.Namespace) -> RunSpec:
     return preset(a.preset, stages=a.stages, codec=a.codec, rank=a.rank, wire_dtype=a.wire_dtype, quant=a.quant,
                   basis_interval=a.basis_interval, seed=a.seed, dtype=resolve_dtype(a.dtype, device),
                   replica_sync=a.replica_sync, replica_sync_rank=a.replica_sync_rank,
-                  constrained_stage_lr_scale=a.constrained_stage_lr)
+                  constrained_stage_lr_scale=a.constrained_stage_lr, batch_size=a.batch_size,
+                  microbatches_in_flight=a.microbatches_in_flight)
 
 
 # ------------------------------------------------------------------ subcommands

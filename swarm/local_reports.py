@@ -13,7 +13,7 @@ import torch
 from tqdm import tqdm
 
 from protocol.codecs import WirePacker
-from protocol.spec import HASH_NEUTRAL_DEFAULTS, RunSpec
+from protocol.spec import RunSpec
 from protocol.wire import ActivationMessage, Header, encode_message, tokens_for_wire
 
 from .monitor.scalars import ScalarLog
@@ -32,7 +32,7 @@ def mean_parts(parts: list[dict[str, float]]) -> dict[str, float]:
 
 def dense_bytes_per_token(spec: RunSpec) -> float:
     """Bytes per token a dense boundary would put on the wire: a real dense message, framed and acked."""
-    dense = spec.replace(codec="dense", quant="none", **HASH_NEUTRAL_DEFAULTS)  # less the subspace-only options
+    dense = spec.with_codec("dense", quant="none")
     B, T = spec.microbatch_size, spec.seq_len
     tokens = torch.zeros(B, T + 1, dtype=torch.long)
     msg = ActivationMessage(Header(dense.run_hash, 0, 0, 0, "dense", 1), tokens_for_wire(tokens, spec.vocab),

@@ -18,7 +18,7 @@ def check_jobs(steps_256: int, steps_1024: int) -> list:
     d256 = base.replace(d_model=256, n_heads=4, d_ff=int(256 * base.d_ff / base.d_model) // 8 * 8, rank=16,
                         lr=base.lr * (base.d_model / 256) ** 0.5, total_steps=steps_256)
     d1024 = preset("record", codec="subspace", dtype="bf16", rank=64, batch_size=32, microbatch_size=32,
-                   basis_updates=False, total_steps=steps_1024)
+                   basis_updates=False, total_steps=steps_1024, constrained_stage_lr_scale=1.0)
     out = []
     for spec, group in ((d256, "lr003-d256"), (d1024, "lr003-d1024x8")):
         out += [_job("dense", group, dense(spec), 0),

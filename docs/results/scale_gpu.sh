@@ -31,6 +31,11 @@ case $part in
   heads)  # the whole large model in one stage: one head against two (pure data parallel)
     layouts scale-large "1x1,1x2" --preset large --devices "$all" --codec subspace --dtype auto --steps 12 \
         --warmup 4 --replica-sync powersgd ;;
+  batch)  # issue 22 item 2: steps of 256 sequences (64 microbatches of 4, 262k tokens) with 8 in flight a head,
+          # so that the fill, drain and commit take a smaller share of each step (not measured yet: see benchmarks.md)
+    list=1x1,1x2,2x1; [ "$n" -ge 4 ] && list=1x1,1x2,2x1,4x1,2x2
+    layouts scale-large-b256 "$list" --preset large --devices "$all" --codec subspace --dtype auto --steps 8 \
+        --warmup 3 --replica-sync powersgd --batch-size 256 --microbatches-in-flight 8 ;;
   small80)  # small, 3 stages at 80 Mbit/s per host: 1 vs 2 replicas per stage with powersgd, same 2 GPUs
     layouts scale-small-80mbit 3x1,3x2 --preset small --devices cuda:0,cuda:1 --codec subspace --dtype auto \
         --steps 40 --warmup 10 --bandwidth 80mbit --replica-sync powersgd --no-baseline ;;

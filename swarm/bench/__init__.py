@@ -86,7 +86,7 @@ def _dispatch(a: argparse.Namespace) -> None:
         from .convergence import run_convergence_bench
         run_convergence_bench(a.out, preset_name=a.preset, steps=a.steps, data=a.data, device=a.device,
                               smoke=a.smoke, throughput_json=a.throughput_json, link=a.link,
-                              curves_json=a.curves_json, dtype=a.dtype)
+                              curves_json=a.curves_json, dtype=a.dtype, stage_lr=a.constrained_stage_lr)
     elif a.which == "fidelity":
         import json
 
@@ -139,7 +139,8 @@ def _dispatch(a: argparse.Namespace) -> None:
         run_scale_bench(a.out, preset_name=a.preset, layouts=a.layouts, codec=a.codec, dtype=a.dtype,
                         devices=a.devices, device=a.device, steps=a.steps, warmup=a.warmup, bandwidth=a.bandwidth,
                         latency=a.latency, replica_sync=a.replica_sync, baseline=not a.no_baseline, resume=a.resume,
-                        limit_s=a.layout_limit, smoke=a.smoke)
+                        limit_s=a.layout_limit, smoke=a.smoke, batch_size=a.batch_size,
+                        in_flight=a.microbatches_in_flight)
     elif a.which == "replicas":
         from .replicas import run_replicas_bench
         run_replicas_bench(a.out, preset_name=a.preset, steps=a.steps, device=a.device, smoke=a.smoke)

@@ -109,6 +109,9 @@ def _add_convergence(sub) -> None:
                    "(default: the throughput results' first)")
     p.add_argument("--curves-json", metavar="FILE",
                    help="take the loss curves from this convergence.json instead of training (default: train)")
+    p.add_argument("--constrained-stage-lr", type=float, metavar="X",
+                   help="the subspace curves' stage lr (as on swarm local); 1 is the published method, which "
+                   "docs/benchmarks.md's rows ran (default: the preset's)")
 
 
 def _add_mfu(sub) -> None:
@@ -392,6 +395,11 @@ def _add_scale(sub) -> None:
     p.add_argument("--replica-sync", default="exact", choices=("exact", "powersgd"),
                    help="how replicas of a stage keep in step (default: exact)")
     p.add_argument("--no-baseline", action="store_true", help="skip the one-process run (default: run it)")
+    p.add_argument("--batch-size", type=int, help="sequences per step, a multiple of the preset's microbatch "
+                   "(default: the preset's)")
+    p.add_argument("--microbatches-in-flight", type=int, default=0, metavar="N",
+                   help="a head's microbatches between forward and gradient at once; bounds saved activations "
+                   "(default: 0, all of its share)")
     p.add_argument("--resume", action="store_true", help="keep the layouts already in OUT/scale.json (default: off)")
     p.add_argument("--layout-limit", type=float, metavar="SECONDS",
                    help="end a layout after this long and keep what it did, marked incomplete (default: none)")

@@ -51,8 +51,8 @@ def _variants(base: RunSpec, intervals: tuple[int, ...]) -> dict[str, RunSpec]:
     for i in intervals:
         out[f"U re-fit every {i}"] = base.replace(basis_updates=True, basis_interval=i,
                                                    basis_switch_delay=max(1, min(10, i // 2)))
-    out["dense"] = base.replace(codec="dense", basis_updates=False)
-    out["bottleneck"] = base.replace(codec="bottleneck", basis_updates=False)
+    out["dense"] = base.with_codec("dense", basis_updates=False)
+    out["bottleneck"] = base.with_codec("bottleneck", basis_updates=False)
     return out
 
 
@@ -93,17 +93,19 @@ def run_convergence_bench(out_dir: str, preset_name: str = "small", steps: int =
                           intervals: tuple[int, ...] = (500, 100), data: str | None = "stdlib",
                           device: str = "cpu", eval_every: int = 100, eval_batches: int = 16,
                           smoke: bool = False, parallel: bool | None = None, throughput_json: str | None = None,
-                          link: str | None = None, curves_json: str | None = None, dtype: str | None = None) -> dict:
+                          link: str | None = None, curves_json: str | None = None, dtype: str | None = None,
+                          stage_lr: float | None = None) -> dict:
     """Train every variant (in parallel processes on a GPU) and compare their held-out loss; then
     their time to loss on `link` (default: the throughput results' first limited link), if the
-    throughput results are there. `curves_json`: reuse a convergence.json's curves, no training."""
+    throughput results are there. `curves_json`: reuse a convergence.json's curves, no training.
+    `stage_lr`: the subspace curves' `constrained_stage_lr_scale` (default: the preset's)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if curves_json:
         result = json.loads(Path(curves_json).read_text())
     else:
         result = _train_all(out, preset_name, steps, intervals, data, device, eval_every, eval_batches, smoke,
-                            parallel, dtype)
+                            parallel, dtype, stage_lr)
     tp_path = Path(throughput_json) if throughput_json else out / "throughput.json"
     if tp_path.is_file():
         ttl = time_to_loss(result, json.loads(tp_path.read_text()), link)
@@ -117,10 +119,11 @@ def run_convergence_bench(out_dir: str, preset_name: str = "small", steps: int =
 
 
 def _train_all(out: Path, preset_name: str, steps: int, intervals: tuple[int, ...], data: str | None, device: str,
-               eval_every: int, eval_batches: int, smoke: bool, parallel: bool | None, dtype: str | None) -> dict:
+               eval_every: int, eval_batches: int, smoke: bool, parallel: bool | None, dtype: str | None,
+               stage_lr: float | None = None) -> dict:
     if smoke:  # two re-fits (steps 6 and 12, each 3 steps later) within 20 steps
         preset_name, steps, intervals, eval_every, eval_batches = "tiny", 20, (6,), 10, 2
-    base = preset(preset_name, codec="subspace", total_steps=steps, dtype=dtype)
+    base = preset(preset_name, codec="subspace", total_steps=steps, dtype=dtype, constrained_stage_lr_scale=stage_lr)
     return train_curves(out, preset_name, _variants(base, intervals), data, device, eval_every, eval_batches,
                         parallel)
 

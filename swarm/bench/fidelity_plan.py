@@ -56,9 +56,10 @@ def _cpu_base() -> RunSpec:
 
 def plan_shape(plan: str) -> PlanShape:
     if plan == "gpu":
-        # one microbatch of 32 x 256 per step: the same batch as the preset's 4 x 8, a quarter of the launches
+        # one microbatch of 32 x 256 per step: the same batch as the preset's 4 x 8, a quarter of the launches;
+        # the published method (every stage at the lr), which the plan's levers each change one thing of
         base = preset("small", codec="subspace", dtype="bf16", microbatch_size=32, basis_updates=False,
-                      total_steps=1000)
+                      total_steps=1000, constrained_stage_lr_scale=1.0)
         return PlanShape(base, 1000, 2000, 2500, (256, 512, 1024), 100, 100)
     if plan == "cpu":
         return PlanShape(_cpu_base(), 1200, 1200, 1200, (64, 128, 256), 16, 100)
@@ -76,7 +77,7 @@ def refit(spec: RunSpec, interval: int, **kw) -> RunSpec:
 
 
 def dense(spec: RunSpec, **kw) -> RunSpec:
-    return spec.replace(codec="dense", basis_updates=False, embed_split="subspace", **kw)
+    return spec.with_codec("dense", basis_updates=False, **kw)
 
 
 def _job(name: str, group: str, spec: RunSpec, priority: int, note: str = "") -> Job:
@@ -106,7 +107,7 @@ def frontier_jobs(s: PlanShape, priority: int = 2, rest: int = 4) -> list[Job]:
         out.append(_job(f"subspace k={k} fixed U", "frontier", s.base.replace(rank=k), priority))
         out.append(_job(f"subspace k={k} re-fit/{s.refit_interval}", "frontier",
                         refit(s.base.replace(rank=k), s.refit_interval), priority if div == 16 else rest))
-        out.append(_job(f"bottleneck b={k}", "frontier", s.base.replace(codec="bottleneck", rank=k), rest))
+        out.append(_job(f"bottleneck b={k}", "frontier", s.base.with_codec("bottleneck", rank=k), rest))
     for div in (32, 16, 8, 4):  # twice the rank in int8 at about the same bytes as bf16 at half of it
         k = max(1, d // div)
         out.append(_job(f"subspace int8 k={k} fixed U", "frontier", s.base.replace(rank=k, quant="int8"), rest,

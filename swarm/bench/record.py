@@ -60,7 +60,8 @@ def record_specs(tokens: int, smoke: bool = False, codec_tokens: float = 1.0,
     for name in names:
         v = dict(VARIANTS[name])
         ratio = v.pop("ratio", None)
-        spec = base.replace(**v, total_steps=steps if name == "dense" else max(2, round(steps * codec_tokens)))
+        total = steps if name == "dense" else max(2, round(steps * codec_tokens))
+        spec = base.with_codec(v.pop("codec"), **v, total_steps=total)
         specs[name] = spec.replace(rank=max(1, base.d_model // ratio)) if ratio else spec
     return specs
 

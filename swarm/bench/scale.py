@@ -16,7 +16,10 @@ step, each peer's uplink busy fraction where the links are shaped, and
 
 `--layout-limit` ends a layout after that many seconds with what it did so far (marked
 incomplete). Each layout's logs stay in OUT/logs/SxR. `--resume` keeps the layouts already in OUT/scale.json
-(same preset, codec, dtype, link, devices) and runs the rest: GPU time comes in pieces.
+(same preset, codec, dtype, link, devices, batch and window) and runs the rest: GPU time comes in pieces.
+`--batch-size` and `--microbatches-in-flight` give every layout and the one-process run a larger step
+(issue 22 item 2: more microbatches a step shrink the pipeline's fill and drain and the reduce's share
+of the step; the window keeps stage 0's saved activations to a card).
 Absolute figures mean something only on the machine the JSON names.
 """
 from __future__ import annotations
@@ -49,9 +52,13 @@ def parse_layouts(text: str) -> list[tuple[int, int]]:
 
 
 def _config(preset_name: str, codec: str, dtype: str | None, bandwidth: str | None, latency: str,
-            replica_sync: str, devices: list[str], steps: int, warmup: int) -> dict:
-    return {"preset": preset_name, "codec": codec, "dtype": dtype, "bandwidth": bandwidth or "unlimited",
-            "latency": latency, "replica_sync": replica_sync, "devices": devices, "steps": steps, "warmup": warmup}
+            replica_sync: str, devices: list[str], steps: int, warmup: int, batch_size: int | None = None,
+            in_flight: int = 0) -> dict:
+    out = {"preset": preset_name, "codec": codec, "dtype": dtype, "bandwidth": bandwidth or "unlimited",
+           "latency": latency, "replica_sync": replica_sync, "devices": devices, "steps": steps, "warmup": warmup}
+    # named only when set, so that a JSON written before these options still resumes
+    return out | ({"batch_size": batch_size} if batch_size else {}) | \
+        ({"microbatches_in_flight": in_flight} if in_flight else {})
 
 
 def _layout_run(spec, steps: int, warmup: int, replicas: int, bandwidth: str | None, latency: str,
@@ -109,7 +116,10 @@ def run_scale_bench(out_dir: str, preset_name: str = "small", layouts: str = "1x
                     dtype: str | None = None, devices: str | None = None, device: str = "cpu", steps: int = 20,
                     warmup: int = 3, bandwidth: str | None = None, latency: str = "0", replica_sync: str = "exact",
                     baseline: bool = True, resume: bool = False, limit_s: float | None = None,
-                    smoke: bool = False) -> dict:
+                    smoke: bool = False, batch_size: int | None = None, in_flight: int = 0) -> dict:
+    """Each layout of `layouts` as a local swarm beside the whole model in one process (see the module
+    docstring); `batch_size` (sequences a step) and `in_flight` (`RunSpec.microbatches_in_flight`)
+    override the preset's."""
     if smoke:
         preset_name, steps, warmup, layouts = "tiny", 4, 1, "1x2"
     chosen = parse_layouts(layouts)
@@ -119,7 +129,8 @@ def run_scale_bench(out_dir: str, preset_name: str = "small", layouts: str = "1x
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "scale.json"
-    config = _config(preset_name, codec, dtype, bandwidth, latency, replica_sync, used, steps, warmup)
+    config = _config(preset_name, codec, dtype, bandwidth, latency, replica_sync, used, steps, warmup, batch_size,
+                     in_flight)
     result = {"config": config, "machine": machine_info(used), "one_process": None, "runs": []}
     if resume and path.exists():
         old = json.loads(path.read_text())
@@ -134,7 +145,7 @@ def run_scale_bench(out_dir: str, preset_name: str = "small", layouts: str = "1x
         path.write_text(json.dumps(result, indent=1) + "\n")
 
     if baseline and result["one_process"] is None:
-        whole = preset(preset_name, codec=codec, dtype=dtype, stages=1)
+        whole = preset(preset_name, codec=codec, dtype=dtype, stages=1, batch_size=batch_size)
         result["one_process"] = _one_process(whole, used[0], steps - warmup, warmup)
         print(f"one process on {used[0]}: {result['one_process']['tokens_per_second']:9.0f} tok/s", flush=True)
         save()
@@ -142,7 +153,8 @@ def run_scale_bench(out_dir: str, preset_name: str = "small", layouts: str = "1x
     for stages, replicas in chosen:
         if (stages, replicas) in done:
             continue
-        spec = preset(preset_name, codec=codec, dtype=dtype, stages=stages, replica_sync=replica_sync)
+        spec = preset(preset_name, codec=codec, dtype=dtype, stages=stages, replica_sync=replica_sync,
+                      batch_size=batch_size, microbatches_in_flight=in_flight or None)
         logs = out / "logs" / f"{stages}x{replicas}"
         row = _layout_run(spec, steps, warmup, replicas, bandwidth, latency, used, logs, limit_s)
         result["runs"].append(row)

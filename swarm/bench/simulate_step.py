@@ -9,7 +9,8 @@ One attempt at a step:
    swarm pauses and looks again every 0.5 s (`_wait_for_coverage`);
 2. microbatches: by default (the schedule before issue 22 item 1) only the leader computes stage 0
    (`StepDriver._run_microbatches` then): it
-   queues the forward of every microbatch on its GPU, and sends each on as it is done. With
+   queues the forward of every microbatch on its GPU (at most `RunSpec.microbatches_in_flight` of
+   them between forward and gradient when the spec bounds it), and sends each on as it is done. With
    `every_head_works` (issue 22 item 1, modelled before it was built; the swarm now runs it,
    peer/head_work.py, splitting by measured speed) the leader splits the M microbatches over every
    live head in proportion to its sustained FLOP/s (largest remainders), telling each with a command.
@@ -205,7 +206,13 @@ class StepDriverModel:
             self._involved.add(head.peer_id)
             if not await self.swarm.send(leader, head, self.wire.command):
                 await self._never()
-        await _all(self._microbatch(head) for _ in range(n))
+        # at most `microbatches_in_flight` of them between forward and gradient (peer/head_work.py start_in_window)
+        slots = asyncio.Semaphore(self.spec.microbatches_in_flight or n)
+
+        async def in_window() -> None:
+            async with slots:
+                await self._microbatch(head)
+        await _all(in_window() for _ in range(n))
 
     async def _microbatch(self, head: SimPeer) -> None:
         fwd, bwd = self.swarm.cfg.work.seconds(0, head.rate)

@@ -20,8 +20,9 @@ def small(**kw):
 
 
 def test_defaults_keep_the_run_hash_of_existing_specs():
-    # the hashes these specs had before the options existed (computed at commit c9c7bde)
-    assert preset("small").run_hash == "23dd1f4f8547367b"
+    # the hashes these specs had before the options existed (computed at commit c9c7bde); `small` now
+    # defaults to a stage lr of 0.03, so the published method's spec names its 1.0
+    assert preset("small", constrained_stage_lr_scale=1.0).run_hash == "23dd1f4f8547367b"
     assert RunSpec().run_hash == "44100fcce5f2ff5d"
     assert all(name not in RunSpec().to_dict() for name in NEW)
     # an old spec file (no such keys) loads to the same spec, and 1 or 1.0 written out hashes alike
@@ -94,3 +95,26 @@ def test_t_fixed_std_scales_only_the_token_code():
     assert torch.equal(a.U, b.U)
     assert torch.allclose(b.T_fixed, a.T_fixed * 25, rtol=1e-12)  # 0.5 / 0.02, the same draw
     assert float(b.T_fixed.std()) == pytest.approx(0.5, rel=0.05)
+
+
+def test_presets_from_d512_default_the_subspace_stage_lr_and_other_codecs_drop_it():
+    # docs/fidelity.md 5: 0.03 from d=512 up (it hurt at d=256), only where there are stages before the last
+    for name in ("small", "large", "xl", "record", "paper8b"):
+        assert preset(name).constrained_stage_lr_scale == 0.03, name
+        assert preset(name, codec="dense").constrained_stage_lr_scale == 1.0
+        assert preset(name, codec="bottleneck").constrained_stage_lr_scale == 1.0
+        assert preset(name, stages=1).constrained_stage_lr_scale == 1.0
+    assert preset("tiny").constrained_stage_lr_scale == 1.0
+    assert preset("tiny", d_model=512, n_heads=8).constrained_stage_lr_scale == 0.03
+    assert preset("small", constrained_stage_lr_scale=0.5).constrained_stage_lr_scale == 0.5
+    with pytest.raises(SpecError, match="option of the subspace codec"):
+        preset("small", codec="dense", constrained_stage_lr_scale=0.03)
+    assert preset("small").run_hash != preset("small", constrained_stage_lr_scale=1.0).run_hash
+
+
+def test_with_codec_puts_the_subspace_options_back_for_another_codec():
+    sub = preset("small", embed_split="per_stage", t_fixed_std=0.05, constrained_lr_scale=0.5)
+    dense = sub.with_codec("dense", basis_updates=False)
+    assert dense == preset("small", codec="dense", basis_updates=False)
+    assert sub.with_codec("bottleneck", rank=16) == preset("small", codec="bottleneck", rank=16)
+    assert sub.with_codec("subspace", rank=64) == sub.replace(rank=64)  # the subspace codec keeps its options

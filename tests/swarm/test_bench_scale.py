@@ -70,3 +70,22 @@ def test_a_layout_past_its_time_limit_keeps_what_it_did(tmp_path, monkeypatch):
     assert len(row["step_seconds"]) == row["steps_done"] and row["seconds_to_first_step"] > 0
     assert abs(row["tokens_per_second"] - 10_000) < 1e-6  # 1000 tokens in 0.1 s, the first 2 steps untimed
     assert json.loads((tmp_path / "scale.json").read_text())["runs"] == [row]
+
+
+def test_the_batch_and_the_window_reach_every_layout_and_the_config(tmp_path, monkeypatch):
+    specs = []
+
+    class Recorded(SlowSwarm):
+        def __init__(self, opts) -> None:
+            super().__init__(opts)
+            specs.append(opts.spec)
+    monkeypatch.setattr(scale, "LocalSwarm", Recorded)
+    kw = dict(preset_name="tiny", layouts="2x1", steps=10_000, warmup=2, baseline=False, limit_s=0.3)
+    run_scale_bench(str(tmp_path), batch_size=64, in_flight=3, **kw)
+    assert (specs[0].batch_size, specs[0].microbatches_in_flight, specs[0].n_stages) == (64, 3, 2)
+    config = json.loads((tmp_path / "scale.json").read_text())["config"]
+    assert (config["batch_size"], config["microbatches_in_flight"]) == (64, 3)
+    # another batch is another configuration: nothing of the first is resumed
+    again = run_scale_bench(str(tmp_path), batch_size=32, resume=True, **kw)
+    assert len(again["runs"]) == 1 and specs[1].batch_size == 32 and specs[1].microbatches_in_flight == 0
+    assert "microbatches_in_flight" not in again["config"]  # unset options stay out: old JSONs still resume

@@ -216,3 +216,22 @@ def test_the_validation_calibrates_on_the_real_stage_runners_and_simulates_this_
     assert framed["median_step_s"] >= fast["median_step_s"] + 4 * 0.05
     # at 2 Mbit/s a dense tiny activation or gradient (262 KB) takes ~1 s a hop, and a microbatch makes 4 hops
     assert slow["median_step_s"] > 4 * 262_000 * 8 / 2e6
+
+
+def test_a_window_of_microbatches_in_flight_serialises_the_pipeline_as_the_real_head_does():
+    def phase(window: int) -> float:
+        spec = preset("small", microbatches_in_flight=window)
+        cfg = SwarmConfig(spec, stage_flops(spec), [("RTX 3090", gpu("RTX 3090", 0.4).flops_per_second)],
+                          LinkDraw((80, 80), (20, 20)), wire_bytes(spec).state)
+
+        async def main():
+            swarm = SimSwarm(cfg)
+            await swarm.populate(3)
+            driver = StepDriverModel(swarm, StepOptions(8), wire_bytes(spec))
+            await driver.run(steps=2)
+            return driver.records[-1].microbatch_s
+        return run_virtual(main())
+
+    every, one, wide = phase(0), phase(1), phase(8)
+    assert wide == every  # a window of the whole step is no window
+    assert one > 2 * every  # one at a time: no two microbatches ever overlap in the pipeline

@@ -30,10 +30,14 @@ def test_a_bad_replica_sync_is_refused(capsys):
 
 @pytest.mark.parametrize("command", ["local", "coordinator"])
 def test_the_constrained_stage_lr_reaches_the_spec_and_only_a_subspace_run_takes_it(command, capsys):
-    spec = _spec_from_args(build_parser().parse_args([command, "--preset", "small", "--constrained-stage-lr", "0.03"]))
+    spec = _spec_from_args(build_parser().parse_args([command, "--preset", "small", "--constrained-stage-lr", "1"]))
     default = _spec_from_args(build_parser().parse_args([command, "--preset", "small"]))
-    assert spec == default.replace(constrained_stage_lr_scale=0.03) and default.constrained_stage_lr_scale == 1.0
+    assert spec == default.replace(constrained_stage_lr_scale=1.0) and default.constrained_stage_lr_scale == 0.03
     assert spec.run_hash != default.run_hash  # a stage lr is part of what every peer must agree on
+    tiny = _spec_from_args(build_parser().parse_args([command, "--preset", "tiny", "--constrained-stage-lr", "0.03"]))
+    assert tiny.constrained_stage_lr_scale == 0.03
+    dense = _spec_from_args(build_parser().parse_args([command, "--codec", "dense", "--preset", "small"]))
+    assert dense.codec == "dense" and dense.constrained_stage_lr_scale == 1.0
     with pytest.raises(SpecError, match="option of the subspace codec"):
         _spec_from_args(build_parser().parse_args([command, "--codec", "dense", "--constrained-stage-lr", "0.03"]))
     with pytest.raises(SpecError, match=r"must be in \(0, 1000\]"):
@@ -41,3 +45,18 @@ def test_the_constrained_stage_lr_reaches_the_spec_and_only_a_subspace_run_takes
     with pytest.raises(SystemExit):
         build_parser().parse_args([command, "--help"])
     assert "--constrained-stage-lr X" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command", ["local", "coordinator"])
+def test_the_batch_and_the_window_reach_the_spec_with_clear_errors(command, capsys):
+    spec = _spec_from_args(build_parser().parse_args([command, "--preset", "tiny", "--batch-size", "64",
+                                                      "--microbatches-in-flight", "3"]))
+    assert (spec.batch_size, spec.microbatches_in_flight, spec.max_in_flight) == (64, 3, 3)
+    assert _spec_from_args(build_parser().parse_args([command, "--preset", "tiny"])).batch_size == 16
+    with pytest.raises(SpecError, match="positive multiple of microbatch_size"):
+        _spec_from_args(build_parser().parse_args([command, "--batch-size", "12"]))
+    with pytest.raises(SpecError, match="microbatches_in_flight must be 0"):
+        _spec_from_args(build_parser().parse_args([command, "--microbatches-in-flight", "-2"]))
+    with pytest.raises(SystemExit):
+        build_parser().parse_args([command, "--help"])
+    assert "--microbatches-in-flight N" in capsys.readouterr().out
