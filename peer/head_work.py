@@ -181,11 +181,15 @@ async def start_in_window(daemon: StageDaemon, step: int, mbs: list[int],
                           batch: Callable[[int], torch.Tensor]) -> list[asyncio.Future]:
     """Start `mbs` in order on this head, at most `spec.max_in_flight` of them between forward and
     gradient at once (the next starts as one comes back: what bounds every stage's saved activations);
-    their loss futures."""
-    slots = asyncio.Semaphore(daemon.spec.max_in_flight)
+    their loss futures. LinkError once the attempt they belong to is aborted here: a microbatch
+    started after that would be stamped with the next attempt, which did not ask for it."""
+    slots, attempt = asyncio.Semaphore(daemon.spec.max_in_flight), daemon.attempt
     futures = []
     for mb in mbs:
         await slots.acquire()
+        if (daemon.runner.step, daemon.attempt) != (step, attempt):
+            raise LinkError(f"attempt {attempt} of step {step + 1} was superseded here before microbatch {mb} "
+                            f"was started.")
         fut = await daemon.start_microbatch(step, mb, batch(mb))
         fut.add_done_callback(lambda _: slots.release())
         futures.append(fut)

@@ -1,7 +1,9 @@
 """Every head works (issue 22, item 1) in a real swarm (separate processes over libp2p): 2 heads and
 1 peer of stage 1; once the leader has heard from the second head, both compute a share of every
 step, their contributions are summed, the leader recomputes the other head's share at every step
-(spot-check rate 1) and finds it its work, and the run still equals the one-head oracle step for step."""
+(spot-check rate 1) and finds it its work, and the run still equals the one-head oracle step for step.
+Each head keeps one microbatch in flight at a time (`RunSpec.microbatches_in_flight` = 1: the window path
+over real links; the in-memory tests cover the default of the whole share at once)."""
 from __future__ import annotations
 
 import asyncio
@@ -15,7 +17,7 @@ from tests.peer.swarm_in_memory import oracle
 
 async def test_a_second_head_computes_a_share_of_every_step_and_the_run_equals_one_heads(tmp_path):
     steps = 30
-    spec = preset("tiny", stages=2, batch_size=32, microbatch_size=8, lr=1e-3)
+    spec = preset("tiny", stages=2, batch_size=32, microbatch_size=8, lr=1e-3, microbatches_in_flight=1)
     swarm = LocalSwarm(LocalOptions(spec, steps=steps, replicas=2, workdir=str(tmp_path / "heads"), threads=1,
                                     quiet=True, extra_peer_args=["--ttl", "6"]))
     first, second = swarm.head_names()

@@ -3,9 +3,14 @@ between forward and gradient, starting the next as one comes back, so a step of 
 fits a card; the swarm still equals the one-process run (fp64) and its heads still share the step."""
 from __future__ import annotations
 
+import asyncio
+from types import SimpleNamespace
+
 import pytest
 import torch
 
+from peer.head_work import start_in_window
+from peer.interfaces import LinkError
 from peer.memory_estimate import estimate_stage
 from protocol.spec import SpecError, preset
 from tests.peer.swarm_in_memory import make_swarm, patient_options
@@ -67,3 +72,27 @@ def test_the_window_is_hash_neutral_at_0_bounds_the_estimate_and_refuses_a_negat
     assert estimate_stage(windowed, 3).in_flight == 1  # the last stage runs backward right after forward
     with pytest.raises(SpecError, match="microbatches_in_flight"):
         spec.replace(microbatches_in_flight=-1)
+
+
+async def test_a_share_stops_starting_microbatches_once_its_attempt_is_aborted():
+    # a head waiting for a slot must not start the rest of its share under the attempt that replaced it
+    loop = asyncio.get_running_loop()
+    started, futures = [], []
+
+    async def start_microbatch(step, mb, tokens):
+        started.append((step, daemon.attempt, mb))
+        futures.append(loop.create_future())
+        return futures[-1]
+    daemon = SimpleNamespace(spec=spec_for("subspace", "fp64").replace(microbatches_in_flight=1), attempt=3,
+                             runner=SimpleNamespace(step=7), start_microbatch=start_microbatch)
+    task = asyncio.create_task(start_in_window(daemon, 7, [0, 1, 2], lambda mb: mb))
+    while not started:
+        await asyncio.sleep(0)  # let the task start its first microbatch (no time passes)
+    futures[0].set_result(1.0)  # a gradient back frees the slot: the next one starts
+    while len(started) < 2:
+        await asyncio.sleep(0)
+    daemon.attempt = 4  # the leader's abort arrived (adopt_attempt), and the daemon cancels what waited
+    futures[1].cancel()
+    with pytest.raises(LinkError, match="superseded"):
+        await task
+    assert started == [(7, 3, 0), (7, 3, 1)]  # nothing was started under attempt 4
