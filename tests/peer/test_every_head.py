@@ -41,6 +41,16 @@ def oracle_weights(spec, steps: int) -> list[list[torch.Tensor]]:
     return [[p.detach().clone() for p in r.module.parameters()] for r in pipe.runners]
 
 
+def assert_equals_the_oracle(swarm, spec, logs, oracle_runs, steps: int) -> None:
+    """Every step's loss and every replica's weights after `steps` within 1e-10 of the one-process run."""
+    assert_close([log.loss for log in logs], oracle_runs.losses(spec, steps), 1e-10)
+    want = oracle_weights(spec, steps)
+    for s in range(spec.n_stages):
+        for peer in swarm.stage(s):
+            for got, exp in zip(peer.runner.module.parameters(), want[s]):
+                assert torch.allclose(got.detach(), exp, rtol=1e-10, atol=1e-12), f"{peer.peer_id}: weights differ"
+
+
 @pytest.mark.parametrize("codec", ["subspace", "dense"])
 async def test_two_heads_by_two_both_work_every_step_and_equal_the_oracle(codec, oracle_runs):
     spec = spec_for(codec, "fp64")
@@ -55,12 +65,7 @@ async def test_two_heads_by_two_both_work_every_step_and_equal_the_oracle(codec,
     for log in logs:  # both heads computed microbatches at every step, together all of them once
         assert sorted(log.heads) == ["s0r0", "s0r1"] and min(log.heads.values()) >= 1, (log.step, log.heads)
         assert sum(log.heads.values()) == spec.n_microbatches
-    assert_close([log.loss for log in logs], oracle_runs.losses(spec, STEPS), 1e-10)
-    want = oracle_weights(spec, STEPS)
-    for s in range(spec.n_stages):
-        for peer in swarm.stage(s):
-            for got, exp in zip(peer.runner.module.parameters(), want[s]):
-                assert torch.allclose(got.detach(), exp, rtol=1e-10, atol=1e-12), f"{peer.peer_id}: weights differ"
+    assert_equals_the_oracle(swarm, spec, logs, oracle_runs, STEPS)
     # stage 1 took activations from both heads: each head's daemon sent some
     assert all(h.daemon.sent_tokens["act"] > 0 for h in swarm.stage(0))
 

@@ -7,15 +7,14 @@ import asyncio
 from types import SimpleNamespace
 
 import pytest
-import torch
 
 from peer.head_work import start_in_window
 from peer.interfaces import LinkError
 from peer.memory_estimate import estimate_stage
 from protocol.spec import SpecError, preset
 from tests.peer.swarm_in_memory import make_swarm, patient_options
-from tests.peer.test_every_head import oracle_weights
-from tests.peer.test_replicas import assert_close, spec_for
+from tests.peer.test_every_head import assert_equals_the_oracle
+from tests.peer.test_replicas import spec_for
 
 STEPS = 4
 
@@ -52,12 +51,7 @@ async def test_a_head_keeps_its_window_and_the_run_equals_the_oracle(layout, win
     assert sum(s["started"] for s in seen.values()) == STEPS * spec.n_microbatches
     if layout[0] == 2:  # both heads still computed a share of every step
         assert all(min(log.heads.values()) >= 1 and len(log.heads) == 2 for log in logs)
-    assert_close([log.loss for log in logs], oracle_runs.losses(spec, STEPS), 1e-10)
-    want = oracle_weights(spec, STEPS)
-    for s in range(spec.n_stages):
-        for peer in swarm.stage(s):
-            for got, exp in zip(peer.runner.module.parameters(), want[s]):
-                assert torch.allclose(got.detach(), exp, rtol=1e-10, atol=1e-12), f"{peer.peer_id}: weights differ"
+    assert_equals_the_oracle(swarm, spec, logs, oracle_runs, STEPS)
 
 
 def test_the_window_is_hash_neutral_at_0_bounds_the_estimate_and_refuses_a_negative():
