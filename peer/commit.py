@@ -20,7 +20,8 @@ microbatches whose contribution did not arrive makes the reduce fail; the driver
 the attempt everywhere and re-drives the step: no microbatch is lost or counted twice.
 
 Gradients travel in the stage's `SyncLayout` (constrained weights in subspace coordinates).
-With replica_sync "powersgd" the reduce has two rounds (docs/algorithms.md 5.2): each replica
+With replica_sync "powersgd" (after its `replica_sync_warmup` exact steps) the reduce has two
+rounds (docs/algorithms.md 5.2): each replica
 sends its exact part and its P factors, every replica adds them up in the same order and
 orthonormalizes the summed P, then each sends its Q factors and adds those up; every replica
 rebuilds the same approximation of the summed gradient from the same sums, so replicas stay
@@ -212,9 +213,10 @@ class StepCommit:
     async def _reduce(self, cmd: Command) -> CommandReply:
         d = self.daemon
         others = sorted({p for p in cmd.candidates if p != self.peer_id})
-        if not others and (self.power is None or await d.run(self.power.quiet)):
+        power = self.power if self.spec.powersgd_at(cmd.step) else None  # a warm-up step sums exactly
+        if not others and (power is None or await d.run(power.quiet)):
             return await self._reduce_alone(cmd)
-        elif self.power is None:
+        elif power is None:
             mbs, flat, stat, overflow = await d.run(self.runner.share, False)
             mine = Contribution(self.spec.run_hash, cmd.step, cmd.attempt, self.stage, mbs, flat, stat,
                                 overflow=overflow)

@@ -6,7 +6,9 @@ replicas; the error feedback, this replica's own) and the state a reduce compute
 becomes the state only when its step is applied: an attempt that is aborted after its reduce
 leaves no trace, and its microbatches are re-driven against the state it started from.
 
-Also `flat_limits`, what a replica of a stage accepts in a reduce, for both modes.
+Also `flat_limits`, what a replica of a stage accepts in a reduce, for both modes (and for the
+exact steps of powersgd's warm-up, `RunSpec.replica_sync_warmup`: during them `StepCommit` sums
+exactly and this state waits untouched, so the first compressed step starts from the seeded Q).
 """
 from __future__ import annotations
 
@@ -35,7 +37,7 @@ def flat_limits(spec: RunSpec, runner: StageRunner) -> FlatLimits:
         plan = PowerPlan.for_layout(runner.layout, spec.replica_sync_rank)
         phases, factor_dtype = ((plan.exact_numel, plan.p_numel), (0, plan.q_numel)), WIRE_DTYPES[spec.wire_dtype]
     return FlatLimits(spec.run_hash, runner.stage, runner.layout.numel, runner.dtype, stat, spec.n_microbatches,
-                      phases, factor_dtype, runner.n_params)
+                      phases, factor_dtype, runner.n_params, spec.replica_sync_warmup if phases else 0)
 
 
 class PowerSync:

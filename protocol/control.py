@@ -60,6 +60,7 @@ State transfer (a joining replica's download) and the follow updates that bring 
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -145,6 +146,11 @@ class FlatLimits:
     phases: tuple[tuple[int, int], ...] = ()  # (exact numbers, factor numbers) per phase; () = exact sync
     factor_dtype: torch.dtype | None = None
     full_numel: int = 0  # every parameter's gradient in full (a lone replica's follow updates)
+    exact_until: int = 0  # steps before this one sum exactly, whatever `phases` says (powersgd's warm-up)
+
+    def at(self, step: int) -> FlatLimits:
+        """The limits of a contribution to step `step`: exact sync during the warm-up."""
+        return dataclasses.replace(self, phases=()) if step < self.exact_until else self
 
     @property
     def exchange(self) -> tuple[tuple[int, int], ...]:
@@ -359,10 +365,11 @@ def _contribution(d: dict, lim: FlatLimits) -> Contribution:
     _need(_is(d.get("k"), KIND_REDUCE), "not a gradient contribution.")
     _run(d, lim.run, "the gradient contribution")
     _need(_is(d.get("g"), lim.stage), f"the contribution is not for stage {lim.stage}, which this replica serves.")
+    step, attempt = _int(d, "s", "step"), _int(d, "a", "attempt", 2**31)
+    lim = lim.at(step)
     phase = d.get("p", 0)
     _need(isinstance(phase, int) and not isinstance(phase, bool) and 0 <= phase < len(lim.exchange),
           f"the contribution's phase must be an integer in [0, {len(lim.exchange)}).")
-    step, attempt = _int(d, "s", "step"), _int(d, "a", "attempt", 2**31)
     mbs = _mbs(d.get("m"), lim.n_microbatches)
     if _flag(d, "v", "a contribution's overflow flag"):  # fp16: the step will be skipped; nothing to add
         _need(phase == 0 and all(d.get(k) is None for k in "tfq"), "an overflowed contribution carries no tensors.")

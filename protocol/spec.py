@@ -38,7 +38,7 @@ SUBSPACE_OPTIONS: dict[str, float] = {"constrained_lr_scale": 1.0, "constrained_
                                       "t_fixed_std": 0.02}
 # fields added after runs were signed: left out of `to_dict` (and so of the run hash) while they hold this
 # default, so every spec written before them keeps its hash (and a bench's --resume its finished jobs)
-HASH_NEUTRAL_DEFAULTS: dict[str, Any] = {**SUBSPACE_OPTIONS, "microbatches_in_flight": 0}
+HASH_NEUTRAL_DEFAULTS: dict[str, Any] = {**SUBSPACE_OPTIONS, "microbatches_in_flight": 0, "replica_sync_warmup": 0}
 # The subspace codec's stage lr in the presets (`preset`; docs/fidelity.md 3d-3g, 5): its stages before the last
 # at 0.03 x the lr took the gap to dense at 16x from +18.0% to +6.7% at d=512 and from +16.3% to -0.05% at
 # d=1024 in 8 stages (two seeds each), and the record setting's time to dense's loss to 5.2-5.8x sooner; at
@@ -103,6 +103,9 @@ class RunSpec:
     # "powersgd" sums a rank-r PowerSGD approximation with error feedback (for home uplinks)
     replica_sync: str = "exact"
     replica_sync_rank: int = 8  # r of "powersgd" (on tiny, 4 costs ~4% held-out loss, 8 ~1.5%: benchmarks.md)
+    # "powersgd": the first this-many steps sum the replicas' gradients exactly, as "exact" does (the start of
+    # training is the most sensitive to compressed gradients: torch's PowerSGD hook's start_powerSGD_iter)
+    replica_sync_warmup: int = 0
     # per-parameter lr multipliers of the subspace codec's constrained stages (docs/fidelity.md 3d), on top of
     # the schedule: `constrained_stage_lr_scale` for every parameter of a stage before the last,
     # `constrained_lr_scale` (compounded) for the weights kept in span(U) (w_o, w_down, T_S). 1.0 = off
@@ -136,6 +139,11 @@ class RunSpec:
     @property
     def n_microbatches(self) -> int:
         return self.batch_size // self.microbatch_size
+
+    def powersgd_at(self, step: int) -> bool:
+        """Whether step `step` (0-based) sums replicas' gradients as PowerSGD factors: a "powersgd" run
+        past its `replica_sync_warmup` exact steps."""
+        return self.replica_sync == "powersgd" and step >= self.replica_sync_warmup
 
     @property
     def max_in_flight(self) -> int:
@@ -200,6 +208,10 @@ class RunSpec:
         need(self.replica_sync in REPLICA_SYNCS,
              f"replica_sync must be one of {', '.join(REPLICA_SYNCS)}, not {self.replica_sync!r}.")
         need(1 <= self.replica_sync_rank <= 1024, "replica_sync_rank must be between 1 and 1024.")
+        need(0 <= self.replica_sync_warmup < 2**31, f"replica_sync_warmup must be a number of steps >= 0, not "
+             f"{self.replica_sync_warmup}.")
+        need(self.replica_sync_warmup == 0 or self.replica_sync == "powersgd",
+             "replica_sync_warmup is the number of exact steps before powersgd; use it with replica_sync powersgd.")
         need(0 <= self.microbatches_in_flight <= 1_000_000, "microbatches_in_flight must be 0 (all of a head's "
              f"share at once) or a positive number, not {self.microbatches_in_flight}.")
         for name in SUBSPACE_OPTIONS:

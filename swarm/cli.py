@@ -111,6 +111,9 @@ def _add_spec_flags(p: argparse.ArgumentParser) -> None:
                    help="how replicas of a stage agree on a step's gradient: exact (sum every step; LANs) or "
                    "powersgd (rank-r factors with error feedback; home uplinks) (default: exact)")
     g.add_argument("--replica-sync-rank", type=int, help="powersgd: rank r of the factors (default: 8)")
+    g.add_argument("--replica-sync-warmup", type=int, metavar="N",
+                   help="powersgd: sum the first N steps exactly, then compress (the start of training is the most "
+                   "sensitive to compressed gradients; each exact step sends the whole gradient) (default: 0)")
     g.add_argument("--batch-size", type=int, metavar="N",
                    help="sequences per optimizer step, a multiple of the microbatch (default: the preset's)")
     g.add_argument("--microbatches-in-flight", type=int, metavar="N",
@@ -132,6 +135,7 @@ def _spec_from_args(a: argparse.Namespace) -> RunSpec:
     return preset(a.preset, stages=a.stages, codec=a.codec, rank=a.rank, wire_dtype=a.wire_dtype, quant=a.quant,
                   basis_interval=a.basis_interval, seed=a.seed, dtype=resolve_dtype(a.dtype, device),
                   replica_sync=a.replica_sync, replica_sync_rank=a.replica_sync_rank,
+                  replica_sync_warmup=a.replica_sync_warmup,
                   constrained_stage_lr_scale=a.constrained_stage_lr, batch_size=a.batch_size,
                   microbatches_in_flight=a.microbatches_in_flight)
 

@@ -100,7 +100,7 @@ def _dispatch(a: argparse.Namespace) -> None:
         from .replica_sync import run_replica_sync_bench
         run_replica_sync_bench(a.out, preset_name=a.preset, steps=a.steps, ranks=a.sync_rank,
                                bandwidth=a.bandwidth, latency=a.latency, device=a.device, data=a.data,
-                               seeds=a.seeds, lr=a.lr, smoke=a.smoke)
+                               seeds=a.seeds, lr=a.lr, smoke=a.smoke, warmups=a.sync_warmup)
     elif a.which == "transport":
         from .transport import run_transport_bench
         run_transport_bench(a.out, sizes_mb=a.sizes, megabytes=a.megabytes, repeats=a.repeats, dtype=a.dtype,

@@ -20,15 +20,19 @@ def resolve_bench_dtype(a: argparse.Namespace) -> None:
         a.dtype = resolve_dtype("auto", devices[0] if devices else getattr(a, "device", None) or "cpu")
 
 
-def _positive_ints(text: str, what: str, example: str) -> tuple[int, ...]:
+def _positive_ints(text: str, what: str, example: str, least: int = 1) -> tuple[int, ...]:
     try:
         values = tuple(int(x) for x in text.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of {what} such as {example}.") \
             from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"every one of the {what} must be at least 1.")
+    if not values or min(values) < least:
+        raise argparse.ArgumentTypeError(f"every one of the {what} must be at least {least}.")
     return values
+
+
+def _steps_list(text: str) -> tuple[int, ...]:
+    return _positive_ints(text, "numbers of steps", "0,100", least=0)
 
 
 def _ranks(text: str) -> tuple[int, ...]:
@@ -147,6 +151,8 @@ def _add_replica_sync(sub) -> None:
     p.add_argument("--steps", type=int, default=300, help="steps of each loss run (default: 300)")
     p.add_argument("--sync-rank", type=_ranks, default=(4, 8), metavar="R[,R...]",
                    help="powersgd rank(s) r to compare with exact (default: 4,8)")
+    p.add_argument("--sync-warmup", type=_steps_list, default=(0,), metavar="N[,N...]",
+                   help="powersgd runs after each of these numbers of exact steps, e.g. 0,100 (default: 0)")
     p.add_argument("--seeds", type=int, default=1, help="loss runs per mode, seeds +0..N-1 (default: 1)")
     p.add_argument("--lr", type=float, help="learning rate (default: the preset's)")
     _link(p, "every host's link")

@@ -78,7 +78,10 @@ async def _train(spec: RunSpec, replicas: int, steps: int, device: str, data: st
 
 
 def _label(spec: RunSpec) -> str:
-    return spec.replica_sync if spec.replica_sync == "exact" else f"{spec.replica_sync} r={spec.replica_sync_rank}"
+    if spec.replica_sync == "exact":
+        return "exact"
+    warm = f", {spec.replica_sync_warmup} exact steps first" if spec.replica_sync_warmup else ""
+    return f"{spec.replica_sync} r={spec.replica_sync_rank}{warm}"
 
 
 def _speed_row(spec: RunSpec, replicas: int, steps: int, device: str, data: str | None, bandwidth: str | None,
@@ -110,8 +113,9 @@ def run_replica_sync_bench(out_dir: str, preset_name: str = "small", steps: int 
                            ranks: tuple[int, ...] = (4, 8), bandwidth: str | None = "80mbit", latency: str = "0",
                            device: str = "cpu", data: str | None = None, stages: int | None = None,
                            eval_batches: int = 16, seeds: int = 1, lr: float | None = None,
-                           smoke: bool = False) -> dict:
-    """Bytes, speed and loss of "exact" and of "powersgd" at each rank in `ranks` (loss runs skipped
+                           smoke: bool = False, warmups: tuple[int, ...] = (0,)) -> dict:
+    """Bytes, speed and loss of "exact" and of "powersgd" at each rank in `ranks`, each after each
+    number of exact warm-up steps in `warmups` (`RunSpec.replica_sync_warmup`; loss runs skipped
     with `steps` 0, speed runs with `speed_steps` 0); `lr` overrides the preset's."""
     if smoke:
         preset_name, steps, speed_steps, stages, eval_batches = "tiny", 4, 3, 2, 2
@@ -123,7 +127,8 @@ def run_replica_sync_bench(out_dir: str, preset_name: str = "small", steps: int 
             byte_rows += [{**r, "mode": f"powersgd r={rank}" if r["mode"] == "powersgd" else r["mode"]}
                           for r in sync_bytes(preset(name, codec="subspace"), rank) if i == 0 or r["rank"]]
     base = preset(preset_name, stages=stages, codec="subspace", total_steps=steps if not smoke else 0, lr=lr)
-    specs = [base] + [base.replace(replica_sync="powersgd", replica_sync_rank=r) for r in ranks]
+    specs = [base] + [base.replace(replica_sync="powersgd", replica_sync_rank=r, replica_sync_warmup=w)
+                      for r in ranks for w in warmups]
     speed = []
     if speed_steps:
         speed = [_speed_row(base, 1, speed_steps, device, data, bandwidth, latency)]

@@ -60,3 +60,13 @@ def test_the_batch_and_the_window_reach_the_spec_with_clear_errors(command, caps
     with pytest.raises(SystemExit):
         build_parser().parse_args([command, "--help"])
     assert "--microbatches-in-flight N" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command", ["local", "coordinator"])
+def test_the_powersgd_warm_up_reaches_the_spec_and_needs_powersgd(command):
+    spec = _spec_from_args(build_parser().parse_args([command, "--replica-sync", "powersgd",
+                                                      "--replica-sync-warmup", "100"]))
+    assert (spec.replica_sync, spec.replica_sync_warmup, spec.powersgd_at(99), spec.powersgd_at(100)) == \
+        ("powersgd", 100, False, True)
+    with pytest.raises(SpecError, match="use it with replica_sync powersgd"):
+        _spec_from_args(build_parser().parse_args([command, "--replica-sync-warmup", "100"]))
