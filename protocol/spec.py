@@ -123,6 +123,8 @@ class RunSpec:
         object.__setattr__(self, "betas", tuple(float(x) for x in self.betas))
         for name in SUBSPACE_OPTIONS:  # 2 and 2.0 must hash alike
             object.__setattr__(self, name, float(getattr(self, name)))
+        for name in ("microbatches_in_flight", "replica_sync_warmup"):  # counts, whatever a spec file wrote
+            object.__setattr__(self, name, int(getattr(self, name)))
         self.validate()
 
     # ----- derived quantities

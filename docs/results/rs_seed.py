@@ -1,5 +1,6 @@
 """`swarm bench replica-sync`'s loss runs (no speed rows) with the weights and data seeds moved by OFFSET,
-so that two seeds can run side by side as two processes. Usage: rs_seed.py OFFSET STEPS OUT"""
+so that two seeds can run side by side as two processes.
+Usage: rs_seed.py OFFSET STEPS OUT [DEVICE [WARMUPS]]  (WARMUPS: powersgd's exact warm-ups, e.g. 0,100)"""
 import sys
 
 import swarm.bench.replica_sync as bench
@@ -15,4 +16,5 @@ def seeded(name: str, **kw):
 
 bench.preset = seeded
 bench.run_replica_sync_bench(out, preset_name="small", steps=steps, speed_steps=0, ranks=(8,), bandwidth="80mbit",
-                             device=sys.argv[4] if len(sys.argv) > 4 else "cuda", data="stdlib", seeds=1)
+                             device=sys.argv[4] if len(sys.argv) > 4 else "cuda", data="stdlib", seeds=1,
+                             warmups=tuple(int(w) for w in sys.argv[5].split(",")) if len(sys.argv) > 5 else (0,))
