@@ -125,6 +125,16 @@ def _add_spec_flags(p: argparse.ArgumentParser) -> None:
                    "preset from d=512 up with 2+ stages, else 1)")
 
 
+def _spec_notes(spec: RunSpec) -> str:
+    """The spec's options that are off by default, as the summary line shows them (so that a preset's own,
+    such as the stage lr of a subspace run from d=512 up, is not a surprise)."""
+    notes = [f"stages before the last at {spec.constrained_stage_lr_scale:g} x the lr"
+             if spec.constrained_stage_lr_scale != 1.0 else "",
+             f"{spec.microbatches_in_flight} microbatches in flight a head" if spec.microbatches_in_flight else "",
+             f"{spec.replica_sync_warmup} exact sync steps first" if spec.replica_sync_warmup else ""]
+    return "".join(f", {n}" for n in notes if n)
+
+
 def _spec_from_args(a: argparse.Namespace) -> RunSpec:
     if a.run_spec:
         return RunSpec.load(a.run_spec)
@@ -160,7 +170,8 @@ def cmd_local(a: argparse.Namespace) -> int:
     print(f"swarm local: {spec.name} preset, {spec.n_stages} stages"
           f"{f' x {a.replicas} replicas ({spec.replica_sync} sync)' if a.replicas > 1 else ''}, codec {spec.codec}"
           f"{'' if spec.codec == 'dense' else f' (rank {spec.rank})'}, {a.steps} steps, wire {spec.wire_dtype}"
-          f"{', link ' + a.bandwidth if a.bandwidth else ''}{', latency ' + a.latency if a.latency != '0' else ''}")
+          f"{', link ' + a.bandwidth if a.bandwidth else ''}{', latency ' + a.latency if a.latency != '0' else ''}"
+          f"{_spec_notes(spec)}")
     # SIGTERM must stop the swarm too, and so must a SIGINT sent to a job started with & from a script
     # (it inherits SIGINT ignored, which Python keeps): run the same cleanup as Ctrl+C
     signal.signal(signal.SIGTERM, _raise_interrupt)

@@ -70,3 +70,12 @@ def test_the_powersgd_warm_up_reaches_the_spec_and_needs_powersgd(command):
         ("powersgd", 100, False, True)
     with pytest.raises(SpecError, match="use it with replica_sync powersgd"):
         _spec_from_args(build_parser().parse_args([command, "--replica-sync-warmup", "100"]))
+
+
+def test_the_summary_line_names_the_options_a_spec_turned_on():
+    from protocol.spec import preset
+    from swarm.cli import _spec_notes
+    assert _spec_notes(preset("tiny")) == ""
+    assert _spec_notes(preset("small")) == ", stages before the last at 0.03 x the lr"  # the preset's own default
+    assert _spec_notes(preset("tiny", microbatches_in_flight=2, replica_sync="powersgd", replica_sync_warmup=5)) == \
+        ", 2 microbatches in flight a head, 5 exact sync steps first"
