@@ -40,9 +40,10 @@ SUBSPACE_OPTIONS: dict[str, float] = {"constrained_lr_scale": 1.0, "constrained_
 # default, so every spec written before them keeps its hash (and a bench's --resume its finished jobs)
 HASH_NEUTRAL_DEFAULTS: dict[str, Any] = {**SUBSPACE_OPTIONS, "microbatches_in_flight": 0, "replica_sync_warmup": 0}
 # The subspace codec's stage lr in the presets (`preset`; docs/fidelity.md 3d-3g, 5): its stages before the last
-# at 0.03 x the lr took the gap to dense at 16x from +18.0% to +6.7% at d=512 and from +16.3% to -0.05% at
-# d=1024 in 8 stages (two seeds each), and the record setting's time to dense's loss to 5.2-5.8x sooner; at
-# d=256 it hurt (+7.2% against +4.9%, one seed), hence the width from which it applies.
+# at 0.03 x the lr took the gap to dense at 16x from +18.0% to +6.7% at d=512 (two seeds) and from +16.3% to
+# +0.1% at d=1024 in 8 stages (one seed; -0.9% and +0.8% on two seeds in the record setting), and the record
+# setting's time to dense's loss to 5.2-5.8x sooner; at d=256 it hurt (+7.2% against +4.9%, one seed), hence
+# the width from which it applies.
 STAGE_LR_FROM_WIDTH = 512
 STAGE_LR_SCALE = 0.03
 
