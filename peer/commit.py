@@ -218,9 +218,11 @@ class StepCommit:
             return await self._reduce_alone(cmd)
         elif power is None:
             mbs, flat, stat, overflow = await d.run(self.runner.share, False)
+            self.clock.mark("share")
             mine = Contribution(self.spec.run_hash, cmd.step, cmd.attempt, self.stage, mbs, flat, stat,
                                 overflow=overflow)
             got = await self.exchange.exchange(cmd.step, cmd.attempt, mine, others, self.peer_id)
+            self.clock.mark("exchange")
             try:
                 reduced = got if isinstance(got, str) else sum_contributions(cmd.step, cmd.attempt, got,
                                                                              self.spec.n_microbatches)
