@@ -221,7 +221,7 @@ class StepCommit:
             self.clock.mark("share")
             mine = Contribution(self.spec.run_hash, cmd.step, cmd.attempt, self.stage, mbs, flat, stat,
                                 overflow=overflow)
-            got = await self.exchange.exchange(cmd.step, cmd.attempt, mine, others, self.peer_id)
+            got = await self.exchange.exchange(cmd.step, cmd.attempt, mine, others)
             self.clock.mark("exchange")
             try:
                 reduced = got if isinstance(got, str) else sum_contributions(cmd.step, cmd.attempt, got,
@@ -266,7 +266,7 @@ class StepCommit:
         mbs, flat, stat, overflow = await d.run(self.runner.share, True)
         if overflow:  # fp16: nothing to add, and no round 2 (every replica sees this flag and stops too)
             mine = Contribution(run, cmd.step, cmd.attempt, self.stage, mbs, None, overflow=True)
-            got = await self.exchange.exchange(cmd.step, cmd.attempt, mine, others, self.peer_id)
+            got = await self.exchange.exchange(cmd.step, cmd.attempt, mine, others)
             return got if isinstance(got, str) else Reduced(cmd.step, cmd.attempt, None, None,
                                                             {p: c.microbatches for p, c in got.items()}, overflow=True)
         first = await d.run(power.first, flat)
@@ -274,7 +274,7 @@ class StepCommit:
         # a replica with nothing to add (a standby head, say) sends no tensors: zeros to the others
         mine = Contribution(run, cmd.step, cmd.attempt, self.stage, mbs, None if first.zero else first.exact, stat, 0,
                             None if first.zero else first.P)
-        got = await self.exchange.exchange(cmd.step, cmd.attempt, mine, others, self.peer_id)
+        got = await self.exchange.exchange(cmd.step, cmd.attempt, mine, others)
         self.clock.mark("exchange1")
         if isinstance(got, str):
             return got
@@ -291,7 +291,7 @@ class StepCommit:
         self.clock.mark("round2")
         mine = Contribution(run, cmd.step, cmd.attempt, self.stage, [], None, None, 1, None if first.zero else Q_flat)
         got2 = await self.exchange.exchange(cmd.step, cmd.attempt, mine, sorted(p for p in got if p != self.peer_id),
-                                           self.peer_id, everyone=True)
+                                           everyone=True)
         self.clock.mark("exchange2")
         if isinstance(got2, str):
             return got2

@@ -49,10 +49,10 @@ class ReduceExchange:
         for key in [k for k in self._inbox if k[:2] == (step, attempt)]:
             del self._inbox[key]
 
-    async def exchange(self, step: int, attempt: int, mine: Contribution, peers: list[str], me: str,
+    async def exchange(self, step: int, attempt: int, mine: Contribution, peers: list[str],
                        everyone: bool = False) -> dict[str, Contribution] | str:
         """Send `mine` to `peers` and gather theirs of the same phase: {peer: contribution}, ours
-        (`me`) included. A peer that is not at this step is left out, unless `everyone` must take
+        included. A peer that is not at this step is left out, unless `everyone` must take
         part; a string says why the exchange failed."""
         body = encode_contribution(mine)
         offers = await asyncio.gather(*(self._offer(p, body) for p in peers))
@@ -70,7 +70,7 @@ class ReduceExchange:
         if isinstance(got, str):
             log.info("stage %d: reduce of step %d, attempt %d: %s", self.stage, step + 1, attempt, got)
             return got
-        return {me: mine, **got}
+        return {self.daemon.peer_id: mine, **got}
 
     async def _offer(self, peer: str, body: bytes) -> bool:
         """Send our contribution to one candidate; False if it is not at this step or unreachable."""

@@ -26,8 +26,9 @@ import warnings
 
 warnings.filterwarnings("ignore", message=".*torch.jit.script.*")  # hivemind's import warns about its own use
 
-from protocol.spec import DTYPE_CHOICES, PRESETS, REPLICA_SYNCS, RunSpec, SpecError, preset, resolve_dtype  # noqa: E402
+from protocol.spec import SpecError  # noqa: E402
 from swarm.options import add_options, from_args  # noqa: E402
+from swarm.spec_flags import add_spec_flags, spec_from_args, spec_notes  # noqa: E402
 
 log = logging.getLogger("swarm")
 
@@ -88,68 +89,6 @@ def _run_async(coro_factory) -> int:
     os._exit(code)
 
 
-# ------------------------------------------------------------------ spec from flags
-
-def _add_spec_flags(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("run spec (ignored with --run-spec)")
-    g.add_argument("--preset", default="tiny", choices=sorted(PRESETS), help="model size (default: tiny)")
-    g.add_argument("--run-spec", metavar="FILE", help="a run spec as JSON or TOML instead of a preset")
-    g.add_argument("--stages", type=int, help="number of pipeline stages (default: the preset's)")
-    g.add_argument("--codec", choices=["dense", "subspace", "bottleneck"],
-                   help="boundary compression (default: subspace)")
-    g.add_argument("--rank", type=int, help="subspace rank k or bottleneck width b")
-    g.add_argument("--wire-dtype", choices=["fp32", "bf16"], help="dtype of numbers on the wire")
-    g.add_argument("--quant", choices=["none", "int8"], help="int8 quantization under the codec")
-    g.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
-                   help="compute dtype of every peer: bf16 or fp16 (autocast, fp32 master weights; fp16 with dynamic "
-                   "loss scaling), fp32 or fp64; auto: bf16 on a CUDA card that has it, fp16 on an older one, fp32 on "
-                   "the CPU, judged by --device (swarm local) or by this machine's GPU (coordinator: pass bf16 or fp16 "
-                   "for GPU peers if it has none) (default: auto)"),
-    g.add_argument("--basis-interval", type=int, help="steps between basis re-fits (default: 500)")
-    g.add_argument("--seed", type=int, help="seed of weights and shared constants")
-    g.add_argument("--replica-sync", choices=list(REPLICA_SYNCS),
-                   help="how replicas of a stage agree on a step's gradient: exact (sum every step; LANs) or "
-                   "powersgd (rank-r factors with error feedback; home uplinks) (default: exact)")
-    g.add_argument("--replica-sync-rank", type=int, help="powersgd: rank r of the factors (default: 8)")
-    g.add_argument("--replica-sync-warmup", type=int, metavar="N",
-                   help="powersgd: sum the first N steps exactly, then compress (the start of training is the most "
-                   "sensitive to compressed gradients; each exact step sends the whole gradient) (default: 0)")
-    g.add_argument("--batch-size", type=int, metavar="N",
-                   help="sequences per optimizer step, a multiple of the microbatch (default: the preset's)")
-    g.add_argument("--microbatches-in-flight", type=int, metavar="N",
-                   help="a head's microbatches between forward and gradient at once: bounds every stage's saved "
-                   "activations, so a large --batch-size fits a card (default: 0, all of its share)")
-    g.add_argument("--constrained-stage-lr", type=float, metavar="X",
-                   help="subspace: every stage before the last at X times the lr; 0.03 helps from d=512 up, hurts "
-                   "at d=256 (docs/fidelity.md 3d-3g); 1 is the published method (default: 0.03 for a subspace "
-                   "preset from d=512 up with 2+ stages, else 1)")
-
-
-def _spec_notes(spec: RunSpec) -> str:
-    """The spec's options that are off by default, as the summary line shows them (so that a preset's own,
-    such as the stage lr of a subspace run from d=512 up, is not a surprise)."""
-    notes = [f"stages before the last at {spec.constrained_stage_lr_scale:g} x the lr"
-             if spec.constrained_stage_lr_scale != 1.0 else "",
-             f"{spec.microbatches_in_flight} microbatches in flight a head" if spec.microbatches_in_flight else "",
-             f"{spec.replica_sync_warmup} exact sync steps first" if spec.replica_sync_warmup else ""]
-    return "".join(f", {n}" for n in notes if n)
-
-
-def _spec_from_args(a: argparse.Namespace) -> RunSpec:
-    if a.run_spec:
-        return RunSpec.load(a.run_spec)
-    import torch
-    # --dtype auto: judged by the peers' device (swarm local), else by this machine's own GPU (coordinator)
-    device = (getattr(a, "devices", None) or "").split(",")[0].strip() or getattr(a, "device", None) \
-        or ("cuda" if torch.cuda.is_available() else "cpu")
-    return preset(a.preset, stages=a.stages, codec=a.codec, rank=a.rank, wire_dtype=a.wire_dtype, quant=a.quant,
-                  basis_interval=a.basis_interval, seed=a.seed, dtype=resolve_dtype(a.dtype, device),
-                  replica_sync=a.replica_sync, replica_sync_rank=a.replica_sync_rank,
-                  replica_sync_warmup=a.replica_sync_warmup,
-                  constrained_stage_lr_scale=a.constrained_stage_lr, batch_size=a.batch_size,
-                  microbatches_in_flight=a.microbatches_in_flight)
-
-
 # ------------------------------------------------------------------ subcommands
 
 def _raise_interrupt(signum, frame) -> None:
@@ -161,7 +100,7 @@ def cmd_local(a: argparse.Namespace) -> int:
 
     from .local import LocalOptions, LocalSwarmError, parse_devices, run_local
     from .net import parse_bandwidth, parse_latency
-    spec = _spec_from_args(a)
+    spec = spec_from_args(a)
     # bad values fail here, before any process starts
     parse_bandwidth(a.bandwidth), parse_latency(a.latency), parse_devices(a.devices)
     load_corpus(a.data, seq_len=spec.seq_len)
@@ -171,7 +110,7 @@ def cmd_local(a: argparse.Namespace) -> int:
           f"{f' x {a.replicas} replicas ({spec.replica_sync} sync)' if a.replicas > 1 else ''}, codec {spec.codec}"
           f"{'' if spec.codec == 'dense' else f' (rank {spec.rank})'}, {a.steps} steps, wire {spec.wire_dtype}"
           f"{', link ' + a.bandwidth if a.bandwidth else ''}{', latency ' + a.latency if a.latency != '0' else ''}"
-          f"{_spec_notes(spec)}")
+          f"{spec_notes(spec)}")
     # SIGTERM must stop the swarm too, and so must a SIGINT sent to a job started with & from a script
     # (it inherits SIGINT ignored, which Python keeps): run the same cleanup as Ctrl+C
     signal.signal(signal.SIGTERM, _raise_interrupt)
@@ -199,7 +138,7 @@ def cmd_local(a: argparse.Namespace) -> int:
 
 def cmd_coordinator(a: argparse.Namespace) -> int:
     from .coordinator import CoordinatorOptions, run_coordinator
-    opts = from_args(CoordinatorOptions, a, spec=_spec_from_args(a))
+    opts = from_args(CoordinatorOptions, a, spec=spec_from_args(a))
     if opts.snapshot_every < 0:
         print("error: --snapshot-every must be 0 (no snapshots) or a positive number of steps.", file=sys.stderr)
         return 2
@@ -328,7 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
     lo = sub.add_parser("local", help="run a whole swarm on this machine (coordinator + one peer per stage)",
                         description="Run a coordinator and one peer per stage as separate processes on loopback, "
                         "train on the embedded corpus (or --data), show progress, and stop everything at the end.")
-    _add_spec_flags(lo)
+    add_spec_flags(lo)
     add_options(lo, LocalOptions)
     lo.add_argument("--no-dashboard", action="store_true", help="do not start the dashboard")
     lo.set_defaults(func=cmd_local)
@@ -336,7 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
     co = sub.add_parser("coordinator", help="start a swarm: bootstrap DHT node, signed run spec",
                         description="Start a swarm's bootstrap node, sign its run spec with the swarm key and keep "
                         "it published. Prints the address that peers pass to --initial-peers.")
-    _add_spec_flags(co)
+    add_spec_flags(co)
     add_options(co, CoordinatorOptions)
     co.set_defaults(func=cmd_coordinator)
 

@@ -5,93 +5,44 @@ from __future__ import annotations
 
 import argparse
 
-from protocol.spec import DTYPE_CHOICES, PRESETS, resolve_dtype
+from protocol.spec import CODECS
 
+from .cli_flags import (
+    add_common,
+    add_data,
+    add_dtype,
+    add_link,
+    add_preset,
+    ranks_list,
+    resolve_bench_dtype,
+    sizes_list,
+    steps_list,
+)
 from .record_variants import VARIANTS, check_variants
 
-CODECS = ["dense", "subspace", "bottleneck"]
-
-
-def resolve_bench_dtype(a: argparse.Namespace) -> None:
-    """A bench's --dtype auto, resolved for its --devices' first, else its --device (protocol/spec.py
-    `resolve_dtype`)."""
-    if getattr(a, "dtype", None) == "auto":
-        devices = [d.strip() for d in (getattr(a, "devices", None) or "").split(",") if d.strip()]
-        a.dtype = resolve_dtype("auto", devices[0] if devices else getattr(a, "device", None) or "cpu")
-
-
-def _positive_ints(text: str, what: str, example: str, least: int = 1) -> tuple[int, ...]:
-    try:
-        values = tuple(int(x) for x in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of {what} such as {example}.") \
-            from None
-    if not values or min(values) < least:
-        raise argparse.ArgumentTypeError(f"every one of the {what} must be at least {least}.")
-    return values
-
-
-def _steps_list(text: str) -> tuple[int, ...]:
-    return _positive_ints(text, "numbers of steps", "0,100", least=0)
-
-
-def _ranks(text: str) -> tuple[int, ...]:
-    return _positive_ints(text, "ranks", "4,8")
-
-
-def _sizes(text: str) -> tuple[int, ...]:
-    return _positive_ints(text, "sizes in MB", "1,16")
-
-
-def _common(p: argparse.ArgumentParser, device: bool = True) -> None:
-    p.add_argument("--out", default="bench-out", metavar="DIR", help="output folder (default: bench-out)")
-    p.add_argument("--smoke", action="store_true", help="tiny sizes, for CI (default: off)")
-    if device:
-        p.add_argument("--device", default="cpu", help="torch device, e.g. cuda or cuda:0 (default: cpu)")
-
-
-def _preset(p: argparse.ArgumentParser, default: str) -> None:
-    p.add_argument("--preset", default=default, choices=sorted(PRESETS), help=f"model size (default: {default})")
-
-
-def _data(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--data", default="stdlib", metavar="PATH",
-                   help="corpus: a text file or folder, or stdlib for the Python standard library's sources "
-                   "(default: stdlib)")
-
-
-def _dtype(p: argparse.ArgumentParser, default: str | None) -> None:
-    """--dtype; `default` None: the preset's."""
-    said = default or "the preset's"
-    p.add_argument("--dtype", default=default, choices=DTYPE_CHOICES, help="compute dtype; auto: bf16 on a CUDA card "
-                   f"that has it, fp16 on an older one, fp32 on the CPU (default: {said})")
-
-
-def _link(p: argparse.ArgumentParser, what: str) -> None:
-    p.add_argument("--bandwidth", default="80mbit", help=f"{what} (default: 80mbit)")
-    p.add_argument("--latency", default="0", help="one-way latency on the limited links, e.g. 20ms (default: 0)")
+__all__ = ["register", "resolve_bench_dtype"]
 
 
 def _add_codecs(sub) -> None:
     p = sub.add_parser("codecs", help="bytes/token and encode/decode time per codec",
                        description="Bytes per token on the wire and encode/decode time of each codec (dense, "
                        "subspace, bottleneck) at d = 512, 1024, 4096, on the CPU; writes codecs.json and a PNG.")
-    _common(p, device=False)
+    add_common(p, device=False)
 
 
 def _add_throughput(sub) -> None:
     p = sub.add_parser("throughput", help="tokens/s of local swarms per codec, unlimited vs limited links",
                        description="Tokens/s of whole local swarms (one process per stage) per codec, unlimited "
                        "and on limited links, against each run's roofline; writes throughput.json and a PNG.")
-    _common(p)
-    _preset(p, "small")
+    add_common(p)
+    add_preset(p, "small")
     p.add_argument("--steps", type=int, default=20, help="steps per run (default: 20)")
     p.add_argument("--stages", type=int, help="pipeline stages (default: the preset's)")
-    _dtype(p, None)
+    add_dtype(p, None)
     p.add_argument("--devices", help="comma-separated devices, one per peer in turn, e.g. cuda:0,cuda:1 "
                    "(default: --device for every peer)")
     p.add_argument("--codecs", help=f"comma-separated codecs to run (default: {','.join(CODECS)})")
-    _link(p, "the limited links, comma-separated, e.g. 8mbit,80mbit")
+    add_link(p, "the limited links, comma-separated, e.g. 8mbit,80mbit")
     p.add_argument("--kernel-shaping", action="store_true",
                    help="also run each limited link with every process in its own network namespace and tc tbf "
                    "on its uplink and downlink (needs root; skipped with a message where not allowed) (default: off)")
@@ -102,11 +53,11 @@ def _add_convergence(sub) -> None:
                        description="Held-out loss against tokens for the subspace codec with a fixed and a re-fitted "
                        "basis, dense and bottleneck, trained side by side; with throughput results, held-out loss "
                        "against wall-clock time on a limited link (time_to_loss.json).")
-    _common(p)
-    _preset(p, "small")
+    add_common(p)
+    add_preset(p, "small")
     p.add_argument("--steps", type=int, default=2000, help="steps per curve (default: 2000)")
-    _dtype(p, None)
-    _data(p)
+    add_dtype(p, None)
+    add_data(p)
     p.add_argument("--throughput-json", metavar="FILE",
                    help="throughput results for the time-to-loss plot (default: OUT/throughput.json)")
     p.add_argument("--link", help="the limited link of the time-to-loss plot, e.g. 80mbit "
@@ -122,11 +73,11 @@ def _add_mfu(sub) -> None:
     p = sub.add_parser("mfu", help="the device's bf16 matmul rate and the share of it training uses",
                        description="The device's bf16 n^3 matmul rate and the share of it (MFU) that training the "
                        "whole model on that one device uses; writes mfu.json and a PNG.")
-    _common(p)
-    _preset(p, "large")
+    add_common(p)
+    add_preset(p, "large")
     p.add_argument("--steps", type=int, default=10, help="timed steps (default: 10)")
     p.add_argument("--codec", default="dense", choices=CODECS, help="codec (default: dense)")
-    _dtype(p, "auto")
+    add_dtype(p, "auto")
     p.add_argument("--microbatch-size", type=int, help="sequences per microbatch (default: the preset's)")
     p.add_argument("--matmul-size", type=int, default=8192, help="n of the n^3 bf16 matmul (default: 8192)")
     p.add_argument("--compile", action="store_true", help="torch.compile every block (default: off)")
@@ -136,8 +87,8 @@ def _add_replicas(sub) -> None:
     p = sub.add_parser("replicas", help="tokens/s with 1-3 replicas per stage, and failover time",
                        description="Tokens/s of local swarms with 1, 2 and 3 replicas per stage, and the seconds "
                        "from a replica's death to the next completed step; writes replicas.json and a PNG.")
-    _common(p)
-    _preset(p, "small")
+    add_common(p)
+    add_preset(p, "small")
     p.add_argument("--steps", type=int, default=20, help="steps per run (default: 20)")
 
 
@@ -146,17 +97,17 @@ def _add_replica_sync(sub) -> None:
                        description="Per replica-sync mode (exact, powersgd at each --sync-rank): bytes per replica "
                        "per step, tokens/s with 2 replicas per stage at --bandwidth, and held-out loss at equal "
                        "tokens; writes replica_sync.json and a PNG.")
-    _common(p)
-    _preset(p, "small")
+    add_common(p)
+    add_preset(p, "small")
     p.add_argument("--steps", type=int, default=300, help="steps of each loss run (default: 300)")
-    p.add_argument("--sync-rank", type=_ranks, default=(4, 8), metavar="R[,R...]",
+    p.add_argument("--sync-rank", type=ranks_list, default=(4, 8), metavar="R[,R...]",
                    help="powersgd rank(s) r to compare with exact (default: 4,8)")
-    p.add_argument("--sync-warmup", type=_steps_list, default=(0,), metavar="N[,N...]",
+    p.add_argument("--sync-warmup", type=steps_list, default=(0,), metavar="N[,N...]",
                    help="powersgd runs after each of these numbers of exact steps, e.g. 0,100 (default: 0)")
     p.add_argument("--seeds", type=int, default=1, help="loss runs per mode, seeds +0..N-1 (default: 1)")
     p.add_argument("--lr", type=float, help="learning rate (default: the preset's)")
-    _link(p, "every host's link")
-    _data(p)
+    add_link(p, "every host's link")
+    add_data(p)
 
 
 def _add_verify(sub) -> None:
@@ -165,15 +116,15 @@ def _add_verify(sub) -> None:
                        "host's uplink shaped to --bandwidth) trained at spot-check rates 0, 1/16 and 1, interleaved "
                        "over --repeats rounds: tokens/s and its ratio to no checks, shares recomputed and input "
                        "bytes fetched per step; writes verify.json and a PNG.")
-    _common(p)
-    _preset(p, "tiny")
+    add_common(p)
+    add_preset(p, "tiny")
     p.add_argument("--stages", type=int, default=3, help="pipeline stages (default: 3)")
     p.add_argument("--replicas", type=int, default=3, help="replicas of every stage but the head's (default: 3)")
     p.add_argument("--steps", type=int, default=12, help="steps per run, the first untimed (default: 12)")
     p.add_argument("--repeats", type=int, default=2, help="rounds over the three rates (default: 2)")
-    _dtype(p, "auto")
-    _link(p, "every host's uplink (unlimited: no shaping)")
-    _data(p)
+    add_dtype(p, "auto")
+    add_link(p, "every host's uplink (unlimited: no shaping)")
+    add_data(p)
 
 
 def _add_share_tolerance(sub) -> None:
@@ -183,14 +134,14 @@ def _add_share_tolerance(sub) -> None:
                        "matmul kernels, and on the CPU in the run's dtype and in fp32, from the same state and "
                        "boundary messages; each scored ||a - b|| / ||a|| against the recomputation, beside three "
                        "lies (x -50, another share, random of the honest norm); writes share_tolerance.json.")
-    _common(p)
+    add_common(p)
     p.add_argument("--presets", default="tiny,small", help="comma-separated presets (default: tiny,small)")
     p.add_argument("--codecs", default="subspace,dense", help="comma-separated codecs (default: subspace,dense)")
-    _dtype(p, "auto")
+    add_dtype(p, "auto")
     p.add_argument("--warm-steps", type=int, default=20, help="steps trained before the measured ones (default: 20)")
     p.add_argument("--steps", type=int, default=2, help="steps whose shares are measured (default: 2)")
     p.add_argument("--replicas", type=int, default=3, help="shares a step's microbatches are dealt to (default: 3)")
-    _data(p)
+    add_data(p)
 
 
 def _add_fidelity(sub) -> None:
@@ -198,7 +149,7 @@ def _add_fidelity(sub) -> None:
                        description="Held-out loss against compression, one-cause ablations of the loss gap and "
                        "dense vs subspace across widths, as jobs spread over GPUs inside a time budget "
                        "(docs/fidelity.md); writes fidelity.json, fidelity.md and a PNG.")
-    _common(p)
+    add_common(p)
     p.add_argument("--plan", choices=["gpu", "cpu"], default="gpu",
                    help="gpu (bf16, the small shape, ~10 min of 4 H100s) or cpu (d=128, the reduced size of the "
                    "CPU results) (default: gpu)")
@@ -214,7 +165,7 @@ def _add_fidelity(sub) -> None:
                    help="keep the jobs OUT/fidelity.jsonl already holds finished and run the others (default: off)")
     p.add_argument("--best", metavar="JSON", help="RunSpec overrides for the headline's 'best settings' row, "
                    "e.g. '{\"lr\": 0.002}' (default: none)")
-    _data(p)
+    add_data(p)
 
 
 def _add_churn(sub) -> None:
@@ -226,8 +177,8 @@ def _add_churn(sub) -> None:
                        "fresh host. Reports goodput against the calm phase, the longest gap between steps, "
                        "lost, doubled and re-driven steps, stage resets, rollbacks and the steps they cost, "
                        "replica agreement (checkpoint hashes) and failover times; writes churn.json and a PNG.")
-    _common(p)
-    _preset(p, "tiny")
+    add_common(p)
+    add_preset(p, "tiny")
     p.add_argument("--hosts", type=int, default=6, help="peer hosts at any time (default: 6)")
     p.add_argument("--replicas", type=int, default=2,
                    help="replicas per stage: the run has hosts / replicas stages (default: 2)")
@@ -254,10 +205,10 @@ def _add_memory(sub) -> None:
                        "stage does, and records torch.cuda.max_memory_allocated against peer/memory_estimate.py; "
                        "then caps the process at 8/12/16/24/48/80 GB cards in turn until a step fits. Writes "
                        "memory.json and memory.png.")
-    _common(p, device=False)
+    add_common(p, device=False)
     p.add_argument("--device", default="cuda", help="CUDA device, e.g. cuda:1 (default: cuda)")
     p.add_argument("--presets", default="small,large,xl", help="comma-separated presets (default: small,large,xl)")
-    _dtype(p, "auto")
+    add_dtype(p, "auto")
     p.add_argument("--stages", default="ends", help="ends (the first, one middle, the last), all, or "
                    "comma-separated stage numbers (default: ends)")
     p.add_argument("--checkpointing", default="both", choices=("both", "off", "on"),
@@ -288,7 +239,7 @@ def _add_record(sub) -> None:
                        "budget (convergence.json), each codec's tokens/s measured as a real local swarm on the "
                        "shaped link (throughput.json), and the time to dense's final held-out loss per variant, "
                        "with the steps and tokens/s ratios that bound it; writes record.json and record.png.")
-    _common(p)
+    add_common(p)
     p.add_argument("--tokens", type=int, default=12_000_000, help="dense's token budget (default: 12000000)")
     p.add_argument("--codec-tokens", type=float, default=1.0, metavar="X",
                    help="train every variant but dense for X times dense's tokens, so they can reach its final "
@@ -306,7 +257,7 @@ def _add_record(sub) -> None:
     p.add_argument("--resume", action="store_true", help="keep OUT/convergence.json's curves trained with the same "
                    "spec and OUT/throughput.json's swarms on the same preset, link and latency; run only the rest "
                    "(default: off)")
-    _data(p)
+    add_data(p)
 
 
 def _floats(text: str) -> tuple[float, ...]:
@@ -325,10 +276,10 @@ def _add_simulate(sub) -> None:
                        "against N per codec, goodput against the mean peer lifetime, and how many home GPUs match "
                        "one A100 or H100; writes simulate.json and a PNG. --validate instead runs small real local "
                        "swarms on this CPU beside the simulator calibrated to it (simulate_validation.json).")
-    _common(p, device=False)
-    _preset(p, "large")
+    add_common(p, device=False)
+    add_preset(p, "large")
     p.add_argument("--codecs", default=",".join(CODECS), help=f"comma-separated codecs (default: {','.join(CODECS)})")
-    p.add_argument("--peers", type=_ranks, default=(10, 30, 100, 300, 1000), metavar="N[,N...]",
+    p.add_argument("--peers", type=ranks_list, default=(10, 30, 100, 300, 1000), metavar="N[,N...]",
                    help="swarm sizes of the tokens/s curve (default: 10,30,100,300,1000)")
     p.add_argument("--uplink", default="80", metavar="MBIT[-MBIT]",
                    help="every host's uplink in Mbit/s, or a range drawn uniformly per host, e.g. 10-200 (default: 80)")
@@ -372,8 +323,8 @@ def _add_transport(sub) -> None:
                        "by libp2p streams between two p2pd daemons, and by our Transport (one way, and both ways "
                        "at once), interleaved over --repeats rounds: MB/s, the ratio to raw TCP, and the tokens/s "
                        "that rate carries between two stages per preset and codec; writes transport.json and a PNG.")
-    _common(p, device=False)
-    p.add_argument("--sizes", type=_sizes, default=(1, 4, 16), metavar="MB,MB",
+    add_common(p, device=False)
+    p.add_argument("--sizes", type=sizes_list, default=(1, 4, 16), metavar="MB,MB",
                    help="frame sizes in MB, comma-separated (default: 1,4,16)")
     p.add_argument("--megabytes", type=int, default=192, help="MB sent per case and size (default: 192)")
     p.add_argument("--repeats", type=int, default=3, help="rounds over the cases (default: 3)")
@@ -387,13 +338,13 @@ def _add_scale(sub) -> None:
                        "stage, pure data parallel; 2x1: a 2-stage pipeline), their peers on --devices round robin, "
                        "beside the whole model trained in one process on the first device; the ratios to both. "
                        "Writes scale.json (resumable) and a PNG.")
-    _common(p)
-    _preset(p, "small")
+    add_common(p)
+    add_preset(p, "small")
     p.add_argument("--layouts", default="1x1,1x2,2x1", help="comma-separated STAGESxREPLICAS (default: 1x1,1x2,2x1)")
     p.add_argument("--devices", help="comma-separated devices the peers take in turn, e.g. cuda:0,cuda:1 "
                    "(default: --device for every peer)")
     p.add_argument("--codec", default="subspace", choices=CODECS, help="codec (default: subspace)")
-    _dtype(p, "auto")
+    add_dtype(p, "auto")
     p.add_argument("--steps", type=int, default=20, help="steps per layout (default: 20)")
     p.add_argument("--warmup", type=int, default=3, help="first steps not timed (default: 3)")
     p.add_argument("--bandwidth", help="shape every peer's uplink and downlink, e.g. 80mbit (default: unlimited)")

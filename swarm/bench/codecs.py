@@ -23,13 +23,12 @@ from pathlib import Path
 import torch
 
 from protocol.codecs import WirePacker, make_decoder, make_encoder
-from protocol.spec import preset
+from protocol.spec import CODECS, preset
 from protocol.subspace import make_basis
 from protocol.wire import ActivationMessage, Header, WireLimits, decode_message, encode_message, tokens_for_wire
 
 from .machine import machine_info
 
-CODECS = ("dense", "subspace", "bottleneck")
 VOCAB = 32000
 B = 4
 

@@ -5,23 +5,24 @@ from __future__ import annotations
 import pytest
 
 from protocol.spec import SpecError
-from swarm.cli import _spec_from_args, build_parser, main
+from swarm.cli import build_parser, main
+from swarm.spec_flags import spec_from_args, spec_notes
 
 
 @pytest.mark.parametrize("command", ["local", "coordinator"])
 def test_replica_sync_flags_reach_the_run_spec(command):
     args = build_parser().parse_args([command, "--preset", "tiny", "--replica-sync", "powersgd",
                                       "--replica-sync-rank", "8"])
-    spec = _spec_from_args(args)
+    spec = spec_from_args(args)
     assert (spec.replica_sync, spec.replica_sync_rank) == ("powersgd", 8)
-    default = _spec_from_args(build_parser().parse_args([command, "--preset", "tiny"]))
+    default = spec_from_args(build_parser().parse_args([command, "--preset", "tiny"]))
     assert (default.replica_sync, default.replica_sync_rank) == ("exact", 8)
     assert default.run_hash != spec.run_hash  # replicas that sync differently are in different runs
 
 
 def test_a_bad_replica_sync_is_refused(capsys):
     with pytest.raises(SpecError, match="replica_sync_rank"):
-        _spec_from_args(build_parser().parse_args(["local", "--replica-sync-rank", "0"]))
+        spec_from_args(build_parser().parse_args(["local", "--replica-sync-rank", "0"]))
     assert main(["local", "--replica-sync-rank", "0", "--no-dashboard"]) == 2
     assert "replica_sync_rank must be between 1 and 1024" in capsys.readouterr().err
     with pytest.raises(SystemExit):
@@ -30,18 +31,18 @@ def test_a_bad_replica_sync_is_refused(capsys):
 
 @pytest.mark.parametrize("command", ["local", "coordinator"])
 def test_the_constrained_stage_lr_reaches_the_spec_and_only_a_subspace_run_takes_it(command, capsys):
-    spec = _spec_from_args(build_parser().parse_args([command, "--preset", "small", "--constrained-stage-lr", "1"]))
-    default = _spec_from_args(build_parser().parse_args([command, "--preset", "small"]))
+    spec = spec_from_args(build_parser().parse_args([command, "--preset", "small", "--constrained-stage-lr", "1"]))
+    default = spec_from_args(build_parser().parse_args([command, "--preset", "small"]))
     assert spec == default.replace(constrained_stage_lr_scale=1.0) and default.constrained_stage_lr_scale == 0.03
     assert spec.run_hash != default.run_hash  # a stage lr is part of what every peer must agree on
-    tiny = _spec_from_args(build_parser().parse_args([command, "--preset", "tiny", "--constrained-stage-lr", "0.03"]))
+    tiny = spec_from_args(build_parser().parse_args([command, "--preset", "tiny", "--constrained-stage-lr", "0.03"]))
     assert tiny.constrained_stage_lr_scale == 0.03
-    dense = _spec_from_args(build_parser().parse_args([command, "--codec", "dense", "--preset", "small"]))
+    dense = spec_from_args(build_parser().parse_args([command, "--codec", "dense", "--preset", "small"]))
     assert dense.codec == "dense" and dense.constrained_stage_lr_scale == 1.0
     with pytest.raises(SpecError, match="option of the subspace codec"):
-        _spec_from_args(build_parser().parse_args([command, "--codec", "dense", "--constrained-stage-lr", "0.03"]))
+        spec_from_args(build_parser().parse_args([command, "--codec", "dense", "--constrained-stage-lr", "0.03"]))
     with pytest.raises(SpecError, match=r"must be in \(0, 1000\]"):
-        _spec_from_args(build_parser().parse_args([command, "--constrained-stage-lr", "0"]))
+        spec_from_args(build_parser().parse_args([command, "--constrained-stage-lr", "0"]))
     with pytest.raises(SystemExit):
         build_parser().parse_args([command, "--help"])
     assert "--constrained-stage-lr X" in capsys.readouterr().out
@@ -49,14 +50,14 @@ def test_the_constrained_stage_lr_reaches_the_spec_and_only_a_subspace_run_takes
 
 @pytest.mark.parametrize("command", ["local", "coordinator"])
 def test_the_batch_and_the_window_reach_the_spec_with_clear_errors(command, capsys):
-    spec = _spec_from_args(build_parser().parse_args([command, "--preset", "tiny", "--batch-size", "64",
+    spec = spec_from_args(build_parser().parse_args([command, "--preset", "tiny", "--batch-size", "64",
                                                       "--microbatches-in-flight", "3"]))
     assert (spec.batch_size, spec.microbatches_in_flight, spec.max_in_flight) == (64, 3, 3)
-    assert _spec_from_args(build_parser().parse_args([command, "--preset", "tiny"])).batch_size == 16
+    assert spec_from_args(build_parser().parse_args([command, "--preset", "tiny"])).batch_size == 16
     with pytest.raises(SpecError, match="positive multiple of microbatch_size"):
-        _spec_from_args(build_parser().parse_args([command, "--batch-size", "12"]))
+        spec_from_args(build_parser().parse_args([command, "--batch-size", "12"]))
     with pytest.raises(SpecError, match="microbatches_in_flight must be 0"):
-        _spec_from_args(build_parser().parse_args([command, "--microbatches-in-flight", "-2"]))
+        spec_from_args(build_parser().parse_args([command, "--microbatches-in-flight", "-2"]))
     with pytest.raises(SystemExit):
         build_parser().parse_args([command, "--help"])
     assert "--microbatches-in-flight N" in capsys.readouterr().out
@@ -64,18 +65,17 @@ def test_the_batch_and_the_window_reach_the_spec_with_clear_errors(command, caps
 
 @pytest.mark.parametrize("command", ["local", "coordinator"])
 def test_the_powersgd_warm_up_reaches_the_spec_and_needs_powersgd(command):
-    spec = _spec_from_args(build_parser().parse_args([command, "--replica-sync", "powersgd",
+    spec = spec_from_args(build_parser().parse_args([command, "--replica-sync", "powersgd",
                                                       "--replica-sync-warmup", "100"]))
     assert (spec.replica_sync, spec.replica_sync_warmup, spec.powersgd_at(99), spec.powersgd_at(100)) == \
         ("powersgd", 100, False, True)
     with pytest.raises(SpecError, match="use it with replica_sync powersgd"):
-        _spec_from_args(build_parser().parse_args([command, "--replica-sync-warmup", "100"]))
+        spec_from_args(build_parser().parse_args([command, "--replica-sync-warmup", "100"]))
 
 
 def test_the_summary_line_names_the_options_a_spec_turned_on():
     from protocol.spec import preset
-    from swarm.cli import _spec_notes
-    assert _spec_notes(preset("tiny")) == ""
-    assert _spec_notes(preset("small")) == ", stages before the last at 0.03 x the lr"  # the preset's own default
-    assert _spec_notes(preset("tiny", microbatches_in_flight=2, replica_sync="powersgd", replica_sync_warmup=5)) == \
+    assert spec_notes(preset("tiny")) == ""
+    assert spec_notes(preset("small")) == ", stages before the last at 0.03 x the lr"  # the preset's own default
+    assert spec_notes(preset("tiny", microbatches_in_flight=2, replica_sync="powersgd", replica_sync_warmup=5)) == \
         ", 2 microbatches in flight a head, 5 exact sync steps first"

@@ -1,0 +1,70 @@
+"""The run spec's flags (`swarm local`, `swarm coordinator`): the group that adds them, the spec they
+describe (a preset with overrides, `protocol/spec.py` `preset`), and the summary line's note of the
+options a spec turned on."""
+from __future__ import annotations
+
+import argparse
+
+from protocol.spec import CODECS, DTYPE_CHOICES, PRESETS, REPLICA_SYNCS, RunSpec, preset, resolve_dtype
+
+
+def add_spec_flags(p: argparse.ArgumentParser) -> None:
+    """The run spec's flags, one group, on `swarm local` and `swarm coordinator`."""
+    g = p.add_argument_group("run spec (ignored with --run-spec)")
+    g.add_argument("--preset", default="tiny", choices=sorted(PRESETS), help="model size (default: tiny)")
+    g.add_argument("--run-spec", metavar="FILE", help="a run spec as JSON or TOML instead of a preset")
+    g.add_argument("--stages", type=int, help="number of pipeline stages (default: the preset's)")
+    g.add_argument("--codec", choices=list(CODECS),
+                   help="boundary compression (default: subspace)")
+    g.add_argument("--rank", type=int, help="subspace rank k or bottleneck width b")
+    g.add_argument("--wire-dtype", choices=["fp32", "bf16"], help="dtype of numbers on the wire")
+    g.add_argument("--quant", choices=["none", "int8"], help="int8 quantization under the codec")
+    g.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
+                   help="compute dtype of every peer: bf16 or fp16 (autocast, fp32 master weights; fp16 with dynamic "
+                   "loss scaling), fp32 or fp64; auto: bf16 on a CUDA card that has it, fp16 on an older one, fp32 on "
+                   "the CPU, judged by --device (swarm local) or by this machine's GPU (coordinator: pass bf16 or fp16 "
+                   "for GPU peers if it has none) (default: auto)"),
+    g.add_argument("--basis-interval", type=int, help="steps between basis re-fits (default: 500)")
+    g.add_argument("--seed", type=int, help="seed of weights and shared constants")
+    g.add_argument("--replica-sync", choices=list(REPLICA_SYNCS),
+                   help="how replicas of a stage agree on a step's gradient: exact (sum every step; LANs) or "
+                   "powersgd (rank-r factors with error feedback; home uplinks) (default: exact)")
+    g.add_argument("--replica-sync-rank", type=int, help="powersgd: rank r of the factors (default: 8)")
+    g.add_argument("--replica-sync-warmup", type=int, metavar="N",
+                   help="powersgd: sum the first N steps exactly, then compress (the start of training is the most "
+                   "sensitive to compressed gradients; each exact step sends the whole gradient) (default: 0)")
+    g.add_argument("--batch-size", type=int, metavar="N",
+                   help="sequences per optimizer step, a multiple of the microbatch (default: the preset's)")
+    g.add_argument("--microbatches-in-flight", type=int, metavar="N",
+                   help="a head's microbatches between forward and gradient at once: bounds every stage's saved "
+                   "activations, so a large --batch-size fits a card (default: 0, all of its share)")
+    g.add_argument("--constrained-stage-lr", type=float, metavar="X",
+                   help="subspace: every stage before the last at X times the lr; 0.03 helps from d=512 up, hurts "
+                   "at d=256 (docs/fidelity.md 3d-3g); 1 is the published method (default: 0.03 for a subspace "
+                   "preset from d=512 up with 2+ stages, else 1)")
+
+
+def spec_notes(spec: RunSpec) -> str:
+    """The spec's options that are off by default, as the summary line shows them (so that a preset's own,
+    such as the stage lr of a subspace run from d=512 up, is not a surprise)."""
+    notes = [f"stages before the last at {spec.constrained_stage_lr_scale:g} x the lr"
+             if spec.constrained_stage_lr_scale != 1.0 else "",
+             f"{spec.microbatches_in_flight} microbatches in flight a head" if spec.microbatches_in_flight else "",
+             f"{spec.replica_sync_warmup} exact sync steps first" if spec.replica_sync_warmup else ""]
+    return "".join(f", {n}" for n in notes if n)
+
+
+def spec_from_args(a: argparse.Namespace) -> RunSpec:
+    """The run spec the flags describe: `--run-spec FILE` as it is, else the preset with the flags given."""
+    if a.run_spec:
+        return RunSpec.load(a.run_spec)
+    import torch
+    # --dtype auto: judged by the peers' device (swarm local), else by this machine's own GPU (coordinator)
+    device = (getattr(a, "devices", None) or "").split(",")[0].strip() or getattr(a, "device", None) \
+        or ("cuda" if torch.cuda.is_available() else "cpu")
+    return preset(a.preset, stages=a.stages, codec=a.codec, rank=a.rank, wire_dtype=a.wire_dtype, quant=a.quant,
+                  basis_interval=a.basis_interval, seed=a.seed, dtype=resolve_dtype(a.dtype, device),
+                  replica_sync=a.replica_sync, replica_sync_rank=a.replica_sync_rank,
+                  replica_sync_warmup=a.replica_sync_warmup,
+                  constrained_stage_lr_scale=a.constrained_stage_lr, batch_size=a.batch_size,
+                  microbatches_in_flight=a.microbatches_in_flight)
