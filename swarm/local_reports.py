@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import signal
 import time
+from pathlib import Path
 
 import torch
 from tqdm import tqdm
@@ -22,6 +23,15 @@ from .net import REPLY_OVERHEAD, REQUEST_OVERHEAD
 
 class LocalSwarmError(RuntimeError):
     """The local swarm could not run; the message says what failed and where its logs are."""
+
+
+def report_events(path: Path) -> list[dict]:
+    """The records of a JSON-lines report another process may be writing: only lines that end in a
+    newline, since a reader can see a long record half written (the Reporter appends one line a write)."""
+    if not path.exists():
+        return []
+    text = path.read_text()
+    return [json.loads(line) for line in text[:text.rfind("\n") + 1].splitlines() if line.strip()]
 
 
 def mean_parts(parts: list[dict[str, float]]) -> dict[str, float]:
@@ -45,9 +55,7 @@ class RunReports:
 
     def events(self, stage: int | str) -> list[dict]:
         path = self.dir / (f"stage{stage}.jsonl" if isinstance(stage, int) else f"{stage}.jsonl")
-        if not path.exists():
-            return []
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return report_events(path)
 
     def step_events(self) -> tuple[list[dict], bool]:
         """Every step record so far, from whichever head drove it, in step order; and whether the

@@ -25,6 +25,7 @@ import urllib.request
 
 import pytest
 
+from swarm.local_reports import report_events as events
 from tests.e2e.processes import at_once
 from tests.e2e.scripts import EXAMPLES, ROOT, Scripts, swarm_on_path
 from tests.test_dockerfile import instructions
@@ -34,10 +35,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def events(path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
 def wait_for(check, what: str, timeout: float = 180.0):

@@ -27,6 +27,7 @@ import time
 
 import pytest
 
+from swarm.local_reports import report_events as events
 from tests.e2e.processes import at_once
 from tests.e2e.scripts import EXAMPLES, Scripts, swarm_on_path
 from tests.netlab import NetLab, missing_requirements
@@ -34,10 +35,6 @@ from tests.netlab import NetLab, missing_requirements
 pytestmark = pytest.mark.skipif(bool(missing_requirements()), reason=str(missing_requirements()))
 
 COORDINATOR, PEER = EXAMPLES / "two_machines" / "coordinator.sh", EXAMPLES / "two_machines" / "peer.sh"
-
-
-def events(path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
 def wait_for_event(scripts: Scripts, name: str, event: str, count: int = 1, timeout: float = 180.0) -> list[dict]:
