@@ -31,7 +31,8 @@ are `peer/reduce_exchange.py`'s.
 
 While it waits for contributions a replica probes the ones still missing (`peer/reduce_watch.py`):
 one that died, or that will never send (its reduce ended, it got no reduce command), fails the
-reduce within seconds; one that is alive and sending is waited for up to `reduce_timeout`.
+reduce within seconds; one that is alive and sending is waited for up to `reduce_timeout` plus its bytes' time on the
+slowest uplink the swarm waits for, `uplink_floor` (`peer/transfer_time.py`).
 
 Replicas catching up after a state download (`peer/state_transfer.py`) get each reduced sum
 forwarded by their donor ("follow") until they take part in a reduce themselves.
@@ -72,18 +73,20 @@ from .share_check import ShareCheck
 from .stage import StageError
 from .state_hasher import StateHasher
 from .step_log import PartClock
+from .transfer_time import DEFAULT_UPLINK_FLOOR_BPS, TransferWait
 
 log = logging.getLogger(__name__)
 
 
 class StepCommit:
-    def __init__(self, daemon: StageDaemon, *, reduce_timeout: float = 60.0, probe_period: float = 1.0,
+    def __init__(self, daemon: StageDaemon, *, reduce_timeout: float = 60.0,
+                 uplink_floor: float = DEFAULT_UPLINK_FLOOR_BPS, probe_period: float = 1.0,
                  dead_after: float = 5.0, mute_after: float = 15.0, straggle_after: float = 30.0) -> None:
         self.daemon, self.runner = daemon, daemon.runner
         self.spec, self.stage, self.peer_id = daemon.spec, daemon.stage, daemon.peer_id
-        self.reduce_timeout = reduce_timeout
+        self.wait = TransferWait(reduce_timeout, uplink_floor)  # a deadline that grows with the bytes
         # the reduce's messages; how missing contributors are probed (peer/reduce_watch.py)
-        self.exchange = ReduceExchange(daemon, reduce_timeout, dict(period=probe_period, dead_after=dead_after,
+        self.exchange = ReduceExchange(daemon, self.wait, dict(period=probe_period, dead_after=dead_after,
                                                                     mute_after=mute_after,
                                                                     straggle_after=straggle_after))
         self.share_check = ShareCheck(daemon, timeout=reduce_timeout)  # spot checks of other replicas' shares
@@ -91,7 +94,7 @@ class StepCommit:
         self._suspects: dict[tuple[int, int], list[str]] = {}  # shares far from the rest (peer/robust_sum.py)
         self._running = RunningReduces()
         self._limits = flat_limits(self.spec, self.runner)
-        self.forwarder = FollowForwarder(daemon, self._limits, reduce_timeout)  # to replicas catching up
+        self.forwarder = FollowForwarder(daemon, self._limits, self.wait)  # to replicas catching up
         self.power = PowerSync(self.runner) if self.spec.replica_sync == "powersgd" else None
         # peers that the leader's last `apply` named as having reduced that step (every stage): who did
         # work, for placement (swarm/replicas/placement.py), where announcements are only claims

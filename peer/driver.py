@@ -40,10 +40,12 @@ from .daemon import StageDaemon
 from .head_work import HeadWork
 from .interfaces import LinkError, PeerDirectory, PeerInfo
 from .leadership import leader_of
+from .memory_estimate import estimate_stage
 from .spot_checks import SpotChecks
 from .stage import StageError
 from .state_votes import StateVotes
 from .step_log import AttemptFailed, StepLog, timed
+from .transfer_time import TransferWait
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +64,11 @@ class StepDriver:
         self.min_timeout, self.first_timeout = min_timeout, first_timeout
         self.command_timeout, self.ping_period, self.ping_failures = command_timeout, ping_period, ping_failures
         self._commands = CommandSender(daemon, commit, command_timeout)
+        # a reduce's reply comes once its exact contribution reached every other replica: bytes on a home
+        # uplink (peer/transfer_time.py); params x 4 bytes bounds a stage's flat gradient (8 in fp64)
+        self._reduce_wait = TransferWait(command_timeout, commit.wait.floor_bps)
+        elem = 8 if self.spec.dtype == "fp64" else 4
+        self._exact_bytes = [estimate_stage(self.spec, s).params * elem for s in range(self.spec.n_stages)]
         self._broadcast, self._command, self._send = (self._commands.broadcast, self._commands.command,
                                                       self._commands.send)
         # every replica's share of a step is recomputed by another with this probability (peer/spot_checks.py)
@@ -355,6 +362,11 @@ class StepDriver:
         out[self.peer_id] = 0
         return out
 
+    def _reduce_timeout(self, step: int, stage: int, replicas: int) -> float:
+        """How long a replica of `stage` may take to reply to this step's reduce command."""
+        exact = replicas > 1 and not self.spec.powersgd_at(step)  # powersgd's factors are small
+        return self._reduce_wait.seconds(self._exact_bytes[stage] * (replicas - 1) if exact else 0)
+
     async def _commit(self, step: int, attempt: int) -> None:
         members = await self._members()
         groups = {s: sorted(p for p, t in members.items() if t == s) for s in set(members.values())}
@@ -362,7 +374,9 @@ class StepDriver:
                 for peer, stage in members.items()}
         self.commit_parts = {}
         with timed(self.commit_parts, "reduce"):
-            replies = dict(zip(cmds, await asyncio.gather(*(self._send(p, c) for p, c in cmds.items()))))
+            replies = dict(zip(cmds, await asyncio.gather(
+                *(self._send(p, c, self._reduce_timeout(step, members[p], len(groups[members[p]])))
+                  for p, c in cmds.items()))))
         self.commit_parts.update(self.commit.clock.parts("own_"))
         # the replicas' states after the last step: a replica hashes it while this step's microbatches run and
         # answers this reduce only once its hash is done, so its apply reply (which carries it) is in by now

@@ -13,13 +13,14 @@ from protocol.wire import KIND_FOLLOW, WireError
 from .daemon import StageDaemon
 from .delivery import ACK
 from .reduced import Reduced
+from .transfer_time import TransferWait
 
 log = logging.getLogger(__name__)
 
 
 class FollowForwarder:
-    def __init__(self, daemon: StageDaemon, limits: FlatLimits, timeout: float) -> None:
-        self.daemon, self.stage, self.limits, self.timeout = daemon, daemon.stage, limits, timeout
+    def __init__(self, daemon: StageDaemon, limits: FlatLimits, wait: TransferWait) -> None:
+        self.daemon, self.stage, self.limits, self.wait = daemon, daemon.stage, limits, wait
         self.followers: dict[str, int] = {}  # replicas catching up from this one -> first step they need
 
     def follow_from(self, peer: str, step: int) -> None:
@@ -53,7 +54,7 @@ class FollowForwarder:
 
     async def _send_follow(self, peer: str, body: bytes) -> None:
         try:
-            await self.daemon.link.request(peer, KIND_FOLLOW, body, timeout=self.timeout)
+            await self.daemon.link.request(peer, KIND_FOLLOW, body, timeout=self.wait.seconds(len(body)))
         except Exception as e:  # the follower re-downloads if it misses one
             log.warning("stage %d: could not forward a reduced gradient to %s (%s)", self.stage, peer[-8:], e)
             self.followers.pop(peer, None)

@@ -19,6 +19,7 @@ from protocol.wire import KIND_REDUCE, ErrorReply, WireError, decode_message
 from .daemon import StageDaemon
 from .delivery import ACK
 from .reduce_watch import ReduceWatch
+from .transfer_time import TransferWait
 
 log = logging.getLogger(__name__)
 
@@ -30,9 +31,9 @@ class Refused:
 
 
 class ReduceExchange:
-    def __init__(self, daemon: StageDaemon, reduce_timeout: float, watch_options: dict) -> None:
+    def __init__(self, daemon: StageDaemon, wait: TransferWait, watch_options: dict) -> None:
         self.daemon, self.runner, self.stage = daemon, daemon.runner, daemon.stage
-        self.reduce_timeout = reduce_timeout
+        self.wait = wait  # a phase's deadline grows with the bytes it sends (peer/transfer_time.py)
         self._watch_options = watch_options
         self._inbox: dict[tuple[int, int, int], dict[str, Contribution | Refused]] = {}  # (step, attempt, phase)
         self._arrived = asyncio.Event()
@@ -55,7 +56,8 @@ class ReduceExchange:
         included. A peer that is not at this step is left out, unless `everyone` must take
         part; a string says why the exchange failed."""
         body = encode_contribution(mine)
-        offers = await asyncio.gather(*(self._offer(p, body) for p in peers))
+        timeout = self.wait.seconds(len(body) * len(peers))
+        offers = await asyncio.gather(*(self._offer(p, body, timeout) for p in peers))
         key = (step, attempt)
         self.sync_bytes += len(body) * len(peers)
         self._attempt_bytes = {k: v for k, v in self._attempt_bytes.items() if k[0] == step}
@@ -63,7 +65,7 @@ class ReduceExchange:
         members = [p for p, ok in zip(peers, offers) if ok]
         if everyone and len(members) < len(peers):
             return "a replica left the reduce between its two rounds."
-        got = await self._gather(step, attempt, mine.phase, members)
+        got = await self._gather(step, attempt, mine.phase, members, timeout)
         if not isinstance(got, str) and (refused := sorted(p for p, c in got.items() if isinstance(c, Refused))):
             self.blame = {key: refused}
             got = f"replica {refused[0][-8:]}'s contribution was refused: {got[refused[0]].reason}"
@@ -72,10 +74,10 @@ class ReduceExchange:
             return got
         return {self.daemon.peer_id: mine, **got}
 
-    async def _offer(self, peer: str, body: bytes) -> bool:
+    async def _offer(self, peer: str, body: bytes, timeout: float) -> bool:
         """Send our contribution to one candidate; False if it is not at this step or unreachable."""
         try:
-            reply = await self.daemon.link.request(peer, KIND_REDUCE, body, timeout=self.reduce_timeout)
+            reply = await self.daemon.link.request(peer, KIND_REDUCE, body, timeout=timeout)
         except Exception as e:  # a dead or unreachable candidate simply takes no part
             log.info("stage %d: replica %s takes no part in the reduce (%s)", self.stage, peer[-8:], e)
             return False
@@ -89,14 +91,15 @@ class ReduceExchange:
         log.info("stage %d: replica %s takes no part in the reduce: %s", self.stage, peer[-8:], reason)
         return False
 
-    async def _gather(self, step: int, attempt: int, phase: int, members: list[str]) -> dict[str, Contribution] | str:
+    async def _gather(self, step: int, attempt: int, phase: int, members: list[str],
+                      timeout: float) -> dict[str, Contribution] | str:
         """The `members`' contributions of this phase, or why they will not all come."""
         probe = encode_probe(ReduceProbe(self.daemon.spec.run_hash, step, attempt, self.stage))
         watch = ReduceWatch(self.daemon.link, probe, members, self._arrived, **self._watch_options)
 
         def current() -> bool:
             return (step, attempt) == (self.runner.step, self.daemon.attempt)
-        got = await watch.gather(lambda: self._inbox.get((step, attempt, phase), {}), current, self.reduce_timeout)
+        got = await watch.gather(lambda: self._inbox.get((step, attempt, phase), {}), current, timeout)
         if watch.blamed:
             self.blame = {(step, attempt): watch.blamed}
         return got

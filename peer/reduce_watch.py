@@ -6,8 +6,10 @@ each replica still missing, every `period` seconds and one question at a time, h
 of this step and attempt goes (protocol/control.py `ReduceProbe`, sent over `red` like the
 contributions, so the same membership check lets it in). What each answer means:
 
-    reducing   it computes or sends its contribution: wait (up to the reduce timeout: a large
-               contribution over a home uplink may take minutes, and the answer is small)
+    reducing   it computes or sends its contribution: wait (up to the reduce's deadline, which grows
+               with the contribution's bytes, peer/transfer_time.py: a large one over a home uplink
+               may take minutes, and the answer is small); one still missing at the deadline is
+               slower than the slowest uplink waited for, and is named (`blamed`) like one that withholds
     idle       it is at this step and attempt but began no reduce: given up on once it has said
                so for `dead_after` s (the driver sends its reduce commands together, so a replica
                still without one then will not get it: its command was refused, or the driver died)
@@ -81,7 +83,8 @@ class ReduceWatch:
                     return {p: got[p] for p in self.members}
                 if not current():
                     return "the attempt was superseded during the reduce."
-                if time.monotonic() > deadline:
+                if time.monotonic() > deadline:  # alive (the probes say so) but slower than the slowest uplink
+                    self.blamed = list(missing)  # waited for: named, so that the step goes on without them
                     return f"no contribution arrived from {', '.join(p[-8:] for p in missing)} within {timeout:g} s."
                 if (why := self._check(missing)) is not None or (why := self._withheld(missing)) is not None:
                     return why

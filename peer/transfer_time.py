@@ -1,0 +1,33 @@
+"""How long a replica waits for the bytes of a reduce: a fixed allowance for everything but the
+bytes, plus the bytes' time on the slowest uplink the swarm still waits for.
+
+    wait(n) = base_s + 8 n / floor_bps
+
+A fixed reduce timeout cannot serve both ends: 60 s is an age for `tiny`, and too short for one
+exact contribution of `large` (a few hundred MB: minutes on an 80 Mbit/s home uplink), so an
+exact reduce over home links (the exact warm-up of a powersgd run included) failed every attempt.
+The floor is also the bound that keeps a slow or hostile replica from holding a reduce for ever
+(a slowloris): one whose bytes come slower than the floor is cut at its deadline and the step is
+re-driven without it. `n` is what this replica's one uplink must carry for the phase (its
+contribution to every other replica); the others' contributions are the same size and come over
+their own uplinks at the same time, so the same wait covers them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DEFAULT_UPLINK_FLOOR_BPS = 8e6  # 8 Mbit/s: below most home uplinks, 1/10 of the 80 Mbit/s the design targets
+
+
+@dataclass(frozen=True)
+class TransferWait:
+    base_s: float  # what a message of no size may take: the peers' compute, queues, retries
+    floor_bps: float = DEFAULT_UPLINK_FLOOR_BPS  # the slowest uplink waited for, bits per second
+
+    def __post_init__(self) -> None:
+        if not self.floor_bps > 0:
+            raise ValueError(f"the slowest uplink must be a positive rate, not {self.floor_bps!r} bit/s.")
+
+    def seconds(self, nbytes: int) -> float:
+        """How long `nbytes` through one uplink may take: base_s + 8 nbytes / floor_bps."""
+        return self.base_s + 8.0 * max(0, nbytes) / self.floor_bps

@@ -1,0 +1,89 @@
+"""A reduce's deadline grows with its bytes (peer/transfer_time.py): replicas whose exact contributions
+take longer than the fixed allowance on their uplinks, but come at least at the slowest rate waited for,
+finish every step in its first attempt and equal the one-process run (fp64, in memory)."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from peer.interfaces import LinkError
+from peer.loopback import LoopbackLink
+from peer.memory_swarm import TEST_DRIVER_OPTIONS
+from peer.transfer_time import TransferWait
+from protocol.spec import preset
+from protocol.wire import KIND_REDUCE
+from tests.peer.swarm_in_memory import make_swarm, param_hash
+from tests.peer.test_replicas import assert_close
+
+STEPS, BASE_S, TRANSFER_S = 3, 0.3, 1.0
+
+
+def metered_uplinks(bytes_per_s: dict[str, float]) -> type[LoopbackLink]:
+    """Each peer's reduce contributions leave through its one uplink, one after another, at its rate
+    (bytes/s); a request ends at its timeout, as the real transport's does."""
+    uplinks: dict[str, asyncio.Lock] = {}
+
+    class MeteredLink(LoopbackLink):
+        async def request(self, peer: str, kind: str, body: bytes, timeout: float | None = None) -> bytes:
+            async def send() -> bytes:
+                if kind == KIND_REDUCE and len(body) > 4096 and self.peer_id in bytes_per_s:
+                    async with uplinks.setdefault(self.peer_id, asyncio.Lock()):
+                        await asyncio.sleep(len(body) / bytes_per_s[self.peer_id])  # the modelled link's time
+                return await LoopbackLink.request(self, peer, kind, body, timeout)
+            try:
+                return await asyncio.wait_for(send(), timeout)
+            except TimeoutError:
+                raise LinkError(f"no reply from {peer} within {timeout:g} s.") from None
+    return MeteredLink
+
+
+def test_the_wait_is_the_base_plus_the_bytes_at_the_floor():
+    wait = TransferWait(60.0, 8e6)
+    assert wait.seconds(0) == 60.0 and wait.seconds(10**6) == pytest.approx(61.0)
+    assert wait.seconds(400 * 10**6) == pytest.approx(460.0)  # a large stage's exact contribution at 8 Mbit/s
+    with pytest.raises(ValueError, match="positive rate"):
+        TransferWait(60.0, 0.0)
+
+
+async def test_contributions_slower_than_the_base_allowance_but_above_the_floor_are_waited_for(oracle_runs):
+    spec = preset("tiny", stages=2, codec="subspace", dtype="fp64", wire_dtype="fp64", batch_size=32,
+                  microbatch_size=8, lr=1e-3, replica_sync="exact")
+    probe = await make_swarm(spec, [1, 1])
+    contribution = probe.stage(1)[0].commit.limits().numel * 8  # fp64 bytes of a whole flat gradient
+    await probe.stop()
+    rate = contribution / TRANSFER_S  # each contribution takes ~1 s on its uplink: more than the base 0.3 s
+    floor_bps = 8 * rate / 3  # the slowest uplink waited for: 3x slower than these
+    swarm = await make_swarm(spec, [1, 2], metered_uplinks({"s1r0": rate, "s1r1": rate}),
+                             driver_options=dict(TEST_DRIVER_OPTIONS, min_timeout=60.0, first_timeout=60.0),
+                             commit_options=dict(reduce_timeout=BASE_S, uplink_floor=floor_bps))
+    try:
+        logs = await asyncio.wait_for(swarm.drive(STEPS), 120)
+        await swarm.applied()
+    finally:
+        await swarm.stop()
+    assert [log.attempts for log in logs] == [1] * STEPS, "a reduce gave up on a replica that was sending"
+    assert len({param_hash(p.runner) for p in swarm.stage(1)}) == 1
+    assert_close([log.loss for log in logs], oracle_runs.losses(spec, STEPS), 1e-10)
+
+
+async def test_a_replica_slower_than_the_floor_is_cut_and_the_step_goes_on_without_it(oracle_runs):
+    spec = preset("tiny", stages=2, codec="subspace", dtype="fp64", wire_dtype="fp64", batch_size=32,
+                  microbatch_size=8, lr=1e-3, replica_sync="exact")
+    probe = await make_swarm(spec, [1, 1])
+    contribution = probe.stage(1)[0].commit.limits().numel * 8
+    await probe.stop()
+    floor = contribution / TRANSFER_S  # bytes/s: a contribution at the floor takes ~1 s
+    # s1r1 sends at a tenth of the floor: ~10 s a contribution, against a deadline of 0.3 + 1 s
+    swarm = await make_swarm(spec, [1, 2], metered_uplinks({"s1r0": 4 * floor, "s1r1": floor / 10}),
+                             driver_options=dict(TEST_DRIVER_OPTIONS, min_timeout=60.0, first_timeout=60.0),
+                             commit_options=dict(reduce_timeout=BASE_S, uplink_floor=8 * floor))
+    try:
+        logs = await asyncio.wait_for(swarm.drive(STEPS), 120)
+        await swarm.applied()
+    finally:
+        await swarm.stop()
+    head = swarm.peers["s0r0"]
+    assert "s1r1" in head.driver.spot.convicted, "the slow replica was not cut"
+    assert logs[0].attempts >= 2 and all(log.attempts == 1 for log in logs[1:]), [log.attempts for log in logs]
+    assert_close([log.loss for log in logs], oracle_runs.losses(spec, STEPS), 1e-10)
