@@ -29,6 +29,7 @@ from collections.abc import Awaitable, Callable
 
 import torch
 
+from protocol.codecs import WirePacker
 from protocol.control import MAX_GROUP, Command
 from protocol.step_record import StepRecord, data_digest
 
@@ -61,7 +62,14 @@ class StepDriver:
             raise ValueError("only a head peer drives steps.")
         self.daemon, self.commit, self.directory, self.batches = daemon, commit, directory, batches
         self.runner, self.spec, self.peer_id = daemon.runner, daemon.spec, daemon.peer_id
-        self.min_timeout, self.first_timeout = min_timeout, first_timeout
+        # the first step has nothing measured: it may take first_timeout plus a step's boundary bytes through
+        # the busiest uplink (a middle stage's: every activation on, every gradient back) at the slowest uplink
+        # waited for, or dense `large` below ~40 Mbit/s would be re-driven for ever (peer/transfer_time.py)
+        per_mb = (self.spec.microbatch_size * self.spec.seq_len * self.spec.boundary_width
+                  * WirePacker.for_spec(self.spec).bytes_per_number())
+        busiest = 2 * self.spec.n_microbatches * per_mb if self.spec.n_stages > 1 else 0
+        self.min_timeout = min_timeout
+        self.first_timeout = TransferWait(first_timeout, commit.wait.floor_bps).seconds(busiest)
         self.command_timeout, self.ping_period, self.ping_failures = command_timeout, ping_period, ping_failures
         self._commands = CommandSender(daemon, commit, command_timeout)
         # a reduce's reply comes once its exact contribution reached every other replica: bytes on a home

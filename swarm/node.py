@@ -107,8 +107,8 @@ class PeerOptions:
                               "stage at 8mbit), and a replica sending slower than this is cut and the step re-driven "
                               "without it", metavar="RATE")
     join_timeout: float = opt(60.0, "seconds to wait for the run spec")
-    step_timeout: float = opt(120.0, "seconds the first step may take before it is re-driven (later steps: 4x "
-                              "their measured time)")
+    step_timeout: float = opt(120.0, "seconds the first step may take before it is re-driven, plus the time its "
+                              "boundary bytes take at --slowest-uplink (later steps: 4x their measured time)")
     min_step_timeout: float | None = opt(None, "head only: the least time a later step gets before it is re-driven, "
                                          "however fast the steps before it were (default: 15 s)", metavar="S")
     spot_check_rate: float | None = opt(None, "head only: the chance that the leader has each replica's share of a "

@@ -1,6 +1,8 @@
-"""A reduce's deadline grows with its bytes (peer/transfer_time.py): replicas whose exact contributions
-take longer than the fixed allowance on their uplinks, but come at least at the slowest rate waited for,
-finish every step in its first attempt and equal the one-process run (fp64, in memory)."""
+"""Deadlines that grow with the bytes (peer/transfer_time.py), in memory, fp64: replicas whose exact
+contributions take longer than the fixed allowance on their uplinks, but come at least at the slowest
+rate waited for, finish every step in its first attempt and equal the one-process run; one slower than
+that is cut and the run still equals it; a first step whose activations take longer than the fixed
+first-step timeout over a slow uplink is not re-driven for ever."""
 from __future__ import annotations
 
 import asyncio
@@ -12,22 +14,24 @@ from peer.loopback import LoopbackLink
 from peer.memory_swarm import TEST_DRIVER_OPTIONS
 from peer.transfer_time import TransferWait
 from protocol.spec import preset
-from protocol.wire import KIND_REDUCE
+from protocol.codecs import WirePacker
+from protocol.wire import KIND_ACTIVATION, KIND_REDUCE
 from tests.peer.swarm_in_memory import make_swarm, param_hash
 from tests.peer.test_replicas import assert_close
 
 STEPS, BASE_S, TRANSFER_S = 3, 0.3, 1.0
 
 
-def metered_uplinks(bytes_per_s: dict[str, float]) -> type[LoopbackLink]:
-    """Each peer's reduce contributions leave through its one uplink, one after another, at its rate
+def metered_uplinks(bytes_per_s: dict[str, float], kind: str = KIND_REDUCE) -> type[LoopbackLink]:
+    """Each peer's messages of `kind` leave through its one uplink, one after another, at its rate
     (bytes/s); a request ends at its timeout, as the real transport's does."""
     uplinks: dict[str, asyncio.Lock] = {}
+    metered = kind
 
     class MeteredLink(LoopbackLink):
         async def request(self, peer: str, kind: str, body: bytes, timeout: float | None = None) -> bytes:
             async def send() -> bytes:
-                if kind == KIND_REDUCE and len(body) > 4096 and self.peer_id in bytes_per_s:
+                if kind == metered and len(body) > 4096 and self.peer_id in bytes_per_s:
                     async with uplinks.setdefault(self.peer_id, asyncio.Lock()):
                         await asyncio.sleep(len(body) / bytes_per_s[self.peer_id])  # the modelled link's time
                 return await LoopbackLink.request(self, peer, kind, body, timeout)
@@ -87,3 +91,20 @@ async def test_a_replica_slower_than_the_floor_is_cut_and_the_step_goes_on_witho
     assert "s1r1" in head.driver.spot.convicted, "the slow replica was not cut"
     assert logs[0].attempts >= 2 and all(log.attempts == 1 for log in logs[1:]), [log.attempts for log in logs]
     assert_close([log.loss for log in logs], oracle_runs.losses(spec, STEPS), 1e-10)
+
+
+async def test_a_first_step_slower_than_the_first_timeout_over_a_slow_uplink_ends_in_one_attempt(oracle_runs):
+    spec = preset("tiny", stages=2, codec="dense", dtype="fp64", wire_dtype="fp64", batch_size=32,
+                  microbatch_size=8, lr=1e-3)
+    per_mb = spec.microbatch_size * spec.seq_len * spec.d_model * WirePacker.for_spec(spec).bytes_per_number()
+    # the head's 4 activations leave one after another, 0.35 s each: the first step takes ~1.4 s, more than
+    # its fixed 0.5 s; at the floor (one activation a second) its bytes may take 2 x 4 s
+    swarm = await make_swarm(spec, [1, 1], metered_uplinks({"s0r0": per_mb / 0.35}, KIND_ACTIVATION),
+                             driver_options=dict(TEST_DRIVER_OPTIONS, first_timeout=0.5, min_timeout=60.0),
+                             commit_options=dict(uplink_floor=8 * per_mb / 1.0))
+    try:
+        logs = await asyncio.wait_for(swarm.drive(2), 120)
+    finally:
+        await swarm.stop()
+    assert logs[0].seconds > 1.0 and [log.attempts for log in logs] == [1, 1], [(g.seconds, g.attempts) for g in logs]
+    assert_close([log.loss for log in logs], oracle_runs.losses(spec, 2), 1e-10)
