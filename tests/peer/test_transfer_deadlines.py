@@ -13,8 +13,8 @@ from peer.interfaces import LinkError
 from peer.loopback import LoopbackLink
 from peer.memory_swarm import TEST_DRIVER_OPTIONS
 from peer.transfer_time import TransferWait
-from protocol.spec import preset
 from protocol.codecs import WirePacker
+from protocol.spec import preset
 from protocol.wire import KIND_ACTIVATION, KIND_REDUCE
 from tests.peer.swarm_in_memory import make_swarm, param_hash
 from tests.peer.test_replicas import assert_close
