@@ -70,6 +70,7 @@ class StepDriver:
         busiest = 2 * self.spec.n_microbatches * per_mb if self.spec.n_stages > 1 else 0
         self.min_timeout = min_timeout
         self.first_timeout = TransferWait(first_timeout, commit.wait.floor_bps).seconds(busiest)
+        share_timeout = TransferWait(command_timeout, commit.wait.floor_bps).seconds(busiest)  # a head's share too
         self.command_timeout, self.ping_period, self.ping_failures = command_timeout, ping_period, ping_failures
         self._commands = CommandSender(daemon, commit, command_timeout)
         # a reduce's reply comes once its exact contribution reached every other replica: bytes on a home
@@ -107,7 +108,7 @@ class StepDriver:
         # a standby head announces its measured compute speed, not 0 (peer/calibration.py); None: it announces 0
         self.calibration = Calibration(daemon, batches, period=calibrate_period) if calibrate_period else None
         # every head computes a share of each step (peer/head_work.py): the leader splits it, the others serve
-        self.work = HeadWork(daemon, directory, batches, self._send, command_timeout,
+        self.work = HeadWork(daemon, directory, batches, self._send, share_timeout,
                              lambda: self.calibration.speed if self.calibration is not None else None)
         commit.compute_share, commit.share_check.tokens = self.work.compute, batches  # a head's share, its check
 

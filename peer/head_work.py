@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 
 SIT_OUT_S = 30.0  # a head that failed its share gets none for this long (it still reduces, empty)
 SPEED_DECAY = 0.7  # EWMA weight of a head's old speed
-Send = Callable[[str, Command], Awaitable[CommandReply]]
+Send = Callable[..., Awaitable[CommandReply]]  # (peer, command[, timeout])
 
 
 def split_microbatches(n: int, speeds: dict[str, float]) -> dict[str, list[int]]:
@@ -135,7 +135,8 @@ class HeadWork:
             return dict(zip(mine, losses))
 
         async def remote(head: str, mbs: list[int]) -> dict[int, float]:
-            reply = await self.send(head, Command(self.spec.run_hash, step, attempt, "work", named, microbatches=mbs))
+            reply = await self.send(head, Command(self.spec.run_hash, step, attempt, "work", named, microbatches=mbs),
+                                    self.timeout)
             if reply.outcome != "ok" or len(reply.losses) != len(mbs):
                 self.sitting_out[head] = time.monotonic() + SIT_OUT_S
                 raise AttemptFailed(f"head {head[-8:]} did not compute its share ({reply.reason or reply.outcome})")

@@ -1,7 +1,8 @@
 """How long a peer waits for bytes on a home uplink: a fixed allowance for everything but the
 bytes, plus the bytes' time on the slowest uplink the swarm still waits for. Used for a reduce's
-phases (`peer/reduce_exchange.py`), the leader's reduce commands and its first step, which has no
-measured time to scale from (`peer/driver.py`), and forwarded sums (`peer/follow_forward.py`).
+phases (`peer/reduce_exchange.py`), the leader's reduce commands, its first step (which has no
+measured time to scale from) and the heads' shares (`peer/driver.py`), and forwarded sums
+(`peer/follow_forward.py`).
 
     wait(n) = base_s + 8 n / floor_bps
 

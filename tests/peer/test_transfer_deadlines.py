@@ -108,3 +108,22 @@ async def test_a_first_step_slower_than_the_first_timeout_over_a_slow_uplink_end
         await swarm.stop()
     assert logs[0].seconds > 1.0 and [log.attempts for log in logs] == [1, 1], [(g.seconds, g.attempts) for g in logs]
     assert_close([log.loss for log in logs], oracle_runs.losses(spec, 2), 1e-10)
+
+
+async def test_a_head_whose_share_outlasts_the_command_timeout_over_a_slow_uplink_is_waited_for(oracle_runs):
+    spec = preset("tiny", stages=2, codec="dense", dtype="fp64", wire_dtype="fp64", batch_size=32,
+                  microbatch_size=8, lr=1e-3)
+    per_mb = spec.microbatch_size * spec.seq_len * spec.d_model * WirePacker.for_spec(spec).bytes_per_number()
+    # the second head's activations take 0.4 s each on its uplink: its share (2 microbatches) outlasts the 0.5 s
+    # a command may take, and is well within that plus a step's boundary bytes at the floor (one a second)
+    swarm = await make_swarm(spec, [2, 1], metered_uplinks({"s0r1": per_mb / 0.4}, KIND_ACTIVATION),
+                             driver_options=dict(TEST_DRIVER_OPTIONS, command_timeout=0.5, min_timeout=60.0,
+                                                 first_timeout=60.0),
+                             commit_options=dict(uplink_floor=8 * per_mb / 1.0))
+    try:
+        logs = await asyncio.wait_for(swarm.drive(3), 120)
+    finally:
+        await swarm.stop()
+    assert [log.attempts for log in logs] == [1, 1, 1], [(g.heads, g.attempts) for g in logs]
+    assert all(log.heads.get("s0r1", 0) >= 1 for log in logs), [log.heads for log in logs]
+    assert_close([log.loss for log in logs], oracle_runs.losses(spec, 3), 1e-10)
