@@ -14,8 +14,9 @@ Inbound messages are validated (wire.py, then step, attempt and microbatch check
 they are acknowledged; a refusal is an `ErrorReply`, and refused messages never touch the
 runner's state. Accepted work runs on one worker thread, in order, never on the event loop.
 The handlers of inbound messages are in `peer/inbound.py`; delivery to other peers (router
-picks, retries) in `peer/delivery.py`. Each microbatch sent on has a deadline (`deadline`):
-a replica that holds it longer is banned and the microbatch goes to another one at once.
+picks, retries) in `peer/delivery.py`. Each microbatch sent on has a deadline (`deadline`), from
+the moment the replica has it: a replica that holds it longer is banned and the microbatch goes to
+another one at once.
 """
 from __future__ import annotations
 
@@ -323,14 +324,18 @@ class StageDaemon(InboundHandlers):
 
         while self.current(h):  # until the attempt is aborted while this stage computed or waited
             reply = self._replies[h.microbatch] = asyncio.get_running_loop().create_future()
-            deadline, holder, t0 = self.deadline(), None, time.monotonic()
+            deadline, holder = self.deadline(), None
+            # the deadline starts once the replica has the activation: the time it takes to leave is this
+            # peer's uplink's (shared with snapshots, other microbatches...), which is no fault of the replica
+            # (a send that never ends is the transport's timeout, and a failed delivery)
+            peer = await self.courier.send(self.stage + 1, KIND_ACTIVATION, body, ntokens, chosen=chosen,
+                                           exclude=missed)
+            if not self.current(h):
+                self.directory.release(peer, None)  # superseded while it was on its way
+                return
+            t0 = time.monotonic()
             try:
                 async with asyncio.timeout(deadline):
-                    peer = await self.courier.send(self.stage + 1, KIND_ACTIVATION, body, ntokens, chosen=chosen,
-                                                   exclude=missed)
-                    if not self.current(h):
-                        self.directory.release(peer, None)  # superseded while it was on its way
-                        return
                     await reply
                 return
             except TimeoutError:
