@@ -89,7 +89,7 @@ class StepCommit:
         self.exchange = ReduceExchange(daemon, self.wait, dict(period=probe_period, dead_after=dead_after,
                                                                     mute_after=mute_after,
                                                                     straggle_after=straggle_after))
-        self.share_check = ShareCheck(daemon, timeout=reduce_timeout)  # spot checks of other replicas' shares
+        self.share_check = ShareCheck(daemon, self.wait)  # spot checks of other replicas' shares
         self._summed: tuple[tuple[int, int], dict[str, Contribution]] | None = None  # the last reduce's inputs
         self._suspects: dict[tuple[int, int], list[str]] = {}  # shares far from the rest (peer/robust_sum.py)
         self._running = RunningReduces()

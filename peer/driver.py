@@ -29,7 +29,6 @@ from collections.abc import Awaitable, Callable
 
 import torch
 
-from protocol.codecs import WirePacker
 from protocol.control import MAX_GROUP, Command
 from protocol.step_record import StepRecord, data_digest
 
@@ -46,7 +45,7 @@ from .spot_checks import SpotChecks
 from .stage import StageError
 from .state_votes import StateVotes
 from .step_log import AttemptFailed, StepLog, timed
-from .transfer_time import TransferWait
+from .transfer_time import TransferWait, boundary_bytes
 
 log = logging.getLogger(__name__)
 
@@ -65,9 +64,7 @@ class StepDriver:
         # the first step has nothing measured: it may take first_timeout plus a step's boundary bytes through
         # the busiest uplink (a middle stage's: every activation on, every gradient back) at the slowest uplink
         # waited for, or dense `large` below ~40 Mbit/s would be re-driven for ever (peer/transfer_time.py)
-        per_mb = (self.spec.microbatch_size * self.spec.seq_len * self.spec.boundary_width
-                  * WirePacker.for_spec(self.spec).bytes_per_number())
-        busiest = 2 * self.spec.n_microbatches * per_mb if self.spec.n_stages > 1 else 0
+        busiest = 2 * self.spec.n_microbatches * boundary_bytes(self.spec) if self.spec.n_stages > 1 else 0
         self.min_timeout = min_timeout
         self.first_timeout = TransferWait(first_timeout, commit.wait.floor_bps).seconds(busiest)
         share_timeout = TransferWait(command_timeout, commit.wait.floor_bps).seconds(busiest)  # a head's share too
@@ -82,7 +79,8 @@ class StepDriver:
                                                       self._commands.send)
         # every replica's share of a step is recomputed by another with this probability (peer/spot_checks.py)
         self.spot = SpotChecks(self.spec.run_hash, self.spec.n_stages, spot_check_rate, self._send, directory.ban,
-                               exact=self.spec.replica_sync == "exact", leader=self.peer_id)
+                               exact=self.spec.replica_sync == "exact", leader=self.peer_id,
+                               check_timeout=share_timeout)  # a check fetches the share's boundary tensors
         self._step_seconds: float | None = None  # EWMA of a step's microbatch phase
         # signs the StepRecord that every reduce command carries, so that the standby heads check the
         # data this head fed (None: a swarm without a coordinator, nobody to prove anything to)

@@ -63,6 +63,7 @@ from protocol.wire import (
 
 from .daemon import StageDaemon
 from .stage import StageRunner
+from .transfer_time import TransferWait, boundary_bytes
 
 log = logging.getLogger(__name__)
 
@@ -161,8 +162,9 @@ def disagreement(recomputed: torch.Tensor, sent: torch.Tensor) -> float:
 
 
 class ShareCheck:
-    def __init__(self, daemon: StageDaemon, timeout: float = 60.0) -> None:
-        self.daemon, self.timeout = daemon, timeout
+    def __init__(self, daemon: StageDaemon, wait: TransferWait | None = None) -> None:
+        self.daemon = daemon
+        self.wait = wait or TransferWait(60.0)  # the inputs' deadline grows with their bytes (peer/transfer_time.py)
         self.spec = daemon.spec
         # the spec's compute dtype: a bf16 or fp16 run keeps fp32 weights (runner.dtype) but computes in bf16/fp16
         self.tolerance = TOLERANCE[COMPUTE_DTYPES[self.spec.dtype]]
@@ -198,8 +200,9 @@ class ShareCheck:
                                  order)
         req = InputsRequest(self.spec.run_hash, cmd.step, cmd.attempt, self.daemon.stage, order.microbatches)
         try:
+            inputs = 2 * len(order.microbatches) * boundary_bytes(self.spec)  # each one's activation and gradient
             reply = await self.daemon.link.request(order.target, KIND_REDUCE, encode_inputs_request(req),
-                                                   timeout=self.timeout)
+                                                   timeout=self.wait.seconds(inputs))
         except Exception as e:  # unreachable now: no verdict (a link's hiccup is no lie); the leader asks again
             return "failed", f"replica {who} could not be asked for the inputs of its share ({e}).", []
         self.input_bytes += len(reply)

@@ -51,14 +51,16 @@ from .step_log import AttemptFailed
 
 log = logging.getLogger(__name__)
 
-Send = Callable[[str, Command], Awaitable[CommandReply]]
+Send = Callable[..., Awaitable[CommandReply]]  # (peer, command[, timeout])
 UNCHECKED = "unchecked: "  # a check that found nothing either way
 
 
 class SpotChecks:
     def __init__(self, run_hash: str, n_stages: int, rate: float, send: Send, ban: Callable[[str], None],
-                 exact: bool = True, rng: random.Random | None = None, leader: str = "") -> None:
+                 exact: bool = True, rng: random.Random | None = None, leader: str = "",
+                 check_timeout: float | None = None) -> None:
         self.run_hash, self.n_stages, self.rate, self.exact = run_hash, n_stages, rate, exact
+        self.check_timeout = check_timeout  # how long a check may take (None: the sender's default)
         self.leader = leader  # this leading head: its word is the run's, it checks the other heads' shares
         self.send, self.ban = send, ban
         self.rng = rng or random.SystemRandom()  # drawn where no replica can predict it
@@ -189,7 +191,8 @@ class SpotChecks:
     async def _ask(self, checker: str, step: int, attempt: int, order: CheckOrder) -> str | None:
         """None if `checker` finds the share to be the target's work, else why not: UNCHECKED + why
         when it found nothing either way (unreachable, no contribution held)."""
-        reply = await self.send(checker, Command(self.run_hash, step, attempt, "check", check=encode_order(order)))
+        reply = await self.send(checker, Command(self.run_hash, step, attempt, "check", check=encode_order(order)),
+                                self.check_timeout)
         if reply.outcome != "failed":
             return None
         return reply.reason if order.target in reply.blame else UNCHECKED + reply.reason

@@ -1,8 +1,8 @@
 """How long a peer waits for bytes on a home uplink: a fixed allowance for everything but the
 bytes, plus the bytes' time on the slowest uplink the swarm still waits for. Used for a reduce's
 phases (`peer/reduce_exchange.py`), the leader's reduce commands, its first step (which has no
-measured time to scale from) and the heads' shares (`peer/driver.py`), and forwarded sums
-(`peer/follow_forward.py`).
+measured time to scale from), the heads' shares and the spot checks (`peer/driver.py`,
+`peer/share_check.py`), and forwarded sums (`peer/follow_forward.py`).
 
     wait(n) = base_s + 8 n / floor_bps
 
@@ -19,6 +19,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from protocol.codecs import WirePacker
+from protocol.spec import RunSpec
+
 DEFAULT_UPLINK_FLOOR_BPS = 8e6  # 8 Mbit/s: below most home uplinks, 1/10 of the 80 Mbit/s the design targets
 
 
@@ -34,3 +37,9 @@ class TransferWait:
     def seconds(self, nbytes: int) -> float:
         """How long `nbytes` through one uplink may take: base_s + 8 nbytes / floor_bps."""
         return self.base_s + 8.0 * max(0, nbytes) / self.floor_bps
+
+
+def boundary_bytes(spec: RunSpec) -> int:
+    """One microbatch's boundary tensor on the wire (an activation, or its gradient): B T w bytes per
+    number, the framing left out."""
+    return spec.microbatch_size * spec.seq_len * spec.boundary_width * WirePacker.for_spec(spec).bytes_per_number()

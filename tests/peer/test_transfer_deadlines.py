@@ -23,18 +23,25 @@ STEPS, BASE_S, TRANSFER_S = 3, 0.3, 1.0
 
 
 def metered_uplinks(bytes_per_s: dict[str, float], kind: str = KIND_REDUCE) -> type[LoopbackLink]:
-    """Each peer's messages of `kind` leave through its one uplink, one after another, at its rate
-    (bytes/s); a request ends at its timeout, as the real transport's does."""
+    """Each peer's messages of `kind` (requests it sends, and replies it gives) leave through its one uplink,
+    one after another, at its rate (bytes/s); a request ends at its timeout, as the real transport's does."""
     uplinks: dict[str, asyncio.Lock] = {}
     metered = kind
+
+    async def leave(peer: str, nbytes: int) -> None:
+        if nbytes > 4096 and peer in bytes_per_s:
+            async with uplinks.setdefault(peer, asyncio.Lock()):
+                await asyncio.sleep(nbytes / bytes_per_s[peer])  # the modelled link's time
 
     class MeteredLink(LoopbackLink):
         async def request(self, peer: str, kind: str, body: bytes, timeout: float | None = None) -> bytes:
             async def send() -> bytes:
-                if kind == metered and len(body) > 4096 and self.peer_id in bytes_per_s:
-                    async with uplinks.setdefault(self.peer_id, asyncio.Lock()):
-                        await asyncio.sleep(len(body) / bytes_per_s[self.peer_id])  # the modelled link's time
-                return await LoopbackLink.request(self, peer, kind, body, timeout)
+                if kind == metered:
+                    await leave(self.peer_id, len(body))
+                reply = await LoopbackLink.request(self, peer, kind, body, timeout)
+                if kind == metered:
+                    await leave(peer, len(reply))
+                return reply
             try:
                 return await asyncio.wait_for(send(), timeout)
             except TimeoutError:
@@ -151,3 +158,26 @@ async def test_a_microbatch_slow_to_leave_the_senders_uplink_does_not_count_agai
     assert head.daemon.deadline() is not None and head.daemon.missed_deadlines == 0
     assert [log.attempts for log in logs] == [1] * 4 and logs[-1].seconds > 1.0, [(g.seconds, g.attempts) for g in logs]
     assert_close([log.loss for log in logs], oracle_runs.losses(spec, 4), 1e-10)
+
+
+async def test_a_spot_check_whose_inputs_take_longer_than_the_fixed_allowance_still_runs(oracle_runs):
+    """A check fetches the checked share's activations and gradients from its replica (peer/share_check.py):
+    over a slow uplink that outlasts the fixed allowance, and every check failed, and an honest replica was
+    convicted after three ("could not be checked 3 times in a row")."""
+    spec = preset("tiny", stages=2, codec="dense", dtype="fp64", wire_dtype="fp64", batch_size=32,
+                  microbatch_size=8, lr=1e-3, replica_sync="exact")
+    per_mb = spec.microbatch_size * spec.seq_len * spec.d_model * WirePacker.for_spec(spec).bytes_per_number()
+    rate = 4 * per_mb / 1.0  # a share's inputs (2 microbatches: 4 tensors) take ~1 s, the base allowance 0.3 s
+    swarm = await make_swarm(spec, [1, 2], metered_uplinks({"s1r0": rate, "s1r1": rate}),
+                             driver_options=dict(TEST_DRIVER_OPTIONS, spot_check_rate=1.0, min_timeout=60.0,
+                                                 first_timeout=60.0),
+                             commit_options=dict(reduce_timeout=BASE_S, uplink_floor=8 * rate / 3))
+    try:
+        logs = await asyncio.wait_for(swarm.drive(STEPS), 120)
+        await swarm.applied()
+    finally:
+        await swarm.stop()
+    spot = swarm.peers["s0r0"].driver.spot
+    assert spot.checks >= STEPS and spot.convicted == [], (spot.checks, spot.convicted)
+    assert [log.attempts for log in logs] == [1] * STEPS, [log.attempts for log in logs]
+    assert_close([log.loss for log in logs], oracle_runs.losses(spec, STEPS), 1e-10)
