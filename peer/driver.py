@@ -45,7 +45,7 @@ from .spot_checks import SpotChecks
 from .stage import StageError
 from .state_votes import StateVotes
 from .step_log import AttemptFailed, StepLog, timed
-from .transfer_time import TransferWait, boundary_bytes
+from .transfer_time import TransferWait, step_boundary_bytes
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ class StepDriver:
         # the first step has nothing measured: it may take first_timeout plus a step's boundary bytes through
         # the busiest uplink (a middle stage's: every activation on, every gradient back) at the slowest uplink
         # waited for, or dense `large` below ~40 Mbit/s would be re-driven for ever (peer/transfer_time.py)
-        busiest = 2 * self.spec.n_microbatches * boundary_bytes(self.spec) if self.spec.n_stages > 1 else 0
+        busiest = step_boundary_bytes(self.spec)
         self.min_timeout = min_timeout
         self.first_timeout = TransferWait(first_timeout, commit.wait.floor_bps).seconds(busiest)
         share_timeout = TransferWait(command_timeout, commit.wait.floor_bps).seconds(busiest)  # a head's share too

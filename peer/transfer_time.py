@@ -43,3 +43,10 @@ def boundary_bytes(spec: RunSpec) -> int:
     """One microbatch's boundary tensor on the wire (an activation, or its gradient): B T w bytes per
     number, the framing left out."""
     return spec.microbatch_size * spec.seq_len * spec.boundary_width * WirePacker.for_spec(spec).bytes_per_number()
+
+
+def step_boundary_bytes(spec: RunSpec, microbatches: int | None = None) -> int:
+    """What the busiest uplink carries in one step: a middle stage's, every microbatch's activation on
+    and gradient back (0 with one stage: nothing crosses a boundary)."""
+    n = spec.n_microbatches if microbatches is None else microbatches
+    return 2 * n * boundary_bytes(spec) if spec.n_stages > 1 else 0

@@ -21,6 +21,7 @@ import math
 import time
 from dataclasses import dataclass
 
+from peer.transfer_time import TransferWait, step_boundary_bytes
 from protocol.spec import RunSpec
 
 from .simulate_engine import SharedCores, now, run_virtual
@@ -77,7 +78,10 @@ async def _run(setup: SimSetup) -> dict:
                       setup.rejoin_s, seed=setup.seed, cores=setup.cores, frame_s=setup.frame_s)
     swarm = SimSwarm(cfg)
     await swarm.populate(setup.peers)
-    opts = StepOptions(setup.microbatches, setup.every_head_works, first_timeout=setup.first_timeout)
+    # the first step's deadline grows with its boundary bytes, as a head's does (peer/driver.py)
+    first = None if setup.first_timeout is None else TransferWait(setup.first_timeout).seconds(
+        step_boundary_bytes(setup.spec, setup.microbatches))
+    opts = StepOptions(setup.microbatches, setup.every_head_works, first_timeout=first)
     driver = StepDriverModel(swarm, opts, setup.wire)
     await driver.run(setup.steps, setup.seconds if setup.seconds is not None else setup.max_seconds)
     end = now()
