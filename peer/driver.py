@@ -40,12 +40,11 @@ from .daemon import StageDaemon
 from .head_work import HeadWork
 from .interfaces import LinkError, PeerDirectory, PeerInfo
 from .leadership import leader_of
-from .memory_estimate import estimate_stage
 from .spot_checks import SpotChecks
 from .stage import StageError
 from .state_votes import StateVotes
 from .step_log import AttemptFailed, StepLog, timed
-from .transfer_time import TransferWait, step_boundary_bytes
+from .transfer_time import StepDeadlines
 
 log = logging.getLogger(__name__)
 
@@ -61,26 +60,17 @@ class StepDriver:
             raise ValueError("only a head peer drives steps.")
         self.daemon, self.commit, self.directory, self.batches = daemon, commit, directory, batches
         self.runner, self.spec, self.peer_id = daemon.runner, daemon.spec, daemon.peer_id
-        # the first step has nothing measured: it may take first_timeout plus a step's boundary bytes through
-        # the busiest uplink (a middle stage's: every activation on, every gradient back) at the slowest uplink
-        # waited for, or dense `large` below ~40 Mbit/s would be re-driven for ever (peer/transfer_time.py)
-        busiest = step_boundary_bytes(self.spec)
-        self.min_timeout = min_timeout
-        self.first_timeout = TransferWait(first_timeout, commit.wait.floor_bps).seconds(busiest)
-        share_timeout = TransferWait(command_timeout, commit.wait.floor_bps).seconds(busiest)  # a head's share too
+        # the first step, a head's share, a spot check and a reduce wait for their bytes on a home uplink too
+        self.deadlines = StepDeadlines(self.spec, first_timeout, command_timeout, commit.wait.floor_bps)
+        self.min_timeout, self.first_timeout = min_timeout, self.deadlines.first_step
         self.command_timeout, self.ping_period, self.ping_failures = command_timeout, ping_period, ping_failures
         self._commands = CommandSender(daemon, commit, command_timeout)
-        # a reduce's reply comes once its exact contribution reached every other replica: bytes on a home
-        # uplink (peer/transfer_time.py); params x 4 bytes bounds a stage's flat gradient (8 in fp64)
-        self._reduce_wait = TransferWait(command_timeout, commit.wait.floor_bps)
-        elem = 8 if self.spec.dtype == "fp64" else 4
-        self._exact_bytes = [estimate_stage(self.spec, s).params * elem for s in range(self.spec.n_stages)]
         self._broadcast, self._command, self._send = (self._commands.broadcast, self._commands.command,
                                                       self._commands.send)
         # every replica's share of a step is recomputed by another with this probability (peer/spot_checks.py)
         self.spot = SpotChecks(self.spec.run_hash, self.spec.n_stages, spot_check_rate, self._send, directory.ban,
                                exact=self.spec.replica_sync == "exact", leader=self.peer_id,
-                               check_timeout=share_timeout)  # a check fetches the share's boundary tensors
+                               check_timeout=self.deadlines.share)
         self._step_seconds: float | None = None  # EWMA of a step's microbatch phase
         # signs the StepRecord that every reduce command carries, so that the standby heads check the
         # data this head fed (None: a swarm without a coordinator, nobody to prove anything to)
@@ -106,7 +96,7 @@ class StepDriver:
         # a standby head announces its measured compute speed, not 0 (peer/calibration.py); None: it announces 0
         self.calibration = Calibration(daemon, batches, period=calibrate_period) if calibrate_period else None
         # every head computes a share of each step (peer/head_work.py): the leader splits it, the others serve
-        self.work = HeadWork(daemon, directory, batches, self._send, share_timeout,
+        self.work = HeadWork(daemon, directory, batches, self._send, self.deadlines.share,
                              lambda: self.calibration.speed if self.calibration is not None else None)
         commit.compute_share, commit.share_check.tokens = self.work.compute, batches  # a head's share, its check
 
@@ -369,11 +359,6 @@ class StepDriver:
         out[self.peer_id] = 0
         return out
 
-    def _reduce_timeout(self, step: int, stage: int, replicas: int) -> float:
-        """How long a replica of `stage` may take to reply to this step's reduce command."""
-        exact = replicas > 1 and not self.spec.powersgd_at(step)  # powersgd's factors are small
-        return self._reduce_wait.seconds(self._exact_bytes[stage] * (replicas - 1) if exact else 0)
-
     async def _commit(self, step: int, attempt: int) -> None:
         members = await self._members()
         groups = {s: sorted(p for p, t in members.items() if t == s) for s in set(members.values())}
@@ -382,7 +367,7 @@ class StepDriver:
         self.commit_parts = {}
         with timed(self.commit_parts, "reduce"):
             replies = dict(zip(cmds, await asyncio.gather(
-                *(self._send(p, c, self._reduce_timeout(step, members[p], len(groups[members[p]])))
+                *(self._send(p, c, self.deadlines.reduce(step, members[p], len(groups[members[p]])))
                   for p, c in cmds.items()))))
         self.commit_parts.update(self.commit.clock.parts("own_"))
         # the replicas' states after the last step: a replica hashes it while this step's microbatches run and

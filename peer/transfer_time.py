@@ -1,8 +1,8 @@
 """How long a peer waits for bytes on a home uplink: a fixed allowance for everything but the
 bytes, plus the bytes' time on the slowest uplink the swarm still waits for. Used for a reduce's
-phases (`peer/reduce_exchange.py`), the leader's reduce commands, its first step (which has no
-measured time to scale from), the heads' shares and the spot checks (`peer/driver.py`,
-`peer/share_check.py`), and forwarded sums (`peer/follow_forward.py`).
+phases (`peer/reduce_exchange.py`), a spot check's inputs (`peer/share_check.py`), forwarded sums
+(`peer/follow_forward.py`), and the leading head's `StepDeadlines`: its first step (which has no
+measured time to scale from), the heads' shares, its check and reduce commands (`peer/driver.py`).
 
     wait(n) = base_s + 8 n / floor_bps
 
@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 from protocol.codecs import WirePacker
 from protocol.spec import RunSpec
+
+from .memory_estimate import estimate_stage
 
 DEFAULT_UPLINK_FLOOR_BPS = 8e6  # 8 Mbit/s: below most home uplinks, 1/10 of the 80 Mbit/s the design targets
 
@@ -50,3 +52,25 @@ def step_boundary_bytes(spec: RunSpec, microbatches: int | None = None) -> int:
     and gradient back (0 with one stage: nothing crosses a boundary)."""
     n = spec.n_microbatches if microbatches is None else microbatches
     return 2 * n * boundary_bytes(spec) if spec.n_stages > 1 else 0
+
+
+class StepDeadlines:
+    """A leading head's deadlines for the parts of a step that carry bulk bytes (`peer/driver.py`)."""
+
+    def __init__(self, spec: RunSpec, first_timeout: float, command_timeout: float, floor_bps: float) -> None:
+        busiest = step_boundary_bytes(spec)
+        self.spec = spec
+        # the first step has nothing measured to scale from: without its bytes, dense `large` below ~40 Mbit/s
+        # would be re-driven for ever
+        self.first_step = TransferWait(first_timeout, floor_bps).seconds(busiest)
+        # a head's share of a step, and a spot check (it fetches a share's activations and gradients)
+        self.share = TransferWait(command_timeout, floor_bps).seconds(busiest)
+        self._command = TransferWait(command_timeout, floor_bps)
+        elem = 8 if spec.dtype == "fp64" else 4  # parameters x this bounds a stage's flat gradient
+        self._exact_bytes = [estimate_stage(spec, s).params * elem for s in range(spec.n_stages)]
+
+    def reduce(self, step: int, stage: int, replicas: int) -> float:
+        """How long a replica of `stage` may take to reply to step `step`'s reduce command: its exact
+        contribution to every other replica through its uplink (powersgd's factors are small)."""
+        exact = replicas > 1 and not self.spec.powersgd_at(step)
+        return self._command.seconds(self._exact_bytes[stage] * (replicas - 1) if exact else 0)
