@@ -209,6 +209,17 @@ def _wire_summary(transport: Transport, totals: dict) -> dict:
             "tokens_done": totals["tokens_done"], "synced_steps": totals["synced_steps"]}
 
 
+def slowest_uplink(text: str) -> float:
+    """--slowest-uplink in bit/s, or a ValueError that says what to give."""
+    try:
+        rate = parse_bandwidth(text)
+    except ValueError:
+        rate = None
+    if rate is None:  # unlimited, or not a rate: a reduce must not wait for ever
+        raise ValueError(f"--slowest-uplink must be a rate such as 8mbit or 2MB/s, not {text!r}.")
+    return rate
+
+
 async def run_peer(opts: PeerOptions) -> int:
     """Run one peer until its steps are done (head) or it is cancelled; returns an exit code.
 
@@ -223,8 +234,7 @@ async def run_peer(opts: PeerOptions) -> int:
             parse_size(opts.max_memory)  # a bad size is refused before joining
         if opts.spot_check_rate is not None and not 0 <= opts.spot_check_rate <= 1:
             raise ValueError(f"--spot-check-rate must be a probability between 0 and 1, not {opts.spot_check_rate}.")
-        if (uplink_floor := parse_bandwidth(opts.slowest_uplink)) is None:
-            raise ValueError("--slowest-uplink must be a rate such as 8mbit: a reduce cannot wait for ever.")
+        uplink_floor = slowest_uplink(opts.slowest_uplink)
         reach_options = dht_options(opts.reachability, opts.initial_peers, opts.host_maddrs, opts.public_ip,
                                     opts.announce_maddrs)
     except (AdmissionError, ValueError) as e:

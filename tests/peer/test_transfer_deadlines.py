@@ -181,3 +181,12 @@ async def test_a_spot_check_whose_inputs_take_longer_than_the_fixed_allowance_st
     assert spot.checks >= STEPS and spot.convicted == [], (spot.checks, spot.convicted)
     assert [log.attempts for log in logs] == [1] * STEPS, [log.attempts for log in logs]
     assert_close([log.loss for log in logs], oracle_runs.losses(spec, STEPS), 1e-10)
+
+
+@pytest.mark.parametrize("rate", ["unlimited", "8 bananas", "0mbit", "80"])
+async def test_swarm_peer_refuses_a_bad_slowest_uplink_before_joining(rate: str) -> None:
+    from swarm.node import JoinError, PeerOptions, run_peer
+    opts = PeerOptions(initial_peers=["/ip4/127.0.0.1/tcp/9/p2p/QmNotThere"], slowest_uplink=rate)
+    with pytest.raises(JoinError) as e:  # before the DHT starts: no daemon, no process
+        await run_peer(opts)
+    assert str(e.value) == f"--slowest-uplink must be a rate such as 8mbit or 2MB/s, not {rate!r}."
