@@ -12,8 +12,9 @@ import pytest
 from peer.interfaces import LinkError
 from peer.loopback import LoopbackLink
 from peer.memory_swarm import TEST_DRIVER_OPTIONS
-from peer.transfer_time import TransferWait
-from protocol.codecs import WirePacker
+from peer.replica_sync import flat_limits
+from peer.stage import StageRunner
+from peer.transfer_time import TransferWait, boundary_bytes
 from protocol.spec import preset
 from protocol.wire import KIND_ACTIVATION, KIND_REDUCE
 from tests.peer.swarm_in_memory import make_swarm, param_hash
@@ -60,9 +61,7 @@ def test_the_wait_is_the_base_plus_the_bytes_at_the_floor():
 async def test_contributions_slower_than_the_base_allowance_but_above_the_floor_are_waited_for(oracle_runs):
     spec = preset("tiny", stages=2, codec="subspace", dtype="fp64", wire_dtype="fp64", batch_size=32,
                   microbatch_size=8, lr=1e-3, replica_sync="exact")
-    probe = await make_swarm(spec, [1, 1])
-    contribution = probe.stage(1)[0].commit.limits().numel * 8  # fp64 bytes of a whole flat gradient
-    await probe.stop()
+    contribution = flat_limits(spec, StageRunner(spec, 1)).numel * 8  # fp64 bytes of a whole flat gradient
     rate = contribution / TRANSFER_S  # each contribution takes ~1 s on its uplink: more than the base 0.3 s
     floor_bps = 8 * rate / 3  # the slowest uplink waited for: 3x slower than these
     swarm = await make_swarm(spec, [1, 2], metered_uplinks({"s1r0": rate, "s1r1": rate}),
@@ -81,9 +80,7 @@ async def test_contributions_slower_than_the_base_allowance_but_above_the_floor_
 async def test_a_replica_slower_than_the_floor_is_cut_and_the_step_goes_on_without_it(oracle_runs):
     spec = preset("tiny", stages=2, codec="subspace", dtype="fp64", wire_dtype="fp64", batch_size=32,
                   microbatch_size=8, lr=1e-3, replica_sync="exact")
-    probe = await make_swarm(spec, [1, 1])
-    contribution = probe.stage(1)[0].commit.limits().numel * 8
-    await probe.stop()
+    contribution = flat_limits(spec, StageRunner(spec, 1)).numel * 8
     floor = contribution / TRANSFER_S  # bytes/s: a contribution at the floor takes ~1 s
     # s1r1 sends at a tenth of the floor: ~10 s a contribution, against a deadline of 0.3 + 1 s
     swarm = await make_swarm(spec, [1, 2], metered_uplinks({"s1r0": 4 * floor, "s1r1": floor / 10}),
@@ -103,7 +100,7 @@ async def test_a_replica_slower_than_the_floor_is_cut_and_the_step_goes_on_witho
 async def test_a_first_step_slower_than_the_first_timeout_over_a_slow_uplink_ends_in_one_attempt(oracle_runs):
     spec = preset("tiny", stages=2, codec="dense", dtype="fp64", wire_dtype="fp64", batch_size=32,
                   microbatch_size=8, lr=1e-3)
-    per_mb = spec.microbatch_size * spec.seq_len * spec.d_model * WirePacker.for_spec(spec).bytes_per_number()
+    per_mb = boundary_bytes(spec)  # one activation (or gradient) on the wire
     # the head's 4 activations leave one after another, 0.35 s each: the first step takes ~1.4 s, more than
     # its fixed 0.5 s; at the floor (one activation a second) its bytes may take 2 x 4 s
     swarm = await make_swarm(spec, [1, 1], metered_uplinks({"s0r0": per_mb / 0.35}, KIND_ACTIVATION),
@@ -120,7 +117,7 @@ async def test_a_first_step_slower_than_the_first_timeout_over_a_slow_uplink_end
 async def test_a_head_whose_share_outlasts_the_command_timeout_over_a_slow_uplink_is_waited_for(oracle_runs):
     spec = preset("tiny", stages=2, codec="dense", dtype="fp64", wire_dtype="fp64", batch_size=32,
                   microbatch_size=8, lr=1e-3)
-    per_mb = spec.microbatch_size * spec.seq_len * spec.d_model * WirePacker.for_spec(spec).bytes_per_number()
+    per_mb = boundary_bytes(spec)  # one activation (or gradient) on the wire
     # the second head's activations take 0.4 s each on its uplink: its share (2 microbatches) outlasts the 0.5 s
     # a command may take, and is well within that plus a step's boundary bytes at the floor (one a second)
     swarm = await make_swarm(spec, [2, 1], metered_uplinks({"s0r1": per_mb / 0.4}, KIND_ACTIVATION),
@@ -137,11 +134,11 @@ async def test_a_head_whose_share_outlasts_the_command_timeout_over_a_slow_uplin
 
 
 async def test_a_microbatch_slow_to_leave_the_senders_uplink_does_not_count_against_its_replica(oracle_runs):
-    """The per-microbatch deadline (peer/daemon.py) starts once the replica has the activation: a head whose
+    """The per-microbatch deadline (peer/microbatch_forward.py) starts once the replica has the activation: a head whose
     uplink is busy (a snapshot on its way, say) bans no healthy replica of the next stage."""
     spec = preset("tiny", stages=2, codec="dense", dtype="fp64", wire_dtype="fp64", batch_size=32,
                   microbatch_size=8, lr=1e-3)
-    per_mb = spec.microbatch_size * spec.seq_len * spec.d_model * WirePacker.for_spec(spec).bytes_per_number()
+    per_mb = boundary_bytes(spec)  # one activation (or gradient) on the wire
     rates: dict[str, float] = {}
     swarm = await make_swarm(spec, [1, 2], metered_uplinks(rates, KIND_ACTIVATION),
                              driver_options=dict(TEST_DRIVER_OPTIONS, min_timeout=60.0, first_timeout=60.0),
@@ -166,7 +163,7 @@ async def test_a_spot_check_whose_inputs_take_longer_than_the_fixed_allowance_st
     convicted after three ("could not be checked 3 times in a row")."""
     spec = preset("tiny", stages=2, codec="dense", dtype="fp64", wire_dtype="fp64", batch_size=32,
                   microbatch_size=8, lr=1e-3, replica_sync="exact")
-    per_mb = spec.microbatch_size * spec.seq_len * spec.d_model * WirePacker.for_spec(spec).bytes_per_number()
+    per_mb = boundary_bytes(spec)  # one activation (or gradient) on the wire
     rate = 4 * per_mb / 1.0  # a share's inputs (2 microbatches: 4 tensors) take ~1 s, the base allowance 0.3 s
     swarm = await make_swarm(spec, [1, 2], metered_uplinks({"s1r0": rate, "s1r1": rate}),
                              driver_options=dict(TEST_DRIVER_OPTIONS, spot_check_rate=1.0, min_timeout=60.0,
