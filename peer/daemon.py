@@ -14,9 +14,9 @@ Inbound messages are validated (wire.py, then step, attempt and microbatch check
 they are acknowledged; a refusal is an `ErrorReply`, and refused messages never touch the
 runner's state. Accepted work runs on one worker thread, in order, never on the event loop.
 The handlers of inbound messages are in `peer/inbound.py`; delivery to other peers (router
-picks, retries) in `peer/delivery.py`; sending a microbatch on with its deadline (from the
-moment the replica has it: a replica that holds it longer is banned and the microbatch goes to
-another one at once) in `peer/microbatch_forward.py`.
+picks, retries) in `peer/delivery.py`; sending a microbatch on with its deadline (a replica
+that holds it longer is banned and the microbatch goes to another one at once) in
+`peer/microbatch_forward.py`.
 """
 from __future__ import annotations
 

@@ -59,18 +59,14 @@ class MicrobatchForwarding:
 
         while self.current(h):  # until the attempt is aborted while this stage computed or waited
             reply = self._replies[h.microbatch] = asyncio.get_running_loop().create_future()
-            deadline, holder = self.deadline(), None
-            # the deadline starts once the replica has the activation: the time it takes to leave is this
-            # peer's uplink's (shared with snapshots, other microbatches...), which is no fault of the replica
-            # (a send that never ends is the transport's timeout, and a failed delivery)
-            peer = await self.courier.send(self.stage + 1, KIND_ACTIVATION, body, ntokens, chosen=chosen,
-                                           exclude=missed)
-            if not self.current(h):
-                self.directory.release(peer, None)  # superseded while it was on its way
-                return
-            t0 = time.monotonic()
+            deadline, holder, t0 = self.deadline(), None, time.monotonic()
             try:
                 async with asyncio.timeout(deadline):
+                    peer = await self.courier.send(self.stage + 1, KIND_ACTIVATION, body, ntokens, chosen=chosen,
+                                                   exclude=missed)
+                    if not self.current(h):
+                        self.directory.release(peer, None)  # superseded while it was on its way
+                        return
                     await reply
                 return
             except TimeoutError:
