@@ -32,7 +32,7 @@ are `peer/reduce_exchange.py`'s.
 While it waits for contributions a replica probes the ones still missing (`peer/reduce_watch.py`):
 one that died, or that will never send (its reduce ended, it got no reduce command), fails the
 reduce within seconds; one that is alive and sending is waited for up to `reduce_timeout` plus its bytes' time on the
-slowest uplink the swarm waits for, `uplink_floor` (`peer/transfer_time.py`).
+slowest uplink the swarm waits for, the spec's `slowest_uplink_bps` (`peer/transfer_time.py`).
 
 Replicas catching up after a state download (`peer/state_transfer.py`) get each reduced sum
 forwarded by their donor ("follow") until they take part in a reduce themselves.
@@ -73,18 +73,18 @@ from .share_check import ShareCheck
 from .stage import StageError
 from .state_hasher import StateHasher
 from .step_log import PartClock
-from .transfer_time import DEFAULT_UPLINK_FLOOR_BPS, TransferWait
+from .transfer_time import TransferWait
 
 log = logging.getLogger(__name__)
 
 
 class StepCommit:
-    def __init__(self, daemon: StageDaemon, *, reduce_timeout: float = 60.0,
-                 uplink_floor: float = DEFAULT_UPLINK_FLOOR_BPS, probe_period: float = 1.0,
+    def __init__(self, daemon: StageDaemon, *, reduce_timeout: float = 60.0, probe_period: float = 1.0,
                  dead_after: float = 5.0, mute_after: float = 15.0, straggle_after: float = 30.0) -> None:
         self.daemon, self.runner = daemon, daemon.runner
         self.spec, self.stage, self.peer_id = daemon.spec, daemon.stage, daemon.peer_id
-        self.wait = TransferWait(reduce_timeout, uplink_floor)  # a deadline that grows with the bytes
+        # a deadline that grows with the bytes, at the slowest uplink the swarm waits for (a rule of its spec)
+        self.wait = TransferWait(reduce_timeout, self.spec.slowest_uplink_bps)
         # the reduce's messages; how missing contributors are probed (peer/reduce_watch.py)
         self.exchange = ReduceExchange(daemon, self.wait, dict(period=probe_period, dead_after=dead_after,
                                                                     mute_after=mute_after,

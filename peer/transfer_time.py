@@ -20,11 +20,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from protocol.codecs import WirePacker
-from protocol.spec import RunSpec
+from protocol.spec import SLOWEST_UPLINK_BPS, RunSpec
 
 from .memory_estimate import estimate_stage
 
-DEFAULT_UPLINK_FLOOR_BPS = 8e6  # 8 Mbit/s: below most home uplinks, 1/10 of the 80 Mbit/s the design targets
+DEFAULT_UPLINK_FLOOR_BPS = SLOWEST_UPLINK_BPS  # a swarm's own is its run spec's `slowest_uplink_bps`
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,11 @@ SUBSPACE_OPTIONS: dict[str, float] = {"constrained_lr_scale": 1.0, "constrained_
                                       "t_fixed_std": 0.02}
 # fields added after runs were signed: left out of `to_dict` (and so of the run hash) while they hold this
 # default, so every spec written before them keeps its hash (and a bench's --resume its finished jobs)
-HASH_NEUTRAL_DEFAULTS: dict[str, Any] = {**SUBSPACE_OPTIONS, "microbatches_in_flight": 0, "replica_sync_warmup": 0}
+# the slowest uplink a swarm waits for, bit/s (peer/transfer_time.py): 8 Mbit/s, below most home uplinks, 1/10 of the
+# 80 Mbit/s the design targets
+SLOWEST_UPLINK_BPS = 8e6
+HASH_NEUTRAL_DEFAULTS: dict[str, Any] = {**SUBSPACE_OPTIONS, "microbatches_in_flight": 0, "replica_sync_warmup": 0,
+                                         "slowest_uplink_bps": SLOWEST_UPLINK_BPS}
 # The subspace codec's stage lr in the presets (`preset`; docs/fidelity.md 3d-3g, 5): its stages before the last
 # at 0.03 x the lr took the gap to dense at 16x from +18.0% to +6.7% at d=512 (two seeds) and from +16.3% to
 # +0.1% at d=1024 in 8 stages (one seed; -0.9% and +0.8% on two seeds in the record setting), and the record
@@ -115,6 +119,10 @@ class RunSpec:
     # standard deviation of the frozen token code T_fixed's entries (protocol/subspace.py; docs/fidelity.md 3d:
     # what the constrained stages write grows to ~40x its norm at the default 0.02 on `small`)
     t_fixed_std: float = 0.02
+    # the slowest uplink every peer of the swarm waits for, bit/s (peer/transfer_time.py): a wait for bytes is a fixed
+    # allowance plus their time at this rate, and a replica slower than it is cut. A swarm rule, not a peer's choice:
+    # replicas that waited for different floors would give up on one another at different times
+    slowest_uplink_bps: float = SLOWEST_UPLINK_BPS
     # the coordinator's public key (hex); empty until a coordinator signs the spec
     coordinator_key: str = ""
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
@@ -122,7 +130,7 @@ class RunSpec:
     def __post_init__(self) -> None:
         object.__setattr__(self, "stage_layers", tuple(int(x) for x in self.stage_layers))
         object.__setattr__(self, "betas", tuple(float(x) for x in self.betas))
-        for name in SUBSPACE_OPTIONS:  # 2 and 2.0 must hash alike
+        for name in (*SUBSPACE_OPTIONS, "slowest_uplink_bps"):  # 2 and 2.0 must hash alike
             object.__setattr__(self, name, float(getattr(self, name)))
         for name in ("microbatches_in_flight", "replica_sync_warmup"):  # counts, whatever a spec file wrote
             object.__setattr__(self, name, int(getattr(self, name)))
@@ -213,6 +221,8 @@ class RunSpec:
         need(1 <= self.replica_sync_rank <= 1024, "replica_sync_rank must be between 1 and 1024.")
         need(0 <= self.replica_sync_warmup < 2**31, f"replica_sync_warmup must be a number of steps >= 0, not "
              f"{self.replica_sync_warmup}.")
+        need(0 < self.slowest_uplink_bps < float("inf"), f"slowest_uplink_bps must be a rate in bit/s above 0 (the "
+             f"slowest uplink the swarm waits for), not {self.slowest_uplink_bps}.")
         need(self.replica_sync_warmup == 0 or self.replica_sync == "powersgd",
              "replica_sync_warmup is the number of exact steps before powersgd; use it with replica_sync powersgd.")
         need(0 <= self.microbatches_in_flight <= 1_000_000, "microbatches_in_flight must be 0 (all of a head's "

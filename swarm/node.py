@@ -31,7 +31,6 @@ from .monitor.liveness import LivenessProbe
 from .monitor.peer_monitor import PeerMonitor
 from .net import HomeLink, Transport, TransportError
 from .net.reachability import DialBack, dht_options, settle_reachability
-from .net.shaper import parse_bandwidth
 from .optional import require
 from .options import opt
 from .replicas.membership import PROBE_S
@@ -102,13 +101,10 @@ class PeerOptions:
     ticket: str | None = opt(None, "private swarms: this peer's ticket from `swarm admit`, or a file holding it "
                              "(needs the --identity it was made for)", metavar="TICKET")
     threads: int | None = opt(None, "torch intra-op threads")
-    slowest_uplink: str = opt("8mbit", "the slowest uplink a reduce waits for: replicas summing their gradients "
-                              "exactly wait 60 s plus the time the bytes take at this rate (minutes for a large "
-                              "stage at 8mbit), and a replica sending slower than this is cut and the step re-driven "
-                              "without it", metavar="RATE")
     join_timeout: float = opt(60.0, "seconds to wait for the run spec")
     step_timeout: float = opt(120.0, "seconds the first step may take before it is re-driven, plus the time its "
-                              "boundary bytes take at --slowest-uplink (later steps: 4x their measured time)")
+                              "boundary bytes take at the swarm's slowest uplink (the run spec's: `swarm "
+                              "coordinator --slowest-uplink`); later steps: 4x their measured time")
     min_step_timeout: float | None = opt(None, "head only: the least time a later step gets before it is re-driven, "
                                          "however fast the steps before it were (default: 15 s)", metavar="S")
     spot_check_rate: float | None = opt(None, "head only: the chance that the leader has each replica's share of a "
@@ -209,17 +205,6 @@ def _wire_summary(transport: Transport, totals: dict) -> dict:
             "tokens_done": totals["tokens_done"], "synced_steps": totals["synced_steps"]}
 
 
-def slowest_uplink(text: str) -> float:
-    """--slowest-uplink in bit/s, or a ValueError that says what to give."""
-    try:
-        rate = parse_bandwidth(text)
-    except ValueError:
-        rate = None
-    if rate is None:  # unlimited, or not a rate: a reduce must not wait for ever
-        raise ValueError(f"--slowest-uplink must be a rate such as 8mbit or 2MB/s, not {text!r}.")
-    return rate
-
-
 async def run_peer(opts: PeerOptions) -> int:
     """Run one peer until its steps are done (head) or it is cancelled; returns an exit code.
 
@@ -234,7 +219,6 @@ async def run_peer(opts: PeerOptions) -> int:
             parse_size(opts.max_memory)  # a bad size is refused before joining
         if opts.spot_check_rate is not None and not 0 <= opts.spot_check_rate <= 1:
             raise ValueError(f"--spot-check-rate must be a probability between 0 and 1, not {opts.spot_check_rate}.")
-        uplink_floor = slowest_uplink(opts.slowest_uplink)
         reach_options = dht_options(opts.reachability, opts.initial_peers, opts.host_maddrs, opts.public_ip,
                                     opts.announce_maddrs)
     except (AdmissionError, ValueError) as e:
@@ -307,8 +291,7 @@ async def run_peer(opts: PeerOptions) -> int:
                              opts.resume, opts.rebalance_period, opts.steps, opts.step_timeout, reach.mode,
                              opts.linger, opts.rebalance_hold, opts.min_step_timeout, opts.next_step_wait,
                              opts.allow_fresh_stage, allowed, opts.activation_checkpointing,
-                             spot_check_rate=opts.spot_check_rate, serve_bad_state=opts.serve_bad_state,
-                             uplink_floor=uplink_floor)
+                             spot_check_rate=opts.spot_check_rate, serve_bad_state=opts.serve_bad_state)
         stage = recall_stage(opts.identity, spec.run_hash) if opts.stage == "auto" else None
         if stage is not None and stage not in allowed:
             log.info("this identity served stage %d, which does not fit this peer's memory: choosing again", stage)

@@ -5,7 +5,18 @@ from __future__ import annotations
 
 import argparse
 
-from protocol.spec import CODECS, DTYPE_CHOICES, PRESETS, REPLICA_SYNCS, RunSpec, preset, resolve_dtype
+from protocol.spec import (
+    CODECS,
+    DTYPE_CHOICES,
+    PRESETS,
+    REPLICA_SYNCS,
+    SLOWEST_UPLINK_BPS,
+    RunSpec,
+    preset,
+    resolve_dtype,
+)
+
+from .net.shaper import parse_bandwidth
 
 
 def add_spec_flags(p: argparse.ArgumentParser) -> None:
@@ -38,6 +49,11 @@ def add_spec_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--microbatches-in-flight", type=int, metavar="N",
                    help="a head's microbatches between forward and gradient at once: bounds every stage's saved "
                    "activations, so a large --batch-size fits a card (default: 0, all of its share)")
+    g.add_argument("--slowest-uplink", metavar="RATE",
+                   help="the slowest uplink every peer waits for, a rule of the swarm: a wait for bytes (a reduce's "
+                   "contributions, a spot check's inputs, the first step's activations) is its fixed allowance plus "
+                   "the bytes' time at this rate (minutes for an exact reduce of a large stage at 8mbit), and a "
+                   "replica sending slower than this is cut and the step re-driven without it (default: 8mbit)")
     g.add_argument("--constrained-stage-lr", type=float, metavar="X",
                    help="subspace: every stage before the last at X times the lr; 0.03 helps from d=512 up, hurts "
                    "at d=256 (docs/fidelity.md 3d-3g); 1 is the published method (default: 0.03 for a subspace "
@@ -50,14 +66,31 @@ def spec_notes(spec: RunSpec) -> str:
     notes = [f"stages before the last at {spec.constrained_stage_lr_scale:g} x the lr"
              if spec.constrained_stage_lr_scale != 1.0 else "",
              f"{spec.microbatches_in_flight} microbatches in flight a head" if spec.microbatches_in_flight else "",
-             f"{spec.replica_sync_warmup} exact sync steps first" if spec.replica_sync_warmup else ""]
+             f"{spec.replica_sync_warmup} exact sync steps first" if spec.replica_sync_warmup else "",
+             f"waits for uplinks down to {spec.slowest_uplink_bps / 1e6:g} Mbit/s"
+             if spec.slowest_uplink_bps != SLOWEST_UPLINK_BPS else ""]
     return "".join(f", {n}" for n in notes if n)
+
+
+def slowest_uplink(text: str | None) -> float | None:
+    """--slowest-uplink in bit/s (None: not given), or a ValueError that says what to give."""
+    if text is None:
+        return None
+    try:
+        rate = parse_bandwidth(text)
+    except ValueError:
+        rate = None
+    if rate is None:  # unlimited, or not a rate: a reduce must not wait for ever
+        raise ValueError(f"--slowest-uplink must be a rate such as 8mbit or 2MB/s, not {text!r}.")
+    return rate
 
 
 def spec_from_args(a: argparse.Namespace) -> RunSpec:
     """The run spec the flags describe: `--run-spec FILE` as it is, else the preset with the flags given."""
+    floor = slowest_uplink(a.slowest_uplink)  # a bad rate fails before a spec file is read
     if a.run_spec:
-        return RunSpec.load(a.run_spec)
+        spec = RunSpec.load(a.run_spec)
+        return spec if floor is None else spec.replace(slowest_uplink_bps=floor)
     import torch
     # --dtype auto: judged by the peers' device (swarm local), else by this machine's own GPU (coordinator)
     device = (getattr(a, "devices", None) or "").split(",")[0].strip() or getattr(a, "device", None) \
@@ -67,4 +100,4 @@ def spec_from_args(a: argparse.Namespace) -> RunSpec:
                   replica_sync=a.replica_sync, replica_sync_rank=a.replica_sync_rank,
                   replica_sync_warmup=a.replica_sync_warmup,
                   constrained_stage_lr_scale=a.constrained_stage_lr, batch_size=a.batch_size,
-                  microbatches_in_flight=a.microbatches_in_flight)
+                  microbatches_in_flight=a.microbatches_in_flight, slowest_uplink_bps=floor)

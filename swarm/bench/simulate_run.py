@@ -79,8 +79,8 @@ async def _run(setup: SimSetup) -> dict:
     swarm = SimSwarm(cfg)
     await swarm.populate(setup.peers)
     # the first step's deadline grows with its boundary bytes, as a head's does (peer/driver.py)
-    first = None if setup.first_timeout is None else TransferWait(setup.first_timeout).seconds(
-        step_boundary_bytes(setup.spec, setup.microbatches))
+    first = None if setup.first_timeout is None else TransferWait(
+        setup.first_timeout, setup.spec.slowest_uplink_bps).seconds(step_boundary_bytes(setup.spec, setup.microbatches))
     opts = StepOptions(setup.microbatches, setup.every_head_works, first_timeout=first)
     driver = StepDriverModel(swarm, opts, setup.wire)
     await driver.run(setup.steps, setup.seconds if setup.seconds is not None else setup.max_seconds)

@@ -20,7 +20,6 @@ from peer.replica_sync import flat_limits
 from peer.stage import StageRunner
 from peer.stage_peer import StagePeer
 from peer.state_transfer import state_bytes
-from peer.transfer_time import DEFAULT_UPLINK_FLOOR_BPS
 from peer.vouched_state import VouchedStates
 from protocol.spec import RunSpec
 from protocol.state_wire import STATE_CHUNK_BYTES
@@ -122,7 +121,6 @@ class ReplicaContext:
     checkpointing: bool = False  # activation checkpointing per block (peer/stage.py)
     spot_check_rate: float | None = None  # the share of replicas' work a leader recomputes (None: its default)
     serve_bad_state: str | None = None  # tests: serve joiners a corrupted state (swarm/replicas/hostile_donor.py)
-    uplink_floor: float = DEFAULT_UPLINK_FLOOR_BPS  # bit/s: the slowest uplink a reduce waits for (--slowest-uplink)
 
 
 class ReplicaService:
@@ -155,8 +153,7 @@ class ReplicaService:
             driver_options=dict(first_timeout=ctx.step_timeout, sign_record=sign_record(ctx.sdht.identity),
                                 **given(min_timeout=ctx.min_step_timeout, spot_check_rate=ctx.spot_check_rate)),
             # every stage snapshots at the same steps: the interval is the coordinator's, in the signed spec
-            snapshot_options=dict(every=snapshot_interval(self.spec)),
-            commit_options=dict(uplink_floor=ctx.uplink_floor))
+            snapshot_options=dict(every=snapshot_interval(self.spec)))
         sync.daemon = peer.daemon
         membership.named = peer.daemon.named_heads  # stage 1: the heads named for the attempt (peer/head_work.py)
         peer.commit.on_lease = lambda: ctx.router.lease(fresh=True)  # the coordinator revoked a lease

@@ -2,9 +2,11 @@
 and a bad value is refused with one sentence before anything starts."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from protocol.spec import SpecError
+from protocol.spec import RunSpec, SpecError
 from swarm.cli import build_parser, main
 from swarm.spec_flags import spec_from_args, spec_notes
 
@@ -79,3 +81,33 @@ def test_the_summary_line_names_the_options_a_spec_turned_on():
     assert spec_notes(preset("small")) == ", stages before the last at 0.03 x the lr"  # the preset's own default
     assert spec_notes(preset("tiny", microbatches_in_flight=2, replica_sync="powersgd", replica_sync_warmup=5)) == \
         ", 2 microbatches in flight a head, 5 exact sync steps first"
+
+
+@pytest.mark.parametrize("command", ["local", "coordinator"])
+def test_the_slowest_uplink_is_a_rule_of_the_signed_spec(command, tmp_path):
+    """Every replica must give up on a slow one at the same time: the floor is the spec's, not a peer's flag."""
+    default = spec_from_args(build_parser().parse_args([command, "--preset", "tiny"]))
+    assert default.slowest_uplink_bps == 8e6 and "slowest_uplink_bps" not in default.to_dict()  # old hashes kept
+    spec = spec_from_args(build_parser().parse_args([command, "--preset", "tiny", "--slowest-uplink", "2mbit"]))
+    assert spec == default.replace(slowest_uplink_bps=2e6) and spec.run_hash != default.run_hash
+    assert RunSpec.from_dict(spec.to_dict()) == spec and "down to 2 Mbit/s" in spec_notes(spec)
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(default.to_dict()))  # --run-spec FILE with the flag: the flag's floor
+    from_file = spec_from_args(build_parser().parse_args([command, "--run-spec", str(path), "--slowest-uplink",
+                                                          "2mbit"]))
+    assert from_file.slowest_uplink_bps == 2e6
+
+
+@pytest.mark.parametrize("rate", ["unlimited", "8 bananas", "0mbit", "80"])
+def test_a_bad_slowest_uplink_is_refused_before_anything_starts(rate, capsys):
+    with pytest.raises(ValueError) as e:
+        spec_from_args(build_parser().parse_args(["coordinator", "--slowest-uplink", rate]))
+    assert str(e.value) == f"--slowest-uplink must be a rate such as 8mbit or 2MB/s, not {rate!r}."
+    assert main(["local", "--slowest-uplink", rate, "--no-dashboard"]) == 2
+    assert f"--slowest-uplink must be a rate such as 8mbit or 2MB/s, not {rate!r}." in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("bps", [0.0, -1.0, float("nan"), float("inf")])
+def test_a_spec_file_with_a_bad_slowest_uplink_is_refused(bps):
+    with pytest.raises(SpecError, match="slowest_uplink_bps must be a rate in bit/s above 0"):
+        RunSpec.from_dict({**RunSpec().to_dict(), "slowest_uplink_bps": bps})
