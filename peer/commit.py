@@ -115,7 +115,8 @@ class StepCommit:
         # up (swarm/replicas/own_state.py). Only commands count: they come from the leader, a message's step
         # from anyone admitted
         self.on_behind: Callable[[int], None] | None = None
-        self.banned = asyncio.Event()  # the leader's abort named this peer as caught lying about its work
+        self.banned = asyncio.Event()  # the leader's abort named this peer: banned for the run
+        self.ban_reason = ""  # why, as the leader said (peer/spot_checks.py)
         self.clock = PartClock()  # the parts of the last reduce here (the driver's step log)
 
     def limits(self) -> FlatLimits:
@@ -157,9 +158,9 @@ class StepCommit:
             await self.hasher.wait()
             return await self.on_rollback(cmd)
         if cmd.op == "abort" and d.peer_id in cmd.banned and not self.banned.is_set():
-            log.error("the leading head banned this peer for the run: it recomputed this peer's share of step %d and "
-                      "got other numbers (tampering, or a GPU, driver or overclock that computes wrongly); this peer "
-                      "stops", cmd.step + 1)
+            self.ban_reason = cmd.why
+            log.error("the leading head banned this peer for the run at step %d: %s; this peer stops", cmd.step + 1,
+                      cmd.why or "it gave no reason")
             self.banned.set()  # its owner stops it (swarm/replicas/replica.py): the swarm takes no more of its work
         if cmd.op == "work":  # a head's share of the attempt, or (stage 1) the heads that may feed it
             return await serve_work(d, cmd, self.compute_share)

@@ -273,7 +273,8 @@ class StepDriver:
         stops (peer/commit.py) instead of standing by for a step that no honest peer will give it."""
         for peer in [p for p in self.spot.convicted if p not in self._told and p != self.peer_id]:
             self._told.add(peer)
-            cmd = Command(self.spec.run_hash, step, attempt, "abort", banned=list(self.spot.convicted))
+            cmd = Command(self.spec.run_hash, step, attempt, "abort", banned=list(self.spot.convicted),
+                          why=self.spot.reasons.get(peer, ""))
             self.daemon.spawn(self._send(peer, cmd, timeout=5.0))
 
     async def _realigned(self) -> bool:

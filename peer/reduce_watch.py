@@ -42,6 +42,7 @@ from protocol.control import decode_probe_reply
 from protocol.wire import KIND_REDUCE, WireError
 
 from .interfaces import MessageLink
+from .transfer_time import TOO_SLOW
 
 T = TypeVar("T")
 
@@ -85,7 +86,8 @@ class ReduceWatch:
                     return "the attempt was superseded during the reduce."
                 if time.monotonic() > deadline:  # alive (the probes say so) but slower than the slowest uplink
                     self.blamed = list(missing)  # waited for: named, so that the step goes on without them
-                    return f"no contribution arrived from {', '.join(p[-8:] for p in missing)} within {timeout:g} s."
+                    return (f"no contribution arrived from {', '.join(p[-8:] for p in missing)} within {timeout:g} s "
+                            f"({TOO_SLOW})")
                 if (why := self._check(missing)) is not None or (why := self._withheld(missing)) is not None:
                     return why
                 self.arrived.clear()

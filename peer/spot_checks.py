@@ -68,6 +68,7 @@ class SpotChecks:
         self._drawn: tuple[int, set[str]] = (-1, set())  # (step, shares drawn): a retry of the step checks them again
         self._unchecked: dict[str, int] = {}  # replica -> checks of it in a row that could not run
         self.convicted: list[str] = []  # banned for the run, newest last: every abort names them
+        self.reasons: dict[str, str] = {}  # why each was banned: the leader tells the banned replica (peer/driver.py)
         self.checks = self.mismatches = 0
         self.checkable = 0  # shares that could be drawn: work done, and another replica of the stage to check it
 
@@ -199,19 +200,21 @@ class SpotChecks:
 
     # ------------------------------------------------------------------ verdicts
     def _convict(self, peer: str, why: str) -> None:
-        self._banned(peer)
+        self._banned(peer, why)
         log.warning("replica %s is banned for the run: %s", peer[-8:], why)
         raise AttemptFailed(f"replica {peer[-8:]} was caught: {why}")
 
     def _dispute(self, a: str, b: str, stage: int, why: str) -> None:
         newer = max((a, b), key=lambda p: (self.first_seen.get(p, float("inf")), p))
-        self._banned(newer)
+        self._banned(newer, f"stage {stage}'s two replicas disagreed ({why}) and no third could settle it: the later "
+                            f"to join is banned")
         log.warning("stage %d's two replicas %s and %s disagree (%s) and no third can settle it: the step is "
                     "not applied with their work, and %s, the later to join, is banned for the run", stage, a[-8:],
                     b[-8:], why, newer[-8:])
         raise AttemptFailed(f"stage {stage}'s two replicas disagree ({why})")
 
-    def _banned(self, peer: str) -> None:
+    def _banned(self, peer: str, why: str) -> None:
         if peer not in self.convicted:
             self.convicted = (self.convicted + [peer])[-64:]
+            self.reasons = {p: self.reasons.get(p, why) for p in self.convicted}
             self.ban(peer)

@@ -25,6 +25,9 @@ from protocol.spec import SLOWEST_UPLINK_BPS, RunSpec
 from .memory_estimate import estimate_stage
 
 DEFAULT_UPLINK_FLOOR_BPS = SLOWEST_UPLINK_BPS  # a swarm's own is its run spec's `slowest_uplink_bps`
+# how a reason for cutting a replica says that it was only slow (peer/reduce_watch.py): its owner is told so
+# (swarm/replicas/replica.py), not that its work was false
+TOO_SLOW = "slower than the swarm's slowest uplink"
 
 
 @dataclass(frozen=True)

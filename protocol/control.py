@@ -13,7 +13,7 @@ microbatch's gradient is back (docs/design.md section 3):
 Maps (short keys; tensors are wire.py's ExtType):
 
     Command       {k: "ctl", r: run, s: step, a: attempt, o: op, c: [peer ids], d: step record, v: skip,
-                   q: check order, b: [banned peer ids], m: [microbatches]}
+                   q: check order, b: [banned peer ids], w: why, m: [microbatches]}
                   op in status | reduce | apply | abort | rollback | lease | check | work; c: for reduce, the candidate
                   replicas of the receiver's stage (it exchanges contributions with those); d: for
                   reduce, the leader's signed `StepRecord` of the attempt (protocol/step_record.py;
@@ -22,6 +22,8 @@ Maps (short keys; tensors are wire.py's ExtType):
                   v (fp16; left out when false): apply means skip, some stage overflowed
                   (protocol/loss_scale.py); q: for check, a `CheckOrder` (protocol/spot_check.py);
                   b: for abort, replicas the leader caught lying about their work, banned for the run;
+                  w (left out when empty): for an abort sent to a banned replica, the leader's reason, one
+                  sentence that its owner is shown (a slow uplink is told so, not called a liar);
                   work (peer/head_work.py): c the heads the leader named for the attempt, m (to a head) its share
     CommandReply  {k: "ctlr", s: step, a: attempt, o: outcome, m: [microbatches], x: {peer: [mb]}, e: text,
                    h: [step, sha256 hex], v, z: [step, sha256 hex], n: [sent], b: [peer ids], u: [peer ids],
@@ -90,6 +92,7 @@ class Command:
     check: bytes = b""  # check: the encoded `CheckOrder` (protocol/spot_check.py)
     banned: list[str] = field(default_factory=list)  # abort: replicas the leader caught; banned for the run
     microbatches: list[int] = field(default_factory=list)  # work: the head's share of the attempt
+    why: str = ""  # abort, to a banned replica: the leader's reason
 
 
 @dataclass
@@ -249,8 +252,8 @@ def _with_flag(d: dict, key: str, value: bool) -> dict:
 def encode_command(c: Command) -> bytes:
     body = _with_flag({"k": KIND_CONTROL, "r": c.run, "s": c.step, "a": c.attempt, "o": c.op, "c": c.candidates},
                       "v", c.skip)
-    body.update({k: v for k, v in (("d", c.record), ("q", c.check), ("b", c.banned), ("m", c.microbatches))
-                 if v})  # left out when empty
+    body.update({k: v for k, v in (("d", c.record), ("q", c.check), ("b", c.banned), ("m", c.microbatches),
+                                   ("w", c.why[:500])) if v})  # left out when empty
     return msgpack.packb(body)
 
 
@@ -263,9 +266,11 @@ def decode_command(data: bytes, run: str) -> Command:
     _need(isinstance(record, bytes) and len(record) <= 4096, "a control command's step record must be a few bytes.")
     check = d.get("q", b"")
     _need(isinstance(check, bytes), "a control command's check order must be bytes.")
+    why = d.get("w", "")
+    _need(isinstance(why, str) and len(why) <= 500, "a control command's reason must be a short text.")
     return Command(run, _int(d, "s", "step"), _int(d, "a", "attempt", 2**31), d["o"], _peer_ids(d.get("c", [])),
                    record, _flag(d, "v", "a control command's skip flag"), check, _peer_ids(d.get("b", [])),
-                   _mbs(d.get("m", []), MAX_MICROBATCHES))
+                   _mbs(d.get("m", []), MAX_MICROBATCHES), why)
 
 
 def encode_reply(r: CommandReply) -> bytes:

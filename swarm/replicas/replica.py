@@ -20,6 +20,7 @@ from peer.replica_sync import flat_limits
 from peer.stage import StageRunner
 from peer.stage_peer import StagePeer
 from peer.state_transfer import state_bytes
+from peer.transfer_time import TOO_SLOW
 from peer.vouched_state import VouchedStates
 from protocol.spec import RunSpec
 from protocol.state_wire import STATE_CHUNK_BYTES
@@ -87,7 +88,19 @@ def transport_limit(spec: RunSpec) -> int:
 
 
 class PeerBanned(RuntimeError):
-    """The leading head caught this peer's work not matching its recomputation: it is banned for the run."""
+    """The leading head banned this peer for the run (peer/spot_checks.py): its message says why, and what to do."""
+
+
+def ban_message(why: str, floor_bps: float) -> str:
+    """What a banned peer's owner is told: the leader's reason, and what to do about it. A replica cut for being
+    slower than the swarm waits for is told that, not that its work was false."""
+    said = f"the leading head banned this peer for the run: {why.rstrip('.') or 'it gave no reason'}. "
+    if TOO_SLOW in why:
+        return said + (f"This peer's uplink is slower than the swarm waits for ({floor_bps / 1e6:g} Mbit/s, its run "
+                       "spec's slowest uplink): join from a faster connection, or a swarm whose coordinator sets a "
+                       "lower --slowest-uplink.")
+    return said + ("If its work was recomputed to other numbers, that is tampering, or a GPU, driver or overclock that "
+                   "computes wrongly: check the card (swarm bench share-tolerance) before joining again.")
 
 
 @dataclass
@@ -303,9 +316,7 @@ class ReplicaService:
             await asyncio.gather(move, banned, return_exceptions=True)
         if not move.done() or move.cancelled():
             self.ctx.report.write("banned", stage=self.stage, step=self.runner.step)
-            raise PeerBanned("the leading head banned this peer for the run: its recomputation of this peer's work "
-                             "gave other numbers (tampering, or a GPU, driver or overclock that computes wrongly); "
-                             "check the card (swarm bench share-tolerance) before joining again.")
+            raise PeerBanned(ban_message(self.peer.commit.ban_reason, self.ctx.spec.slowest_uplink_bps))
         return move.result()
 
     async def _serve_until_moved(self) -> int:

@@ -14,7 +14,7 @@ from peer.loopback import LoopbackLink
 from peer.memory_swarm import TEST_DRIVER_OPTIONS
 from peer.replica_sync import flat_limits
 from peer.stage import StageRunner
-from peer.transfer_time import TransferWait, boundary_bytes
+from peer.transfer_time import TOO_SLOW, TransferWait, boundary_bytes
 from protocol.spec import preset
 from protocol.wire import KIND_ACTIVATION, KIND_REDUCE
 from tests.peer.swarm_in_memory import make_swarm, param_hash
@@ -92,10 +92,14 @@ async def test_a_replica_slower_than_the_floor_is_cut_and_the_step_goes_on_witho
     try:
         logs = await asyncio.wait_for(swarm.drive(STEPS), 120)
         await swarm.applied()
+        await asyncio.wait_for(swarm.peers["s1r1"].commit.banned.wait(), 10)  # the leader tells it in the background
     finally:
         await swarm.stop()
-    head = swarm.peers["s0r0"]
+    head, slow = swarm.peers["s0r0"], swarm.peers["s1r1"]
     assert "s1r1" in head.driver.spot.convicted, "the slow replica was not cut"
+    # it is told why, in the abort the leader sends it: slow, not false (swarm/replicas/replica.py ban_message)
+    assert slow.commit.banned.is_set(), "the leader did not tell the slow replica"
+    assert TOO_SLOW in slow.commit.ban_reason and "within" in slow.commit.ban_reason, slow.commit.ban_reason
     assert logs[0].attempts >= 2 and all(log.attempts == 1 for log in logs[1:]), [log.attempts for log in logs]
     assert_close([log.loss for log in logs], oracle_runs.losses(spec, STEPS), 1e-10)
 

@@ -126,3 +126,19 @@ def test_a_reduce_reply_carries_the_replicas_newest_snapshot_and_a_bad_one_is_re
     bad["h"] = [2, "short"]
     with pytest.raises(WireError):
         decode_reply(msgpack.packb(bad), 4)
+
+
+def test_an_abort_to_a_banned_replica_carries_the_leaders_reason_and_a_long_one_is_refused():
+    import msgpack
+    import pytest
+
+    from protocol.control import Command, decode_command, encode_command
+    from protocol.wire import WireError
+    why = "no contribution arrived from 12345678 within 61.3 s (slower than the swarm's slowest uplink)"
+    back = decode_command(encode_command(Command("r" * 16, 3, 2, "abort", banned=["a"], why=why)), "r" * 16)
+    assert (back.banned, back.why) == (["a"], why)
+    assert "w" not in msgpack.unpackb(encode_command(Command("r" * 16, 3, 2, "abort", banned=["a"])))
+    for bad in ("x" * 501, 7, [why]):
+        body = {"k": "ctl", "r": "r" * 16, "s": 3, "a": 2, "o": "abort", "c": [], "b": ["a"], "w": bad}
+        with pytest.raises(WireError, match="reason must be a short text"):
+            decode_command(msgpack.packb(body), "r" * 16)
