@@ -26,7 +26,7 @@ class CommandSender:
     def __init__(self, daemon: StageDaemon, commit: StepCommit, command_timeout: float) -> None:
         self.daemon, self.commit, self.command_timeout = daemon, commit, command_timeout
         self.named: list[str] = []  # who reduced the last step the leader committed: every apply names them
-        self.banned: list[str] = []  # replicas the leader caught lying about their work: every abort names them
+        self.banned: list[str] = []  # replicas the leader convicted (peer/spot_checks.py): every abort names them
         self.peer_id, self.run_hash = daemon.peer_id, daemon.spec.run_hash
         self.n_microbatches = daemon.spec.n_microbatches
         # hears every (peer, (steps applied, state sha256)) an apply reply carries (peer/state_votes.py)

@@ -177,7 +177,7 @@ class StepCommit:
             return CommandReply(step, reduced.attempt if held else d.attempt, "ok", self.runner.microbatches_done(),
                                 reduced.contributors if held else {})
         if cmd.op == "abort":
-            for peer in cmd.banned:  # caught lying by the leader's spot checks (peer/spot_checks.py)
+            for peer in cmd.banned:  # convicted by the leader (peer/spot_checks.py)
                 if peer != d.peer_id:
                     self.daemon.directory.ban(peer)
             if cmd.attempt >= d.attempt:

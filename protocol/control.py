@@ -21,7 +21,7 @@ Maps (short keys; tensors are wire.py's ExtType):
                   read the leader lease again now (it says nothing itself: the lease is read signed);
                   v (fp16; left out when false): apply means skip, some stage overflowed
                   (protocol/loss_scale.py); q: for check, a `CheckOrder` (protocol/spot_check.py);
-                  b: for abort, replicas the leader caught lying about their work, banned for the run;
+                  b: for abort, replicas the leader convicted (false, withheld or too slow work), banned for the run;
                   w (left out when empty): for an abort sent to a banned replica, the leader's reason, one
                   sentence that its owner is shown (a slow uplink is told so, not called a liar);
                   work (peer/head_work.py): c the heads the leader named for the attempt, m (to a head) its share

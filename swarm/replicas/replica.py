@@ -305,7 +305,7 @@ class ReplicaService:
                 log.warning("heartbeat failed: %s", e)
 
     async def _until_moved_or_banned(self) -> int:
-        """`_serve_until_moved`, or PeerBanned once the leader's abort names this peer as caught lying."""
+        """`_serve_until_moved`, or PeerBanned once the leader's abort names this peer as convicted."""
         move = asyncio.create_task(self._serve_until_moved())
         banned = asyncio.create_task(self.peer.commit.banned.wait())
         try:

@@ -81,7 +81,7 @@ class Router:
     clock: Callable[[], float] = time.monotonic
     _cache: dict[int, tuple[float, list[StageAnnouncement]]] = field(default_factory=dict)
     _bans: dict[str, _Ban] = field(default_factory=dict)
-    _run_bans: set[str] = field(default_factory=set)  # caught lying about their work: banned for the run
+    _run_bans: set[str] = field(default_factory=set)  # convicted by the leading head: banned for the run
     _rtt: dict[str, float] = field(default_factory=dict)
     _in_flight: dict[str, int] = field(default_factory=dict)
     _proven: set[str] = field(default_factory=set)  # replicas that returned a gradient to this peer
@@ -125,7 +125,8 @@ class Router:
     def ban(self, peer: str) -> None:
         """Caught passing off other numbers as its work (peer/spot_checks.py): banned for the run."""
         if peer not in self._run_bans:
-            log.warning("peer %s is banned for the run: the leading head caught it lying about its work", peer[-8:])
+            log.warning("peer %s is banned for the run: the leading head convicted it (false or withheld work, or "
+                        "slower than the swarm's slowest uplink: peer/spot_checks.py)", peer[-8:])
         self._run_bans.add(peer)
         self._cache.clear()
 
