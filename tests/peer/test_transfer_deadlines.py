@@ -21,6 +21,9 @@ from tests.peer.swarm_in_memory import make_swarm, param_hash
 from tests.peer.test_replicas import assert_close
 
 STEPS, BASE_S, TRANSFER_S = 3, 0.3, 1.0
+# a microbatch's own deadline (peer/microbatch_forward.py) is not what these tests prove: on a loaded CI machine a
+# reply can take longer than its 1 s floor, and a re-sent microbatch re-drives the step (patient_options' reason)
+PATIENT_DAEMON = dict(deadline_floor=120.0)
 
 
 def metered_uplinks(bytes_per_s: dict[str, float], kind: str = KIND_REDUCE) -> type[LoopbackLink]:
@@ -66,7 +69,7 @@ async def test_contributions_slower_than_the_base_allowance_but_above_the_floor_
     spec = spec.replace(slowest_uplink_bps=8 * rate / 3)  # the swarm waits for uplinks 3x slower than these
     swarm = await make_swarm(spec, [1, 2], metered_uplinks({"s1r0": rate, "s1r1": rate}),
                              driver_options=dict(TEST_DRIVER_OPTIONS, min_timeout=60.0, first_timeout=60.0),
-                             commit_options=dict(reduce_timeout=BASE_S))
+                             commit_options=dict(reduce_timeout=BASE_S), daemon_options=PATIENT_DAEMON)
     try:
         logs = await asyncio.wait_for(swarm.drive(STEPS), 120)
         await swarm.applied()
@@ -88,7 +91,7 @@ async def test_a_replica_slower_than_the_floor_is_cut_and_the_step_goes_on_witho
     assert contribution / (floor / 3) < TransferWait(BASE_S).seconds(contribution)
     swarm = await make_swarm(spec, [1, 2], metered_uplinks({"s1r0": 4 * floor, "s1r1": floor / 3}),
                              driver_options=dict(TEST_DRIVER_OPTIONS, min_timeout=60.0, first_timeout=60.0),
-                             commit_options=dict(reduce_timeout=BASE_S))
+                             commit_options=dict(reduce_timeout=BASE_S), daemon_options=PATIENT_DAEMON)
     try:
         logs = await asyncio.wait_for(swarm.drive(STEPS), 120)
         await swarm.applied()
@@ -112,7 +115,8 @@ async def test_a_first_step_slower_than_the_first_timeout_over_a_slow_uplink_end
     # the head's 4 activations leave one after another, 0.35 s each: the first step takes ~1.4 s, more than
     # its fixed 0.5 s; at the floor its bytes may take 2 x 4 s
     swarm = await make_swarm(spec, [1, 1], metered_uplinks({"s0r0": per_mb / 0.35}, KIND_ACTIVATION),
-                             driver_options=dict(TEST_DRIVER_OPTIONS, first_timeout=0.5, min_timeout=60.0))
+                             driver_options=dict(TEST_DRIVER_OPTIONS, first_timeout=0.5, min_timeout=60.0),
+                             daemon_options=PATIENT_DAEMON)
     try:
         logs = await asyncio.wait_for(swarm.drive(2), 120)
     finally:
@@ -130,7 +134,8 @@ async def test_a_head_whose_share_outlasts_the_command_timeout_over_a_slow_uplin
     # a command may take, and is well within that plus a step's boundary bytes at the floor
     swarm = await make_swarm(spec, [2, 1], metered_uplinks({"s0r1": per_mb / 0.4}, KIND_ACTIVATION),
                              driver_options=dict(TEST_DRIVER_OPTIONS, command_timeout=0.5, min_timeout=60.0,
-                                                 first_timeout=60.0))
+                                                 first_timeout=60.0),
+                             daemon_options=PATIENT_DAEMON)
     try:
         logs = await asyncio.wait_for(swarm.drive(3), 120)
     finally:
@@ -152,7 +157,7 @@ async def test_a_spot_check_whose_inputs_take_longer_than_the_fixed_allowance_st
     swarm = await make_swarm(spec, [1, 2], metered_uplinks({"s1r0": rate, "s1r1": rate}),
                              driver_options=dict(TEST_DRIVER_OPTIONS, spot_check_rate=1.0, min_timeout=60.0,
                                                  first_timeout=60.0),
-                             commit_options=dict(reduce_timeout=BASE_S))
+                             commit_options=dict(reduce_timeout=BASE_S), daemon_options=PATIENT_DAEMON)
     try:
         logs = await asyncio.wait_for(swarm.drive(STEPS), 120)
         await swarm.applied()
