@@ -61,7 +61,7 @@ class StepDriver:
         self.daemon, self.commit, self.directory, self.batches = daemon, commit, directory, batches
         self.runner, self.spec, self.peer_id = daemon.runner, daemon.spec, daemon.peer_id
         # the first step, a head's share, a spot check and a reduce wait for their bytes on a home uplink too
-        self.deadlines = StepDeadlines(self.spec, first_timeout, command_timeout, commit.wait.floor_bps)
+        self.deadlines = StepDeadlines(self.spec, first_timeout, command_timeout)
         self.min_timeout, self.first_timeout = min_timeout, self.deadlines.first_step
         self.command_timeout, self.ping_period, self.ping_failures = command_timeout, ping_period, ping_failures
         self._commands = CommandSender(daemon, commit, command_timeout)

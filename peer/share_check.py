@@ -164,7 +164,8 @@ def disagreement(recomputed: torch.Tensor, sent: torch.Tensor) -> float:
 class ShareCheck:
     def __init__(self, daemon: StageDaemon, wait: TransferWait | None = None) -> None:
         self.daemon = daemon
-        self.wait = wait or TransferWait(60.0)  # the inputs' deadline grows with their bytes (peer/transfer_time.py)
+        # the inputs' deadline grows with their bytes (peer/transfer_time.py)
+        self.wait = wait or TransferWait(60.0, daemon.spec.slowest_uplink_bps)
         self.spec = daemon.spec
         # the spec's compute dtype: a bf16 or fp16 run keeps fp32 weights (runner.dtype) but computes in bf16/fp16
         self.tolerance = TOLERANCE[COMPUTE_DTYPES[self.spec.dtype]]

@@ -24,7 +24,6 @@ from protocol.spec import SLOWEST_UPLINK_BPS, RunSpec
 
 from .memory_estimate import estimate_stage
 
-DEFAULT_UPLINK_FLOOR_BPS = SLOWEST_UPLINK_BPS  # a swarm's own is its run spec's `slowest_uplink_bps`
 # how a reason for cutting a replica says that it was only slow (peer/reduce_watch.py): its owner is told so
 # (swarm/replicas/replica.py), not that its work was false
 TOO_SLOW = "slower than the swarm's slowest uplink"
@@ -33,7 +32,7 @@ TOO_SLOW = "slower than the swarm's slowest uplink"
 @dataclass(frozen=True)
 class TransferWait:
     base_s: float  # what a message of no size may take: the peers' compute, queues, retries
-    floor_bps: float = DEFAULT_UPLINK_FLOOR_BPS  # the slowest uplink waited for, bits per second
+    floor_bps: float = SLOWEST_UPLINK_BPS  # the slowest uplink waited for, bits per second (a swarm's: its spec's)
 
     def __post_init__(self) -> None:
         if not self.floor_bps > 0:
@@ -60,8 +59,8 @@ def step_boundary_bytes(spec: RunSpec, microbatches: int | None = None) -> int:
 class StepDeadlines:
     """A leading head's deadlines for the parts of a step that carry bulk bytes (`peer/driver.py`)."""
 
-    def __init__(self, spec: RunSpec, first_timeout: float, command_timeout: float, floor_bps: float) -> None:
-        busiest = step_boundary_bytes(spec)
+    def __init__(self, spec: RunSpec, first_timeout: float, command_timeout: float) -> None:
+        busiest, floor_bps = step_boundary_bytes(spec), spec.slowest_uplink_bps
         self.spec = spec
         # the first step has nothing measured to scale from: without its bytes, dense `large` below ~40 Mbit/s
         # would be re-driven for ever

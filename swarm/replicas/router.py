@@ -123,7 +123,7 @@ class Router:
         return peer in self._run_bans or ban is not None and ban.until > now
 
     def ban(self, peer: str) -> None:
-        """Caught passing off other numbers as its work (peer/spot_checks.py): banned for the run."""
+        """Convicted by the leading head (peer/spot_checks.py): banned for the run."""
         if peer not in self._run_bans:
             log.warning("peer %s is banned for the run: the leading head convicted it (false or withheld work, or "
                         "slower than the swarm's slowest uplink: peer/spot_checks.py)", peer[-8:])
