@@ -22,6 +22,8 @@ layouts() {  # NAME LAYOUTS FLAGS...: one invocation per layout
             2>&1 | grep -v "^WARNING" | grep -E "tok/s|_over_|Error|error" | grep -v "_over_1x1\|_over_2x1\|_over_3x1"
         echo "== $name $l exit ${PIPESTATUS[0]}"
         tail -n 4 "$out/$name/logs/$l/stage0.log" 2>/dev/null
+        # a peer of the layout still on a card would slow the next layout: say so
+        nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader | sed 's/^/still on a GPU: /'
     done
 }
 case $part in
