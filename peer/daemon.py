@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from protocol.basis_update import BasisUpdate, StatsMessage
-from protocol.codecs import WirePacker
+from protocol.codecs import WirePacker, WireTensors
 from protocol.wire import (
     KIND_ACTIVATION,
     KIND_BASIS,
@@ -103,6 +103,7 @@ class StageDaemon(InboundHandlers, MicrobatchForwarding):
         self.feeders: tuple[tuple[int, int], str, frozenset[str]] | None = None
         self.refused = 0
         self.tokens_done = 0
+        self.worker_busy_s = 0.0  # seconds the worker thread spent in jobs (compute, packing, optimizer steps)
         self.throughput = 0.0
         self.last_loss = float("nan")
 
@@ -134,7 +135,13 @@ class StageDaemon(InboundHandlers, MicrobatchForwarding):
 
     async def run(self, fn, *args):
         """Run `fn(*args)` on the stage's worker thread, after everything queued before it."""
-        return await asyncio.get_running_loop().run_in_executor(self._worker, fn, *args)
+        def timed_job():
+            t0 = time.perf_counter()
+            try:
+                return fn(*args)
+            finally:  # one worker thread: no other job writes the sum meanwhile
+                self.worker_busy_s += time.perf_counter() - t0
+        return await asyncio.get_running_loop().run_in_executor(self._worker, timed_job)
 
     async def run_step(self, fn, *args):
         """`run` for a job that takes the optimizer step (moves runner.step); the caller calls `stepped()`
@@ -240,10 +247,20 @@ class StageDaemon(InboundHandlers, MicrobatchForwarding):
         problem = await self.admit(sender, kind)
         return self.refuse(problem.reason, sender, code=problem.code) if problem else None
 
-    def _out_of_band(self, kind: str, t: torch.Tensor, sender: str, scale: float = 1.0) -> bytes | None:
-        """A refusal (and a ban of the sender) if the payload's size (over the loss scale of a gradient
-        in an fp16 run) is far from what this stage receives."""
-        problem = self.bands[kind].check(t, scale)
+    async def payload_rms(self, payload: WireTensors) -> float:
+        """The RMS of a payload as this stage will compute with it, worked out on the host in a thread.
+        Not on the accelerator: a copy there from the event loop waits for the compute the worker has
+        queued, and every message would stall the loop for a job's length (GPU stages idled ~30%)."""
+        return await asyncio.to_thread(lambda: NormBand.rms(self.packer.unpack(payload, self.runner.dtype)))
+
+    def on_device(self, payload: WireTensors) -> torch.Tensor:
+        """Worker thread: a payload as the tensor this stage computes with."""
+        return self.packer.unpack(payload, self.runner.dtype, self.runner.device)
+
+    def _out_of_band(self, kind: str, rms: float, sender: str, scale: float = 1.0) -> bytes | None:
+        """A refusal (and a ban of the sender) if the payload's size `rms` (over the loss scale of a
+        gradient in an fp16 run) is far from what this stage receives."""
+        problem = self.bands[kind].judge(rms / scale)
         if problem is None:
             return None
         self.directory.report_failure(sender, bad_data=True)
@@ -259,10 +276,10 @@ class StageDaemon(InboundHandlers, MicrobatchForwarding):
             self.spawn(self.gate.pull_updates())
         return self.refuse(reason, sender, code=code)
 
-    def _forward_job(self, h: Header, tokens: torch.Tensor, z: torch.Tensor | None) -> tuple[bytes, int]:
-        """Worker thread: forward, and the bytes of the activation for the next stage (packing
-        waits for the device, so it stays off the event loop)."""
-        out = self.runner.forward(h.step, h.microbatch, tokens, z)
+    def _forward_job(self, h: Header, tokens: torch.Tensor, z: WireTensors | None) -> tuple[bytes, int]:
+        """Worker thread: forward (of the previous stage's activation `z`; none at a head), and the bytes
+        of the activation for the next stage (packing waits for the device, so it stays off the event loop)."""
+        out = self.runner.forward(h.step, h.microbatch, tokens, None if z is None else self.on_device(z))
         body = encode_activation(self.header(h, self.stage + 1), tokens, self.packer.pack(out), self.spec.vocab)
         return body, out.shape[0] * out.shape[1]
 
@@ -275,10 +292,16 @@ class StageDaemon(InboundHandlers, MicrobatchForwarding):
         body = encode_gradient(self.header(h, self.stage - 1), self.packer.pack(grad), loss, overflow)
         return body, grad.shape[0] * grad.shape[1], loss
 
-    def _tail_job(self, h: Header, tokens: torch.Tensor, z: torch.Tensor):
+    def _tail_job(self, h: Header, tokens: torch.Tensor, z: WireTensors | None):
+        z = None if z is None else self.on_device(z)
         return self._gradient_job(h, self.runner.forward_backward, h.step, h.microbatch, tokens, z)
 
-    def _backward_job(self, h: Header, grad: torch.Tensor, loss: float, overflow: bool = False):
+    def _backward_job(self, h: Header, payload: WireTensors, loss: float, overflow: bool = False):
+        """Worker thread: the backward of the next stage's gradient; an fp16 overflow is taken as zeros,
+        neither judged nor learnt from (peer/loss_scaling.py)."""
+        grad = self.on_device(payload)
+        if overflow:
+            grad = torch.zeros_like(grad)
         return self._gradient_job(h, lambda: (loss, self.runner.backward(h.step, h.microbatch, grad, overflow)))
 
     # ------------------------------------------------------------------ the head's share

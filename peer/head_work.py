@@ -20,7 +20,11 @@ an unnamed head not at all (`peer/inbound.py`; over the network `swarm/replicas/
 
 A head's speed is microbatches per second of its last shares (an EWMA of its share's size over
 the time from the leader's start to its last gradient, or to its reply), and until measured, the
-compute speed a standby head announces (`peer/calibration.py`) over a microbatch's tokens.
+compute speed a standby head announces (`peer/calibration.py`) over a microbatch's tokens. A
+head's first share is not a measurement: it carries one-off costs (the accelerator's first kernels
+and allocations, first connections) that made a head look ~10x slower than it is, and on 4 H200s
+(`large`, 2 stages x 2 heads) a share that small kept it starved for most of a run (1.77x one
+process where the balanced split gives 3.0x).
 """
 from __future__ import annotations
 
@@ -40,7 +44,7 @@ from .step_log import AttemptFailed
 log = logging.getLogger(__name__)
 
 SIT_OUT_S = 30.0  # a head that failed its share gets none for this long (it still reduces, empty)
-SPEED_DECAY = 0.7  # EWMA weight of a head's old speed
+SPEED_DECAY = 0.5  # EWMA weight of a head's old speed
 Send = Callable[..., Awaitable[CommandReply]]  # (peer, command[, timeout])
 
 
@@ -94,6 +98,7 @@ class HeadWork:
         self.spec, self.peer_id = daemon.spec, daemon.peer_id
         self.own_figure = own_figure  # this head's calibrated compute speed (tokens/s), if it measured one
         self.speeds: dict[str, float] = {}  # head -> microbatches/s of its last shares (EWMA)
+        self._warm: set[str] = set()  # heads whose first share (its one-off costs, not a speed) is done
         self.sitting_out: dict[str, float] = {}  # head -> time.monotonic() until which it gets no share
         self.shares: dict[str, list[int]] = {}  # the attempt in progress: head -> its microbatches
         # heads that answered this leader's status at its take-over or reduced in the last step it committed:
@@ -115,6 +120,9 @@ class HeadWork:
         return self.shares
 
     def _measured(self, head: str, n: int, seconds: float) -> None:
+        if head not in self._warm:
+            self._warm.add(head)
+            return
         speed = n / max(seconds, 1e-6)
         old = self.speeds.get(head)
         self.speeds[head] = speed if old is None else SPEED_DECAY * old + (1 - SPEED_DECAY) * speed
@@ -168,7 +176,9 @@ class HeadWork:
             async with asyncio.timeout(self.timeout):  # starting waits for gradients too, past the window
                 futures = await start_in_window(d, cmd.step, cmd.microbatches, lambda mb: self.batches(cmd.step, mb))
                 losses = [float(v) for v in await asyncio.gather(*futures)]
-            log.info("step %d: computed microbatches %s for the leading head", cmd.step + 1, cmd.microbatches)
+            mbs = cmd.microbatches
+            log.info("step %d: computed %d microbatch(es) (%d..%d) for the leading head", cmd.step + 1, len(mbs),
+                     min(mbs), max(mbs))
             return losses
         except TimeoutError:
             return f"not every gradient of its share came back within {self.timeout:.0f} s."

@@ -8,6 +8,8 @@ In an fp16 run a gradient is judged by its size over the loss scale, and one fla
 overflow is taken as zeros without a size check (peer/loss_scaling.py).
 A refusal is an `ErrorReply` and never touches the runner's state; accepted work is queued on
 the daemon's worker thread (`run_for`) and its result sent on by the daemon's `Courier`.
+The size band judges the payload on the host; it reaches the accelerator on the worker thread,
+since a copy there from the event loop would wait for the compute already queued.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import time
 import torch
 
 from protocol.basis_update import decode_update
+from protocol.codecs import WireTensors
 from protocol.wire import (
     KIND_ACTIVATION,
     KIND_GRADIENT,
@@ -49,8 +52,7 @@ class InboundHandlers:
             return self.refuse(f"this peer serves stage {self.stage}, not {h.stage}.", sender)
         # the size check comes before the step checks: enormous values ban their sender whatever
         # step or microbatch they claim (a stale or duplicate one included)
-        z = self.packer.unpack(msg.payload, self.runner.dtype, self.runner.device)
-        if (refusal := self._out_of_band(KIND_ACTIVATION, z, sender)) is not None:
+        if (refusal := self._out_of_band(KIND_ACTIVATION, await self.payload_rms(msg.payload), sender)) is not None:
             return refusal
         named = self.feeders  # the heads the leader named (peer/head_work.py): (step, attempt), leader, heads
         if self.stage == 1 and named is not None and sender in named[2] and sender != named[1] and (
@@ -73,7 +75,7 @@ class InboundHandlers:
             return self.refuse("this microbatch is already here.", sender, code="duplicate")
         self._upstream[h.microbatch] = (sender, msg.tokens)
         self.boundary.received(h.step, h.attempt, KIND_ACTIVATION, h.microbatch, body, sender)  # a check's input
-        self.spawn(self._process_activation(h, msg.tokens, z, sender))
+        self.spawn(self._process_activation(h, msg.tokens, msg.payload, sender))
         return ACK
 
     def named_heads(self) -> frozenset[str]:
@@ -91,8 +93,8 @@ class InboundHandlers:
         self.throughput = sum(k for _, k in self._window) / span
         self.tokens_done += n
 
-    async def _process_activation(self, h: Header, tokens: torch.Tensor, z: torch.Tensor, sender: str) -> None:
-        self._note_tokens(z.shape[0] * z.shape[1])
+    async def _process_activation(self, h: Header, tokens: torch.Tensor, z: WireTensors, sender: str) -> None:
+        self._note_tokens(z.values.shape[0] * z.values.shape[1])
         if self.runner.is_last:
             done = await self.run_for(h, self._tail_job, h, tokens, z)
             if done is SKIPPED or not self.current(h):
@@ -118,6 +120,10 @@ class InboundHandlers:
         h = msg.header
         if h.stage != self.stage:
             return self.refuse(f"this peer serves stage {self.stage}, not {h.stage}.", sender)
+        zeroed = msg.overflow and self.runner.loss_scale is not None  # fp16: the sender overflowed
+        # worked out before the checks that follow, which must not be split by an await: a repeat of this
+        # gradient could pass them meanwhile
+        rms = 0.0 if zeroed else await self.payload_rms(msg.payload)
         if h.step != self.runner.step or h.attempt != self.attempt:
             old = h.step < self.runner.step or (h.step == self.runner.step and h.attempt < self.attempt)
             return self.refuse("the gradient is not for the step and attempt in progress here.", sender,
@@ -136,10 +142,8 @@ class InboundHandlers:
         if tuple(msg.payload.values.shape) != pending:
             return self.refuse(f"gradient shape {list(msg.payload.values.shape)} does not match the activation "
                                f"{list(pending)}.", sender)
-        grad = self.packer.unpack(msg.payload, self.runner.dtype, self.runner.device)
-        if msg.overflow and self.runner.loss_scale is not None:
-            grad = torch.zeros_like(grad)  # fp16: the sender overflowed; its stand-in is not judged, nor learnt from
-        elif (refusal := self._out_of_band(KIND_GRADIENT, grad, sender, self.runner.scale)) is not None:
+        # fp16: an overflow's stand-in (zeros, on the worker) is not judged, nor learnt from
+        if not zeroed and (refusal := self._out_of_band(KIND_GRADIENT, rms, sender, self.runner.scale)) is not None:
             fut = self.waiting.get(h.microbatch)
             if fut is not None and not fut.done():  # the head: this attempt fails now, not at its deadline
                 fut.set_exception(LinkError(f"peer {sender[-8:]} answered microbatch {h.microbatch} with "
@@ -153,10 +157,10 @@ class InboundHandlers:
         self.directory.release(sender, seconds)
         self._answered(h.microbatch, seconds)
         self._returned.add(sender)
-        self.spawn(self._process_gradient(h, grad, msg.loss, msg.overflow and self.runner.loss_scale is not None))
+        self.spawn(self._process_gradient(h, msg.payload, msg.loss, zeroed))
         return ACK
 
-    async def _process_gradient(self, h: Header, grad: torch.Tensor, loss: float, overflow: bool = False) -> None:
+    async def _process_gradient(self, h: Header, grad: WireTensors, loss: float, overflow: bool = False) -> None:
         done = await self.run_for(h, self._backward_job, h, grad, loss, overflow)
         if done is SKIPPED:
             return

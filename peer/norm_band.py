@@ -39,7 +39,10 @@ class NormBand:
 
     def check(self, t: torch.Tensor, scale: float = 1.0) -> str | None:
         """Why `t` is refused, or None (and then it is learnt from); `t` is judged as t / scale."""
-        r = self.rms(t) / scale
+        return self.judge(self.rms(t) / scale)
+
+    def judge(self, r: float) -> str | None:
+        """`check` of a payload whose RMS (over the scale) is `r`, worked out beforehand."""
         if not math.isfinite(r) or r > self.absolute:
             return f"its values are out of range (rms {r:.3g})."
         if self.accepted >= self.warmup:

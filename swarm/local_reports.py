@@ -149,8 +149,9 @@ class RunReports:
 
     def peer_links(self, steps: list[dict]) -> list[dict]:
         """Per stage: every byte its transport sent and received (frames, all kinds), bytes sent per
-        token it processed, and (when shaped) its link's busy seconds and the uplink's busy fraction
-        of the training time (the sum of the head's step times)."""
+        token it processed, its worker thread's busy fraction and (when shaped) its link's busy
+        seconds and the uplink's busy fraction, both of the training time (the sum of the head's
+        step times)."""
         seconds = sum(s["seconds"] for s in steps)
         out = []
         for stage in range(self.opts.spec.n_stages):
@@ -162,6 +163,8 @@ class RunReports:
                    "tokens": w.get("tokens_done"), "link": w.get("link")}
             if row["bytes_sent"] is not None and row["tokens"]:
                 row["bytes_sent_per_token"] = row["bytes_sent"] / row["tokens"]
+            if w.get("worker_busy_s") is not None and seconds > 0:
+                row["worker_busy_fraction"] = w["worker_busy_s"] / seconds
             if row["link"] and seconds > 0:
                 row["uplink_busy_fraction"] = row["link"]["uplink_busy_s"] / seconds
             out.append(row)

@@ -197,12 +197,15 @@ def check_shared_constants(spec: RunSpec) -> None:
 def _wire_summary(transport: Transport, totals: dict) -> dict:
     """What the peer put on the wire over its whole life (every stage it served), for the report:
     bytes per kind (activations, gradients, replica-sync contributions), the tokens the first two
-    carried, and the steps this peer took together with other replicas of its stage."""
+    carried, the steps this peer took together with other replicas of its stage, and the seconds
+    its stage's worker thread was busy (compute, packing, optimizer steps: what bounds a stage
+    whose worker is busy all of the training time)."""
     out = {kind: transport.bytes_sent(kind) for kind in (KIND_ACTIVATION, KIND_GRADIENT, KIND_REDUCE)}
     link = transport.link.stats() if transport.link is not None else None
     return {"bytes_out": out, "tokens_out": dict(totals["sent_tokens"]), "refused": totals["refused"],
             "bytes_sent": transport.bytes_sent(), "bytes_received": transport.bytes_received(), "link": link,
-            "tokens_done": totals["tokens_done"], "synced_steps": totals["synced_steps"]}
+            "tokens_done": totals["tokens_done"], "synced_steps": totals["synced_steps"],
+            "worker_busy_s": totals["worker_busy_s"]}
 
 
 async def run_peer(opts: PeerOptions) -> int:
@@ -236,8 +239,9 @@ async def run_peer(opts: PeerOptions) -> int:
                                   **reach_options)
     p2p = transport = None
     monitor = PeerMonitor(opts.health_port, opts.health_host, opts.tensorboard)  # health record, /healthz, TensorBoard
+    # synced: steps taken together with other replicas, over every stage served
     totals = {"sent_tokens": {KIND_ACTIVATION: 0, KIND_GRADIENT: 0}, "refused": 0, "tokens_done": 0,
-              "synced_steps": 0}  # synced: steps taken together with other replicas, over every stage served
+              "worker_busy_s": 0.0, "synced_steps": 0}
     service: ReplicaService | None = None
     try:
         await monitor.start()  # /healthz answers "joining" (503) from here on
@@ -312,6 +316,7 @@ async def run_peer(opts: PeerOptions) -> int:
                         totals["sent_tokens"][kind] += daemon.sent_tokens[kind]
                     totals["refused"] += daemon.refused
                     totals["tokens_done"] += daemon.tokens_done
+                    totals["worker_busy_s"] += daemon.worker_busy_s
                     totals["synced_steps"] += service.peer.commit.synced_steps
         return 0
     except PlacementError as e:

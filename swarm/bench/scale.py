@@ -98,7 +98,8 @@ def _layout_run(spec, steps: int, warmup: int, replicas: int, bandwidth: str | N
                   "commit_seconds": m["sync"]["commit_seconds"], "commit_parts": m["sync"]["commit_parts"],
                   "first_loss": records[0]["loss"],
                   "final_loss": records[-1]["loss"],
-                  "uplink_busy": [p["uplink_busy_fraction"] for p in m["peers"] if "uplink_busy_fraction" in p]}
+                  "uplink_busy": [p["uplink_busy_fraction"] for p in m["peers"] if "uplink_busy_fraction" in p],
+                  "worker_busy": [p["worker_busy_fraction"] for p in m["peers"] if "worker_busy_fraction" in p]}
 
 
 def _one_process(spec, device: str, steps: int, warmup: int) -> dict:
