@@ -42,8 +42,8 @@ async def test_a_second_head_computes_a_share_of_every_step_and_the_run_equals_o
         assert sum(r["heads"].values()) == spec.n_microbatches
     # and the head that did not drive a step says in its log that it computed its share of it
     drove = {n: {e["step"] for e in swarm.events(n) if e["event"] == "step"} for n in (first, second)}
-    said = {n: {int(m) for m in re.findall(r"step (\d+): computed \d+ microbatch", (swarm.dir / f"{n}.log").read_text())}
-            for n in (first, second)}
+    said = {n: {int(m) for m in re.findall(r"step (\d+): computed \d+ microbatch",
+                                           (swarm.dir / f"{n}.log").read_text())} for n in (first, second)}
     checked = {n: {int(m) for m in re.findall(r"step (\d+): stage 0: \S+'s share, recomputed by this head, is its work",
                                               (swarm.dir / f"{n}.log").read_text())} for n in (first, second)}
     for step in range(joined, steps + 1):

@@ -163,3 +163,23 @@ async def test_a_next_step_message_during_the_optimizer_step_waits_for_it(oracle
     assert all(log.attempts == 1 for log in logs), [log.attempts for log in logs]
     assert middle.daemon.refused == 0
     assert [log.loss for log in logs] == oracle_runs.losses(spec, 3)
+
+
+async def test_payloads_reach_the_device_on_the_stage_worker_not_the_event_loop(monkeypatch):
+    """A copy to an accelerator waits for the compute already queued there: made on the event loop,
+    it stalled every message for a job's length (GPU stages idled ~30%). A payload is judged on the host
+    and unpacked onto the stage's device by the worker thread only; each stage's worker did real work."""
+    from protocol.codecs import WirePacker
+
+    where: list[tuple[str, bool]] = []  # (thread, whether a device was named) of every unpack
+    unpack = WirePacker.unpack
+
+    def spy(self, w, like, *device):
+        where.append((threading.current_thread().name, bool(device)))
+        return unpack(self, w, like, *device)
+    monkeypatch.setattr(WirePacker, "unpack", spy)
+    spec, losses, swarm = await _train(LoopbackLink)
+    to_device = {t for t, named in where if named}
+    assert to_device and all(t.startswith("stage") for t in to_device), to_device
+    assert {t for t, named in where if not named} and len(where) >= 4 * STEPS * spec.n_microbatches
+    assert all(swarm.stage(s)[0].daemon.worker_busy_s > 0 for s in range(3))
