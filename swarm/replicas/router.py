@@ -19,6 +19,17 @@ and the others none). A replica clearly faster than the rest (by more than 1.25x
 an idle sender's microbatch until queueing raises its round trip. The draw comes from this
 router's own generator (seeded from its peer id, so a simulation is reproducible).
 
+A round trip is forgotten toward the stage's fastest while it is not measured again:
+
+    rtt'(p) = f + (rtt(p) - f) * 0.5 ** (age(p) / RTT_FORGET_S)      (f: the fastest measured rtt
+                                                                      of the candidates; rtt(p) > f)
+
+A replica picked is measured again and keeps what it earned; one that is avoided never would
+be: one slow round trip (its first, with the accelerator's warm-up in it, or a pause) made it
+look many times slower than it is, and while the others kept fewer microbatches in flight than
+that ratio it never got another to show otherwise. Forgotten, it gets one again within a few
+half-lives; a replica really that slow is measured so again and avoided again.
+
 Probation (issue 20): a replica is *proven* once it has returned a gradient to this peer. While
 a stage has a proven live replica, its unproven ones share one probation slot: at most one
 microbatch is in flight to an unproven replica of the stage at a time, so 40 fake ids draw
@@ -59,6 +70,7 @@ PROBATION_PAUSE_FACTOR = 40.0  # a failed probe closes its stage's probation for
 PROBATION_PAUSE_MIN_S = 1.0
 UNPROVEN_BAN_FACTOR = 12.0  # the ban of a replica that never returned work here, in units of a proven one's
 NEAR_TIE = 1.25  # scores within this factor of the lowest are drawn at random (independent senders spread)
+RTT_FORGET_S = 5.0  # half-life of how far an unrefreshed round trip stands above its stage's fastest
 
 
 @dataclass
@@ -83,6 +95,7 @@ class Router:
     _bans: dict[str, _Ban] = field(default_factory=dict)
     _run_bans: set[str] = field(default_factory=set)  # convicted by the leading head: banned for the run
     _rtt: dict[str, float] = field(default_factory=dict)
+    _rtt_at: dict[str, float] = field(default_factory=dict)  # when each round trip was last measured
     _in_flight: dict[str, int] = field(default_factory=dict)
     _proven: set[str] = field(default_factory=set)  # replicas that returned a gradient to this peer
     _probe: dict[int, tuple[str, float]] = field(default_factory=dict)  # stage -> (unproven peer, since)
@@ -179,13 +192,17 @@ class Router:
                 for a in await self.live_peers(stage, fresh=True)]
 
     # ---------------------------------------------------------------- routing
-    def _rtt_estimate(self, peer: str) -> float:
+    def _rtt_estimate(self, peer: str, fastest: float | None = None) -> float:
         if peer in self._rtt:
-            return self._rtt[peer]
+            rtt = self._rtt[peer]
+            if fastest is not None and rtt > fastest:  # forgotten toward the fastest while not measured again
+                age = max(0.0, self.clock() - self._rtt_at.get(peer, self.clock()))
+                rtt = fastest + (rtt - fastest) * 0.5 ** (age / RTT_FORGET_S)
+            return rtt
         return statistics.median(self._rtt.values()) if self._rtt else 1.0
 
-    def score(self, peer: str) -> float:
-        return (self._in_flight.get(peer, 0) + 1) * self._rtt_estimate(peer)
+    def score(self, peer: str, fastest: float | None = None) -> float:
+        return (self._in_flight.get(peer, 0) + 1) * self._rtt_estimate(peer, fastest)
 
     def proven(self, peer: str) -> bool:
         return peer in self._proven
@@ -205,7 +222,8 @@ class Router:
             live = [a.peer_id for a in await self.live_peers(stage, fresh) if a.peer_id not in exclude]
             candidates = self._on_probation(stage, live)
             if candidates:
-                scores = {p: self.score(p) for p in sorted(candidates)}
+                fastest = min((self._rtt[p] for p in candidates if p in self._rtt), default=None)
+                scores = {p: self.score(p, fastest) for p in sorted(candidates)}
                 low = min(scores.values())
                 best = self.rng.choice([p for p, v in scores.items() if v <= low * NEAR_TIE])
                 self._in_flight[best] = self._in_flight.get(best, 0) + 1
@@ -235,6 +253,7 @@ class Router:
             self._proven.add(peer)
             old = self._rtt.get(peer)
             self._rtt[peer] = seconds if old is None else RTT_DECAY * old + (1 - RTT_DECAY) * seconds
+            self._rtt_at[peer] = self.clock()
 
     def report_failure(self, peer: str, bad_data: bool = False) -> None:
         self._end_probe(peer, failed=True)

@@ -4,7 +4,14 @@ from __future__ import annotations
 import time
 
 from swarm.dht import StageAnnouncement
-from swarm.replicas.router import BAD_DATA_BAN_S, NEAR_TIE, PROBATION_PAUSE_FACTOR, UNPROVEN_BAN_FACTOR, Router
+from swarm.replicas.router import (
+    BAD_DATA_BAN_S,
+    NEAR_TIE,
+    PROBATION_PAUSE_FACTOR,
+    RTT_FORGET_S,
+    UNPROVEN_BAN_FACTOR,
+    Router,
+)
 
 
 class Directory(Router):
@@ -103,3 +110,24 @@ async def test_one_sender_spreads_a_steps_microbatches_exactly_and_prefers_a_cle
         p = await r.pick(1)
         assert p == "a"
         r.release(p, None)
+
+
+async def test_a_replica_measured_slow_once_gets_work_again_once_that_round_trip_is_forgotten():
+    now = [0.0]
+    r = Directory("head", {1: [("a", 1.0), ("b", 1.0)]})
+    r.clock = lambda: now[0]
+    r.release("a", 0.1)
+    r.release("b", 3.0)  # b's one round trip carried its warm-up: 30x a's
+    for _ in range(20):  # a sender with 4 in flight: a's queue never costs what b's one round trip did
+        picks = [await r.pick(1) for _ in range(4)]
+        assert picks == ["a"] * 4
+        for p in picks:
+            r.release(p, 0.1)
+        now[0] += 0.05
+    now[0] += 5 * RTT_FORGET_S  # five half-lives without a measurement of b: 3.0 s counts as ~0.18 s
+    picks = [await r.pick(1) for _ in range(4)]
+    assert "b" in picks, picks
+    for p in picks:
+        r.release(p, 3.0 if p == "b" else 0.1)  # measured again, b really is that slow: avoided again
+    picks = [await r.pick(1) for _ in range(4)]
+    assert picks == ["a"] * 4
