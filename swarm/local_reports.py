@@ -148,24 +148,28 @@ class RunReports:
         }
 
     def peer_links(self, steps: list[dict]) -> list[dict]:
-        """Per stage: every byte its transport sent and received (frames, all kinds), bytes sent per
-        token it processed, its worker thread's busy fraction and (when shaped) its link's busy
-        seconds and the uplink's busy fraction, both of the training time (the sum of the head's
-        step times)."""
+        """Per peer (stage by stage, each stage's replicas in order): every byte its transport sent and
+        received (frames, all kinds), bytes sent per token it processed, its worker thread's busy
+        fraction and (when shaped) its link's busy seconds and the uplink's busy fraction, both of the
+        training time (the sum of the head's step times)."""
         seconds = sum(s["seconds"] for s in steps)
         out = []
         for stage in range(self.opts.spec.n_stages):
-            wire = [e for e in self.events(stage) if e["event"] == "wire"]
-            if not wire:
-                continue
-            w = wire[-1]
-            row = {"stage": stage, "bytes_sent": w.get("bytes_sent"), "bytes_received": w.get("bytes_received"),
-                   "tokens": w.get("tokens_done"), "link": w.get("link")}
-            if row["bytes_sent"] is not None and row["tokens"]:
-                row["bytes_sent_per_token"] = row["bytes_sent"] / row["tokens"]
-            if w.get("worker_busy_s") is not None and seconds > 0:
-                row["worker_busy_fraction"] = w["worker_busy_s"] / seconds
-            if row["link"] and seconds > 0:
-                row["uplink_busy_fraction"] = row["link"]["uplink_busy_s"] / seconds
-            out.append(row)
+            for replica in range(self.opts.replicas):
+                name = self.peer_name(stage, replica)
+                wire = [e for e in self.events(name) if e["event"] == "wire"]
+                if wire:
+                    out.append(self._peer_link(stage, name, wire[-1], seconds))
         return out
+
+    @staticmethod
+    def _peer_link(stage: int, name: str, w: dict, seconds: float) -> dict:
+        row = {"stage": stage, "name": name, "bytes_sent": w.get("bytes_sent"),
+               "bytes_received": w.get("bytes_received"), "tokens": w.get("tokens_done"), "link": w.get("link")}
+        if row["bytes_sent"] is not None and row["tokens"]:
+            row["bytes_sent_per_token"] = row["bytes_sent"] / row["tokens"]
+        if w.get("worker_busy_s") is not None and seconds > 0:
+            row["worker_busy_fraction"] = w["worker_busy_s"] / seconds
+        if row["link"] and seconds > 0:
+            row["uplink_busy_fraction"] = row["link"]["uplink_busy_s"] / seconds
+        return row

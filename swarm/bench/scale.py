@@ -10,7 +10,9 @@ Beside them, in the same invocation, the whole model trained in one process on t
 Per layout: the seconds from its start to its first step, tokens/s over the steps after
 `--warmup` (sum of tokens / sum of step seconds), the median step time and the slowest step over
 the median (a stall shows there), the most bytes a replica sent per step to keep its stage in
-step, each peer's uplink busy fraction where the links are shaped, and
+step, each peer's uplink busy fraction where the links are shaped and its worker thread's busy
+fraction (`worker_busy`: the seconds it computed, packed and stepped over the training time; both
+lists one figure a peer, stage by stage, each stage's replicas in order), and
 
     vs_one_process = tokens/s / one process's tokens/s;   vs_first = tokens/s / the first layout's.
 
