@@ -98,7 +98,8 @@ def ban_message(why: str, floor_bps: float) -> str:
     if TOO_SLOW in why:
         return said + (f"This peer's uplink is slower than the swarm waits for ({floor_bps / 1e6:g} Mbit/s, its run "
                        "spec's slowest uplink): join from a faster connection, or a swarm whose coordinator sets a "
-                       "lower --slowest-uplink.")
+                       "lower --slowest-uplink. This peer id stays banned in this run, so start it with a new one "
+                       "(swarm peer --identity NEW_FILE).")
     return said + ("If its work was recomputed to other numbers, that is tampering, or a GPU, driver or overclock that "
                    "computes wrongly: check the card (swarm bench share-tolerance) before joining again.")
 

@@ -46,6 +46,7 @@ async def test_a_banned_replica_stops_with_the_reason(why):
 def test_a_replica_cut_for_its_slow_uplink_is_told_so_and_not_called_a_liar():
     slow, false, silent = ban_message(SLOW, 2e6), ban_message(FALSE, 2e6), ban_message("", 2e6)
     assert "slower than the swarm waits for (2 Mbit/s" in slow and "--slowest-uplink" in slow
+    assert "stays banned in this run" in slow and "--identity NEW_FILE" in slow  # the same id would be refused
     assert "computes wrongly" not in slow and "tampering" not in slow
     assert "computes wrongly" in false and "swarm bench share-tolerance" in false and "Mbit/s" not in false
     assert silent.startswith("the leading head banned this peer for the run: it gave no reason.")
