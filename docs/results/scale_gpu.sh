@@ -6,7 +6,8 @@
 # adds it to the JSON (a JSON from an earlier session, copied to OUT/NAME/scale.json, is resumed).
 # Usage: bash docs/results/scale_gpu.sh PART OUT_DIR [SECONDS_PER_LAYOUT]
 # LAYOUTS=1x1,2x1 (say) runs those layouts of PART only; BATCH=512 (say) sets the sequences a step of
-# the batch and small80 parts.
+# the batch and small80 parts; REPEAT=3 (say) runs 3 rounds of them all, interleaved (--repeat: the JSON
+# then gives medians and each layout's spread between rounds).
 set -uo pipefail
 part=$1 out=$2 limit=${3:-110}
 python3 -m pip install -q --no-index --no-deps --target "$PWD/.site" .whl/*.whl 2>/dev/null
@@ -16,14 +17,15 @@ n=$(nvidia-smi -L | wc -l)
 all=$(seq -s, -f "cuda:%g" 0 $((n - 1)))
 layouts() {  # NAME LAYOUTS FLAGS...: one invocation per layout
     local name=$1 list=${LAYOUTS:-$2}; shift 2
-    for l in ${list//,/ }; do
-        timeout $((limit + 90)) python3 -m swarm.cli bench scale --layouts "$l" --resume --out "$out/$name" \
-            --layout-limit "$limit" "$@" \
-            2>&1 | grep -v "^WARNING" | grep -E "tok/s|_over_|Error|error" | grep -v "_over_1x1\|_over_2x1\|_over_3x1"
-        echo "== $name $l exit ${PIPESTATUS[0]}"
-        tail -n 4 "$out/$name/logs/$l/stage0.log" 2>/dev/null
-        # a peer of the layout still on a card would slow the next layout: say so
-        nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader | sed 's/^/still on a GPU: /'
+    for round in $(seq 1 "${REPEAT:-1}"); do  # round r of each layout (and of the one-process run) in turn
+        for l in ${list//,/ }; do
+            timeout $((limit + 90)) python3 -m swarm.cli bench scale --layouts "$l" --repeat "$round" --resume \
+                --out "$out/$name" --layout-limit "$limit" "$@" \
+                2>&1 | grep -v "^WARNING" | grep -E "tok/s|_over_|Error|error" | grep -v "_over_1x1\|_over_2x1\|_over_3x1"
+            echo "== $name $l round $round exit ${PIPESTATUS[0]}"
+            # a peer of the layout still on a card would slow the next layout: say so
+            nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader | sed 's/^/still on a GPU: /'
+        done
     done
 }
 case $part in

@@ -140,7 +140,7 @@ def _dispatch(a: argparse.Namespace) -> None:
                         devices=a.devices, device=a.device, steps=a.steps, warmup=a.warmup, bandwidth=a.bandwidth,
                         latency=a.latency, replica_sync=a.replica_sync, baseline=not a.no_baseline, resume=a.resume,
                         limit_s=a.layout_limit, smoke=a.smoke, batch_size=a.batch_size,
-                        in_flight=a.microbatches_in_flight)
+                        in_flight=a.microbatches_in_flight, repeat=a.repeat)
     elif a.which == "replicas":
         from .replicas import run_replicas_bench
         run_replicas_bench(a.out, preset_name=a.preset, steps=a.steps, device=a.device, smoke=a.smoke)

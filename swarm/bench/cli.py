@@ -358,6 +358,9 @@ def _add_scale(sub) -> None:
                    help="a head's microbatches between forward and gradient at once; bounds saved activations "
                    "(default: 0, all of its share)")
     p.add_argument("--resume", action="store_true", help="keep the layouts already in OUT/scale.json (default: off)")
+    p.add_argument("--repeat", type=int, default=1, metavar="N",
+                   help="rounds of every layout and the one-process run, interleaved; ratios take each one's median "
+                   "and the JSON says how far its rounds spread (default: 1; with --resume, more rounds add to a JSON)")
     p.add_argument("--layout-limit", type=float, metavar="SECONDS",
                    help="end a layout after this long and keep what it did, marked incomplete (default: none)")
 

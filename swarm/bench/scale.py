@@ -16,7 +16,11 @@ lists one figure a peer, stage by stage, each stage's replicas in order), and
 
     vs_one_process = tokens/s / one process's tokens/s;   vs_first = tokens/s / the first layout's.
 
-`--layout-limit` ends a layout after that many seconds with what it did so far (marked
+`--repeat N` measures every layout and the one-process run N times, in rounds (one of each per round,
+so that a drift of the machine falls on all of them alike); each ratio then takes medians, and
+`spread` gives per layout its rounds' min, max and (max - min) / median: runs of the same code on
+one GPU machine came out up to 18% apart (docs/benchmarks.md), so a change smaller than the spread
+does not show in one round. `--layout-limit` ends a layout after that many seconds with what it did so far (marked
 incomplete). Each layout's logs stay in OUT/logs/SxR. `--resume` keeps the layouts already in OUT/scale.json
 (same preset, codec, dtype, link, devices, batch and window) and runs the rest: GPU time comes in pieces.
 `--batch-size` and `--microbatches-in-flight` give every layout and the one-process run a larger step
@@ -119,74 +123,122 @@ def run_scale_bench(out_dir: str, preset_name: str = "small", layouts: str = "1x
                     dtype: str | None = None, devices: str | None = None, device: str = "cpu", steps: int = 20,
                     warmup: int = 3, bandwidth: str | None = None, latency: str = "0", replica_sync: str = "exact",
                     baseline: bool = True, resume: bool = False, limit_s: float | None = None,
-                    smoke: bool = False, batch_size: int | None = None, in_flight: int = 0) -> dict:
+                    smoke: bool = False, batch_size: int | None = None, in_flight: int = 0, repeat: int = 1) -> dict:
     """Each layout of `layouts` as a local swarm beside the whole model in one process (see the module
-    docstring); `batch_size` (sequences a step) and `in_flight` (`RunSpec.microbatches_in_flight`)
-    override the preset's."""
+    docstring), `repeat` rounds of them all, interleaved; `batch_size` (sequences a step) and `in_flight`
+    (`RunSpec.microbatches_in_flight`) override the preset's."""
     if smoke:
         preset_name, steps, warmup, layouts = "tiny", 4, 1, "1x2"
     chosen = parse_layouts(layouts)
     if warmup >= steps:
         raise ValueError(f"--warmup {warmup} leaves none of {steps} steps to time; take more --steps.")
+    if repeat < 1:
+        raise ValueError(f"--repeat {repeat} runs nothing; give 1 or more rounds.")
     used = parse_devices(devices) or [device]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "scale.json"
     config = _config(preset_name, codec, dtype, bandwidth, latency, replica_sync, used, steps, warmup, batch_size,
                      in_flight)
-    result = {"config": config, "machine": machine_info(used), "one_process": None, "runs": []}
+    result = {"config": config, "machine": machine_info(used), "one_process": None, "one_process_runs": [], "runs": []}
     if resume and path.exists():
         old = json.loads(path.read_text())
         if old.get("config") == config:
+            # a JSON written before rounds: its one-process run and its layouts are round 0
+            old.setdefault("one_process_runs", [old["one_process"]] if old.get("one_process") else [])
             result = old
-            print(f"resuming: {len(old['runs'])} layout(s) already in {path}")
+            print(f"resuming: {len(old['runs'])} layout run(s) already in {path}")
         else:
             print(f"not resuming: {path} holds another configuration; starting over")
 
     def save() -> None:
-        result["ratios"] = _ratios(result)
+        result["one_process"] = _median_run(result["one_process_runs"])
+        result["ratios"], result["spread"] = _ratios(result), _spread(result)
         path.write_text(json.dumps(result, indent=1) + "\n")
 
-    if baseline and result["one_process"] is None:
-        whole = preset(preset_name, codec=codec, dtype=dtype, stages=1, batch_size=batch_size)
-        result["one_process"] = _one_process(whole, used[0], steps - warmup, warmup)
-        print(f"one process on {used[0]}: {result['one_process']['tokens_per_second']:9.0f} tok/s", flush=True)
-        save()
-    done = {(r["stages"], r["replicas"]) for r in result["runs"]}
-    for stages, replicas in chosen:
-        if (stages, replicas) in done:
-            continue
-        spec = preset(preset_name, codec=codec, dtype=dtype, stages=stages, replica_sync=replica_sync,
-                      batch_size=batch_size, microbatches_in_flight=in_flight or None)
-        logs = out / "logs" / f"{stages}x{replicas}"
-        row = _layout_run(spec, steps, warmup, replicas, bandwidth, latency, used, logs, limit_s)
-        result["runs"].append(row)
-        save()
-        where = f"{stages} stage(s) x {replicas} replica(s) on {', '.join(row['devices'])}"
-        if row["tokens_per_second"] is None:
-            print(f"{where}: {row['steps_done']} step(s) in {limit_s:g} s, too few to time", flush=True)
-        else:
-            print(f"{where}: {row['tokens_per_second']:9.0f} tok/s, median step {row['median_step_seconds']:.3f} s, "
-                  f"slowest x{row['slowest_over_median']:.1f}" + ("" if row["completed"] else
-                                                                   f" ({row['steps_done']} steps in {limit_s:g} s)"),
-                  flush=True)
+    done = {(r["stages"], r["replicas"], r.get("round", 0)) for r in result["runs"]}
+    for rnd in range(repeat):
+        if baseline and len(result["one_process_runs"]) <= rnd:
+            whole = preset(preset_name, codec=codec, dtype=dtype, stages=1, batch_size=batch_size)
+            run = _one_process(whole, used[0], steps - warmup, warmup) | {"round": rnd}
+            result["one_process_runs"].append(run)
+            save()
+            print(f"one process on {used[0]}: {run['tokens_per_second']:9.0f} tok/s{_of(rnd, repeat)}", flush=True)
+        for stages, replicas in chosen:
+            if (stages, replicas, rnd) in done:
+                continue
+            spec = preset(preset_name, codec=codec, dtype=dtype, stages=stages, replica_sync=replica_sync,
+                          batch_size=batch_size, microbatches_in_flight=in_flight or None)
+            logs = out / "logs" / (f"{stages}x{replicas}" + (f"-{rnd}" if rnd else ""))
+            row = _layout_run(spec, steps, warmup, replicas, bandwidth, latency, used, logs, limit_s) | {"round": rnd}
+            result["runs"].append(row)
+            save()
+            _say(row, limit_s, _of(rnd, repeat))
     save()
     _plot(result, out / "scale.png")
     for k, v in result["ratios"].items():
         print(f"{k}: {v:.2f}")
+    for k, v in result["spread"].items():
+        if v["rounds"] > 1:
+            print(f"{k}: {v['rounds']} rounds, {v['min']:.0f}..{v['max']:.0f} tok/s (spread {v['spread']:.2f})")
     return result
 
 
+def _of(rnd: int, repeat: int) -> str:
+    return f" (round {rnd + 1} of {repeat})" if repeat > 1 else ""
+
+
+def _say(row: dict, limit_s: float | None, rounds: str) -> None:
+    where = f"{row['stages']} stage(s) x {row['replicas']} replica(s) on {', '.join(row['devices'])}"
+    if row["tokens_per_second"] is None:
+        print(f"{where}: {row['steps_done']} step(s) in {limit_s:g} s, too few to time{rounds}", flush=True)
+        return
+    print(f"{where}: {row['tokens_per_second']:9.0f} tok/s, median step {row['median_step_seconds']:.3f} s, "
+          f"slowest x{row['slowest_over_median']:.1f}" + ("" if row["completed"] else
+                                                           f" ({row['steps_done']} steps in {limit_s:g} s)") + rounds,
+          flush=True)
+
+
+def _median_run(runs: list[dict]) -> dict | None:
+    """The one-process figure the ratios use: the median over its rounds (the run itself with one)."""
+    if not runs:
+        return None
+    if len(runs) == 1:
+        return runs[0]
+    return {"tokens_per_second": statistics.median(r["tokens_per_second"] for r in runs), "device": runs[0]["device"],
+            "median_step_seconds": statistics.median(r["median_step_seconds"] for r in runs), "rounds": len(runs)}
+
+
+def _by_layout(result: dict) -> dict[str, list[float]]:
+    """Layout name -> its timed rounds' tokens/s, layouts in the order first run."""
+    out: dict[str, list[float]] = {}
+    for r in result["runs"]:
+        if r["tokens_per_second"]:
+            out.setdefault(f"{r['stages']}x{r['replicas']}", []).append(r["tokens_per_second"])
+    return out
+
+
 def _ratios(result: dict) -> dict[str, float]:
-    runs, base = result["runs"], result["one_process"]
+    """Each layout's median tokens/s over its rounds, against the one process's median and the first layout's."""
+    base, layouts = result["one_process"], _by_layout(result)
     out = {}
-    timed = [r for r in runs if r["tokens_per_second"]]
-    for r in timed:
-        name = f"{r['stages']}x{r['replicas']}"
+    first = next(iter(layouts), None)
+    for name, rates in layouts.items():
         if base:
-            out[f"{name}_over_one_process"] = r["tokens_per_second"] / base["tokens_per_second"]
-        out[f"{name}_over_{timed[0]['stages']}x{timed[0]['replicas']}"] = \
-            r["tokens_per_second"] / timed[0]["tokens_per_second"]
+            out[f"{name}_over_one_process"] = statistics.median(rates) / base["tokens_per_second"]
+        out[f"{name}_over_{first}"] = statistics.median(rates) / statistics.median(layouts[first])
+    return out
+
+
+def _spread(result: dict) -> dict[str, dict]:
+    """Per layout (and the one process): rounds, median, min, max and spread = (max - min) / median: how far
+    apart runs of the same code on the same machine came out, the bar a change must clear to show."""
+    rates = ({"one_process": [r["tokens_per_second"] for r in result["one_process_runs"]]}
+             if result["one_process_runs"] else {}) | _by_layout(result)
+    out = {}
+    for name, v in rates.items():
+        med = statistics.median(v)
+        out[name] = {"rounds": len(v), "median": med, "min": min(v), "max": max(v), "spread": (max(v) - min(v)) / med}
     return out
 
 
@@ -195,12 +247,15 @@ def _plot(result: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [("one process", result["one_process"]["tokens_per_second"])] if result["one_process"] else []
-    rows += [(f"{r['stages']} x {r['replicas']}\n({len(r['devices'])} dev)", r["tokens_per_second"] or 0.0)
-             for r in result["runs"]]
-    fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(rows)), 4))
-    ax.bar([n for n, _ in rows], [v for _, v in rows], color=["grey"] * bool(result["one_process"]) +
-           ["tab:blue"] * len(result["runs"]))
+    spread = result["spread"]  # bars: the median of each one's rounds; whiskers: its slowest and fastest round
+    names = (["one_process"] if "one_process" in spread else []) + \
+        list(dict.fromkeys(f"{r['stages']}x{r['replicas']}" for r in result["runs"]))
+    med = [spread[n]["median"] if n in spread else 0.0 for n in names]
+    low = [m - spread[n]["min"] if n in spread else 0.0 for n, m in zip(names, med)]
+    high = [spread[n]["max"] - m if n in spread else 0.0 for n, m in zip(names, med)]
+    fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(names)), 4))
+    ax.bar([n.replace("_", " ").replace("x", " x ") if n != "one_process" else "one process" for n in names], med,
+           yerr=[low, high], capsize=4, color=["grey" if n == "one_process" else "tab:blue" for n in names])
     ax.set_ylabel("tokens / s")
     ax.set_xlabel("stages x replicas per stage")
     c = result["config"]

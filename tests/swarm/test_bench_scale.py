@@ -91,3 +91,44 @@ def test_the_batch_and_the_window_reach_every_layout_and_the_config(tmp_path, mo
     again = run_scale_bench(str(tmp_path), batch_size=32, resume=True, **kw)
     assert len(again["runs"]) == 1 and specs[1].batch_size == 32 and specs[1].microbatches_in_flight == 0
     assert "microbatches_in_flight" not in again["config"]  # unset options stay out: old JSONs still resume
+
+
+def test_rounds_interleave_the_layouts_take_medians_and_resume_with_more_rounds(tmp_path, monkeypatch):
+    started, base = [], iter([100.0, 300.0, 200.0, 250.0])  # the one-process runs' tokens/s, round by round
+
+    class Paced(SlowSwarm):  # each swarm's steps take longer than the last one's: 10,000, 5,000, 3,333 ... tok/s
+        def __init__(self, opts) -> None:
+            super().__init__(opts)
+            started.append((opts.spec.n_stages, opts.replicas))
+            self.pace = 0.1 * len(started)
+
+        def step_events(self) -> tuple[list[dict], bool]:
+            n = min(6, int((time.time() - self.t0) / 0.01))
+            return [{"step": i + 1, "time": self.t0, "seconds": self.pace, "tokens": 1000, "loss": 5.0}
+                    for i in range(n)], n == 6
+
+        def wait_for_head(self) -> None:
+            pass
+    monkeypatch.setattr(scale, "LocalSwarm", Paced)
+    monkeypatch.setattr(scale, "_one_process", lambda *a: {"tokens_per_second": next(base), "device": "cpu",
+                                                              "median_step_seconds": 1.0})
+    kw = dict(preset_name="tiny", layouts="2x1,1x2", steps=6, warmup=2)
+    result = run_scale_bench(str(tmp_path), repeat=3, **kw)
+    assert started == [(2, 1), (1, 2)] * 3  # round by round, every layout once a round
+    assert [(r["stages"], r["replicas"], r["round"]) for r in result["runs"]] == \
+        [(2, 1, 0), (1, 2, 0), (2, 1, 1), (1, 2, 1), (2, 1, 2), (1, 2, 2)]
+    rate = {i: 1000 / (0.1 * i) for i in range(1, 8)}  # the i-th swarm's tokens/s
+    assert result["one_process"]["tokens_per_second"] == 200.0  # median of 100, 300, 200
+    assert result["ratios"]["2x1_over_one_process"] == pytest.approx(rate[3] / 200.0)  # median of swarms 1, 3, 5
+    assert result["ratios"]["1x2_over_2x1"] == pytest.approx(rate[4] / rate[3])  # of 2, 4, 6 against 1, 3, 5
+    s = result["spread"]["2x1"]
+    assert (s["rounds"], s["min"], s["max"]) == (3, pytest.approx(rate[5]), pytest.approx(rate[1]))
+    assert s["spread"] == pytest.approx((rate[1] - rate[5]) / rate[3])
+    assert result["spread"]["one_process"]["spread"] == pytest.approx((300 - 100) / 200)
+    assert (tmp_path / "scale.png").stat().st_size > 10_000
+    # one more round on top of the JSON: only round 4 runs
+    again = run_scale_bench(str(tmp_path), repeat=4, resume=True, **kw)
+    assert started[6:] == [(2, 1), (1, 2)] and len(again["runs"]) == 8 and len(again["one_process_runs"]) == 4
+    assert again["one_process"]["tokens_per_second"] == 225.0 and again["spread"]["1x2"]["rounds"] == 4
+    with pytest.raises(ValueError, match="--repeat 0 runs nothing"):
+        run_scale_bench(str(tmp_path), repeat=0, **kw)
