@@ -22,9 +22,9 @@ A head's speed is microbatches per second of its last shares (an EWMA of its sha
 the time from the leader's start to its last gradient, or to its reply), and until measured, the
 compute speed a standby head announces (`peer/calibration.py`) over a microbatch's tokens. A
 head's first share is not a measurement: it carries one-off costs (the accelerator's first kernels
-and allocations, first connections) that made a head look ~10x slower than it is, and on 4 H200s
-(`large`, 2 stages x 2 heads) a share that small kept it starved for most of a run (1.77x one
-process where the balanced split gives 3.0x).
+and allocations, first connections) that make a head look many times slower than it is; on 4 H200s
+(`large`, 2 stages x 2 heads) runs came out at the rate of one stage-0 GPU (1.8x one process, where
+an even split gave 2.9-3.0x) until it was left out (docs/benchmarks.md).
 """
 from __future__ import annotations
 
