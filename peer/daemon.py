@@ -248,10 +248,11 @@ class StageDaemon(InboundHandlers, MicrobatchForwarding):
         return self.refuse(problem.reason, sender, code=problem.code) if problem else None
 
     async def payload_rms(self, payload: WireTensors) -> float:
-        """The RMS of a payload as this stage will compute with it, worked out on the host in a thread.
-        Not on the accelerator: a copy there from the event loop waits for the compute the worker has
-        queued, and every message would stall the loop for a job's length (GPU stages idled ~30%)."""
-        return await asyncio.to_thread(lambda: NormBand.rms(self.packer.unpack(payload, self.runner.dtype)))
+        """The RMS of a payload's values, worked out on the host in a thread (widened once, straight to
+        the float64 the RMS sums in). Not on the accelerator: a copy there from the event loop waits for
+        the compute the worker has queued, and every message would stall the loop for a job's length
+        (GPU stages idled ~30%)."""
+        return await asyncio.to_thread(lambda: NormBand.rms(self.packer.unpack(payload, torch.float64)))
 
     def on_device(self, payload: WireTensors) -> torch.Tensor:
         """Worker thread: a payload as the tensor this stage computes with."""

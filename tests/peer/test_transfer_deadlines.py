@@ -17,13 +17,13 @@ from peer.stage import StageRunner
 from peer.transfer_time import TOO_SLOW, TransferWait, boundary_bytes
 from protocol.spec import preset
 from protocol.wire import KIND_ACTIVATION, KIND_REDUCE
-from tests.peer.swarm_in_memory import make_swarm, param_hash
+from tests.peer.swarm_in_memory import make_swarm, param_hash, patient_options
 from tests.peer.test_replicas import assert_close
 
 STEPS, BASE_S, TRANSFER_S = 3, 0.3, 1.0
 # a microbatch's own deadline (peer/microbatch_forward.py) is not what these tests prove: on a loaded CI machine a
 # reply can take longer than its 1 s floor, and a re-sent microbatch re-drives the step (patient_options' reason)
-PATIENT_DAEMON = dict(deadline_floor=120.0)
+PATIENT_DAEMON = patient_options()["daemon_options"]
 
 
 def metered_uplinks(bytes_per_s: dict[str, float], kind: str = KIND_REDUCE) -> type[LoopbackLink]:
