@@ -10,6 +10,8 @@ avoid it) and ends the attempt, which the driver re-drives at once. A killed pee
 refuses at once, so that takes about `failures` x `period` seconds; a machine that vanished,
 `failures` x (`period` + `timeout`). A live peer that is slow to answer needs to miss
 `failures` pings in a row before it costs a re-drive, and a re-drive costs time, never a step.
+The leading head's `timeout` is `StepDeadlines.ping` (peer/transfer_time.py): a reply may wait behind
+one activation or gradient on the peer's busy uplink.
 """
 from __future__ import annotations
 

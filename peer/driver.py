@@ -92,7 +92,8 @@ class StepDriver:
         # snapshot meanwhile (peer/rollback.py), and the driver goes on from the head's new step
         self.realign: Callable[[], Awaitable[bool]] | None = None
         # pings the swarm while microbatches are out: a peer that died holding one is seen in seconds
-        self.watch = AttemptWatch(daemon.link, directory, self.spec.run_hash, watch_period) if watch_period else None
+        self.watch = AttemptWatch(daemon.link, directory, self.spec.run_hash, watch_period,
+                                  timeout=self.deadlines.ping) if watch_period else None
         # a standby head announces its measured compute speed, not 0 (peer/calibration.py); None: it announces 0
         self.calibration = Calibration(daemon, batches, period=calibrate_period) if calibrate_period else None
         # every head computes a share of each step (peer/head_work.py): the leader splits it, the others serve

@@ -24,6 +24,8 @@ from protocol.spec import SLOWEST_UPLINK_BPS, RunSpec
 
 from .memory_estimate import estimate_stage
 
+PING_BASE_S = 2.0  # what a status ping may take on an idle link
+
 # how a reason for cutting a replica says that it was only slow (peer/reduce_watch.py): its owner is told so
 # (swarm/replicas/replica.py), not that its work was false
 TOO_SLOW = "slower than the swarm's slowest uplink"
@@ -68,6 +70,10 @@ class StepDeadlines:
         # a head's share of a step, and a spot check (it fetches a share's activations and gradients)
         self.share = TransferWait(command_timeout, floor_bps).seconds(busiest)
         self._command = TransferWait(command_timeout, floor_bps)
+        # a status ping's reply (`AttemptWatch`) may wait behind one boundary frame on the peer's busy uplink (its
+        # activations and gradients leave one at a time, swarm/net/send_order.py): at 8 Mbit/s a microbatch of dense
+        # `large` is 17 s there, and a 2 s ping would call a healthy peer dead and re-drive the step for ever
+        self.ping = TransferWait(PING_BASE_S, floor_bps).seconds(boundary_bytes(spec) if spec.n_stages > 1 else 0)
         elem = 8 if spec.dtype == "fp64" else 4  # parameters x this bounds a stage's flat gradient
         self._exact_bytes = [estimate_stage(spec, s).params * elem for s in range(spec.n_stages)]
 

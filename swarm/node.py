@@ -95,6 +95,10 @@ class PeerOptions:
     bandwidth: str | None = opt(None, "emulated home connection: uplink and downlink of this rate, each shared by "
                                 "all of this peer's traffic, e.g. 80mbit (benchmarks)")
     latency: str = opt("0", "emulated one-way latency of every frame this peer sends, e.g. 20ms (benchmarks)")
+    send_order: str = opt("fifo", "how this peer's activations and gradients share its uplink: fifo, one at a "
+                          "time in the order sent, so the next stage can start on the first while the rest "
+                          "follow; shared, all at once at a share of the rate each (to compare, in benchmarks)",
+                          choices=("fifo", "shared"))
     report: str | None = opt(None, "append JSON-lines events (steps, wire counters) here", metavar="FILE")
     trusted_key: str | None = opt(None, "only trust a run spec signed by this public key (or its fingerprint)",
                                   flag="--swarm-key", metavar="HEX")
@@ -277,7 +281,8 @@ async def run_peer(opts: PeerOptions) -> int:
         link = HomeLink.from_strings(opts.bandwidth, opts.latency) if (
             opts.bandwidth or opts.latency not in ("0", "", None)) else None
         transport = Transport(p2p, f"subspace-swarm-{spec.run_hash}", max_frame_bytes=transport_limit(spec),
-                              timeout=opts.step_timeout, link=link)
+                              timeout=opts.step_timeout, link=link,
+                              ordered_kinds=(KIND_ACTIVATION, KIND_GRADIENT) if opts.send_order == "fifo" else ())
         await DialBack().serve(transport)  # help other peers check that they can be reached
         maddrs = reach.maddrs
         router = Router(sdht, spec.run_hash, peer_id, maddrs, ttl=opts.ttl)

@@ -148,4 +148,5 @@ def _dispatch(a: argparse.Namespace) -> None:
         from .throughput import run_throughput_bench
         run_throughput_bench(a.out, preset_name=a.preset, steps=a.steps, bandwidth=a.bandwidth,
                              latency=a.latency, device=a.device, smoke=a.smoke, devices=a.devices, dtype=a.dtype,
-                             kernel_shaping=a.kernel_shaping, stages=a.stages, codecs=a.codecs)
+                             kernel_shaping=a.kernel_shaping, stages=a.stages, codecs=a.codecs,
+                             send_orders=a.send_order)

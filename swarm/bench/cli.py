@@ -46,6 +46,9 @@ def _add_throughput(sub) -> None:
     p.add_argument("--kernel-shaping", action="store_true",
                    help="also run each limited link with every process in its own network namespace and tc tbf "
                    "on its uplink and downlink (needs root; skipped with a message where not allowed) (default: off)")
+    p.add_argument("--send-order", default="fifo",
+                   help="comma-separated: how each peer's activations and gradients share its uplink (`swarm peer "
+                   "--send-order`); fifo,shared runs every swarm both ways, side by side (default: fifo)")
 
 
 def _add_convergence(sub) -> None:

@@ -29,6 +29,7 @@ from .machine import devices_used, machine_info
 from .time_to_loss import variant_of
 
 CODECS = ("dense", "subspace", "bottleneck")
+SEND_ORDERS = ("fifo", "shared")  # swarm peer --send-order
 
 
 def _process_names(spec: RunSpec) -> list[str]:
@@ -45,9 +46,10 @@ def kernel_shaping_problem() -> str | None:
 
 
 def _one_run(spec: RunSpec, steps: int, link: str | None, latency: str, shaping: str, device: str,
-             devices: str | None, variant: str | None = None) -> dict:
+             devices: str | None, variant: str | None = None, send_order: str = "fifo") -> dict:
     opts = LocalOptions(spec, steps=steps, bandwidth=link if shaping == "builtin" else None,
-                        latency=latency if link else "0", device=device, devices=devices, quiet=True)
+                        latency=latency if link else "0", device=device, devices=devices, quiet=True,
+                        extra_peer_args=["--send-order", send_order])
     kernel = None
     if shaping == "kernel":
         with KernelLinks(_process_names(spec), link) as links:
@@ -66,7 +68,7 @@ def _one_run(spec: RunSpec, steps: int, link: str | None, latency: str, shaping:
             row["uplink_busy_fraction"] = p["uplink_busy_fraction"]
         peers.append(row)
     return {"codec": spec.codec, "variant": variant or spec.codec, "rank": spec.rank, "bandwidth": link or "unlimited",
-            "shaping": shaping,
+            "shaping": shaping, "send_order": send_order,
             "latency": opts.latency, "tokens_per_second": m["tokens_per_second"],
             "forward_bytes_per_token": m["wire"]["forward_bytes_per_token"],
             "dense_forward_bytes_per_token": m["wire"]["dense_forward_bytes_per_token"],
@@ -86,19 +88,28 @@ def run_throughput_bench(out_dir: str, preset_name: str = "small", steps: int = 
                          latency: str = "0", device: str = "cpu", smoke: bool = False, devices: str | None = None,
                          dtype: str | None = None, kernel_shaping: bool = False, stages: int | None = None,
                          codecs: str | None = None, ceiling: bool = True,
-                         variants: dict[str, RunSpec] | None = None) -> dict:
+                         variants: dict[str, RunSpec] | None = None, send_orders: str = "fifo") -> dict:
     """`ceiling=False` skips each codec's unshaped run: the rooflines are then the link's alone.
     `variants` (name -> spec) replaces the preset's codecs: one swarm per variant, its rows keyed
-    by that name ("variant"), e.g. a codec at another rank."""
+    by that name ("variant"), e.g. a codec at another rank. `send_orders` ("fifo", "shared" or both,
+    comma-separated): each variant runs with each, one after the other; a variant run "shared" beside
+    "fifo" is named "<variant>/shared" (`swarm peer --send-order`)."""
     chosen = tuple(c.strip() for c in codecs.split(",")) if codecs else CODECS
     unknown = [c for c in chosen if c not in CODECS]
     if unknown:
         raise ValueError(f"--codecs takes {', '.join(CODECS)}, not {', '.join(unknown)}.")
     if smoke:
         preset_name, steps = "tiny", 3
+    orders = [o.strip() for o in send_orders.split(",")]
+    if any(o not in SEND_ORDERS for o in orders) or len(set(orders)) < len(orders):
+        raise ValueError(f"--send-order takes {' or '.join(SEND_ORDERS)}, or both comma-separated, "
+                         f"not {send_orders!r}.")
+    orders.sort(key=SEND_ORDERS.index)  # fifo first: the twin run is "<variant>/shared"
     if variants is None:  # smoke: two codecs, enough to exercise it all
         variants = {c: preset(preset_name, codec=c, dtype=dtype, stages=stages) for c in chosen[:2 if smoke else None]}
-    codecs = tuple(variants)
+    runs_of = [(name if order == orders[0] else f"{name}/{order}", spec, order)
+               for name, spec in variants.items() for order in orders]
+    codecs = tuple(name for name, _, _ in runs_of)
     bandwidths = [b.strip() for b in bandwidth.split(",")]
     for b in bandwidths:
         if parse_bandwidth(b) is None:
@@ -114,17 +125,17 @@ def run_throughput_bench(out_dir: str, preset_name: str = "small", steps: int = 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     runs = []
-    for name, spec in variants.items():
+    for name, spec, order in runs_of:
         top = float("inf")
         if ceiling:
-            base = _one_run(spec, steps, None, "0", "none", device, devices, name)
+            base = _one_run(spec, steps, None, "0", "none", device, devices, name, order)
             top = base["tokens_per_second"]
             base.update(roofline_tokens_per_second=top, of_roofline=1.0)
             runs.append(base)
             _print(base)
         for b in bandwidths:
             for shaping in shapings:
-                row = _one_run(spec, steps, b, latency, shaping, device, devices, name)
+                row = _one_run(spec, steps, b, latency, shaping, device, devices, name, order)
                 row["roofline_tokens_per_second"] = roofline(top, b, row["peers"])
                 row["of_roofline"] = row["tokens_per_second"] / row["roofline_tokens_per_second"]
                 runs.append(row)
@@ -165,7 +176,8 @@ def merge_throughput(new: dict, earlier_runs: list[dict], out: Path) -> dict:
 
 
 def throughput_ratios(runs: list[dict], codecs: tuple[str, ...], bandwidths: list[str]) -> dict[str, float]:
-    """Each variant on the first limited link over unlimited and over dense, and kernel over built-in."""
+    """Each variant on the first limited link over unlimited and over dense, kernel over built-in, and
+    sends in order over shared (a variant beside its "/shared" twin) on each limited link."""
     tps = {(variant_of(r), r["bandwidth"], r["shaping"]): r["tokens_per_second"] for r in runs}
     first = bandwidths[0]
     ratios = {f"{c}_limited_over_unlimited": tps[(c, first, "builtin")] / tps[(c, "unlimited", "none")]
@@ -175,6 +187,8 @@ def throughput_ratios(runs: list[dict], codecs: tuple[str, ...], bandwidths: lis
                        for c in codecs if c != "dense"})
     for c in codecs:
         for b in bandwidths:
+            if (c, b, "builtin") in tps and (f"{c}/shared", b, "builtin") in tps:
+                ratios[f"{c}_{b}_fifo_over_shared"] = tps[(c, b, "builtin")] / tps[(f"{c}/shared", b, "builtin")]
             if (c, b, "kernel") in tps:
                 ratios[f"{c}_{b}_kernel_over_builtin"] = tps[(c, b, "kernel")] / tps[(c, b, "builtin")]
     return ratios

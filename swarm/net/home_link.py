@@ -127,14 +127,14 @@ class HomeLink:
     def unlimited(self) -> bool:
         return self.uplink.unlimited and self.downlink.unlimited
 
-    async def send(self, nbytes: int) -> None:
+    async def send(self, nbytes: int, on_sent: Callable[[], object] | None = None) -> None:
         """Wait until a frame of `nbytes` sent now would have arrived (serialization + latency);
-        its acknowledgements come back on the downlink."""
+        its acknowledgements come back on the downlink. `on_sent()`: when its last byte has left."""
         if self.packets is None:
-            await self.uplink.transmit(nbytes)
+            await self.uplink.transmit(nbytes, on_sent)
             return
         self.downlink.occupy(self.packets.acks(nbytes))
-        await self.uplink.transmit(self.packets.on_line(nbytes))
+        await self.uplink.transmit(self.packets.on_line(nbytes), on_sent)
 
     async def receive(self, nbytes: int) -> None:
         """Wait while the downlink is still busy with frames that arrived before this one; the

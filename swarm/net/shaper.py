@@ -233,9 +233,9 @@ class LinkShaper:
             self._left[frame] = nbytes - from_burst
             self._orphans.add(frame)
 
-    async def transmit(self, nbytes: int) -> None:
+    async def transmit(self, nbytes: int, on_sent: Callable[[], object] | None = None) -> None:
         """Wait until a frame of `nbytes` sent now would have arrived: its share of the bandwidth,
-        then the latency."""
+        then the latency; `on_sent()` is called when its last byte has left, before the latency."""
         if nbytes < 0:
             raise ValueError(f"cannot transmit a negative number of bytes ({nbytes}).")
         self.bytes += nbytes
@@ -243,6 +243,8 @@ class LinkShaper:
             sent = self._clock()
         else:
             sent = await self._serialize(nbytes)
+        if on_sent is not None:
+            on_sent()
         wait = sent + self.latency_s - self._clock()
         if wait > 0.0:
             await self._sleep(wait)

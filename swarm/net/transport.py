@@ -22,6 +22,10 @@ Link emulation: with a `link` (`HomeLink`, swarm/net/shaper.py), every frame thi
 request or reply, to whichever peer, first waits on the link's one uplink (serialization and
 latency), and every frame it has read waits on its one downlink's queue before it is used:
 a home peer's connection, shared by all its traffic.
+
+Ordered kinds (`ordered_kinds`, a peer's activations and gradients): their request frames leave
+one at a time, first come first served, each as soon as the one before has left this side
+(`SendOrder`, swarm/net/send_order.py), rather than all sharing the uplink and arriving together.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ with warnings.catch_warnings():
 
 from peer.interfaces import Handler
 from swarm.net.home_link import HomeLink
+from swarm.net.send_order import SendOrder, Turn
 
 __all__ = ["Handler", "TransportError", "LinkCounter", "Transport", "REQUEST_OVERHEAD", "REPLY_OVERHEAD"]
 
@@ -107,6 +112,7 @@ class Transport:
         max_frame_bytes: int = 64 << 20,
         timeout: float = 60.0,
         link: HomeLink | None = None,
+        ordered_kinds: tuple[str, ...] = (),
     ) -> None:
         if not 0 < max_frame_bytes <= MAX_LENGTH_FIELD:
             raise ValueError(f"max_frame_bytes must be between 1 and {MAX_LENGTH_FIELD}, not {max_frame_bytes}.")
@@ -115,6 +121,8 @@ class Transport:
         self.max_frame_bytes = max_frame_bytes
         self.timeout = timeout
         self.link = link
+        self.ordered_kinds = frozenset(ordered_kinds)
+        self.send_order = SendOrder()
         self._counters: dict[tuple[str, str, str], LinkCounter] = {}
         self._served: dict[str, str] = {}  # kind -> protocol id
         self._limits: dict[str, int] = {}  # kind -> request size limit, where it is below max_frame_bytes
@@ -144,11 +152,20 @@ class Transport:
     def bytes_received(self, kind: str | None = None) -> int:
         return self._total("in", kind)
 
-    async def _shaped_write(self, writer: asyncio.StreamWriter, frame: bytes) -> None:
-        if self.link is not None:
-            await self.link.send(len(frame))
-        writer.write(frame)
-        await writer.drain()
+    async def _shaped_write(self, writer: asyncio.StreamWriter, frame: bytes, turn: Turn | None = None) -> None:
+        """Write one frame; a `turn` is given up once the frame has left (the shaper's last byte, else
+        the drain), or unmeasured if the write fails."""
+        try:
+            if self.link is not None:
+                await self.link.send(len(frame), None if turn is None else turn.release)
+            writer.write(frame)
+            await writer.drain()
+        except BaseException:
+            if turn is not None:
+                turn.release(measured=False)
+            raise
+        if turn is not None:
+            turn.release()
 
     async def _shaped_arrival(self, nbytes: int) -> None:
         if self.link is not None:
@@ -282,27 +299,36 @@ class Transport:
             ) from None
 
     async def _exchange(self, remote: PeerID, peer: str, kind: str, proto: str, body: bytes) -> bytes:
+        frame = _LENGTH.pack(len(body)) + body
+        # an ordered frame lines up before its stream opens: its place is the order it was sent in
+        turn = self.send_order.line_up(len(frame)) if kind in self.ordered_kinds else None
         try:
-            _, reader, writer = await self.p2p.call_binary_stream_handler(remote, proto)
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:
-            raise TransportError(
-                f"could not open a '{kind}' stream to {peer}: {_short(e)}.", kind=kind, peer=peer, reason="connection"
-            ) from e
-        try:
-            frame = _LENGTH.pack(len(body)) + body
             try:
-                await self._shaped_write(writer, frame)
-            except (ConnectionError, OSError) as e:
+                _, reader, writer = await self.p2p.call_binary_stream_handler(remote, proto)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
                 raise TransportError(
-                    f"the stream to {peer} broke while sending a '{kind}' request: {_short(e)}.",
-                    kind=kind, peer=peer, reason="connection",
+                    f"could not open a '{kind}' stream to {peer}: {_short(e)}.", kind=kind, peer=peer,
+                    reason="connection",
                 ) from e
-            self._count(peer, kind, "out", len(frame))
-            return await self._read_reply(reader, peer, kind)
+            try:
+                if turn is not None:
+                    await turn.wait()
+                try:
+                    await self._shaped_write(writer, frame, turn)
+                except (ConnectionError, OSError) as e:
+                    raise TransportError(
+                        f"the stream to {peer} broke while sending a '{kind}' request: {_short(e)}.",
+                        kind=kind, peer=peer, reason="connection",
+                    ) from e
+                self._count(peer, kind, "out", len(frame))
+                return await self._read_reply(reader, peer, kind)
+            finally:
+                writer.close()
         finally:
-            writer.close()
+            if turn is not None:
+                turn.release(measured=False)  # a no-op once the frame has left
 
     async def _read_reply(self, reader: asyncio.StreamReader, peer: str, kind: str) -> bytes:
         def fail(message: str, reason: str = "protocol") -> TransportError:

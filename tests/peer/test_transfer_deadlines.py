@@ -14,7 +14,7 @@ from peer.loopback import LoopbackLink
 from peer.memory_swarm import TEST_DRIVER_OPTIONS
 from peer.replica_sync import flat_limits
 from peer.stage import StageRunner
-from peer.transfer_time import TOO_SLOW, TransferWait, boundary_bytes
+from peer.transfer_time import PING_BASE_S, TOO_SLOW, StepDeadlines, TransferWait, boundary_bytes
 from protocol.spec import preset
 from protocol.wire import KIND_ACTIVATION, KIND_REDUCE
 from tests.peer.swarm_in_memory import make_swarm, param_hash, patient_options
@@ -59,6 +59,18 @@ def test_the_wait_is_the_base_plus_the_bytes_at_the_floor():
     assert wait.seconds(400 * 10**6) == pytest.approx(460.0)  # a large stage's exact contribution at 8 Mbit/s
     with pytest.raises(ValueError, match="positive rate"):
         TransferWait(60.0, 0.0)
+
+
+def test_a_status_ping_may_wait_behind_one_boundary_frame_at_the_floor():
+    """Dense `large` at 8 Mbit/s: a microbatch's activation is 16.8 MB, 16.8 s on the floor's uplink; a
+    ping's reply queued behind it on a healthy peer must not count as a miss (peer/attempt_watch.py)."""
+    spec = preset("large", codec="dense", dtype="bf16", stages=2)
+    assert boundary_bytes(spec) == 4 * 1024 * 2048 * 2
+    ping = StepDeadlines(spec, 120.0, 90.0).ping
+    assert ping == pytest.approx(PING_BASE_S + 8 * boundary_bytes(spec) / spec.slowest_uplink_bps)
+    assert 18 < ping < 19
+    assert StepDeadlines(preset("small"), 120.0, 90.0).ping < PING_BASE_S + 0.2  # 16x smaller frames: ~2 s
+    assert StepDeadlines(preset("tiny", stages=1), 120.0, 90.0).ping == PING_BASE_S  # nothing crosses a boundary
 
 
 async def test_contributions_slower_than_the_base_allowance_but_above_the_floor_are_waited_for(oracle_runs):

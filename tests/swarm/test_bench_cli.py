@@ -98,6 +98,8 @@ def test_the_documented_bench_invocations_parse():
     (["throughput", "--devices", "cuda:0,cuda:1", "--bandwidth", "8mbit,80mbit"], "throughput",
      "run_throughput_bench", {"preset_name": "small", "steps": 20, "devices": "cuda:0,cuda:1",
                               "bandwidth": "8mbit,80mbit", "latency": "0", "device": "cpu"}),
+    (["throughput", "--send-order", "fifo,shared"], "throughput", "run_throughput_bench",
+     {"send_orders": "fifo,shared", "bandwidth": "80mbit"}),
     (["convergence", "--device", "cuda"], "convergence", "run_convergence_bench",
      {"preset_name": "small", "steps": 2000, "data": "stdlib", "device": "cuda", "dtype": None}),
     (["mfu"], "mfu", "run_mfu_bench", {"preset_name": "large", "codec": "dense", "dtype": "fp32", "steps": 10,

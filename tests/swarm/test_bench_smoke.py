@@ -137,3 +137,18 @@ def _check_churn_smoke(tmp_path, written: dict) -> None:
     assert written["left_behind"] == {}
     assert written["namespace_tag"] not in subprocess.run(["ip", "netns", "list"], capture_output=True,
                                                            text=True).stdout
+
+
+def test_throughput_compares_sends_in_order_with_shared_sends_side_by_side(tmp_path):
+    """A variant beside its "/shared" twin gets a fifo-over-shared ratio per limited link; a send order
+    the peers do not know is refused before any swarm starts."""
+    from swarm.bench.throughput import throughput_ratios
+    rows = [{"variant": v, "codec": "dense", "bandwidth": b, "shaping": s, "tokens_per_second": t}
+            for v, b, s, t in [("dense", "unlimited", "none", 1000.0), ("dense", "8mbit", "builtin", 400.0),
+                               ("dense/shared", "unlimited", "none", 990.0),
+                               ("dense/shared", "8mbit", "builtin", 250.0)]]
+    ratios = throughput_ratios(rows, ("dense", "dense/shared"), ["8mbit"])
+    assert ratios["dense_8mbit_fifo_over_shared"] == pytest.approx(1.6)
+    with pytest.raises(ValueError, match="--send-order takes fifo or shared"):
+        run_throughput_bench(str(tmp_path), send_orders="fifo,lifo")
+    assert not list(tmp_path.iterdir())

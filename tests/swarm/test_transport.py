@@ -215,9 +215,9 @@ class RecordingLink(HomeLink):
         super().__init__(link.uplink, link.downlink)
         self.frames: list[tuple[str, int]] = []
 
-    async def send(self, nbytes: int) -> None:
+    async def send(self, nbytes: int, on_sent=None) -> None:
         self.frames.append(("send", nbytes))
-        await super().send(nbytes)
+        await super().send(nbytes, on_sent)
 
     async def receive(self, nbytes: int) -> None:
         self.frames.append(("receive", nbytes))
@@ -278,3 +278,34 @@ async def test_close_removes_handlers_and_ends_inflight(pair):
     assert not pair.server._inflight
     with pytest.raises(ValueError):
         pair.client.protocol_id("bad/kind")
+
+
+@pytest.mark.parametrize("ordered", [True, False])
+async def test_ordered_frames_leave_one_at_a_time_and_arrive_in_turn(pair, ordered):
+    """4 x 200 kB at 8 Mbit/s (0.2 s each): in turn, the first arrives after ~0.2 s and the others
+    follow; sharing the uplink, all four arrive together after ~0.8 s (swarm/net/send_order.py)."""
+    loop = asyncio.get_running_loop()
+    arrivals: list[tuple[float, int]] = []
+
+    async def note(body: bytes, peer: str) -> bytes:
+        arrivals.append((loop.time(), body[0]))
+        return b""
+
+    server = Transport(pair.server_p2p, "order")
+    client = Transport(pair.client_p2p, "order", link=HomeLink.from_strings("8mbit"),
+                       ordered_kinds=("mb",) if ordered else ())
+    await server.serve("mb", note)
+    try:
+        start = loop.time()
+        await asyncio.gather(*(client.request(pair.server_id, "mb", bytes([i]) * 200_000) for i in range(4)))
+    finally:
+        await client.close()
+        await server.close()
+    first, last = arrivals[0][0] - start, arrivals[-1][0] - start
+    assert last >= 0.8 - 0.01  # 800 kB through a 1 MB/s uplink either way
+    if ordered:
+        assert [i for _, i in arrivals] == [0, 1, 2, 3]
+        assert first < 0.5 * last, (first, last)  # ~0.2 s against ~0.8 s
+        assert client.send_order.rate == pytest.approx(1e6, rel=0.2)  # the link's rate, as the turns measured it
+    else:
+        assert first > 0.8 * last, (first, last)  # ~0.8 s each: the pipeline could not start early

@@ -1,0 +1,38 @@
+"""The runs behind docs/benchmarks.md "Links busy: sends in order": tokens/s against the link roofline, with
+each peer's activations and gradients sent in order (fifo, the default) and all at once (shared), side by
+side in one call (`swarm bench throughput --send-order fifo,shared`; this script adds what its flags do not
+say: `ceiling=False` for dense, whose roofline on these links is the link's alone, and the CPU part's 8
+microbatches a step).
+
+Usage (CPU):
+    python docs/results/links_busy.py tiny OUT [kernel]  # tiny dense, 2 stages, 8 microbatches, 4 Mbit/s, 20 ms
+Usage (device machine, wheels installed as in docs/results/scale_gpu.sh):
+    python docs/results/links_gpu.py large-dense OUT     # large, 2 stages on cuda:0,cuda:1, dense
+    python docs/results/links_gpu.py large-subspace OUT  # the same, subspace (its roofline is compute)
+    python docs/results/links_gpu.py small OUT           # small, 3 peers on cuda:0, subspace and bottleneck
+"""
+from __future__ import annotations
+
+import sys
+
+from protocol.spec import preset
+from swarm.bench.throughput import run_throughput_bench
+
+part, out = sys.argv[1], sys.argv[2]
+if part == "tiny":  # link-bound on a CPU: 8 microbatches of 262 kB a step, 0.5 s each at 4 Mbit/s
+    spec = preset("tiny", codec="dense", stages=2).replace(batch_size=64)
+    run_throughput_bench(f"{out}/{part}", "tiny", steps=8, bandwidth="4mbit", latency="20ms", ceiling=False,
+                         variants={"dense": spec}, send_orders="fifo,shared", kernel_shaping=sys.argv[3:] == ["kernel"])
+elif part == "large-dense":
+    spec = preset("large", codec="dense", dtype="bf16", stages=2)
+    run_throughput_bench(f"{out}/{part}", "large", steps=6, bandwidth="80mbit", latency="20ms", device="cuda",
+                         devices="cuda:0,cuda:1", ceiling=False, variants={"dense": spec}, send_orders="fifo,shared")
+elif part == "large-subspace":
+    run_throughput_bench(f"{out}/{part}", "large", steps=10, bandwidth="80mbit", latency="20ms", device="cuda",
+                         devices="cuda:0,cuda:1", dtype="bf16", stages=2, codecs="subspace",
+                         send_orders="fifo,shared")
+elif part == "small":
+    run_throughput_bench(f"{out}/{part}", "small", steps=20, bandwidth="80mbit", device="cuda", dtype="bf16",
+                         codecs="subspace,bottleneck", send_orders="fifo,shared")
+else:
+    raise SystemExit(f"unknown part {part!r}: tiny, large-dense, large-subspace or small.")
