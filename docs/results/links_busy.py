@@ -5,7 +5,8 @@ say: `ceiling=False` for dense, whose roofline on these links is the link's alon
 microbatches a step).
 
 Usage (CPU):
-    python docs/results/links_busy.py tiny OUT [kernel]  # tiny dense, 2 stages, 8 microbatches, 4 Mbit/s, 20 ms
+    python docs/results/links_busy.py tiny OUT [kernel]           # tiny dense, 2 stages, 8 microbatches, 4 Mbit/s
+    python docs/results/links_busy.py tiny-subspace OUT [kernel]  # the same, subspace (with its unshaped ceiling)
 Usage (device machine, wheels installed as in docs/results/scale_gpu.sh):
     python docs/results/links_gpu.py large-dense OUT     # large, 2 stages on cuda:0,cuda:1, dense
     python docs/results/links_gpu.py large-subspace OUT  # the same, subspace (its roofline is compute)
@@ -18,11 +19,15 @@ import sys
 from protocol.spec import preset
 from swarm.bench.throughput import run_throughput_bench
 
-part, out = sys.argv[1], sys.argv[2]
+part, out, kernel = sys.argv[1], sys.argv[2], sys.argv[3:] == ["kernel"]
 if part == "tiny":  # link-bound on a CPU: 8 microbatches of 262 kB a step, 0.5 s each at 4 Mbit/s
     spec = preset("tiny", codec="dense", stages=2).replace(batch_size=64)
     run_throughput_bench(f"{out}/{part}", "tiny", steps=8, bandwidth="4mbit", latency="20ms", ceiling=False,
-                         variants={"dense": spec}, send_orders="fifo,shared", kernel_shaping=sys.argv[3:] == ["kernel"])
+                         variants={"dense": spec}, send_orders="fifo,shared", kernel_shaping=kernel)
+elif part == "tiny-subspace":  # 33 kB frames: 67 ms on the wire, under 4 round trips of 20 ms each way
+    spec = preset("tiny", codec="subspace", stages=2).replace(batch_size=64)
+    run_throughput_bench(f"{out}/{part}", "tiny", steps=8, bandwidth="4mbit", latency="20ms",
+                         variants={"subspace": spec}, send_orders="fifo,shared", kernel_shaping=kernel)
 elif part == "large-dense":
     spec = preset("large", codec="dense", dtype="bf16", stages=2)
     run_throughput_bench(f"{out}/{part}", "large", steps=6, bandwidth="80mbit", latency="20ms", device="cuda",
@@ -35,4 +40,4 @@ elif part == "small":
     run_throughput_bench(f"{out}/{part}", "small", steps=20, bandwidth="80mbit", device="cuda", dtype="bf16",
                          codecs="subspace,bottleneck", send_orders="fifo,shared")
 else:
-    raise SystemExit(f"unknown part {part!r}: tiny, large-dense, large-subspace or small.")
+    raise SystemExit(f"unknown part {part!r}: tiny, tiny-subspace, large-dense, large-subspace or small.")

@@ -15,6 +15,16 @@ drain on a real link), not when its reply comes back: the next frame's bytes fol
 the latency of both overlaps. Other kinds (control messages, replies, replica sync) do not wait
 for a turn; they share the link as before.
 
+Where the sender cannot see its bytes leave (a real link: the local libp2p daemon takes a frame
+into its buffers long before it is on the wire, so "written" says nothing), a frame that takes the
+link longer than `HOLD_RTTS` round trips holds its turn until its reply comes back (`holds`): that
+costs one round trip per frame and is the only signal such a link gives that the bytes arrived.
+Smaller frames, whose transfer is shorter than a round trip, are let go once written: holding them
+would leave the link idle most of the time. Before anything is measured a frame holds. The round
+trip is the smallest of the recent small requests' (`note_round_trip`; `DEFAULT_RTT_S` for a peer
+that sends none), the wire rate is measured on held frames (`note_reply`: bytes / (reply time -
+round trip)).
+
 A turn is a lease: if a frame has not left within `LEASE_FACTOR` times what its size took at the
 rate measured so far (at least `LEASE_MIN_S`; `LEASE_FIRST_S` before any rate is known), the next
 frame starts anyway. A receiver that stops reading (a frozen peer, a stalled stream) then slows this
@@ -33,6 +43,11 @@ LEASE_MIN_S = 1.0
 LEASE_FIRST_S = 30.0
 LEASE_FACTOR = 4.0
 RATE_DECAY = 0.5  # weight of the older rate in the running estimate
+HOLD_RTTS = 4.0  # a frame longer on the wire than this many round trips holds its turn until its reply
+RTT_SAMPLES = 32  # the round trip is the smallest of this many recent small requests
+# the round trip taken until a small request has measured one (a peer that sends only activations or gradients
+# never does): a home-to-home round trip; too large only makes frames of up to HOLD_RTTS of it go unheld
+DEFAULT_RTT_S = 0.1
 
 
 class Turn:
@@ -72,6 +87,35 @@ class SendOrder:
         self._line: collections.deque[Turn] = collections.deque()
         self.rate: float | None = None  # bytes per second of the frames that left within their turn
         self.expired = 0  # turns handed on because their lease ran out
+        self.rtt: float | None = None  # the smallest recent round trip of a small request
+        self.wire_rate: float | None = None  # bytes per second of held frames on the wire
+        self._rtts: collections.deque[float] = collections.deque(maxlen=RTT_SAMPLES)
+
+    def note_round_trip(self, seconds: float) -> None:
+        """A small request's round trip (from its stream being open to its reply)."""
+        self._rtts.append(seconds)
+        self.rtt = min(self._rtts)
+
+    def holds(self, nbytes: int) -> bool:
+        """On a link whose departures are not seen: must a frame of `nbytes` hold its turn until its
+        reply? Yes if nbytes / wire_rate > HOLD_RTTS * rtt, or while the wire rate is unmeasured."""
+        if self.wire_rate is None:
+            return True
+        return nbytes / self.wire_rate > HOLD_RTTS * self.round_trip
+
+    @property
+    def round_trip(self) -> float:
+        """The measured round trip, else DEFAULT_RTT_S."""
+        return DEFAULT_RTT_S if self.rtt is None else self.rtt
+
+    def note_reply(self, turn: Turn) -> None:
+        """The reply to a frame that held its turn came: its time on the wire is the time since its
+        turn began less one round trip."""
+        # answered within one round trip: short on the wire (1 ms, so that it counts as fast, not unmeasured)
+        wire = max(1e-3, self._clock() - turn.started - self.round_trip)
+        if turn.nbytes > 0:
+            rate = turn.nbytes / wire
+            self.wire_rate = rate if self.wire_rate is None else RATE_DECAY * self.wire_rate + (1 - RATE_DECAY) * rate
 
     def lease_s(self, nbytes: int) -> float:
         """How long a frame of `nbytes` may hold the turn: max(lease_min_s, lease_factor * nbytes / rate)."""

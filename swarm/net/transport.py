@@ -24,8 +24,9 @@ latency), and every frame it has read waits on its one downlink's queue before i
 a home peer's connection, shared by all its traffic.
 
 Ordered kinds (`ordered_kinds`, a peer's activations and gradients): their request frames leave
-one at a time, first come first served, each as soon as the one before has left this side
-(`SendOrder`, swarm/net/send_order.py), rather than all sharing the uplink and arriving together.
+one at a time, first come first served, each as soon as the one before has left this side (the
+shaper's last byte; without a shaper's bandwidth, a link-bound frame's reply), rather than all
+sharing the uplink and arriving together (`SendOrder`, swarm/net/send_order.py).
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ REPLY_OVERHEAD = _REPLY_HEADER.size
 STATUS_OK = 0
 STATUS_ERROR = 1
 MAX_LENGTH_FIELD = 2**32 - 1
+SMALL_REQUEST_BYTES = 4096  # a request this small measures the round trip (swarm/net/send_order.py)
 
 
 class TransportError(RuntimeError):
@@ -151,6 +153,10 @@ class Transport:
 
     def bytes_received(self, kind: str | None = None) -> int:
         return self._total("in", kind)
+
+    def _departures_seen(self) -> bool:
+        """Does the built-in shaper tell when a frame's last byte has left (it models the bandwidth)?"""
+        return self.link is not None and self.link.uplink.bandwidth_bps is not None
 
     async def _shaped_write(self, writer: asyncio.StreamWriter, frame: bytes, turn: Turn | None = None) -> None:
         """Write one frame; a `turn` is given up once the frame has left (the shaper's last byte, else
@@ -313,17 +319,27 @@ class Transport:
                     reason="connection",
                 ) from e
             try:
+                opened = asyncio.get_running_loop().time()
                 if turn is not None:
                     await turn.wait()
+                # where the shaper does not say when the last byte left, a link-bound frame holds its
+                # turn until its reply (swarm/net/send_order.py)
+                held = turn is not None and not self._departures_seen() and self.send_order.holds(len(frame))
                 try:
-                    await self._shaped_write(writer, frame, turn)
+                    await self._shaped_write(writer, frame, None if held else turn)
                 except (ConnectionError, OSError) as e:
                     raise TransportError(
                         f"the stream to {peer} broke while sending a '{kind}' request: {_short(e)}.",
                         kind=kind, peer=peer, reason="connection",
                     ) from e
                 self._count(peer, kind, "out", len(frame))
-                return await self._read_reply(reader, peer, kind)
+                reply = await self._read_reply(reader, peer, kind)
+                if held:
+                    self.send_order.note_reply(turn)
+                    turn.release()
+                elif turn is None and len(frame) <= SMALL_REQUEST_BYTES:
+                    self.send_order.note_round_trip(asyncio.get_running_loop().time() - opened)
+                return reply
             finally:
                 writer.close()
         finally:

@@ -88,3 +88,48 @@ async def test_the_shaper_says_when_the_last_byte_left_before_the_latency():
     await clock.run(shaper.transmit(1_000_000, on_sent=lambda: left.append(clock.now)))
     assert left == [pytest.approx(1.0)]  # 1 MB at 1 MB/s
     assert clock.now == pytest.approx(1.1)  # and it arrives a latency later
+
+
+async def test_a_frame_holds_until_its_reply_while_it_is_longer_on_the_wire_than_four_round_trips():
+    now = [0.0]
+    order = SendOrder(clock=lambda: now[0])
+    assert order.holds(10)  # nothing measured: hold
+    for rtt in (0.3, 0.05, 0.2):
+        order.note_round_trip(rtt)
+    assert order.rtt == pytest.approx(0.05)  # the smallest recent one
+    turn = order.line_up(10**6)
+    await turn.wait()
+    now[0] = 1.05  # its reply: 1 s on the wire plus the round trip
+    order.note_reply(turn)
+    turn.release()
+    assert order.wire_rate == pytest.approx(1e6)
+    assert order.holds(250_000)  # 0.25 s on the wire > 4 x 0.05 s
+    assert not order.holds(150_000)  # 0.15 s < 0.2 s: let go once written
+
+
+async def test_a_peer_that_measured_no_round_trip_takes_a_home_round_trip():
+    """A stage that sends only gradients sends no small request to time: without the default it would
+    take the round trip as 0 and hold every frame, however short, until its reply."""
+    from swarm.net.send_order import DEFAULT_RTT_S, HOLD_RTTS
+    now = [0.0]
+    order = SendOrder(clock=lambda: now[0])
+    turn = order.line_up(33_000)
+    await turn.wait()
+    now[0] = DEFAULT_RTT_S + 0.067  # a 33 kB frame at 4 Mbit/s and its reply
+    order.note_reply(turn)
+    turn.release()
+    assert order.rtt is None and order.wire_rate == pytest.approx(33_000 / 0.067)
+    assert not order.holds(33_000)  # 67 ms on the wire < 4 home round trips
+    assert order.holds(int(order.wire_rate * HOLD_RTTS * DEFAULT_RTT_S) + 1000)
+
+
+async def test_a_frame_answered_within_a_round_trip_is_short_on_the_wire():
+    now = [0.0]
+    order = SendOrder(clock=lambda: now[0])
+    turn = order.line_up(100_000)
+    await turn.wait()
+    now[0] = 0.004  # a fast local link, under the default round trip
+    order.note_reply(turn)
+    turn.release()
+    assert order.wire_rate == pytest.approx(100_000 / 1e-3)
+    assert not order.holds(100_000)

@@ -309,3 +309,47 @@ async def test_ordered_frames_leave_one_at_a_time_and_arrive_in_turn(pair, order
         assert client.send_order.rate == pytest.approx(1e6, rel=0.2)  # the link's rate, as the turns measured it
     else:
         assert first > 0.8 * last, (first, last)  # ~0.8 s each: the pipeline could not start early
+
+
+async def test_on_a_link_whose_departures_are_unseen_a_link_bound_frame_holds_its_turn_until_its_reply(pair):
+    """No shaper says when the last byte left (a real link: p2pd buffers the frame), so an ordered frame
+    holds its turn until its reply while it is measured to be longer on the wire than 4 round trips;
+    a shorter one is let go once written (swarm/net/send_order.py)."""
+    loop = asyncio.get_running_loop()
+    arrived: list[int] = []
+    first_reply = asyncio.Event()
+
+    async def note(body: bytes, peer: str) -> bytes:
+        arrived.append(body[0])
+        if body[0] == 0:
+            await first_reply.wait()
+        return b""
+
+    async def until(condition, what: str) -> None:
+        deadline = loop.time() + 10
+        while not condition():
+            assert loop.time() < deadline, what
+            await asyncio.sleep(0.01)
+
+    server = Transport(pair.server_p2p, "held")
+    client = Transport(pair.client_p2p, "held", ordered_kinds=("mb",))
+    await server.serve("mb", note)
+    try:
+        # nothing measured yet: frame 0 holds the turn while its reply is withheld, frame 1 waits in line
+        sends = [asyncio.create_task(client.request(pair.server_id, "mb", bytes([i]) * 50_000)) for i in range(2)]
+        await until(lambda: arrived == [0] and client.send_order.queued == 1, "frame 0 in, frame 1 in line")
+        first_reply.set()
+        await asyncio.wait_for(asyncio.gather(*sends), 10)
+        assert arrived == [0, 1] and client.send_order.wire_rate is not None
+        # measured as shorter on the wire than 4 round trips: the next frames go out without waiting for replies
+        client.send_order.wire_rate, client.send_order.rtt = 1e12, 0.05
+        first_reply.clear()
+        arrived.clear()
+        sends = [asyncio.create_task(client.request(pair.server_id, "mb", bytes([i]) * 50_000)) for i in range(2)]
+        await until(lambda: sorted(arrived) == [0, 1], "frame 1 in while frame 0's reply is withheld")
+        first_reply.set()
+        await asyncio.wait_for(asyncio.gather(*sends), 10)
+    finally:
+        first_reply.set()
+        await client.close()
+        await server.close()
