@@ -16,7 +16,7 @@ from peer.state_transfer import load_state_bytes
 from peer.vouched_state import VouchedStates
 from protocol.wire import KIND_STATE
 from swarm.replicas.hostile_donor import serve_bad_state
-from tests.peer.swarm_in_memory import make_swarm
+from tests.peer.swarm_in_memory import make_swarm, patient_options
 from tests.peer.test_replicas import assert_close, spec_for
 
 STEPS = 11  # odd: the last step is a hashed one (every 2nd here)
@@ -72,7 +72,8 @@ async def test_a_joiner_refuses_a_noisy_donor_and_its_state_is_the_swarms_after_
 
 async def test_a_replica_whose_state_goes_astray_is_found_odd_and_taken_out():
     spec = spec_for("subspace", "fp64")
-    swarm = await make_swarm(spec, [1, 3])
+    # patient: on a loaded machine a slow honest replica missing a microbatch deadline would be taken out too
+    swarm = await make_swarm(spec, [1, 3], **patient_options())
     head = swarm.peers["s0r0"]
     taken_out: list[tuple[str, bool, int]] = []  # (peer, as a bad-data peer, steps logged then)
     head.directory.report_failure = lambda peer, bad_data=False: taken_out.append((peer, bad_data, len(swarm.logs)))
