@@ -160,16 +160,11 @@ class Transport:
 
     async def _shaped_write(self, writer: asyncio.StreamWriter, frame: bytes, turn: Turn | None = None) -> None:
         """Write one frame; a `turn` is given up once the frame has left (the shaper's last byte, else
-        the drain), or unmeasured if the write fails."""
-        try:
-            if self.link is not None:
-                await self.link.send(len(frame), None if turn is None else turn.release)
-            writer.write(frame)
-            await writer.drain()
-        except BaseException:
-            if turn is not None:
-                turn.release(measured=False)
-            raise
+        the drain). A failed write's turn is given up, unmeasured, by `_exchange`."""
+        if self.link is not None:
+            await self.link.send(len(frame), None if turn is None else turn.release)
+        writer.write(frame)
+        await writer.drain()
         if turn is not None:
             turn.release()
 
