@@ -77,6 +77,8 @@ from .transfer_time import TransferWait
 
 log = logging.getLogger(__name__)
 
+APPLIED_MEANWHILE = "applied already."  # an apply that found its step taken by other means (a forwarded step)
+
 
 class StepCommit:
     def __init__(self, daemon: StageDaemon, *, reduce_timeout: float = 60.0, probe_period: float = 1.0,
@@ -329,7 +331,10 @@ class StepCommit:
         await self.hasher.wait()  # the step changes the state the last hash reads
         if cmd.step < self.runner.step:
             return self._reply(cmd, "ok")  # a repeat of this apply got here first while the hash ran
-        stats, record, due = await d.run_step(self._apply_job, cmd.step, cmd.attempt, cmd.skip)
+        done = await d.run_step(self._apply_job, cmd.step, cmd.attempt, cmd.skip)
+        if isinstance(done, str):  # the worker found the step applied meanwhile, or the sum gone
+            return self._reply(cmd, "ok" if done == APPLIED_MEANWHILE else "failed", done)
+        stats, record, due = done
         if due is not None:  # hashed on a thread from now on; the next microbatches need not wait for it
             self.hasher.start(*due)
         self.records.append(record)
@@ -354,6 +359,13 @@ class StepCommit:
         return CommandReply(cmd.step, cmd.attempt, "ok", [], reduced.contributors, state=state)
 
     def _apply_job(self, step: int, attempt: int, skip: bool):
+        # checked again on the worker: between the check in `_apply` and this job, a forwarded step
+        # (peer/state_transfer.py) or an abort queued ahead of it may have taken the step or the sum
+        if self.runner.step > step:
+            return APPLIED_MEANWHILE
+        r = self.runner.reduced
+        if r is None or (r.step, r.attempt) != (step, attempt):
+            return "no reduced gradient is held for this attempt."
         if self.forwarder.followers and self.runner.reduced.grads is None and not skip:  # a joiner needs it in full
             _, flat, stat = self.runner.contribution(False, False)
             # a copy: on the CPU the statistic is the step's accumulator itself, which the step zeroes

@@ -1,6 +1,6 @@
 """Boundary codecs: how a stage's output becomes a few numbers per token, and back.
 
-One interface, three codecs. The sending stage owns a `BoundaryEncoder`
+One interface, three codecs (and the subspace codec's hybrid). The sending stage owns a `BoundaryEncoder`
 (activation h [B,T,d] -> boundary tensor z [B,T,w]); the receiving stage owns a
 `BoundaryDecoder` (z -> h). Both are differentiable modules, so the backward gradient
 that travels is dL/dz, of the same small width w as the forward payload:
@@ -10,6 +10,10 @@ that travels is dL/dz, of the same small width w as the forward payload:
               h - T_fixed[tok] lies in span(U), and then dL/dz = g U is the exact
               projected gradient (docs/algorithms.md 1.3-1.4).
 - bottleneck: z = Enc(h) + h[..., :b]; h = Dec(z) + pad(z) (docs/algorithms.md 2), lossy, trained.
+- hybrid (subspace with `residual_width` b > 0): with r = h - T_fixed[tok] and r_perp = r - U U^T r,
+              z = [r U, Enc(r_perp)] (w = k + b); h = T_fixed[tok] + U z_k + (I - U U^T) Dec(z_b).
+              The k coordinates are exact (U^T of the rebuilt h is z_k), the b are a trained, lossy
+              summary of what the stage wrote outside span(U): its stages are free.
 
 Under any codec a `WirePacker` turns z (or dL/dz) into wire tensors: fp32, bf16 or fp64,
 optionally int8 with one absmax scale per token stacked under it.
@@ -103,7 +107,34 @@ class BottleneckDecoder(BoundaryDecoder):
         return self.dec(z)
 
 
+class HybridEncoder(_BasisHolder, BoundaryEncoder):
+    def __init__(self, basis: SubspaceBasis, b: int) -> None:
+        super().__init__(basis)
+        self.width = basis.rank + b
+        self.enc = ResBMEncoder(basis.U.shape[0], b)
+
+    def forward(self, h: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        r = h - self.T_fixed[tokens]
+        c = r @ self.U
+        return torch.cat([c, self.enc(r - c @ self.U.T)], dim=-1)
+
+
+class HybridDecoder(_BasisHolder, BoundaryDecoder):
+    def __init__(self, basis: SubspaceBasis, b: int) -> None:
+        super().__init__(basis)
+        self.width = basis.rank + b
+        self.dec = ResBMDecoder(basis.U.shape[0], b)
+
+    def forward(self, z: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        k = self.U.shape[1]
+        e = self.dec(z[..., k:])
+        return self.T_fixed[tokens] + z[..., :k] @ self.U.T + (e - (e @ self.U) @ self.U.T)
+
+
 def make_encoder(spec: RunSpec, basis: SubspaceBasis | None) -> BoundaryEncoder:
+    if spec.hybrid:
+        assert basis is not None, "the hybrid codec needs a basis"
+        return HybridEncoder(basis, spec.residual_width)
     if spec.codec == "subspace":
         assert basis is not None, "the subspace codec needs a basis"
         return SubspaceEncoder(basis)
@@ -113,6 +144,9 @@ def make_encoder(spec: RunSpec, basis: SubspaceBasis | None) -> BoundaryEncoder:
 
 
 def make_decoder(spec: RunSpec, basis: SubspaceBasis | None) -> BoundaryDecoder:
+    if spec.hybrid:
+        assert basis is not None, "the hybrid codec needs a basis"
+        return HybridDecoder(basis, spec.residual_width)
     if spec.codec == "subspace":
         assert basis is not None, "the subspace codec needs a basis"
         return SubspaceDecoder(basis)

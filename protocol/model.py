@@ -5,7 +5,8 @@ bit-identical initial weights without seeing the others. With the subspace codec
 layer that writes into the residual stream of a non-last stage (attention output, MLP down
 projection, the trainable embedding T_S) keeps its output side inside span(U), either by
 the optimizer ("project", docs/algorithms.md 1.5a) or by construction ("reparam", 1.5c).
-The last stage (its blocks, final norm and LM head) is free (1.2 rule 2). With
+The last stage (its blocks, final norm and LM head) is free (1.2 rule 2); so is every stage of the
+hybrid (`residual_width` > 0), whose boundary adds a bottleneck of what leaves span(U). With
 `embed_split = "per_stage"` every stage also adds its own trainable token table on entry and
 takes it off before its encoder, so the boundary stays exact (docs/algorithms.md 1.3).
 
@@ -32,7 +33,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from .bottleneck import RMSNorm, zero_init_outputs
-from .codecs import BottleneckDecoder, BottleneckEncoder, make_decoder, make_encoder
+from .codecs import BottleneckDecoder, BottleneckEncoder, HybridDecoder, HybridEncoder, make_decoder, make_encoder
 from .spec import COMPUTE_DTYPES, RunSpec
 from .subspace import SubspaceBasis, make_basis, project_cols, project_rows
 
@@ -157,7 +158,8 @@ class Block(nn.Module):
 
 
 class SubspaceEmbedding(nn.Module):
-    """E = T_fixed + T_S with the rows of T_S in span(U) (stored as T_S, or as E' with T_S = E' U^T)."""
+    """E = T_fixed + T_S with the rows of T_S in span(U) (stored as T_S, or as E' with T_S = E' U^T), or
+    (mode "free", the hybrid's) with T_S anywhere."""
 
     def __init__(self, basis: SubspaceBasis, mode: str) -> None:
         super().__init__()
@@ -170,7 +172,8 @@ class SubspaceEmbedding(nn.Module):
 
     def init_from(self, T: torch.Tensor) -> None:
         with torch.no_grad():
-            self.weight.copy_(T @ self.U if self.mode == "reparam" else project_rows(T, self.U))
+            self.weight.copy_(T @ self.U if self.mode == "reparam" else T if self.mode == "free"
+                              else project_rows(T, self.U))
 
     def trainable_table(self) -> torch.Tensor:
         return self.weight @ self.U.T if self.mode == "reparam" else self.weight
@@ -182,7 +185,7 @@ class SubspaceEmbedding(nn.Module):
 
     def switch_basis(self, U_new: torch.Tensor, reproject: bool = True) -> None:
         with torch.no_grad():
-            if not reproject:
+            if not reproject or self.mode == "free":
                 pass
             elif self.mode == "reparam":
                 self.weight.copy_(self.weight @ (self.U.T @ U_new))
@@ -207,9 +210,11 @@ class StageModule(nn.Module):
         if spec.codec == "subspace" and basis is None:
             basis = spec_basis(spec)
         self.basis_version = basis.version if basis is not None else 0
-        U = basis.U if (basis is not None and not self.is_last) else None
+        # the hybrid's stages are free: what they write outside span(U) crosses by its bottleneck
+        U = basis.U if (basis is not None and not self.is_last and not spec.hybrid) else None
         if self.is_first:
-            self.embed = SubspaceEmbedding(basis, spec.subspace_mode) if spec.codec == "subspace" \
+            mode = "free" if spec.hybrid else spec.subspace_mode
+            self.embed = SubspaceEmbedding(basis, mode) if spec.codec == "subspace" \
                 else nn.Embedding(spec.vocab, spec.d_model)
         else:
             self.decoder = make_decoder(spec, basis)
@@ -248,7 +253,7 @@ class StageModule(nn.Module):
                 with torch.no_grad():
                     mod.weight.copy_(normal(mod.weight.shape, s))
         for mod in self.modules():
-            if isinstance(mod, (BottleneckEncoder, BottleneckDecoder)):
+            if isinstance(mod, (BottleneckEncoder, BottleneckDecoder, HybridEncoder, HybridDecoder)):
                 zero_init_outputs(getattr(mod, "enc", None), getattr(mod, "dec", None))
 
     # -------- pieces, so the reference can also run the stages without any boundary
@@ -322,7 +327,7 @@ class StageModule(nn.Module):
         for name, mod in self.named_modules():
             if isinstance(mod, SubspaceLinear):
                 out.append((name, mod.effective_weight(), False))
-            elif isinstance(mod, SubspaceEmbedding):
+            elif isinstance(mod, SubspaceEmbedding) and mod.mode != "free":
                 out.append((name, mod.trainable_table(), True))
         return out
 

@@ -42,6 +42,7 @@ SUBSPACE_OPTIONS: dict[str, float] = {"constrained_lr_scale": 1.0, "constrained_
 # 80 Mbit/s the design targets
 SLOWEST_UPLINK_BPS = 8e6
 HASH_NEUTRAL_DEFAULTS: dict[str, Any] = {**SUBSPACE_OPTIONS, "microbatches_in_flight": 0, "replica_sync_warmup": 0,
+                                         "residual_width": 0,
                                          "slowest_uplink_bps": SLOWEST_UPLINK_BPS}
 # The subspace codec's stage lr in the presets (`preset`; docs/fidelity.md 3d-3g, 5): its stages before the last
 # at 0.03 x the lr took the gap to dense at 16x from +18.0% to +6.7% at d=512 (two seeds) and from +16.3% to
@@ -70,6 +71,10 @@ class RunSpec:
     # boundary compression
     codec: str = "subspace"
     rank: int = 16  # k for subspace, b for bottleneck; ignored by dense
+    # the hybrid (issue 24 item 2): a subspace run that also sends b numbers per token of a learned
+    # bottleneck of the residual's part outside span(U); its stages are then free (no weight is kept in
+    # span(U)), the k coordinates stay exact and the b are lossy (protocol/codecs.py). 0 = off
+    residual_width: int = 0
     wire_dtype: str = "fp32"
     quant: str = "none"
     subspace_mode: str = "project"  # docs/algorithms.md 1.5(a) "project" or 1.5(c) "reparam"
@@ -132,7 +137,8 @@ class RunSpec:
         object.__setattr__(self, "betas", tuple(float(x) for x in self.betas))
         for name in (*SUBSPACE_OPTIONS, "slowest_uplink_bps"):  # 2 and 2.0 must hash alike
             object.__setattr__(self, name, float(getattr(self, name)))
-        for name in ("microbatches_in_flight", "replica_sync_warmup"):  # counts, whatever a spec file wrote
+        # counts, whatever a spec file wrote
+        for name in ("microbatches_in_flight", "replica_sync_warmup", "residual_width"):
             object.__setattr__(self, name, int(getattr(self, name)))
         self.validate()
 
@@ -169,7 +175,12 @@ class RunSpec:
     @property
     def boundary_width(self) -> int:
         """Numbers per token that cross a stage boundary (before wire dtype)."""
-        return self.d_model if self.codec == "dense" else self.rank
+        return self.d_model if self.codec == "dense" else self.rank + self.residual_width
+
+    @property
+    def hybrid(self) -> bool:
+        """A subspace run with a bottleneck of the residual beside its k exact coordinates: free stages."""
+        return self.codec == "subspace" and self.residual_width > 0
 
     def layer_range(self, stage: int) -> range:
         if not 0 <= stage < self.n_stages:
@@ -206,6 +217,18 @@ class RunSpec:
              f"stage_layers {list(self.stage_layers)} must add up to n_layers {self.n_layers}.")
         if self.codec != "dense":
             need(1 <= self.rank <= self.d_model, f"rank must be in 1..d_model ({self.d_model}), not {self.rank}.")
+        need(self.residual_width >= 0, f"residual_width must be 0 (off) or a number of values per token, not "
+             f"{self.residual_width}.")
+        if self.residual_width:
+            need(self.codec == "subspace", f"residual_width is the subspace codec's hybrid; leave it at 0 with codec "
+                 f"{self.codec!r} (the bottleneck codec's width is rank).")
+            need(self.rank + self.residual_width <= self.d_model, f"rank + residual_width must be at most d_model "
+                 f"({self.d_model}), not {self.rank} + {self.residual_width}.")
+            need(not self.basis_updates, "the hybrid (residual_width > 0) keeps U fixed: set basis_updates false "
+                 "(a re-fit's statistic is of the k exact coordinates only).")
+            need(self.subspace_mode == "project" and self.embed_split == "subspace",
+                 "the hybrid (residual_width > 0) has free stages: use subspace_mode \"project\" and embed_split "
+                 "\"subspace\".")
         need(self.microbatch_size >= 1 and self.batch_size >= self.microbatch_size
              and self.batch_size % self.microbatch_size == 0,
              "batch_size must be a positive multiple of microbatch_size.")
@@ -278,10 +301,10 @@ class RunSpec:
 
     def with_codec(self, codec: str, **changes: Any) -> RunSpec:
         """This run with another codec: switching away from the subspace codec puts its own options
-        (the lr multipliers, T_fixed's scale, the embedding split) back at their defaults, since the
-        other codecs refuse them; `changes` apply on top."""
+        (the lr multipliers, T_fixed's scale, the embedding split, the hybrid's residual width) back at
+        their defaults, since the other codecs refuse them; `changes` apply on top."""
         if codec != "subspace":
-            changes = {**SUBSPACE_OPTIONS, "embed_split": "subspace", **changes}
+            changes = {**SUBSPACE_OPTIONS, "embed_split": "subspace", "residual_width": 0, **changes}
         return self.replace(codec=codec, **changes)
 
     def save(self, path: str | Path) -> None:
@@ -373,7 +396,8 @@ def split_layers(n_layers: int, n_stages: int) -> tuple[int, ...]:
 def preset(name: str, **overrides: Any) -> RunSpec:
     """A named preset with overrides; `stages=N` re-cuts the layers into N stages. A subspace run of
     d_model >= `STAGE_LR_FROM_WIDTH` with more than one stage trains its stages before the last at
-    `STAGE_LR_SCALE` x the lr unless `constrained_stage_lr_scale` is given (1.0 is the published method)."""
+    `STAGE_LR_SCALE` x the lr unless `constrained_stage_lr_scale` is given (1.0 is the published method).
+    A hybrid (`residual_width` > 0) keeps U fixed unless `basis_updates` is given."""
     if name not in PRESETS:
         raise SpecError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}.")
     fields = dict(PRESETS[name])
@@ -387,4 +411,6 @@ def preset(name: str, **overrides: Any) -> RunSpec:
             and fields.get("d_model", RunSpec.d_model) >= STAGE_LR_FROM_WIDTH
             and len(fields.get("stage_layers", RunSpec.stage_layers)) > 1):
         fields["constrained_stage_lr_scale"] = STAGE_LR_SCALE
+    if fields.get("residual_width") and "basis_updates" not in fields:
+        fields["basis_updates"] = False  # the hybrid keeps U fixed
     return RunSpec(**fields)

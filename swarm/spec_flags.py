@@ -28,6 +28,10 @@ def add_spec_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--codec", choices=list(CODECS),
                    help="boundary compression (default: subspace)")
     g.add_argument("--rank", type=int, help="subspace rank k or bottleneck width b")
+    g.add_argument("--residual-width", type=int, metavar="B",
+                   help="subspace: the hybrid (issue 24): also send B numbers a token, a trained bottleneck of what "
+                   "the stages write outside span(U); its stages are free and U stays fixed; lossy in those B, exact "
+                   "in the k (docs/fidelity.md) (default: 0, off)")
     g.add_argument("--wire-dtype", choices=["fp32", "bf16"], help="dtype of numbers on the wire")
     g.add_argument("--quant", choices=["none", "int8"], help="int8 quantization under the codec")
     g.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
@@ -65,6 +69,7 @@ def spec_notes(spec: RunSpec) -> str:
     such as the stage lr of a subspace run from d=512 up, is not a surprise)."""
     notes = [f"stages before the last at {spec.constrained_stage_lr_scale:g} x the lr"
              if spec.constrained_stage_lr_scale != 1.0 else "",
+             f"hybrid: {spec.residual_width} bottleneck numbers a token beside the k exact" if spec.hybrid else "",
              f"{spec.microbatches_in_flight} microbatches in flight a head" if spec.microbatches_in_flight else "",
              f"{spec.replica_sync_warmup} exact sync steps first" if spec.replica_sync_warmup else "",
              f"waits for uplinks down to {spec.slowest_uplink_bps / 1e6:g} Mbit/s"
@@ -95,7 +100,8 @@ def spec_from_args(a: argparse.Namespace) -> RunSpec:
     # --dtype auto: judged by the peers' device (swarm local), else by this machine's own GPU (coordinator)
     device = (getattr(a, "devices", None) or "").split(",")[0].strip() or getattr(a, "device", None) \
         or ("cuda" if torch.cuda.is_available() else "cpu")
-    return preset(a.preset, stages=a.stages, codec=a.codec, rank=a.rank, wire_dtype=a.wire_dtype, quant=a.quant,
+    return preset(a.preset, stages=a.stages, codec=a.codec, rank=a.rank, residual_width=a.residual_width,
+                  wire_dtype=a.wire_dtype, quant=a.quant,
                   basis_interval=a.basis_interval, seed=a.seed, dtype=resolve_dtype(a.dtype, device),
                   replica_sync=a.replica_sync, replica_sync_rank=a.replica_sync_rank,
                   replica_sync_warmup=a.replica_sync_warmup,

@@ -157,7 +157,7 @@ def _add_fidelity(sub) -> None:
                    help="gpu (bf16, the small shape, ~10 min of 4 H100s) or cpu (d=128, the reduced size of the "
                    "CPU results) (default: gpu)")
     p.add_argument("--groups", help="comma-separated job groups: scale,headline,frontier,seeds,lr,optimizer,embed,"
-                   "layers,refit (default: these), and gap,gap-seed1 (why the constrained layers add nothing: "
+                   "layers,refit,hybrid (default: these), and gap,gap-seed1 (why the constrained layers add nothing: "
                    "one boundary, full-width boundaries, lr of the constrained stages; seed 0 / seed 1)")
     p.add_argument("--parallel", type=int, default=1,
                    help="GPUs to use, cuda:0..N-1 (on a CPU: worker processes) (default: 1)")

@@ -13,6 +13,9 @@ Groups (docs/fidelity.md reads them in this order):
 - `lr`, `optimizer`, `embed`, `layers`, `refit`: one cause at a time against the subspace
   baseline of the same plan (its lr, second-moment scaling, embedding split, number of
   constrained layers, re-fit statistic / interval / step).
+- `hybrid`: issue 24's hybrid codec at the plan's numbers per token (3/4 exact subspace coordinates,
+  1/4 a trained bottleneck of the rest; free stages), with and without the stage lr x0.03, beside
+  the subspace codec with it and dense (docs/fidelity.md 3h).
 - `gap`, `gap-seed1`, `gap-seed2` (not in the default plan: `--groups gap,gap-seed1`): why the
   constrained layers add nothing (docs/fidelity.md 3d), each with its own dense and subspace
   references of seed 0 / 1: one compressed boundary instead of two, the constraint with
@@ -32,7 +35,7 @@ from protocol.spec import RunSpec, preset
 
 from .fidelity_train import Job
 
-GROUPS = ("scale", "headline", "frontier", "seeds", "lr", "optimizer", "embed", "layers", "refit")
+GROUPS = ("scale", "headline", "frontier", "seeds", "lr", "optimizer", "embed", "layers", "refit", "hybrid")
 GAP_GROUPS = ("gap", "gap-seed1", "gap-seed2")  # asked for by name; each compared with its own references
 ALL_GROUPS = GROUPS + GAP_GROUPS
 
@@ -176,6 +179,21 @@ def refit_jobs(s: PlanShape, priority: int = 3) -> list[Job]:
     return out
 
 
+def hybrid_jobs(s: PlanShape, priority: int = 3) -> list[Job]:
+    """Issue 24's hybrid at the plan's numbers per token (k = d/16 in all): 3/4 of them exact subspace
+    coordinates, 1/4 a trained bottleneck of what the (free) stages write outside span(U), with and without
+    the stage lr x0.03, beside the subspace codec with it (its default from d=512 up) and dense."""
+    low = dict(constrained_stage_lr_scale=0.03)
+    k = s.base.rank - max(1, s.base.rank // 4)
+    b = s.base.rank - k
+    return [_job("dense", "hybrid", dense(s.base), priority),
+            _job(f"subspace k={s.base.rank}, stages lr x0.03", "hybrid", s.base.replace(**low), priority),
+            _job(f"hybrid k={k} b={b}", "hybrid", s.base.replace(rank=k, residual_width=b), priority,
+                 "free stages; b numbers a token of a trained bottleneck beside the k exact"),
+            _job(f"hybrid k={k} b={b}, stages lr x0.03", "hybrid", s.base.replace(rank=k, residual_width=b, **low),
+                 priority, "free stages; b numbers a token of a trained bottleneck beside the k exact")]
+
+
 def gap_jobs(s: PlanShape, seed: int, group: str, priority: int = 2) -> list[Job]:
     """Why the constrained layers add nothing, at one seed: the references (dense, the baseline, the
     dense floor of the free last stage), then one cause each. The subspace codec is exact, so a
@@ -253,7 +271,8 @@ def jobs_for(plan: str, groups: tuple[str, ...] = GROUPS, best: dict | None = No
     make = {"scale": scale_jobs, "frontier": frontier_jobs, "seeds": seed_jobs, "lr": lr_jobs,
             "optimizer": optimizer_jobs, "embed": embed_jobs, "layers": layer_jobs, "refit": refit_jobs,
             "headline": lambda s: headline_jobs(s, best), "gap": lambda s: gap_jobs(s, 0, "gap", 2),
-            "gap-seed1": lambda s: gap_jobs(s, 1, "gap-seed1", 3), "gap-seed2": gap_third_seed_jobs}
+            "gap-seed1": lambda s: gap_jobs(s, 1, "gap-seed1", 3), "gap-seed2": gap_third_seed_jobs,
+            "hybrid": hybrid_jobs}
     unknown = sorted(set(groups) - set(make))
     if unknown:
         raise ValueError(f"unknown groups {', '.join(unknown)}; choose among {', '.join(ALL_GROUPS)}.")

@@ -47,6 +47,10 @@ def check_hf_exportable(spec: RunSpec) -> None:
         raise ExportError("a bottleneck run cannot be exported to Hugging Face: its boundaries are trained "
                           "encoder/decoder networks that LlamaForCausalLM has no place for; export it with "
                           "--format native (swarm eval and swarm generate load that).")
+    if spec.hybrid:
+        raise ExportError("a hybrid run (residual_width > 0) cannot be exported to Hugging Face: each boundary has "
+                          "a trained bottleneck that LlamaForCausalLM has no place for; export it with --format "
+                          "native (swarm eval and swarm generate load that).")
     if spec.embed_split != "subspace":
         raise ExportError(f"a run with embed_split {spec.embed_split!r} cannot be exported to Hugging Face: each "
                           "stage adds its own token table to the residual stream, which LlamaForCausalLM has no "

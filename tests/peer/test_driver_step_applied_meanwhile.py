@@ -4,8 +4,11 @@ own: it neither re-drives a step the swarm is past nor reports another step's re
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
+from peer.reduced import Reduced
+from protocol.control import Command
 from protocol.spec import preset
 from tests.peer.swarm_in_memory import make_swarm, param_hash
 
@@ -39,5 +42,33 @@ async def test_a_step_forwarded_to_a_joined_head_while_it_starts_driving_is_not_
         assert late.commit.records == [] and late.runner.step == donor.runner.step == 3
         assert param_hash(late.runner) == param_hash(donor.runner)
         assert [log.step for log in swarm.logs] == [1, 2, 3]
+    finally:
+        await swarm.stop()
+
+
+async def test_an_apply_that_finds_its_step_taken_by_a_forwarded_one_on_the_worker_is_answered_ok():
+    """The take-over race (seen as a hung `test_liar_rollback[fresh-head]`): a head checks that it holds the
+    sum of step s, then tells itself to apply it; meanwhile a forwarded step s, queued on the worker first,
+    is applied and the sum is gone. The apply must say "applied already", not raise and end the driver."""
+    spec = preset("tiny", stages=2, dtype="fp64", wire_dtype="fp64", batch_size=32, microbatch_size=8, lr=1e-3)
+    swarm = await make_swarm(spec, [1, 1])
+    try:
+        await swarm.drive(1)
+        head = swarm.peers["s0r0"]
+        step, attempt = head.runner.step, head.daemon.attempt
+        head.runner.reduced = Reduced(step, attempt, None, None, {"s0r0": [0]})
+        gate = threading.Event()
+        blocked = asyncio.ensure_future(head.daemon.run(gate.wait, 30))  # the worker is busy
+        forwarded = asyncio.ensure_future(head.daemon.run(head.runner.apply_flat, step, None, None, True, True))
+        apply = asyncio.ensure_future(head.commit.handle(Command(spec.run_hash, step, attempt, "apply"), local=True))
+        deadline = time.monotonic() + 30
+        while head.daemon._worker._work_queue.qsize() < 2:  # the apply passed its check; its job waits behind
+            assert time.monotonic() < deadline and not apply.done(), "the apply queued no job"
+            await asyncio.sleep(0.01)  # poll the worker's queue
+        gate.set()
+        await asyncio.gather(blocked, forwarded)
+        reply = await asyncio.wait_for(apply, 30)
+        assert (reply.outcome, head.runner.step) == ("ok", step + 1), reply
+        assert head.commit.records[-1].step == step - 1  # the forwarded step was not logged as this head's apply
     finally:
         await swarm.stop()

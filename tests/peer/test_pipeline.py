@@ -71,6 +71,8 @@ ORACLE = {  # name: (spec overrides, steps, lossless check)
                              30, True),
     "subspace-2-t-fixed-std": (dict(t_fixed_std=0.3), 30, True),
     "bottleneck-2": (dict(codec="bottleneck"), 100, False),
+    # issue 24's hybrid: k exact coordinates and a bottleneck of the rest, free stages (lossy: no lossless check)
+    "hybrid-3": (dict(residual_width=4, basis_updates=False, stages=3, n_layers=3), 40, False),
     "dense-2": (dict(codec="dense"), 20, False),
 }
 

@@ -17,8 +17,8 @@ STEPS = 6
 
 def spec_for(codec: str, dtype: str):
     wire = "fp64" if dtype == "fp64" else "fp32"
-    return preset("tiny", stages=2, codec=codec, dtype=dtype, wire_dtype=wire, batch_size=32, microbatch_size=8,
-                  lr=1e-3)
+    hybrid = dict(codec="subspace", residual_width=4, basis_updates=False) if codec == "hybrid" else dict(codec=codec)
+    return preset("tiny", stages=2, dtype=dtype, wire_dtype=wire, batch_size=32, microbatch_size=8, lr=1e-3, **hybrid)
 
 
 def assert_close(losses: list[float], want: list[float], rel: float) -> None:
@@ -27,7 +27,8 @@ def assert_close(losses: list[float], want: list[float], rel: float) -> None:
 
 
 @pytest.mark.parametrize("codec,dtype,rel", [("subspace", "fp64", 1e-10), ("bottleneck", "fp64", 1e-10),
-                                             ("dense", "fp64", 1e-10), ("subspace", "fp32", 1e-5)])
+                                             ("dense", "fp64", 1e-10), ("hybrid", "fp64", 1e-10),
+                                             ("subspace", "fp32", 1e-5)])
 async def test_two_by_two_equals_the_oracle_and_replicas_stay_identical(codec, dtype, rel, oracle_runs):
     spec = spec_for(codec, dtype)
     swarm = await make_swarm(spec, [2, 2])

@@ -7,7 +7,7 @@ import torch
 from protocol.bottleneck import ResBMDecoder, ResBMEncoder
 from protocol.codecs import WirePacker
 from protocol.model import SubspaceEmbedding, SubspaceLinear, build_stage, spec_basis
-from protocol.spec import preset
+from protocol.spec import SpecError, preset
 from protocol.subspace import out_of_subspace, project_cols
 
 F64 = torch.float64
@@ -172,6 +172,54 @@ def test_bottleneck_boundary_at_init_is_pad_trunc():
     x = torch.randn(2, 5, 64, dtype=F64)
     assert not torch.equal(enc(x), x[..., :6])
     assert not torch.equal(dec(x[..., :6])[..., 6:], torch.zeros(2, 5, 58, dtype=F64))
+
+
+def test_hybrid_boundary_keeps_k_exact_coordinates_and_a_bottleneck_of_the_rest():
+    """Issue 24's hybrid: z = [r U, Enc(r_perp)] (w = k + b); the rebuilt h has exactly z_k as its
+    span(U) coordinates whatever the trained networks do, and the rest comes from the bottleneck only.
+    Its stages are free: nothing is kept in span(U), so a stage writes outside it."""
+    spec = small(residual_width=5, basis_updates=False)
+    assert spec.boundary_width == spec.rank + 5
+    stages = [build_stage(spec, s) for s in range(spec.n_stages)]
+    assert all(not m.constrained_parameters() for m in stages)
+    tok = tokens(spec)
+    with torch.no_grad():
+        for m in stages:  # trained networks, not the zero-init identity paths
+            for mod in (getattr(m, "encoder", None), getattr(m, "decoder", None)):
+                for lin in ([] if mod is None else [mod.enc.down if hasattr(mod, "enc") else mod.dec.down]):
+                    lin.weight.normal_(0, 0.05, generator=torch.Generator().manual_seed(3))
+        for s, (h, z) in enumerate(hidden_states(spec, stages, tok)):
+            U, T = stages[s].encoder.U, stages[s].encoder.T_fixed[tok]
+            r = h - T
+            assert z.shape == (4, spec.seq_len, spec.rank + 5)
+            assert torch.allclose(z[..., :spec.rank], r @ U, rtol=0, atol=1e-12)
+            r_perp = r - (r @ U) @ U.T
+            assert float(r_perp.norm() / r.norm()) > 0.1  # the free stage wrote outside span(U)
+            h_rec = stages[s + 1].enter(tok, z)
+            assert torch.allclose((h_rec - T) @ U, z[..., :spec.rank], rtol=0, atol=1e-12)
+            moved = z.clone()
+            moved[..., spec.rank:] += 1.0  # the bottleneck's numbers move only the part outside span(U)
+            h_moved = stages[s + 1].enter(tok, moved)
+            assert torch.allclose((h_moved - T) @ U, z[..., :spec.rank], rtol=0, atol=1e-12)
+            assert float((h_moved - h_rec).norm()) > 1e-3
+
+
+@pytest.mark.parametrize("over,word", [(dict(codec="bottleneck", residual_width=4), "subspace codec's hybrid"),
+                                       (dict(residual_width=4, basis_updates=True), "basis_updates"),
+                                       (dict(residual_width=60, basis_updates=False), "at most d_model"),
+                                       (dict(residual_width=4, basis_updates=False, subspace_mode="reparam"),
+                                        "free stages"),
+                                       (dict(residual_width=-1), "residual_width must be")])
+def test_hybrid_options_refused_with_a_reason(over, word):
+    with pytest.raises(SpecError, match=word):
+        small(**over)
+
+
+def test_hybrid_default_keeps_the_run_hash():
+    spec = small()
+    assert "residual_width" not in spec.to_dict()
+    assert spec.replace(residual_width=4, basis_updates=False).run_hash != spec.replace(basis_updates=False).run_hash
+    assert small(residual_width=4, basis_updates=False).with_codec("dense").residual_width == 0
 
 
 def test_first_stage_embedding_is_t_fixed_plus_t_s():

@@ -43,6 +43,9 @@ def test_fidelity_bench_smoke(tmp_path):
     # the compression axis is payload bytes: bf16 k = d/16 is 16x, int8 at twice the rank a little less
     assert rows[("frontier", "subspace k=4 fixed U")]["compression"] == 16
     assert rows[("frontier", "subspace int8 k=8 fixed U")]["compression"] == pytest.approx(128 / 10)
+    # the hybrid (issue 24) sends its k + b numbers: 16x like the subspace row it is set beside
+    assert rows[("hybrid", "hybrid k=3 b=1, stages lr x0.03")]["compression"] == 16
+    assert [r["spec"]["residual_width"] for r in lines if r["name"] == "hybrid k=3 b=1"] == [1]
     # the re-fitted rows really switched U; the fixed ones never did
     assert all(r["switches"] >= 1 for r in lines if r["spec"]["basis_updates"])
     assert all(r["switches"] == 0 for r in lines if not r["spec"]["basis_updates"])

@@ -111,3 +111,20 @@ def test_a_bad_slowest_uplink_is_refused_before_anything_starts(rate, capsys):
 def test_a_spec_file_with_a_bad_slowest_uplink_is_refused(bps):
     with pytest.raises(SpecError, match="slowest_uplink_bps must be a rate in bit/s above 0"):
         RunSpec.from_dict({**RunSpec().to_dict(), "slowest_uplink_bps": bps})
+
+
+@pytest.mark.parametrize("command", ["local", "coordinator"])
+def test_the_hybrid_width_reaches_the_spec_and_keeps_u_fixed(command, capsys):
+    """Issue 24's hybrid: --residual-width B adds B bottleneck numbers a token beside the k exact ones; U stays
+    fixed (the spec says so), the summary line names it, and another codec refuses it in one sentence."""
+    spec = spec_from_args(build_parser().parse_args([command, "--preset", "small", "--rank", "24",
+                                                      "--residual-width", "8"]))
+    assert (spec.hybrid, spec.boundary_width, spec.basis_updates, spec.refits_basis) == (True, 32, False, False)
+    assert "8 bottleneck numbers a token" in spec_notes(spec)
+    default = spec_from_args(build_parser().parse_args([command, "--preset", "small"]))
+    assert not default.hybrid and "bottleneck numbers" not in spec_notes(default)
+    with pytest.raises(SpecError, match="subspace codec's hybrid"):
+        spec_from_args(build_parser().parse_args([command, "--codec", "bottleneck", "--residual-width", "8"]))
+    assert main([command, "--residual-width", "-2", "--no-dashboard"] if command == "local"
+                else [command, "--residual-width", "-2"]) == 2
+    assert "residual_width must be 0 (off)" in capsys.readouterr().err
