@@ -111,30 +111,32 @@ def _shapes(spec: RunSpec, stage: int) -> dict:
     d, f, V, k, n = spec.d_model, spec.d_ff, spec.vocab, spec.rank, spec.stage_layers[stage]
     first, last = stage == 0, stage == spec.n_stages - 1
     sub, reparam = spec.codec == "subspace", spec.subspace_mode == "reparam"
-    constrained = sub and not last  # wo and w_down keep their outputs in span(U)
+    constrained = sub and not last and not spec.hybrid  # wo and w_down keep their outputs in span(U)
     wo = k * d if constrained and reparam else d * d
     w_down = k * f if constrained and reparam else d * f
     block = 3 * d * d + wo + 2 * d * f + w_down + 2 * d
-    b = spec.rank
+    trained = spec.codec == "bottleneck" or spec.hybrid  # boundaries with a trained encoder and decoder
+    b = spec.residual_width if spec.hybrid else spec.rank
     ends = 0
     if first:
         ends += V * k if sub and reparam else V * d
-    elif spec.codec == "bottleneck":
+    elif trained:
         ends += b * 4 * b + 4 * b * d
     if spec.embed_split == "per_stage":
         ends += V * d
     if last:
         ends += d + V * d
-    elif spec.codec == "bottleneck":
+    elif trained:
         ends += d + d * 4 * b + 4 * b * b
     # numbers of exp_avg_sq: one per column of a "col" weight, one per row of the "row" table
     project = constrained and not reparam
     v_saved = n * ((d * d - d) + (d * f - f)) if project else 0
-    if first and sub and not reparam:
+    table = first and sub and not reparam and not spec.hybrid  # the hybrid's stage-0 table is free
+    if table:
         v_saved += V * d - V
     # the replica-sync layout carries constrained gradients in subspace coordinates
     layout_saved = n * ((d * d - k * d) + (d * f - k * f)) if project else 0
-    if first and sub and not reparam:
+    if table:
         layout_saved += V * d - V * k
     matmul_block = 3 * d * d + 2 * d * f + (k * d + k * f if constrained else d * d + d * f)
     return {"block": block, "params": n * block + ends, "v_saved": v_saved, "layout_saved": layout_saved,
@@ -190,7 +192,7 @@ def estimate_stage(spec: RunSpec, stage: int, *, device: str = "cuda", checkpoin
     if spec.codec == "subspace":
         copies = 1 + (stage == 0) + (stage > 0) + (not last)  # runner, embedding, decoder, encoder
         buffers += copies * (d * k + V * d) * e
-        if not last:
+        if not last and not spec.hybrid:
             buffers += 2 * n * d * k * e  # every constrained map keeps its own U
         if spec.basis_updates and stage > 0:
             buffers += 2 * d * k * 8  # the re-fit statistic and this step's part of it, fp64

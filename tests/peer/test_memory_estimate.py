@@ -85,9 +85,10 @@ def test_estimate_matches_what_a_stage_holds_on_cpu_within_15_percent(name: str,
 
 @pytest.mark.parametrize("codec,mode,split", [
     ("subspace", "project", "subspace"), ("subspace", "reparam", "subspace"), ("subspace", "project", "per_stage"),
-    ("bottleneck", "project", "subspace"), ("dense", "project", "subspace")])
+    ("bottleneck", "project", "subspace"), ("dense", "project", "subspace"), ("hybrid", "project", "subspace")])
 def test_parameter_count_is_the_built_stage_s(codec: str, mode: str, split: str) -> None:
-    spec = preset("tiny", codec=codec, subspace_mode=mode, embed_split=split)
+    hybrid = dict(codec="subspace", rank=12, residual_width=4) if codec == "hybrid" else dict(codec=codec)
+    spec = preset("tiny", subspace_mode=mode, embed_split=split, **hybrid)
     for stage in range(spec.n_stages):
         runner = StageRunner(spec, stage)
         assert estimate_stage(spec, stage).params == runner.n_params
