@@ -17,17 +17,13 @@ for a turn; they share the link as before.
 
 Where the sender cannot see its bytes leave (a real link: the local libp2p daemon takes a frame
 into its buffers long before it is on the wire, so "written" says nothing), a frame that takes the
-link longer than `HOLD_RTTS` round trips holds its turn (`holds`) until its reply comes back, the
-only signal such a link gives that the bytes arrived, or, once the wire rate is measured, until its
-bytes should have left at that rate (`wire_time_left`: nbytes / wire rate after its turn began), if that
-is sooner: waiting for the reply would idle the link for a round trip per frame. An estimate that is
-early lets the next frame share the link's last moments with this one, which makes this frame's reply
-later and the measured rate lower, so the next estimate is later: it settles just past the true end.
-Smaller frames, whose transfer is shorter than a few round trips, are let go once written: holding
-them would leave the link idle most of the time. Before anything is measured a frame holds until its
-reply. The round trip is the smallest of the recent small requests' (`note_round_trip`;
-`DEFAULT_RTT_S` for a peer that sends none), the wire rate is measured on held frames (`note_reply`:
-bytes / (reply time - round trip)).
+link longer than `HOLD_RTTS` round trips holds its turn until its reply comes back (`holds`): that
+costs one round trip per frame and is the only signal such a link gives that the bytes arrived.
+Smaller frames, whose transfer is shorter than a round trip, are let go once written: holding them
+would leave the link idle most of the time. Before anything is measured a frame holds. The round
+trip is the smallest of the recent small requests' (`note_round_trip`; `DEFAULT_RTT_S` for a peer
+that sends none), the wire rate is measured on held frames (`note_reply`: bytes / (reply time -
+round trip)).
 
 A turn is a lease: if a frame has not left within `LEASE_FACTOR` times what its size took at the
 rate measured so far (at least `LEASE_MIN_S`; `LEASE_FIRST_S` before any rate is known), the next
@@ -63,8 +59,7 @@ class Turn:
         self._granted = asyncio.get_running_loop().create_future()
         self.started: float | None = None  # when the turn came
         self.released = False
-        self._timer: asyncio.TimerHandle | None = None  # the lease
-        self._hand_on: asyncio.TimerHandle | None = None  # a held frame's estimated end on the wire
+        self._timer: asyncio.TimerHandle | None = None
 
     async def wait(self) -> Turn:
         await asyncio.shield(self._granted)  # a cancelled waiter must not cancel the grant itself
@@ -76,16 +71,9 @@ class Turn:
         if self.released:
             return
         self.released = True
-        for timer in (self._timer, self._hand_on):
-            if timer is not None:
-                timer.cancel()
+        if self._timer is not None:
+            self._timer.cancel()
         self._order._done(self, measured and self.started is not None)
-
-    def hand_on_in(self, seconds: float) -> None:
-        """Give the turn up after `seconds` (a held frame's estimated time left on the wire), unless its
-        reply gives it up first."""
-        if not self.released:
-            self._hand_on = asyncio.get_running_loop().call_later(max(0.0, seconds), self.release)
 
 
 class SendOrder:
@@ -114,13 +102,6 @@ class SendOrder:
         if self.wire_rate is None:
             return True
         return nbytes / self.wire_rate > HOLD_RTTS * self.round_trip
-
-    def wire_time_left(self, turn: Turn) -> float | None:
-        """Seconds from now until a held frame's bytes should have left at the measured wire rate
-        (started + nbytes / wire_rate - now), or None while the rate is unmeasured (it holds until its reply)."""
-        if self.wire_rate is None or turn.started is None:
-            return None
-        return turn.started + turn.nbytes / self.wire_rate - self._clock()
 
     @property
     def round_trip(self) -> float:

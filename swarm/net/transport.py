@@ -318,7 +318,7 @@ class Transport:
                 if turn is not None:
                     await turn.wait()
                 # where the shaper does not say when the last byte left, a link-bound frame holds its
-                # turn until its reply or its estimated end on the wire (swarm/net/send_order.py)
+                # turn until its reply (swarm/net/send_order.py)
                 held = turn is not None and not self._departures_seen() and self.send_order.holds(len(frame))
                 try:
                     await self._shaped_write(writer, frame, None if held else turn)
@@ -328,8 +328,6 @@ class Transport:
                         kind=kind, peer=peer, reason="connection",
                     ) from e
                 self._count(peer, kind, "out", len(frame))
-                if held and (left := self.send_order.wire_time_left(turn)) is not None:
-                    turn.hand_on_in(left)  # its reply or its estimated end on the wire, whichever comes first
                 reply = await self._read_reply(reader, peer, kind)
                 if held:
                     self.send_order.note_reply(turn)

@@ -133,27 +133,3 @@ async def test_a_frame_answered_within_a_round_trip_is_short_on_the_wire():
     turn.release()
     assert order.wire_rate == pytest.approx(100_000 / 1e-3)
     assert not order.holds(100_000)
-
-
-async def test_a_held_frame_hands_its_turn_on_at_its_estimated_end_on_the_wire_if_its_reply_is_later():
-    """Waiting for a held frame's reply idles the link a round trip per frame; once the wire rate is
-    measured, the turn goes on when the frame's bytes should have left at that rate, or at its reply if
-    that comes first. Unmeasured, there is no estimate: the frame holds until its reply."""
-    loop = asyncio.get_running_loop()
-    order = SendOrder()
-    first = order.line_up(50_000)
-    await first.wait()
-    assert order.wire_time_left(first) is None  # unmeasured
-    order.wire_rate = 1e6  # 50 kB: 0.05 s on the wire
-    left = order.wire_time_left(first)
-    assert 0.0 < left <= 0.05
-    second = order.line_up(50_000)
-    handed = loop.time()
-    first.hand_on_in(left)
-    await asyncio.wait_for(second.wait(), 5)  # its turn came though the first frame's reply never did
-    waited = loop.time() - handed
-    assert left - 0.005 <= waited < left + 1.0, (left, waited)
-    assert first.released and order.rate == pytest.approx(1e6, rel=0.5)
-    second.hand_on_in(10.0)
-    second.release()  # its reply came first: the hand-on timer is off, the turn free
-    assert second._hand_on.cancelled() and order._holder is None
