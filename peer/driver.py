@@ -128,7 +128,13 @@ class StepDriver:
             if not self._leading:
                 self._leading = True
                 await self._claim(True)  # at once: heads that join from now on stand by for this one
-                if not await self._take_over():
+                try:
+                    took_over = await self._take_over()
+                except StageError as e:  # its stage moved under it (a forwarded step, an abort): look again
+                    log.warning("taking over the lead failed (%s); looking again", e)
+                    took_over = False
+                    await asyncio.sleep(0.2)  # what moved it may need a moment to settle
+                if not took_over:
                     self._leading = False
                     await self._claim(False)
                     continue

@@ -8,6 +8,7 @@ import threading
 import time
 
 from peer.reduced import Reduced
+from peer.stage_error import StageError
 from protocol.control import Command
 from protocol.spec import preset
 from tests.peer.swarm_in_memory import make_swarm, param_hash
@@ -72,3 +73,26 @@ async def test_an_apply_that_finds_its_step_taken_by_a_forwarded_one_on_the_work
         assert head.commit.records[-1].step == step - 1  # the forwarded step was not logged as this head's apply
     finally:
         await swarm.stop()
+
+
+async def test_a_take_over_that_fails_on_its_own_stage_is_tried_again_and_does_not_end_the_driver(caplog):
+    """A `StageError` out of a take-over (the stage moved under it) must not end the drive task: the head
+    looks for the leader again, takes over with its stage as it is now and trains on."""
+    spec = preset("tiny", stages=2, dtype="fp64", wire_dtype="fp64", batch_size=32, microbatch_size=8, lr=1e-3)
+    swarm = await make_swarm(spec, [1, 1])
+    head = swarm.peers["s0r0"]
+    real, failed = head.driver._take_over, []
+
+    async def once() -> bool:
+        if not failed:
+            failed.append(True)
+            raise StageError("no reduced gradient is held for attempt 0 of step 0.")
+        return await real()
+
+    head.driver._take_over = once
+    try:
+        logs = await asyncio.wait_for(swarm.drive(2), 120)
+    finally:
+        await swarm.stop()
+    assert failed == [True] and [log.step for log in logs] == [1, 2]
+    assert "taking over the lead failed" in caplog.text
