@@ -93,33 +93,31 @@ def test_bottleneck_is_refused_for_hf_and_exported_natively(tmp_path):
         assert torch.equal(load_model(tmp_path / "native").logits(tokens), runner_logits(pipe, tokens))
 
 
-def test_hybrid_is_refused_for_hf_and_exported_natively(tmp_path):
-    """The hybrid (issue 24): its boundaries' trained bottlenecks have no place in HF; the native file keeps
-    them, and the loaded model computes the pipeline's logits."""
-    pipe = trained(tiny("subspace", residual_width=4), steps=2)
+def refused_for_hf_and_exported_natively(pipe, tmp_path, refusal: str) -> None:
+    """HF export refuses the run with `refusal` and writes nothing; the native file keeps what HF has no
+    place for, and the loaded model computes the pipeline's logits."""
     run = gathered(pipe)
-    with pytest.raises(ExportError, match="hybrid run .* cannot be exported to Hugging Face.*--format native"):
+    with pytest.raises(ExportError, match=refusal):
         export_run(run, tmp_path / "hf", "hf")
     assert not (tmp_path / "hf").exists()
     export_run(run, tmp_path / "native", "native")
     tokens = fixed_tokens(pipe.spec)
     with torch.no_grad():
         assert torch.equal(load_model(tmp_path / "native").logits(tokens), runner_logits(pipe, tokens))
+
+
+def test_hybrid_is_refused_for_hf_and_exported_natively(tmp_path):
+    """The hybrid (issue 24): its boundaries' trained bottlenecks have no place in HF."""
+    pipe = trained(tiny("subspace", residual_width=4), steps=2)
+    refused_for_hf_and_exported_natively(pipe, tmp_path, "hybrid run .* cannot be exported to Hugging Face.*native")
 
 
 def test_per_stage_tables_are_refused_for_hf_and_exported_natively(tmp_path):
-    """embed_split "per_stage": HF has no place for the stages' own token tables; the native file
-    keeps them (trained away from zero), and the loaded model computes the pipeline's logits."""
+    """embed_split "per_stage": HF has no place for the stages' own token tables (trained away from zero)."""
     pipe = trained(tiny("subspace", embed_split="per_stage"), steps=2)
     assert all(float(r.module.token_table.detach().abs().max()) > 0 for r in pipe.runners)
-    run = gathered(pipe)
-    with pytest.raises(ExportError, match="embed_split 'per_stage' cannot be exported to Hugging Face.*native"):
-        export_run(run, tmp_path / "hf", "hf")
-    assert not (tmp_path / "hf").exists()
-    export_run(run, tmp_path / "native", "native")
-    tokens = fixed_tokens(pipe.spec)
-    with torch.no_grad():
-        assert torch.equal(load_model(tmp_path / "native").logits(tokens), runner_logits(pipe, tokens))
+    refused_for_hf_and_exported_natively(pipe, tmp_path,
+                                         "embed_split 'per_stage' cannot be exported to Hugging Face.*native")
 
 
 def test_off_subspace_weights_are_measured():
