@@ -31,7 +31,9 @@ def add_spec_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--residual-width", type=int, metavar="B",
                    help="subspace: the hybrid (issue 24): also send B numbers a token, a trained bottleneck of what "
                    "the stages write outside span(U); its stages are free and U stays fixed; lossy in those B, exact "
-                   "in the k (docs/fidelity.md) (default: 0, off)")
+                   "in the k. It needs --constrained-stage-lr 0.03 (the default from d=512 up): at the full lr its "
+                   "free stages train far worse; it beat the subspace codec at d=512 and lost to it at d=1024 in 8 "
+                   "stages (docs/fidelity.md 3h) (default: 0, off)")
     g.add_argument("--wire-dtype", choices=["fp32", "bf16"], help="dtype of numbers on the wire")
     g.add_argument("--quant", choices=["none", "int8"], help="int8 quantization under the codec")
     g.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
