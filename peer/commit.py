@@ -329,10 +329,10 @@ class StepCommit:
         if reduced is None or (reduced.step, reduced.attempt) != (cmd.step, cmd.attempt):
             return self._reply(cmd, "failed", "no reduced gradient is held for this attempt.")
         await self.hasher.wait()  # the step changes the state the last hash reads
-        if cmd.step < self.runner.step:
-            return self._reply(cmd, "ok")  # a repeat of this apply got here first while the hash ran
         done = await d.run_step(self._apply_job, cmd.step, cmd.attempt, cmd.skip)
-        if isinstance(done, str):  # the worker found the step applied meanwhile, or the sum gone
+        # the worker, in order with what was queued before it, found the step applied meanwhile (a repeat of
+        # this apply that got there first while the hash ran, a forwarded step) or the sum gone (an abort)
+        if isinstance(done, str):
             return self._reply(cmd, "ok" if done == APPLIED_MEANWHILE else "failed", done)
         stats, record, due = done
         if due is not None:  # hashed on a thread from now on; the next microbatches need not wait for it
@@ -366,10 +366,10 @@ class StepCommit:
         r = self.runner.reduced
         if r is None or (r.step, r.attempt) != (step, attempt):
             return "no reduced gradient is held for this attempt."
-        if self.forwarder.followers and self.runner.reduced.grads is None and not skip:  # a joiner needs it in full
+        if self.forwarder.followers and r.grads is None and not skip:  # a joiner needs it in full
             _, flat, stat = self.runner.contribution(False, False)
             # a copy: on the CPU the statistic is the step's accumulator itself, which the step zeroes
-            self.runner.reduced.grads, self.runner.reduced.stat = flat, None if stat is None else stat.clone()
+            r.grads, r.stat = flat, None if stat is None else stat.clone()
         record = self.runner.apply_reduced(step, attempt, skip)
         if self.power is not None:  # a skipped step keeps the error feedback and Q it had
             self.power.discard() if skip else self.power.commit(step, attempt)

@@ -27,7 +27,7 @@ from torch import nn
 
 from .bottleneck import ResBMDecoder, ResBMEncoder
 from .spec import WIRE_DTYPES, RunSpec
-from .subspace import SubspaceBasis
+from .subspace import SubspaceBasis, project_rows
 
 
 class BoundaryEncoder(nn.Module):
@@ -128,7 +128,7 @@ class HybridDecoder(_BasisHolder, BoundaryDecoder):
     def forward(self, z: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         k = self.U.shape[1]
         e = self.dec(z[..., k:])
-        return self.T_fixed[tokens] + z[..., :k] @ self.U.T + (e - (e @ self.U) @ self.U.T)
+        return self.T_fixed[tokens] + z[..., :k] @ self.U.T + (e - project_rows(e, self.U))
 
 
 def make_encoder(spec: RunSpec, basis: SubspaceBasis | None) -> BoundaryEncoder:
