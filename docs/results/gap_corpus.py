@@ -1,0 +1,59 @@
+"""Issue 24 item 2, "whether the gap shrinks with tokens", on a corpus large enough not to repeat: section 3f
+found that at 8x the tokens the 13 MB `stdlib` corpus is ~5 passes and dense overfits from ~39M tokens on, so
+the gap there was not a gap. Here the corpus is the device's Python standard library (tests excluded, as the
+`stdlib` corpus) followed by its installed torch package's Python sources (tests excluded), one file, built on
+the device (its size and sha256 go into OUT/corpus.json; it depends on the device's Python and torch versions).
+
+`small` (the gpu plan's 3-3-2 shape, d=512, 16x = 32 numbers a token), dense against the hybrid's best
+(k=28 b=4) and the subspace codec's default (k=32), both with the stages before the last at lr x0.03.
+Usage: gap_corpus.py OUT PER_DEVICE BUDGET_S STEPS SEEDS NAMES   (SEEDS e.g. 0,1; NAMES a comma list of
+dense,hybrid,subspace). Every seed is a group with its own dense reference; OUT/fidelity.jsonl is resumed."""
+import hashlib
+import json
+import sys
+import sysconfig
+from pathlib import Path
+
+from peer.corpus import _STDLIB_SKIP, DOCUMENT_SEPARATOR, _directory_files
+from swarm.bench import fidelity
+from swarm.bench.fidelity_plan import _job, dense, plan_shape
+
+LOW = {"constrained_stage_lr_scale": 0.03}
+VARIANTS = {"dense": ("dense", None, ""),
+            "hybrid": ("hybrid k=28 b=4, stages lr x0.03", {"rank": 28, "residual_width": 4, **LOW}, "16x"),
+            "subspace": ("subspace k=32, stages lr x0.03 (the default)", LOW, "16x")}
+
+
+def build_corpus(out: Path) -> Path:
+    """stdlib (tests excluded) then torch's sources (tests excluded), in sorted order, as one file."""
+    import torch
+    roots = [Path(sysconfig.get_paths()["stdlib"]), Path(torch.__file__).parent]
+    files = [f for root in roots for f in _directory_files(root, _STDLIB_SKIP | {"testing"})]
+    data = DOCUMENT_SEPARATOR.join(b for b in (f.read_bytes() for f in files) if b)
+    path = Path("/tmp/gap_corpus.txt")
+    path.write_bytes(data)
+    (out / "corpus.json").write_text(json.dumps({
+        "bytes": len(data), "files": len(files), "sha256": hashlib.sha256(data).hexdigest(),
+        "roots": [str(r) for r in roots], "torch": torch.__version__, "python": sys.version.split()[0]}, indent=1))
+    return path
+
+
+def corpus_jobs(steps: int, seeds: list[int], names: list[str]) -> list:
+    s = plan_shape("gpu")
+    out = []
+    for seed in seeds:
+        base, group = s.base.replace(total_steps=steps, seed=seed), f"corpus{steps}-seed{seed}"
+        for n in names:
+            label, change, note = VARIANTS[n]
+            out.append(_job(label, group, dense(base) if change is None else base.replace(**change), 0, note))
+    return out
+
+
+if __name__ == "__main__":  # the queue's workers are spawned: they import this file again
+    out_dir, steps = Path(sys.argv[1]), int(sys.argv[4])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    jobs = corpus_jobs(steps, [int(x) for x in sys.argv[5].split(",")], sys.argv[6].split(","))
+    fidelity.jobs_for = lambda plan, groups, best=None: jobs
+    fidelity.run_fidelity_bench(str(out_dir), plan="gpu", device="cuda", parallel=1, per_device=int(sys.argv[2]),
+                                budget_s=float(sys.argv[3]), groups=tuple(sorted({j.group for j in jobs})),
+                                data=str(build_corpus(out_dir)), resume=True)
