@@ -7,7 +7,7 @@ the device (its size and sha256 go into OUT/corpus.json; it depends on the devic
 `small` (the gpu plan's 3-3-2 shape, d=512, 16x = 32 numbers a token), dense against the hybrid's best
 (k=28 b=4) and the subspace codec's default (k=32), both with the stages before the last at lr x0.03.
 Usage: gap_corpus.py OUT PER_DEVICE BUDGET_S STEPS SEEDS NAMES   (SEEDS e.g. 0,1; NAMES a comma list of
-dense,hybrid,subspace). Every seed is a group with its own dense reference; OUT/fidelity.jsonl is resumed."""
+dense,hybrid,subspace,hybrid24,hybrid20,hybrid-x0.1,hybrid-x0.01). Every seed is a group with its own dense reference; OUT/fidelity.jsonl is resumed."""
 import hashlib
 import json
 import sys
@@ -21,7 +21,14 @@ from swarm.bench.fidelity_plan import _job, dense, plan_shape
 LOW = {"constrained_stage_lr_scale": 0.03}
 VARIANTS = {"dense": ("dense", None, ""),
             "hybrid": ("hybrid k=28 b=4, stages lr x0.03", {"rank": 28, "residual_width": 4, **LOW}, "16x"),
-            "subspace": ("subspace k=32, stages lr x0.03 (the default)", LOW, "16x")}
+            "subspace": ("subspace k=32, stages lr x0.03 (the default)", LOW, "16x"),
+            # levers around the hybrid's best, at 1000 steps
+            "hybrid24": ("hybrid k=24 b=8, stages lr x0.03", {"rank": 24, "residual_width": 8, **LOW}, "16x"),
+            "hybrid20": ("hybrid k=20 b=12, stages lr x0.03", {"rank": 20, "residual_width": 12, **LOW}, "16x"),
+            "hybrid-x0.1": ("hybrid k=28 b=4, stages lr x0.1",
+                            {"rank": 28, "residual_width": 4, "constrained_stage_lr_scale": 0.1}, "16x"),
+            "hybrid-x0.01": ("hybrid k=28 b=4, stages lr x0.01",
+                             {"rank": 28, "residual_width": 4, "constrained_stage_lr_scale": 0.01}, "16x")}
 
 
 def build_corpus(out: Path) -> Path:
