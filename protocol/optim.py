@@ -81,7 +81,7 @@ class SubspaceAdamW(torch.optim.Optimizer):
 
 def make_optimizer(spec: RunSpec, module: nn.Module) -> SubspaceAdamW:
     """Groups: constrained (col/row), decayed matrices, undecayed vectors (norm gains). A group's
-    `lr_scale` (`set_lr`) is `constrained_stage_lr_scale` on a stage before the last of a subspace run,
+    `lr_scale` (`set_lr`) is `constrained_stage_lr_scale` on a stage before the last (any codec),
     times `constrained_lr_scale` for the constrained groups; 1 elsewhere."""
     constrained = getattr(module, "constrained_parameters", lambda: [])()
     special = {id(p) for _, p, _ in constrained}
@@ -90,7 +90,7 @@ def make_optimizer(spec: RunSpec, module: nn.Module) -> SubspaceAdamW:
         if id(p) in special or not p.requires_grad:
             continue
         (decay if p.ndim >= 2 else no_decay).append(p)
-    early = spec.codec == "subspace" and not getattr(module, "is_last", True)
+    early = not getattr(module, "is_last", True)
     stage_scale = spec.constrained_stage_lr_scale if early else 1.0
     groups = [dict(params=decay), dict(params=no_decay, weight_decay=0.0)]
     for kind in ("col", "row"):

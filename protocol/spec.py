@@ -116,9 +116,9 @@ class RunSpec:
     # "powersgd": the first this-many steps sum the replicas' gradients exactly, as "exact" does (the start of
     # training is the most sensitive to compressed gradients: torch's PowerSGD hook's start_powerSGD_iter)
     replica_sync_warmup: int = 0
-    # per-parameter lr multipliers of the subspace codec's constrained stages (docs/fidelity.md 3d), on top of
-    # the schedule: `constrained_stage_lr_scale` for every parameter of a stage before the last,
-    # `constrained_lr_scale` (compounded) for the weights kept in span(U) (w_o, w_down, T_S). 1.0 = off
+    # per-parameter lr multipliers (docs/fidelity.md 3d), on top of the schedule: `constrained_stage_lr_scale`
+    # for every parameter of a stage before the last (any codec: 3j), `constrained_lr_scale` (compounded; the
+    # subspace codec only) for the weights kept in span(U) (w_o, w_down, T_S). 1.0 = off
     constrained_lr_scale: float = 1.0
     constrained_stage_lr_scale: float = 1.0
     # standard deviation of the frozen token code T_fixed's entries (protocol/subspace.py; docs/fidelity.md 3d:
@@ -253,7 +253,9 @@ class RunSpec:
         for name in SUBSPACE_OPTIONS:
             value, default = getattr(self, name), SUBSPACE_OPTIONS[name]
             need(0 < value <= 1000, f"{name} must be in (0, 1000], not {value}.")
-            need(value == default or self.codec == "subspace",
+            # the stage lr is every codec's (a boundary that loses information makes fast early stages
+            # harmful too: docs/fidelity.md 3j); the other two concern span(U)
+            need(value == default or self.codec == "subspace" or name == "constrained_stage_lr_scale",
                  f"{name} is an option of the subspace codec; leave it at {default} with codec {self.codec!r}.")
 
     # ----- identity
@@ -302,7 +304,8 @@ class RunSpec:
     def with_codec(self, codec: str, **changes: Any) -> RunSpec:
         """This run with another codec: switching away from the subspace codec puts its own options
         (the lr multipliers, T_fixed's scale, the embedding split, the hybrid's residual width) back at
-        their defaults, since the other codecs refuse them; `changes` apply on top."""
+        their defaults (the other codecs refuse all but the stage lr, which is reset too: another codec's
+        run names its own); `changes` apply on top."""
         if codec != "subspace":
             changes = {**SUBSPACE_OPTIONS, "embed_split": "subspace", "residual_width": 0, **changes}
         return self.replace(codec=codec, **changes)

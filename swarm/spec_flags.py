@@ -61,9 +61,9 @@ def add_spec_flags(p: argparse.ArgumentParser) -> None:
                    "the bytes' time at this rate (minutes for an exact reduce of a large stage at 8mbit), and a "
                    "replica sending slower than this is cut and the step re-driven without it (default: 8mbit)")
     g.add_argument("--constrained-stage-lr", type=float, metavar="X",
-                   help="subspace: every stage before the last at X times the lr; 0.03 helps from d=512 up, hurts "
-                   "at d=256 (docs/fidelity.md 3d-3g); 1 is the published method (default: 0.03 for a subspace "
-                   "preset from d=512 up with 2+ stages, else 1)")
+                   help="every stage before the last at X times the lr (any codec); with subspace 0.03 helps from "
+                   "d=512 up, hurts at d=256 (docs/fidelity.md 3d-3g, 3j for the others); 1 is the published method "
+                   "(default: 0.03 for a subspace preset from d=512 up with 2+ stages, else 1)")
 
 
 def spec_notes(spec: RunSpec) -> str:

@@ -7,7 +7,8 @@ the device (its size and sha256 go into OUT/corpus.json; it depends on the devic
 `small` (the gpu plan's 3-3-2 shape, d=512, 16x = 32 numbers a token), dense against the hybrid's best
 (k=28 b=4) and the subspace codec's default (k=32), both with the stages before the last at lr x0.03.
 Usage: gap_corpus.py OUT PER_DEVICE BUDGET_S STEPS SEEDS NAMES   (SEEDS e.g. 0,1; NAMES a comma list of
-dense,hybrid,subspace,hybrid24,hybrid20,hybrid-x0.1,hybrid-x0.01). Every seed is a group with its own dense reference; OUT/fidelity.jsonl is resumed."""
+dense,hybrid,subspace,hybrid24,hybrid20,hybrid-x0.1,hybrid-x0.01,bottleneck,bottleneck-x0.03,
+dense-x0.03). Every seed is a group with its own dense reference; OUT/fidelity.jsonl is resumed."""
 import hashlib
 import json
 import sys
@@ -28,7 +29,12 @@ VARIANTS = {"dense": ("dense", None, ""),
             "hybrid-x0.1": ("hybrid k=28 b=4, stages lr x0.1",
                             {"rank": 28, "residual_width": 4, "constrained_stage_lr_scale": 0.1}, "16x"),
             "hybrid-x0.01": ("hybrid k=28 b=4, stages lr x0.01",
-                             {"rank": 28, "residual_width": 4, "constrained_stage_lr_scale": 0.01}, "16x")}
+                             {"rank": 28, "residual_width": 4, "constrained_stage_lr_scale": 0.01}, "16x"),
+            # the stage lr on the other codecs (section 3j): the bottleneck at b=32 (16x) and dense itself
+            "bottleneck": ("bottleneck b=32", {"codec": "bottleneck", "rank": 32}, "16x"),
+            "bottleneck-x0.03": ("bottleneck b=32, stages lr x0.03",
+                                 {"codec": "bottleneck", "rank": 32, **LOW}, "16x"),
+            "dense-x0.03": ("dense, stages lr x0.03", {"codec": "dense", **LOW}, "")}
 
 
 def build_corpus(out: Path) -> Path:
@@ -52,7 +58,13 @@ def corpus_jobs(steps: int, seeds: list[int], names: list[str]) -> list:
         base, group = s.base.replace(total_steps=steps, seed=seed), f"corpus{steps}-seed{seed}"
         for n in names:
             label, change, note = VARIANTS[n]
-            out.append(_job(label, group, dense(base) if change is None else base.replace(**change), 0, note))
+            if change is None:
+                spec = dense(base)
+            elif "codec" in change:
+                spec = base.with_codec(**change)
+            else:
+                spec = base.replace(**change)
+            out.append(_job(label, group, spec, 0, note))
     return out
 
 

@@ -65,6 +65,20 @@ def test_lr_scales_per_group_and_stage():
         assert any(g["constraint"] for g in opt.param_groups) == (constrained is not None)
 
 
+@pytest.mark.parametrize("codec", ["dense", "bottleneck"])
+def test_the_stage_lr_applies_to_every_codec(codec):
+    """The stage lr is a lever of any lossy boundary (docs/fidelity.md 3j): the stages before the last of a dense
+    or bottleneck run train at its multiple of the lr, the last at the lr; the span(U) options stay refused."""
+    spec = small(codec=codec, constrained_stage_lr_scale=0.25)
+    assert spec.run_hash != small(codec=codec).run_hash
+    for stage, want in enumerate((0.25, 0.25, 1.0)):
+        opt = make_optimizer(spec, build_stage(spec, stage, spec_basis(spec)))
+        set_lr(opt, 1e-3)
+        assert [g["lr"] for g in opt.param_groups] == pytest.approx([1e-3 * want] * len(opt.param_groups))
+    with pytest.raises(SpecError, match="subspace codec"):
+        small(codec=codec, constrained_lr_scale=2.0)
+
+
 @pytest.mark.parametrize("over,scale_free,scale_constrained", [(dict(constrained_lr_scale=4.0), 1.0, 4.0),
                                                                (dict(constrained_stage_lr_scale=0.25), 0.25, 0.25)])
 def test_a_scaled_step_moves_each_weight_by_the_scale(over, scale_free, scale_constrained):
@@ -107,8 +121,8 @@ def test_presets_from_d512_default_the_subspace_stage_lr_and_other_codecs_drop_i
     assert preset("tiny").constrained_stage_lr_scale == 1.0
     assert preset("tiny", d_model=512, n_heads=8).constrained_stage_lr_scale == 0.03
     assert preset("small", constrained_stage_lr_scale=0.5).constrained_stage_lr_scale == 0.5
-    with pytest.raises(SpecError, match="option of the subspace codec"):
-        preset("small", codec="dense", constrained_stage_lr_scale=0.03)
+    # another codec's run names its stage lr itself (never the subspace default)
+    assert preset("small", codec="dense", constrained_stage_lr_scale=0.03).constrained_stage_lr_scale == 0.03
     assert preset("small").run_hash != preset("small", constrained_stage_lr_scale=1.0).run_hash
 
 
