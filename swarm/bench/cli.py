@@ -18,7 +18,7 @@ from .cli_flags import (
     sizes_list,
     steps_list,
 )
-from .record_variants import VARIANTS, check_variants
+from .record_variants import DEFAULT_VARIANTS, VARIANTS, check_variants
 
 __all__ = ["register", "resolve_bench_dtype"]
 
@@ -255,8 +255,8 @@ def _add_record(sub) -> None:
                    help="which parts to run: curves (training), throughput (the swarms) (default: both)")
     p.add_argument("--variants", type=_variants, default=None, metavar="NAME[,NAME]",
                    help=f"what to train and measure, dense among them: {', '.join(VARIANTS)}; a variant ending in "
-                   "-lr0.03 trains its constrained stages at 0.03 x the lr and has the tokens/s of the same codec "
-                   "and width (default: all)")
+                   "-lr0.03 trains its stages before the last at 0.03 x the lr and has the tokens/s of the same codec "
+                   f"and width (default: {','.join(DEFAULT_VARIANTS)})")
     p.add_argument("--resume", action="store_true", help="keep OUT/convergence.json's curves trained with the same "
                    "spec and OUT/throughput.json's swarms on the same preset, link and latency; run only the rest "
                    "(default: off)")

@@ -37,7 +37,7 @@ from peer.memory_estimate import estimate_stage
 from protocol.spec import RunSpec, preset
 
 from .convergence import train_curves
-from .record_variants import SMOKE_VARIANTS, VARIANTS, check_variants, swarm_of
+from .record_variants import DEFAULT_VARIANTS, SMOKE_VARIANTS, VARIANTS, check_variants, swarm_of
 from .throughput import merge_throughput, run_throughput_bench
 from .time_to_loss import seconds_to, time_to_loss, variant_of
 
@@ -49,11 +49,11 @@ PARTS = ("curves", "throughput")
 
 def record_specs(tokens: int, smoke: bool = False, codec_tokens: float = 1.0,
                  variants: tuple[str, ...] | None = None) -> dict[str, RunSpec]:
-    """The `variants` (default: all; smoke: `SMOKE_VARIANTS`) on the `record` preset, bf16 (smoke:
+    """The `variants` (default: `DEFAULT_VARIANTS`; smoke: `SMOKE_VARIANTS`) on the `record` preset, bf16 (smoke:
     `tiny`, fp32), fixed U, dense trained for `tokens` and the others for `codec_tokens` x that."""
     base = preset("tiny", stages=3, basis_updates=False) if smoke else \
         preset("record", dtype="bf16", basis_updates=False)
-    names = check_variants(variants or (SMOKE_VARIANTS if smoke else tuple(VARIANTS)))
+    names = check_variants(variants or (SMOKE_VARIANTS if smoke else DEFAULT_VARIANTS))
     per_step = base.batch_size * base.seq_len
     steps = max(2, tokens // per_step)
     specs = {}

@@ -63,6 +63,9 @@ def test_the_lever_variants_change_only_the_stage_lr_and_the_width_and_share_swa
     assert [swarm_of(n) for n in specs] == ["dense", "subspace", "bottleneck", "subspace", "subspace-16x"]
     assert swarms["subspace-16x"].rank == 64 and swarms["subspace"].rank == 10
     assert list(record_specs(1_000_000, variants=("dense", "subspace-16x-lr0.03"))) == ["dense", "subspace-16x-lr0.03"]
+    named = record_specs(1_000_000, variants=("dense", "bottleneck-lr0.03"))["bottleneck-lr0.03"]  # named only
+    assert (named.codec, named.constrained_stage_lr_scale, named.rank) == ("bottleneck", 0.03, specs["bottleneck"].rank)
+    assert swarm_of("bottleneck-lr0.03") == "bottleneck"
     with pytest.raises(ValueError, match="dense is the reference"):
         record_specs(1_000_000, variants=("subspace",))
     with pytest.raises(ValueError, match="not subspace-8x"):
