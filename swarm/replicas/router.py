@@ -65,6 +65,7 @@ LIVE_STATES = ("online", "paused")  # announced states of replicas that take mic
 RTT_DECAY = 0.7
 MAX_BAN_S = 600.0
 LEASE_FRESH_S = 0.5
+FRESH_READ_S = 0.5  # a fresh read of a stage's announcements at most twice a second (`announced`)
 BAD_DATA_BAN_S = 300.0  # a peer that sent out-of-band numbers: longer than any step's retries
 PROBATION_PAUSE_FACTOR = 40.0  # a failed probe closes its stage's probation for 40x the time it wasted
 PROBATION_PAUSE_MIN_S = 1.0
@@ -122,10 +123,15 @@ class Router:
 
     # ---------------------------------------------------------------- reading the directory
     async def announced(self, stage: int, fresh: bool = False) -> list[StageAnnouncement]:
-        """Every unexpired announcement of `stage` (any state)."""
+        """Every unexpired announcement of `stage` (any state): read at most every `cache_seconds`, or every
+        `FRESH_READ_S` when `fresh`. A leading head asks for the members fresh several times a step (coverage,
+        the heads' shares, the commit), each a DHT read on the step's critical path (~20 ms a read on a
+        loaded machine, and a multi-hop lookup on the internet); announcements themselves are seconds old, so
+        a read half a second old loses nothing. A failure or a ban clears the cache: a peer that failed is
+        never kept by it."""
         now = self.clock()
         cached = self._cache.get(stage)
-        if fresh or cached is None or now - cached[0] > self.cache_seconds:
+        if cached is None or now - cached[0] > (FRESH_READ_S if fresh else self.cache_seconds):
             peers = await self.dht.stage_peers(self.run_hash, stage)
             self._cache[stage] = (now, peers)
             return peers

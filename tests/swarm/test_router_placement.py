@@ -6,6 +6,7 @@ import time
 from swarm.dht import StageAnnouncement
 from swarm.replicas.router import (
     BAD_DATA_BAN_S,
+    FRESH_READ_S,
     NEAR_TIE,
     PROBATION_PAUSE_FACTOR,
     RTT_FORGET_S,
@@ -131,3 +132,28 @@ async def test_a_replica_measured_slow_once_gets_work_again_once_that_round_trip
         r.release(p, 3.0 if p == "b" else 0.1)  # measured again, b really is that slow: avoided again
     picks = [await r.pick(1) for _ in range(4)]
     assert picks == ["a"] * 4
+
+
+async def test_fresh_reads_of_the_members_reach_the_dht_at_most_twice_a_second_and_a_failure_forgets_them():
+    """A leading head asks for every stage's members fresh at a step's start, for the heads' shares and at the
+    commit: each a DHT read on the step's critical path. Within FRESH_READ_S the last read serves; a failure
+    reported meanwhile clears it (the failed peer is filtered by its ban, and the next read is a real one)."""
+    class CountingDHT:
+        reads = 0
+
+        async def stage_peers(self, run_hash: str, stage: int) -> list[StageAnnouncement]:
+            self.reads += 1
+            return [StageAnnouncement(p, "r", stage, [], 1.0, 0, 0, "online", "0") for p in ("a", "b")]
+
+    now = [100.0]
+    dht = CountingDHT()
+    r = Router(dht=dht, run_hash="r", peer_id="me", maddrs=[], clock=lambda: now[0])
+    assert [p.peer_id for p in await r.members(1)] == ["a", "b"] and dht.reads == 1
+    now[0] += FRESH_READ_S * 0.8
+    assert len(await r.members(1)) == 2 and dht.reads == 1  # the read of a moment ago serves
+    now[0] += FRESH_READ_S * 0.4
+    assert len(await r.members(1)) == 2 and dht.reads == 2  # older than FRESH_READ_S: read again
+    r.report_failure("a")
+    assert [p.peer_id for p in await r.members(1)] == ["b"] and dht.reads == 3  # cleared and banned
+    await r.live_peers(1)
+    assert dht.reads == 3  # a plain (not fresh) read keeps the cache for cache_seconds
