@@ -40,6 +40,13 @@ async def test_a_stage_that_lost_every_replica_pauses_the_swarm_then_is_restored
         # a head on a 20 Mbit/s uplink: the run is still under way when stage 1 is killed
         swarm.start_peer(0, "--steps", str(STEPS), "--bandwidth", "20mbit")
         await asyncio.to_thread(wait_for_steps, swarm, KILL_AFTER, 180)
+        # the scenario is a stage restored from what the other stages keep: stage 1 dies once a copy of its
+        # snapshot is kept elsewhere (a fast run can reach step 12 while the first copy is still on its way;
+        # killed then, nothing of stage 1 survives and the swarm stays paused, as it must)
+        deadline = time.monotonic() + 60
+        while not any("keeping stage 1's snapshot" in _log(swarm, n) for n in ("stage0", "stage2")):
+            assert time.monotonic() < deadline, "no peer kept stage 1's snapshot:\n" + _log(swarm, "stage0")[-3000:]
+            await asyncio.sleep(0.2)  # poll the custodians' logs
         victim = dict(swarm.procs)["stage1"]
         await asyncio.to_thread(sigkill_and_wait_for_group, victim)  # its DHT child and p2pd go with it
         t_kill = time.monotonic()
