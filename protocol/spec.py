@@ -34,14 +34,15 @@ EMBED_SPLITS = ("subspace", "per_stage")
 REFIT_STATISTICS = ("grad_cov", "act_cov", "riemannian")
 REPLICA_SYNCS = ("exact", "powersgd")  # how a stage's replicas agree on a step's gradient (algorithms.md 5)
 # the subspace codec's own numeric options (docs/fidelity.md 3d), and their defaults: another codec refuses them
-SUBSPACE_OPTIONS: dict[str, float] = {"constrained_lr_scale": 1.0, "constrained_stage_lr_scale": 1.0,
-                                      "t_fixed_std": 0.02}
+SUBSPACE_OPTIONS: dict[str, float] = {"constrained_lr_scale": 1.0, "t_fixed_std": 0.02}
+# with the stage lr, which every codec takes (3j): the numeric options added after runs were signed
+LR_OPTIONS: dict[str, float] = {**SUBSPACE_OPTIONS, "constrained_stage_lr_scale": 1.0}
 # fields added after runs were signed: left out of `to_dict` (and so of the run hash) while they hold this
 # default, so every spec written before them keeps its hash (and a bench's --resume its finished jobs)
 # the slowest uplink a swarm waits for, bit/s (peer/transfer_time.py): 8 Mbit/s, below most home uplinks, 1/10 of the
 # 80 Mbit/s the design targets
 SLOWEST_UPLINK_BPS = 8e6
-HASH_NEUTRAL_DEFAULTS: dict[str, Any] = {**SUBSPACE_OPTIONS, "microbatches_in_flight": 0, "replica_sync_warmup": 0,
+HASH_NEUTRAL_DEFAULTS: dict[str, Any] = {**LR_OPTIONS, "microbatches_in_flight": 0, "replica_sync_warmup": 0,
                                          "residual_width": 0,
                                          "slowest_uplink_bps": SLOWEST_UPLINK_BPS}
 # The subspace codec's stage lr in the presets (`preset`; docs/fidelity.md 3d-3g, 5): its stages before the last
@@ -135,7 +136,7 @@ class RunSpec:
     def __post_init__(self) -> None:
         object.__setattr__(self, "stage_layers", tuple(int(x) for x in self.stage_layers))
         object.__setattr__(self, "betas", tuple(float(x) for x in self.betas))
-        for name in (*SUBSPACE_OPTIONS, "slowest_uplink_bps"):  # 2 and 2.0 must hash alike
+        for name in (*LR_OPTIONS, "slowest_uplink_bps"):  # 2 and 2.0 must hash alike
             object.__setattr__(self, name, float(getattr(self, name)))
         # counts, whatever a spec file wrote
         for name in ("microbatches_in_flight", "replica_sync_warmup", "residual_width"):
@@ -250,12 +251,10 @@ class RunSpec:
              "replica_sync_warmup is the number of exact steps before powersgd; use it with replica_sync powersgd.")
         need(0 <= self.microbatches_in_flight <= 1_000_000, "microbatches_in_flight must be 0 (all of a head's "
              f"share at once) or a positive number, not {self.microbatches_in_flight}.")
-        for name in SUBSPACE_OPTIONS:
-            value, default = getattr(self, name), SUBSPACE_OPTIONS[name]
+        for name, default in LR_OPTIONS.items():
+            value = getattr(self, name)
             need(0 < value <= 1000, f"{name} must be in (0, 1000], not {value}.")
-            # the stage lr is every codec's (a boundary that loses information makes fast early stages
-            # harmful too: docs/fidelity.md 3j); the other two concern span(U)
-            need(value == default or self.codec == "subspace" or name == "constrained_stage_lr_scale",
+            need(value == default or self.codec == "subspace" or name not in SUBSPACE_OPTIONS,
                  f"{name} is an option of the subspace codec; leave it at {default} with codec {self.codec!r}.")
 
     # ----- identity
@@ -307,7 +306,7 @@ class RunSpec:
         their defaults (the other codecs refuse all but the stage lr, which is reset too: another codec's
         run names its own); `changes` apply on top."""
         if codec != "subspace":
-            changes = {**SUBSPACE_OPTIONS, "embed_split": "subspace", "residual_width": 0, **changes}
+            changes = {**LR_OPTIONS, "embed_split": "subspace", "residual_width": 0, **changes}
         return self.replace(codec=codec, **changes)
 
     def save(self, path: str | Path) -> None:

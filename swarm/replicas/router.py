@@ -64,8 +64,7 @@ log = logging.getLogger(__name__)
 LIVE_STATES = ("online", "paused")  # announced states of replicas that take microbatches and reduce
 RTT_DECAY = 0.7
 MAX_BAN_S = 600.0
-LEASE_FRESH_S = 0.5
-FRESH_READ_S = 0.5  # a fresh read of a stage's announcements at most twice a second (`announced`)
+FRESH_READ_S = 0.5  # a fresh read (a stage's announcements, the leader lease) at most twice a second
 BAD_DATA_BAN_S = 300.0  # a peer that sent out-of-band numbers: longer than any step's retries
 PROBATION_PAUSE_FACTOR = 40.0  # a failed probe closes its stage's probation for 40x the time it wasted
 PROBATION_PAUSE_MIN_S = 1.0
@@ -166,7 +165,7 @@ class Router:
         a lease with a lower term than one already seen is an old one, and ignored."""
         now = self.clock()
         # a fresh read at most twice a second: whoever asks for one (the coordinator's nudge is anyone's to send)
-        if now - self._lease_read >= (LEASE_FRESH_S if fresh else self.cache_seconds):
+        if now - self._lease_read >= (FRESH_READ_S if fresh else self.cache_seconds):
             self._lease_read = now
             try:
                 found = await self.dht.fetch_lease(self.run_hash)
