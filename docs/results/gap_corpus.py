@@ -8,7 +8,7 @@ the device (its size and sha256 go into OUT/corpus.json; it depends on the devic
 (k=28 b=4) and the subspace codec's default (k=32), both with the stages before the last at lr x0.03.
 Usage: gap_corpus.py OUT PER_DEVICE BUDGET_S STEPS SEEDS NAMES   (SEEDS e.g. 0,1; NAMES a comma list of
 dense,hybrid,subspace,hybrid24,hybrid20,hybrid-x0.1,hybrid-x0.01,bottleneck,bottleneck-x0.03,
-dense-x0.03). Every seed is a group with its own dense reference; OUT/fidelity.jsonl is resumed."""
+dense-x0.03, hybrid-w300, hybrid-w600, hybrid-lr0.7, hybrid-lr1.4, dense-lr1.4). Every seed is a group with its own dense reference; OUT/fidelity.jsonl is resumed."""
 import hashlib
 import json
 import sys
@@ -34,7 +34,17 @@ VARIANTS = {"dense": ("dense", None, ""),
             "bottleneck": ("bottleneck b=32", {"codec": "bottleneck", "rank": 32}, "16x"),
             "bottleneck-x0.03": ("bottleneck b=32, stages lr x0.03",
                                  {"codec": "bottleneck", "rank": 32, **LOW}, "16x"),
-            "dense-x0.03": ("dense, stages lr x0.03", {"codec": "dense", **LOW}, "")}
+            "dense-x0.03": ("dense, stages lr x0.03", {"codec": "dense", **LOW}, ""),
+            # the lr and warm-up per codec (section 3k): the hybrid's best and dense, each moved one way
+            "hybrid-w300": ("hybrid k=28 b=4, x0.03, 300 warm-up steps",
+                            {"rank": 28, "residual_width": 4, "warmup_steps": 300, **LOW}, "16x"),
+            "hybrid-w600": ("hybrid k=28 b=4, x0.03, 600 warm-up steps",
+                            {"rank": 28, "residual_width": 4, "warmup_steps": 600, **LOW}, "16x"),
+            "hybrid-lr0.7": ("hybrid k=28 b=4, x0.03, lr 7e-4", {"rank": 28, "residual_width": 4, "lr": 7e-4, **LOW},
+                             "16x"),
+            "hybrid-lr1.4": ("hybrid k=28 b=4, x0.03, lr 1.4e-3",
+                             {"rank": 28, "residual_width": 4, "lr": 1.4e-3, **LOW}, "16x"),
+            "dense-lr1.4": ("dense, lr 1.4e-3", {"codec": "dense", "lr": 1.4e-3}, "")}
 
 
 def build_corpus(out: Path) -> Path:

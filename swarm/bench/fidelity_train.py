@@ -20,6 +20,8 @@ from peer.pipeline import InProcessPipeline
 from protocol.codecs import DenseDecoder, DenseEncoder, SubspaceEncoder
 from protocol.spec import WIRE_DTYPES, RunSpec
 
+from .learned_boundary import LEARNED_BOUNDARIES, learned_boundaries
+
 
 @dataclass
 class Job:
@@ -50,7 +52,8 @@ class Job:
         if self.boundary == "full":
             return 1.0
         e = WIRE_DTYPES[spec.wire_dtype].itemsize
-        mine = spec.boundary_width * (1 if spec.quant == "int8" else e) + (e if spec.quant == "int8" else 0)
+        width = spec.rank if self.boundary in LEARNED_BOUNDARIES else spec.boundary_width
+        mine = width * (1 if spec.quant == "int8" else e) + (e if spec.quant == "int8" else 0)
         return spec.d_model * e / mine
 
 
@@ -130,6 +133,8 @@ def train_job(job: Job, data: str | None, device: str = "cpu", eval_every: int =
     pipe = InProcessPipeline(spec, device=device, serialize=False)
     if job.boundary == "full":
         full_width_boundaries(pipe)
+    elif job.boundary in LEARNED_BOUNDARIES:
+        learned_boundaries(pipe, job.boundary)
     steps, per_step = spec.total_steps, spec.batch_size * spec.seq_len
     eval_every = eval_every or max(1, steps // 10)
     res = JobResult(job.name, job.group, spec.to_dict(), job.note, job.compression(), 0, 0, math.nan, device=device,

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from protocol.spec import RunSpec, SpecError
+from protocol.spec import RunSpec, SpecError, preset
 from swarm.cli import build_parser, main
 from swarm.spec_flags import spec_from_args, spec_notes
 
@@ -124,6 +124,9 @@ def test_the_hybrid_width_reaches_the_spec_and_keeps_u_fixed(command, capsys):
     assert "8 bottleneck numbers a token" in spec_notes(spec)
     default = spec_from_args(build_parser().parse_args([command, "--preset", "small"]))
     assert not default.hybrid and "bottleneck numbers" not in spec_notes(default)
+    # the hybrid warms up over 3x the preset's steps (docs/fidelity.md 3k) unless the run names its own
+    assert (default.warmup_steps, spec.warmup_steps) == (100, 300)
+    assert preset("small", residual_width=8, warmup_steps=50).warmup_steps == 50
     with pytest.raises(SpecError, match="subspace codec's hybrid"):
         spec_from_args(build_parser().parse_args([command, "--codec", "bottleneck", "--residual-width", "8"]))
     assert main([command, "--residual-width", "-2", "--no-dashboard"] if command == "local"
