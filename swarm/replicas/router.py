@@ -121,16 +121,17 @@ class Router:
             log.warning("the DHT did not store this peer's announcement; it will retry on the next heartbeat")
 
     # ---------------------------------------------------------------- reading the directory
-    async def announced(self, stage: int, fresh: bool = False) -> list[StageAnnouncement]:
-        """Every unexpired announcement of `stage` (any state): read at most every `cache_seconds`, or every
-        `FRESH_READ_S` when `fresh`. A leading head asks for the members fresh several times a step (coverage,
-        the heads' shares, the commit), each a DHT read on the step's critical path (~20 ms a read on a
-        loaded machine, and a multi-hop lookup on the internet); announcements themselves are seconds old, so
-        a read half a second old loses nothing. A failure or a ban clears the cache: a peer that failed is
-        never kept by it."""
+    async def announced(self, stage: int, fresh: bool = False, recent: bool = False) -> list[StageAnnouncement]:
+        """Every unexpired announcement of `stage` (any state): read at most every `cache_seconds`; `recent`: at
+        most `FRESH_READ_S` old; `fresh`: read now. A leading head asks for the members several times a step
+        (coverage, the heads' shares, the commit), each a DHT read on the step's critical path (~20 ms a read on
+        a loaded machine, and a multi-hop lookup on the internet); announcements themselves are seconds old, so
+        a read half a second old loses nothing there (`recent`, `members`). A check of whether a peer that just
+        announced itself may send (membership, a joiner's donors) must see it: `fresh`, rate-limited by its
+        caller. A failure or a ban clears the cache: a peer that failed is never kept by it."""
         now = self.clock()
         cached = self._cache.get(stage)
-        if cached is None or now - cached[0] > (FRESH_READ_S if fresh else self.cache_seconds):
+        if fresh or cached is None or now - cached[0] > (FRESH_READ_S if recent else self.cache_seconds):
             peers = await self.dht.stage_peers(self.run_hash, stage)
             self._cache[stage] = (now, peers)
             return peers
@@ -155,9 +156,9 @@ class Router:
     def is_banned(self, peer: str) -> bool:
         return self._banned(peer, self.clock()) or self._revoked(peer)
 
-    async def live_peers(self, stage: int, fresh: bool = False) -> list[StageAnnouncement]:
+    async def live_peers(self, stage: int, fresh: bool = False, recent: bool = False) -> list[StageAnnouncement]:
         now = self.clock()
-        return [a for a in await self.announced(stage, fresh) if a.state in LIVE_STATES
+        return [a for a in await self.announced(stage, fresh, recent) if a.state in LIVE_STATES
                 and not self._banned(a.peer_id, now) and not self._revoked(a.peer_id)]
 
     async def lease(self, fresh: bool = False) -> LeaderLease | None:
@@ -194,7 +195,7 @@ class Router:
 
     async def members(self, stage: int) -> list[PeerInfo]:
         return [PeerInfo(a.peer_id, a.stage, a.state, a.step, a.throughput, a.leads)
-                for a in await self.live_peers(stage, fresh=True)]
+                for a in await self.live_peers(stage, recent=True)]
 
     # ---------------------------------------------------------------- routing
     def _rtt_estimate(self, peer: str, fastest: float | None = None) -> float:

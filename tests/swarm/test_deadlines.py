@@ -27,7 +27,7 @@ class LoopbackRouter(Router):
         super().__init__(dht=None, run_hash="r", peer_id=peer_id, maddrs=[], cache_seconds=0.0)
         self.net = net
 
-    async def announced(self, stage: int, fresh: bool = False) -> list[StageAnnouncement]:
+    async def announced(self, stage: int, fresh: bool = False, recent: bool = False) -> list[StageAnnouncement]:
         return [StageAnnouncement(p, "r", st.stage, [], st.throughput, 0, 0, st.state, "0", step=st.step,
                                   leads=st.leads)
                 for p, st in sorted(self.net.status.items()) if st.stage == stage and p not in self.net.down]

@@ -44,7 +44,7 @@ class Heads:
     async def admitted(self, peer: str) -> bool:
         return True
 
-    async def announced(self, stage: int, fresh: bool = False) -> list[SimpleNamespace]:
+    async def announced(self, stage: int, fresh: bool = False, recent: bool = False) -> list[SimpleNamespace]:
         return list(self.heads.values()) if stage == 0 else []
 
     async def live_peers(self, stage: int, fresh: bool = False) -> list[SimpleNamespace]:

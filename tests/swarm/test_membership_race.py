@@ -26,7 +26,7 @@ class LaggingView:
     async def admitted(self, peer: str) -> bool:
         return True
 
-    async def announced(self, stage: int, fresh: bool = False) -> list[SimpleNamespace]:
+    async def announced(self, stage: int, fresh: bool = False, recent: bool = False) -> list[SimpleNamespace]:
         if fresh:
             self.fresh_reads[stage] = self.fresh_reads.get(stage, 0) + 1
         if self.fresh_reads.get(stage, 0) < self.lag:

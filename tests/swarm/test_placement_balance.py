@@ -46,7 +46,7 @@ class BoardRouter(Router):
         super().__init__(dht=None, run_hash="r", peer_id=peer_id, maddrs=[], ttl=TTL)
         self.board = board
 
-    async def announced(self, stage: int, fresh: bool = False) -> list[StageAnnouncement]:
+    async def announced(self, stage: int, fresh: bool = False, recent: bool = False) -> list[StageAnnouncement]:
         return sorted((a for a in self.board.records.values()
                        if a.stage == stage and a.timestamp > self.board.time - TTL), key=lambda a: a.peer_id)
 

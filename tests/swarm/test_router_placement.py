@@ -22,7 +22,7 @@ class Directory(Router):
         super().__init__(dht=None, run_hash="r", peer_id=peer_id, maddrs=[])
         self.table = table
 
-    async def announced(self, stage: int, fresh: bool = False) -> list[StageAnnouncement]:
+    async def announced(self, stage: int, fresh: bool = False, recent: bool = False) -> list[StageAnnouncement]:
         return [StageAnnouncement(p, "r", stage, [], t, 0, 0, "online", "0") for p, t in self.table.get(stage, [])]
 
 
@@ -137,7 +137,8 @@ async def test_a_replica_measured_slow_once_gets_work_again_once_that_round_trip
 async def test_fresh_reads_of_the_members_reach_the_dht_at_most_twice_a_second_and_a_failure_forgets_them():
     """A leading head asks for every stage's members fresh at a step's start, for the heads' shares and at the
     commit: each a DHT read on the step's critical path. Within FRESH_READ_S the last read serves; a failure
-    reported meanwhile clears it (the failed peer is filtered by its ban, and the next read is a real one)."""
+    reported meanwhile clears it (the failed peer is filtered by its ban, and the next read is a real one); a fresh
+    read (a membership check) always reaches the DHT."""
     class CountingDHT:
         reads = 0
 
@@ -157,3 +158,5 @@ async def test_fresh_reads_of_the_members_reach_the_dht_at_most_twice_a_second_a
     assert [p.peer_id for p in await r.members(1)] == ["b"] and dht.reads == 3  # cleared and banned
     await r.live_peers(1)
     assert dht.reads == 3  # a plain (not fresh) read keeps the cache for cache_seconds
+    # a membership check must see a peer that announced a moment ago (a joiner asking for state): read now
+    assert len(await r.live_peers(1, fresh=True)) == 1 and dht.reads == 4
