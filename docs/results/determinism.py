@@ -4,16 +4,14 @@ side by side, with and without `torch.use_deterministic_algorithms(True)`. Secti
 Usage: DETERMINISTIC=0|1 determinism.py OUT PER_DEVICE BUDGET_S STEPS   (OUT/fidelity.jsonl is resumed)."""
 import os
 import sys
-from pathlib import Path
 
 if os.environ.get("DETERMINISTIC") == "1":  # at import: the queue's spawned workers run this before CUDA starts
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     import torch
     torch.use_deterministic_algorithms(True)
 
-from gap_corpus import LOW, build_corpus  # noqa: E402
+from gap_corpus import LOW, run_jobs  # noqa: E402
 
-from swarm.bench import fidelity  # noqa: E402
 from swarm.bench.fidelity_plan import dense, plan_shape  # noqa: E402
 from swarm.bench.fidelity_train import Job  # noqa: E402
 
@@ -28,10 +26,4 @@ def twin_jobs(steps: int) -> list[Job]:
 
 
 if __name__ == "__main__":
-    out_dir, steps = Path(sys.argv[1]), int(sys.argv[4])
-    out_dir.mkdir(parents=True, exist_ok=True)
-    jobs = twin_jobs(steps)
-    fidelity.jobs_for = lambda plan, groups, best=None: jobs
-    fidelity.run_fidelity_bench(str(out_dir), plan="gpu", device="cuda", parallel=1, per_device=int(sys.argv[2]),
-                                budget_s=float(sys.argv[3]), groups=(jobs[0].group,),
-                                data=str(build_corpus(out_dir)), resume=True)
+    run_jobs(twin_jobs(int(sys.argv[4])), sys.argv)

@@ -8,7 +8,8 @@ the device (its size and sha256 go into OUT/corpus.json; it depends on the devic
 (k=28 b=4) and the subspace codec's default (k=32), both with the stages before the last at lr x0.03.
 Usage: gap_corpus.py OUT PER_DEVICE BUDGET_S STEPS SEEDS NAMES   (SEEDS e.g. 0,1; NAMES a comma list of
 dense,hybrid,subspace,hybrid24,hybrid20,hybrid-x0.1,hybrid-x0.01,bottleneck,bottleneck-x0.03,
-dense-x0.03, hybrid-w300, hybrid-w600, hybrid-lr0.7, hybrid-lr1.4, dense-lr1.4). Every seed is a group with its own dense reference; OUT/fidelity.jsonl is resumed."""
+dense-x0.03,hybrid-w300,hybrid-w600,hybrid-lr0.7,hybrid-lr1.4,dense-lr1.4). Every seed is a group
+with its own dense reference; OUT/fidelity.jsonl is resumed."""
 import hashlib
 import json
 import sys
@@ -78,11 +79,17 @@ def corpus_jobs(steps: int, seeds: list[int], names: list[str]) -> list:
     return out
 
 
-if __name__ == "__main__":  # the queue's workers are spawned: they import this file again
-    out_dir, steps = Path(sys.argv[1]), int(sys.argv[4])
+def run_jobs(jobs: list, argv: list[str]) -> None:
+    """The GPU call of this script and its siblings (learned_gap.py, determinism.py): argv = OUT PER_DEVICE
+    BUDGET_S ...; `jobs` into OUT on the corpus built there, resumed from OUT/fidelity.jsonl."""
+    out_dir = Path(argv[1])
     out_dir.mkdir(parents=True, exist_ok=True)
-    jobs = corpus_jobs(steps, [int(x) for x in sys.argv[5].split(",")], sys.argv[6].split(","))
     fidelity.jobs_for = lambda plan, groups, best=None: jobs
-    fidelity.run_fidelity_bench(str(out_dir), plan="gpu", device="cuda", parallel=1, per_device=int(sys.argv[2]),
-                                budget_s=float(sys.argv[3]), groups=tuple(sorted({j.group for j in jobs})),
+    fidelity.run_fidelity_bench(str(out_dir), plan="gpu", device="cuda", parallel=1, per_device=int(argv[2]),
+                                budget_s=float(argv[3]), groups=tuple(sorted({j.group for j in jobs})),
                                 data=str(build_corpus(out_dir)), resume=True)
+
+
+if __name__ == "__main__":  # the queue's workers are spawned: they import this file again
+    run_jobs(corpus_jobs(int(sys.argv[4]), [int(x) for x in sys.argv[5].split(",")], sys.argv[6].split(",")),
+             sys.argv)

@@ -6,11 +6,9 @@ Usage: learned_gap.py OUT PER_DEVICE BUDGET_S STEPS SEEDS NAMES   (NAMES a comma
 learned, learned-x0.03, learned-noanchor-x0.03, learned-fixedu-x0.03, learned-fixedu,
 learned-noanchor, learned-projlr1-x0.03); OUT/fidelity.jsonl is resumed."""
 import sys
-from pathlib import Path
 
-from gap_corpus import LOW, build_corpus
+from gap_corpus import LOW, run_jobs
 
-from swarm.bench import fidelity
 from swarm.bench.fidelity_plan import dense, plan_shape
 from swarm.bench.fidelity_train import Job
 
@@ -44,10 +42,5 @@ def learned_jobs(steps: int, seeds: list[int], names: list[str]) -> list[Job]:
 
 
 if __name__ == "__main__":  # the queue's workers are spawned: they import this file again
-    out_dir, steps = Path(sys.argv[1]), int(sys.argv[4])
-    out_dir.mkdir(parents=True, exist_ok=True)
-    jobs = learned_jobs(steps, [int(x) for x in sys.argv[5].split(",")], sys.argv[6].split(","))
-    fidelity.jobs_for = lambda plan, groups, best=None: jobs
-    fidelity.run_fidelity_bench(str(out_dir), plan="gpu", device="cuda", parallel=1, per_device=int(sys.argv[2]),
-                                budget_s=float(sys.argv[3]), groups=tuple(sorted({j.group for j in jobs})),
-                                data=str(build_corpus(out_dir)), resume=True)
+    run_jobs(learned_jobs(int(sys.argv[4]), [int(x) for x in sys.argv[5].split(",")], sys.argv[6].split(",")),
+             sys.argv)
