@@ -52,7 +52,7 @@ HASH_NEUTRAL_DEFAULTS: dict[str, Any] = {**LR_OPTIONS, "microbatches_in_flight":
 # the width from which it applies.
 STAGE_LR_FROM_WIDTH = 512
 STAGE_LR_SCALE = 0.03
-HYBRID_WARMUP_SCALE = 3  # a hybrid warms up 3x the preset's steps: -2.4..-5.5% held-out loss at small (fidelity.md 3k)
+HYBRID_WARMUP_SCALE = 3  # a hybrid warms up 3x the preset's steps: lower loss on every seed at small (fidelity.md 3k)
 
 
 class SpecError(ValueError):

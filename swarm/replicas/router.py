@@ -64,7 +64,9 @@ log = logging.getLogger(__name__)
 LIVE_STATES = ("online", "paused")  # announced states of replicas that take microbatches and reduce
 RTT_DECAY = 0.7
 MAX_BAN_S = 600.0
-FRESH_READ_S = 0.5  # a fresh read (a stage's announcements, the leader lease) at most twice a second
+# the leader lease read `fresh`, and a stage's announcements read `recent` (the leading head's `members`), at most
+# twice a second; a stage's announcements read `fresh` (a membership check) reach the DHT every time
+FRESH_READ_S = 0.5
 BAD_DATA_BAN_S = 300.0  # a peer that sent out-of-band numbers: longer than any step's retries
 PROBATION_PAUSE_FACTOR = 40.0  # a failed probe closes its stage's probation for 40x the time it wasted
 PROBATION_PAUSE_MIN_S = 1.0
