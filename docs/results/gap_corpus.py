@@ -8,7 +8,8 @@ the device (its size and sha256 go into OUT/corpus.json; it depends on the devic
 (k=28 b=4) and the subspace codec's default (k=32), both with the stages before the last at lr x0.03.
 Usage: gap_corpus.py OUT PER_DEVICE BUDGET_S STEPS SEEDS NAMES   (SEEDS e.g. 0,1; NAMES a comma list of
 dense,hybrid,subspace,hybrid24,hybrid20,hybrid-x0.1,hybrid-x0.01,bottleneck,bottleneck-x0.03,
-dense-x0.03,hybrid-w300,hybrid-w600,hybrid-lr0.7,hybrid-lr1.4,dense-lr1.4). Every seed is a group
+dense-x0.03,hybrid-w300,hybrid-w600,hybrid-lr0.7,hybrid-lr1.4,dense-lr1.4,hybrid-w300-x0.1,
+hybrid-w300-x0.05,hybrid30-w300,subspace-w300). Every seed is a group
 with its own dense reference; OUT/fidelity.jsonl is resumed."""
 import hashlib
 import json
@@ -45,7 +46,17 @@ VARIANTS = {"dense": ("dense", None, ""),
                              "16x"),
             "hybrid-lr1.4": ("hybrid k=28 b=4, x0.03, lr 1.4e-3",
                              {"rank": 28, "residual_width": 4, "lr": 1.4e-3, **LOW}, "16x"),
-            "dense-lr1.4": ("dense, lr 1.4e-3", {"codec": "dense", "lr": 1.4e-3}, "")}
+            "dense-lr1.4": ("dense, lr 1.4e-3", {"codec": "dense", "lr": 1.4e-3}, ""),
+            # levers on top of the hybrid's new default warm-up (section 3n), and the subspace codec's own warm-up
+            "hybrid-w300-x0.1": ("hybrid k=28 b=4, x0.1, 300 warm-up steps",
+                                 {"rank": 28, "residual_width": 4, "warmup_steps": 300,
+                                  "constrained_stage_lr_scale": 0.1}, "16x"),
+            "hybrid-w300-x0.05": ("hybrid k=28 b=4, x0.05, 300 warm-up steps",
+                                  {"rank": 28, "residual_width": 4, "warmup_steps": 300,
+                                   "constrained_stage_lr_scale": 0.05}, "16x"),
+            "hybrid30-w300": ("hybrid k=30 b=2, x0.03, 300 warm-up steps",
+                              {"rank": 30, "residual_width": 2, "warmup_steps": 300, **LOW}, "16x"),
+            "subspace-w300": ("subspace k=32, x0.03, 300 warm-up steps", {"warmup_steps": 300, **LOW}, "16x")}
 
 
 def build_corpus(out: Path) -> Path:
