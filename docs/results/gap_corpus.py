@@ -9,7 +9,7 @@ the device (its size and sha256 go into OUT/corpus.json; it depends on the devic
 Usage: gap_corpus.py OUT PER_DEVICE BUDGET_S STEPS SEEDS NAMES   (SEEDS e.g. 0,1; NAMES a comma list of
 dense,hybrid,subspace,hybrid24,hybrid20,hybrid-x0.1,hybrid-x0.01,bottleneck,bottleneck-x0.03,
 dense-x0.03,hybrid-w300,hybrid-w600,hybrid-lr0.7,hybrid-lr1.4,dense-lr1.4,hybrid-w300-x0.1,
-hybrid-w300-x0.05,hybrid30-w300,subspace-w300). Every seed is a group
+hybrid-w300-x0.05,hybrid-w300-x0.15,hybrid-w300-x0.2,hybrid30-w300,subspace-w300). Every seed is a group
 with its own dense reference; OUT/fidelity.jsonl is resumed."""
 import hashlib
 import json
@@ -54,6 +54,12 @@ VARIANTS = {"dense": ("dense", None, ""),
             "hybrid-w300-x0.05": ("hybrid k=28 b=4, x0.05, 300 warm-up steps",
                                   {"rank": 28, "residual_width": 4, "warmup_steps": 300,
                                    "constrained_stage_lr_scale": 0.05}, "16x"),
+            "hybrid-w300-x0.15": ("hybrid k=28 b=4, x0.15, 300 warm-up steps",
+                                  {"rank": 28, "residual_width": 4, "warmup_steps": 300,
+                                   "constrained_stage_lr_scale": 0.15}, "16x"),
+            "hybrid-w300-x0.2": ("hybrid k=28 b=4, x0.2, 300 warm-up steps",
+                                 {"rank": 28, "residual_width": 4, "warmup_steps": 300,
+                                  "constrained_stage_lr_scale": 0.2}, "16x"),
             "hybrid30-w300": ("hybrid k=30 b=2, x0.03, 300 warm-up steps",
                               {"rank": 30, "residual_width": 2, "warmup_steps": 300, **LOW}, "16x"),
             "subspace-w300": ("subspace k=32, x0.03, 300 warm-up steps", {"warmup_steps": 300, **LOW}, "16x")}
