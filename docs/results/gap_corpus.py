@@ -13,6 +13,7 @@ hybrid-w300-x0.05,hybrid-w300-x0.15,hybrid-w300-x0.2,hybrid30-w300,subspace-w300
 with its own dense reference; OUT/fidelity.jsonl is resumed."""
 import hashlib
 import json
+import os
 import sys
 import sysconfig
 from pathlib import Path
@@ -71,8 +72,9 @@ def build_corpus(out: Path) -> Path:
     roots = [Path(sysconfig.get_paths()["stdlib"]), Path(torch.__file__).parent]
     files = [f for root in roots for f in _directory_files(root, _STDLIB_SKIP | {"testing"})]
     data = DOCUMENT_SEPARATOR.join(b for b in (f.read_bytes() for f in files) if b)
-    path = Path("/tmp/gap_corpus.txt")
-    path.write_bytes(data)
+    path, part = Path("/tmp/gap_corpus.txt"), Path(f"/tmp/gap_corpus.{os.getpid()}")
+    part.write_bytes(data)
+    part.replace(path)  # whole at once: two calls side by side each build it while the other's jobs read it
     (out / "corpus.json").write_text(json.dumps({
         "bytes": len(data), "files": len(files), "sha256": hashlib.sha256(data).hexdigest(),
         "roots": [str(r) for r in roots], "torch": torch.__version__, "python": sys.version.split()[0]}, indent=1))
