@@ -126,6 +126,10 @@ def test_the_hybrid_width_reaches_the_spec_and_keeps_u_fixed(command, capsys):
     assert not default.hybrid and "bottleneck numbers" not in spec_notes(default)
     # the hybrid warms up over 3x the preset's steps (docs/fidelity.md 3k) unless the run names its own
     assert (default.warmup_steps, spec.warmup_steps) == (100, 300)
+    # and its stages before the last train at 0.1 x the lr (3n), where the subspace codec's train at 0.03
+    assert (default.constrained_stage_lr_scale, spec.constrained_stage_lr_scale) == (0.03, 0.1)
+    assert preset("small", residual_width=8, constrained_stage_lr_scale=0.03).constrained_stage_lr_scale == 0.03
+    assert preset("tiny", residual_width=8).constrained_stage_lr_scale == 1.0  # below the width it applies from
     assert preset("small", residual_width=8, warmup_steps=50).warmup_steps == 50
     with pytest.raises(SpecError, match="subspace codec's hybrid"):
         spec_from_args(build_parser().parse_args([command, "--codec", "bottleneck", "--residual-width", "8"]))
