@@ -52,9 +52,13 @@ HASH_NEUTRAL_DEFAULTS: dict[str, Any] = {**LR_OPTIONS, "microbatches_in_flight":
 # the width from which it applies.
 STAGE_LR_FROM_WIDTH = 512
 STAGE_LR_SCALE = 0.03
-HYBRID_WARMUP_SCALE = 3  # a hybrid warms up 3x the preset's steps: lower loss on every seed at small (fidelity.md 3k)
-# the hybrid's stages, free, train best a little faster: with that warm-up 0.1 beat 0.03 on 4 of 5 seeds at small and
-# 1x the tokens (+2.0% against +3.6%), on both at 2x, and tied in the record shape; 0.05, 0.15, 0.2 did worse (3n)
+# A hybrid sending at most HYBRID_TUNED_RATIO x fewer numbers than d warms up over 3x the preset's steps (lower loss
+# on every seed at small 16x, fidelity.md 3k) and its stages, free, train a little faster than the subspace codec's:
+# with that warm-up 0.1 beat 0.03 on 4 of 5 seeds at 16x (+2.0% against +3.6%), on both at 2x the tokens, and tied
+# in the record shape; 0.05, 0.15, 0.2 did worse. At ~100x both made it worse (3n), so a narrower hybrid keeps the
+# subspace codec's stage lr and the preset's warm-up.
+HYBRID_TUNED_RATIO = 16
+HYBRID_WARMUP_SCALE = 3
 HYBRID_STAGE_LR_SCALE = 0.1
 
 
@@ -403,9 +407,9 @@ def preset(name: str, **overrides: Any) -> RunSpec:
     """A named preset with overrides; `stages=N` re-cuts the layers into N stages. A subspace run of
     d_model >= `STAGE_LR_FROM_WIDTH` with more than one stage trains its stages before the last at
     `STAGE_LR_SCALE` x the lr unless `constrained_stage_lr_scale` is given (1.0 is the published method).
-    A hybrid (`residual_width` > 0) keeps U fixed unless `basis_updates` is given, warms up over
-    `HYBRID_WARMUP_SCALE` x the preset's warm-up steps unless `warmup_steps` is given, and its stage lr (from
-    the same width) is `HYBRID_STAGE_LR_SCALE`."""
+    A hybrid (`residual_width` > 0) keeps U fixed unless `basis_updates` is given; one whose k + b numbers a
+    token are at least d / `HYBRID_TUNED_RATIO` warms up over `HYBRID_WARMUP_SCALE` x the preset's warm-up
+    steps unless `warmup_steps` is given, and its stage lr (from the same width) is `HYBRID_STAGE_LR_SCALE`."""
     if name not in PRESETS:
         raise SpecError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}.")
     fields = dict(PRESETS[name])
@@ -415,12 +419,15 @@ def preset(name: str, **overrides: Any) -> RunSpec:
         fields["basis_switch_delay"] = max(1, min(10, fields["basis_interval"] // 2))
     if stages is not None:
         fields["stage_layers"] = split_layers(fields.get("n_layers", RunSpec.n_layers), stages)
+    width = fields.get("rank", RunSpec.rank) + fields.get("residual_width", 0)
+    tuned_hybrid = bool(fields.get("residual_width")) and width * HYBRID_TUNED_RATIO >= fields.get(
+        "d_model", RunSpec.d_model)
     if ("constrained_stage_lr_scale" not in fields and fields.get("codec", RunSpec.codec) == "subspace"
             and fields.get("d_model", RunSpec.d_model) >= STAGE_LR_FROM_WIDTH
             and len(fields.get("stage_layers", RunSpec.stage_layers)) > 1):
-        fields["constrained_stage_lr_scale"] = HYBRID_STAGE_LR_SCALE if fields.get("residual_width") else STAGE_LR_SCALE
+        fields["constrained_stage_lr_scale"] = HYBRID_STAGE_LR_SCALE if tuned_hybrid else STAGE_LR_SCALE
     if fields.get("residual_width") and "basis_updates" not in fields:
         fields["basis_updates"] = False  # the hybrid keeps U fixed
-    if fields.get("residual_width") and overrides.get("warmup_steps") is None:
+    if tuned_hybrid and overrides.get("warmup_steps") is None:
         fields["warmup_steps"] = HYBRID_WARMUP_SCALE * fields.get("warmup_steps", RunSpec.warmup_steps)
     return RunSpec(**fields)

@@ -130,6 +130,10 @@ def test_the_hybrid_width_reaches_the_spec_and_keeps_u_fixed(command, capsys):
     assert (default.constrained_stage_lr_scale, spec.constrained_stage_lr_scale) == (0.03, 0.1)
     assert preset("small", residual_width=8, constrained_stage_lr_scale=0.03).constrained_stage_lr_scale == 0.03
     assert preset("tiny", residual_width=8).constrained_stage_lr_scale == 1.0  # below the width it applies from
+    # at ~100x both made the hybrid worse (3n): 3 + 2 numbers of d=512 keep the subspace codec's stage lr and warm-up
+    narrow = preset("small", rank=3, residual_width=2)
+    assert (narrow.warmup_steps, narrow.constrained_stage_lr_scale) == (100, 0.03)
+    assert preset("small", rank=30, residual_width=2).warmup_steps == 300  # exactly 16x still is tuned
     assert preset("small", residual_width=8, warmup_steps=50).warmup_steps == 50
     with pytest.raises(SpecError, match="subspace codec's hybrid"):
         spec_from_args(build_parser().parse_args([command, "--codec", "bottleneck", "--residual-width", "8"]))
