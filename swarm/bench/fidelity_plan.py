@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from protocol.spec import RunSpec, preset
+from protocol.spec import HYBRID_STAGE_LR_SCALE, HYBRID_WARMUP_SCALE, RunSpec, preset
 
 from .fidelity_train import Job
 
@@ -182,8 +182,11 @@ def refit_jobs(s: PlanShape, priority: int = 3) -> list[Job]:
 def hybrid_jobs(s: PlanShape, priority: int = 3) -> list[Job]:
     """Issue 24's hybrid at the plan's numbers per token (k = d/16 in all): 3/4 of them exact subspace
     coordinates, 1/4 a trained bottleneck of what the (free) stages write outside span(U), with and without
-    the stage lr x0.03, beside the subspace codec with it (its default from d=512 up) and dense."""
+    the stage lr x0.03 and with the hybrid's tuned defaults at 16x (stages lr x0.1, 3x the warm-up; fidelity.md
+    3n), beside the subspace codec with x0.03 (its default from d=512 up) and dense."""
     low = dict(constrained_stage_lr_scale=0.03)
+    tuned = dict(constrained_stage_lr_scale=HYBRID_STAGE_LR_SCALE,
+                 warmup_steps=HYBRID_WARMUP_SCALE * s.base.warmup_steps)
     k = s.base.rank - max(1, s.base.rank // 4)
     b = s.base.rank - k
     return [_job("dense", "hybrid", dense(s.base), priority),
@@ -191,7 +194,9 @@ def hybrid_jobs(s: PlanShape, priority: int = 3) -> list[Job]:
             _job(f"hybrid k={k} b={b}", "hybrid", s.base.replace(rank=k, residual_width=b), priority,
                  "free stages; b numbers a token of a trained bottleneck beside the k exact"),
             _job(f"hybrid k={k} b={b}, stages lr x0.03", "hybrid", s.base.replace(rank=k, residual_width=b, **low),
-                 priority, "free stages; b numbers a token of a trained bottleneck beside the k exact")]
+                 priority, "free stages; b numbers a token of a trained bottleneck beside the k exact"),
+            _job(f"hybrid k={k} b={b}, stages lr x0.1, warm-up x3", "hybrid",
+                 s.base.replace(rank=k, residual_width=b, **tuned), priority, "the hybrid's defaults at 16x")]
 
 
 def gap_jobs(s: PlanShape, seed: int, group: str, priority: int = 2) -> list[Job]:

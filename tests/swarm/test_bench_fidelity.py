@@ -46,6 +46,8 @@ def test_fidelity_bench_smoke(tmp_path):
     # the hybrid (issue 24) sends its k + b numbers: 16x like the subspace row it is set beside
     assert rows[("hybrid", "hybrid k=3 b=1, stages lr x0.03")]["compression"] == 16
     assert [r["spec"]["residual_width"] for r in lines if r["name"] == "hybrid k=3 b=1"] == [1]
+    tuned = next(r["spec"] for r in lines if r["name"] == "hybrid k=3 b=1, stages lr x0.1, warm-up x3")
+    assert (tuned["constrained_stage_lr_scale"], tuned["residual_width"]) == (0.1, 1)
     # the re-fitted rows really switched U; the fixed ones never did
     assert all(r["switches"] >= 1 for r in lines if r["spec"]["basis_updates"])
     assert all(r["switches"] == 0 for r in lines if not r["spec"]["basis_updates"])
