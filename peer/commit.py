@@ -12,7 +12,9 @@ The step driver sends every peer of every stage a command (protocol/control.py):
 
 The all-reduce: every replica sends its contribution (its microbatches and the flat sum of
 their gradients) to every other candidate; a candidate that is not at this step says so and
-is left out; then each adds the contributions up in ascending peer-id order. Addition in one
+is left out (one step short of it, a reduce command, contribution or probe first waits, bounded, for the
+apply of the step before, which the leader sends while the next step starts: `StageDaemon.until_step`);
+then each adds the contributions up in ascending peer-id order. Addition in one
 order gives every replica the same bits, so replicas stay identical, and since the summed
 gradient is the same whatever replica computed each microbatch, a swarm of replicas trains
 like one process (to float rounding of the changed summation order). A replica holding
@@ -149,6 +151,8 @@ class StepCommit:
     async def handle(self, cmd: Command, local: bool = False) -> CommandReply:
         """Carry out one command of the driver (also called directly by a driver on this peer: `local`,
         whose apply replies before the state hash is done; `hasher.on_hashed` hears it)."""
+        if cmd.op == "reduce":  # the apply of the step before may still be on its way here (StageDaemon.until_step)
+            await self.daemon.until_step(cmd.step)
         step, d = self.runner.step, self.daemon
         if cmd.op == "lease":  # read the leader lease again now: it asks nothing else, so anyone may ask
             if self.on_lease is not None:
@@ -318,6 +322,7 @@ class StepCommit:
             return d.refuse(str(e), sender)
         if isinstance(c, InputsRequest):
             return self.share_check.serve(c)
+        await d.until_step(c.step)  # as the reduce command: a sibling may start the next step's reduce first
         if isinstance(c, ReduceProbe):
             return encode_probe_reply(self._running.state(c.step, c.attempt, (self.runner.step, d.attempt)))
         return self.exchange.receive(c, sender)

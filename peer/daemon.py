@@ -216,18 +216,25 @@ class StageDaemon(InboundHandlers, MicrobatchForwarding):
         self._forget_flight()
         await self.run(self.runner.abort_step)
 
-    async def _admit(self, h: Header, sender: str) -> tuple[str, str] | None:
-        """(reason, code) to refuse a message that is not for this stage's step and attempt in
-        progress. A message of the next step waits (bounded) while this stage applies the
-        current one. Refusals say which rule failed, never which step this stage is on."""
-        if h.step == self.runner.step + 1 or self.stepping:
+    async def until_step(self, step: int) -> None:
+        """Hold a message or command of the next step (at most `future_step_wait` s) while this stage has yet
+        to apply the current one: the leader tells the replicas to apply a step while the next one starts, on
+        streams of their own, so its apply may reach a replica after the next step's first messages (a
+        reduce command, say, to a replica that got no microbatch of that step)."""
+        if step == self.runner.step + 1 or self.stepping:
             deadline = time.monotonic() + self.future_step_wait
-            while (h.step > self.runner.step or self.stepping) and time.monotonic() < deadline:
+            while (step > self.runner.step or self.stepping) and time.monotonic() < deadline:
                 self._step_changed.clear()
                 try:
                     await asyncio.wait_for(self._step_changed.wait(), timeout=max(0.01, deadline - time.monotonic()))
                 except TimeoutError:
                     pass
+
+    async def _admit(self, h: Header, sender: str) -> tuple[str, str] | None:
+        """(reason, code) to refuse a message that is not for this stage's step and attempt in
+        progress. A message of the next step waits (bounded) while this stage applies the
+        current one. Refusals say which rule failed, never which step this stage is on."""
+        await self.until_step(h.step)
         if h.step < self.runner.step:
             return "the message is for a step already finished here.", "duplicate"
         if h.step != self.runner.step:

@@ -1,7 +1,8 @@
 """A reduce waiting for a replica's contribution, in one process over the loopback network: a
 replica that dies after taking the others' contributions (in either round of PowerSGD), or
 that never got its reduce command, costs seconds and a retry, not the reduce timeout; a live
-replica that is slow to send is waited for; and a probe gets the answer its state calls for."""
+replica that is slow to send is waited for; a reduce command that overtakes the last step's apply
+waits for it; and a probe gets the answer its state calls for."""
 from __future__ import annotations
 
 import asyncio
@@ -156,6 +157,46 @@ async def test_a_replica_that_got_no_reduce_command_is_given_up_on_within_second
     assert link.lost == 1
     assert logs[AT_STEP].attempts == 2 and logs[AT_STEP].seconds < 10.0
     assert "replica s1r1 took no part in the reduce" in caplog.text
+    assert_close([log.loss for log in logs], oracle(spec, STEPS), 1e-10)
+
+
+class LateApplyFor(LoopbackLink):
+    """The leader's apply of step AT_STEP reaches `victim` only after the leader's next command to it (the
+    next step's reduce, when `victim` gets no microbatch of that step): commands travel on streams of their
+    own, in no order (seen on shaped links: the apply queued behind a contribution on the downlink)."""
+    victim, held, sent, overtook = "", None, None, None
+
+    async def request(self, peer: str, kind: str, body: bytes, timeout: float | None = None) -> bytes:
+        cls = type(self)
+        if kind == KIND_CONTROL and peer == cls.victim:
+            cmd = _fields(body)
+            if cmd["o"] == "apply" and cmd["s"] == AT_STEP:
+                cls.held.set()
+                await asyncio.wait_for(cls.sent.wait(), 30.0)  # bounded: a broken setup fails instead of hanging
+            elif cls.held.is_set() and not cls.sent.is_set():
+                cls.overtook = (cmd["o"], cmd["s"])
+                cls.sent.set()
+        return await super().request(peer, kind, body, timeout)
+
+
+async def test_a_reduce_command_that_overtakes_the_last_steps_apply_waits_for_it():
+    """Answered "not at this step" at once, it left the other replica waiting for its contribution until
+    it gave up on it (dead_after), and the step was re-driven: the long stalls of 3 x 2 local swarms."""
+    spec = spec_for("subspace", "fp64")
+    link = type("Link", (LateApplyFor,), {"victim": "s1r1", "held": asyncio.Event(), "sent": asyncio.Event()})
+    swarm = await make_swarm(spec, [1, 2], link, **patient_options())
+    head = swarm.peers["s0r0"].daemon.directory
+    pick = head.pick
+    head.pick = lambda stage, exclude=frozenset(): pick(stage, exclude | {"s1r1"})  # s1r1 gets no microbatch
+    try:
+        logs = await swarm.drive(STEPS)
+        await swarm.applied()
+    finally:
+        await swarm.stop()
+    assert link.overtook == ("reduce", AT_STEP + 1)
+    assert [log.attempts for log in logs] == [1] * STEPS
+    a, b = swarm.peers["s1r0"].runner, swarm.peers["s1r1"].runner
+    assert a.step == b.step == STEPS and param_hash(a) == param_hash(b)
     assert_close([log.loss for log in logs], oracle(spec, STEPS), 1e-10)
 
 
