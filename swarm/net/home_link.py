@@ -4,13 +4,16 @@
 reply, to any peer) and `HomeLink.receive(nbytes)` after it has read one.
 
 The uplink is a `LinkShaper` (shaper.py: fair sharing among frames in flight, burst, latency).
-The downlink (`DownlinkShaper`) is a token bucket of its own bandwidth that every received
-frame passes through. A frame's bytes flow into the downlink while they leave the sender's
-uplink, so its own n / rate of downlink time overlaps the sender's serialization (exactly,
-when the sender's uplink is no faster than this downlink: equal rates, or a home line's
-faster downlink); what the receiver waits for on top is the downlink's backlog, i.e. frames
-from other senders that arrived before it. One stream costs nothing extra; two senders into
-one downlink share it.
+The downlink (`DownlinkShaper`) is a queue of its own bandwidth that every received frame passes
+through. A frame's bytes flow into the downlink while they leave the sender's uplink, so its own
+n / rate of downlink time overlaps the sender's serialization (exactly, when the sender's uplink
+is no faster than this downlink: equal rates, or a home line's faster downlink): a frame whose
+last byte arrives at t took the downlink from t - n / rate at the latest, or from when the frames
+before it were through, whichever is later, and the receiver waits for what of that runs past t.
+One stream costs nothing extra, a small frame right behind a large one from the same sender
+included; two senders into one downlink share it; a frame waits only for the part of another's
+transfer that overlapped its own. (A sender faster than this downlink is not slowed to its
+rate: the receiver cannot tell when such a frame started.)
 
 Packets (`Packets`): a home line's rate counts IP packets, not our frames. A frame of n bytes
 takes n + ceil(n / mss) * header bytes of the line (TCP/IPv4 with timestamps in Ethernet
@@ -27,7 +30,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from .shaper import BUCKET_SECONDS, MIN_BUCKET_BYTES, LinkShaper, parse_bandwidth
+from .shaper import LinkShaper, parse_bandwidth
 
 __all__ = ["DownlinkShaper", "HomeLink", "Packets"]
 
@@ -50,7 +53,8 @@ class Packets:
 
 
 class DownlinkShaper:
-    """One emulated incoming link: a token bucket whose backlog received frames wait out."""
+    """One emulated incoming link: a queue of its bandwidth that received frames pass through, each from
+    when its bytes began to arrive (module docstring)."""
 
     def __init__(
         self,
@@ -60,10 +64,8 @@ class DownlinkShaper:
         sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
     ) -> None:
         self._rate = None if bandwidth_bps is None else parse_bandwidth(float(bandwidth_bps)) / 8  # bytes/s
-        self.depth = 0.0 if self._rate is None else max(float(MIN_BUCKET_BYTES), self._rate * BUCKET_SECONDS)
         self._clock, self._sleep = clock, sleep
-        self._tokens = 0.0
-        self._updated = clock()
+        self._free_at = -math.inf  # when the frames received so far are through the downlink
         self.bytes = 0
 
     @property
@@ -75,19 +77,17 @@ class DownlinkShaper:
         return 0.0 if self._rate is None else self.bytes / self._rate
 
     def queue_delay_for(self, nbytes: int) -> float:
-        """Take `nbytes` from the bucket now; returns the wait beyond the frame's own n / rate,
-        which overlapped the sender's uplink: the backlog of frames that arrived before it."""
+        """A frame of `nbytes` whose last byte arrives now: its bytes took the downlink over
+        [start, start + n / rate] with start = max(when the earlier frames were through, now - n / rate),
+        its own n / rate overlapping the sender's uplink; returns the wait past now."""
         if nbytes < 0:
             raise ValueError(f"cannot receive a negative number of bytes ({nbytes}).")
         self.bytes += nbytes
         if self._rate is None:
             return 0.0
-        now = self._clock()
-        self._tokens = min(self.depth, self._tokens + max(0.0, now - self._updated) * self._rate)
-        self._updated = now
-        backlog = max(0.0, -self._tokens)
-        self._tokens -= nbytes
-        return backlog / self._rate
+        now, own = self._clock(), nbytes / self._rate
+        self._free_at = max(self._free_at, now - own) + own
+        return max(0.0, self._free_at - now)
 
     async def receive(self, nbytes: int) -> None:
         delay = self.queue_delay_for(nbytes)

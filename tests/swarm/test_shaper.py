@@ -175,12 +175,31 @@ async def test_one_stream_pays_the_downlink_nothing_extra():
 
 async def test_two_senders_share_one_downlink():
     """Two 1 MB frames from two senders, each at 8 Mbit/s, both fully sent at t = 1 s: the receiver's
-    8 Mbit/s downlink carried (a burst plus) 1 MB by then, the second megabyte takes ~1 s more."""
+    8 Mbit/s downlink carried 1 MB by then, the second megabyte takes 1 s more."""
     clock = VirtualClock()
     link = home(clock)
     first, second = await clock.run(received(clock, link, 1_000_000, 1.0), received(clock, link, 1_000_000, 1.0))
     assert first == pytest.approx(1.0)
-    assert second == pytest.approx(2.0 - MIN_BUCKET_BYTES / 1e6)
+    assert second == pytest.approx(2.0)
+
+
+async def test_a_small_frame_right_behind_a_large_one_is_not_charged_the_large_ones_time_again():
+    """The sender's uplink took the 1 MB frame's second already, while its bytes flowed in: a command
+    that follows it from the same sender arrives at once, not a second later (the downlink double-charged
+    that second before, and a leader's apply that followed a contribution came after the next reduce)."""
+    clock = VirtualClock()
+    link = home(clock)
+    assert await clock.run(received(clock, link, 1_000_000, 1.0), received(clock, link, 100, 1.0002)) == [
+        pytest.approx(1.0), pytest.approx(1.0002)]
+
+
+async def test_a_frame_waits_only_for_the_overlap_of_its_transfer_with_anothers():
+    """1 MB in over [0, 1] s and 0.5 MB from another sender over [0.75, 1.25] s: they shared the downlink
+    for 0.25 s, so the second is through at 1.5 s (the whole backlog of the first would make it 2.0 s)."""
+    clock = VirtualClock()
+    link = home(clock)
+    assert await clock.run(received(clock, link, 1_000_000, 1.0), received(clock, link, 500_000, 1.25)) == [
+        pytest.approx(1.0), pytest.approx(1.5)]
 
 
 async def test_packets_take_headers_and_acknowledgements_take_the_other_side():
