@@ -6,6 +6,8 @@ torch thread, as in the swarm's peers), and its first n steps are the same whate
 steps follows them, so one run per spec serves every test that asks for it: a test that asks
 for more steps than were run continues the run, one that asks for fewer reads its beginning.
 `tests/conftest.py` hands out one `OracleRuns` per session (the `oracle_runs` fixture).
+The weights after n steps are kept too (`weights`), for the tests that compare every stage's
+parameters with the one-process run's.
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ class _Run:
     data: Callable[[int, int], torch.Tensor]  # (step, microbatch) -> tokens
     losses: list[float] = field(default_factory=list)
     log_lengths: list[int] = field(default_factory=list)  # len(pipe.basis_log) after each step
+    weights: dict[int, list[list[torch.Tensor]]] = field(default_factory=dict)  # steps -> each stage's parameters
 
 
 class OracleRuns:
@@ -35,9 +38,9 @@ class OracleRuns:
     def __init__(self) -> None:
         self._runs: dict[str, _Run] = {}
 
-    def _run(self, spec: RunSpec, steps: int) -> _Run:
+    def _run(self, spec: RunSpec, steps: int, fresh: bool = False) -> _Run:
         key = spec.to_json()
-        if key not in self._runs:
+        if key not in self._runs or fresh:
             self._runs[key] = _Run(InProcessPipeline(spec), batches(spec))
         run = self._runs[key]
         threads = torch.get_num_threads()
@@ -58,3 +61,15 @@ class OracleRuns:
         """(version, effective step) of each re-fit scheduled within the first `steps` steps."""
         run = self._run(spec, steps)
         return list(run.pipe.basis_log[: run.log_lengths[steps - 1]]) if steps else []
+
+    def weights(self, spec: RunSpec, steps: int) -> list[list[torch.Tensor]]:
+        """Each stage's parameters (copies) after the first `steps` steps."""
+        run = self._run(spec, 0)
+        if steps not in run.weights:
+            if len(run.losses) > steps:  # this run went further: a fresh one (it then serves later asks too)
+                kept = run.weights
+                run = self._run(spec, 0, fresh=True)
+                run.weights.update(kept)
+            self._run(spec, steps)
+            run.weights[steps] = [[p.detach().clone() for p in r.module.parameters()] for r in run.pipe.runners]
+        return run.weights[steps]

@@ -14,7 +14,7 @@ from peer.loopback import LoopbackLink
 from peer.memory_swarm import TEST_DRIVER_OPTIONS
 from protocol.spec import preset
 from protocol.wire import KIND_ACTIVATION
-from tests.peer.swarm_in_memory import make_swarm, oracle
+from tests.peer.swarm_in_memory import make_swarm
 
 STEPS, VICTIM = 5, "s1r1"
 
@@ -29,7 +29,7 @@ class CrashableLink(LoopbackLink):
         return await super().request(peer, kind, body, timeout)
 
 
-async def test_a_peer_that_dies_holding_a_microbatch_ends_the_attempt_in_seconds(caplog):
+async def test_a_peer_that_dies_holding_a_microbatch_ends_the_attempt_in_seconds(caplog, oracle_runs):
     spec = preset("tiny", stages=3, codec="subspace", dtype="fp64", wire_dtype="fp64", batch_size=32,
                   microbatch_size=8, lr=1e-3)
     # an attempt would time out after 60 s: only the watch can end it within the test's 45 s
@@ -57,5 +57,5 @@ async def test_a_peer_that_dies_holding_a_microbatch_ends_the_attempt_in_seconds
     assert VICTIM[-8:] in failed[0]
     assert [log.step for log in logs] == list(range(1, STEPS + 1))
     assert logs[2].attempts >= 2, "step 3 was not re-driven"
-    for log, want in zip(logs, oracle(spec, STEPS)):
+    for log, want in zip(logs, oracle_runs.losses(spec, STEPS)):
         assert abs(log.loss - want) <= 1e-10 * abs(want), f"step {log.step}: swarm {log.loss!r} vs oracle {want!r}"

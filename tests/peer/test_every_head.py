@@ -12,7 +12,6 @@ from peer.delivery import ACK
 from peer.head_work import split_microbatches
 from peer.loopback import LoopbackLink
 from peer.memory_swarm import batches
-from peer.pipeline import InProcessPipeline
 from protocol.spec import preset
 from protocol.wire import KIND_ACTIVATION, ErrorReply, Header, decode_message
 from tests.peer.swarm_in_memory import make_swarm, patient_options
@@ -33,18 +32,10 @@ def test_the_split_covers_every_microbatch_once_by_speed_and_gives_every_head_on
         assert sorted(mb for m in shares.values() for mb in m) == list(range(n))
 
 
-def oracle_weights(spec, steps: int) -> list[list[torch.Tensor]]:
-    pipe = InProcessPipeline(spec)
-    src = batches(spec)
-    for s in range(steps):
-        pipe.train_step(s, src)
-    return [[p.detach().clone() for p in r.module.parameters()] for r in pipe.runners]
-
-
 def assert_equals_the_oracle(swarm, spec, logs, oracle_runs, steps: int) -> None:
     """Every step's loss and every replica's weights after `steps` within 1e-10 of the one-process run."""
     assert_close([log.loss for log in logs], oracle_runs.losses(spec, steps), 1e-10)
-    want = oracle_weights(spec, steps)
+    want = oracle_runs.weights(spec, steps)
     for s in range(spec.n_stages):
         for peer in swarm.stage(s):
             for got, exp in zip(peer.runner.module.parameters(), want[s]):

@@ -15,17 +15,17 @@ import torch
 
 from peer.interfaces import RollbackOrder
 from peer.memory_swarm import TEST_DRIVER_OPTIONS
-from peer.pipeline import InProcessPipeline
 from protocol.spec import preset
 from tests.peer.swarm_in_memory import batches, make_swarm
+from tests.peer.test_replicas import SMALLER
 
 STEPS, LIAR_FROM, CAUGHT = 10, 4, 7  # the liar drives steps 5-7 (after the snapshot at 4)
 DRIVER = dict(TEST_DRIVER_OPTIONS, command_timeout=10.0)
 
 
-def spec3():
+def spec3():  # tiny narrowed as in test_replicas (SMALLER): what is restored equals the oracle at any size
     return preset("tiny", stages=3, codec="subspace", dtype="fp64", wire_dtype="fp64", batch_size=32,
-                  microbatch_size=8, lr=1e-3)
+                  microbatch_size=8, lr=1e-3, **SMALLER)
 
 
 async def liar_swarm(spec, tmp_path, order: RollbackOrder, fresh_head: bool = False):
@@ -73,15 +73,8 @@ async def liar_swarm(spec, tmp_path, order: RollbackOrder, fresh_head: bool = Fa
     return swarm, on_step
 
 
-def clean_stages(spec, steps: int) -> InProcessPipeline:
-    pipe, src = InProcessPipeline(spec), batches(spec)
-    for s in range(steps):
-        pipe.train_step(s, src)
-    return pipe
-
-
 @pytest.mark.parametrize("fresh_head", [False, True], ids=["standby-head", "fresh-head"])
-async def test_a_caught_liars_steps_are_rolled_back_and_leave_no_trace(tmp_path, caplog, fresh_head):
+async def test_a_caught_liars_steps_are_rolled_back_and_leave_no_trace(tmp_path, caplog, fresh_head, oracle_runs):
     """standby-head: the head that leads next was a replica of stage 0 all along. fresh-head: the honest
     head died after the liar's first step, the liar led alone, and the head that catches it joined by
     download from the liar, so it holds no snapshot of stage 0: the rollback restores stage 0 from the
@@ -104,11 +97,11 @@ async def test_a_caught_liars_steps_are_rolled_back_and_leave_no_trace(tmp_path,
     assert all(swarm.peers[p].rollback.rollbacks == 1 for p in (head, "s1r0", "s2r0"))
     assert all(1 in swarm.peers[p].rollback.done for p in (head, "s1r0", "s2r0"))
     assert "orders its steps rolled back: every stage rolls back to step 4" in caplog.text
-    pipe = clean_stages(spec, STEPS)
+    clean = oracle_runs.weights(spec, STEPS)  # a run on the run's data only
     for stage, name in enumerate((head, "s1r0", "s2r0")):
         runner = swarm.peers[name].runner
         assert runner.step == STEPS
-        for (pname, p), q in zip(runner.module.named_parameters(), pipe.runners[stage].module.parameters()):
+        for (pname, p), q in zip(runner.module.named_parameters(), clean[stage]):
             assert torch.allclose(p, q, rtol=1e-10, atol=1e-12), f"stage {stage} {pname}: the liar's steps left a trace"
 
 

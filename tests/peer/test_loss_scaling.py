@@ -25,6 +25,7 @@ from protocol.loss_scale import INITIAL_SCALE, LossScale
 from protocol.reference import ReferenceModel
 from protocol.spec import preset
 from tests.peer.swarm_in_memory import make_swarm, param_hash
+from tests.peer.test_replicas import spec_for
 
 SEQ = 32
 
@@ -122,7 +123,7 @@ async def test_an_overflow_on_one_replica_skips_the_step_on_every_replica(where)
     it sends to stage 0: the flag travels, and stage 0 is the one that overflowed). Every replica of
     every stage skips step 3, halves its scale, stays identical to the others, refuses nothing, and
     the run equals the reference that skipped step 3."""
-    spec = preset("tiny", stages=2, dtype="fp64", wire_dtype="fp64", batch_size=32, microbatch_size=8, lr=1e-3)
+    spec = spec_for("subspace", "fp64")  # tiny narrowed (test_replicas): a skipped step skips at any size
     swarm = await make_swarm(spec, [2, 2])
     runners = [p.runner for p in swarm.peers.values()]
     scaled(runners)
@@ -181,7 +182,7 @@ async def test_a_replica_that_joins_takes_the_scale_and_skips_with_the_others():
     state: it gets the scale the swarm halved at step 2, and when step 5 overflows it skips with the
     rest (whether it takes part in that reduce or still follows its donor). It ends identical to its
     donor, with the same scale, and the run equals the reference that skipped steps 2 and 5."""
-    spec = preset("tiny", stages=2, dtype="fp64", wire_dtype="fp64", batch_size=32, microbatch_size=8, lr=1e-3)
+    spec = spec_for("subspace", "fp64")  # tiny narrowed (test_replicas): a skipped step skips at any size
     swarm = await make_swarm(spec, [1, 1])
     scaled(p.runner for p in swarm.peers.values())
     poison([swarm.peers["s1r0"].runner], 1, "weight")

@@ -12,7 +12,6 @@ import torch
 
 from protocol.spec import preset
 from tests.peer.swarm_in_memory import make_swarm, param_hash, patient_options
-from tests.peer.test_every_head import oracle_weights
 from tests.peer.test_head_checks import LIAR, drive, leader_of, options
 from tests.peer.test_replicas import assert_close
 from tests.peer.test_spot_checks import LIES_FROM, STEPS, make_liar, spec_for
@@ -27,7 +26,7 @@ async def test_two_heads_of_one_stage_both_work_every_step_and_equal_the_oracle(
         assert sorted(log.heads) == ["s0r0", "s0r1"] and min(log.heads.values()) >= 1, (log.step, log.heads)
         assert sum(log.heads.values()) == spec.n_microbatches
     assert_close([log.loss for log in logs], oracle_runs.losses(spec, STEPS), 1e-10)
-    exp = oracle_weights(spec, STEPS)[0]
+    exp = oracle_runs.weights(spec, STEPS)[0]
     for peer in swarm.stage(0):
         for got, w in zip(peer.runner.module.parameters(), exp):
             assert torch.allclose(got.detach(), w, rtol=1e-10, atol=1e-12), f"{peer.peer_id}: weights differ"

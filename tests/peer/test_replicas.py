@@ -15,10 +15,16 @@ from tests.peer.swarm_in_memory import make_swarm, param_hash
 STEPS = 6
 
 
+# tiny narrowed (d 64, d_ff 128, 32 tokens): a swarm equals the one-process run at any size, and at this one a step
+# costs a quarter of tiny's CPU; the layers, stages and microbatches (what the swarm splits and sends) are tiny's
+SMALLER = dict(d_model=64, d_ff=128, seq_len=32)
+
+
 def spec_for(codec: str, dtype: str):
     wire = "fp64" if dtype == "fp64" else "fp32"
     hybrid = dict(codec="subspace", residual_width=4, basis_updates=False) if codec == "hybrid" else dict(codec=codec)
-    return preset("tiny", stages=2, dtype=dtype, wire_dtype=wire, batch_size=32, microbatch_size=8, lr=1e-3, **hybrid)
+    return preset("tiny", stages=2, dtype=dtype, wire_dtype=wire, batch_size=32, microbatch_size=8, lr=1e-3, **hybrid,
+                  **SMALLER)
 
 
 def assert_close(losses: list[float], want: list[float], rel: float) -> None:

@@ -10,22 +10,22 @@ import pytest
 import torch
 
 from peer.memory_swarm import TEST_DRIVER_OPTIONS
-from peer.pipeline import InProcessPipeline
 from peer.snapshot_store import Snapshot, sha256_hex
 from peer.snapshots import NoSnapshot
 from protocol.snapshot_wire import SnapshotRequest, encode_snapshot_request
 from protocol.spec import preset
 from protocol.wire import KIND_SNAPSHOT
-from tests.peer.swarm_in_memory import batches, make_swarm, oracle
+from tests.peer.swarm_in_memory import make_swarm
+from tests.peer.test_replicas import SMALLER
 
 STEPS, KILL_AT = 8, 5
 # the head stops asking a dead replica to apply a step after 10 s (a test's failures cost seconds)
 DRIVER = dict(TEST_DRIVER_OPTIONS, command_timeout=10.0)
 
 
-def spec3():
+def spec3():  # tiny narrowed as in test_replicas (SMALLER): what is restored equals the oracle at any size
     return preset("tiny", stages=3, codec="subspace", dtype="fp64", wire_dtype="fp64", batch_size=32,
-                  microbatch_size=8, lr=1e-3)
+                  microbatch_size=8, lr=1e-3, **SMALLER)
 
 
 async def until(cond, timeout: float, what: str) -> None:
@@ -42,7 +42,7 @@ def kill_at(swarm, step: int, victim: str):
     return on_step
 
 
-async def test_a_stage_whose_only_replica_died_is_restored_and_the_swarm_re_drives_to_the_oracle():
+async def test_a_stage_whose_only_replica_died_is_restored_and_the_swarm_re_drives_to_the_oracle(oracle_runs):
     spec = spec3()
     swarm = await make_swarm(spec, [1, 1, 1], snapshot_options=dict(every=2), driver_options=DRIVER)
     head = swarm.peers["s0r0"]
@@ -71,23 +71,22 @@ async def test_a_stage_whose_only_replica_died_is_restored_and_the_swarm_re_driv
     assert numbers.count(restored_at + 1) == 2 and numbers.count(KILL_AT) == 2, numbers
     final = {log.step: log.loss for log in logs}
     assert sorted(final) == list(range(1, STEPS + 1))
-    want = oracle(spec, STEPS)
+    want = oracle_runs.losses(spec, STEPS)
     for step in range(1, STEPS + 1):
         a, b = final[step], want[step - 1]
         assert abs(a - b) <= 1e-10 * abs(b), f"step {step}: swarm {a!r} vs oracle {b!r}"
     assert all(swarm.peers[p].rollback.rollbacks == 1 for p in ("s0r0", "s1new", "s2r0"))
     # every stage's parameters, the restored one's included, equal a replica-free one-process run's
-    pipe, src = InProcessPipeline(spec), batches(spec)
-    for s in range(STEPS):
-        pipe.train_step(s, src)
+    weights = oracle_runs.weights(spec, STEPS)
     for stage, name in enumerate(("s0r0", "s1new", "s2r0")):
         runner = swarm.peers[name].runner
         assert runner.step == STEPS
-        for (pname, p), q in zip(runner.module.named_parameters(), pipe.runners[stage].module.parameters()):
+        for (pname, p), q in zip(runner.module.named_parameters(), weights[stage]):
             assert torch.allclose(p, q, rtol=1e-10, atol=1e-12), f"stage {stage} {pname} differs from the oracle"
 
 
-async def test_when_the_only_head_dies_a_new_head_restores_stage_0_and_rolls_the_swarm_back_to_the_oracle():
+async def test_when_the_only_head_dies_a_new_head_restores_stage_0_and_rolls_the_swarm_back_to_the_oracle(
+        oracle_runs):
     spec = spec3()
     swarm = await make_swarm(spec, [1, 1, 1], snapshot_options=dict(every=2), driver_options=DRIVER)
     try:
@@ -113,7 +112,7 @@ async def test_when_the_only_head_dies_a_new_head_restores_stage_0_and_rolls_the
     assert numbers.count(5) == numbers.count(6) == 2, numbers  # driven by the dead head, then again
     final = {log.step: log.loss for log in swarm.logs}
     assert sorted(final) == list(range(1, STEPS + 1))
-    want = oracle(spec, STEPS)
+    want = oracle_runs.losses(spec, STEPS)
     for step in range(1, STEPS + 1):
         a, b = final[step], want[step - 1]
         assert abs(a - b) <= 1e-10 * abs(b), f"step {step}: swarm {a!r} vs oracle {b!r}"

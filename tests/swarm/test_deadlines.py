@@ -15,7 +15,6 @@ from protocol.spec import preset
 from protocol.wire import KIND_ACTIVATION
 from swarm.dht import StageAnnouncement
 from swarm.replicas.router import Router
-from tests.peer.swarm_in_memory import oracle
 
 STEPS, SILENT = 8, "s1zz"
 
@@ -45,7 +44,7 @@ class RouterNetwork(LoopbackNetwork):
         return LoopbackRouter(self, peer_id)
 
 
-async def test_a_replica_that_accepts_and_never_answers_is_banned_at_its_first_deadline():
+async def test_a_replica_that_accepts_and_never_answers_is_banned_at_its_first_deadline(oracle_runs):
     spec = preset("tiny", stages=3, codec="subspace", dtype="fp64", wire_dtype="fp64", batch_size=32,
                   microbatch_size=8, lr=1e-3)
     # an attempt times out after 60 s: a step that waited for the silent replica would show it
@@ -83,5 +82,5 @@ async def test_a_replica_that_accepts_and_never_answers_is_banned_at_its_first_d
     slow = max(logs[2:], key=lambda log: log.seconds)
     assert deadlines[0] is not None and slow.seconds < deadlines[0] + 10.0, \
         f"step {slow.step} took {slow.seconds:.1f} s with a {deadlines[0]} s deadline"
-    for log, want in zip(logs, oracle(spec, STEPS)):
+    for log, want in zip(logs, oracle_runs.losses(spec, STEPS)):
         assert abs(log.loss - want) <= 1e-10 * abs(want), f"step {log.step}: swarm {log.loss!r} vs oracle {want!r}"
