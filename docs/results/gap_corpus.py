@@ -24,6 +24,14 @@ from swarm.bench import fidelity
 from swarm.bench.fidelity_plan import _job, dense, plan_shape
 
 LOW = {"constrained_stage_lr_scale": 0.03}
+
+
+def warmed(k: int, b: int, stage_lr: float, warmup: int = 300, ratio: str = "16x") -> tuple[str, dict, str]:
+    """The hybrid k + b at a stage lr and a warm-up (sections 3k, 3n): (name, spec changes, note)."""
+    name = f"hybrid k={k} b={b}, x{stage_lr:g}, {warmup} warm-up steps" + ("" if ratio == "16x" else f" ({ratio})")
+    return name, {"rank": k, "residual_width": b, "warmup_steps": warmup, "constrained_stage_lr_scale": stage_lr}, ratio
+
+
 VARIANTS = {"dense": ("dense", None, ""),
             "hybrid": ("hybrid k=28 b=4, stages lr x0.03", {"rank": 28, "residual_width": 4, **LOW}, "16x"),
             "subspace": ("subspace k=32, stages lr x0.03 (the default)", LOW, "16x"),
@@ -40,37 +48,23 @@ VARIANTS = {"dense": ("dense", None, ""),
                                  {"codec": "bottleneck", "rank": 32, **LOW}, "16x"),
             "dense-x0.03": ("dense, stages lr x0.03", {"codec": "dense", **LOW}, ""),
             # the lr and warm-up per codec (section 3k): the hybrid's best and dense, each moved one way
-            "hybrid-w300": ("hybrid k=28 b=4, x0.03, 300 warm-up steps",
-                            {"rank": 28, "residual_width": 4, "warmup_steps": 300, **LOW}, "16x"),
-            "hybrid-w600": ("hybrid k=28 b=4, x0.03, 600 warm-up steps",
-                            {"rank": 28, "residual_width": 4, "warmup_steps": 600, **LOW}, "16x"),
+            "hybrid-w300": warmed(28, 4, 0.03),
+            "hybrid-w600": warmed(28, 4, 0.03, 600),
             "hybrid-lr0.7": ("hybrid k=28 b=4, x0.03, lr 7e-4", {"rank": 28, "residual_width": 4, "lr": 7e-4, **LOW},
                              "16x"),
             "hybrid-lr1.4": ("hybrid k=28 b=4, x0.03, lr 1.4e-3",
                              {"rank": 28, "residual_width": 4, "lr": 1.4e-3, **LOW}, "16x"),
             "dense-lr1.4": ("dense, lr 1.4e-3", {"codec": "dense", "lr": 1.4e-3}, ""),
             # levers on top of the hybrid's new default warm-up (section 3n), and the subspace codec's own warm-up
-            "hybrid-w300-x0.1": ("hybrid k=28 b=4, x0.1, 300 warm-up steps",
-                                 {"rank": 28, "residual_width": 4, "warmup_steps": 300,
-                                  "constrained_stage_lr_scale": 0.1}, "16x"),
-            "hybrid-w300-x0.05": ("hybrid k=28 b=4, x0.05, 300 warm-up steps",
-                                  {"rank": 28, "residual_width": 4, "warmup_steps": 300,
-                                   "constrained_stage_lr_scale": 0.05}, "16x"),
-            "hybrid-w300-x0.15": ("hybrid k=28 b=4, x0.15, 300 warm-up steps",
-                                  {"rank": 28, "residual_width": 4, "warmup_steps": 300,
-                                   "constrained_stage_lr_scale": 0.15}, "16x"),
-            "hybrid-w300-x0.2": ("hybrid k=28 b=4, x0.2, 300 warm-up steps",
-                                 {"rank": 28, "residual_width": 4, "warmup_steps": 300,
-                                  "constrained_stage_lr_scale": 0.2}, "16x"),
-            "hybrid30-w300": ("hybrid k=30 b=2, x0.03, 300 warm-up steps",
-                              {"rank": 30, "residual_width": 2, "warmup_steps": 300, **LOW}, "16x"),
+            "hybrid-w300-x0.1": warmed(28, 4, 0.1),
+            "hybrid-w300-x0.05": warmed(28, 4, 0.05),
+            "hybrid-w300-x0.15": warmed(28, 4, 0.15),
+            "hybrid-w300-x0.2": warmed(28, 4, 0.2),
+            "hybrid30-w300": warmed(30, 2, 0.03),
             # ~100x (5 numbers a token = 102x): 3h's best split at its stage lr and warm-up, and at the defaults of 3n
             "hybrid100x": ("hybrid k=3 b=2, x0.03 (102x)", {"rank": 3, "residual_width": 2, **LOW}, "102x"),
-            "hybrid100x-default": ("hybrid k=3 b=2, x0.1, 300 warm-up steps (102x)",
-                                   {"rank": 3, "residual_width": 2, "warmup_steps": 300,
-                                    "constrained_stage_lr_scale": 0.1}, "102x"),
-            "hybrid100x-w300": ("hybrid k=3 b=2, x0.03, 300 warm-up steps (102x)",
-                                {"rank": 3, "residual_width": 2, "warmup_steps": 300, **LOW}, "102x"),
+            "hybrid100x-default": warmed(3, 2, 0.1, ratio="102x"),
+            "hybrid100x-w300": warmed(3, 2, 0.03, ratio="102x"),
             "subspace-w300": ("subspace k=32, x0.03, 300 warm-up steps", {"warmup_steps": 300, **LOW}, "16x")}
 
 
