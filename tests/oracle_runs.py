@@ -29,7 +29,6 @@ class _Run:
     data: Callable[[int, int], torch.Tensor]  # (step, microbatch) -> tokens
     losses: list[float] = field(default_factory=list)
     log_lengths: list[int] = field(default_factory=list)  # len(pipe.basis_log) after each step
-    weights: dict[int, list[list[torch.Tensor]]] = field(default_factory=dict)  # steps -> each stage's parameters
 
 
 class OracleRuns:
@@ -37,21 +36,13 @@ class OracleRuns:
 
     def __init__(self) -> None:
         self._runs: dict[str, _Run] = {}
+        self._weights: dict[tuple[str, int], list[list[torch.Tensor]]] = {}
 
-    def _run(self, spec: RunSpec, steps: int, fresh: bool = False) -> _Run:
+    def _run(self, spec: RunSpec, steps: int) -> _Run:
         key = spec.to_json()
-        if key not in self._runs or fresh:
+        if key not in self._runs:
             self._runs[key] = _Run(InProcessPipeline(spec), batches(spec))
-        run = self._runs[key]
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)  # fp32 sums in the peers' order, whichever test asks first
-        try:
-            while len(run.losses) < steps:
-                run.losses.append(run.pipe.train_step(len(run.losses), run.data).loss)
-                run.log_lengths.append(len(run.pipe.basis_log))
-        finally:
-            torch.set_num_threads(threads)
-        return run
+        return _advance(self._runs[key], steps)
 
     def losses(self, spec: RunSpec, steps: int) -> list[float]:
         """The loss of each of the first `steps` steps (step 1 first)."""
@@ -64,12 +55,24 @@ class OracleRuns:
 
     def weights(self, spec: RunSpec, steps: int) -> list[list[torch.Tensor]]:
         """Each stage's parameters (copies) after the first `steps` steps."""
-        run = self._run(spec, 0)
-        if steps not in run.weights:
-            if len(run.losses) > steps:  # this run went further: a fresh one (it then serves later asks too)
-                kept = run.weights
-                run = self._run(spec, 0, fresh=True)
-                run.weights.update(kept)
-            self._run(spec, steps)
-            run.weights[steps] = [[p.detach().clone() for p in r.module.parameters()] for r in run.pipe.runners]
-        return run.weights[steps]
+        key = (spec.to_json(), steps)
+        if key not in self._weights:
+            run = self._run(spec, 0)
+            # the shared run stops at `steps` unless it went further already; then one apart, from step 0
+            run = self._run(spec, steps) if len(run.losses) <= steps else _advance(
+                _Run(InProcessPipeline(spec), batches(spec)), steps)
+            self._weights[key] = [[p.detach().clone() for p in r.module.parameters()] for r in run.pipe.runners]
+        return self._weights[key]
+
+
+def _advance(run: _Run, steps: int) -> _Run:
+    """Train `run` on to `steps` steps, on one torch thread."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # fp32 sums in the peers' order, whichever test asks first
+    try:
+        while len(run.losses) < steps:
+            run.losses.append(run.pipe.train_step(len(run.losses), run.data).loss)
+            run.log_lengths.append(len(run.pipe.basis_log))
+    finally:
+        torch.set_num_threads(threads)
+    return run

@@ -18,7 +18,7 @@ from peer.loopback import LoopbackLink
 from peer.reduce_watch import RunningReduces
 from protocol.control import decode_probe_reply
 from protocol.wire import KIND_CONTROL, KIND_REDUCE
-from tests.peer.swarm_in_memory import make_swarm, oracle, param_hash, patient_options
+from tests.peer.swarm_in_memory import make_swarm, param_hash, patient_options
 from tests.peer.test_replica_sync import wide_spec
 from tests.peer.test_replicas import assert_close, spec_for
 
@@ -64,7 +64,7 @@ class DiesInsteadOfContributing(LoopbackLink):
 
 @pytest.mark.parametrize("sync,phase", [("exact", 0), ("powersgd", 1)], ids=["exact", "powersgd round 2"])
 async def test_a_replica_dying_after_taking_the_others_contributions_costs_seconds_not_the_reduce_timeout(
-        sync, phase, caplog):
+        sync, phase, caplog, oracle_runs):
     spec = spec_for("subspace", "fp64") if sync == "exact" else wide_spec("powersgd")
     link = type("Link", (DiesInsteadOfContributing,), {"victim": "s1r1", "phase": phase, "others": 2,
                                                        "taken": set()})
@@ -93,7 +93,7 @@ async def test_a_replica_dying_after_taking_the_others_contributions_costs_secon
     survivors = [swarm.peers[n] for n in ("s1r0", "s1r2")]
     assert len({p.runner.step for p in survivors}) == 1 and len({param_hash(p.runner) for p in survivors}) == 1
     if sync == "exact":  # no microbatch lost or counted twice
-        assert_close([log.loss for log in logs], oracle(spec, STEPS), 1e-10)
+        assert_close([log.loss for log in logs], oracle_runs.losses(spec, STEPS), 1e-10)
 
 
 class SlowToContribute(LoopbackLink):
@@ -112,7 +112,7 @@ class SlowToContribute(LoopbackLink):
         return reply
 
 
-async def test_a_live_replica_slow_to_send_its_contribution_is_waited_for():
+async def test_a_live_replica_slow_to_send_its_contribution_is_waited_for(oracle_runs):
     spec = spec_for("subspace", "fp64")
     link = type("Link", (SlowToContribute,), {"victim": "s1r1", "delay": 3.0, "answers": []})
     options = patient_options()  # one attempt a step is what is proven: no other deadline may fire
@@ -126,7 +126,7 @@ async def test_a_live_replica_slow_to_send_its_contribution_is_waited_for():
     assert logs[AT_STEP].seconds >= link.delay
     # it was asked all along (3 s: longer than dead_after and mute_after) and said it is reducing
     assert link.answers.count("reducing") >= 5 and set(link.answers) == {"reducing"}
-    assert_close([log.loss for log in logs], oracle(spec, STEPS), 1e-10)
+    assert_close([log.loss for log in logs], oracle_runs.losses(spec, STEPS), 1e-10)
 
 
 class NoReduceCommandFor(LoopbackLink):
@@ -144,7 +144,7 @@ class NoReduceCommandFor(LoopbackLink):
         return await super().request(peer, kind, body, timeout)
 
 
-async def test_a_replica_that_got_no_reduce_command_is_given_up_on_within_seconds(caplog):
+async def test_a_replica_that_got_no_reduce_command_is_given_up_on_within_seconds(caplog, oracle_runs):
     spec = spec_for("subspace", "fp64")
     link = type("Link", (NoReduceCommandFor,), {"victim": "s1r1", "lost": 0})
     swarm = await make_swarm(spec, [1, 2], link,
@@ -157,7 +157,7 @@ async def test_a_replica_that_got_no_reduce_command_is_given_up_on_within_second
     assert link.lost == 1
     assert logs[AT_STEP].attempts == 2 and logs[AT_STEP].seconds < 10.0
     assert "replica s1r1 took no part in the reduce" in caplog.text
-    assert_close([log.loss for log in logs], oracle(spec, STEPS), 1e-10)
+    assert_close([log.loss for log in logs], oracle_runs.losses(spec, STEPS), 1e-10)
 
 
 class LateApplyFor(LoopbackLink):
@@ -179,7 +179,7 @@ class LateApplyFor(LoopbackLink):
         return await super().request(peer, kind, body, timeout)
 
 
-async def test_a_reduce_command_that_overtakes_the_last_steps_apply_waits_for_it():
+async def test_a_reduce_command_that_overtakes_the_last_steps_apply_waits_for_it(oracle_runs):
     """Answered "not at this step" at once, it left the other replica waiting for its contribution until
     it gave up on it (dead_after), and the step was re-driven: the long stalls of 3 x 2 local swarms."""
     spec = spec_for("subspace", "fp64")
@@ -197,7 +197,7 @@ async def test_a_reduce_command_that_overtakes_the_last_steps_apply_waits_for_it
     assert [log.attempts for log in logs] == [1] * STEPS
     a, b = swarm.peers["s1r0"].runner, swarm.peers["s1r1"].runner
     assert a.step == b.step == STEPS and param_hash(a) == param_hash(b)
-    assert_close([log.loss for log in logs], oracle(spec, STEPS), 1e-10)
+    assert_close([log.loss for log in logs], oracle_runs.losses(spec, STEPS), 1e-10)
 
 
 def test_a_probe_is_answered_by_the_state_of_the_reduce_it_asks_about():
