@@ -8,9 +8,9 @@ Usage (CPU):
     python docs/results/links_busy.py tiny OUT [kernel]           # tiny dense, 2 stages, 8 microbatches, 4 Mbit/s
     python docs/results/links_busy.py tiny-subspace OUT [kernel]  # the same, subspace (with its unshaped ceiling)
 Usage (device machine, wheels installed as in docs/results/scale_gpu.sh):
-    python docs/results/links_gpu.py large-dense OUT     # large, 2 stages on cuda:0,cuda:1, dense
-    python docs/results/links_gpu.py large-subspace OUT  # the same, subspace (its roofline is compute)
-    python docs/results/links_gpu.py small OUT           # small, 3 peers on cuda:0, subspace and bottleneck
+    python docs/results/links_busy.py large-dense OUT     # large, 2 stages on cuda:0,cuda:1, dense
+    python docs/results/links_busy.py large-subspace OUT  # the same, subspace (its roofline is compute)
+    python docs/results/links_busy.py small OUT           # small, 3 peers on cuda:0, subspace and bottleneck
 """
 from __future__ import annotations
 
