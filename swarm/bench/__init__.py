@@ -96,7 +96,7 @@ def _dispatch(a: argparse.Namespace) -> None:
         groups = tuple(g.strip() for g in a.groups.split(",")) if a.groups else GROUPS
         run_fidelity_bench(a.out, plan=a.plan, device=a.device, parallel=a.parallel, per_device=a.per_device,
                            budget_s=a.budget_s, groups=groups, data=a.data, smoke=a.smoke,
-                           best=json.loads(a.best) if a.best else None, resume=a.resume)
+                           best=json.loads(a.best) if a.best else None, resume=a.resume, dense_runs=a.dense_runs)
     elif a.which == "replica-sync":
         from .replica_sync import run_replica_sync_bench
         run_replica_sync_bench(a.out, preset_name=a.preset, steps=a.steps, ranks=a.sync_rank,

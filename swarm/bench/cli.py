@@ -168,7 +168,21 @@ def _add_fidelity(sub) -> None:
                    help="keep the jobs OUT/fidelity.jsonl already holds finished and run the others (default: off)")
     p.add_argument("--best", metavar="JSON", help="RunSpec overrides for the headline's 'best settings' row, "
                    "e.g. '{\"lr\": 0.002}' (default: none)")
+    p.add_argument("--dense-runs", type=_dense_runs, default=1, metavar="N",
+                   help="train every dense job N times with the same spec: dense on a GPU is not bit-repeatable "
+                   "(~1 point of held-out loss between identical runs), so every comparison with dense takes the "
+                   "mean of the N runs (default: 1)")
     add_data(p)
+
+
+def _dense_runs(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"N must be a whole number of at least 1, not {text!r}.")
+    return n
 
 
 def _add_churn(sub) -> None:

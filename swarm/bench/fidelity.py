@@ -3,7 +3,9 @@
 Trains the jobs of a plan (`fidelity_plan.py`: the scale comparison at ~100x up to d=1024, the
 headline at the `small` shape, the frontier of loss against compression, and one-cause
 ablations) as independent in-process runs spread over the devices inside a time budget
-(`fidelity_queue.py`), and writes, in `--out`:
+(`fidelity_queue.py`). With `--dense-runs N` every dense job trains N times with the same spec and
+every comparison with dense takes the mean of its N runs (dense on a GPU is not bit-repeatable).
+Writes, in `--out`:
 
 - `fidelity.jsonl`: one line per job as it finishes (kept if the run is cut short);
 - `fidelity.json`: the plan, the machine, every job (curves included) and the summary rows;
@@ -17,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from .fidelity_plan import GROUPS, jobs_for
+from .fidelity_plan import GROUPS, jobs_for, with_dense_repeats
 from .fidelity_queue import estimated_seconds, run_queue, slots
 from .fidelity_report import markdown_table, plot, summarize
 from .machine import machine_info
@@ -32,14 +34,18 @@ def _device_name(device: str) -> str:
 def run_fidelity_bench(out_dir: str, plan: str = "gpu", device: str = "cpu", parallel: int = 1,
                        per_device: int = 1, budget_s: float = 540.0, groups: tuple[str, ...] = GROUPS,
                        data: str | None = "stdlib", best: dict | None = None, smoke: bool = False,
-                       eval_batches: int = 16, resume: bool = False) -> dict:
+                       eval_batches: int = 16, resume: bool = False, dense_runs: int = 1) -> dict:
     """Run the plan's jobs in `groups` and write the results (module docstring). `resume`: keep the jobs
-    that `out_dir/fidelity.jsonl` already holds finished with the same spec, and run only the others."""
+    that `out_dir/fidelity.jsonl` already holds finished with the same spec, and run only the others.
+    `dense_runs`: train every dense job that many times with the same spec (repeats named "NAME (run i)"),
+    since dense on a GPU is not bit-repeatable (docs/fidelity.md 3m); every comparison with a dense
+    reference then takes the mean of its runs (fidelity_report.py)."""
     if smoke:
         plan, data, eval_batches = "smoke", None, 2
+    # repeats are ordinary jobs: --resume keeps the finished ones and runs only the missing ones
+    jobs = with_dense_repeats(jobs_for(plan, groups, best), dense_runs)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    jobs = jobs_for(plan, groups, best)
     kept = finished_results(out / "fidelity.jsonl", jobs) if resume else []
     if not resume:
         (out / "fidelity.jsonl").unlink(missing_ok=True)
@@ -63,7 +69,7 @@ def run_fidelity_bench(out_dir: str, plan: str = "gpu", device: str = "cpu", par
     result = {"plan": plan, "device": device, "device_name": _device_name(device), "devices": used,
               "machine": machine_info(used), "parallel": parallel,
               "per_device": per_device, "budget_s": budget_s, "wall_s": time.time() - t0, "groups": list(groups),
-              "data": data, "rows": rows, "jobs": results}
+              "dense_runs": dense_runs, "data": data, "rows": rows, "jobs": results}
     (out / "fidelity.json").write_text(json.dumps(result) + "\n")
     table = markdown_table(rows)
     (out / "fidelity.md").write_text(table + "\n")

@@ -25,11 +25,12 @@ Groups (docs/fidelity.md reads them in this order):
 Plans: "gpu" (bf16, the `small` shape, one microbatch per step; sized for ~10 minutes of 4 H100s),
 "cpu" (fp32, d=128, 4 layers, 3 of them constrained: the reduced size the CPU results in
 docs/fidelity.md were measured at) and "smoke" (seconds, for CI). Within a group every job
-trains the same number of tokens on the same data and seeds.
+trains the same number of tokens on the same data and seeds. `with_dense_repeats` (`--dense-runs N`)
+runs every dense job N times, since dense on a GPU is not bit-repeatable.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from protocol.spec import HYBRID_STAGE_LR_SCALE, HYBRID_WARMUP_SCALE, RunSpec, preset
 
@@ -288,3 +289,18 @@ def jobs_for(plan: str, groups: tuple[str, ...] = GROUPS, best: dict | None = No
     keys = [j.key for j in jobs]
     assert len(set(keys)) == len(keys), "every job of a plan needs its own group/name"
     return jobs
+
+
+def with_dense_repeats(jobs: list[Job], n: int) -> list[Job]:
+    """Every dense job (spec.codec "dense") followed by n - 1 copies of it, the same spec, named f"{name} (run i)"
+    for i = 2..n: dense on a GPU is not bit-repeatable (docs/fidelity.md 3m), so the report takes the mean of
+    the n runs as the reference (fidelity_report.py). n = 1: the jobs as they are."""
+    if n < 1:
+        raise ValueError(f"the number of dense runs must be at least 1, not {n}.")
+    out = []
+    for j in jobs:
+        out.append(j)
+        if j.spec.codec == "dense":
+            out += [replace(j, name=f"{j.name} (run {i})") for i in range(2, n + 1)]
+    assert len({j.key for j in out}) == len(out), "every job of a plan needs its own group/name"
+    return out

@@ -4,14 +4,20 @@ References, each trained in the same run on the same data and seeds:
 - a frontier or ablation row is compared with the frontier's `dense` and its subspace
   baseline `subspace k=<d/16> fixed U` (same steps): `vs_dense`, `vs_base` = loss / ref - 1;
 - a scale row with the dense row of its own width; a headline row with the headline `dense`;
-- a row of a group with its own `dense` row (`gap`, `gap-seed1`: one seed each) with that
+- a row of a group with its own `dense` row (`gap`, `gap-seed1`, `gap-seed2`, `hybrid`) with that
   group's `dense` and `subspace k=<d/16> fixed U`.
+A dense reference's loss is the mean final_val of its job and of the job's repeats "NAME (run i)"
+(`--dense-runs N`; dense on a GPU is not bit-repeatable, docs/fidelity.md 3m): ref = mean over its
+ok runs, so vs_dense = loss / mean - 1 for every row, the dense runs' own rows included. The
+reference's row records `dense_runs` (how many ok runs the mean took) and `dense_spread` (max - min
+of their final_val): how noisy the reference was.
 Jobs that were skipped, failed or truncated keep their row, with the reason, and are left out
 of every comparison (a truncated job trained fewer tokens than its reference).
 """
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 
@@ -21,6 +27,16 @@ def _ok(r: dict) -> bool:
 
 def _find(results: list[dict], group: str, name: str) -> dict | None:
     return next((r for r in results if r["group"] == group and r["name"] == name and _ok(r)), None)
+
+
+def _dense_ref(results: list[dict], group: str, name: str) -> dict | None:
+    """The dense reference `group`/`name` over its ok runs (the job and its repeats "NAME (run i)"):
+    final_val = their mean, runs = how many, spread = max - min of their final_val; None if none is ok."""
+    repeat = re.compile(re.escape(name) + r"( \(run \d+\))?")
+    vals = [r["final_val"] for r in results if r["group"] == group and repeat.fullmatch(r["name"]) and _ok(r)]
+    if not vals:
+        return None
+    return {"final_val": sum(vals) / len(vals), "runs": len(vals), "spread": max(vals) - min(vals)}
 
 
 def _rel(a: dict, ref: dict | None) -> float | None:
@@ -36,29 +52,33 @@ def baseline_name(results: list[dict]) -> str | None:
 
 
 def summarize(results: list[dict]) -> list[dict]:
-    """One row per job: loss, compression, and its comparisons (None where a reference is missing)."""
-    f_dense = _find(results, "frontier", "dense")
+    """One row per job: loss, compression, and its comparisons (None where a reference is missing);
+    a dense reference is the mean of its runs (`_dense_ref`), its own row says over how many and their spread."""
+    f_dense = _dense_ref(results, "frontier", "dense")
     base_name = baseline_name(results)
     base = _find(results, "frontier", base_name) if base_name else None
-    h_dense = _find(results, "headline", "dense")
+    h_dense = _dense_ref(results, "headline", "dense")
     rows = []
     for r in results:
         row = {k: r.get(k) for k in ("group", "name", "note", "final_val", "compression", "steps", "tokens",
                                      "seconds", "tokens_per_second", "truncated", "switches", "truncation",
                                      "error", "device")}
         if r["group"] == "scale":
-            d = r["spec"]["d_model"]
-            row["d_model"] = d
-            row["vs_dense"] = _rel(r, _find(results, "scale", f"d={d} dense"))
+            d = row["d_model"] = r["spec"]["d_model"]
+            ref_key = ("scale", f"d={d} dense")
+            ref = _dense_ref(results, *ref_key)
         elif r["group"] == "headline":
-            row["vs_dense"] = _rel(r, h_dense)
-        elif _find(results, r["group"], "dense") is not None and r["group"] != "frontier":
+            ref_key, ref = ("headline", "dense"), h_dense
+        elif r["group"] != "frontier" and (ref := _dense_ref(results, r["group"], "dense")) is not None:
+            ref_key = (r["group"], "dense")
             own = f"subspace k={max(1, r['spec']['d_model'] // 16)} fixed U"
-            row["vs_dense"] = _rel(r, _find(results, r["group"], "dense"))
             row["vs_base"] = _rel(r, _find(results, r["group"], own))
         else:
-            row["vs_dense"] = _rel(r, f_dense)
+            ref_key, ref = ("frontier", "dense"), f_dense
             row["vs_base"] = _rel(r, base)
+        row["vs_dense"] = _rel(r, ref)
+        if ref is not None and (r["group"], r["name"]) == ref_key:  # the reference's own row: how noisy the mean is
+            row["dense_runs"], row["dense_spread"] = ref["runs"], ref["spread"]
         rows.append(row)
     return rows
 
@@ -74,6 +94,9 @@ def markdown_table(rows: list[dict]) -> str:
     for r in rows:
         loss = f"{r['final_val']:.4f}" if r["final_val"] is not None and math.isfinite(r["final_val"]) else "-"
         note = r["error"] or ("truncated" if r["truncated"] else "") or r.get("note") or ""
+        if r.get("dense_runs", 1) > 1:
+            note = "; ".join(x for x in (note, f"reference: mean of {r['dense_runs']} runs "
+                                               f"(spread {r['dense_spread']:.4f})") if x)
         lines.append(f"| {r['group']} | {r['name']} | {loss} | {r['compression']:.1f}x | {_pct(r.get('vs_dense'))} "
                      f"| {_pct(r.get('vs_base'))} | {r['tokens'] / 1e6:.2f}M | {note} |")
     return "\n".join(lines)
@@ -99,7 +122,7 @@ def plot(results: list[dict], rows: list[dict], path: Path, title: str) -> None:
         pts = sorted((r["compression"], r["final_val"]) for r in front if keep(r))
         if pts:
             fr.plot(*zip(*pts), marker="o", label=label)
-    dense = _find(results, "frontier", "dense")
+    dense = _dense_ref(results, "frontier", "dense")
     if dense:
         fr.axhline(dense["final_val"], color="k", linestyle=":", label="dense")
     fr.set_xscale("log", base=2)
@@ -118,8 +141,10 @@ def plot(results: list[dict], rows: list[dict], path: Path, title: str) -> None:
         ab.tick_params(axis="y", labelsize=7)
     ab.set_xlabel("held-out loss vs dense (%)")
     ab.set_title("ablations (one change each)")
+    # the subspace rows only: a dense row's vs_dense is no longer 0 against the mean of several dense runs
+    dense_jobs = {(r["group"], r["name"]) for r in results if r["spec"]["codec"] == "dense"}
     pairs = sorted((r["d_model"], 100 * r["vs_dense"]) for r in rows if r["group"] == "scale"
-                   and r.get("vs_dense") is not None and r["vs_dense"] != 0)
+                   and r.get("vs_dense") is not None and (r["group"], r["name"]) not in dense_jobs)
     if pairs:
         sc.plot(*zip(*pairs), marker="o")
         sc.set_xscale("log", base=2)

@@ -1,8 +1,10 @@
 """`swarm bench fidelity` at smoke size: every job of the plan runs in worker processes and comes
 back as one JSON line, the summary's comparisons are the losses' ratios, the figure is drawn;
-and a budget too small for the plan still ends on time, with every job accounted for."""
+and a budget too small for the plan still ends on time, with every job accounted for. With
+`dense_runs` N every dense job runs N times and the comparisons take the mean of its ok runs."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -14,10 +16,13 @@ from peer.data import BatchSource
 from peer.pipeline import InProcessPipeline
 from protocol.reference import ReferenceModel
 from protocol.spec import preset
+from swarm.bench import fidelity
 from swarm.bench.fidelity import run_fidelity_bench
-from swarm.bench.fidelity_plan import ALL_GROUPS, jobs_for, plan_shape
+from swarm.bench.fidelity_plan import ALL_GROUPS, jobs_for, plan_shape, with_dense_repeats
 from swarm.bench.fidelity_queue import estimated_seconds, run_queue
-from swarm.bench.fidelity_train import Job, full_width_boundaries
+from swarm.bench.fidelity_report import markdown_table, summarize
+from swarm.bench.fidelity_train import Job, JobResult, full_width_boundaries
+from swarm.cli import build_parser
 
 
 @pytest.mark.e2e
@@ -152,3 +157,78 @@ def test_full_width_boundaries_train_the_uncompressed_constrained_model():
     assert codec.runners[0].module(tokens).shape[-1] == spec.rank
     with pytest.raises(ValueError, match="fixed basis"):
         full_width_boundaries(InProcessPipeline(spec.replace(basis_updates=True), serialize=False))
+
+
+def test_dense_repeats_add_runs_of_each_dense_job_with_its_spec():
+    jobs = jobs_for("smoke", ALL_GROUPS)
+    dense = [j for j in jobs if j.spec.codec == "dense"]
+    three = with_dense_repeats(jobs, 3)
+    assert dense and len(three) == len(jobs) + 2 * len(dense)
+    assert len({j.key for j in three}) == len(three)
+    by_key = {j.key: j for j in three}
+    for j in dense:
+        runs = [by_key[j.key], by_key[f"{j.key} (run 2)"], by_key[f"{j.key} (run 3)"]]
+        assert all(r.spec == j.spec and r.priority == j.priority and r.boundary == j.boundary for r in runs)
+    assert [j for j in three if j.spec.codec != "dense"] == [j for j in jobs if j.spec.codec != "dense"]
+    assert with_dense_repeats(jobs, 1) == jobs
+    with pytest.raises(ValueError, match="at least 1"):
+        with_dense_repeats(jobs, 0)
+
+
+@pytest.mark.parametrize("n", ["0", "-2", "two"])
+def test_dense_runs_flag_below_one_is_an_argparse_error(n, capsys):
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args(["bench", "fidelity", "--dense-runs", n])
+    assert e.value.code == 2 and "at least 1" in capsys.readouterr().err
+
+
+def _result(group: str, name: str, loss: float, codec: str = "subspace", truncated: bool = False) -> dict:
+    return {"group": group, "name": name, "final_val": loss, "truncated": truncated, "error": "", "note": "",
+            "compression": 1.0 if codec == "dense" else 16.0, "tokens": 1000, "spec": {"codec": codec, "d_model": 64}}
+
+
+@pytest.mark.parametrize("group,ref,row", [("frontier", "dense", "subspace k=4 fixed U"),
+                                           ("headline", "dense", "subspace k=d/16, issue defaults"),
+                                           ("scale", "d=64 dense", "d=64 subspace k=4"),
+                                           ("hybrid", "dense", "hybrid k=3 b=1")])
+def test_dense_reference_is_the_mean_of_its_ok_runs(group, ref, row):
+    """Every kind of dense reference: the mean of the dense job and its repeats (1.0, 1.2; a truncated
+    repeat at 5.0 left out), for the other rows and for the dense runs' own rows alike."""
+    results = [_result(group, ref, 1.0, "dense"), _result(group, f"{ref} (run 2)", 1.2, "dense"),
+               _result(group, f"{ref} (run 3)", 5.0, "dense", truncated=True), _result(group, row, 1.21)]
+    rows = {r["name"]: r for r in summarize(results)}
+    assert abs(rows[row]["vs_dense"] - (1.21 / 1.1 - 1)) < 1e-12
+    assert abs(rows[ref]["vs_dense"] - (1.0 / 1.1 - 1)) < 1e-12
+    assert abs(rows[f"{ref} (run 2)"]["vs_dense"] - (1.2 / 1.1 - 1)) < 1e-12
+    assert rows[f"{ref} (run 3)"]["vs_dense"] is None
+    assert rows[ref]["dense_runs"] == 2 and abs(rows[ref]["dense_spread"] - 0.2) < 1e-12
+    assert all("dense_runs" not in r for name, r in rows.items() if name != ref)
+    table = markdown_table(list(rows.values())).splitlines()
+    assert [line for line in table if "mean of 2 runs" in line] == [next(x for x in table if f"| {ref} |" in x)]
+
+
+def test_dense_runs_are_jobs_that_resume_keeps(tmp_path, monkeypatch):
+    """run_fidelity_bench with a stand-in queue (no processes): --dense-runs 2 after a run of 1 with
+    --resume trains only the repeat, and the headline is compared with the mean of both dense runs."""
+    losses = {"dense": 1.0, "dense (run 2)": 1.2, "subspace k=d/16, issue defaults": 1.21}
+    asked = []
+
+    def queue(jobs, out, *args, **kw):
+        asked.append([j.name for j in jobs])
+        res = [dataclasses.asdict(JobResult(j.name, j.group, j.spec.to_dict(), j.note, j.compression(),
+                                            j.spec.total_steps, j.tokens, losses[j.name])) for j in jobs]
+        with (out / "fidelity.jsonl").open("a") as f:
+            f.writelines(json.dumps(r) + "\n" for r in res)
+        return res
+
+    monkeypatch.setattr(fidelity, "run_queue", queue)
+    run_fidelity_bench(str(tmp_path), smoke=True, groups=("headline",))
+    result = run_fidelity_bench(str(tmp_path), smoke=True, groups=("headline",), dense_runs=2, resume=True)
+    assert asked == [["dense", "subspace k=d/16, issue defaults"], ["dense (run 2)"]]
+    rows = {r["name"]: r for r in json.loads((tmp_path / "fidelity.json").read_text())["rows"]}
+    assert rows == {r["name"]: r for r in result["rows"]} and result["dense_runs"] == 2
+    assert abs(rows["subspace k=d/16, issue defaults"]["vs_dense"] - (1.21 / 1.1 - 1)) < 1e-12
+    assert rows["dense"]["dense_runs"] == 2
+    with pytest.raises(ValueError, match="at least 1"):
+        run_fidelity_bench(str(tmp_path / "none"), smoke=True, dense_runs=0)
+    assert not (tmp_path / "none").exists()
