@@ -118,7 +118,10 @@ def orthonormal_factors(layout: SyncLayout, plan: PowerPlan, P_sum: torch.Tensor
 
 
 def second_round(M: list[torch.Tensor], P_hat: list[torch.Tensor], factor_dtype: torch.dtype) -> list[torch.Tensor]:
-    """Q_i = M_i^T P^ per entry, rounded to the factor dtype (what is sent, and what the error uses)."""
+    """Q_i = M_i^T P^ per entry, rounded to the factor dtype (what is sent, and what the error uses); P^ is
+    moved to M's device in one copy."""
+    if M:
+        P_hat = on_device(P_hat, M[0].device)
     return [(m.T @ p.to(m)).to(factor_dtype) for m, p in zip(M, P_hat)]
 
 
@@ -130,25 +133,47 @@ def finish(layout: SyncLayout, plan: PowerPlan, first: FirstRound, exact_sum: to
            P_hat: list[torch.Tensor], Q_mine: list[torch.Tensor], Q_sum: torch.Tensor,
            dtype: torch.dtype) -> tuple[torch.Tensor, PowerState]:
     """(G^ as a flat vector in layout coordinates, on the device of M; this replica's next state).
-    It stays there: a large stage's G^ copied to the host and back cost seconds a step on a GPU."""
+    It stays there: a large stage's G^ copied to the host and back cost seconds a step on a GPU.
+    Q' and its orthonormalization are worked out on the CPU (bit for bit on every replica) and reach the
+    device in one copy with the exact part: a copy per matrix waited for the device each time."""
     device = first.M[0].device if first.M else exact_sum.device
     flat = torch.empty(layout.numel, dtype=dtype, device=device)
     views = layout.views(flat)
+    qs, off = [], 0
+    for i in plan.compressed:
+        m = layout.entries[i].shape[1]
+        qs.append(Q_sum[off:off + m * plan.rank].view(m, plan.rank).to(dtype))
+        off += m * plan.rank
+    q_next = [orthonormalize(q) for q in qs]
+    exact, *moved = on_device([exact_sum, *qs, *q_next, *P_hat], device)
+    n = len(qs)
+    qs, q_next, P_hat = moved[:n], moved[n:2 * n], moved[2 * n:]
     off = 0
     for i in plan.exact:
-        n = layout.entries[i].numel
-        views[i].copy_(exact_sum[off:off + n].view(layout.entries[i].shape))
-        off += n
-    Q_next, error, off = [], [], 0
+        k = layout.entries[i].numel
+        views[i].copy_(exact[off:off + k].view(layout.entries[i].shape))
+        off += k
+    error = []
     for j, i in enumerate(plan.compressed):
-        m = layout.entries[i].shape[1]
-        q = Q_sum[off:off + m * plan.rank].view(m, plan.rank).to(dtype)
-        off += m * plan.rank
-        p = P_hat[j].to(device)
-        views[i].copy_(p @ q.to(device).T)
-        error.append(first.M[j] - p @ Q_mine[j].to(dtype).T)
-        Q_next.append(orthonormalize(q).to(device))
-    return flat, PowerState(Q_next, error)
+        views[i].copy_(P_hat[j] @ qs[j].T)
+        error.append(first.M[j] - P_hat[j] @ Q_mine[j].to(dtype).T)
+    return flat, PowerState(q_next, error)
+
+
+def on_device(tensors: list[torch.Tensor], device: torch.device | str) -> list[torch.Tensor]:
+    """`tensors` on `device`, values and dtypes unchanged: those elsewhere moved in one copy per dtype
+    (views of it), those already there as they are."""
+    device = torch.device(device)
+    out = [t if t.device == device else None for t in tensors]
+    away = [i for i, t in enumerate(out) if t is None]
+    for dt in dict.fromkeys(tensors[i].dtype for i in away):
+        idx = [i for i in away if tensors[i].dtype == dt]
+        whole = torch.cat([tensors[i].reshape(-1) for i in idx]).to(device)
+        off = 0
+        for i in idx:
+            out[i] = whole[off:off + tensors[i].numel()].view(tensors[i].shape)
+            off += tensors[i].numel()
+    return out
 
 
 def _cat(tensors: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:

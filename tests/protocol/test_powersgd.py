@@ -1,13 +1,23 @@
 """The replica-sync math (docs/algorithms.md 5): the subspace layout loses nothing the optimizer
 uses, and PowerSGD over replicas conserves every gradient (applied now or kept as error),
 recovers low-rank sums exactly, tracks a steady gradient, and maps its state across a basis
-change."""
+change; `on_device` moves a round's tensors in one copy."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from protocol.model import build_stage, spec_basis
-from protocol.powersgd import PowerPlan, PowerState, cat_factors, finish, first_round, orthonormal_factors, second_round
+from protocol.powersgd import (
+    PowerPlan,
+    PowerState,
+    cat_factors,
+    finish,
+    first_round,
+    on_device,
+    orthonormal_factors,
+    second_round,
+)
 from protocol.spec import preset
 from protocol.subspace import make_basis, orthonormalize, project_cols, project_rows
 from protocol.sync_layout import SyncLayout
@@ -123,3 +133,24 @@ def test_a_basis_change_maps_error_and_q_to_the_new_coordinates():
     assert torch.allclose(state.error[0], U_new.T @ full[0], atol=1e-12)
     assert torch.allclose(state.error[1], full[1] @ U_new, atol=1e-12)
     assert torch.allclose(state.Q[1], U_new.T @ q_full, atol=1e-12)
+
+
+def _mixed() -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(3)
+    return [torch.randn(5, 3, generator=g, dtype=torch.float64), torch.randn(7, generator=g).to(torch.bfloat16),
+            torch.randn(2, 4, generator=g, dtype=torch.float64), torch.zeros(0, dtype=torch.float32)]
+
+
+def test_on_device_keeps_tensors_already_there():
+    ts = _mixed()
+    assert all(a is b for a, b in zip(on_device(ts, "cpu"), ts))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="moving between devices needs a GPU")
+def test_on_device_moves_values_dtypes_and_shapes_unchanged_in_one_copy_per_dtype():
+    ts = _mixed()
+    moved = on_device([*ts, ts[0].cuda()], "cuda:0")
+    assert all(m.device.type == "cuda" for m in moved)
+    for t, m in zip(ts + [ts[0]], moved):
+        assert m.dtype == t.dtype and m.shape == t.shape and torch.equal(m.cpu(), t)
+    assert moved[0].untyped_storage().data_ptr() == moved[2].untyped_storage().data_ptr()  # one float64 copy
