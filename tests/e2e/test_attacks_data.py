@@ -59,10 +59,10 @@ async def test_a_leader_that_feeds_other_data_loses_the_lease_within_two_steps_a
     honest = sorted(e["step"] for e in _steps_by(swarm, "honest"))
     assert len(honest) >= 5 and honest == list(range(honest[0], honest[0] + len(honest))), honest
     # the steps are the liar's, then the honest head's. A leader logs a step once it applied it itself (its apply
-    # goes to the others while its next step starts), so the liar's last logged step can be one nobody else applied:
-    # its lease revoked, stage 1 refused that apply (only the lease holder may change a step there), and the honest
-    # head drove the step again from the swarm's state. An honest step that stage 1 had applied under the liar
-    # could not be driven at all (stage 1 answers "ahead" to its reduce), so no step of the run is applied twice.
+    # goes to the others while its next step starts), so the liar's last logged step can be one nobody else applied
+    # (its lease revoked meanwhile, stage 1 refuses the apply: only the lease holder may change a step there) and
+    # the honest head drives that step again from the swarm's state. A step stage 1 had applied under the liar could
+    # not be driven again at all (stage 1 answers "ahead" to its reduce), and a rollback would start the honest
+    # head's steps below the liar's last: neither passes this.
     last_lie = max(e["step"] for e in _steps_by(swarm, "liar"))
-    refused = f"stage 1 refused a message from {liar_id[-8:]}" in (swarm.dir / "stage1.log").read_text()
-    assert honest[0] > last_lie or (honest[0] == last_lie and refused), (honest[0], last_lie)
+    assert honest[0] >= last_lie, (honest[0], last_lie)
