@@ -108,11 +108,16 @@ class MemorySwarm:
                                and h.driver._applying is not None), return_exceptions=True)
 
     def kill(self, name: str) -> None:
-        """The peer vanishes at once (its head loop, if any, stops with it)."""
+        """The peer vanishes at once (its head loop, if any, stops with it). A head's telling the others to apply
+        its last step would still run here, every message of it failing now, and retry for `command_timeout`
+        before its head loop could end: a dead head asks nobody again (as a dead process would not)."""
         self.net.kill(name)
         task = getattr(self, "tasks", {}).get(name)
         if task is not None:
             task.cancel()
+        driver = getattr(self.peers.get(name), "driver", None)
+        if driver is not None:
+            driver._commands.command_timeout = 0.0  # read when its apply of the last step starts
 
     async def stop(self) -> None:
         for p in self.peers.values():

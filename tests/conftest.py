@@ -128,6 +128,16 @@ def session_fork_server(tmp_path_factory):
     from swarm.launch.fork_server import ForkServer
     from swarm.local import child_env
 
+    # any in-process torch run (an oracle, a bench's curves) sets TORCHINDUCTOR_CACHE_DIR in os.environ (torch
+    # _inductor's cache_dir()), which is part of the server's import-time environment: set after the server
+    # started, every later swarm of the worker found the server's environment stale and started one of its own
+    # (~2.7 CPU-s a swarm). Set now, to the value torch would set, before the server starts.
+    try:
+        from torch._inductor.runtime.cache_dir_utils import cache_dir
+    except ImportError:  # another torch: nothing to pin (at worst swarms start their own servers again)
+        pass
+    else:
+        cache_dir()
     env = child_env(threads=1)
     if not fork_server.enabled(env):
         yield None

@@ -1,17 +1,22 @@
 """Fixtures that start real swarm processes and always stop them (process groups, p2pd too)."""
 from __future__ import annotations
 
+import itertools
 import json
+import os
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from protocol.spec import preset
+from swarm.launch.fork_server import ForkServer
 from swarm.local import LocalOptions, LocalSwarm
 
 HERE = Path(__file__).parent
-
 
 def pytest_collection_modifyitems(items):
     """Every test under tests/e2e starts real processes: all of them are e2e (this hook sees every item)."""
@@ -72,3 +77,27 @@ def wait_for_steps(swarm: LocalSwarm, count: int, timeout: float = 120.0) -> lis
 
 def read_json(path) -> dict:
     return json.loads(path.read_text())
+
+
+_command_runs = itertools.count()
+
+
+def swarm_command(server: ForkServer | None, argv: list[str], env: dict[str, str], folder: Path,
+                  timeout: float = 120.0) -> subprocess.CompletedProcess:
+    """`swarm ARGV` in a process of its own, its output captured, forked from `server` as a local swarm's
+    processes are (its imports are the server's: ~2.5 CPU-s less, taken from a swarm that trains meanwhile);
+    without a server (SWARM_FORK_SERVER=0), a plain `python -m swarm.cli`. Its output files go to `folder`."""
+    if server is None:
+        return subprocess.run([sys.executable, "-m", "swarm.cli", *argv], capture_output=True, text=True,
+                              timeout=timeout, env=env)
+    n = next(_command_runs)
+    out, err = folder / f"command{n}.out", folder / f"command{n}.err"
+    with open(out, "w") as o, open(err, "w") as e:
+        proc = server.popen(argv, stdout=o, stderr=e, env=env)
+    try:
+        code = proc.wait(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)  # with whatever it started (its p2pd)
+            proc.wait(timeout=10)
+    return subprocess.CompletedProcess(argv, code, out.read_text(), err.read_text())

@@ -79,10 +79,13 @@ async def test_fake_ids_get_no_basis_published_and_do_not_move_its_effective_ste
                 code, reason = await a.send(coordinator, KIND_STATS, encode_stats(StatsMessage(
                     a.spec.run_hash, 1 + i % 2, 0, FAR, torch.randn(shape))))
                 assert (code, "re-fit step being collected" in reason) == ("refused", True), (code, reason)
+            # the oracle trains while the swarm does (one torch thread; the same run serves basis_log below)
+            oracle = asyncio.create_task(asyncio.to_thread(oracle_runs.losses, spec, STEPS))
             steps = await asyncio.to_thread(wait_for_event, swarm, "stage0", "step", 150, STEPS)
             published = await _bases(fakes[0], 2)  # re-fits at steps 5 and 10
     finally:
         await asyncio.to_thread(swarm.stop)
+    oracle_losses = await oracle
 
     fake_ids = {a.peer_id for a in fakes}
     log = oracle_runs.basis_log(spec, STEPS)
@@ -91,7 +94,7 @@ async def test_fake_ids_get_no_basis_published_and_do_not_move_its_effective_ste
     assert [(u.version, u.effective_step) for u in updates] == log[:2], \
         f"published {[(u.version, u.effective_step) for u in updates]}, the oracle's {log}"
     # training went on past the switch, on the basis the honest statistics gave: the oracle's losses
-    assert_matches(steps, oracle_runs.losses(spec, STEPS))
+    assert_matches(steps, oracle_losses)
     assert max(s["basis_version"] for s in steps) >= 1 and steps[-1]["step"] == STEPS
     coordinator_log = (swarm.dir / "coordinator.log").read_text()
     dropped = [line for line in coordinator_log.splitlines() if "re-fit at step 5: dropped" in line]

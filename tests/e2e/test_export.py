@@ -11,11 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import signal
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -25,8 +22,8 @@ from protocol.spec import preset
 from swarm.cli import main
 from swarm.export import StagedModel, gather_from_checkpoints
 from swarm.export.exporter import export_run
-from swarm.local import LocalOptions, run_local
-from tests.e2e.conftest import wait_for_event
+from swarm.local import LocalOptions, child_env, run_local
+from tests.e2e.conftest import swarm_command, wait_for_event
 
 transformers = pytest.importorskip("transformers")
 
@@ -36,11 +33,11 @@ STEPS = HASH_EVERY
 TOL = 1e-4
 
 
-def cli(*args: str) -> str:
-    # one torch thread, as in every test (tests/conftest.py): commands run side by side here, and
-    # on a 2-core box their second threads only spin (three at once took twice as long as in turn)
-    done = subprocess.run([sys.executable, "-m", "swarm.cli", *args], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+def cli(server, folder, *args: str) -> str:
+    """`swarm ARGS` as its own process, forked from the session's server as the swarm's processes are
+    (tests/e2e/conftest.py `swarm_command`); on one torch thread, as in every test (tests/conftest.py):
+    commands run side by side here, and on a 2-core box their second threads only spin."""
+    done = swarm_command(server, list(args), child_env(threads=1), folder, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout
 
@@ -70,7 +67,7 @@ def sha(path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def test_export_a_trained_subspace_swarm(make_swarm, tmp_path, capsys):
+def test_export_a_trained_subspace_swarm(make_swarm, session_fork_server, tmp_path, capsys):
     swarm = make_swarm(codec="subspace")
     ck = tmp_path / "ck"
     swarm.start_coordinator()
@@ -78,7 +75,7 @@ def test_export_a_trained_subspace_swarm(make_swarm, tmp_path, capsys):
                                                                  else [])) for s in range(3)]
     wait_for_event(swarm, "stage0", "done", timeout=240)
     # from the live peers first (the head lingers after its last step), then from their checkpoints
-    cli("export", "--initial-peers", swarm.maddrs[0], "--out", str(tmp_path / "live"))
+    cli(session_fork_server, tmp_path, "export", "--initial-peers", swarm.maddrs[0], "--out", str(tmp_path / "live"))
     for p in peers:  # every peer saves its checkpoint when stopped
         p.send_signal(signal.SIGTERM)
         assert p.wait(timeout=60) == 0

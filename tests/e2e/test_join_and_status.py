@@ -6,13 +6,12 @@ import json
 import os
 import signal
 import subprocess
-import sys
 
-from tests.e2e.conftest import wait_for_event
+from tests.e2e.conftest import swarm_command, wait_for_event
 from tests.e2e.processes import at_once
 
 
-def test_peer_started_by_hand_joins_and_status_lists_it(make_swarm):
+def test_peer_started_by_hand_joins_and_status_lists_it(make_swarm, session_fork_server, tmp_path):
     swarm = make_swarm(codec="subspace")
     maddrs = swarm.start_coordinator()
     swarm.start_peer(1)
@@ -29,8 +28,9 @@ def test_peer_started_by_hand_joins_and_status_lists_it(make_swarm):
     assert steps[2]["loss"] < steps[0]["loss"] + 0.5 and all(s["tokens"] > 0 for s in steps)
 
     def status(*flags: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "swarm.cli", "status", "--initial-peers", maddrs[0], *flags],
-                              capture_output=True, text=True, timeout=120, env=swarm._env())
+        # forked from the session's server as the peers are: four runs, while the swarm trains on a 2-core box
+        return swarm_command(session_fork_server, ["status", "--initial-peers", maddrs[0], *flags], swarm._env(),
+                             tmp_path)
 
     out, table = at_once(lambda: status("--json"), status)  # both forms, side by side
     assert out.returncode == 0, out.stderr[-2000:]

@@ -41,16 +41,23 @@ async def test_a_joiner_refuses_hostile_donors_takes_the_vouched_state_and_the_c
     swarm.head_names = lambda: ["head"]
     try:
         await asyncio.to_thread(swarm.start_coordinator, "--checkpoint-dir", str(checkpoints), "--snapshot-every", "3")
-        swarm.start_peer(0, "--steps", STEPS, name="head")
-        wait_for_event(swarm, "head", "ready")
         # two honest replicas: under CI's load one may miss a microbatch deadline while it serves a liar its
         # state and fall a step behind; while it downloads the state again (BehindCheck) the other can give
-        # the joiner a state the records hold
+        # the joiner a state the records hold. Both serve before the head starts: one that comes up while the
+        # head drives step 1 with the other starts from the initial state a step behind, and step 2 then waits
+        # ~10 s for it (the swarm's behaviour, not this test's subject)
         swarm.start_peer(1, name="honest")
         swarm.start_peer(1, name="honest2")
+        for name in ("honest", "honest2"):
+            wait_for_event(swarm, name, "ready")
+        swarm.start_peer(0, "--steps", STEPS, name="head")
+        wait_for_event(swarm, "head", "ready")
         await asyncio.to_thread(_wait, swarm, lambda: _steps(swarm) >= 3)
+        # both liars join at once (each join waits for the next step whose state the replicas hash, and for its
+        # record): a liar skips or refuses the other as a donor as the joiner does, and joins from an honest one
         for how in ("far", "near"):
             swarm.start_peer(1, "--serve-bad-state", how, name=f"liar_{how}")
+        for how in ("far", "near"):
             wait_for_event(swarm, f"liar_{how}", "joined", timeout=180)
         await asyncio.to_thread(_wait, swarm, lambda: _steps(swarm) >= 8)
         swarm.start_peer(1, name="joiner")

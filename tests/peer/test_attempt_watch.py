@@ -15,6 +15,7 @@ from peer.memory_swarm import TEST_DRIVER_OPTIONS
 from protocol.spec import preset
 from protocol.wire import KIND_ACTIVATION
 from tests.peer.swarm_in_memory import make_swarm
+from tests.peer.test_replicas import SMALLER
 
 STEPS, VICTIM = 5, "s1r1"
 
@@ -30,8 +31,9 @@ class CrashableLink(LoopbackLink):
 
 
 async def test_a_peer_that_dies_holding_a_microbatch_ends_the_attempt_in_seconds(caplog, oracle_runs):
+    # tiny narrowed as in test_replicas (SMALLER): the watch's pings do not depend on the width, the steps do
     spec = preset("tiny", stages=3, codec="subspace", dtype="fp64", wire_dtype="fp64", batch_size=32,
-                  microbatch_size=8, lr=1e-3)
+                  microbatch_size=8, lr=1e-3, **SMALLER)
     # an attempt would time out after 60 s: only the watch can end it within the test's 45 s
     driver = dict(TEST_DRIVER_OPTIONS, min_timeout=60.0, first_timeout=60.0, watch_period=0.2)
     swarm = await make_swarm(spec, [1, 2, 1], CrashableLink, driver_options=driver)

@@ -136,7 +136,7 @@ def _fuzz(loop: asyncio.AbstractEventLoop) -> None:
         loop.run_until_complete(swarm.drive(2))
         peers = dict(swarm.peers)
         for p in peers.values():  # an input for the next step waits this long for it: seconds of nothing here
-            p.daemon.future_step_wait = 0.2
+            p.daemon.future_step_wait = 0.02
         before = {name: state_hash(p.runner) for name, p in peers.items()}
         step = peers["s0r0"].runner.step
         targets = [(name, kind) for name in peers for kind in KINDS if (name, kind) in swarm.net.handlers]

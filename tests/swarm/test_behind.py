@@ -20,7 +20,10 @@ LEFT_OUT = 4  # the step (1-based) that the leader drives without s1r1
 
 async def test_a_replica_left_behind_for_a_step_downloads_the_state_and_takes_part_again(oracle_runs):
     spec = spec_for("subspace", "fp64")
-    swarm = await make_swarm(spec, [1, 2])
+    # a replica holds a message of the step after its own for `future_step_wait` (10 s by default) while its apply
+    # may be on the way: s1r1's never comes, so step LEFT_OUT + 1 waits that long before s1r1 refuses; 4 s is still
+    # twice the test swarm's 2 s attempt timeout (a late apply is seconds late at most, even on a loaded machine)
+    swarm = await make_swarm(spec, [1, 2], daemon_options=dict(future_step_wait=4.0))
     head, late = swarm.peers["s0r0"], swarm.peers["s1r1"]
     report = Report()
 

@@ -15,6 +15,7 @@ from protocol.spec import preset
 from protocol.wire import KIND_ACTIVATION
 from swarm.dht import StageAnnouncement
 from swarm.replicas.router import Router
+from tests.peer.test_replicas import SMALLER
 
 STEPS, SILENT = 8, "s1zz"
 
@@ -45,8 +46,9 @@ class RouterNetwork(LoopbackNetwork):
 
 
 async def test_a_replica_that_accepts_and_never_answers_is_banned_at_its_first_deadline(oracle_runs):
+    # tiny narrowed as in test_replicas (SMALLER): the deadline is its floor at either width, the steps are shorter
     spec = preset("tiny", stages=3, codec="subspace", dtype="fp64", wire_dtype="fp64", batch_size=32,
-                  microbatch_size=8, lr=1e-3)
+                  microbatch_size=8, lr=1e-3, **SMALLER)
     # an attempt times out after 60 s: a step that waited for the silent replica would show it
     swarm = MemorySwarm(spec, RouterNetwork(), driver_options=dict(TEST_DRIVER_OPTIONS, min_timeout=60.0,
                                                                    first_timeout=60.0))
