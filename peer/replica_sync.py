@@ -22,6 +22,7 @@ from protocol.powersgd import (
     cat_factors,
     finish,
     first_round,
+    on_device,
     orthonormal_factors,
     second_round,
 )
@@ -75,6 +76,8 @@ class PowerSync:
                                                                       torch.Tensor]:
         """(P^, this replica's Q factors, the same flat as they travel) from the summed P."""
         P_hat = orthonormal_factors(self.layout, self.plan, P_sum, self.runner.dtype)
+        if first.M:  # to the device in one copy, once: round 2 and the finish both use it there
+            P_hat = on_device(P_hat, first.M[0].device)
         Q_mine = second_round(first.M, P_hat, self.factor_dtype)
         return P_hat, Q_mine, cat_factors(Q_mine, self.factor_dtype)
 

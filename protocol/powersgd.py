@@ -118,10 +118,7 @@ def orthonormal_factors(layout: SyncLayout, plan: PowerPlan, P_sum: torch.Tensor
 
 
 def second_round(M: list[torch.Tensor], P_hat: list[torch.Tensor], factor_dtype: torch.dtype) -> list[torch.Tensor]:
-    """Q_i = M_i^T P^ per entry, rounded to the factor dtype (what is sent, and what the error uses); P^ is
-    moved to M's device in one copy."""
-    if M:
-        P_hat = on_device(P_hat, M[0].device)
+    """Q_i = M_i^T P^ per entry, rounded to the factor dtype (what is sent, and what the error uses)."""
     return [(m.T @ p.to(m)).to(factor_dtype) for m, p in zip(M, P_hat)]
 
 

@@ -18,6 +18,7 @@ from swarm.local import LocalOptions, LocalSwarm
 
 HERE = Path(__file__).parent
 
+
 def pytest_collection_modifyitems(items):
     """Every test under tests/e2e starts real processes: all of them are e2e (this hook sees every item)."""
     for item in items:
