@@ -22,7 +22,7 @@ import torch
 from protocol.basis_update import canonical_basis
 from protocol.loss_scale import loss_scale_for
 from protocol.model import StageModule, build_stage, compute_dtype, lm_loss, spec_basis
-from protocol.optim import clip_grad_norm, lr_at, make_optimizer, set_lr
+from protocol.optim import clip_grad_norm, lr_at, make_optimizer, set_lr, stage_lr_ratio
 from protocol.spec import RunSpec
 from protocol.subspace import SubspaceBasis, project_cols, project_rows
 from protocol.sync_layout import SyncLayout
@@ -247,7 +247,7 @@ class StageRunner(ReducedGradients, ScaledGradients):
         else:
             self.unscale()
             norm = clip_grad_norm(self.params, self.spec.grad_clip, self._projected)
-            set_lr(self.optimizer, lr)
+            set_lr(self.optimizer, lr, stage_lr_ratio(self.spec, self.step))
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         if self.loss_scale is not None:

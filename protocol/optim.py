@@ -82,7 +82,9 @@ class SubspaceAdamW(torch.optim.Optimizer):
 def make_optimizer(spec: RunSpec, module: nn.Module) -> SubspaceAdamW:
     """Groups: constrained (col/row), decayed matrices, undecayed vectors (norm gains). A group's
     `lr_scale` (`set_lr`) is `constrained_stage_lr_scale` on a stage before the last (any codec),
-    times `constrained_lr_scale` for the constrained groups; 1 elsewhere."""
+    times `constrained_lr_scale` for the constrained groups; 1 elsewhere. With a ramp
+    (`constrained_stage_lr_end`) a stage before the last marks its groups `stage_ramp`: `set_lr` scales them
+    by `stage_lr_ratio` too."""
     constrained = getattr(module, "constrained_parameters", lambda: [])()
     special = {id(p) for _, p, _ in constrained}
     decay, no_decay = [], []
@@ -102,6 +104,8 @@ def make_optimizer(spec: RunSpec, module: nn.Module) -> SubspaceAdamW:
     for g in groups:  # a default run's optimizer state stays as it was (no key that every group has at 1)
         if g["lr_scale"] == 1.0:
             del g["lr_scale"]
+        if early and spec.constrained_stage_lr_end:
+            g["stage_ramp"] = True
     U = None
     for mod in module.modules():
         if hasattr(mod, "U") and isinstance(mod.U, torch.Tensor):
@@ -122,10 +126,22 @@ def lr_at(spec: RunSpec, step: int) -> float:
     return spec.lr * (spec.min_lr_ratio + (1 - spec.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
-def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
-    """Every group's lr = lr x its `lr_scale` (1 where it has none: `make_optimizer`)."""
+def stage_lr_ratio(spec: RunSpec, step: int) -> float:
+    """The stage lr's ramp at `step`, relative to `constrained_stage_lr_scale` (s0): with an end s1 > 0,
+    s(step) = s0 + (s1 - s0) * clip((step - warmup_steps) / (total_steps - warmup_steps), 0, 1), and the ratio is
+    s(step) / s0 (1 through the warm-up); without one, 1."""
+    s0, s1 = spec.constrained_stage_lr_scale, spec.constrained_stage_lr_end
+    if not s1:
+        return 1.0
+    frac = min(1.0, max(0.0, (step - spec.warmup_steps) / (spec.total_steps - spec.warmup_steps)))
+    return (s0 + (s1 - s0) * frac) / s0
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float, stage_ratio: float = 1.0) -> None:
+    """Every group's lr = lr x its `lr_scale` (1 where it has none: `make_optimizer`), x `stage_ratio` for the
+    groups of a stage before the last under a ramp (`stage_ramp`)."""
     for group in optimizer.param_groups:
-        group["lr"] = lr * group.get("lr_scale", 1.0)
+        group["lr"] = lr * group.get("lr_scale", 1.0) * (stage_ratio if group.get("stage_ramp") else 1.0)
 
 
 def clip_grad_norm(params: list[torch.Tensor], max_norm: float, project=None) -> float:

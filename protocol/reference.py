@@ -15,7 +15,7 @@ import torch
 
 from .codecs import WirePacker, WireRoundtrip
 from .model import build_stage, lm_loss, spec_basis
-from .optim import clip_grad_norm, lr_at, make_optimizer, set_lr
+from .optim import clip_grad_norm, lr_at, make_optimizer, set_lr, stage_lr_ratio
 from .spec import RunSpec
 from .subspace import SubspaceBasis, project_cols, project_rows
 
@@ -61,7 +61,7 @@ class ReferenceModel:
                 return project_cols(g, U) if k == "col" else project_rows(g, U) if k == "row" else g
 
             clip_grad_norm([p for p in m.parameters() if p.requires_grad], self.spec.grad_clip, proj)
-            set_lr(opt, lr_at(self.spec, self.step))
+            set_lr(opt, lr_at(self.spec, self.step), stage_lr_ratio(self.spec, self.step))
             opt.step()
             opt.zero_grad(set_to_none=True)
         self.step += 1

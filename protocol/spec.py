@@ -43,7 +43,7 @@ LR_OPTIONS: dict[str, float] = {**SUBSPACE_OPTIONS, "constrained_stage_lr_scale"
 # 80 Mbit/s the design targets
 SLOWEST_UPLINK_BPS = 8e6
 HASH_NEUTRAL_DEFAULTS: dict[str, Any] = {**LR_OPTIONS, "microbatches_in_flight": 0, "replica_sync_warmup": 0,
-                                         "residual_width": 0,
+                                         "residual_width": 0, "constrained_stage_lr_end": 0.0,
                                          "slowest_uplink_bps": SLOWEST_UPLINK_BPS}
 # The subspace codec's stage lr in the presets (`preset`; docs/fidelity.md 3d-3g, 5): its stages before the last
 # at 0.03 x the lr took the gap to dense at 16x from +18.0% to +6.7% at d=512 (two seeds) and from +16.3% to
@@ -130,6 +130,9 @@ class RunSpec:
     # subspace codec only) for the weights kept in span(U) (w_o, w_down, T_S). 1.0 = off
     constrained_lr_scale: float = 1.0
     constrained_stage_lr_scale: float = 1.0
+    # > 0: the stage lr multiplier moves linearly from `constrained_stage_lr_scale` at the warm-up's end to this at
+    # total_steps (protocol/optim.py `stage_lr_ratio`; docs/fidelity.md 3p); 0 = it holds for the whole run
+    constrained_stage_lr_end: float = 0.0
     # standard deviation of the frozen token code T_fixed's entries (protocol/subspace.py; docs/fidelity.md 3d:
     # what the constrained stages write grows to ~40x its norm at the default 0.02 on `small`)
     t_fixed_std: float = 0.02
@@ -144,7 +147,7 @@ class RunSpec:
     def __post_init__(self) -> None:
         object.__setattr__(self, "stage_layers", tuple(int(x) for x in self.stage_layers))
         object.__setattr__(self, "betas", tuple(float(x) for x in self.betas))
-        for name in (*LR_OPTIONS, "slowest_uplink_bps"):  # 2 and 2.0 must hash alike
+        for name in (*LR_OPTIONS, "constrained_stage_lr_end", "slowest_uplink_bps"):  # 2 and 2.0 must hash alike
             object.__setattr__(self, name, float(getattr(self, name)))
         # counts, whatever a spec file wrote
         for name in ("microbatches_in_flight", "replica_sync_warmup", "residual_width"):
@@ -264,6 +267,10 @@ class RunSpec:
             need(0 < value <= 1000, f"{name} must be in (0, 1000], not {value}.")
             need(value == default or self.codec == "subspace" or name not in SUBSPACE_OPTIONS,
                  f"{name} is an option of the subspace codec; leave it at {default} with codec {self.codec!r}.")
+        end = self.constrained_stage_lr_end
+        need(end == 0 or 0 < end <= 1000, f"constrained_stage_lr_end must be 0 (no ramp) or in (0, 1000], not {end}.")
+        need(end == 0 or self.total_steps > self.warmup_steps, "constrained_stage_lr_end ramps the stage lr from the "
+             "warm-up's end to total_steps; set total_steps above warmup_steps, or leave it at 0.")
 
     # ----- identity
     def to_dict(self) -> dict[str, Any]:
@@ -314,7 +321,8 @@ class RunSpec:
         their defaults (the other codecs refuse all but the stage lr, which is reset too: another codec's
         run names its own); `changes` apply on top."""
         if codec != "subspace":
-            changes = {**LR_OPTIONS, "embed_split": "subspace", "residual_width": 0, **changes}
+            changes = {**LR_OPTIONS, "constrained_stage_lr_end": 0.0, "embed_split": "subspace", "residual_width": 0,
+                       **changes}
         return self.replace(codec=codec, **changes)
 
     def save(self, path: str | Path) -> None:

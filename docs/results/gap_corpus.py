@@ -10,7 +10,8 @@ Usage: gap_corpus.py OUT PER_DEVICE BUDGET_S STEPS SEEDS NAMES   (SEEDS e.g. 0,1
 dense,hybrid,subspace,hybrid24,hybrid20,hybrid-x0.1,hybrid-x0.01,bottleneck,bottleneck-x0.03,
 dense-x0.03,hybrid-w300,hybrid-w600,hybrid-lr0.7,hybrid-lr1.4,dense-lr1.4,hybrid-w300-x0.1,
 hybrid-w300-x0.05,hybrid-w300-x0.15,hybrid-w300-x0.2,hybrid30-w300,subspace-w300,hybrid100x,
-hybrid100x-default,hybrid100x-w300,hybrid24-w300-x0.1,hybrid-w600-x0.1). Every seed is a group
+hybrid100x-default,hybrid100x-w300,hybrid24-w300-x0.1,hybrid-w600-x0.1,hybrid-x0.1-to0.2,hybrid-x0.1-to0.03).
+Every seed is a group
 with its own dense reference; OUT/fidelity.jsonl is resumed."""
 import hashlib
 import json
@@ -30,6 +31,12 @@ def warmed(k: int, b: int, stage_lr: float, warmup: int = 300, ratio: str = "16x
     """The hybrid k + b at a stage lr and a warm-up (sections 3k, 3n): (name, spec changes, note)."""
     name = f"hybrid k={k} b={b}, x{stage_lr:g}, {warmup} warm-up steps" + ("" if ratio == "16x" else f" ({ratio})")
     return name, {"rank": k, "residual_width": b, "warmup_steps": warmup, "constrained_stage_lr_scale": stage_lr}, ratio
+
+
+def ramped(end: float) -> tuple[str, dict, str]:
+    """3n's default (k=28 b=4, warm-up 300) with its stage lr moving from x0.1 to x`end` over the run (3p)."""
+    name, change, note = warmed(28, 4, 0.1)
+    return f"{name}, ramped to x{end:g}", {**change, "constrained_stage_lr_end": end}, note
 
 
 VARIANTS = {"dense": ("dense", None, ""),
@@ -68,7 +75,10 @@ VARIANTS = {"dense": ("dense", None, ""),
             "subspace-w300": ("subspace k=32, x0.03, 300 warm-up steps", {"warmup_steps": 300, **LOW}, "16x"),
             # levers at 2x the tokens on top of 3n's default (section 3o): the other split, a longer warm-up
             "hybrid24-w300-x0.1": warmed(24, 8, 0.1),
-            "hybrid-w600-x0.1": warmed(28, 4, 0.1, 600)}
+            "hybrid-w600-x0.1": warmed(28, 4, 0.1, 600),
+            # a stage lr that changes over the run (section 3p): from 3n's x0.1 at the warm-up's end to x0.2 or x0.03
+            "hybrid-x0.1-to0.2": ramped(0.2),
+            "hybrid-x0.1-to0.03": ramped(0.03)}
 
 
 def build_corpus(out: Path) -> Path:

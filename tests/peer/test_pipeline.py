@@ -70,6 +70,9 @@ ORACLE = {  # name: (spec overrides, steps, lossless check)
     "subspace-3-lr-scales": (dict(constrained_lr_scale=4.0, constrained_stage_lr_scale=0.5, stages=3, n_layers=3),
                              30, True),
     "subspace-2-t-fixed-std": (dict(t_fixed_std=0.3), 30, True),
+    # docs/fidelity.md 3p: the stage lr ramped from x0.5 to x2 between the warm-up's end and total_steps
+    "subspace-3-stage-lr-ramp": (dict(constrained_stage_lr_scale=0.5, constrained_stage_lr_end=2.0, warmup_steps=5,
+                                      total_steps=30, stages=3, n_layers=3), 30, True),
     "bottleneck-2": (dict(codec="bottleneck"), 100, False),
     # issue 24's hybrid: k exact coordinates and a bottleneck of the rest, free stages (lossy: no lossless check)
     "hybrid-3": (dict(residual_width=4, basis_updates=False, stages=3, n_layers=3), 40, False),
