@@ -10,7 +10,8 @@ Usage: gap_corpus.py OUT PER_DEVICE BUDGET_S STEPS SEEDS NAMES   (SEEDS e.g. 0,1
 dense,hybrid,subspace,hybrid24,hybrid20,hybrid-x0.1,hybrid-x0.01,bottleneck,bottleneck-x0.03,
 dense-x0.03,hybrid-w300,hybrid-w600,hybrid-lr0.7,hybrid-lr1.4,dense-lr1.4,hybrid-w300-x0.1,
 hybrid-w300-x0.05,hybrid-w300-x0.15,hybrid-w300-x0.2,hybrid30-w300,subspace-w300,hybrid100x,
-hybrid100x-default,hybrid100x-w300,hybrid24-w300-x0.1,hybrid-w600-x0.1,hybrid-x0.1-to0.2,hybrid-x0.1-to0.03).
+hybrid100x-default,hybrid100x-w300,hybrid24-w300-x0.1,hybrid-w600-x0.1,hybrid-x0.1-to0.2,hybrid-x0.1-to0.03,
+hybrid-x0.1-to0.3,hybrid-x0.1-to0.4).
 Every seed is a group
 with its own dense reference; OUT/fidelity.jsonl is resumed."""
 import hashlib
@@ -78,7 +79,9 @@ VARIANTS = {"dense": ("dense", None, ""),
             "hybrid-w600-x0.1": warmed(28, 4, 0.1, 600),
             # a stage lr that changes over the run (section 3p): from 3n's x0.1 at the warm-up's end to x0.2 or x0.03
             "hybrid-x0.1-to0.2": ramped(0.2),
-            "hybrid-x0.1-to0.03": ramped(0.03)}
+            "hybrid-x0.1-to0.03": ramped(0.03),
+            "hybrid-x0.1-to0.3": ramped(0.3),
+            "hybrid-x0.1-to0.4": ramped(0.4)}
 
 
 def build_corpus(out: Path) -> Path:
