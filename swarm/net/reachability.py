@@ -35,6 +35,7 @@ with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message=r".*torch\.jit\.script.*")
     import hivemind
     from hivemind.p2p import P2P, PeerID
+    from hivemind.p2p.p2p_daemon_bindings.utils import P2PDaemonError
 
 from .addresses import LOOPBACK, announce_addresses, daemon_maddr, is_circuit, swarm_scope, usable, without_peer
 from .relay import relay_options
@@ -203,12 +204,28 @@ async def settle_reachability(dht: hivemind.DHT, sdht: SwarmDHT, spec: RunSpec, 
                 "relay. Forward a port and pass --public-ip for full speed (see README, Troubleshooting).")
     options = {"client_mode": True, **relay_options(initial_peers)}
     await asyncio.to_thread(stop, dht)
-    dht = await asyncio.to_thread(restart, options)
+    dht = await restarted(restart, options, timeout)
     try:
         return dht, Reachability("relayed", await _confirm_relay(dht, helpers, namespace, scope, timeout))
     except BaseException:  # the caller only knows the node it passed in (stopped by now): stop this one here
         await asyncio.to_thread(stop, dht)
         raise
+
+
+async def restarted(restart: Callable[[dict], hivemind.DHT], options: dict, timeout: float) -> hivemind.DHT:
+    """`restart(options)`, started again (for up to `timeout` s) while its p2pd cannot reach the bootstrap peers:
+    they knew this peer id a moment ago, from the node just stopped, and may still be closing that connection."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        try:
+            return await asyncio.to_thread(restart, options)
+        except P2PDaemonError as e:
+            if "bootstrap" not in str(e) or loop.time() > deadline:
+                raise
+            log.warning("the DHT node behind a relay could not reach the bootstrap peers yet (%s); starting it again",
+                        e)
+        await asyncio.sleep(1.0)
 
 
 async def _ask(dht: hivemind.DHT, helpers: list[str], namespace: str, maddrs: list[str]) -> bool | None:

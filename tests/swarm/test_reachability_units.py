@@ -3,8 +3,11 @@ request rules and the stage remembered beside an identity file (no network here;
 dial-back and relays run in tests/swarm/test_dialback.py and tests/e2e/test_netns_swarm.py)."""
 from __future__ import annotations
 
+import asyncio
+
 import msgpack
 import pytest
+from hivemind.p2p.p2p_daemon_bindings.utils import P2PDaemonError
 
 from swarm.dht import StageAnnouncement
 from swarm.monitor.health import reachability_of
@@ -21,7 +24,7 @@ from swarm.net.addresses import (
     usable,
     without_peer,
 )
-from swarm.net.reachability import RELAY_PENALTY, DialBack, dht_options, relay_penalty
+from swarm.net.reachability import RELAY_PENALTY, DialBack, dht_options, relay_penalty, restarted
 from swarm.net.relay import circuit_addresses, relay_options
 from swarm.stage_memory import recall_stage, remember_stage, stage_file
 
@@ -140,3 +143,34 @@ def test_stage_is_remembered_beside_the_identity(tmp_path):
     assert recall_stage(identity, "run1") is None  # a damaged file is forgotten, never fatal
     remember_stage(None, "run1", 1)  # no identity: nothing to remember, nothing written
     assert sorted(p.name for p in tmp_path.iterdir()) == ["peer.id.stages.json"]
+
+
+def _flaky_restart(errors):
+    """A restart that raises `errors` in turn, then returns the options it was given; and the calls it saw."""
+    calls = []
+
+    def restart(options):
+        calls.append(options)
+        if len(calls) <= len(errors):
+            raise errors[len(calls) - 1]
+        return options
+    return restart, calls
+
+
+def test_a_relay_restart_that_cannot_reach_the_bootstrap_peers_yet_is_started_again():
+    """Seen under load (tests/e2e/test_netns_swarm.py): the restarted p2pd failed to connect to the bootstrap
+    peers, which had just seen this peer id leave; a second start succeeds."""
+    restart, calls = _flaky_restart([P2PDaemonError("failed to connect to bootstrap peers")] * 2)
+    assert asyncio.run(restarted(restart, {"client_mode": True}, timeout=30)) == {"client_mode": True}
+    assert len(calls) == 3
+
+
+def test_a_relay_restart_gives_up_on_other_errors_at_once_and_on_bootstrap_errors_after_its_deadline():
+    restart, calls = _flaky_restart([P2PDaemonError("address already in use")])
+    with pytest.raises(P2PDaemonError, match="in use"):
+        asyncio.run(restarted(restart, {}, timeout=30))
+    assert len(calls) == 1
+    restart, calls = _flaky_restart([P2PDaemonError("failed to connect to bootstrap peers")] * 50)
+    with pytest.raises(P2PDaemonError, match="bootstrap"):
+        asyncio.run(restarted(restart, {}, timeout=1.5))
+    assert 2 <= len(calls) <= 4  # one start a second until the deadline has passed
