@@ -54,8 +54,8 @@ class ReducedGradients:
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
         flat = self.layout.pack(grads, self.current_U()) if in_layout else \
             torch.cat([g.detach().reshape(-1) for g in grads])
-        return mbs, (flat if on_device else flat.cpu()), \
-            (self._step_stat.detach().cpu() if self._step_stat is not None else None)
+        collected = self._step_stat is not None and self.spec.in_stat_window(self.step)
+        return mbs, (flat if on_device else flat.cpu()), (self._step_stat.detach().cpu() if collected else None)
 
     def current_U(self) -> torch.Tensor | None:
         return self.basis.U if self.basis is not None else None

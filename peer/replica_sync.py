@@ -38,7 +38,8 @@ def flat_limits(spec: RunSpec, runner: StageRunner) -> FlatLimits:
         plan = PowerPlan.for_layout(runner.layout, spec.replica_sync_rank)
         phases, factor_dtype = ((plan.exact_numel, plan.p_numel), (0, plan.q_numel)), WIRE_DTYPES[spec.wire_dtype]
     return FlatLimits(spec.run_hash, runner.stage, runner.layout.numel, runner.dtype, stat, spec.n_microbatches,
-                      phases, factor_dtype, runner.n_params, spec.replica_sync_warmup if phases else 0)
+                      phases, factor_dtype, runner.n_params, spec.replica_sync_warmup if phases else 0,
+                      (spec.basis_interval, spec.stat_window))
 
 
 class PowerSync:

@@ -124,7 +124,7 @@ class StageRunner(ReducedGradients, ScaledGradients):
         return self.module.leave(self.module.body(self.module.enter(tokens[:, :-1], z)), tokens[:, :-1])
 
     def _run_module(self, tokens: torch.Tensor, z: torch.Tensor | None) -> tuple[torch.Tensor, _Probe | None]:
-        if not self.collect_stats:
+        if not self.collect_stats or not self.spec.in_stat_window(self.step):
             return self.output(tokens, z), None
         inp = tokens[:, :-1]
         h = self.module.enter(inp, z)
@@ -253,12 +253,15 @@ class StageRunner(ReducedGradients, ScaledGradients):
         if self.loss_scale is not None:
             self.loss_scale.update(skip)
         record = StepRecord(self.step, norm, lr, skip)
+        collected = self.spec.in_stat_window(self.step)
         self.step += 1
         self._backward_done.clear()
         self.overflow_mbs.clear()
         self.reduced = None
         if self.stat is not None:
-            if not skip:
+            if not collected:  # outside the window before a re-fit the EMA waits at zero (RunSpec.stat_window)
+                self.stat.zero_()
+            elif not skip:
                 d = self.spec.stats_decay
                 self.stat.mul_(d).add_(self._step_stat, alpha=1 - d)
             self._step_stat.zero_()

@@ -69,6 +69,7 @@ from dataclasses import dataclass, field
 import msgpack
 import torch
 
+from .spec import in_stat_window
 from .wire import KIND_CONTROL, KIND_REDUCE, WireError, _ext_hook, _need, _pack_tensor
 
 OPS = ("status", "reduce", "apply", "abort", "rollback", "lease", "check", "work")
@@ -150,10 +151,15 @@ class FlatLimits:
     factor_dtype: torch.dtype | None = None
     full_numel: int = 0  # every parameter's gradient in full (a lone replica's follow updates)
     exact_until: int = 0  # steps before this one sum exactly, whatever `phases` says (powersgd's warm-up)
+    stat_steps: tuple[int, int] = (1, 1)  # (basis_interval, stat_window): the steps whose contributions carry a stat
 
     def at(self, step: int) -> FlatLimits:
-        """The limits of a contribution to step `step`: exact sync during the warm-up."""
-        return dataclasses.replace(self, phases=()) if step < self.exact_until else self
+        """The limits of a contribution to step `step`: exact sync during the warm-up, and no statistic outside
+        the window before a re-fit (`RunSpec.stat_window`)."""
+        lim = dataclasses.replace(self, phases=()) if step < self.exact_until else self
+        if lim.stat_shape is not None and not in_stat_window(step, *lim.stat_steps):
+            lim = dataclasses.replace(lim, stat_shape=None)
+        return lim
 
     @property
     def exchange(self) -> tuple[tuple[int, int], ...]:
@@ -226,7 +232,7 @@ def _flat(t: object, lim: FlatLimits, what: str, numel: int | None = None,
 
 def _stat(t: object, lim: FlatLimits) -> torch.Tensor | None:
     if lim.stat_shape is None:
-        _need(t is None, "this stage keeps no re-fit statistic.")
+        _need(t is None, "this stage sends no re-fit statistic at this step.")
         return None
     _need(isinstance(t, torch.Tensor) and t.dtype == torch.float64 and tuple(t.shape) == lim.stat_shape,
           f"the statistic must be a float64 tensor of shape {list(lim.stat_shape)}.")

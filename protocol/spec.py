@@ -10,6 +10,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +43,15 @@ LR_OPTIONS: dict[str, float] = {**SUBSPACE_OPTIONS, "constrained_stage_lr_scale"
 # the slowest uplink a swarm waits for, bit/s (peer/transfer_time.py): 8 Mbit/s, below most home uplinks, 1/10 of the
 # 80 Mbit/s the design targets
 SLOWEST_UPLINK_BPS = 8e6
+# the weight of the re-fit statistic's EMA that its window may leave out (`RunSpec.stat_window`)
+STAT_TAIL = 1e-6
+
+
+def in_stat_window(step: int, interval: int, window: int) -> bool:
+    """Whether step `step` (0-based) is one of the `window` steps before a re-fit, which follows the step whose
+    count step + 1 is a multiple of `interval`."""
+    return (-(step + 1)) % interval < window
+
 HASH_NEUTRAL_DEFAULTS: dict[str, Any] = {**LR_OPTIONS, "microbatches_in_flight": 0, "replica_sync_warmup": 0,
                                          "residual_width": 0, "constrained_stage_lr_end": 0.0,
                                          "slowest_uplink_bps": SLOWEST_UPLINK_BPS}
@@ -188,6 +198,21 @@ class RunSpec:
     def boundary_width(self) -> int:
         """Numbers per token that cross a stage boundary (before wire dtype)."""
         return self.d_model if self.codec == "dense" else self.rank + self.residual_width
+
+    @property
+    def stat_window(self) -> int:
+        """How many steps before each re-fit the receiving stages collect (and replicas exchange) the re-fit
+        statistic: W = min(basis_interval, ceil(ln STAT_TAIL / ln stats_decay)), 132 at the default decay 0.9.
+        The EMA restarts at zero W steps before the re-fit, which leaves out stats_decay^W <= STAT_TAIL of its
+        weight, and the other steps neither compute the statistic nor send its d x k float64 numbers
+        (docs/algorithms.md 1.7)."""
+        if self.stats_decay <= 0:
+            return 1
+        return min(self.basis_interval, math.ceil(math.log(STAT_TAIL) / math.log(self.stats_decay)))
+
+    def in_stat_window(self, step: int) -> bool:
+        """Whether step `step` (0-based) is one of the `stat_window` steps before a re-fit (`in_stat_window`)."""
+        return in_stat_window(step, self.basis_interval, self.stat_window)
 
     @property
     def hybrid(self) -> bool:

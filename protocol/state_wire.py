@@ -99,6 +99,6 @@ def decode_follow(data: bytes, lim: FlatLimits) -> FollowUpdate:
     if _flag(d, "v", "a follow update's skip flag"):
         _need(d.get("t") is None and d.get("q") is None, "a skipped step's follow update carries no tensors.")
         return FollowUpdate(lim.run, _int(d, "s", "step"), None, None, j, skip=True)
-    numel = lim.numel if j else (lim.full_numel or lim.numel)
-    return FollowUpdate(lim.run, _int(d, "s", "step"), _flat(d.get("t"), lim, "the reduced gradient", numel),
-                        _stat(d.get("q"), lim), j)
+    numel, step = lim.numel if j else (lim.full_numel or lim.numel), _int(d, "s", "step")
+    return FollowUpdate(lim.run, step, _flat(d.get("t"), lim, "the reduced gradient", numel),
+                        _stat(d.get("q"), lim.at(step)), j)
