@@ -126,7 +126,7 @@ class RunSpec:
     basis_switch_delay: int = 10  # a re-fit computed after step t takes effect at step t + delay
     grassmann_eta: float = 0.05  # retraction step (radians-ish, before the angle cap)
     grassmann_max_angle: float = 0.05  # cap on the largest principal angle of one update
-    stats_decay: float = 0.9  # EMA decay per step of the statistic M_s
+    stats_decay: float = 0.9  # EMA decay per step of the statistic M_s, kept in the stat_window steps before a re-fit
     refit_statistic: str = "grad_cov"  # REFIT_STATISTICS: what M_s is (docs/algorithms.md 1.7)
     # replicas of a stage (docs/algorithms.md 5): "exact" sums their gradients every step;
     # "powersgd" sums a rank-r PowerSGD approximation with error feedback (for home uplinks)
