@@ -153,7 +153,7 @@ class StepDriver:
             now = time.monotonic()
             me = PeerInfo(self.peer_id, 0, "online", self.runner.step, 0.0, self._leading)
             heads = [p for p in await self.directory.members(0) if p.peer_id != self.peer_id] + [me]
-            order = await self.directory.lease_order()
+            order = await self.directory.lease_order(fresh=waited)  # waiting: the lease may have just come
             leader = leader_of((p for p in heads if self._dead.get(p.peer_id, 0.0) <= now), order)
             if leader is not None:
                 return leader

@@ -102,9 +102,10 @@ class PeerDirectory(Protocol):
         """The peers announced online for `stage` right now (fresh, not from a cache), by peer id."""
         ...
 
-    async def lease_order(self) -> list[str] | None:
+    async def lease_order(self, fresh: bool = False) -> list[str] | None:
         """The heads that may lead, in order, from the swarm key's newest lease (`peer/leadership.py`);
-        None if the swarm has no coordinator to grant one; [] while it has granted none yet."""
+        None if the swarm has no coordinator to grant one; [] while it has granted none yet. `fresh`: read
+        it now, not from a copy up to a few seconds old (a head that waits for a lease to name it)."""
         ...
 
     async def rollback_order(self) -> RollbackOrder | None:

@@ -78,7 +78,7 @@ class LoopbackDirectory:
     def ban(self, peer: str) -> None:
         self.banned.add(peer)
 
-    async def lease_order(self) -> list[str] | None:
+    async def lease_order(self, fresh: bool = False) -> list[str] | None:
         return None if self.net.lease is None else list(self.net.lease)
 
     async def rollback_order(self) -> RollbackOrder | None:

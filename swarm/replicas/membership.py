@@ -98,6 +98,8 @@ class Membership:
         if leader == sender:
             return None
         refused = Refusal("only the leading head drives the steps.")
+        if order == []:  # no lease read here yet: the one that names the sender may be on its way through the DHT
+            return Refusal(refused.reason, "retry")
         if not any(h.peer_id == sender and h.leads for h in heads):
             # only a claim makes this peer look at the leader again; one it has not read yet may be on its way
             return refused if fresh else Refusal(refused.reason, "retry")

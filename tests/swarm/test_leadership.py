@@ -106,3 +106,18 @@ async def test_with_a_lease_a_low_id_claimant_is_refused_even_once_the_leader_is
     view.heads["B"].leads = True  # B, next in the lease, found C dead and claims
     assert await m.check("B", KIND_DRIVE) is None and probe.probed == ["C"]
     assert await m.check("A", KIND_DRIVE) is not None
+
+
+async def test_before_any_lease_is_read_here_a_head_is_asked_to_retry_and_is_admitted_once_the_lease_names_it():
+    """The first step's race: the head read the new lease that names it, this stage still reads the one granted to
+    nobody. It asks the head to retry (a plain refusal left the step waiting for its 60 s timeout) and admits it
+    once it reads the lease; a head the lease it reads does not name is still refused outright."""
+    view = Heads(order=[], A=True)
+    m = Membership(view, view, stage=1, n_stages=2, refresh_s=0.0)
+    refusal = await m.check("A", KIND_ACTIVATION)
+    assert refusal is not None and refusal.code == "retry"
+    view.order = ["A"]
+    assert await m.check("A", KIND_ACTIVATION) is None
+    view.order = ["B"]
+    refusal = await m.check("A", KIND_DRIVE)
+    assert refusal is not None and refusal.code == "refused"
