@@ -43,18 +43,11 @@ LR_OPTIONS: dict[str, float] = {**SUBSPACE_OPTIONS, "constrained_stage_lr_scale"
 # the slowest uplink a swarm waits for, bit/s (peer/transfer_time.py): 8 Mbit/s, below most home uplinks, 1/10 of the
 # 80 Mbit/s the design targets
 SLOWEST_UPLINK_BPS = 8e6
-# the weight of the re-fit statistic's EMA that its window may leave out (`RunSpec.stat_window`)
-STAT_TAIL = 1e-6
-
-
-def in_stat_window(step: int, interval: int, window: int) -> bool:
-    """Whether step `step` (0-based) is one of the `window` steps before a re-fit, which follows the step whose
-    count step + 1 is a multiple of `interval`."""
-    return (-(step + 1)) % interval < window
-
 HASH_NEUTRAL_DEFAULTS: dict[str, Any] = {**LR_OPTIONS, "microbatches_in_flight": 0, "replica_sync_warmup": 0,
                                          "residual_width": 0, "constrained_stage_lr_end": 0.0,
                                          "slowest_uplink_bps": SLOWEST_UPLINK_BPS}
+# the weight of the re-fit statistic's EMA that its window may leave out (`RunSpec.stat_window`)
+STAT_TAIL = 1e-6
 # The subspace codec's stage lr in the presets (`preset`; docs/fidelity.md 3d-3g, 5): its stages before the last
 # at 0.03 x the lr took the gap to dense at 16x from +18.0% to +6.7% at d=512 (two seeds) and from +16.3% to
 # +0.1% at d=1024 in 8 stages (one seed; -0.9% and +0.8% on two seeds in the record setting), and the record
@@ -74,6 +67,12 @@ HYBRID_STAGE_LR_SCALE = 0.1
 
 class SpecError(ValueError):
     """A run spec that cannot describe a valid run; the message says which field to fix."""
+
+
+def in_stat_window(step: int, interval: int, window: int) -> bool:
+    """Whether step `step` (0-based) is one of the `window` steps before a re-fit, which follows the step whose
+    count step + 1 is a multiple of `interval`."""
+    return (-(step + 1)) % interval < window
 
 
 @dataclass(frozen=True)
@@ -199,7 +198,7 @@ class RunSpec:
         """Numbers per token that cross a stage boundary (before wire dtype)."""
         return self.d_model if self.codec == "dense" else self.rank + self.residual_width
 
-    @property
+    @functools.cached_property
     def stat_window(self) -> int:
         """How many steps before each re-fit the receiving stages collect (and replicas exchange) the re-fit
         statistic: W = min(basis_interval, ceil(ln STAT_TAIL / ln stats_decay)), 132 at the default decay 0.9.
