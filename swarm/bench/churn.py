@@ -6,7 +6,8 @@ host of its own; every peer joins with `--stage auto`, as a volunteer does (N / 
 replicas per stage when the placement spreads them evenly). Needs root, `ip` and `tc`;
 elsewhere it says so in one sentence and stops.
 
-1. calm: the swarm trains without churn for --baseline-minutes (the goodput to compare with);
+1. calm: the swarm trains without churn for --baseline-minutes, and on until it has done 2 steps
+   (the goodput to compare with);
 2. churn: for --minutes, every --period seconds (the first at the phase's start) one peer is
    killed with SIGKILL (the process alone: its DHT child and p2pd must go by themselves), a
    random one, or the leading head every --leader-every-th time; a fresh peer (new identity,
@@ -58,6 +59,7 @@ from .machine import machine_info
 
 FOREVER = 10**9  # --steps of every peer: the bench, not a step count, ends the run
 POLL_S = 0.5  # how often reports, checkpoints and killed hosts are looked at
+CALM_STEPS = 2  # the calm phase lasts --baseline-minutes, and longer until it holds this many steps
 # --smoke: 5 s calm, then one kill of the leading head and 25 s of churn, time for a failover (the
 # issue asks for the next step within 10 s; ~4-5 s here, once over 15 s on a loaded 2-core CI machine)
 # and for the killed peer's children to go (seconds)
@@ -195,6 +197,20 @@ class ChurnRun:
             self.poll()
             time.sleep(min(POLL_S, max(0.0, t - time.time())))  # the schedule's next point, polling meanwhile
 
+    def stepped_since(self, t: float, steps: int) -> bool:
+        return sum(r.time >= t for r in self.records) >= steps
+
+    def wait_for_steps(self, t: float, steps: int, timeout: float = 300.0) -> None:
+        """Poll until `steps` step records came after `t`."""
+        deadline = time.monotonic() + timeout
+        while not self.stepped_since(t, steps):
+            self.swarm._check_alive()
+            if time.monotonic() > deadline:
+                raise LocalSwarmError(f"the swarm did not do {steps} steps within {timeout:g} s; see the logs in "
+                                      f"{self.swarm.dir}.")
+            self.poll()
+            time.sleep(POLL_S)
+
     def start(self, hosts: int, coordinator_args: list[str], timeout: float = 300.0) -> None:
         """The coordinator and `hosts` peers; returns once each serves a stage and a step is done."""
         self.swarm.start_coordinator(*coordinator_args)
@@ -291,6 +307,10 @@ def run_churn_bench(out_dir: str, preset_name: str = "tiny", hosts: int = 6, rep
             calm0 = time.time()
             print(f"{hosts} peers train; {baseline_minutes:g} min without churn", flush=True)
             run.wait_until(calm0 + baseline_minutes * 60)
+            if baseline_minutes > 0 and not run.stepped_since(calm0, CALM_STEPS):  # a slow machine: no rate yet
+                print(f"the calm phase goes on until it holds {CALM_STEPS} steps (its goodput is measured over them)",
+                      flush=True)
+                run.wait_for_steps(calm0, CALM_STEPS)
             churn0 = time.time()
             print(f"{minutes:g} min of churn: a kill every {period:g} s", flush=True)
             for i in range(n_kills):

@@ -205,7 +205,8 @@ def _add_churn(sub) -> None:
                    help="every K-th kill takes the leading head; 0: every kill is random (default: 5)")
     p.add_argument("--bandwidth", default="50mbit", help="every host's uplink and downlink (tc tbf) (default: 50mbit)")
     p.add_argument("--baseline-minutes", type=float, default=5.0,
-                   help="minutes without churn first, whose steps/min the goodput is compared with (default: 5)")
+                   help="minutes without churn first (longer until 2 steps are done), whose steps/min the "
+                        "goodput is compared with (default: 5)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random choice of victims (default: 0)")
     p.add_argument("--checkpoint-every", type=int, default=10,
                    help="steps between the checkpoints each peer writes, whose hashes compare replicas (default: 10)")

@@ -6,6 +6,7 @@ a replica astray at once: it downloads once (`StateSource.resync`)."""
 from __future__ import annotations
 
 import asyncio
+import time
 from types import SimpleNamespace
 
 from swarm.replicas.own_state import BehindCheck
@@ -40,6 +41,12 @@ async def test_a_replica_left_behind_for_a_step_downloads_the_state_and_takes_pa
         elif log.step == LEFT_OUT:
             head.directory.banned.discard("s1r1")
     try:
+        await swarm.drive(LEFT_OUT + 1, set_aside)
+        # the swarm need not wait for a replica that downloads again, and on a loaded machine it can finish
+        # every step before the download is done: the test waits for it before driving the rest of the run
+        deadline = time.monotonic() + 60
+        while (check.resyncs == 0 or check._running) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)  # poll: told of step LEFT_OUT + 1, it downloads within seconds
         logs = await swarm.drive(STEPS, set_aside)
         await swarm.applied()
     finally:
