@@ -12,7 +12,8 @@ the run still equals the one-process run. A stage that cannot reach S keeps the 
 it is, and the log says which.
 
 Every replica's side (`on_command`, the "rollback" command, from the leading head only): load
-its own snapshot of S, or fetch the stage's snapshot of S from a peer that holds it; a replica
+its own snapshot of S, or fetch the stage's snapshot of S from a peer that holds it (S = 0: build
+the stage's initial state from the spec's seed, which every replica can); a replica
 already at S just drops its partial work. What a replica holds besides its state (the reduced
 sums it would forward to a follower, a follower's queue) belongs to the abandoned steps and
 is dropped, and so is every snapshot it holds of a later step (those steps are taken anew).
@@ -107,8 +108,7 @@ class Rollback:
         if not behind:
             return False
         target = min(behind.values())
-        unable = sorted(s for s in top if not any(members[p] == s and (lst.step == target or any(
-            i.step == target for i in lst.held)) for p, lst in lists.items()))
+        unable = sorted(s for s in top if not _reaches(s, target, members, lists))
         if unable:
             log.warning("stage%s %s came back at step %d, behind the swarm's %d, but stage%s %s hold%s no snapshot of "
                         "step %d: the swarm cannot roll back to it", _s(behind), _list(behind), target, step,
@@ -132,9 +132,7 @@ class Rollback:
         step = max([lst.step for lst in lists.values()] + [self.runner.step])
         if step <= order.to or step > order.caught + ORDER_SLACK:
             return False
-        unable = [s for s in range(self.daemon.spec.n_stages) if not any(
-            members[p] == s and (lst.step == order.to or any(i.step == order.to for i in lst.held))
-            for p, lst in lists.items())]
+        unable = [s for s in range(self.daemon.spec.n_stages) if not _reaches(s, order.to, members, lists)]
         for s in list(unable):  # a replica that joined after the snapshot holds none of its own: custodians' copies
             kept = await self.snapshots.survey({p: s for p, t in members.items() if t != s})
             if any(i.step == order.to for lst in kept.values() for i in lst.held):
@@ -159,6 +157,13 @@ class Rollback:
             log.warning("some replicas of stage%s %s could not roll back: they will not take part until they rejoin",
                         _s(failed), _list(failed))
         return replies.get(self.daemon.peer_id) is not None and replies[self.daemon.peer_id].outcome == "ok"
+
+
+def _reaches(stage: int, target: int, members: dict[str, int], lists: dict) -> bool:
+    """Whether a replica of `stage` is at `target` or holds its own snapshot of it; every stage reaches step 0,
+    whose state its replicas build from the spec's seed."""
+    return target == 0 or any(members[p] == stage and (lst.step == target or any(i.step == target for i in lst.held))
+                              for p, lst in lists.items())
 
 
 def _why(order: RollbackOrder) -> str:

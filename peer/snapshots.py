@@ -20,8 +20,11 @@ of the stage it holds, and loads the newest step whose sha256 the most holders r
 the checks a state download gets (`StagePeer._check_state`: run, stage, step, finite numbers,
 the signed basis); the coordinator is asked too when it keeps snapshots on disk
 (`swarm/replicas/checkpoint_keeper.py`). If it is older than the swarm's step the leader rolls every stage back to
-it (`peer/rollback.py`). With no snapshot anywhere `restore` raises `NoSnapshot`: the peer must
-not start the stage afresh unless its owner says so (`swarm join --allow-fresh-stage`).
+it (`peer/rollback.py`). Step 0 needs no holder: every stage's state there is the one its replicas
+build from the spec's seed, so a stage emptied before the swarm reached its first snapshot (step
+`every`) is restored to step 0 and the swarm rolls back to the run's start (it loses fewer than
+`every` steps, as any restore may). With no snapshot anywhere later, `restore` raises `NoSnapshot`:
+the peer must not start the stage afresh unless its owner says so (`swarm join --allow-fresh-stage`).
 
 What is trusted: the swarm key's word on which snapshot each stage took. The leading head learns
 each stage's snapshot hash from its replicas' reduce replies (only when they all agree), signs
@@ -59,7 +62,7 @@ from protocol.wire import KIND_SNAPSHOT, WireError
 from .daemon import StageDaemon
 from .delivery import ACK
 from .snapshot_store import Snapshot, SnapshotRefused, SnapshotStore, sha256_hex
-from .stage import StageError
+from .stage import StageError, StageRunner
 from .state_transfer import load_state_bytes, state_bytes
 
 log = logging.getLogger(__name__)
@@ -230,14 +233,21 @@ class SnapshotService:
         return SnapshotList(self.runner.step, self.store.listed(stage)[:MAX_LISTED],
                             self.restored and stage == self.stage)
 
-    async def restore(self, check: StateCheck, step: int | None = None) -> int:
-        """Load this stage's newest snapshot held by a live peer (or the one at `step`); returns its step."""
+    async def restore(self, check: StateCheck, step: int | None = None, swarm_step: int | None = None) -> int:
+        """Load this stage's newest snapshot held by a live peer (or the one at `step`); returns its step.
+        Step 0's is the stage's initial state, which any peer builds from the spec's seed: asked for it (a
+        rollback to the run's start), or finding no snapshot while the swarm is younger than its first one,
+        it loads that. `swarm_step`: the swarm's step as the caller knows it (from the swarm key's records);
+        the highest step a surveyed peer reports counts if higher."""
+        if step == 0:
+            return await self._restore_initial(check)
         asked = {p.peer_id: self.stage for s in range(self.spec.n_stages)
                  for p in await self.daemon.directory.members(s) if p.peer_id != self.daemon.peer_id}
         asked.update({p: self.stage for p in self.extra_holders})
         vouched = await self.vouched() if self.vouched is not None else {}
         holders: dict[SnapshotInfo, list[str]] = {}
-        for peer, listed in sorted((await self.survey(asked)).items()):
+        surveyed = await self.survey(asked)
+        for peer, listed in sorted(surveyed.items()):
             for info in listed.held:
                 if vouched and vouched.get(info.step) != info.sha256:
                     continue  # not the snapshot the swarm took (or one not vouched for yet): not loaded
@@ -261,9 +271,28 @@ class SnapshotService:
                     log.info("stage %d: restored from the snapshot at step %d held by %s", self.stage, s, peer[-8:])
                     self.restored = True
                     return s
+        # the surveyed peers' own steps are read now (announcements may lag): the higher of the two counts
+        swarm_step = max([lst.step for lst in surveyed.values()] + [self.runner.step, swarm_step or 0])
+        if step is None and 0 < self.every and swarm_step < self.every:
+            log.warning("stage %d: no snapshot of it exists yet (the swarm is at step %d, its first snapshot is at "
+                        "step %d): it starts from its initial state, step 0's, and the swarm rolls back to it",
+                        self.stage, swarm_step, self.every)
+            return await self._restore_initial(check)
         at = "" if step is None else f" at step {step}"
         raise NoSnapshot(f"no live peer holds a usable snapshot of stage {self.stage}{at}: the swarm stays paused "
                          f"until one does (or a peer joins with --allow-fresh-stage to start the stage afresh).")
+
+    async def _restore_initial(self, check: StateCheck | None) -> int:
+        """Make the stage's state at step 0 (built from the spec's seed, as every replica builds it) its state."""
+        state = await asyncio.to_thread(lambda: StageRunner(self.spec, self.stage).state_dict())
+        problem = await check(state, 0) if check is not None else None
+        if problem:
+            raise SnapshotRefused(f"the stage's initial state is refused: {problem}")
+        await self.daemon.run(self.runner.load_state_dict, state)
+        self.daemon.stepped()
+        self.restored = True
+        log.info("stage %d: restored its initial state (step 0's)", self.stage)
+        return 0
 
     async def _load_from(self, peer: str, info: SnapshotInfo, check: StateCheck) -> None:
         data = await fetch_snapshot(self.link, peer, self.spec.run_hash, self.stage, info, self.chunk_bytes,

@@ -112,10 +112,11 @@ class StagePeer:
             return donor
         raise StateError("no replica gave a usable state: " + ("; ".join(problems) or "none was reachable."))
 
-    async def restore(self, step: int | None = None) -> int:
+    async def restore(self, step: int | None = None, swarm_step: int | None = None) -> int:
         """Load this stage's newest snapshot that a live peer holds (or the one at `step`), for a
-        stage with no live replica; returns its step. Raises `NoSnapshot` if none is held."""
-        return await self.snapshots.restore(self._check_state, step)
+        stage with no live replica; returns its step. Raises `NoSnapshot` if none is held (step 0's, the
+        initial state, counts as held while the swarm, at `swarm_step`, is younger than its first snapshot)."""
+        return await self.snapshots.restore(self._check_state, step, swarm_step)
 
     async def _check_state(self, state: dict, step: int) -> str | None:
         if state.get("spec") != self.spec.to_json() or state.get("stage") != self.runner.stage:

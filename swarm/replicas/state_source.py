@@ -6,10 +6,14 @@ stepped) needs nothing, since every replica builds the same initial state from t
 seed; else the state is downloaded from a live replica (vouched by the swarm key's records,
 `peer/stage_peer.py` `join`); else this peer's checkpoint with `--resume`; else, if the swarm has
 trained, the stage's newest snapshot that peers of other stages hold, after which the swarm rolls
-back to it; with no snapshot anywhere it waits, the swarm paused, unless `--allow-fresh-stage` lets
+back to it (before the swarm's first snapshot: the stage's initial state, and the swarm rolls back
+to step 0); with no snapshot anywhere it waits, the swarm paused, unless `--allow-fresh-stage` lets
 the stage start from its initial weights at the swarm's step. A swarm that has not trained at all
 starts afresh. Later, `resync` downloads the state again (a replica whose hash differs from the
-vouched one, or one the swarm went on without: swarm/replicas/own_state.py).
+vouched one, or one the swarm went on without: swarm/replicas/own_state.py); a replica with no other
+replica to download from is its stage's only one, and restores it as a peer that takes an emptied
+stage does (a replica that started at step 0 because the announcements it read were not yet past it
+is refilled so too).
 """
 from __future__ import annotations
 
@@ -65,8 +69,15 @@ class StateSource:
             return
         self.resyncing = True
         try:
-            if not await self._download(await self._donors()):
+            donors = await self._donors()
+            if await self._download(donors):
+                pass
+            elif donors:
                 log.error("stage %d: no replica gave a vouched state; this replica goes on with its own", self.stage)
+            else:  # the stage's only replica, and behind: the stage is refilled as an emptied one is
+                log.warning("stage %d: no other replica holds the stage's state; this replica restores the stage's "
+                            "newest snapshot and the swarm rolls back to it", self.stage)
+                await self._restore(await self._swarm_step())
             await self.peer.announce("online")
         finally:
             self.resyncing = False
@@ -99,7 +110,7 @@ class StateSource:
         said = False
         while True:
             try:
-                step = await peer.restore()
+                step = await peer.restore(swarm_step=at)  # the step the swarm key's records support
             except NoSnapshot as e:
                 if ctx.allow_fresh_stage:
                     log.warning("stage %d had no live replica and no peer holds a snapshot of it: the stage starts "
@@ -115,9 +126,9 @@ class StateSource:
                 await asyncio.sleep(RESTORE_RETRY_S)  # the retry schedule: a holder may come back
                 await peer.announce("syncing")  # the heartbeat does not run yet
                 continue
-            log.warning("stage %d had no live replica: restored from its snapshot at step %d; the swarm is at step %d, "
-                        "so every stage rolls back to step %d and the steps after it are driven again", self.stage,
-                        step, at, step)
+            source = f"its snapshot at step {step}" if step else "its initial state (the swarm has no snapshot yet)"
+            log.warning("stage %d had no live replica: restored from %s; the swarm is at step %d, so every stage rolls "
+                        "back to step %d and the steps after it are driven again", self.stage, source, at, step)
             ctx.report.write("restored", stage=self.stage, step=step, swarm_step=at)
             return
 

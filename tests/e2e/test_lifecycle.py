@@ -53,9 +53,16 @@ def test_restart_with_the_same_identity_keeps_peer_id_and_stage(make_swarm, tmp_
     assert first.wait(timeout=60) == 0
     forget_ended(swarm)
     # meanwhile stage 1 gets another peer, so that `--stage auto` alone would now pick stage 0 (the
-    # volunteer kept no checkpoint and the run is younger than its first snapshot: stage 1 starts afresh)
-    swarm.start_peer(1, "--allow-fresh-stage", name="other")
+    # volunteer kept no checkpoint and the run is younger than its first snapshot: stage 1 restores its
+    # initial state and the swarm rolls back to step 0)
+    swarm.start_peer(1, name="other")
     wait_for_event(swarm, "other", "ready")
+    restored = wait_for_event(swarm, "other", "restored")[0]
+    assert restored["step"] == 0, restored
+    deadline = time.monotonic() + 60
+    while "every stage rolls back to step 0" not in (swarm.dir / "stage0.log").read_text():
+        assert time.monotonic() < deadline, "the head did not roll the swarm back to step 0"
+        time.sleep(0.2)  # poll the head's log
 
     swarm.spawn("volunteer-again", peer_args(swarm, "volunteer-again", "--identity", identity))
     again = wait_for_event(swarm, "volunteer-again", "ready")[0]

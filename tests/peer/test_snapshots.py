@@ -1,6 +1,7 @@
 """A stage whose only replica dies is restored from a snapshot that peers of other stages keep;
 the swarm rolls back to that step and drives the lost steps again, and the run still equals the
-one-process run (in memory, fp64). With no snapshot anywhere the swarm stays paused."""
+one-process run (in memory, fp64). Before the first snapshot, the stage's initial state is step 0's
+snapshot; with no snapshot anywhere later the swarm stays paused."""
 from __future__ import annotations
 
 import asyncio
@@ -120,9 +121,52 @@ async def test_when_the_only_head_dies_a_new_head_restores_stage_0_and_rolls_the
         assert swarm.peers[name].runner.step == STEPS, f"stage {stage} is at step {swarm.peers[name].runner.step}"
 
 
-async def test_with_no_snapshot_anywhere_the_stage_is_not_started_afresh_and_the_swarm_stays_paused():
+async def test_a_stage_emptied_before_the_first_snapshot_restores_step_0_and_the_swarm_re_drives_to_the_oracle(
+        oracle_runs):
+    """No snapshot exists before step `every`; step 0's state is the seed's, which any peer builds: the swarm rolls
+    back to the run's start (losing fewer than `every` steps) rather than stay paused for good."""
     spec = spec3()
     swarm = await make_swarm(spec, [1, 1, 1], snapshot_options=dict(every=100), driver_options=DRIVER)
+    head = swarm.peers["s0r0"]
+
+    async def replace() -> tuple:
+        await until(lambda: head.driver.paused == [1], 60, "the swarm pauses for stage 1")
+        newcomer = await swarm.add(1, "s1new", announce="syncing")
+        restored_at = await newcomer.restore()
+        await newcomer.announce("online")
+        return newcomer, restored_at
+
+    task = asyncio.create_task(replace())
+    try:
+        logs = await asyncio.wait_for(swarm.drive(STEPS, kill_at(swarm, 3, "s1r0")), 300)
+        newcomer, restored_at = await task
+        await swarm.applied()
+    finally:
+        task.cancel()
+        await swarm.stop()
+    assert restored_at == 0 and not any(swarm.peers[p].snapshots.store.listed(1) for p in ("s0r0", "s2r0"))
+    numbers = [log.step for log in logs]
+    assert numbers.count(1) == numbers.count(3) == 2 and numbers.count(4) == 1, numbers  # 1-3 driven again
+    assert all(swarm.peers[p].rollback.rollbacks == 1 for p in ("s0r0", "s1new", "s2r0"))
+    final = {log.step: log.loss for log in logs}
+    assert sorted(final) == list(range(1, STEPS + 1))
+    want = oracle_runs.losses(spec, STEPS)
+    for step in range(1, STEPS + 1):
+        a, b = final[step], want[step - 1]
+        assert abs(a - b) <= 1e-10 * abs(b), f"step {step}: swarm {a!r} vs oracle {b!r}"
+    weights = oracle_runs.weights(spec, STEPS)
+    for stage, name in enumerate(("s0r0", "s1new", "s2r0")):
+        runner = swarm.peers[name].runner
+        assert runner.step == STEPS
+        for (pname, p), q in zip(runner.module.named_parameters(), weights[stage]):
+            assert torch.allclose(p, q, rtol=1e-10, atol=1e-12), f"stage {stage} {pname} differs from the oracle"
+
+
+async def test_with_no_snapshot_anywhere_the_stage_is_not_started_afresh_and_the_swarm_stays_paused():
+    spec = spec3()
+    # past its first snapshot (step 2) the swarm has trained state to lose: stage 1 kept its snapshots itself
+    # (no custodians), and they died with it
+    swarm = await make_swarm(spec, [1, 1, 1], snapshot_options=dict(every=2, copies=0), driver_options=DRIVER)
     head = swarm.peers["s0r0"]
     drive = asyncio.create_task(swarm.drive(STEPS, kill_at(swarm, 3, "s1r0")))
     try:

@@ -84,3 +84,43 @@ async def test_a_replica_downloads_its_state_once_when_both_checks_find_it_astra
     assert downloads == [["donor"]] and not source.resyncing
     await source.resync()  # and a later one downloads again
     assert len(downloads) == 2
+
+
+async def test_a_replica_behind_with_no_other_replica_restores_the_stage_and_one_with_donors_does_not():
+    """A replica the swarm left behind that finds no other replica of its stage is the stage's only one (one that
+    started at step 0 because the announcements it read lagged, say): it restores the stage as a peer taking an
+    emptied stage does (its newest snapshot, or step 0's before the first one) and the swarm rolls back to it,
+    instead of going on with its own state at a step the swarm has left for good."""
+    calls: list = []
+
+    def source_with(donors: list, downloaded: bool) -> StateSource:
+        source = StateSource.__new__(StateSource)
+        source.resyncing, source.stage = False, 1
+
+        async def found() -> list:
+            return donors
+
+        async def download(given: list) -> bool:
+            calls.append(("download", list(given)))
+            return downloaded
+
+        async def swarm_step() -> int:
+            return 3
+
+        async def restore(at: int) -> None:
+            calls.append(("restore", at))
+
+        async def announce(state: str) -> None:
+            calls.append(("announce", state))
+        source._donors, source._download, source._swarm_step, source._restore = found, download, swarm_step, restore
+        source.peer = SimpleNamespace(announce=announce)
+        return source
+
+    await source_with([], False).resync()
+    assert calls == [("download", []), ("restore", 3), ("announce", "online")]
+    calls.clear()
+    await source_with(["donor"], False).resync()  # a donor that gave nothing usable: no restore, no rollback
+    assert calls == [("download", ["donor"]), ("announce", "online")]
+    calls.clear()
+    await source_with(["donor"], True).resync()
+    assert calls == [("download", ["donor"]), ("announce", "online")]
