@@ -34,6 +34,7 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from peer.checkpoint import load_checkpoint
@@ -202,25 +203,20 @@ class ChurnRun:
 
     def wait_for_steps(self, t: float, steps: int, timeout: float = 300.0) -> None:
         """Poll until `steps` step records came after `t`."""
-        deadline = time.monotonic() + timeout
-        while not self.stepped_since(t, steps):
-            self.swarm._check_alive()
-            if time.monotonic() > deadline:
-                raise LocalSwarmError(f"the swarm did not do {steps} steps within {timeout:g} s; see the logs in "
-                                      f"{self.swarm.dir}.")
-            self.poll()
-            time.sleep(POLL_S)
+        self._poll_until(lambda: self.stepped_since(t, steps), timeout, f"did not do {steps} steps")
 
     def start(self, hosts: int, coordinator_args: list[str], timeout: float = 300.0) -> None:
         """The coordinator and `hosts` peers; returns once each serves a stage and a step is done."""
         self.swarm.start_coordinator(*coordinator_args)
         first = [self.start_peer() for _ in range(hosts)]
+        self._poll_until(lambda: self.records and all(self.placed.get(n) for n in first), timeout, "did not train")
+
+    def _poll_until(self, done: Callable[[], object], timeout: float, what: str) -> None:
         deadline = time.monotonic() + timeout
-        while not (self.records and all(self.placed.get(n) for n in first)):
+        while not done():
             self.swarm._check_alive()
             if time.monotonic() > deadline:
-                raise LocalSwarmError(f"the swarm did not train within {timeout:g} s; see the logs in "
-                                      f"{self.swarm.dir}.")
+                raise LocalSwarmError(f"the swarm {what} within {timeout:g} s; see the logs in {self.swarm.dir}.")
             self.poll()
             time.sleep(POLL_S)
 

@@ -43,26 +43,49 @@ def kill_at(swarm, step: int, victim: str):
     return on_step
 
 
-async def test_a_stage_whose_only_replica_died_is_restored_and_the_swarm_re_drives_to_the_oracle(oracle_runs):
-    spec = spec3()
-    swarm = await make_swarm(spec, [1, 1, 1], snapshot_options=dict(every=2), driver_options=DRIVER)
+async def drive_and_replace_stage_1(swarm, kill: int) -> tuple[list, int]:
+    """Drive the swarm, stage 1's only replica killed after step `kill`; once the swarm pauses for it, a
+    newcomer "s1new" restores stage 1. Returns the step logs and the step it restored."""
     head = swarm.peers["s0r0"]
 
-    async def replace() -> tuple:
+    async def replace() -> int:
         await until(lambda: head.driver.paused == [1], 60, "the swarm pauses for stage 1")
         newcomer = await swarm.add(1, "s1new", announce="syncing")
         restored_at = await newcomer.restore()
         await newcomer.announce("online")
-        return newcomer, restored_at
+        return restored_at
 
     task = asyncio.create_task(replace())
     try:
-        logs = await asyncio.wait_for(swarm.drive(STEPS, kill_at(swarm, KILL_AT, "s1r0")), 300)
-        newcomer, restored_at = await task
+        logs = await asyncio.wait_for(swarm.drive(STEPS, kill_at(swarm, kill, "s1r0")), 300)
+        restored_at = await task
         await swarm.applied()
     finally:
         task.cancel()
         await swarm.stop()
+    return logs, restored_at
+
+
+def assert_every_step_and_stage_equals_the_oracle(swarm, logs: list, spec, oracle_runs) -> None:
+    """The final log of every step, and every stage's parameters, equal a replica-free one-process run's."""
+    final = {log.step: log.loss for log in logs}
+    assert sorted(final) == list(range(1, STEPS + 1))
+    want = oracle_runs.losses(spec, STEPS)
+    for step in range(1, STEPS + 1):
+        a, b = final[step], want[step - 1]
+        assert abs(a - b) <= 1e-10 * abs(b), f"step {step}: swarm {a!r} vs oracle {b!r}"
+    weights = oracle_runs.weights(spec, STEPS)
+    for stage, name in enumerate(("s0r0", "s1new", "s2r0")):
+        runner = swarm.peers[name].runner
+        assert runner.step == STEPS
+        for (pname, p), q in zip(runner.module.named_parameters(), weights[stage]):
+            assert torch.allclose(p, q, rtol=1e-10, atol=1e-12), f"stage {stage} {pname} differs from the oracle"
+
+
+async def test_a_stage_whose_only_replica_died_is_restored_and_the_swarm_re_drives_to_the_oracle(oracle_runs):
+    spec = spec3()
+    swarm = await make_swarm(spec, [1, 1, 1], snapshot_options=dict(every=2), driver_options=DRIVER)
+    logs, restored_at = await drive_and_replace_stage_1(swarm, KILL_AT)
     assert "s1r0" in swarm.net.down
     # stage 1's snapshots were kept by the peers of both other stages
     assert all(swarm.peers[p].snapshots.store.listed(1) for p in ("s0r0", "s2r0"))
@@ -70,20 +93,8 @@ async def test_a_stage_whose_only_replica_died_is_restored_and_the_swarm_re_driv
     # the steps after the snapshot were driven twice, the final logs of every step equal the oracle
     numbers = [log.step for log in logs]
     assert numbers.count(restored_at + 1) == 2 and numbers.count(KILL_AT) == 2, numbers
-    final = {log.step: log.loss for log in logs}
-    assert sorted(final) == list(range(1, STEPS + 1))
-    want = oracle_runs.losses(spec, STEPS)
-    for step in range(1, STEPS + 1):
-        a, b = final[step], want[step - 1]
-        assert abs(a - b) <= 1e-10 * abs(b), f"step {step}: swarm {a!r} vs oracle {b!r}"
     assert all(swarm.peers[p].rollback.rollbacks == 1 for p in ("s0r0", "s1new", "s2r0"))
-    # every stage's parameters, the restored one's included, equal a replica-free one-process run's
-    weights = oracle_runs.weights(spec, STEPS)
-    for stage, name in enumerate(("s0r0", "s1new", "s2r0")):
-        runner = swarm.peers[name].runner
-        assert runner.step == STEPS
-        for (pname, p), q in zip(runner.module.named_parameters(), weights[stage]):
-            assert torch.allclose(p, q, rtol=1e-10, atol=1e-12), f"stage {stage} {pname} differs from the oracle"
+    assert_every_step_and_stage_equals_the_oracle(swarm, logs, spec, oracle_runs)  # the restored stage's included
 
 
 async def test_when_the_only_head_dies_a_new_head_restores_stage_0_and_rolls_the_swarm_back_to_the_oracle(
@@ -127,39 +138,12 @@ async def test_a_stage_emptied_before_the_first_snapshot_restores_step_0_and_the
     back to the run's start (losing fewer than `every` steps) rather than stay paused for good."""
     spec = spec3()
     swarm = await make_swarm(spec, [1, 1, 1], snapshot_options=dict(every=100), driver_options=DRIVER)
-    head = swarm.peers["s0r0"]
-
-    async def replace() -> tuple:
-        await until(lambda: head.driver.paused == [1], 60, "the swarm pauses for stage 1")
-        newcomer = await swarm.add(1, "s1new", announce="syncing")
-        restored_at = await newcomer.restore()
-        await newcomer.announce("online")
-        return newcomer, restored_at
-
-    task = asyncio.create_task(replace())
-    try:
-        logs = await asyncio.wait_for(swarm.drive(STEPS, kill_at(swarm, 3, "s1r0")), 300)
-        newcomer, restored_at = await task
-        await swarm.applied()
-    finally:
-        task.cancel()
-        await swarm.stop()
+    logs, restored_at = await drive_and_replace_stage_1(swarm, 3)
     assert restored_at == 0 and not any(swarm.peers[p].snapshots.store.listed(1) for p in ("s0r0", "s2r0"))
     numbers = [log.step for log in logs]
     assert numbers.count(1) == numbers.count(3) == 2 and numbers.count(4) == 1, numbers  # 1-3 driven again
     assert all(swarm.peers[p].rollback.rollbacks == 1 for p in ("s0r0", "s1new", "s2r0"))
-    final = {log.step: log.loss for log in logs}
-    assert sorted(final) == list(range(1, STEPS + 1))
-    want = oracle_runs.losses(spec, STEPS)
-    for step in range(1, STEPS + 1):
-        a, b = final[step], want[step - 1]
-        assert abs(a - b) <= 1e-10 * abs(b), f"step {step}: swarm {a!r} vs oracle {b!r}"
-    weights = oracle_runs.weights(spec, STEPS)
-    for stage, name in enumerate(("s0r0", "s1new", "s2r0")):
-        runner = swarm.peers[name].runner
-        assert runner.step == STEPS
-        for (pname, p), q in zip(runner.module.named_parameters(), weights[stage]):
-            assert torch.allclose(p, q, rtol=1e-10, atol=1e-12), f"stage {stage} {pname} differs from the oracle"
+    assert_every_step_and_stage_equals_the_oracle(swarm, logs, spec, oracle_runs)
 
 
 async def test_with_no_snapshot_anywhere_the_stage_is_not_started_afresh_and_the_swarm_stays_paused():
