@@ -56,12 +56,17 @@ async def drive_and_replace_stage_1(swarm, kill: int) -> tuple[list, int]:
         return restored_at
 
     task = asyncio.create_task(replace())
+    drive = asyncio.create_task(swarm.drive(STEPS, kill_at(swarm, kill, "s1r0")))
     try:
-        logs = await asyncio.wait_for(swarm.drive(STEPS, kill_at(swarm, kill, "s1r0")), 300)
-        restored_at = await task
+        # a restore that fails leaves the swarm paused: the test fails then, not when the drive's 300 s are up
+        await asyncio.wait({task, drive}, timeout=300, return_when=asyncio.FIRST_EXCEPTION)
+        restored_at = task.result() if task.done() else await asyncio.wait_for(task, 1.0)
+        logs = await asyncio.wait_for(drive, 300)
         await swarm.applied()
     finally:
-        task.cancel()
+        for t in (task, drive, *getattr(swarm, "tasks", {}).values()):
+            t.cancel()
+        await asyncio.gather(task, drive, return_exceptions=True)
         await swarm.stop()
     return logs, restored_at
 
