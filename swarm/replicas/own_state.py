@@ -80,8 +80,10 @@ class OwnStateCheck:
 
 
 class BehindCheck:
-    def __init__(self, peer: StagePeer, resync: Callable[[], Awaitable[None]], report,
+    def __init__(self, peer: StagePeer, resync: Callable[[int], Awaitable[None]], report,
                  grace: float = BEHIND_GRACE_S) -> None:
+        """`resync(swarm_step)`: get the stage's state again; the swarm's step is the leader's word (its
+        commands are admitted from the leading head only)."""
         self.peer, self.resync, self.report, self.grace = peer, resync, report, grace
         self.resyncs = 0
         self._running = False
@@ -108,6 +110,6 @@ class BehindCheck:
                         swarm_step + 1)
             self.report.write("behind", stage=runner.stage, step=runner.step, swarm_step=swarm_step)
             self.resyncs += 1
-            await self.resync()
+            await self.resync(swarm_step)
         finally:
             self._running = False

@@ -230,11 +230,11 @@ class ReplicaService:
                 heartbeat.cancel()
             await self._leave()
 
-    async def _resync(self) -> None:
-        """This replica's state differs from the vouched one, or it fell behind: download the stage's state
-        again (its first hashed step after is checked against the records)."""
+    async def _resync(self, swarm_step: int | None = None) -> None:
+        """This replica's state differs from the vouched one, or it fell behind (the swarm at `swarm_step`):
+        download the stage's state again (its first hashed step after is checked against the records)."""
         self.own_check.checked = 0
-        await self.source.resync()
+        await self.source.resync(swarm_step)
 
     async def _answers(self, peer: str) -> bool:
         """Whether `peer` answers a status request at all (a refusal is an answer): a liveness probe."""

@@ -62,9 +62,10 @@ class StateSource:
         await self.sync.catch_up(peer.daemon)
         peer.daemon.stepped()
 
-    async def resync(self) -> None:
-        """Download the stage's state again from a live replica; with none that gives one, go on with its own.
-        Once at a time: both checks of own_state.py may find a replica astray at once."""
+    async def resync(self, swarm_step: int | None = None) -> None:
+        """Download the stage's state again from a live replica; with none that gives one, go on with its own;
+        with none at all, restore the stage (the swarm's step: `swarm_step`, the leader's word, else read from
+        the swarm). Once at a time: both checks of own_state.py may find a replica astray at once."""
         if self.resyncing:
             return
         self.resyncing = True
@@ -77,7 +78,7 @@ class StateSource:
             else:  # the stage's only replica, and behind: the stage is refilled as an emptied one is
                 log.warning("stage %d: no other replica holds the stage's state; this replica restores the stage's "
                             "newest snapshot and the swarm rolls back to it", self.stage)
-                await self._restore(await self._swarm_step())
+                await self._restore(swarm_step if swarm_step is not None else await self._swarm_step())
             await self.peer.announce("online")
         finally:
             self.resyncing = False

@@ -28,7 +28,7 @@ async def test_a_replica_left_behind_for_a_step_downloads_the_state_and_takes_pa
     head, late = swarm.peers["s0r0"], swarm.peers["s1r1"]
     report = Report()
 
-    async def resync() -> None:  # what ReplicaService._resync does, with the in-memory swarm's one donor
+    async def resync(swarm_step: int) -> None:  # what ReplicaService._resync does, with the in-memory swarm's donor
         await late.announce("syncing")
         await late.join(["s1r0"])
         await late.announce("online")
@@ -116,8 +116,11 @@ async def test_a_replica_behind_with_no_other_replica_restores_the_stage_and_one
         source.peer = SimpleNamespace(announce=announce)
         return source
 
-    await source_with([], False).resync()
+    await source_with([], False).resync()  # the own-state check's resync: the swarm's step is read
     assert calls == [("download", []), ("restore", 3), ("announce", "online")]
+    calls.clear()
+    await source_with([], False).resync(7)  # the behind check's: the step of the leader's command
+    assert calls == [("download", []), ("restore", 7), ("announce", "online")]
     calls.clear()
     await source_with(["donor"], False).resync()  # a donor that gave nothing usable: no restore, no rollback
     assert calls == [("download", ["donor"]), ("announce", "online")]
