@@ -237,8 +237,8 @@ class SnapshotService:
         """Load this stage's newest snapshot held by a live peer (or the one at `step`); returns its step.
         Step 0's is the stage's initial state, which any peer builds from the spec's seed: asked for it (a
         rollback to the run's start), or finding no snapshot while the swarm is younger than its first one,
-        it loads that. `swarm_step`: the swarm's step as the caller knows it (from the swarm key's records);
-        the highest step a surveyed peer reports counts if higher."""
+        it loads that. `swarm_step`: the swarm's step as the caller knows it (the swarm key's records, or the
+        leading head's command); the highest step a surveyed peer reports counts if higher."""
         if step == 0:
             return await self._restore_initial(check)
         asked = {p.peer_id: self.stage for s in range(self.spec.n_stages)

@@ -71,11 +71,9 @@ class StateSource:
         self.resyncing = True
         try:
             donors = await self._donors()
-            if await self._download(donors):
-                pass
-            elif donors:
+            if not await self._download(donors) and donors:
                 log.error("stage %d: no replica gave a vouched state; this replica goes on with its own", self.stage)
-            else:  # the stage's only replica, and behind: the stage is refilled as an emptied one is
+            elif not donors:  # the stage's only replica, and behind: the stage is refilled as an emptied one is
                 log.warning("stage %d: no other replica holds the stage's state; this replica restores the stage's "
                             "newest snapshot and the swarm rolls back to it", self.stage)
                 await self._restore(swarm_step if swarm_step is not None else await self._swarm_step())
