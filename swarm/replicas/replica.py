@@ -333,9 +333,22 @@ class ReplicaService:
                 return target
 
     async def _leave(self) -> None:
-        ctx, peer = self.ctx, self.peer
-        if peer is None:
+        """Leave the stage and save its checkpoint. A stop that arrives while this is under way (a SIGTERM
+        during a move to another stage: the departure had begun) lets it finish: the stage's state is
+        written before the process goes; only a second stop cuts it short."""
+        if self.peer is None:
             return
+        departure = asyncio.ensure_future(self._depart())
+        try:
+            await asyncio.shield(departure)
+        except asyncio.CancelledError:
+            if not departure.done():
+                log.info("stopping: finishing leaving stage %d first (its checkpoint)", self.stage)
+                await departure
+            raise
+
+    async def _depart(self) -> None:
+        ctx, peer = self.ctx, self.peer
         try:
             await asyncio.wait_for(peer.announce("leaving"), 3.0)
         except Exception:  # leaving is best effort: the record expires anyway
