@@ -6,11 +6,17 @@ Every `period` seconds the keeper reads the heads' announcements (stage 0) and c
 
     present  = heads announced online or paused, less the first head of the order if it failed
                `probe_failures` liveness probes in a row (a killed head's record outlives it: it
-               stays out until it announces again)
+               stays out until it announces again), in the order the keeper first saw them; heads
+               first seen in the same round in the order of blake2b(salt, peer id), salt a secret
+               of this keeper (the id order was a stranger's to win by grinding a low id)
+    held     = heads of the previous order whose record is missing (not one that announced another
+               state) and that were present less than `absent_grace_s` ago: a heartbeat that came
+               late or a DHT read that missed one record must not send an honest head to the back
+               of the order, behind every head that joined after it
     eligible = the --trusted-heads that are present, in the order given        if pinned
              = the present heads, in the order the keeper first saw them       otherwise
                less the revoked heads (caught feeding other data: `data_check.py`), for good
-    order    = the heads of the previous order still eligible, in place, then the newly eligible
+    order    = the heads of the previous order still eligible (or held), in place, then the newly eligible
 
 and signs a lease with a higher `term` whenever `order` changes; unchanged, the lease is stored
 again every `republish_s`. A revocation may order a rollback (`revoke(..., rollback_to=S)`: the
@@ -21,14 +27,18 @@ following the newest lease they read: its order names the successors.
 
 Why this order: it is what a stranger cannot buy. A head that joins comes after every head
 already there, whatever its id (5,000 Ed25519 ids cost 0.3 s, so "lowest id leads" was the
-stranger's to take), and a head that left and comes back comes back last. What it does not
+stranger's to take), and a head that left (announced "leaving", was found dead, or was missing for
+longer than the grace) comes back last. A held head that is really gone costs nothing: every peer
+follows the first head of the order that it sees live (`peer/leadership.py`). What it does not
 stop: a stranger that outlives every honest head leads in the end; `--trusted-heads` pins
 the heads that may lead at all.
 """
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
 
@@ -38,6 +48,7 @@ from swarm.replicas.router import LIVE_STATES
 log = logging.getLogger(__name__)
 
 LEASE_TTL_S = 3600.0  # how long a stored lease lives without the coordinator (its heads cache it beyond that)
+ABSENT_GRACE_S = 30.0  # a head whose record lapsed keeps its place this long (several of its heartbeats)
 
 
 def next_order(previous: Sequence[str], present: Sequence[str], trusted: Sequence[str] = (),
@@ -53,9 +64,13 @@ def next_order(previous: Sequence[str], present: Sequence[str], trusted: Sequenc
 class LeaseKeeper:
     def __init__(self, sdht: SwarmDHT, run_hash: str, probe: Callable[[str], Awaitable[bool]] | None = None, *,
                  trusted: Sequence[str] = (), period: float = 1.0, republish_s: float = 30.0,
-                 probe_failures: int = 2, on_revoke: Callable[[LeaderLease], Awaitable[object]] | None = None) -> None:
+                 probe_failures: int = 2, on_revoke: Callable[[LeaderLease], Awaitable[object]] | None = None,
+                 absent_grace_s: float = ABSENT_GRACE_S, clock: Callable[[], float] = time.monotonic,
+                 salt: bytes | None = None) -> None:
         self.sdht, self.run_hash, self.probe, self.trusted = sdht, run_hash, probe, list(trusted)
         self.period, self.republish_s, self.probe_failures = period, republish_s, probe_failures
+        self.absent_grace_s, self.clock = absent_grace_s, clock
+        self._salt = salt if salt is not None else os.urandom(16)  # ties among heads first seen together
         self.lease: LeaderLease | None = None
         self.revoked: list[str] = []
         self.rollback: tuple[int, int, int, str] = (0, 0, 0, "")  # (number, to, caught, head) of the last order
@@ -63,6 +78,7 @@ class LeaseKeeper:
         self._lock = asyncio.Lock()
         self._first_seen: dict[str, float] = {}
         self._failures: dict[str, int] = {}  # first head of the order -> its probe failures in a row
+        self._last_present: dict[str, float] = {}  # head -> when a round last found it present
         self._gone: dict[str, float] = {}  # head dropped as dead -> the timestamp of its record then
         self._stored = float("-inf")
 
@@ -109,12 +125,16 @@ class LeaseKeeper:
         self._gone = {p: t for p, t in self._gone.items() if any(a.peer_id == p for a in announced)}
         # a head set aside stays out until it announces again (restarted): its old record outlives it
         heads = [a for a in announced if a.state in LIVE_STATES and a.timestamp > self._gone.get(a.peer_id, -1.0)]
-        now = time.monotonic()
+        now = self.clock()
         for a in heads:
             self._first_seen.setdefault(a.peer_id, now)
-        present = sorted((a.peer_id for a in heads), key=lambda p: (self._first_seen[p], p))
-        self._first_seen = {p: t for p, t in self._first_seen.items() if p in present}
+            self._last_present[a.peer_id] = now
+        present = sorted((a.peer_id for a in heads), key=lambda p: (self._first_seen[p], self._tie(p)))
         previous = self.lease.order if self.lease is not None else []
+        named = {a.peer_id for a in announced}
+        held = [p for p in previous if p not in named and now - self._last_present.get(p, -1e18) < self.absent_grace_s]
+        self._first_seen = {p: t for p, t in self._first_seen.items() if p in present or p in held}
+        self._last_present = {p: t for p, t in self._last_present.items() if p in present or p in held}
         first = next((p for p in previous if p in present), None)
         if first is not None and self.probe is not None:
             answered = await self.probe(first)
@@ -123,8 +143,9 @@ class LeaseKeeper:
                 log.info("head %s stopped answering: the next head of the lease leads", first[-8:])
                 present.remove(first)
                 self._first_seen.pop(first, None)  # if it comes back, it comes back last
+                self._last_present.pop(first, None)
                 self._gone[first] = max(a.timestamp for a in heads if a.peer_id == first)
-        order = next_order(previous, present, self.trusted, self.revoked)
+        order = next_order(previous, present + held, self.trusted, self.revoked)  # the held are all in `previous`
         if (self.lease is None or order != self.lease.order or self.revoked != self.lease.revoked
                 or self.rollback != _rollback_of(self.lease)):
             term = max((self.lease.term + 1) if self.lease else 0, int(time.time() * 1000))
@@ -140,6 +161,10 @@ class LeaseKeeper:
             else:
                 log.warning("the DHT did not store the leader lease; retrying")
         return self.lease
+
+
+    def _tie(self, peer: str) -> bytes:
+        return hashlib.blake2b(peer.encode(), key=self._salt, digest_size=16).digest()
 
 
 def _rollback_of(lease: LeaderLease) -> tuple[int, int, int, str]:

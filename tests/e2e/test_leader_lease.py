@@ -34,6 +34,18 @@ def _steps_by(swarm: LocalSwarm, name: str) -> list[dict]:
     return [e for e in swarm.events(name) if e["event"] == "step"]
 
 
+def _story(swarm: LocalSwarm, *names: str) -> str:
+    """What a failure needs: the leases the coordinator signed and the heads' logs without their steps."""
+    out = []
+    for name in names:
+        path = swarm.dir / f"{name}.log"
+        lines = path.read_text().splitlines() if path.exists() else []
+        keep = [ln for ln in lines if "lease" in ln] if name == "coordinator" else \
+            [ln for ln in lines if " loss " not in ln and "computed 1 microbatch" not in ln][-40:]
+        out.append(f"--- {name}.log\n" + "\n".join(keep))
+    return "\n".join(out)
+
+
 async def test_a_ground_low_id_head_never_leads_and_the_lease_successor_takes_over_without_the_coordinator(tmp_path):
     spec = preset("tiny", stages=2, batch_size=16, microbatch_size=8)
     swarm = LocalSwarm(LocalOptions(spec, steps=int(STEPS), workdir=str(tmp_path / "lease"), threads=1, quiet=True,
@@ -64,9 +76,11 @@ async def test_a_ground_low_id_head_never_leads_and_the_lease_successor_takes_ov
     finally:
         await asyncio.to_thread(swarm.stop, 5.0)
     assert ground < min(honest.values())  # the stranger's id is the lowest of all heads
-    assert _steps_by(swarm, "ground") == [], "the head with the ground low id drove steps"
+    story = _story(swarm, "coordinator", leader, successor, "ground")
+    driven = [e["step"] for e in _steps_by(swarm, "ground")]
+    assert driven == [], f"the head with the ground low id drove steps {driven}\n{story}"
     after = [e for e in _steps_by(swarm, successor) if e["step"] > killed_at]
-    assert after, "the next head of the lease never drove a step"
+    assert after, f"the next head of the lease never drove a step\n{story}"
     first = min(e["time"] for e in after)
     assert first - t_kill <= 10.0, f"the next step came {first - t_kill:.1f} s after the leader was killed"
     steps = sorted(e["step"] for e in swarm.step_events()[0])
