@@ -45,6 +45,10 @@ SWITCH = "SWARM_FORK_SERVER"  # "0": every process is a plain subprocess
 IMPORT_TIME_ENV = ("PYTHON", "LD_", "LANG", "LC_", "TMP", "TEMP", "MALLOC_", "OMP_", "GOMP_", "KMP_", "MKL_",
                    "OPENBLAS_", "GOTO", "BLIS_", "NUMEXPR_", "CUDA_", "NCCL_", "TORCH", "PYTORCH_", "HIVEMIND_",
                    "USE_LEGACY_BFLOAT16", "QUANTIZATION_THREADS")
+# what torch writes into its own process's environment as it runs (torch._inductor's cache_dir(), called once
+# torch._dynamo is in use: a first optimizer step), not a setting the server's imports read: a parent that ran
+# such code after starting the server would otherwise get plain processes from then on
+WRITTEN_BY_TORCH = ("TORCHINDUCTOR_CACHE_DIR",)
 CMDLINE_ROOM = 4096  # bytes of the server's argv a child may show as its command line
 ChildOutput = IO | int
 
@@ -54,7 +58,7 @@ def enabled(env: Mapping[str, str] = os.environ) -> bool:
 
 
 def import_time_env(env: Mapping[str, str]) -> dict[str, str]:
-    return {k: v for k, v in env.items() if k.startswith(IMPORT_TIME_ENV)}
+    return {k: v for k, v in env.items() if k.startswith(IMPORT_TIME_ENV) and k not in WRITTEN_BY_TORCH}
 
 
 def _fd(out: ChildOutput) -> int:

@@ -22,6 +22,7 @@ def main(argv: list[str]) -> int:
         "numpy": float(np.random.rand()), "torch_seed": torch.initial_seed(), "torch": float(torch.rand(1)),
         "sigint": repr(signal.getsignal(signal.SIGINT)), "sigterm": repr(signal.getsignal(signal.SIGTERM)),
         "stdin": os.path.realpath(f"/proc/self/fd/{sys.stdin.fileno()}"), "threads": threading.active_count(),
+        "dynamo": "torch._dynamo" in sys.modules,  # what a peer's first optimizer would import (preloaded)
     }), flush=True)
     print("to stderr", file=sys.stderr, flush=True)
     if argv and argv[0] == "wait":

@@ -64,6 +64,7 @@ def test_child_has_its_own_pid_session_log_env_and_exit_code(server, tmp_path):
     assert me["ppid"] == server._proc.pid  # not ours: the server reaps it and reports its status
     assert me["probe_env"] == "hello" and me["cwd"] == str(ROOT) and me["stdin"] == os.devnull
     assert me["argv0"].endswith("fork_probe.py") and me["threads"] == 1
+    assert me["dynamo"]  # preloaded: a peer's first torch.optim call does not import ~800 modules (1.5-3 CPU-s)
     assert me["cmdline"] == [sys.executable, "-m", PROBE, "3"]  # what ps and pgrep -f show
     assert (tmp_path / "a.log").read_text().splitlines()[1] == "to stderr"  # stderr=STDOUT, as Popen
 
@@ -105,6 +106,14 @@ def test_an_import_time_variable_that_differs_gets_a_plain_process(server, tmp_p
     proc = start(server, tmp_path / "omp.log", OMP_NUM_THREADS="2")
     assert isinstance(proc, subprocess.Popen)
     assert proc.wait(timeout=60) == 0 and report(tmp_path / "omp.log")["ppid"] == os.getpid()
+
+
+def test_a_variable_torch_writes_for_itself_still_gets_a_forked_child(server, tmp_path):
+    """torch._inductor sets TORCHINDUCTOR_CACHE_DIR in its process once torch._dynamo runs (an optimizer's
+    first call): a test process or launcher that trained after starting the server still forks its children."""
+    proc = start(server, tmp_path / "cache.log", "0", TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"))
+    assert isinstance(proc, ForkedProcess)
+    assert proc.wait(timeout=60) == 0 and report(tmp_path / "cache.log")["ppid"] == server._proc.pid
 
 
 def test_handles_keep_working_when_the_server_dies_and_later_processes_start_plainly(tmp_path):
