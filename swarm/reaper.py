@@ -8,6 +8,13 @@ only) that notes its owner's descendants once a second and, as soon as the owner
 ends those still there (SIGTERM, then SIGKILL after a grace period), then exits itself. A
 clean exit leaves it nothing to do. Linux only (it reads /proc); elsewhere it is not started.
 
+An owner killed between two looks (a peer that is ready within a second of its start, killed at
+once) has descendants the watcher never noted; they were reparented and no longer descend from
+it. When the owner leads its process group (`swarm local`'s processes, each in a session of its
+own; a command started from an interactive shell), every process still in that group is one the
+owner or its descendants started (the kernel does not reuse the id of a live group), so those are
+ended too.
+
     python -m swarm.reaper OWNER_PID
 """
 from __future__ import annotations
@@ -30,24 +37,27 @@ def start_watcher() -> subprocess.Popen | None:
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True)
 
 
-def _stat(pid: int) -> tuple[int, int] | None:
-    """(parent pid, start time) of a live process, None if it is gone or a zombie."""
+def _stat(pid: int) -> tuple[int, int, int] | None:
+    """(parent pid, start time, process group) of a live process, None if it is gone or a zombie."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             rest = f.read().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
         return None
-    return None if rest[0] in ("Z", "X") else (int(rest[1]), int(rest[19]))
+    return None if rest[0] in ("Z", "X") else (int(rest[1]), int(rest[19]), int(rest[2]))
+
+
+def _processes() -> dict[int, tuple[int, int, int]]:
+    return {int(e): found for e in os.listdir("/proc") if e.isdigit() and (found := _stat(int(e))) is not None}
 
 
 def descendants(owner: int, skip: int) -> dict[int, int]:
     """Every live descendant of `owner` except `skip` (and its own): pid -> start time."""
     children: dict[int, list[int]] = {}
     starts: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and (found := _stat(int(entry))) is not None:
-            children.setdefault(found[0], []).append(int(entry))
-            starts[int(entry)] = found[1]
+    for pid, (parent, start, _) in _processes().items():
+        children.setdefault(parent, []).append(pid)
+        starts[pid] = start
     out, todo = {}, list(children.get(owner, []))
     while todo:
         pid = todo.pop()
@@ -55,6 +65,11 @@ def descendants(owner: int, skip: int) -> dict[int, int]:
             out[pid] = starts[pid]
             todo += children.get(pid, [])
     return out
+
+
+def group_members(group: int, skip: int) -> dict[int, int]:
+    """Every live process of process group `group` except `skip`: pid -> start time."""
+    return {pid: start for pid, (_, start, pgrp) in _processes().items() if pgrp == group and pid != skip}
 
 
 def _alive(known: dict[int, int]) -> dict[int, int]:
@@ -83,6 +98,8 @@ def watch(owner: int) -> None:
     while os.getppid() == owner:  # once the owner dies, this process is handed to another parent
         known = {**_alive(known), **descendants(owner, me)}
         time.sleep(POLL_S)
+    if os.getpgid(0) == owner:  # the owner led this group (module docstring): its members are its own
+        known = {**_alive(known), **group_members(owner, me)}
     end(known)
 
 
