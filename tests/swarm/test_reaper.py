@@ -19,17 +19,18 @@ from swarm.reaper import _alive, _stat, descendants
 pytestmark = pytest.mark.e2e  # it starts processes
 ROOT = Path(__file__).resolve().parents[2]
 
-# the owner: starts its watcher, then a process that leaves its tree at once (started by a child that
-# exits: reparented, no descendant of the owner), writes that process's pid, and waits to be killed
+# the owner: starts a process that leaves its tree at once (started by a child that exits: reparented, no
+# descendant of the owner by the time its watcher starts, so no look of the watcher ever sees it descend from
+# the owner), then its watcher, writes that process's pid, and waits to be killed
 OWNER = textwrap.dedent("""
     import os, subprocess, sys, time
     from swarm.reaper import start_watcher
-    start_watcher()
     child = subprocess.Popen([sys.executable, "-c",
         "import subprocess, sys; print(subprocess.Popen(['sleep', '300']).pid, flush=True)"],
         stdout=subprocess.PIPE, text=True)
     stray = int(child.stdout.readline())
     child.wait()
+    start_watcher()
     with open(sys.argv[1], "w") as f:
         f.write(str(stray))
     time.sleep(300)
