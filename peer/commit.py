@@ -37,7 +37,12 @@ reduce within seconds; one that is alive and sending is waited for up to `reduce
 slowest uplink the swarm waits for, the spec's `slowest_uplink_bps` (`peer/transfer_time.py`).
 
 Replicas catching up after a state download (`peer/state_transfer.py`) get each reduced sum
-forwarded by their donor ("follow") until they take part in a reduce themselves.
+forwarded by their donor ("follow") until they take part in a reduce themselves: under powersgd
+the sums of the reduce (exact part, P, Q'), from which the follower rebuilds the same gradient, so
+that a follower costs its donor one contribution's bytes a step, not the stage's whole gradient
+(27 MB a step at `small`, 1.1-1.6 GB at `large`: more than a home uplink carries in a step). A
+lone replica with a follower therefore reduces powersgd's way with itself (round 1 and 2 over
+its own factors, its error fed back) instead of exactly.
 fp16 (protocol/loss_scale.py): an overflowed share is a flagged contribution with no numbers; the
 reduce's reply says if the stage overflowed, the apply if the swarm skips the step (`Command.skip`).
 """
@@ -224,7 +229,7 @@ class StepCommit:
         d = self.daemon
         others = sorted({p for p in cmd.candidates if p != self.peer_id})
         power = self.power if self.spec.powersgd_at(cmd.step) else None  # a warm-up step sums exactly
-        if not others and (power is None or await d.run(power.quiet)):
+        if not others and (power is None or (not self.forwarder.followers and await d.run(power.quiet))):
             return await self._reduce_alone(cmd)
         elif power is None:
             mbs, flat, stat, overflow = await d.run(self.runner.share, False)
@@ -294,10 +299,11 @@ class StepCommit:
             return str(e)
         if total.overflow:  # another replica overflowed: every replica stops after round 1
             return total
-        if len(got) == 1:  # alone: nothing to send, so nothing to compress
+        if len(got) == 1 and not self.forwarder.followers:  # alone: nothing to send, so nothing to compress
             flat = await d.run(power.solo, key, first)
             return Reduced(cmd.step, cmd.attempt, flat, total.stat, total.contributors)
-        P_hat, Q_mine, Q_flat = await d.run(power.second, first, sum_factors(got, self.runner.dtype))
+        P_sum = sum_factors(got, self.runner.dtype)
+        P_hat, Q_mine, Q_flat = await d.run(power.second, first, P_sum)
         self.clock.mark("round2")
         mine = Contribution(run, cmd.step, cmd.attempt, self.stage, [], None, None, 1, None if first.zero else Q_flat)
         got2 = await self.exchange.exchange(cmd.step, cmd.attempt, mine, sorted(p for p in got if p != self.peer_id),
@@ -305,9 +311,11 @@ class StepCommit:
         self.clock.mark("exchange2")
         if isinstance(got2, str):
             return got2
-        flat = await d.run(power.finish, key, first, total.grads, P_hat, Q_mine,
-                           sum_factors(got2, self.runner.dtype))
-        return Reduced(cmd.step, cmd.attempt, flat, total.stat, total.contributors)
+        Q_sum = sum_factors(got2, self.runner.dtype)
+        flat = await d.run(power.finish, key, first, total.grads, P_hat, Q_mine, Q_sum)
+        # the sums, on the CPU as they were added up: what a replica catching up is sent (follow_forward.py)
+        return Reduced(cmd.step, cmd.attempt, flat, total.stat, total.contributors,
+                       factors=(total.grads, P_sum, Q_sum))
 
     async def _on_reduce(self, body: bytes, sender: str) -> bytes:
         d = self.daemon

@@ -47,10 +47,17 @@ class FollowForwarder:
             del self.followers[peer]  # it took part in the reduce itself: in step from here on
         for peer, first in list(self.followers.items()):
             if reduced.step >= first:
-                body = encode_follow(FollowUpdate(self.daemon.spec.run_hash, reduced.step,
-                                                  None if skip else reduced.grads, None if skip else reduced.stat,
-                                                  reduced.in_layout, skip))
-                self.daemon.spawn(self._send_follow(peer, body))
+                self.daemon.spawn(self._send_follow(peer, encode_follow(self.update(reduced, skip))))
+
+    def update(self, reduced: Reduced, skip: bool) -> FollowUpdate:
+        """What a follower gets of an applied step: a powersgd step's sums when the reduce kept them (the
+        size of one contribution), else the reduced gradient itself."""
+        run = self.daemon.spec.run_hash
+        if skip:
+            return FollowUpdate(run, reduced.step, None, None, reduced.in_layout, True)
+        if reduced.factors is not None:
+            return FollowUpdate(run, reduced.step, None, reduced.stat, True, factors=reduced.factors)
+        return FollowUpdate(run, reduced.step, reduced.grads, reduced.stat, reduced.in_layout)
 
     async def _send_follow(self, peer: str, body: bytes) -> None:
         try:

@@ -33,6 +33,8 @@ class Reduced:
     contributors: dict[str, list[int]]
     in_layout: bool = True  # grads in the `SyncLayout`; False: every parameter's gradient in full (a lone replica's)
     overflow: bool = False  # fp16: a replica's share overflowed (grads then hold no numbers to apply)
+    # powersgd: the (exact, P, Q') sums `grads` was rebuilt from, on the CPU: what a follower is sent instead
+    factors: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
 
 class ReducedGradients:

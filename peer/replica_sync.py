@@ -24,6 +24,7 @@ from protocol.powersgd import (
     first_round,
     on_device,
     orthonormal_factors,
+    rebuild,
     second_round,
 )
 from protocol.spec import WIRE_DTYPES, RunSpec
@@ -90,6 +91,13 @@ class PowerSync:
             state = PowerState(state.Q, [m.clone() for m in first.M])
         self._keep(key, state)
         return flat
+
+    def rebuilt(self, exact_sum: torch.Tensor, P_sum: torch.Tensor, Q_sum: torch.Tensor) -> torch.Tensor:
+        """A step forwarded in factors (a replica catching up, peer/follow_forward.py): the agreed gradient
+        rebuilt from the sums the stage's replicas held, by the operations each of them ran. This replica's
+        own state (its seeded Q, its zero error) is left as it is: it took no part in the reduce."""
+        P_hat = orthonormal_factors(self.layout, self.plan, P_sum, self.runner.dtype)
+        return rebuild(self.layout, self.plan, exact_sum, P_hat, Q_sum, self.runner.dtype, self.runner.device)[0]
 
     def solo(self, key: tuple[int, int], first: FirstRound) -> torch.Tensor:
         """No other replica took part: the sum is this replica's own (error included), sent nowhere, exact."""

@@ -42,7 +42,7 @@ class StagePeer:
         self.daemon = StageDaemon(runner, link, directory, **(daemon_options or {}))
         self.commit = StepCommit(self.daemon, **(commit_options or {}))
         self.state = StateService(self.daemon, self.commit)
-        self.follower = Follower(self.daemon)
+        self.follower = Follower(self.daemon, rebuild=self.commit.power.rebuilt if self.commit.power else None)
         self.verify_state = verify_state  # extra checks of a downloaded state (e.g. its basis is the signed one)
         self.vouched: VouchedStates | None = None  # a download's check against the swarm's state hashes
         self.driver = StepDriver(self.daemon, self.commit, directory, batches, **(driver_options or {})) \

@@ -160,10 +160,13 @@ async def download_state(link, donor: str, run: str, max_bytes: int, timeout: fl
 
 
 class Follower:
-    """A joiner's queue of reduced gradients forwarded by its donor, applied in step order."""
+    """A joiner's queue of reduced gradients forwarded by its donor, applied in step order (a powersgd
+    step's sums rebuilt into its gradient by `rebuild`, `PowerSync.rebuilt`)."""
 
-    def __init__(self, daemon: StageDaemon, on_applied: Callable[[int], None] | None = None) -> None:
+    def __init__(self, daemon: StageDaemon, on_applied: Callable[[int], None] | None = None,
+                 rebuild: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None) -> None:
         self.daemon, self.runner = daemon, daemon.runner
+        self.rebuild = rebuild
         self.queue: dict[int, FollowUpdate] = {}
         self.on_applied = on_applied
         self.active = False
@@ -199,4 +202,9 @@ class Follower:
         return done
 
     def _apply(self, update: FollowUpdate) -> None:
-        self.runner.apply_flat(update.step, update.grads, update.stat, update.in_layout, update.skip)
+        grads = update.grads
+        if update.factors is not None:
+            if self.rebuild is None:
+                raise StageError("a step forwarded in factors reached a stage that does not sum with powersgd.")
+            grads = self.rebuild(*update.factors)
+        self.runner.apply_flat(update.step, grads, update.stat, update.in_layout, update.skip)

@@ -130,10 +130,21 @@ def finish(layout: SyncLayout, plan: PowerPlan, first: FirstRound, exact_sum: to
            P_hat: list[torch.Tensor], Q_mine: list[torch.Tensor], Q_sum: torch.Tensor,
            dtype: torch.dtype) -> tuple[torch.Tensor, PowerState]:
     """(G^ as a flat vector in layout coordinates, on the device of M; this replica's next state).
-    It stays there: a large stage's G^ copied to the host and back cost seconds a step on a GPU.
-    Q' and its orthonormalization are worked out on the CPU (bit for bit on every replica) and reach the
-    device in one copy with the exact part: a copy per matrix waited for the device each time."""
+    It stays there: a large stage's G^ copied to the host and back cost seconds a step on a GPU."""
     device = first.M[0].device if first.M else exact_sum.device
+    flat, q_next, P_hat = rebuild(layout, plan, exact_sum, P_hat, Q_sum, dtype, device)
+    error = [first.M[j] - P_hat[j] @ Q_mine[j].to(dtype).T for j in range(len(plan.compressed))]
+    return flat, PowerState(q_next, error)
+
+
+def rebuild(layout: SyncLayout, plan: PowerPlan, exact_sum: torch.Tensor, P_hat: list[torch.Tensor],
+            Q_sum: torch.Tensor, dtype: torch.dtype, device: torch.device | str
+            ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+    """(G^ flat on `device`, the next Q, P^ on `device`) from the sums alone: what every replica of
+    the reduce computes, and what a replica catching up computes from the sums its donor forwards
+    (peer/follow_forward.py), the same operations on the same numbers. Q' and its orthonormalization are
+    worked out on the CPU (bit for bit on every replica) and reach the device in one copy with the exact
+    part: a copy per matrix waited for the device each time."""
     flat = torch.empty(layout.numel, dtype=dtype, device=device)
     views = layout.views(flat)
     qs, off = [], 0
@@ -150,11 +161,9 @@ def finish(layout: SyncLayout, plan: PowerPlan, first: FirstRound, exact_sum: to
         k = layout.entries[i].numel
         views[i].copy_(exact[off:off + k].view(layout.entries[i].shape))
         off += k
-    error = []
     for j, i in enumerate(plan.compressed):
         views[i].copy_(P_hat[j] @ qs[j].T)
-        error.append(first.M[j] - P_hat[j] @ Q_mine[j].to(dtype).T)
-    return flat, PowerState(q_next, error)
+    return flat, q_next, P_hat
 
 
 def on_device(tensors: list[torch.Tensor], device: torch.device | str) -> list[torch.Tensor]:

@@ -1,8 +1,11 @@
 """Replica-sync messages on the way in (protocol/control.py): contributions of both replica_sync
 modes and both powersgd phases round-trip, and anything of the wrong phase, size, dtype or
-shape is refused with a WireError; follow updates say which layout they are in; a probe of a
+shape is refused with a WireError; follow updates say which layout they are in, and a powersgd
+step follows as the reduce's sums, checked against the stage's phases like a contribution; a probe of a
 replica's reduce comes through the same decoder and is told from a contribution."""
 from __future__ import annotations
+
+import dataclasses
 
 import msgpack
 import pytest
@@ -87,6 +90,53 @@ def test_follow_updates_are_in_the_layout_or_in_full_and_say_which():
     forged["j"] = 1
     with pytest.raises(WireError, match="true or false"):
         decode_follow(msgpack.packb(forged), EXACT)
+
+
+def sums(x=10, p=40, q=30, dtype=torch.float32) -> tuple[torch.Tensor, ...]:
+    return torch.ones(x, dtype=dtype), torch.full((p,), 2.0, dtype=dtype), torch.full((q,), 3.0, dtype=dtype)
+
+
+def test_a_powersgd_step_follows_as_its_sums_in_the_compute_dtype():
+    got = decode_follow(encode_follow(FollowUpdate(RUN, 4, None, STAT, True, factors=sums())), POWER)
+    assert got.grads is None and got.in_layout and torch.equal(got.stat, STAT)
+    assert [t.tolist() for t in got.factors] == [t.tolist() for t in sums()]
+    assert all(t.dtype == torch.float32 for t in got.factors)  # the sums the replicas held, not wire-rounded
+    # the same step in full is still taken (a step reduced before the follower was known)
+    assert decode_follow(encode_follow(FollowUpdate(RUN, 4, torch.ones(100), STAT, True)), POWER).factors is None
+
+
+def _forged(update: FollowUpdate, **fields) -> bytes:
+    d = msgpack.unpackb(encode_follow(update), raw=False, ext_hook=lambda code, data: msgpack.ExtType(code, data))
+    return msgpack.packb({**d, **fields})
+
+
+@pytest.mark.parametrize("update,limits,why", [
+    (FollowUpdate(RUN, 4, None, STAT, True, factors=sums(p=41)), POWER, "P sum"),
+    (FollowUpdate(RUN, 4, None, STAT, True, factors=sums(q=29)), POWER, "Q sum"),
+    (FollowUpdate(RUN, 4, None, STAT, True, factors=sums(x=100)), POWER, "exact sum"),
+    (FollowUpdate(RUN, 4, None, STAT, True, factors=sums(dtype=torch.bfloat16)), POWER, "exact sum"),
+    (FollowUpdate(RUN, 4, None, STAT, True, factors=sums()), EXACT, "sums this step exactly"),
+    (FollowUpdate(RUN, 1, None, STAT, True, factors=sums()), dataclasses.replace(POWER, exact_until=2),
+     "sums this step exactly"),  # a warm-up step of powersgd
+    (FollowUpdate(RUN, 4, torch.ones(100), STAT, True, factors=sums()), POWER, "no flat gradient"),
+])
+def test_malformed_factored_follow_updates_are_refused(update, limits, why):
+    with pytest.raises(WireError, match=why):
+        decode_follow(encode_follow(update), limits)
+
+
+def test_a_factored_follow_update_with_nan_or_of_the_wrong_shape_is_refused():
+    x, p, q = sums()
+    p[3] = float("nan")
+    with pytest.raises(WireError, match="NaN"):
+        decode_follow(encode_follow(FollowUpdate(RUN, 4, None, STAT, True, factors=(x, p, q))), POWER)
+    good = FollowUpdate(RUN, 4, None, STAT, True, factors=sums())
+    raw = msgpack.unpackb(encode_follow(good), raw=False, ext_hook=lambda code, data: msgpack.ExtType(code, data))
+    for f, j in ((raw["f"][:2], True), (raw["f"], False), ("sums", True)):
+        with pytest.raises(WireError):
+            decode_follow(_forged(good, f=f, j=j), POWER)
+    with pytest.raises(WireError, match="carries no tensors"):  # a skipped step has nothing to rebuild
+        decode_follow(_forged(FollowUpdate(RUN, 4, None, None, True, skip=True), f=raw["f"]), POWER)
 
 
 def test_a_reduce_probe_is_told_from_a_contribution_and_checked_like_one():
