@@ -298,7 +298,7 @@ class LeaderLease:
         return cls(**_from_dict(cls, record, "leader lease"))
 
 
-_MAX_VOUCHED = 8
+_MAX_VOUCHED = 64  # swarm/replicas/vouched.py KEEP_STATES: ~64 x stages x 70 bytes in one record
 
 
 @dataclass

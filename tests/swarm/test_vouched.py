@@ -61,10 +61,11 @@ async def test_the_coordinator_vouches_for_each_newer_steps_state_hashes_and_kee
     newest = dht.states[-1].steps
     assert len(newest) == KEEP_STATES and max(newest) == 4 + 4 * KEEP_STATES and newest[36][1] == sha(37)
     assert not dht.records  # no snapshot was vouched for by records of states only
-    await vouch.on_record(WorkRecord(RUN, 51, "leader", {0: ["a"]}, snapshot_step=50,
-                                     snapshots={0: sha(1), 1: sha(2), 2: sha(3)}, state_step=48,
+    later = 8 + 4 * KEEP_STATES  # newer than every step vouched for above
+    await vouch.on_record(WorkRecord(RUN, later + 3, "leader", {0: ["a"]}, snapshot_step=later + 2,
+                                     snapshots={0: sha(1), 1: sha(2), 2: sha(3)}, state_step=later,
                                      states={0: sha(4)}))
-    assert dht.records[-1].steps[50][2] == sha(3) and dht.states[-1].steps[48] == {0: sha(4)}  # both, one record
+    assert dht.records[-1].steps[later + 2][2] == sha(3) and dht.states[-1].steps[later] == {0: sha(4)}  # one record
 
 
 @pytest.mark.e2e
