@@ -106,7 +106,7 @@ def _plot(runs: dict[str, list[dict]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    for i, (arm, rows) in enumerate(runs.items()):
+    for i, rows in enumerate(runs.values()):
         for x in rows:
             y = x["level_s"] if x["level_s"] is not None else 0.0
             ax.bar(i, y, width=0.6, alpha=0.35, color=f"C{i}")
