@@ -39,8 +39,9 @@ slowest uplink the swarm waits for, the spec's `slowest_uplink_bps` (`peer/trans
 Replicas catching up after a state download (`peer/state_transfer.py`) get each reduced sum
 forwarded by their donor ("follow") until they take part in a reduce themselves: under powersgd
 the sums of the reduce (exact part, P, Q'), from which the follower rebuilds the same gradient, so
-that a follower costs its donor one contribution's bytes a step, not the stage's whole gradient
-(27 MB a step at `small`, 1.1-1.6 GB at `large`: more than a home uplink carries in a step). A
+that a follower costs its donor about two contributions' bytes a step (the sums in the compute dtype:
+0.8-1.0 MB at `small`), not the stage's whole gradient (26-38 MB a step at `small`, 1.1-1.6 GB at
+`large`: more than a home uplink carries in a step). A
 lone replica with a follower therefore reduces powersgd's way with itself (round 1 and 2 over
 its own factors, its error fed back) instead of exactly.
 fp16 (protocol/loss_scale.py): an overflowed share is a flagged contribution with no numbers; the

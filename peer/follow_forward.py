@@ -51,7 +51,7 @@ class FollowForwarder:
 
     def update(self, reduced: Reduced, skip: bool) -> FollowUpdate:
         """What a follower gets of an applied step: a powersgd step's sums when the reduce kept them (the
-        size of one contribution), else the reduced gradient itself."""
+        size of about two contributions), else the reduced gradient itself."""
         run = self.daemon.spec.run_hash
         if skip:
             return FollowUpdate(run, reduced.step, None, None, reduced.in_layout, True)

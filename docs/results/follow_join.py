@@ -11,6 +11,7 @@ tokens/s before it started and from then until it was level (or the run's end).
 Usage (CPU):
     python docs/results/follow_join.py run OUT.json                   # one run, with the code on sys.path
     python docs/results/follow_join.py ab OLD_CHECKOUT OUT_DIR [ROUNDS]  # OLD_CHECKOUT against this one, alternated
+                                                                       # (runs already in OUT_DIR are kept)
 """
 from __future__ import annotations
 
@@ -79,9 +80,10 @@ def ab(old: str, out_dir: str, rounds: int) -> None:
     for r in range(rounds):
         for arm, root in (arms.items() if r % 2 == 0 else reversed(arms.items())):
             path = out / f"{arm}-{r}.json"
-            env = {**os.environ, "PYTHONPATH": str(root)}
-            subprocess.run([sys.executable, str(Path(__file__).resolve()), "run", str(path)], cwd=root, env=env,
-                           check=True)
+            if not path.exists():  # resumable: a run already written is kept
+                env = {**os.environ, "PYTHONPATH": str(root)}
+                subprocess.run([sys.executable, str(Path(__file__).resolve()), "run", str(path)], cwd=root, env=env,
+                               check=True)
             runs[arm].append(json.loads(path.read_text()))
             print(arm, r, runs[arm][-1], flush=True)
 
@@ -95,7 +97,7 @@ def ab(old: str, out_dir: str, rounds: int) -> None:
     meta = {"preset": "tiny", "stages": 2, "replica_sync": "powersgd", "bandwidth": BANDWIDTH, "latency": LATENCY,
             "steps": STEPS, "join_after": JOIN_AFTER, "old_checkout": str(arms["whole"])}
     from swarm.bench.machine import machine_info
-    (out / "follow_join.json").write_text(json.dumps({"settings": meta, "machine": machine_info("cpu"),
+    (out / "follow_join.json").write_text(json.dumps({"settings": meta, "machine": machine_info(["cpu"]),
                                                       "summary": summary, "runs": runs}, indent=1))
     _plot(runs, out / "follow_join.png")
     print(json.dumps(summary, indent=1))

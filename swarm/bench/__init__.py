@@ -68,7 +68,14 @@ def _simulate(a: argparse.Namespace) -> None:
                        per_replica=a.microbatches_per_replica, steps=a.steps, lifetimes=a.lifetimes,
                        churn_peers=a.churn_peers, churn_minutes=a.churn_minutes, rejoin_s=a.rejoin_s,
                        every_head_works=a.every_head_works, seed=a.seed, step_timeout=a.step_timeout or None,
-                       smoke=a.smoke)
+                       follows=follow_models(a.follow), smoke=a.smoke)
+
+
+def follow_models(text: str) -> tuple[str, ...]:
+    models = tuple(dict.fromkeys(m.strip() for m in text.split(",") if m.strip()))
+    if not models or any(m not in ("sums", "whole") for m in models):
+        raise ValueError(f"--follow {text!r}: give sums, whole, or sums,whole.")
+    return models
 
 
 def _dispatch(a: argparse.Namespace) -> None:

@@ -330,6 +330,10 @@ def _add_simulate(sub) -> None:
                    help="seconds the first step may take before the driver re-drives it (swarm peer --step-timeout); "
                    "0: none, as an operator of a big swarm would set it high enough (default: 0)")
     p.add_argument("--seed", type=int, default=0, help="seed of every draw (GPUs, links, lifetimes) (default: 0)")
+    p.add_argument("--follow", default="sums", metavar="MODEL[,MODEL]",
+                   help="what a replacement's donor forwards it per step while it catches up, for the churn curve: "
+                   "sums (the reduce's factor sums, as the swarm does), whole (the stage's whole gradient, as before "
+                   "2026-12-01), or both (default: sums)")
     p.add_argument("--validate", action="store_true",
                    help="run real local swarms (tiny, CPU, shaped links) and the simulator calibrated to this CPU, "
                    "and write the table of both (default: off)")

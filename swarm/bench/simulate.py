@@ -11,7 +11,9 @@ peers, their directory and churn; `simulate_step.py` is the step as the driver r
    one-way latency drawn from `--latency` ms, the step's batch growing with the swarm
    (`--microbatches-per-replica` per replica of a stage);
 2. goodput against the mean peer lifetime (exponential lifetimes, a replacement `--rejoin-s`
-   later) at `--churn-peers` peers over `--churn-minutes` of virtual time;
+   later) at `--churn-peers` peers over `--churn-minutes` of virtual time, for each of `--follow`'s
+   models of what a replacement's donor forwards it while it catches up ("sums": the reduce's
+   factor sums, as the swarm does; "whole": the stage's whole gradient, as it did before 2026-12-01);
 
 each with the old schedule (only the leading head computes stage 0) and, with
 `--every-head-works`, with issue 22 item 1's (modelled before it was built; the swarm now runs it:
@@ -51,7 +53,8 @@ def run_simulate_bench(out_dir: str, preset_name: str = "large", codecs: tuple[s
                        mfu: float = 0.4, replica_sync: str = "powersgd", per_replica: int = 4, steps: int = 8,
                        lifetimes: tuple[float, ...] = (math.inf, 240, 60, 30, 15), churn_peers: int = 100,
                        churn_minutes: float = 120.0, rejoin_s: float = 60.0, every_head_works: bool = False,
-                       seed: int = 0, step_timeout: float | None = None, smoke: bool = False) -> dict:
+                       seed: int = 0, step_timeout: float | None = None, follows: tuple[str, ...] = ("sums",),
+                       smoke: bool = False) -> dict:
     if smoke:
         preset_name, codecs, peers, steps = "small", ("dense", "subspace"), (6, 12), 4
         lifetimes, churn_peers, churn_minutes = (math.inf, 2.0), 6, 5.0
@@ -73,19 +76,22 @@ def run_simulate_bench(out_dir: str, preset_name: str = "large", codecs: tuple[s
                 rows.append(_say(simulate(setup)))
         if codec != ("subspace" if "subspace" in codecs else codecs[0]):
             continue  # churn: the subspace codec's swarm (the first codec's if subspace is not run)
-        for ehw in modes:
-            for life in lifetimes:
-                setup = SimSetup(spec, work, wire, cards, links, churn_peers,
-                                 auto_microbatches(spec, churn_peers, per_replica), ehw, lifetime_s=life * 60,
-                                 rejoin_s=rejoin_s, steps=None, seconds=churn_minutes * 60, seed=seed,
-                                 first_timeout=step_timeout)
-                churn.append(_say(simulate(setup)))
+        for follow in follows:
+            forwarded = wire_bytes(spec, follow)
+            for ehw in modes:
+                for life in lifetimes:
+                    setup = SimSetup(spec, work, forwarded, cards, links, churn_peers,
+                                     auto_microbatches(spec, churn_peers, per_replica), ehw, lifetime_s=life * 60,
+                                     rejoin_s=rejoin_s, steps=None, seconds=churn_minutes * 60, seed=seed,
+                                     first_timeout=step_timeout)
+                    churn.append(_say({**simulate(setup), "follow": follow}))
     result = {"preset": preset_name, "device": "simulated", "devices": ["cpu"], "machine": machine_info(["cpu"]),
               "model": {"gpus": {name: {"tflops_bf16": round(rate / mfu / 1e12, 1)} for name, rate in cards},
                         "mfu": mfu, "uplink_mbit": links.uplink_mbit, "latency_ms": links.latency_ms,
                         "downlink_ratio": downlink_ratio, "replica_sync": replica_sync,
                         "microbatches_per_replica": per_replica, "rejoin_s": rejoin_s,
                         "churn_peers": churn_peers, "churn_minutes": churn_minutes, "step_timeout": step_timeout,
+                        "follows": list(follows),
                         "lifetime": "exponential, mean lifetime_min"},
               "one_gpu_tokens_per_second": reference, "runs": rows, "churn": churn,
               "matches": matches(rows, reference)}

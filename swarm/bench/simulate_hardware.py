@@ -27,7 +27,10 @@ Bytes. A boundary message's size is a real activation or gradient message of one
 encoded by protocol/wire.py with the spec's codec, wire dtype and quantisation, plus the
 transport's framing; a replica's reduce is `sync_bytes.py`'s encoded contribution (exact: one
 round; powersgd: two); a joining replica downloads 12 bytes per trainable parameter (fp32
-weights and AdamW's two moments).
+weights and AdamW's two moments) in 8 MiB chunks, then is forwarded every step applied since its
+snapshot (`follow`: under powersgd the reduce's sums, exact part, P and Q' in the compute dtype,
+peer/follow_forward.py; `follow="whole"` models the code before 2026-12-01, which forwarded the
+stage's whole layout, and every parameter's gradient from a donor alone in its reduce).
 """
 from __future__ import annotations
 
@@ -130,10 +133,13 @@ class WireBytes:
     sync_rounds: tuple[tuple[int, ...], ...]  # per stage: bytes one replica sends each other replica, per round
     state: tuple[int, ...]  # per stage: bytes of a state download
     command: int = 200  # a driver command (reduce, apply) or its reply
+    follow: tuple[int, ...] = ()  # per stage: bytes of one step forwarded to a replica catching up
+    follow_alone: tuple[int, ...] = ()  # the same from a donor alone in its reduce
 
 
-def wire_bytes(spec: RunSpec) -> WireBytes:
-    """Measured by encoding real messages of one microbatch (module docstring)."""
+def wire_bytes(spec: RunSpec, follow: str = "sums") -> WireBytes:
+    """Measured by encoding real messages of one microbatch (module docstring); `follow`: "sums" (what the
+    swarm forwards to a replica catching up) or "whole" (what it forwarded before 2026-12-01)."""
     B, T = spec.microbatch_size, spec.seq_len
     packer = WirePacker.for_spec(spec)
     z = torch.zeros(B, T, spec.boundary_width)
@@ -143,20 +149,31 @@ def wire_bytes(spec: RunSpec) -> WireBytes:
     grad = encode_message(GradientMessage(h, packer.pack(z), 1.0))
     framing = REQUEST_OVERHEAD + REPLY_OVERHEAD
     dtype, factor_dtype = compute_dtype(spec), WIRE_DTYPES[spec.wire_dtype]
-    rounds, state = [], []
+    if follow not in ("sums", "whole"):
+        raise ValueError(f"follow must be 'sums' or 'whole', not {follow!r}.")
+    rounds, state, fol, alone = [], [], [], []
+    elem = torch.tensor([], dtype=dtype).element_size()
     for s in range(spec.n_stages):
         layout, n_params = stage_layout(spec, s)
         stat = spec.codec == "subspace" and spec.basis_updates and s > 0
         mbs = list(range(max(1, spec.n_microbatches // 2)))
+        stat_bytes = 8 * spec.d_model * spec.rank if stat else 0
+        whole = (elem * layout.numel + stat_bytes + FRAMING, elem * n_params + stat_bytes + FRAMING)
         if spec.replica_sync == "powersgd":
             plan = PowerPlan.for_layout(layout, spec.replica_sync_rank)
             rounds.append((encoded_size(spec, s, mbs, (plan.exact_numel, dtype), (plan.p_numel, factor_dtype), stat)
                            + FRAMING,
                            encoded_size(spec, s, [], None, (plan.q_numel, factor_dtype), False, phase=1) + FRAMING))
+            sums = elem * (plan.exact_numel + plan.p_numel + plan.q_numel) + stat_bytes + FRAMING
+            forwarded = (sums, sums) if follow == "sums" else whole
         else:
             rounds.append((encoded_size(spec, s, mbs, (layout.numel, dtype), None, stat) + FRAMING,))
+            forwarded = whole
+        fol.append(forwarded[0])
+        alone.append(forwarded[1])
         state.append(STATE_BYTES_PER_PARAM * n_params)
-    return WireBytes(len(act) + framing, len(grad) + framing, tuple(rounds), tuple(state))
+    return WireBytes(len(act) + framing, len(grad) + framing, tuple(rounds), tuple(state), follow=tuple(fol),
+                     follow_alone=tuple(alone))
 
 
 def tokens_per_microbatch(spec: RunSpec) -> int:

@@ -54,14 +54,15 @@ def plot(result: dict, path: Path) -> None:
                 f"{m['replica_sync']} sync", fontsize=9)
     a.legend(fontsize=7)
     churn = result["churn"]
-    for ehw in dict.fromkeys(r["every_head_works"] for r in churn):
-        pts = [r for r in churn if r["every_head_works"] == ehw]
+    for ehw, follow in dict.fromkeys((r["every_head_works"], r.get("follow", "sums")) for r in churn):
+        pts = [r for r in churn if r["every_head_works"] == ehw and r.get("follow", "sums") == follow]
         calm = next((r["tokens_per_second"] for r in pts if r["lifetime_min"] is None), None)
         pts = [r for r in pts if r["lifetime_min"] is not None]
         if calm and pts:
             pts.sort(key=lambda r: r["lifetime_min"])
+            label = ("every head works (model)" if ehw else "leader only") + f", follow: {follow}"
             b.plot([r["lifetime_min"] for r in pts], [r["tokens_per_second"] / calm for r in pts],
-                   "o-" if not ehw else "s--", label="every head works (model)" if ehw else "leader only (today)")
+                   ("s" if ehw else "o") + ("-" if follow == "sums" else ":"), label=label)
     b.set_xscale("log")
     b.set_ylim(0, 1.05)
     b.set_xlabel("mean peer lifetime (min)")

@@ -75,7 +75,8 @@ def simulate(setup: SimSetup) -> dict:
 
 async def _run(setup: SimSetup) -> dict:
     cfg = SwarmConfig(setup.spec, setup.work, setup.gpus, setup.links, setup.wire.state, setup.lifetime_s,
-                      setup.rejoin_s, seed=setup.seed, cores=setup.cores, frame_s=setup.frame_s)
+                      setup.wire.follow, setup.wire.follow_alone, setup.rejoin_s, seed=setup.seed, cores=setup.cores,
+                      frame_s=setup.frame_s)
     swarm = SimSwarm(cfg)
     await swarm.populate(setup.peers)
     # the first step's deadline grows with its boundary bytes, as a head's does (peer/driver.py)
@@ -102,7 +103,7 @@ async def _run(setup: SimSetup) -> dict:
             "tokens_per_second": tps, "steps": driver.step, "committed": len(recs),
             "failed_attempts": driver.failed_attempts,
             "failures": driver.failures, "rollbacks": driver.rollbacks, "lost_steps": driver.lost_steps,
-            "deaths": swarm.deaths, "restores": swarm.restores, "virtual_s": end,
+            "deaths": swarm.deaths, "restores": swarm.restores, "downloads": swarm.downloads, "virtual_s": end,
             "median_step_s": _median([b.end - a.end for a, b in zip(recs, recs[1:])]),
             "median_microbatch_s": _median([r.microbatch_s for r in recs[1:]]),
             "median_commit_s": _median([r.commit_s for r in recs[1:]]),

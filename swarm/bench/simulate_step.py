@@ -128,6 +128,7 @@ class StepDriverModel:
                 self.rollbacks += 1
                 self.lost_steps += self.step - self.last_snapshot
                 self.step = self.last_snapshot
+                self.swarm.stepped(self.step)
             attempts += 1
             try:
                 await self._attempt(leader)
@@ -138,6 +139,7 @@ class StepDriverModel:
                 await asyncio.sleep(min(attempts, 10) * 0.2)
                 continue
             self.step += 1
+            self.swarm.stepped(self.step)
             if self.step % self.swarm.cfg.snapshot_every == 0:
                 self.last_snapshot = self.step
             self.records.append(StepRecord(self.step, now(), attempts, *self._phases))

@@ -14,9 +14,13 @@ after another (a swarm that grew one peer at a time); a replacement runs `placem
 (its announcements, jittered looks and the pile-up rule, on the virtual clock), then downloads
 the stage's state from a live replica (its uplink, shared with that replica's work; the donor
 is the one `ReplicaService` asks first: the highest announced throughput, i.e. the leading
-head at stage 0) and only then
-announces itself online. A stage left without any replica is restored from a snapshot held by a
-peer of another stage, and the swarm rolls back to the last snapshot step (`snapshot_every`).
+head at stage 0) as `download_state` does, chunk by chunk (a request, then a chunk of at most
+8 MiB over the donor's uplink: the donor's own frames go between them), while the donor forwards
+it every step the swarm applies from the snapshot's on (`follow` bytes each, over the same
+uplink, peer/follow_forward.py). It is online once it holds the state and every forwarded step;
+one that falls more than 64 steps behind (the follower's queue, `MAX_QUEUED`) downloads again.
+A stage left without any replica is restored from a snapshot held by a peer of another stage, and
+the swarm rolls back to the last snapshot step (`snapshot_every`).
 
 Churn: every peer lives an exponential time of mean `lifetime_s` (inf: no churn); when it dies
 a replacement with a freshly drawn GPU and link joins `rejoin_s` later, so the swarm keeps N peers
@@ -32,7 +36,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from peer.interfaces import PeerStatus
+from peer.state_transfer import MAX_QUEUED
 from protocol.spec import RunSpec
+from protocol.state_wire import STATE_CHUNK_BYTES
 from swarm.dht import StageAnnouncement
 from swarm.net import HomeLink
 from swarm.replicas import placement
@@ -106,6 +112,9 @@ class SimPeer:
     ready: bool = False  # it holds the stage's state and announced itself online
     worker: Worker = field(default_factory=Worker)
     microbatches: int = 0  # done this step (stage work of one microbatch counts one)
+    donor: SimPeer | None = None  # while it catches up: the replica that forwards it the steps
+    snapshot: int = 0  # the step its downloaded state is at
+    forwarded: int = 0  # steps forwarded to it that arrived
 
 
 @dataclass
@@ -116,6 +125,8 @@ class SwarmConfig:
     links: LinkDraw
     state_bytes: tuple[int, ...]
     lifetime_s: float = math.inf
+    follow_bytes: tuple[int, ...] = ()  # per stage: one forwarded step (WireBytes.follow); () forwards nothing
+    follow_alone_bytes: tuple[int, ...] = ()  # the same from a donor alone in its reduce
     rejoin_s: float = 60.0
     ttl: float = 20.0
     dial_fail_s: float = 1.0
@@ -123,6 +134,7 @@ class SwarmConfig:
     seed: int = 0
     cores: SharedCores | None = None  # every peer on one machine's cores (validation), else one GPU each
     frame_s: float = 0.0  # the transport's own delay per frame (p2pd, framing, asyncio), measured when validating
+    request_bytes: int = 200  # a state request (a chunk's index) with its framing
 
 
 class SimSwarm:
@@ -141,6 +153,8 @@ class SimSwarm:
         self.deaths = 0
         self.errors: list[BaseException] = []
         self.leader_id: str | None = None  # the driver's leading head
+        self.applied = 0  # steps the swarm has applied (the driver's step)
+        self.downloads = 0  # state downloads started (a replacement that fell behind starts another)
 
     # ------------------------------------------------------------------ peers
     def _new_peer(self) -> SimPeer:
@@ -189,6 +203,55 @@ class SimSwarm:
             await asyncio.sleep(self.cfg.frame_s)
         return dst.alive and src.alive
 
+    async def _download(self, donor: SimPeer, peer: SimPeer) -> bool:
+        """The stage's state from `donor`, chunk by chunk as `download_state` asks for it."""
+        self.downloads += 1
+        left = self.cfg.state_bytes[peer.stage]
+        while left > 0:
+            if not await self.send(peer, donor, self.cfg.request_bytes):
+                return False
+            chunk = min(left, STATE_CHUNK_BYTES)
+            if not await self.send(donor, peer, chunk):
+                return False
+            left -= chunk
+        return True
+
+    async def _catch_up(self, donor: SimPeer, peer: SimPeer) -> bool:
+        """Download from a live replica, then wait for every step it forwards until this one is level; False if
+        either died or this one fell more than `MAX_QUEUED` steps behind (it downloads again)."""
+        if not self.cfg.follow_bytes:
+            return await self._download(donor, peer)
+        peer.donor, peer.snapshot, peer.forwarded = donor, self.applied, 0
+        try:
+            if not await self._download(donor, peer):
+                return False
+            while peer.alive and donor.alive:
+                behind = self.applied - peer.snapshot - peer.forwarded
+                if behind == 0:
+                    return True
+                if behind > MAX_QUEUED:
+                    return False
+                await asyncio.sleep(0.1)  # the forwarded steps are on their way over the donor's uplink
+            return False
+        finally:
+            peer.donor = None
+
+    def stepped(self, step: int) -> None:
+        """The driver applied `step` steps: each donor forwards the step to the replicas catching up from it."""
+        rolled_back = step <= self.applied
+        self.applied = step
+        for peer in [p for p in self.peers.values() if p.alive and p.donor is not None]:
+            if rolled_back:  # every stage went back to a snapshot: so does a joiner's download
+                peer.snapshot, peer.forwarded = step, 0
+                continue
+            alone = len(self.live(peer.stage)) <= 1
+            nbytes = (self.cfg.follow_alone_bytes if alone else self.cfg.follow_bytes)[peer.stage]
+            asyncio.get_running_loop().create_task(self._forward(peer.donor, peer, nbytes))
+
+    async def _forward(self, donor: SimPeer, peer: SimPeer, nbytes: int) -> None:
+        if await self.send(donor, peer, nbytes) and peer.donor is donor:
+            peer.forwarded += 1
+
     # ------------------------------------------------------------------ churn
     def _schedule_death(self, peer: SimPeer) -> None:
         life = exponential_lifetime(self.rng, self.cfg.lifetime_s)
@@ -225,13 +288,13 @@ class SimSwarm:
                 # replica.py's order: the highest announced throughput first (the leading head at stage 0, the
                 # replica that passed on the most microbatches elsewhere), then the peer id
                 donor = min(donors, key=lambda p: (p.peer_id != self.leader_id, -p.microbatches, p.peer_id))
-                ok = await self.send(donor, peer, self.cfg.state_bytes[peer.stage])
+                ok = await self._catch_up(donor, peer)
             else:  # nobody holds the stage: a custodian of another stage has its snapshot
                 custodians = [p for s in range(self.spec.n_stages) if s != peer.stage for p in self.live(s)]
                 if not custodians:
                     await asyncio.sleep(5.0)  # asks again every 5 s (design.md, snapshots)
                     continue
-                ok = await self.send(self.rng.choice(custodians), peer, self.cfg.state_bytes[peer.stage])
+                ok = await self._download(self.rng.choice(custodians), peer)
                 if ok and not self.live(peer.stage):
                     self.restores += 1
                     self.rollback_to = -1  # the driver rolls back to its last snapshot step

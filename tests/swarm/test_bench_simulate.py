@@ -173,17 +173,38 @@ def test_today_only_the_leader_computes_stage_0_and_every_head_works_spreads_it(
     assert [n for _, n in _shares(10, [mock.Mock(rate=1.0), mock.Mock(rate=3.0)])] == [3, 7]
 
 
-def test_churn_kills_peers_replaces_them_and_redrives_steps():
-    spec = preset("small")
+def _churn_setup(follow: str = "sums", replica_sync: str = "powersgd") -> dict:
+    # powersgd: the bench's default, the replica sync a swarm on home links runs (with exact, 27 MB a step per
+    # partner at 80 Mbit/s, a replacement's forwarded steps come no faster than the swarm makes them: it never
+    # catches up, in the model as in the swarm)
+    spec = preset("small", replica_sync=replica_sync)
     cards = [("RTX 3090", gpu("RTX 3090", 0.4).flops_per_second)]
-    common = dict(spec=spec, work=stage_flops(spec), wire=wire_bytes(spec), gpus=cards, links=LinkDraw((80, 80)),
-                  peers=6, microbatches=auto_microbatches(spec, 6, 2), steps=None, seconds=1800.0, rejoin_s=30.0)
+    return dict(spec=spec, work=stage_flops(spec), wire=wire_bytes(spec, follow), gpus=cards,
+                links=LinkDraw((80, 80)), peers=6, microbatches=auto_microbatches(spec, 6, 2), steps=None,
+                seconds=1800.0, rejoin_s=30.0)
+
+
+def test_churn_kills_peers_replaces_them_and_redrives_steps():
+    common = _churn_setup()
     calm = simulate(SimSetup(**common))
     churned = simulate(SimSetup(**common, lifetime_s=120.0))
     assert calm["deaths"] == 0 and calm["failed_attempts"] == 0
     assert churned["deaths"] > 5 and churned["failed_attempts"] > 0
     assert 0 < churned["tokens_per_second"] < calm["tokens_per_second"]
     assert sum(churned["replicas_per_stage"]) >= 3  # replacements joined (choose_stage) and came online
+    assert churned["downloads"] >= churned["deaths"] - 6  # every replacement downloaded its state, in chunks
+
+
+def test_a_replacement_forwarded_sums_catches_up_and_one_forwarded_whole_gradients_falls_behind():
+    """The simulated joiner is forwarded every step since its snapshot over its donor's uplink: the reduce's
+    factor sums (0.6 MB at `small`) it catches up on; the stage's whole gradient (27 MB, 2.7 s at 80 Mbit/s,
+    the code before 2026-12-01) it does not, and the swarm trains at a fraction of the rate."""
+    sums = simulate(SimSetup(**_churn_setup("sums"), lifetime_s=120.0))
+    whole = simulate(SimSetup(**_churn_setup("whole"), lifetime_s=120.0))
+    assert whole["tokens_per_second"] < 0.5 * sums["tokens_per_second"], (whole, sums)
+    assert sum(whole["replicas_per_stage"]) < sum(sums["replicas_per_stage"])
+    assert wire_bytes(preset("small", replica_sync="powersgd"), "whole").follow[1] > \
+        20 * wire_bytes(preset("small", replica_sync="powersgd")).follow[1]
 
 
 @pytest.mark.e2e
