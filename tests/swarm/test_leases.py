@@ -83,19 +83,22 @@ async def test_heads_first_seen_together_are_not_ordered_by_id():
     assert 60 <= ground_first <= 140, ground_first  # binomial(200, 1/2): outside this once in ~10^8
 
 
+async def three_heads(**options) -> tuple[Heads, list[float], LeaseKeeper]:
+    """A keeper on a manual clock that saw M, then S, then G, one round apart: the order M, S, G."""
+    dht, now = Heads(), [0.0]
+    keeper = LeaseKeeper(dht, RUN, republish_s=1e9, clock=lambda: now[0], **options)
+    for head in ("M", "S", "G"):
+        dht.heads[head] = "online"
+        lease = await keeper.tick()
+        now[0] += 1
+    assert lease.order == ["M", "S", "G"]
+    return dht, now, keeper
+
+
 async def test_a_head_whose_record_lapsed_keeps_its_place_for_the_grace_and_then_comes_back_last():
     """A late heartbeat, or a DHT read that missed one record, must not put an honest head behind every
     head that joined after it (the successor of a leader killed next would then be the newcomer)."""
-    dht, now = Heads(), [0.0]
-    keeper = LeaseKeeper(dht, RUN, republish_s=1e9, absent_grace_s=30.0, clock=lambda: now[0])
-    dht.heads |= {"M": "online"}
-    await keeper.tick()
-    now[0] += 1
-    dht.heads |= {"S": "online"}
-    await keeper.tick()
-    now[0] += 1
-    dht.heads |= {"G": "online"}  # a later head
-    assert (await keeper.tick()).order == ["M", "S", "G"]
+    dht, now, keeper = await three_heads(absent_grace_s=30.0)
     del dht.heads["S"]  # S's record is missing from one read
     now[0] += 1
     assert (await keeper.tick()).order == ["M", "S", "G"]
@@ -114,16 +117,7 @@ async def test_a_head_whose_record_lapsed_keeps_its_place_for_the_grace_and_then
 
 @pytest.mark.parametrize("state", ["leaving", "syncing"])
 async def test_a_head_that_announces_it_is_not_live_leaves_the_order_at_once(state):
-    dht, now = Heads(), [0.0]
-    keeper = LeaseKeeper(dht, RUN, republish_s=1e9, clock=lambda: now[0])
-    dht.heads |= {"M": "online"}
-    await keeper.tick()
-    now[0] += 1
-    dht.heads |= {"S": "online"}
-    await keeper.tick()
-    now[0] += 1
-    dht.heads |= {"G": "online"}
-    await keeper.tick()
+    dht, now, keeper = await three_heads()
     dht.heads["S"] = state  # it said so itself: nothing to hold
     now[0] += 1
     assert (await keeper.tick()).order == ["M", "G"]
