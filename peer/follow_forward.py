@@ -45,9 +45,11 @@ class FollowForwarder:
     def forward(self, reduced: Reduced, skip: bool) -> None:
         for peer in [p for p in list(self.followers) if p in reduced.contributors]:
             del self.followers[peer]  # it took part in the reduce itself: in step from here on
+        body = None  # encoded once for every follower of the step (a whole gradient is stages' worth of bytes)
         for peer, first in list(self.followers.items()):
             if reduced.step >= first:
-                self.daemon.spawn(self._send_follow(peer, encode_follow(self.update(reduced, skip))))
+                body = body or encode_follow(self.update(reduced, skip))
+                self.daemon.spawn(self._send_follow(peer, body))
 
     def update(self, reduced: Reduced, skip: bool) -> FollowUpdate:
         """What a follower gets of an applied step: a powersgd step's sums when the reduce kept them (the
