@@ -46,7 +46,9 @@ def add_spec_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--replica-sync", choices=list(REPLICA_SYNCS),
                    help="how replicas of a stage agree on a step's gradient: exact (sum every step; LANs) or "
                    "powersgd (rank-r factors with error feedback; home uplinks) (default: exact)")
-    g.add_argument("--replica-sync-rank", type=int, help="powersgd: rank r of the factors (default: 8)")
+    g.add_argument("--replica-sync-rank", type=int,
+                   help="powersgd: rank r of the factors (default: 32; on small, 8 sends a quarter of the bytes and "
+                   "ended +14%% held-out loss over exact, 32 +3%%)")
     g.add_argument("--replica-sync-warmup", type=int, metavar="N",
                    help="powersgd: sum the first N steps exactly, then compress (the start of training is the most "
                    "sensitive to compressed gradients; each exact step sends the whole gradient) (default: 0)")

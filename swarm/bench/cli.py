@@ -103,8 +103,8 @@ def _add_replica_sync(sub) -> None:
     add_common(p)
     add_preset(p, "small")
     p.add_argument("--steps", type=int, default=300, help="steps of each loss run (default: 300)")
-    p.add_argument("--sync-rank", type=ranks_list, default=(4, 8), metavar="R[,R...]",
-                   help="powersgd rank(s) r to compare with exact (default: 4,8)")
+    p.add_argument("--sync-rank", type=ranks_list, default=(8, 32), metavar="R[,R...]",
+                   help="powersgd rank(s) r to compare with exact (default: 8,32)")
     p.add_argument("--sync-warmup", type=steps_list, default=(0,), metavar="N[,N...]",
                    help="powersgd runs after each of these numbers of exact steps, e.g. 0,100 (default: 0)")
     p.add_argument("--seeds", type=int, default=1, help="loss runs per mode, seeds +0..N-1 (default: 1)")

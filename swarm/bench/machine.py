@@ -1,15 +1,36 @@
 """What a benchmark really ran on, for its JSON: the devices it used and the machine (host,
 CPU model and cores, and the GPU behind each CUDA device). Absolute figures (tokens/s,
 FLOP/s) mean something only next to these, so every bench that writes a JSON records them
-through `machine_info`.
+through `machine_info`. And `torch_threads`, the CPU threads a bench lets torch use.
 """
 from __future__ import annotations
 
 import os
 import platform
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import torch
+
+
+@contextmanager
+def torch_threads(threads: int) -> Iterator[None]:
+    """torch's intra-op threads set to `threads` for the block, then put back. An in-memory swarm runs
+    its peers' worker threads in one process, and each worker that enters a parallel region (a CPU QR,
+    a matmul) starts a team of that many threads: left at the core count, 6 peers ran 6 x cores
+    threads, and a rank-64 powersgd reduce at `small` took 3.05 s a step instead of 0.44 s on a 16-core GPU
+    machine (its CPU QR's threads spinning; docs/benchmarks.md, replica sync)."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(max(1, threads))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def per_peer_threads(peers: int) -> int:
+    """The cores of this machine shared out among `peers` (as `swarm local` gives each process)."""
+    return max(1, (os.cpu_count() or 1) // max(1, peers))
 
 
 def devices_used(device: str, devices: str | Sequence[str] | None = None) -> list[str]:

@@ -34,7 +34,7 @@ from protocol.spec import RunSpec, preset
 from swarm.net import REPLY_OVERHEAD, REQUEST_OVERHEAD, LinkShaper
 
 from .convergence import held_out_loss
-from .machine import machine_info
+from .machine import machine_info, per_peer_threads, torch_threads
 from .sync_bytes import sync_bytes
 
 # the benchmark's links are slow and its steps long: give every wait room
@@ -62,6 +62,12 @@ def shaped_link(bandwidth: str | None, latency: str = "0") -> type[LoopbackLink]
 
 async def _train(spec: RunSpec, replicas: int, steps: int, device: str, data: str | None,
                  link_cls: type[LoopbackLink] = LoopbackLink):
+    with torch_threads(per_peer_threads(replicas * spec.n_stages)):  # the peers' workers share this process
+        return await _train_peers(spec, replicas, steps, device, data, link_cls)
+
+
+async def _train_peers(spec: RunSpec, replicas: int, steps: int, device: str, data: str | None,
+                       link_cls: type[LoopbackLink]):
     swarm = await make_swarm(spec, [replicas] * spec.n_stages, link_cls, device=device, data=data, **SLOW)
     t0 = time.perf_counter()
 
@@ -110,7 +116,7 @@ def _loss_row(spec: RunSpec, steps: int, device: str, data: str | None, eval_bat
 
 
 def run_replica_sync_bench(out_dir: str, preset_name: str = "small", steps: int = 300, speed_steps: int = 6,
-                           ranks: tuple[int, ...] = (4, 8), bandwidth: str | None = "80mbit", latency: str = "0",
+                           ranks: tuple[int, ...] = (8, 32), bandwidth: str | None = "80mbit", latency: str = "0",
                            device: str = "cpu", data: str | None = None, stages: int | None = None,
                            eval_batches: int = 16, seeds: int = 1, lr: float | None = None,
                            smoke: bool = False, warmups: tuple[int, ...] = (0,)) -> dict:

@@ -45,7 +45,7 @@ from protocol.wire import (
 )
 from swarm.net.shaper import parse_bandwidth, parse_latency
 
-from .machine import machine_info
+from .machine import machine_info, torch_threads
 from .simulate_engine import SharedCores
 from .simulate_hardware import LinkDraw, StageWork, wire_bytes
 from .simulate_run import SimSetup, simulate
@@ -66,9 +66,7 @@ CASES = (Case("subspace", 1, "20mbit", "20ms"), Case("dense", 1, "20mbit", "20ms
 
 def calibrate(spec: RunSpec, threads: int, repeats: int = 3) -> StageWork:
     """Measured seconds per microbatch of each stage's jobs on this CPU (module docstring)."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with torch_threads(threads):
         basis = spec_basis(spec)
         runners = [StageRunner(spec, s, "cpu", basis) for s in range(spec.n_stages)]
         packer, g = WirePacker.for_spec(spec), torch.Generator().manual_seed(spec.data_seed)
@@ -85,8 +83,6 @@ def calibrate(spec: RunSpec, threads: int, repeats: int = 3) -> StageWork:
                     times["apply"][s].append(time.perf_counter() - t0)
         med = {k: tuple(statistics.median(x) if x else 0.0 for x in v) for k, v in times.items()}
         return StageWork(med["fwd"], med["bwd"], med["apply"])
-    finally:
-        torch.set_num_threads(previous)
 
 
 def _timed_microbatch(spec: RunSpec, runners: list[StageRunner], packer: WirePacker, step: int, mb: int,

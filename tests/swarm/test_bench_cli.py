@@ -108,7 +108,7 @@ def test_the_documented_bench_invocations_parse():
     (["replica-sync", "--sync-rank", "2,4"], "replica_sync", "run_replica_sync_bench",
      {"ranks": (2, 4), "steps": 300, "seeds": 1, "bandwidth": "80mbit", "data": "stdlib", "warmups": (0,)}),
     (["replica-sync", "--sync-warmup", "0,100"], "replica_sync", "run_replica_sync_bench",
-     {"ranks": (4, 8), "warmups": (0, 100)}),
+     {"ranks": (8, 32), "warmups": (0, 100)}),
     (["verify", "--replicas", "2"], "verify", "run_verify_bench",
      {"preset_name": "tiny", "steps": 12, "replicas": 2, "repeats": 2, "stages": 3, "bandwidth": "80mbit",
       "device": "cpu", "dtype": "fp32"}),  # --dtype auto on the CPU: fp32
