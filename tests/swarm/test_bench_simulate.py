@@ -242,6 +242,24 @@ def test_the_validation_calibrates_on_the_real_stage_runners_and_simulates_this_
     assert slow["median_step_s"] > 4 * 262_000 * 8 / 2e6
 
 
+def test_the_swarm_s_cost_per_frame_is_fitted_so_the_unshaped_step_matches_the_real_one():
+    from swarm.bench.simulate_validate import Case, fitted_frame_s, simulated
+    from swarm.bench.simulate_hardware import StageWork
+    spec = preset("tiny", codec="subspace")
+    work = StageWork((0.004, 0.004, 0.006), (0.004, 0.004, 0.0), (0.002, 0.002, 0.002))
+    case = Case("subspace", 1, "20mbit", "20ms")
+    bare = Case("subspace", 1, "unlimited", "0")
+    for truth in (0.003, 0.012):  # a "real" step made by a known per-frame cost is fitted back to that cost
+        real = simulated(spec, work, bare, steps=6, cores=2, frame_s=truth)["median_step_s"]
+        fitted = fitted_frame_s(spec, work, case, 6, 2, real)
+        assert fitted == pytest.approx(truth, rel=0.05)
+    # a real swarm faster than the model with no cost at all: no negative cost
+    assert fitted_frame_s(spec, work, case, 6, 2, 1e-4) == 0.0
+    # the fit is made without links and then costs the shaped case more than the plain model does
+    shaped = simulated(spec, work, case, steps=6, cores=2)["median_step_s"]
+    assert simulated(spec, work, case, steps=6, cores=2, frame_s=0.012)["median_step_s"] > shaped
+
+
 def test_a_window_of_microbatches_in_flight_serialises_the_pipeline_as_the_real_head_does():
     def phase(window: int) -> float:
         spec = preset("small", microbatches_in_flight=window)
