@@ -276,11 +276,14 @@ def _plot(rows: list[dict], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 3.8))
     names = [f"{r['stages']}x{r['replicas']} {r['codec']}\n{r['bandwidth']} {r['latency']}" for r in rows]
     x = range(len(rows))
-    ax.bar([i - 0.2 for i in x], [r["real_tokens_per_second"] for r in rows], 0.4, label="real swarm (swarm local)")
-    ax.bar([i + 0.2 for i in x], [r["simulated_tokens_per_second"] for r in rows], 0.4, label="simulated")
+    ax.bar([i - 0.27 for i in x], [r["real_tokens_per_second"] for r in rows], 0.27, label="real swarm (swarm local)")
+    ax.bar(list(x), [r["simulated_tokens_per_second"] for r in rows], 0.27, label="simulated")
+    ax.bar([i + 0.27 for i in x], [r["simulated_calibrated_tokens_per_second"] for r in rows], 0.27,
+           label="simulated, cost per frame fitted unshaped")
     for i, r in enumerate(rows):
-        ax.text(i, max(r["real_tokens_per_second"], r["simulated_tokens_per_second"]), f"x{r['ratio']:.2f}",
-                ha="center", va="bottom", fontsize=8)
+        top = max(r[k] for k in ("real_tokens_per_second", "simulated_tokens_per_second",
+                                 "simulated_calibrated_tokens_per_second"))
+        ax.text(i, top, f"x{r['ratio']:.2f} / x{r['ratio_calibrated']:.2f}", ha="center", va="bottom", fontsize=8)
     ax.set_xticks(list(x), names, fontsize=7)
     ax.set_ylabel("tokens / s")
     ax.set_title("tiny on this CPU: real swarm vs the simulator calibrated to it", fontsize=9)
