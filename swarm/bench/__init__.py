@@ -28,8 +28,9 @@ measured side by side in one run.
   that caps between two stages per preset and codec.
 - `scale.py`: tokens/s against GPUs: layouts of stages x replicas (1x2: data parallel heads) vs one process.
 - `memory.py`: each stage's peak GPU memory against `peer/memory_estimate.py`, and the smallest card it fits.
-- `cli.py`: each bench's flags (`swarm bench BENCH --help`); `machine.py`: the devices and machine
-  every bench's JSON records.
+- `cli.py`: each bench's flags (`swarm bench BENCH --help`; simulate's in `cli_simulate.py`, the shared ones in
+  `cli_flags.py`); `machine.py`: the devices and machine every bench's JSON records, and the torch threads a
+  bench trains on.
 """
 from __future__ import annotations
 
