@@ -48,7 +48,6 @@ class SimSetup:
     cores: SharedCores | None = None  # every peer on this machine's cores (validation), else a GPU each
     first_timeout: float | None = 120.0  # the first step's timeout (`swarm peer --step-timeout`; None: none)
     frame_s: float = 0.0  # the transport's own delay added to every frame (validation: measured), else none
-    commit_s: float = 0.0  # the swarm's own cost per commit beyond its bytes (validation: fitted), else none
     max_seconds: float = 7 * 86400.0  # virtual time after which a run that cannot finish its steps stops
 
 
@@ -77,7 +76,7 @@ def simulate(setup: SimSetup) -> dict:
 async def _run(setup: SimSetup) -> dict:
     cfg = SwarmConfig(setup.spec, setup.work, setup.gpus, setup.links, setup.wire.state, setup.lifetime_s,
                       setup.wire.follow, setup.wire.follow_alone, setup.rejoin_s, seed=setup.seed, cores=setup.cores,
-                      frame_s=setup.frame_s, commit_s=setup.commit_s)
+                      frame_s=setup.frame_s)
     swarm = SimSwarm(cfg)
     await swarm.populate(setup.peers)
     # the first step's deadline grows with its boundary bytes, as a head's does (peer/driver.py)

@@ -265,8 +265,6 @@ class StepDriverModel:
             groups[s] = [p for p in found if p.ready] or [leader]
         self._involved |= {p.peer_id for g in groups.values() for p in g}
         await _all(self._reduce(leader, s, g) for s, g in groups.items())
-        if self.swarm.cfg.commit_s:  # what the real commit costs beyond its bytes and jobs (validation only)
-            await asyncio.sleep(self.swarm.cfg.commit_s)
         apply = self.swarm.cfg.work.apply
         if apply is not None:
             await leader.worker.run(apply[0])

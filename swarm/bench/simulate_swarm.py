@@ -134,7 +134,6 @@ class SwarmConfig:
     seed: int = 0
     cores: SharedCores | None = None  # every peer on one machine's cores (validation), else one GPU each
     frame_s: float = 0.0  # the transport's own delay per frame (p2pd, framing, asyncio), measured when validating
-    commit_s: float = 0.0  # the swarm's own cost per commit (encoding, summing, checks), fitted when validating
     request_bytes: int = 200  # a state request (a chunk's index) with its framing
 
 

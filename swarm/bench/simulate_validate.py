@@ -16,11 +16,10 @@ For each case (preset tiny on the CPU, stages x replicas, codec, shaped link), s
    every frame delayed by the transport's own round trip on this machine (`transport_seconds`: a
    request of the case's activation size and its empty reply between two `Transport`s over two
    real p2pd daemons, unshaped, measured after the real run), a cost the plain model leaves out;
-4. and calibrated: the real swarm of the same shape run again without link limits, and the swarm's own
-   costs on this machine fitted to it (`fit_swarm_cost`: a delay per frame that gives the simulator's
-   unshaped microbatch phase the real one's median, then a cost per commit that gives its commit the
-   real one's), and the shaped case simulated with them. The fit sees no link; what the shaped
-   comparison then tests is what the model adds for the links.
+4. and calibrated: the real swarm of the same shape run again without link limits, the per-frame delay
+   at which the simulator's unshaped step equals that run's median step fitted (`fitted_frame_s`: the
+   swarm's own cost per message on this machine), and the shaped case simulated with it. The fit
+   sees no link; what the shaped comparison then tests is what the model adds for the links.
 
 Writes simulate_validation.json (and simulate_validation.png: both rates per case) into --out.
 """
@@ -67,14 +66,6 @@ class Case:
 
 CASES = (Case("subspace", 1, "20mbit", "20ms"), Case("dense", 1, "20mbit", "20ms"),
          Case("subspace", 2, "20mbit", "20ms"), Case("dense", 2, "50mbit", "20ms"))
-
-
-@dataclass(frozen=True)
-class SwarmCost:
-    """What the real swarm spends beyond the stages' timed jobs and the links (`fit_swarm_cost`)."""
-
-    frame_s: float  # per frame: its processes' asyncio, framing, p2pd, the GIL, on shared cores
-    commit_s: float  # per commit: encoding, checking and summing contributions, the commands' round trips
 
 
 def calibrate(spec: RunSpec, threads: int, repeats: int = 3) -> StageWork:
@@ -185,39 +176,34 @@ def _total(w: StageWork) -> float:
     return sum(w.forward) + sum(w.backward)
 
 
-def simulated(spec: RunSpec, work: StageWork, case: Case, steps: int, cores: int,
-              cost: SwarmCost | float = 0.0) -> dict:
-    """The simulated swarm of `case` on this machine; `cost`: the swarm's own (a float: a delay per frame)."""
-    cost = cost if isinstance(cost, SwarmCost) else SwarmCost(cost, 0.0)
+def simulated(spec: RunSpec, work: StageWork, case: Case, steps: int, cores: int, frame_s: float = 0.0) -> dict:
     bps = parse_bandwidth(case.bandwidth)
     rate, lat = (bps or 1e12) / 1e6, parse_latency(case.latency) * 1e3  # unlimited: a link no frame waits on
     setup = SimSetup(spec, work, wire_bytes(spec), [("this CPU", 1.0)], LinkDraw((rate, rate), (lat, lat)),
                      spec.n_stages * case.replicas, spec.n_microbatches, steps=steps, cores=SharedCores(cores),
-                     frame_s=cost.frame_s, commit_s=cost.commit_s)
+                     frame_s=frame_s)
     return simulate(setup)
 
 
-def fit_swarm_cost(spec: RunSpec, work: StageWork, case: Case, steps: int, cores: int, microbatch_s: float,
-                   commit_s: float, high_s: float = 0.1, rounds: int = 14) -> SwarmCost:
-    """The swarm's own costs, fitted on a real run of `case`'s shape without link limits: the per-frame delay
-    at which the simulator's unshaped microbatch phase (its median) takes the real one's `microbatch_s`
-    (bisection: it grows with the delay), then the per-commit cost that makes its median commit the real
-    `commit_s` (never below 0). Fitted unshaped, then used for the shaped case, so the shaped comparison
-    still tests what the model adds for the links."""
+def fitted_frame_s(spec: RunSpec, work: StageWork, case: Case, steps: int, cores: int, real_median_s: float,
+                   high_s: float = 0.1, rounds: int = 14) -> float:
+    """The per-frame delay at which the simulated swarm of `case`'s shape, unshaped, takes the real unshaped
+    swarm's median step (bisection; the simulated step grows with the delay): the swarm's own cost per
+    message on this machine (its processes' asyncio, framing, p2pd, the GIL, on shared cores), which the
+    stages' timed jobs leave out. Fitted on the unshaped run, then used for the shaped one, so the shaped
+    comparison still tests what the model adds for the links."""
     unshaped = Case(case.codec, case.replicas, "unlimited", "0", case.replica_sync)
 
-    def sim(frame_s: float) -> dict:
-        return simulated(spec, work, unshaped, steps, cores, SwarmCost(frame_s, 0.0))
+    def step_s(frame_s: float) -> float:
+        return simulated(spec, work, unshaped, steps, cores, frame_s)["median_step_s"]
 
     low, high = 0.0, high_s
-    if sim(low)["median_microbatch_s"] >= microbatch_s:
-        frame = 0.0
-    else:
-        for _ in range(rounds):
-            mid = (low + high) / 2
-            low, high = (mid, high) if sim(mid)["median_microbatch_s"] < microbatch_s else (low, mid)
-        frame = (low + high) / 2
-    return SwarmCost(frame, max(0.0, commit_s - sim(frame)["median_commit_s"]))
+    if step_s(low) >= real_median_s:
+        return 0.0
+    for _ in range(rounds):
+        mid = (low + high) / 2
+        low, high = (mid, high) if step_s(mid) < real_median_s else (low, mid)
+    return (low + high) / 2
 
 
 def run_validation(out_dir: str, steps: int = 30, smoke: bool = False, cases: tuple[Case, ...] = CASES) -> dict:
@@ -247,11 +233,8 @@ def run_validation(out_dir: str, steps: int = 30, smoke: bool = False, cases: tu
         # the swarm's own cost per message, fitted on a real run of the same shape without link limits
         bare = run_local(LocalOptions(spec, steps=steps, replicas=case.replicas, bandwidth=None, latency="0",
                                       quiet=True, threads=threads))
-        timed = bare["steps"][1:]
-        bare_median = statistics.median(s["seconds"] for s in timed)
-        fitted = fit_swarm_cost(spec, work, case, steps, cores,
-                                statistics.median(s["seconds"] - s.get("commit_seconds", 0.0) for s in timed),
-                                statistics.median(s.get("commit_seconds", 0.0) for s in timed))
+        bare_median = statistics.median(s["seconds"] for s in bare["steps"][1:])
+        fitted = fitted_frame_s(spec, work, case, steps, cores, bare_median)
         calibrated = simulated(spec, work, case, steps, cores, fitted)
         row = {"preset": "tiny", "stages": spec.n_stages, **case.__dict__, "steps": steps, "threads": threads,
                "cores": cores, "calibration": {"forward_s": work.forward, "backward_s": work.backward,
@@ -264,8 +247,7 @@ def run_validation(out_dir: str, steps: int = 30, smoke: bool = False, cases: tu
                "simulated_with_transport_tokens_per_second": with_transport["tokens_per_second"],
                "ratio_with_transport": with_transport["tokens_per_second"] / max(real["tokens_per_second"], 1e-9),
                "unshaped_real_tokens_per_second": bare["tokens_per_second"], "unshaped_real_median_step_s": bare_median,
-               "fitted_frame_s": fitted.frame_s, "fitted_commit_s": fitted.commit_s,
-               "simulated_calibrated_tokens_per_second": calibrated["tokens_per_second"],
+               "fitted_frame_s": fitted, "simulated_calibrated_tokens_per_second": calibrated["tokens_per_second"],
                "simulated_calibrated": calibrated,
                "ratio_calibrated": calibrated["tokens_per_second"] / max(real["tokens_per_second"], 1e-9),
                "real_median_step_s": statistics.median(s["seconds"] for s in real["steps"][1:]),
@@ -277,8 +259,7 @@ def run_validation(out_dir: str, steps: int = 30, smoke: bool = False, cases: tu
               f"{row['real_tokens_per_second']:.0f} tok/s, simulated {row['simulated_tokens_per_second']:.0f} "
               f"(x{row['ratio']:.2f}); with the measured transport round trip ({1e3 * frame_s:.1f} ms a frame) "
               f"{row['simulated_with_transport_tokens_per_second']:.0f} (x{row['ratio_with_transport']:.2f}); with the "
-              f"swarm's own costs fitted unshaped ({1e3 * fitted.frame_s:.1f} ms a frame, "
-              f"{1e3 * fitted.commit_s:.0f} ms a commit) "
+              f"swarm's cost per frame fitted unshaped ({1e3 * fitted:.1f} ms) "
               f"{row['simulated_calibrated_tokens_per_second']:.0f} (x{row['ratio_calibrated']:.2f})", flush=True)
     result = {"device": "cpu", "devices": ["cpu"], "machine": machine_info(["cpu"]), "cases": rows,
               "load_average": os.getloadavg()}

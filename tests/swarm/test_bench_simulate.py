@@ -236,31 +236,28 @@ def test_the_validation_calibrates_on_the_real_stage_runners_and_simulates_this_
     fast = simulated(spec, work, Case("dense", 1, "unlimited", "0"), steps=4, cores=2)
     assert 0 < slow["tokens_per_second"] < fast["tokens_per_second"]
     # the transport's own delay per frame (measured when validating): 2 microbatches x 4 hops in a row each
-    framed = simulated(spec, work, Case("dense", 1, "unlimited", "0"), steps=4, cores=2, cost=0.05)
+    framed = simulated(spec, work, Case("dense", 1, "unlimited", "0"), steps=4, cores=2, frame_s=0.05)
     assert framed["median_step_s"] >= fast["median_step_s"] + 4 * 0.05
     # at 2 Mbit/s a dense tiny activation or gradient (262 KB) takes ~1 s a hop, and a microbatch makes 4 hops
     assert slow["median_step_s"] > 4 * 262_000 * 8 / 2e6
 
 
-def test_the_swarm_s_own_costs_are_fitted_so_the_unshaped_phases_match_the_real_ones():
+def test_the_swarm_s_cost_per_frame_is_fitted_so_the_unshaped_step_matches_the_real_one():
+    from swarm.bench.simulate_validate import Case, fitted_frame_s, simulated
     from swarm.bench.simulate_hardware import StageWork
-    from swarm.bench.simulate_validate import Case, SwarmCost, fit_swarm_cost, simulated
     spec = preset("tiny", codec="subspace")
     work = StageWork((0.004, 0.004, 0.006), (0.004, 0.004, 0.0), (0.002, 0.002, 0.002))
-    case = Case("subspace", 2, "20mbit", "20ms")
-    bare = Case("subspace", 2, "unlimited", "0")
-    for truth in (SwarmCost(0.003, 0.0), SwarmCost(0.012, 0.05)):  # "real" phases made by known costs fit back
-        real = simulated(spec, work, bare, steps=6, cores=2, cost=truth)
-        fitted = fit_swarm_cost(spec, work, case, 6, 2, real["median_microbatch_s"], real["median_commit_s"])
-        assert fitted.frame_s == pytest.approx(truth.frame_s, rel=0.05)
-        assert fitted.commit_s == pytest.approx(truth.commit_s, abs=0.005)
+    case = Case("subspace", 1, "20mbit", "20ms")
+    bare = Case("subspace", 1, "unlimited", "0")
+    for truth in (0.003, 0.012):  # a "real" step made by a known per-frame cost is fitted back to that cost
+        real = simulated(spec, work, bare, steps=6, cores=2, frame_s=truth)["median_step_s"]
+        fitted = fitted_frame_s(spec, work, case, 6, 2, real)
+        assert fitted == pytest.approx(truth, rel=0.05)
     # a real swarm faster than the model with no cost at all: no negative cost
-    assert fit_swarm_cost(spec, work, case, 6, 2, 1e-4, 1e-4) == SwarmCost(0.0, 0.0)
-    # fitted without links, the costs then make the shaped case slower than the plain model has it
-    shaped = simulated(spec, work, case, steps=6, cores=2)
-    costly = simulated(spec, work, case, steps=6, cores=2, cost=SwarmCost(0.012, 0.05))
-    assert costly["median_microbatch_s"] > shaped["median_microbatch_s"]
-    assert costly["median_commit_s"] >= shaped["median_commit_s"] + 0.05
+    assert fitted_frame_s(spec, work, case, 6, 2, 1e-4) == 0.0
+    # the fit is made without links and then costs the shaped case more than the plain model does
+    shaped = simulated(spec, work, case, steps=6, cores=2)["median_step_s"]
+    assert simulated(spec, work, case, steps=6, cores=2, frame_s=0.012)["median_step_s"] > shaped
 
 
 def test_a_window_of_microbatches_in_flight_serialises_the_pipeline_as_the_real_head_does():
