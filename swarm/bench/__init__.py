@@ -69,7 +69,7 @@ def _simulate(a: argparse.Namespace) -> None:
                        per_replica=a.microbatches_per_replica, steps=a.steps, lifetimes=a.lifetimes,
                        churn_peers=a.churn_peers, churn_minutes=a.churn_minutes, rejoin_s=a.rejoin_s,
                        every_head_works=a.every_head_works, seed=a.seed, step_timeout=a.step_timeout or None,
-                       follows=follow_models(a.follow), smoke=a.smoke)
+                       follows=follow_models(a.follow), sync_rank=a.sync_rank, reduce=a.reduce, smoke=a.smoke)
 
 
 def follow_models(text: str) -> tuple[str, ...]:

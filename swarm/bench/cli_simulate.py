@@ -18,6 +18,7 @@ def _floats(text: str) -> tuple[float, ...]:
 
 def add_simulate(sub) -> None:
     from .simulate_hardware import CONSUMER, GPUS
+    from .simulate_step import REDUCES
     p = sub.add_parser("simulate", help="a simulated swarm of 10-1,000 home GPUs: tokens/s against N, churn, codec",
                        description="A discrete-event simulation (virtual clock) of a swarm of N peers that runs the "
                        "project's own router and placement against modelled GPUs (a table of consumer cards at "
@@ -42,6 +43,11 @@ def add_simulate(sub) -> None:
     p.add_argument("--mfu", type=float, default=0.4, help="share of a card's bf16 rate a stage sustains (default: 0.4)")
     p.add_argument("--replica-sync", default="powersgd", choices=["exact", "powersgd"],
                    help="how a stage's replicas sum their gradients (default: powersgd)")
+    p.add_argument("--sync-rank", type=int, default=None, metavar="R",
+                   help="powersgd's rank (default: the preset's, 32)")
+    p.add_argument("--reduce", default="all", choices=REDUCES,
+                   help="how a stage's replicas exchange contributions: all (each sends every other its whole "
+                   "contribution, as the swarm does) or ring (a ring all-reduce, not built: modelled) (default: all)")
     p.add_argument("--microbatches-per-replica", type=int, default=4,
                    help="the step's microbatches per replica of a stage (the batch grows with the swarm; at least "
                    "the preset's) (default: 4)")

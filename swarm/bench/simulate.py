@@ -54,7 +54,7 @@ def run_simulate_bench(out_dir: str, preset_name: str = "large", codecs: tuple[s
                        lifetimes: tuple[float, ...] = (math.inf, 240, 60, 30, 15), churn_peers: int = 100,
                        churn_minutes: float = 120.0, rejoin_s: float = 60.0, every_head_works: bool = False,
                        seed: int = 0, step_timeout: float | None = None, follows: tuple[str, ...] = ("sums",),
-                       smoke: bool = False) -> dict:
+                       sync_rank: int | None = None, reduce: str = "all", smoke: bool = False) -> dict:
     if smoke:
         preset_name, codecs, peers, steps = "small", ("dense", "subspace"), (6, 12), 4
         lifetimes, churn_peers, churn_minutes = (math.inf, 2.0), 6, 5.0
@@ -65,14 +65,14 @@ def run_simulate_bench(out_dir: str, preset_name: str = "large", codecs: tuple[s
     modes = (False, True) if every_head_works else (False,)
     rows, churn, reference = [], [], {}
     for codec in codecs:
-        spec = preset(preset_name, codec=codec, replica_sync=replica_sync)
+        spec = preset(preset_name, codec=codec, replica_sync=replica_sync, replica_sync_rank=sync_rank)
         work, wire = stage_flops(spec), wire_bytes(spec)
         reference = {name: one_gpu_tokens_per_second(work, spec, gpu(name, mfu).flops_per_second)
                      for name in DATACENTER}
         for ehw in modes:
             for n in peers:
                 setup = SimSetup(spec, work, wire, cards, links, n, auto_microbatches(spec, n, per_replica), ehw,
-                                 steps=steps, seed=seed, first_timeout=step_timeout)
+                                 steps=steps, seed=seed, first_timeout=step_timeout, reduce=reduce)
                 rows.append(_say(simulate(setup)))
         if codec != ("subspace" if "subspace" in codecs else codecs[0]):
             continue  # churn: the subspace codec's swarm (the first codec's if subspace is not run)
@@ -83,12 +83,13 @@ def run_simulate_bench(out_dir: str, preset_name: str = "large", codecs: tuple[s
                     setup = SimSetup(spec, work, forwarded, cards, links, churn_peers,
                                      auto_microbatches(spec, churn_peers, per_replica), ehw, lifetime_s=life * 60,
                                      rejoin_s=rejoin_s, steps=None, seconds=churn_minutes * 60, seed=seed,
-                                     first_timeout=step_timeout)
+                                     first_timeout=step_timeout, reduce=reduce)
                     churn.append(_say({**simulate(setup), "follow": follow}))
     result = {"preset": preset_name, "device": "simulated", "devices": ["cpu"], "machine": machine_info(["cpu"]),
               "model": {"gpus": {name: {"tflops_bf16": round(rate / mfu / 1e12, 1)} for name, rate in cards},
                         "mfu": mfu, "uplink_mbit": links.uplink_mbit, "latency_ms": links.latency_ms,
                         "downlink_ratio": downlink_ratio, "replica_sync": replica_sync,
+                        "replica_sync_rank": spec.replica_sync_rank, "reduce": reduce,
                         "microbatches_per_replica": per_replica, "rejoin_s": rejoin_s,
                         "churn_peers": churn_peers, "churn_minutes": churn_minutes, "step_timeout": step_timeout,
                         "follows": list(follows),

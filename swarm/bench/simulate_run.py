@@ -48,6 +48,7 @@ class SimSetup:
     cores: SharedCores | None = None  # every peer on this machine's cores (validation), else a GPU each
     first_timeout: float | None = 120.0  # the first step's timeout (`swarm peer --step-timeout`; None: none)
     frame_s: float = 0.0  # the transport's own delay added to every frame (validation: measured), else none
+    reduce: str = "all"  # simulate_step.REDUCES: how a stage's replicas exchange their contributions
     max_seconds: float = 7 * 86400.0  # virtual time after which a run that cannot finish its steps stops
 
 
@@ -82,7 +83,7 @@ async def _run(setup: SimSetup) -> dict:
     # the first step's deadline grows with its boundary bytes, as a head's does (peer/driver.py)
     first = None if setup.first_timeout is None else TransferWait(
         setup.first_timeout, setup.spec.slowest_uplink_bps).seconds(step_boundary_bytes(setup.spec, setup.microbatches))
-    opts = StepOptions(setup.microbatches, setup.every_head_works, first_timeout=first)
+    opts = StepOptions(setup.microbatches, setup.every_head_works, first_timeout=first, reduce=setup.reduce)
     driver = StepDriverModel(swarm, opts, setup.wire)
     await driver.run(setup.steps, setup.seconds if setup.seconds is not None else setup.max_seconds)
     end = now()

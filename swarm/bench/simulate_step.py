@@ -61,6 +61,14 @@ class StepOptions:
     takeover_s: float = 3.0
     min_timeout: float = 15.0
     first_timeout: float | None = 120.0  # swarm peer --step-timeout (None: the operator set it high enough)
+    reduce: str = "all"  # REDUCES: "all", as the swarm does; "ring", a reduce not built yet (modelled)
+
+
+# how a stage's replicas exchange a reduce round of b bytes each: "all" sends every other replica the whole
+# contribution ((n - 1) b a replica, design.md 7); "ring" is a ring all-reduce (reduce-scatter, then
+# all-gather: 2 (n - 1) hops of b / n, each after the last hop's chunk arrived, so 2 (n - 1) / n b a replica
+# and 2 (n - 1) one-way latencies in a row)
+REDUCES = ("all", "ring")
 
 
 @dataclass
@@ -282,12 +290,25 @@ class StepDriverModel:
         rounds = self.wire.sync_rounds[stage] if n > 1 else ()
         sent = [[asyncio.get_running_loop().create_future() for _ in group] for _ in rounds]
 
+        ring = self.opts.reduce == "ring" and n > 2
+        hops = [[[asyncio.get_running_loop().create_future() for _ in group] for _ in range(2 * (n - 1))]
+                for _ in rounds] if ring else []
+
         async def replica(i: int, p: SimPeer) -> None:
             if p is not leader and not await self.swarm.send(leader, p, self.wire.command):
                 leader.router.report_failure(p.peer_id)  # unreachable: left out of the next attempt's reduce
                 await asyncio.sleep(self.opts.reduce_dead_s)  # its partners give up on it
                 raise AttemptFailed(f"replica {p.peer_id} of stage {stage} did not reduce")
             for k, b in enumerate(rounds):
+                if ring:
+                    nxt, chunk = group[(i + 1) % n], -(-b // n)
+                    for t, arrived in enumerate(hops[k]):
+                        if t:
+                            await hops[k][t - 1][i]  # the chunk this hop forwards (summed, then whole) is in
+                        await p.link.send(chunk)
+                        await nxt.link.receive(chunk)
+                        arrived[(i + 1) % n].set_result(None)
+                    continue
                 await p.link.send((n - 1) * b)  # one contribution to each other replica, sharing the uplink
                 sent[k][i].set_result(None)
                 await asyncio.gather(*sent[k])

@@ -243,8 +243,8 @@ def test_the_validation_calibrates_on_the_real_stage_runners_and_simulates_this_
 
 
 def test_the_swarm_s_cost_per_frame_is_fitted_so_the_unshaped_step_matches_the_real_one():
-    from swarm.bench.simulate_validate import Case, fitted_frame_s, simulated
     from swarm.bench.simulate_hardware import StageWork
+    from swarm.bench.simulate_validate import Case, fitted_frame_s, simulated
     spec = preset("tiny", codec="subspace")
     work = StageWork((0.004, 0.004, 0.006), (0.004, 0.004, 0.0), (0.002, 0.002, 0.002))
     case = Case("subspace", 1, "20mbit", "20ms")
@@ -258,6 +258,25 @@ def test_the_swarm_s_cost_per_frame_is_fitted_so_the_unshaped_step_matches_the_r
     # the fit is made without links and then costs the shaped case more than the plain model does
     shaped = simulated(spec, work, case, steps=6, cores=2)["median_step_s"]
     assert simulated(spec, work, case, steps=6, cores=2, frame_s=0.012)["median_step_s"] > shaped
+
+
+def test_a_ring_reduce_sends_a_replica_a_fraction_of_the_all_to_all_bytes_and_pays_latency_per_hop():
+    spec = preset("small", replica_sync="powersgd", replica_sync_rank=32)
+    wire = wire_bytes(spec)
+    cards = [("RTX 3090", gpu("RTX 3090", 0.4).flops_per_second)]
+
+    def commit(reduce: str, peers: int) -> float:
+        setup = SimSetup(spec, stage_flops(spec), wire, cards, LinkDraw((80, 80), (20, 20)), peers,
+                         auto_microbatches(spec, peers, 2), steps=3, reduce=reduce)
+        return simulate(setup)["median_commit_s"]
+
+    n = 8  # replicas a stage: 24 peers over small's 3 stages
+    everyone, ring = commit("all", 3 * n), commit("ring", 3 * n)
+    biggest = max(sum(r) for r in wire.sync_rounds)
+    assert everyone >= (n - 1) * biggest * 8 / 80e6  # every other replica gets the whole contribution
+    assert ring < everyone / 2
+    assert ring >= len(wire.sync_rounds[0]) * 2 * (n - 1) * 0.020  # 2 (n - 1) hops of 20 ms a round, in a row
+    assert commit("ring", 6) == commit("all", 6)  # two replicas a stage: a ring is the pair's exchange
 
 
 def test_a_window_of_microbatches_in_flight_serialises_the_pipeline_as_the_real_head_does():
