@@ -63,11 +63,6 @@ STAGE_LR_SCALE = 0.03
 HYBRID_TUNED_RATIO = 16
 HYBRID_WARMUP_SCALE = 3
 HYBRID_STAGE_LR_SCALE = 0.1
-# The rank a "powersgd" run made from a preset gets unless it names its own. On `small` (one H200, 2 replicas per
-# stage, 200 steps, 3 seeds) r = 8 ended +13.8% of held-out loss over exact, 16 +7.0%, 32 +2.9% (+2.3% at 400 steps),
-# 64 +1.0%; r = 32 sends 2.2 MB a replica a step there (10.5 MB at `large`) against 0.57 MB for r = 8 and 27 MB
-# exact (docs/benchmarks.md, replica sync). RunSpec's own default stays 8, so that no existing spec's hash moves.
-POWERSGD_RANK = 32
 
 
 class SpecError(ValueError):
@@ -135,7 +130,11 @@ class RunSpec:
     # replicas of a stage (docs/algorithms.md 5): "exact" sums their gradients every step;
     # "powersgd" sums a rank-r PowerSGD approximation with error feedback (for home uplinks)
     replica_sync: str = "exact"
-    replica_sync_rank: int = 8  # r of "powersgd"; `preset()` gives POWERSGD_RANK (32) unless the run names its own
+    # r of "powersgd". On `small` (one H200, 3 seeds, 200 steps) 8 ends +13.8% of held-out loss over exact, 32 +2.9%,
+    # 64 +1.1%; but a replica sends its factors to each other replica of its stage, and a simulated `large` swarm of
+    # home GPUs at 80 Mbit/s makes 0.34-0.55x the tokens/s at 32 that it makes at 8: 8 reaches a loss sooner there
+    # (docs/benchmarks.md, replica sync)
+    replica_sync_rank: int = 8
     # "powersgd": the first this-many steps sum the replicas' gradients exactly, as "exact" does (the start of
     # training is the most sensitive to compressed gradients: torch's PowerSGD hook's start_powerSGD_iter)
     replica_sync_warmup: int = 0
@@ -446,8 +445,7 @@ def preset(name: str, **overrides: Any) -> RunSpec:
     `STAGE_LR_SCALE` x the lr unless `constrained_stage_lr_scale` is given (1.0 is the published method).
     A hybrid (`residual_width` > 0) keeps U fixed unless `basis_updates` is given; one whose k + b numbers a
     token are at least d / `HYBRID_TUNED_RATIO` warms up over `HYBRID_WARMUP_SCALE` x the preset's warm-up
-    steps unless `warmup_steps` is given, and its stage lr (from the same width) is `HYBRID_STAGE_LR_SCALE`.
-    A "powersgd" run sends factors of rank `POWERSGD_RANK` unless `replica_sync_rank` is given."""
+    steps unless `warmup_steps` is given, and its stage lr (from the same width) is `HYBRID_STAGE_LR_SCALE`."""
     if name not in PRESETS:
         raise SpecError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}.")
     fields = dict(PRESETS[name])
@@ -466,8 +464,6 @@ def preset(name: str, **overrides: Any) -> RunSpec:
         fields["constrained_stage_lr_scale"] = HYBRID_STAGE_LR_SCALE if tuned_hybrid else STAGE_LR_SCALE
     if fields.get("residual_width") and "basis_updates" not in fields:
         fields["basis_updates"] = False  # the hybrid keeps U fixed
-    if fields.get("replica_sync") == "powersgd" and "replica_sync_rank" not in fields:
-        fields["replica_sync_rank"] = POWERSGD_RANK
     if tuned_hybrid and overrides.get("warmup_steps") is None:
         fields["warmup_steps"] = HYBRID_WARMUP_SCALE * fields.get("warmup_steps", RunSpec.warmup_steps)
     return RunSpec(**fields)

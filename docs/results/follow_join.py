@@ -34,7 +34,7 @@ def _events(swarm, name: str, kind: str) -> list[dict]:
 def one_run(out: str) -> dict:
     from protocol.spec import preset
     from swarm.local import LocalOptions, LocalSwarm
-    spec = preset("tiny", stages=2, replica_sync="powersgd", replica_sync_rank=8)  # as measured (the default then)
+    spec = preset("tiny", stages=2, replica_sync="powersgd", replica_sync_rank=8)  # as measured
     work = tempfile.mkdtemp(prefix="follow-join-")
     swarm = LocalSwarm(LocalOptions(spec, steps=STEPS, workdir=work, threads=1, quiet=True, bandwidth=BANDWIDTH,
                                     latency=LATENCY))

@@ -62,7 +62,7 @@ def one_reduce(rows: dict, runner: StageRunner, power: PowerSync, step: int) -> 
 
 def main(out: str, stages: int, name: str = "large") -> None:
     spec = preset(name, stages=stages, codec="subspace", dtype="bf16", replica_sync="powersgd",
-                  replica_sync_rank=8)  # as measured (the default then)
+                  replica_sync_rank=8)  # as measured
     runner = StageRunner(spec, 0, "cuda:0" if torch.cuda.is_available() else "cpu")
     power = PowerSync(runner)
     one_reduce({}, runner, power, 0)  # warm: allocations, kernels

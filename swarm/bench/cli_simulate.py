@@ -44,7 +44,7 @@ def add_simulate(sub) -> None:
     p.add_argument("--replica-sync", default="powersgd", choices=["exact", "powersgd"],
                    help="how a stage's replicas sum their gradients (default: powersgd)")
     p.add_argument("--sync-rank", type=int, default=None, metavar="R",
-                   help="powersgd's rank (default: the preset's, 32)")
+                   help="powersgd's rank (default: the run spec's, 8)")
     p.add_argument("--reduce", default="all", choices=REDUCES,
                    help="how a stage's replicas exchange contributions: all (each sends every other its whole "
                    "contribution, as the swarm does) or ring (a ring all-reduce, not built: modelled) (default: all)")

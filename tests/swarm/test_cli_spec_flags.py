@@ -20,10 +20,10 @@ def test_replica_sync_flags_reach_the_run_spec(command):
     default = spec_from_args(build_parser().parse_args([command, "--preset", "tiny"]))
     assert (default.replica_sync, default.replica_sync_rank) == ("exact", 8)  # an exact run's hash stays as it was
     assert default.run_hash != spec.run_hash  # replicas that sync differently are in different runs
-    # powersgd without a rank: the preset's POWERSGD_RANK (32), which stays part of the run's hash
-    unranked = spec_from_args(build_parser().parse_args([command, "--preset", "tiny", "--replica-sync", "powersgd"]))
-    assert unranked.replica_sync_rank == 32 and unranked == spec.replace(replica_sync_rank=32)
-    assert RunSpec.from_json(unranked.to_json()).replica_sync_rank == 32
+    ranked = spec_from_args(build_parser().parse_args([command, "--preset", "tiny", "--replica-sync", "powersgd",
+                                                        "--replica-sync-rank", "32"]))
+    assert ranked == spec.replace(replica_sync_rank=32) and ranked.run_hash != spec.run_hash  # the rank is signed
+    assert RunSpec.from_json(ranked.to_json()).replica_sync_rank == 32
 
 
 def test_a_bad_replica_sync_is_refused(capsys):
