@@ -21,7 +21,8 @@ For each case (preset tiny on the CPU, stages x replicas, codec, shaped link), s
    swarm's own cost per message on this machine), and the shaped case simulated with it. The fit
    sees no link; what the shaped comparison then tests is what the model adds for the links.
 
-Writes simulate_validation.json (and simulate_validation.png: both rates per case) into --out.
+Writes simulate_validation.json (and simulate_validation.png: the real, simulated and calibrated rates per
+case) into --out.
 """
 from __future__ import annotations
 
