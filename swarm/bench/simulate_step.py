@@ -288,11 +288,11 @@ class StepDriverModel:
     async def _reduce(self, leader: SimPeer, stage: int, group: list[SimPeer]) -> None:
         n = len(group)
         rounds = self.wire.sync_rounds[stage] if n > 1 else ()
-        sent = [[asyncio.get_running_loop().create_future() for _ in group] for _ in rounds]
-
         ring = self.opts.reduce == "ring" and n > 2
-        hops = [[[asyncio.get_running_loop().create_future() for _ in group] for _ in range(2 * (n - 1))]
-                for _ in rounds] if ring else []
+        loop = asyncio.get_running_loop()
+        # all-to-all: who has sent each round; ring: who has each hop's chunk in, per round
+        sent = [] if ring else [[loop.create_future() for _ in group] for _ in rounds]
+        hops = [[[loop.create_future() for _ in group] for _ in range(2 * (n - 1))] for _ in rounds] if ring else []
 
         async def replica(i: int, p: SimPeer) -> None:
             if p is not leader and not await self.swarm.send(leader, p, self.wire.command):
