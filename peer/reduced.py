@@ -107,6 +107,9 @@ class ReducedGradients:
             grads = [flat[a:b].view_as(p) for p, a, b in zip(self.params, offsets, offsets[1:])]
         for p, g in zip(self.params, grads):
             p.grad = g.to(p.dtype).clone()
+        # a sum the stage's other replicas (or a follower) apply too: applied by portable operations. Rebuilt
+        # from the layout, the constrained gradients are U C (in span(U)): taken as they are, not projected again
+        self.grads_shared, self.grads_in_span = True, in_layout
         if self._step_stat is not None:
             self._step_stat.copy_(stat.to(self._step_stat) if stat is not None else torch.zeros_like(self._step_stat))
 

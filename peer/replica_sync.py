@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from protocol.control import FlatLimits
+from protocol.portable_linalg import portable_matmul
 from protocol.powersgd import (
     FirstRound,
     PowerPlan,
@@ -65,7 +66,7 @@ class PowerSync:
         version, U = self.runner.basis_version, self.runner.current_U()
         if U is not None and version != self._basis[0]:
             # the error and Q of the last steps were in the old basis's coordinates
-            self.state.change_basis(self.layout, self.plan, U.T @ self._basis[1].to(U))
+            self.state.change_basis(self.layout, self.plan, portable_matmul(U.T, self._basis[1].to(U)))
             self._basis = self._basis_now()
         zero = flat is None  # no microbatch, no factors: its error feedback waits for a step it works in
         if flat is None:

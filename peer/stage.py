@@ -24,7 +24,7 @@ from protocol.loss_scale import loss_scale_for
 from protocol.model import StageModule, build_stage, compute_dtype, lm_loss, spec_basis
 from protocol.optim import clip_grad_norm, lr_at, make_optimizer, set_lr, stage_lr_ratio
 from protocol.spec import RunSpec
-from protocol.subspace import SubspaceBasis, project_cols, project_rows
+from protocol.subspace import SubspaceBasis, portable_project_cols, portable_project_rows, project_cols, project_rows
 from protocol.sync_layout import SyncLayout
 
 from .loss_scaling import ScaledGradients
@@ -75,6 +75,8 @@ class StageRunner(ReducedGradients, ScaledGradients):
         self.reduced: Reduced | None = None
         self.step = 0  # the step whose gradients are being accumulated
         self._pending: dict[int, _Pending] = {}
+        # the gradients were loaded (`load_flat_grads`: a sum other replicas apply too), and from the layout
+        self.grads_shared = self.grads_in_span = False
         self._backward_done: set[int] = set()
         self._constrained = {id(p): k for _, p, k in self.module.constrained_parameters()}
         self.basis = basis.to(self.device, self.dtype) if basis is not None else None
@@ -223,9 +225,9 @@ class StageRunner(ReducedGradients, ScaledGradients):
         kind = self._constrained.get(id(p))
         U = self.optimizer.U
         if kind == "col":
-            return project_cols(g, U)
+            return portable_project_cols(g, U) if self.grads_shared else project_cols(g, U)
         if kind == "row":
-            return project_rows(g, U)
+            return portable_project_rows(g, U) if self.grads_shared else project_rows(g, U)
         return g
 
     def optimizer_step(self, skip: bool = False) -> StepRecord:
@@ -246,9 +248,13 @@ class StageRunner(ReducedGradients, ScaledGradients):
             self.skipped_steps = [*self.skipped_steps[-63:], self.step]
         else:
             self.unscale()
-            norm = clip_grad_norm(self.params, self.spec.grad_clip, self._projected)
+            # a sum other replicas apply too (it was loaded: a reduce's, a forwarded one) is applied by portable
+            # operations, the same bits on any machine; a lone replica's own gradients by torch's faster ones
+            shared, in_span = self.grads_shared, self.grads_in_span
+            norm = clip_grad_norm(self.params, self.spec.grad_clip, None if in_span else self._projected, shared)
             set_lr(self.optimizer, lr, stage_lr_ratio(self.spec, self.step))
-            self.optimizer.step()
+            self.optimizer.step(in_span=in_span, portable=shared)
+        self.grads_in_span = self.grads_shared = False
         self.optimizer.zero_grad(set_to_none=True)
         if self.loss_scale is not None:
             self.loss_scale.update(skip)
@@ -263,7 +269,7 @@ class StageRunner(ReducedGradients, ScaledGradients):
                 self.stat.zero_()
             elif not skip:
                 d = self.spec.stats_decay
-                self.stat.mul_(d).add_(self._step_stat, alpha=1 - d)
+                self.stat.mul_(d).add_(self._step_stat * (1 - d))  # unfused: the same bits on every machine
             self._step_stat.zero_()
         self._maybe_switch()
         return record
@@ -339,6 +345,7 @@ class StageRunner(ReducedGradients, ScaledGradients):
         self._backward_done.clear()
         self.overflow_mbs.clear()
         self.optimizer.zero_grad(set_to_none=True)
+        self.grads_shared = self.grads_in_span = False
         self.reduced = None
         if self._step_stat is not None:
             self._step_stat.zero_()

@@ -34,8 +34,9 @@ from torch.utils.checkpoint import checkpoint
 
 from .bottleneck import RMSNorm, zero_init_outputs
 from .codecs import BottleneckDecoder, BottleneckEncoder, HybridDecoder, HybridEncoder, make_decoder, make_encoder
+from .portable_linalg import portable_matmul
 from .spec import COMPUTE_DTYPES, RunSpec
-from .subspace import SubspaceBasis, make_basis, project_cols, project_rows
+from .subspace import SubspaceBasis, make_basis, portable_project_cols, portable_project_rows
 
 
 def autocast_dtype(spec: RunSpec) -> torch.dtype | None:
@@ -80,10 +81,11 @@ class SubspaceLinear(nn.Module):
 
     def init_from(self, W: torch.Tensor) -> None:
         with torch.no_grad():
+            # weights: the same bits on every machine (protocol/portable_linalg.py), as replicas must hold them
             if self.mode == "reparam":
-                self.A.copy_(self.U.T @ W)
+                self.A.copy_(portable_matmul(self.U.T, W, self.A.dtype))
             else:
-                self.weight.copy_(project_cols(W, self.U))
+                self.weight.copy_(portable_project_cols(W, self.U))
 
     def effective_weight(self) -> torch.Tensor:
         return self.U @ self.A if self.mode == "reparam" else self.weight
@@ -104,9 +106,9 @@ class SubspaceLinear(nn.Module):
             if not reproject:
                 pass
             elif self.mode == "reparam":
-                self.A.copy_((U_new.T @ self.U) @ self.A)
+                self.A.copy_(portable_matmul(portable_matmul(U_new.T, self.U.to(U_new)), self.A, self.A.dtype))
             else:
-                self.weight.copy_(project_cols(self.weight, U_new))
+                self.weight.copy_(portable_project_cols(self.weight, U_new))
         self.U = U_new.to(self.U).clone()
 
 
@@ -172,8 +174,8 @@ class SubspaceEmbedding(nn.Module):
 
     def init_from(self, T: torch.Tensor) -> None:
         with torch.no_grad():
-            self.weight.copy_(T @ self.U if self.mode == "reparam" else T if self.mode == "free"
-                              else project_rows(T, self.U))
+            self.weight.copy_(portable_matmul(T, self.U, self.weight.dtype) if self.mode == "reparam"
+                              else T if self.mode == "free" else portable_project_rows(T, self.U))
 
     def trainable_table(self) -> torch.Tensor:
         return self.weight @ self.U.T if self.mode == "reparam" else self.weight
@@ -188,9 +190,10 @@ class SubspaceEmbedding(nn.Module):
             if not reproject or self.mode == "free":
                 pass
             elif self.mode == "reparam":
-                self.weight.copy_(self.weight @ (self.U.T @ U_new))
+                self.weight.copy_(portable_matmul(self.weight, portable_matmul(self.U.T, U_new.to(self.U)),
+                                                  self.weight.dtype))
             else:
-                self.weight.copy_(project_rows(self.weight, U_new))
+                self.weight.copy_(portable_project_rows(self.weight, U_new))
         self.U = U_new.to(self.U).clone()
 
 

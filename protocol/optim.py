@@ -1,5 +1,10 @@
 """The subspace-preserving AdamW (docs/algorithms.md 1.5a) and the learning-rate schedule.
 
+A step that applies a sum other replicas apply too (`portable`) is made of operations whose bits
+do not depend on the machine (elementwise IEEE operations one at a time, correctly rounded sqrt
+and division, `protocol/portable_linalg.py`'s products and sums): a stage's replicas on unlike
+CPUs and GPUs then hold the same bits (docs/algorithms.md 5.3).
+
 For a weight W [d, n] whose columns must stay in span(U) the optimizer consumes only the
 projected gradient P G and shares the adaptive rate along each input column, so every
 update is (something in span(U)) times a diagonal on the right and W never leaves the
@@ -14,7 +19,9 @@ import math
 import torch
 from torch import nn
 
+from .portable_linalg import portable_div, portable_sqrt, portable_sum
 from .spec import RunSpec
+from .subspace import portable_project_cols, portable_project_rows, project_cols, project_rows
 
 
 class SubspaceAdamW(torch.optim.Optimizer):
@@ -37,18 +44,21 @@ class SubspaceAdamW(torch.optim.Optimizer):
                 if not st or kind is None:
                     continue
                 m = st["exp_avg"]
-                m.copy_(U @ (U.T @ m) if kind == "col" else (m @ U) @ U.T)
+                m.copy_(portable_project_cols(m, U) if kind == "col" else portable_project_rows(m, U))
         self.U = U
 
     @torch.no_grad()
-    def step(self, closure=None):  # type: ignore[override]
+    def step(self, closure=None, in_span: bool = False, portable: bool = False):  # type: ignore[override]
+        """`in_span`: the constrained gradients are in span(U) already (rebuilt from subspace coordinates,
+        `SyncLayout.unpack`): they are not projected again. `portable`: a sum other replicas apply too, so
+        every operation gives the same bits on any machine (docs/algorithms.md 5.3); else torch's own,
+        faster fused operations (a lone replica, the one-process model)."""
         for group in self.param_groups:
             b1, b2 = group["betas"]
             lr, eps, wd, kind = group["lr"], group["eps"], group["weight_decay"], group["constraint"]
             for p in group["params"]:
                 if p.grad is None:
                     continue
-                g = p.grad
                 st = self.state[p]
                 if not st:
                     st["step"] = 0
@@ -60,23 +70,55 @@ class SubspaceAdamW(torch.optim.Optimizer):
                     else:
                         st["exp_avg_sq"] = torch.zeros_like(p)
                 st["step"] += 1
-                t = st["step"]
-                if kind == "col":
-                    g = self.U @ (self.U.T @ g)
-                    sq = g.pow(2).mean(dim=0, keepdim=True) * self.v_scale
-                elif kind == "row":
-                    g = (g @ self.U) @ self.U.T
-                    sq = g.pow(2).mean(dim=1, keepdim=True) * self.v_scale
-                else:
-                    sq = g * g
-                m, v = st["exp_avg"], st["exp_avg_sq"]
-                m.mul_(b1).add_(g, alpha=1 - b1)
-                v.mul_(b2).add_(sq, alpha=1 - b2)
-                denom = (v / (1 - b2 ** t)).sqrt_().add_(eps)
-                if wd:
-                    p.mul_(1 - lr * wd)
-                p.addcdiv_(m, denom, value=-lr / (1 - b1 ** t))
+                c1, c2 = 1 - b1 ** st["step"], 1 - b2 ** st["step"]
+                update = _portable_update if portable else _fused_update
+                update(p, p.grad, st["exp_avg"], st["exp_avg_sq"], kind, None if in_span else self.U,
+                       (b1, b2, c1, c2, lr, eps, wd, self.v_scale))
         return None
+
+
+def _fused_update(p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, kind: str | None,
+                  U: torch.Tensor | None, h: tuple[float, ...]) -> None:
+    """One parameter's AdamW step with torch's own (fused, machine-dependent) operations. `U`: project g on it."""
+    b1, b2, c1, c2, lr, eps, wd, v_scale = h
+    if kind == "col":
+        g = g if U is None else project_cols(g, U)
+        sq = g.pow(2).mean(dim=0, keepdim=True) * v_scale
+    elif kind == "row":
+        g = g if U is None else project_rows(g, U)
+        sq = g.pow(2).mean(dim=1, keepdim=True) * v_scale
+    else:
+        sq = g * g
+    m.mul_(b1).add_(g, alpha=1 - b1)
+    v.mul_(b2).add_(sq, alpha=1 - b2)
+    denom = (v / c2).sqrt_().add_(eps)
+    if wd:
+        p.mul_(1 - lr * wd)
+    p.addcdiv_(m, denom, value=-lr / c1)
+
+
+def _portable_update(p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, kind: str | None,
+                     U: torch.Tensor | None, h: tuple[float, ...]) -> None:
+    """The same step, its bits the same on any machine: one rounding per operation, none fused (a fused
+    a + b c rounds once, and which kernels fuse differs between CPUs and GPUs); no division by a number (a
+    GPU divides a tensor by a scalar as a product with its reciprocal, a CPU divides: both multiply alike);
+    sqrt and division correctly rounded (torch's are not, on the CPU or on the GPU); products and sums
+    `protocol/portable_linalg.py`'s."""
+    b1, b2, c1, c2, lr, eps, wd, v_scale = h
+    if kind == "col":
+        g = g if U is None else portable_project_cols(g, U)
+        sq = portable_sum(g * g, dim=0, keepdim=True) * (v_scale / g.shape[0])
+    elif kind == "row":
+        g = g if U is None else portable_project_rows(g, U)
+        sq = portable_sum(g * g, dim=1, keepdim=True) * (v_scale / g.shape[1])
+    else:
+        sq = g * g
+    m.mul_(b1).add_(g * (1 - b1))
+    v.mul_(b2).add_(sq * (1 - b2))
+    denom = portable_sqrt(v * (1 / c2)).add_(eps)
+    if wd:
+        p.mul_(1 - lr * wd)
+    p.add_(portable_div(m, denom) * (-lr / c1))
 
 
 def make_optimizer(spec: RunSpec, module: nn.Module) -> SubspaceAdamW:
@@ -144,11 +186,12 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float, stage_ratio: float = 1.0
         group["lr"] = lr * group.get("lr_scale", 1.0) * (stage_ratio if group.get("stage_ramp") else 1.0)
 
 
-def clip_grad_norm(params: list[torch.Tensor], max_norm: float, project=None) -> float:
+def clip_grad_norm(params: list[torch.Tensor], max_norm: float, project=None, portable: bool = False) -> float:
     """Clip by the global norm of the gradients the optimizer will consume.
 
     `project(p, g)` maps a raw gradient to its projected form for constrained weights, so the
     norm (and the clip) is the same whether or not the out-of-subspace part is present.
+    `portable`: the norm's sums the same bits on any machine (`SubspaceAdamW.step`'s `portable`).
     """
     grads = [(p, p.grad) for p in params if p.grad is not None]
     if not grads:
@@ -157,7 +200,12 @@ def clip_grad_norm(params: list[torch.Tensor], max_norm: float, project=None) ->
     # and read back once: one host sync per step instead of one per parameter
     sq = torch.zeros((), dtype=torch.float64, device=grads[0][1].device)
     for p, g in grads:
-        sq += (project(p, g) if project else g).pow(2).sum().to(device=sq.device, dtype=torch.float64)
+        g = project(p, g) if project else g
+        if portable:
+            g = g.to(torch.float64)
+            sq += portable_sum(g * g).to(sq.device)
+        else:
+            sq += g.pow(2).sum().to(device=sq.device, dtype=torch.float64)
     total = math.sqrt(float(sq))
     if max_norm > 0 and total > max_norm:
         scale = max_norm / (total + 1e-6)

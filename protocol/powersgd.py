@@ -12,9 +12,11 @@ own error e_i from earlier steps), with Q [m, r] shared by every replica:
 
 Factors travel in the run's wire dtype; each replica rounds its own factors as it sends them
 and uses the rounded ones (in the sums and in its error), so the rounding is fed back like
-the rest of the error. Sums run in ascending peer-id order on the CPU, so every replica gets
-the same P^, Q' and G^ bit for bit, and replicas stay identical. Vectors (norm gains) and
-matrices too small to gain from factors travel exactly, and are simply summed.
+the rest of the error. Sums run in ascending peer-id order on the CPU, and `orthonormalize` and
+the product P^ Q'^T are `protocol/portable_linalg.py`'s, whose bits do not depend on the CPU,
+GPU, BLAS or thread count: every replica gets the same P^, Q' and G^ bit for bit on any machine,
+and replicas stay identical. Vectors (norm gains) and matrices too small to gain from factors
+travel exactly, and are simply summed.
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .subspace import orthonormalize
+from .portable_linalg import portable_matmul, portable_orthonormalize
 from .sync_layout import SyncLayout
 
 
@@ -66,12 +68,9 @@ class PowerState:
                 device: torch.device | str = "cpu") -> PowerState:
         """Seeded Q (the same on every replica of the stage), zero error."""
         g = torch.Generator().manual_seed(seed)
-        Q, err = [], []
-        for i in plan.compressed:
-            n, m = layout.entries[i].shape
-            Q.append(orthonormalize(torch.randn(m, plan.rank, generator=g, dtype=torch.float64)).to(device, dtype))
-            err.append(torch.zeros(n, m, dtype=dtype, device=device))
-        return cls(Q, err)
+        shapes = [layout.entries[i].shape for i in plan.compressed]
+        Q = portable_orthonormalize([torch.randn(m, plan.rank, generator=g, dtype=torch.float64) for _, m in shapes])
+        return cls([q.to(device, dtype) for q in Q], [torch.zeros(n, m, dtype=dtype, device=device) for n, m in shapes])
 
     def change_basis(self, layout: SyncLayout, plan: PowerPlan, R: torch.Tensor) -> None:
         """The basis moved from U_old to U_new (R = U_new^T U_old, k x k): map what is in subspace
@@ -83,7 +82,7 @@ class PowerState:
                 self.error[j] = R.to(self.error[j]) @ self.error[j]
             elif kind == "row":
                 self.error[j] = self.error[j] @ R.to(self.error[j]).T
-                self.Q[j] = R.to(self.Q[j]) @ self.Q[j]
+                self.Q[j] = portable_matmul(R.to(self.Q[j]), self.Q[j])  # Q is the replicas' common state
 
 
 @dataclass
@@ -108,13 +107,13 @@ def first_round(layout: SyncLayout, plan: PowerPlan, state: PowerState, flat: to
 
 def orthonormal_factors(layout: SyncLayout, plan: PowerPlan, P_sum: torch.Tensor,
                         dtype: torch.dtype) -> list[torch.Tensor]:
-    """P^ per compressed entry: the summed P (flat, CPU) orthonormalized in the compute dtype."""
+    """P^ per compressed entry: the summed P (flat, CPU) orthonormalized, in the compute dtype."""
     out, off = [], 0
     for i in plan.compressed:
         n = layout.entries[i].shape[0]
-        out.append(orthonormalize(P_sum[off:off + n * plan.rank].view(n, plan.rank).to(dtype)))
+        out.append(P_sum[off:off + n * plan.rank].view(n, plan.rank).to(dtype))
         off += n * plan.rank
-    return out
+    return portable_orthonormalize(out)
 
 
 def second_round(M: list[torch.Tensor], P_hat: list[torch.Tensor], factor_dtype: torch.dtype) -> list[torch.Tensor]:
@@ -142,9 +141,9 @@ def rebuild(layout: SyncLayout, plan: PowerPlan, exact_sum: torch.Tensor, P_hat:
             ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
     """(G^ flat on `device`, the next Q, P^ on `device`) from the sums alone: what every replica of
     the reduce computes, and what a replica catching up computes from the sums its donor forwards
-    (peer/follow_forward.py), the same operations on the same numbers. Q' and its orthonormalization are
-    worked out on the CPU (bit for bit on every replica) and reach the device in one copy with the exact
-    part: a copy per matrix waited for the device each time."""
+    (peer/follow_forward.py), the same operations on the same numbers, portable ones where a float GEMM
+    would depend on the machine. Q' and its orthonormalization are worked out on the CPU and reach the device
+    in one copy with the exact part: a copy per matrix waited for the device each time."""
     flat = torch.empty(layout.numel, dtype=dtype, device=device)
     views = layout.views(flat)
     qs, off = [], 0
@@ -152,7 +151,7 @@ def rebuild(layout: SyncLayout, plan: PowerPlan, exact_sum: torch.Tensor, P_hat:
         m = layout.entries[i].shape[1]
         qs.append(Q_sum[off:off + m * plan.rank].view(m, plan.rank).to(dtype))
         off += m * plan.rank
-    q_next = [orthonormalize(q) for q in qs]
+    q_next = portable_orthonormalize(qs)
     exact, *moved = on_device([exact_sum, *qs, *q_next, *P_hat], device)
     n = len(qs)
     qs, q_next, P_hat = moved[:n], moved[n:2 * n], moved[2 * n:]
@@ -162,7 +161,7 @@ def rebuild(layout: SyncLayout, plan: PowerPlan, exact_sum: torch.Tensor, P_hat:
         views[i].copy_(exact[off:off + k].view(layout.entries[i].shape))
         off += k
     for j, i in enumerate(plan.compressed):
-        views[i].copy_(P_hat[j] @ qs[j].T)
+        views[i].copy_(portable_matmul(P_hat[j], qs[j].T))
     return flat, q_next, P_hat
 
 

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .portable_linalg import portable_matmul
+
 T_FIXED_STD = 0.02
 
 
@@ -65,6 +67,17 @@ def project_cols(W: torch.Tensor, U: torch.Tensor) -> torch.Tensor:
 def project_rows(T: torch.Tensor, U: torch.Tensor) -> torch.Tensor:
     """T P: keeps the rows of T inside span(U)."""
     return (T @ U) @ U.T
+
+
+def portable_project_cols(W: torch.Tensor, U: torch.Tensor) -> torch.Tensor:
+    """P W as the same bits on every machine (`protocol/portable_linalg.py`): for what a stage's replicas
+    must agree on (their weights, moments and applied gradients), not for the boundary's hot path."""
+    return portable_matmul(U, portable_matmul(U.T, W, W.dtype), W.dtype)
+
+
+def portable_project_rows(T: torch.Tensor, U: torch.Tensor) -> torch.Tensor:
+    """T P as the same bits on every machine (see `portable_project_cols`)."""
+    return portable_matmul(portable_matmul(T, U, T.dtype), U.T, T.dtype)
 
 
 def out_of_subspace(W: torch.Tensor, U: torch.Tensor, rows: bool = False) -> float:

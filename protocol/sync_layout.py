@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .portable_linalg import portable_matmul
+
 
 @dataclass(frozen=True)
 class SyncEntry:
@@ -78,10 +80,10 @@ class SyncLayout:
         if flat.numel() != self.numel:
             raise ValueError(f"a flat gradient of {flat.numel()} numbers does not fit a layout of {self.numel}.")
         out = []
-        for e, v, shape in zip(self.entries, self.views(flat), self.full_shapes):
+        for e, v, shape in zip(self.entries, self.views(flat), self.full_shapes):  # what replicas apply: portable
             if e.kind == "col":
-                v = U @ v
+                v = portable_matmul(U, v, v.dtype)
             elif e.kind == "row":
-                v = v @ U.T
+                v = portable_matmul(v, U.T, v.dtype)
             out.append(v.reshape(shape))
         return out

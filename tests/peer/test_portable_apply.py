@@ -1,0 +1,82 @@
+"""A stage's replicas on unlike machines hold the same bits: building a stage and applying agreed gradients
+to it (unpack, clip, the optimizer, a basis switch) give one state hash whatever the machine computes with.
+Here the machines differ in thread count (BLAS blocking and reduction order change with it); on a GPU host
+also CPU against GPU (docs/algorithms.md 5.3)."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from peer.stage import StageRunner
+from peer.state_hash import state_sha256
+from protocol.spec import preset
+from protocol.subspace import orthonormalize
+
+
+@pytest.fixture
+def threads():
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def _agreed(runner: StageRunner, steps: int) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+    """What a reduce would hand every replica, step by step: a flat gradient in the layout (and a statistic)."""
+    g = torch.Generator().manual_seed(5)
+    stat = runner.stat
+    return [(torch.randn(runner.layout.numel, generator=g) * 0.05,
+             torch.randn(stat.shape, generator=g, dtype=stat.dtype) if stat is not None else None)
+            for _ in range(steps)]
+
+
+def _new_basis(spec) -> torch.Tensor:
+    """A re-fit's basis: the coordinator's bits, the same for every replica."""
+    U = StageRunner(spec, 0).basis.U.double()
+    return orthonormalize(U + 0.05 * torch.randn(U.shape, generator=torch.Generator().manual_seed(9),
+                                                 dtype=torch.float64))
+
+
+def _replica(spec, stage: int, device: str, n_threads: int | None, steps: int, U_new: torch.Tensor) -> StageRunner:
+    """Build the stage and apply `steps` agreed gradients, with a basis switch after the second."""
+    if n_threads is not None:
+        torch.set_num_threads(n_threads)
+    runner = StageRunner(spec, stage, device)
+    for step, (flat, stat) in enumerate(_agreed(runner, steps)):
+        runner.apply_flat(step, flat.to(device), None if stat is None else stat.to(device))
+        if step == 1 and runner.basis is not None:
+            runner.switch_basis(replace(runner.basis, U=U_new.to(runner.basis.U), version=1))
+    return runner
+
+
+def _tensors(obj, name: str = "") -> dict[str, torch.Tensor]:
+    """Every tensor in a state dict by its path (to name the ones that differ)."""
+    if isinstance(obj, torch.Tensor):
+        return {name: obj.detach().cpu().contiguous()}
+    items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, (list, tuple)) else ()
+    return {k: v for key, value in items for k, v in _tensors(value, f"{name}/{key}").items()}
+
+
+def _same_bits(a: StageRunner, b: StageRunner) -> None:
+    ta, tb = _tensors(a.state_dict()), _tensors(b.state_dict())
+    differ = [k for k in ta if ta[k].numpy().tobytes() != tb[k].numpy().tobytes()]
+    assert not differ, f"{len(differ)} of {len(ta)} tensors differ, e.g. {differ[:6]}"
+    assert state_sha256(a.state_dict()) == state_sha256(b.state_dict())
+
+
+@pytest.mark.parametrize("stage", [0, 2])
+def test_replicas_with_other_thread_counts_hold_the_same_bits(threads, stage):
+    spec = preset("small", codec="subspace", stages=3)  # d=512: large enough that BLAS splits its work
+    U_new = _new_basis(spec)
+    first = _replica(spec, stage, "cpu", 1, 4, U_new)
+    for n in (2, 3):
+        _same_bits(first, _replica(spec, stage, "cpu", n, 4, U_new))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="comparing devices needs a GPU")
+def test_a_gpu_replica_holds_the_cpu_replicas_bits():
+    torch.backends.cuda.matmul.allow_tf32 = False
+    spec = preset("small", codec="subspace", stages=3)
+    U_new = _new_basis(spec)
+    _same_bits(_replica(spec, 1, "cpu", None, 4, U_new), _replica(spec, 1, "cuda", None, 4, U_new))
