@@ -106,7 +106,8 @@ def portable_sum(x: torch.Tensor, dim: int | None = None, keepdim: bool = False,
 
 def portable_sqrt(x: torch.Tensor) -> torch.Tensor:
     """sqrt(x), correctly rounded, for fp32 x on any device; torch's own is not (on an H200 0.7% of fp32 roots
-    differ from the CPU's in the last bit; an AVX-512 CPU rounds 14-20% of them otherwise). Computed in fp64 and
+    differ from the CPU's in the last bit; torch's CPU root rounds 14-20% of them otherwise, whatever the vector
+    unit). Computed in fp64 and
     rounded to fp32: rounding twice is innocuous when the wider format has at least 2p + 2 bits (53 >= 50; the
     root of a 24-bit number lies at least 2^-51 from any fp32 midpoint, relatively), and torch's fp64 root is at
     most one fp64 ulp (2^-52) off (measured here: 1.4% of them are). Other dtypes: torch's own sqrt."""

@@ -1,10 +1,14 @@
 """A stage's replicas on unlike machines hold the same bits: building a stage and applying agreed gradients
 to it (unpack, clip, the optimizer, a basis switch) give one state hash whatever the machine computes with.
-Here the machines differ in thread count (BLAS blocking and reduction order change with it); on a GPU host
-also CPU against GPU (docs/algorithms.md 5.3)."""
+Here the machines differ in thread count (BLAS blocking and reduction order change with it) and in the CPU's
+vector unit torch and MKL use; on a GPU host also CPU against GPU (docs/algorithms.md 5.3)."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -26,8 +30,9 @@ def _agreed(runner: StageRunner, steps: int) -> list[tuple[torch.Tensor, torch.T
     """What a reduce would hand every replica, step by step: a flat gradient in the layout (and a statistic)."""
     g = torch.Generator().manual_seed(5)
     stat = runner.stat
-    return [(torch.randn(runner.layout.numel, generator=g) * 0.05,
-             torch.randn(stat.shape, generator=g, dtype=stat.dtype) if stat is not None else None)
+    # drawn in fp64 and rounded: torch's fp32 randn gives other numbers on another CPU's vector unit
+    return [((torch.randn(runner.layout.numel, generator=g, dtype=torch.float64) * 0.05).float(),
+             torch.randn(stat.shape, generator=g, dtype=torch.float64).to(stat.dtype) if stat is not None else None)
             for _ in range(steps)]
 
 
@@ -80,3 +85,35 @@ def test_a_gpu_replica_holds_the_cpu_replicas_bits():
     spec = preset("small", codec="subspace", stages=3)
     U_new = _new_basis(spec)
     _same_bits(_replica(spec, 1, "cpu", None, 4, U_new), _replica(spec, 1, "cuda", None, 4, U_new))
+
+
+_STAGE_HASHES = """
+import sys, torch
+sys.path.insert(0, sys.argv[1])
+from test_portable_apply import _new_basis, _replica
+from peer.state_hash import state_sha256
+from protocol.spec import preset
+spec = preset("small", codec="subspace", stages=3)
+U_new = _new_basis(spec)
+print(torch.backends.cpu.get_cpu_capability(), *(state_sha256(_replica(spec, s, "cpu", int(sys.argv[2]), 4, U_new)
+                                                             .state_dict()) for s in (0, 2)))
+"""
+
+
+@pytest.mark.e2e
+def test_replicas_on_cpus_with_other_vector_units_hold_the_same_bits():
+    """Two processes, one with this CPU's own vector unit and torch's fastest kernels for it, one as a CPU without
+    any (ATEN_CPU_CAPABILITY=default, MKL on SSE4.2), and with other thread counts: one state hash per stage."""
+    here = str(Path(__file__).parent)
+    runs = [({}, "2"), ({"ATEN_CPU_CAPABILITY": "default", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2"}, "1")]
+    procs = [subprocess.Popen([sys.executable, "-c", _STAGE_HASHES, here, n], env={**os.environ, **env},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for env, n in runs]
+    outs = []
+    for p in procs:
+        out, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err[-2000:]
+        outs.append(out.split())
+    units = {o[0] for o in outs}
+    if len(units) < 2:
+        pytest.skip(f"this CPU's own vector unit is torch's default one ({units.pop()}): nothing to compare")
+    assert outs[0][1:] == outs[1][1:], f"stage hashes differ between {outs[0][0]} and {outs[1][0]}"
