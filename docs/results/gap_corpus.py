@@ -11,7 +11,7 @@ dense,hybrid,subspace,hybrid24,hybrid20,hybrid-x0.1,hybrid-x0.01,bottleneck,bott
 dense-x0.03,hybrid-w300,hybrid-w600,hybrid-lr0.7,hybrid-lr1.4,dense-lr1.4,hybrid-w300-x0.1,
 hybrid-w300-x0.05,hybrid-w300-x0.15,hybrid-w300-x0.2,hybrid30-w300,subspace-w300,hybrid100x,
 hybrid100x-default,hybrid100x-w300,hybrid24-w300-x0.1,hybrid-w600-x0.1,hybrid-x0.1-to0.2,hybrid-x0.1-to0.03,
-hybrid-x0.1-to0.3,hybrid-x0.1-to0.4).
+hybrid-x0.1-to0.3,hybrid-x0.1-to0.4,hybrid56-int8,hybrid60-int8,subspace64-int8).
 Every seed is a group
 with its own dense reference; OUT/fidelity.jsonl is resumed."""
 import hashlib
@@ -38,6 +38,12 @@ def ramped(end: float) -> tuple[str, dict, str]:
     """3n's default (k=28 b=4, warm-up 300) with its stage lr moving from x0.1 to x`end` over the run (3p)."""
     name, change, note = warmed(28, 4, 0.1)
     return f"{name}, ramped to x{end:g}", {**change, "constrained_stage_lr_end": end}, note
+
+
+def quantized(k: int, b: int, quant: str = "int8", ratio: str = "15.5x") -> tuple[str, dict, str]:
+    """3n's default hybrid (x0.1, warm-up 300) at k + b numbers a token sent as `quant` with a scale a token."""
+    name, change, _ = warmed(k, b, 0.1)
+    return f"{name}, {quant} ({ratio})", {**change, "quant": quant}, ratio
 
 
 VARIANTS = {"dense": ("dense", None, ""),
@@ -81,7 +87,13 @@ VARIANTS = {"dense": ("dense", None, ""),
             "hybrid-x0.1-to0.2": ramped(0.2),
             "hybrid-x0.1-to0.03": ramped(0.03),
             "hybrid-x0.1-to0.3": ramped(0.3),
-            "hybrid-x0.1-to0.4": ramped(0.4)}
+            "hybrid-x0.1-to0.4": ramped(0.4),
+            # rank against int8 at equal bytes (issue 24 item 2) on the hybrid's default and on the subspace codec's:
+            # twice the numbers a token at 1 byte each (plus a 2-byte scale a token: 66 bytes, 15.5x, against 64)
+            "hybrid56-int8": quantized(56, 8),
+            "hybrid60-int8": quantized(60, 4),
+            "subspace64-int8": ("subspace k=64 int8, stages lr x0.03 (15.5x)", {"rank": 64, "quant": "int8", **LOW},
+                                "15.5x")}
 
 
 def build_corpus(out: Path) -> Path:
