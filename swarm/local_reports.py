@@ -15,10 +15,10 @@ from tqdm import tqdm
 
 from protocol.codecs import WirePacker
 from protocol.spec import RunSpec
-from protocol.wire import ActivationMessage, Header, encode_message, tokens_for_wire
+from protocol.wire import KIND_ACTIVATION, ActivationMessage, Header, encode_message, tokens_for_wire
 
 from .monitor.scalars import ScalarLog
-from .net import REPLY_OVERHEAD, REQUEST_OVERHEAD
+from .net import framing_bytes
 
 
 class LocalSwarmError(RuntimeError):
@@ -41,13 +41,15 @@ def mean_parts(parts: list[dict[str, float]]) -> dict[str, float]:
 
 
 def dense_bytes_per_token(spec: RunSpec) -> float:
-    """Bytes per token a dense boundary would put on the wire: a real dense message, framed and acked."""
+    """Bytes per token a dense boundary would put on the wire: a real dense message, framed and acked (over the
+    direct channel where it is that large, as between the peers of a local swarm)."""
     dense = spec.with_codec("dense", quant="none")
     B, T = spec.microbatch_size, spec.seq_len
     tokens = torch.zeros(B, T + 1, dtype=torch.long)
     msg = ActivationMessage(Header(dense.run_hash, 0, 0, 0, "dense", 1), tokens_for_wire(tokens, spec.vocab),
                             WirePacker.for_spec(dense).pack(torch.zeros(B, T, spec.d_model)))
-    return (len(encode_message(msg)) + REQUEST_OVERHEAD + REPLY_OVERHEAD) / (B * T)
+    body = len(encode_message(msg))
+    return (body + framing_bytes(KIND_ACTIVATION, body)) / (B * T)
 
 
 class RunReports:

@@ -99,6 +99,13 @@ class PeerOptions:
                           "time in the order sent, so the next stage can start on the first while the rest "
                           "follow; shared, all at once at a share of the rate each (to compare, in benchmarks)",
                           choices=("fifo", "shared"))
+    direct: str = opt("on", "on: frames of 64 KiB and more (activations, gradients, sums, states) go over a plain "
+                      "TCP connection to peers that can be dialed, beside libp2p (1.3-2x its rate on fast links: "
+                      "docs/benchmarks.md, \"Transport\"), each frame authenticated with a key handed out over "
+                      "libp2p (docs/wire.md, \"Direct channel\"); a peer behind a relay only dials out; off: "
+                      "everything over libp2p", choices=("on", "off"))
+    direct_port: int = opt(0, "TCP port of the direct channel (0: any free port; behind NAT forward it as you do "
+                           "the libp2p port, or peers send to you over libp2p)")
     report: str | None = opt(None, "append JSON-lines events (steps, wire counters) here", metavar="FILE")
     trusted_key: str | None = opt(None, "only trust a run spec signed by this public key (or its fingerprint)",
                                   flag="--swarm-key", metavar="HEX")
@@ -283,6 +290,8 @@ async def run_peer(opts: PeerOptions) -> int:
         transport = Transport(p2p, f"subspace-swarm-{spec.run_hash}", max_frame_bytes=transport_limit(spec),
                               timeout=opts.step_timeout, link=link,
                               ordered_kinds=(KIND_ACTIVATION, KIND_GRADIENT) if opts.send_order == "fifo" else ())
+        if opts.direct == "on":  # a relayed peer cannot be dialed: it sends direct, and receives over libp2p
+            await transport.enable_direct(port=opts.direct_port, serve=reach.mode != "relayed")
         await DialBack().serve(transport)  # help other peers check that they can be reached
         maddrs = reach.maddrs
         router = Router(sdht, spec.run_hash, peer_id, maddrs, ttl=opts.ttl)

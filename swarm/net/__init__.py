@@ -2,6 +2,10 @@
 
 - `transport.py`: `Transport`, framed request/reply messages over hivemind's libp2p streams,
   with every byte counted per peer, kind and direction.
+- `framing.py`: what both routes share: frame sizes, `TransportError`, `LinkCounter`, `framing_bytes`.
+- `direct.py`: `DirectServer` and `DirectDialer`, the direct TCP channel that carries a transport's large
+  frames between peers that can dial each other, each frame tagged with a key handed out over libp2p;
+  `direct_route.py`: `DirectRoute`, the transport's side of it (`Transport.enable_direct`).
 - `shaper.py`: `LinkShaper`, one emulated uplink (bandwidth shared by the frames in flight,
   burst, latency), and the parsers of "80mbit" and "20ms".
 - `send_order.py`: `SendOrder`, a peer's activations and gradients leaving its uplink one at a time, in
@@ -12,7 +16,7 @@
 """
 from .home_link import HomeLink
 from .shaper import LinkShaper, parse_bandwidth, parse_latency
-from .transport import REPLY_OVERHEAD, REQUEST_OVERHEAD, LinkCounter, Transport, TransportError
+from .transport import REPLY_OVERHEAD, REQUEST_OVERHEAD, LinkCounter, Transport, TransportError, framing_bytes
 
 __all__ = ["HomeLink", "LinkCounter", "LinkShaper", "REPLY_OVERHEAD", "REQUEST_OVERHEAD", "Transport", "TransportError",
-           "parse_bandwidth", "parse_latency"]
+           "framing_bytes", "parse_bandwidth", "parse_latency"]

@@ -33,9 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import struct
 import warnings
-from dataclasses import dataclass
 
 with warnings.catch_warnings():
     # importing hivemind runs torch.jit.script, which warns that it is deprecated; only that.
@@ -43,68 +41,40 @@ with warnings.catch_warnings():
     from hivemind.p2p import P2P, PeerID
 
 from peer.interfaces import Handler
+from swarm.net.direct import DirectDialer, DirectServer
+from swarm.net.direct_route import DirectRoute
+from swarm.net.framing import (
+    DIRECT_MIN_BYTES,
+    LENGTH,
+    MAX_LENGTH_FIELD,
+    REFUSAL_LINGER_S,
+    REPLY_HEADER,
+    REPLY_LINGER_S,
+    REPLY_OVERHEAD,
+    REQUEST_OVERHEAD,
+    SMALL_REQUEST_BYTES,
+    STATUS_ERROR,
+    STATUS_OK,
+    FrameError,
+    LinkCounter,
+    TransportError,
+    check_name,
+    discard,
+    framing_bytes,
+    short_text,
+    wait_for_close,
+)
 from swarm.net.home_link import HomeLink
 from swarm.net.send_order import SendOrder, Turn
 
-__all__ = ["Handler", "TransportError", "LinkCounter", "Transport", "REQUEST_OVERHEAD", "REPLY_OVERHEAD"]
+__all__ = ["Handler", "TransportError", "LinkCounter", "Transport", "REQUEST_OVERHEAD", "REPLY_OVERHEAD",
+           "framing_bytes", "DIRECT_MIN_BYTES"]
 
 log = logging.getLogger(__name__)
 
-_LENGTH = struct.Struct(">I")
-_REPLY_HEADER = struct.Struct(">BI")
-REQUEST_OVERHEAD = _LENGTH.size
-REPLY_OVERHEAD = _REPLY_HEADER.size
-STATUS_OK = 0
-STATUS_ERROR = 1
-MAX_LENGTH_FIELD = 2**32 - 1
-SMALL_REQUEST_BYTES = 4096  # a request this small measures the round trip (swarm/net/send_order.py)
-
-
-class TransportError(RuntimeError):
-    """A request that did not get a good reply; the message is one sentence for a log or a user.
-
-    `kind` is the message kind, `peer` the remote peer id, and `reason` one of "remote" (the
-    other side replied with an error), "timeout", "connection", "limit" or "protocol".
-    """
-
-    def __init__(self, message: str, *, kind: str, peer: str, reason: str) -> None:
-        super().__init__(message)
-        self.kind = kind
-        self.peer = peer
-        self.reason = reason
-
-
-@dataclass
-class LinkCounter:
-    peer: str
-    kind: str
-    direction: str  # "out" | "in"
-    bytes: int = 0
-    messages: int = 0
-
-
-class _FrameError(Exception):
-    """A request frame the server could not accept; its text is the error reply."""
-
-    def __init__(self, message: str, *, sender_busy: bool = False) -> None:
-        super().__init__(message)
-        self.sender_busy = sender_busy  # the client is probably still writing the body
-
-
-# p2pd turns our close of a stream into a reset, which drops a reply the client has not read
-# yet; after refusing an oversized frame we therefore discard (never buffer) what the client
-# is still sending, for at most this long, so that it can read why it was refused.
-REFUSAL_LINGER_S = 2.0
-
-
-def _check_name(what: str, name: str) -> str:
-    if not name or any(c in name for c in "/ \t\r\n"):
-        raise ValueError(f"{what} {name!r} must be non-empty and contain no '/' or whitespace.")
-    return name
-
-
-class Transport:
-    """Serves and sends framed messages over one `hivemind.p2p.P2P` (usually `dht.replicate_p2p()`)."""
+class Transport(DirectRoute):
+    """Serves and sends framed messages over one `hivemind.p2p.P2P` (usually `dht.replicate_p2p()`), and its
+    large ones over a direct TCP channel where one is enabled (`enable_direct`, swarm/net/direct_route.py)."""
 
     def __init__(
         self,
@@ -119,7 +89,7 @@ class Transport:
         if not 0 < max_frame_bytes <= MAX_LENGTH_FIELD:
             raise ValueError(f"max_frame_bytes must be between 1 and {MAX_LENGTH_FIELD}, not {max_frame_bytes}.")
         self.p2p = p2p
-        self.namespace = _check_name("namespace", namespace)
+        self.namespace = check_name("namespace", namespace)
         self.max_frame_bytes = max_frame_bytes
         self.timeout = timeout
         self.link = link
@@ -130,9 +100,13 @@ class Transport:
         self._limits: dict[str, int] = {}  # kind -> request size limit, where it is below max_frame_bytes
         self._inflight: set[asyncio.Task] = set()
         self._closed = False
+        self._handlers: dict[str, Handler] = {}
+        self._direct: DirectServer | None = None
+        self._dialer: DirectDialer | None = None
+        self.direct_min_bytes = DIRECT_MIN_BYTES
 
     def protocol_id(self, kind: str) -> str:
-        return f"/{self.namespace}/{_check_name('kind', kind)}/1"
+        return f"/{self.namespace}/{check_name('kind', kind)}/1"
 
     def _count(self, peer: str, kind: str, direction: str, nbytes: int) -> None:
         key = (peer, kind, direction)
@@ -158,12 +132,16 @@ class Transport:
         """Does the built-in shaper tell when a frame's last byte has left (it models the bandwidth)?"""
         return self.link is not None and self.link.uplink.bandwidth_bps is not None
 
-    async def _shaped_write(self, writer: asyncio.StreamWriter, frame: bytes, turn: Turn | None = None) -> None:
-        """Write one frame; a `turn` is given up once the frame has left (the shaper's last byte, else
-        the drain). A failed write's turn is given up, unmeasured, by `_exchange`."""
+    async def _shaped_write(self, writer: asyncio.StreamWriter, frame: bytes | tuple[bytes, ...],
+                            turn: Turn | None = None) -> None:
+        """Write one frame (or its parts, each written as it is: a large body is not copied into a joined
+        frame); a `turn` is given up once the frame has left (the shaper's last byte, else the drain). A failed
+        write's turn is given up, unmeasured, by `_exchange`."""
+        parts = (frame,) if isinstance(frame, (bytes, bytearray, memoryview)) else frame
         if self.link is not None:
-            await self.link.send(len(frame), None if turn is None else turn.release)
-        writer.write(frame)
+            await self.link.send(sum(len(p) for p in parts), None if turn is None else turn.release)
+        for part in parts:
+            writer.write(part)
         await writer.drain()
         if turn is not None:
             turn.release()
@@ -171,6 +149,27 @@ class Transport:
     async def _shaped_arrival(self, nbytes: int) -> None:
         if self.link is not None:
             await self.link.receive(nbytes)
+
+    async def answer(self, kind: str, peer: str, body: bytes) -> tuple[int, bytes]:
+        """The handler's reply to one request (STATUS_OK), or one sentence saying why not (STATUS_ERROR)."""
+        handler = self._handlers.get(kind)
+        try:
+            if handler is None:
+                raise FrameError(f"this peer does not serve '{kind}'.")
+            try:
+                reply = await handler(body, peer)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                raise FrameError(f"the '{kind}' handler failed: {type(e).__name__}: {e}".rstrip(".") + ".") from e
+            if not isinstance(reply, (bytes, bytearray, memoryview)):
+                raise FrameError(f"the '{kind}' handler returned {type(reply).__name__}, not bytes.")
+            if len(reply) > self.max_frame_bytes:
+                raise FrameError(f"reply of {len(reply)} bytes is over the limit of {self.max_frame_bytes}.")
+        except FrameError as e:
+            log.warning("refused a '%s' request from %s: %s", kind, peer, e)
+            return STATUS_ERROR, str(e).encode("utf-8")
+        return STATUS_OK, bytes(reply)
 
     async def serve(self, kind: str, handler: Handler, max_bytes: int | None = None) -> None:
         """Answer requests of `kind` with `handler(body, remote_peer_id)`; requests of more than
@@ -184,20 +183,22 @@ class Transport:
             self._limits[kind] = min(max_bytes, self.max_frame_bytes)
 
         async def on_stream(info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            await self._handle_stream(kind, handler, info.peer_id.to_base58(), reader, writer)
+            await self._handle_stream(kind, info.peer_id.to_base58(), reader, writer)
 
         await self.p2p.add_binary_stream_handler(proto, on_stream)
         self._served[kind] = proto
+        self._handlers[kind] = handler
 
     async def unserve(self, kind: str) -> None:
         """Stop answering requests of `kind` (a peer that moves to another stage re-serves)."""
         proto = self._served.pop(kind, None)
         self._limits.pop(kind, None)
+        self._handlers.pop(kind, None)
         if proto is not None:
             try:
                 await self.p2p.remove_binary_stream_handler(proto)
             except Exception as e:  # the daemon may already be gone; nothing left to remove then
-                log.debug("could not remove the '%s' handler: %s", kind, _short(e))
+                log.debug("could not remove the '%s' handler: %s", kind, short_text(e))
 
     async def _read_request(self, peer: str, kind: str, reader: asyncio.StreamReader) -> bytes:
         try:
@@ -205,25 +206,24 @@ class Transport:
         except asyncio.IncompleteReadError as e:
             if e.partial:
                 self._count(peer, kind, "in", len(e.partial))
-            raise _FrameError(f"the request ended after {len(e.partial)} of {REQUEST_OVERHEAD} header bytes.") from None
-        (length,) = _LENGTH.unpack(header)
+            raise FrameError(f"the request ended after {len(e.partial)} of {REQUEST_OVERHEAD} header bytes.") from None
+        (length,) = LENGTH.unpack(header)
         limit = self._limits.get(kind, self.max_frame_bytes)
         if length > limit:
             self._count(peer, kind, "in", len(header))
-            raise _FrameError(f"frame of {length} bytes is over the limit of {limit}.", sender_busy=True)
+            raise FrameError(f"frame of {length} bytes is over the limit of {limit}.", sender_busy=True)
         try:
             body = await reader.readexactly(length)
         except asyncio.IncompleteReadError as e:
             self._count(peer, kind, "in", len(header) + len(e.partial))
-            raise _FrameError(
+            raise FrameError(
                 f"the request frame was truncated: {len(e.partial)} of {length} body bytes arrived.") from None
         self._count(peer, kind, "in", len(header) + length)
         await self._shaped_arrival(len(header) + length)
         return body
 
     async def _handle_stream(
-        self, kind: str, handler: Handler, peer: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
+        self, kind: str, peer: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         # Every failure ends here as one log line and, if the stream still takes it, an error
         # reply: a bad or hostile request must never take the serving peer down.
         task = asyncio.current_task()
@@ -233,25 +233,20 @@ class Transport:
             try:
                 body = await asyncio.wait_for(self._read_request(peer, kind, reader), self.timeout)
             except TimeoutError:
-                raise _FrameError(f"the request was not received within {self.timeout:g} s.") from None
-            try:
-                reply = await handler(body, peer)
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:
-                raise _FrameError(f"the '{kind}' handler failed: {type(e).__name__}: {e}".rstrip(".") + ".") from e
-            if not isinstance(reply, (bytes, bytearray, memoryview)):
-                raise _FrameError(f"the '{kind}' handler returned {type(reply).__name__}, not bytes.")
-            await self._send_reply(writer, peer, kind, STATUS_OK, bytes(reply))
+                raise FrameError(f"the request was not received within {self.timeout:g} s.") from None
+            status, reply = await self.answer(kind, peer, body)
+            await self._send_reply(writer, peer, kind, status, reply)
+            if status != STATUS_OK:
+                return
             # Closing our end at once can reset the libp2p stream before the reply is flushed
             # (seen under CPU load: delivered requests whose reply was lost). The client closes
             # the stream once it has read the reply, so wait for that, bounded.
-            await _wait_for_close(reader, REPLY_LINGER_S)
-        except _FrameError as e:
+            await wait_for_close(reader, REPLY_LINGER_S)
+        except FrameError as e:
             log.warning("refused a '%s' request from %s: %s", kind, peer, e)
             await self._send_reply(writer, peer, kind, STATUS_ERROR, str(e).encode("utf-8"))
             if e.sender_busy:
-                await _discard(reader, min(self.timeout, REFUSAL_LINGER_S))
+                await discard(reader, min(self.timeout, REFUSAL_LINGER_S))
         except asyncio.CancelledError:
             pass  # close() is tearing the server down; the client sees the stream close
         except Exception as e:  # a broken stream while reading or writing
@@ -265,7 +260,7 @@ class Transport:
         if status == STATUS_OK and len(body) > self.max_frame_bytes:
             status = STATUS_ERROR
             body = f"reply of {len(body)} bytes is over the limit of {self.max_frame_bytes}.".encode()
-        frame = _REPLY_HEADER.pack(status, len(body)) + body
+        frame = (REPLY_HEADER.pack(status, len(body)), body)
         try:
             await asyncio.wait_for(self._shaped_write(writer, frame), self.timeout)
         except (TimeoutError, ConnectionError, OSError) as e:
@@ -273,7 +268,7 @@ class Transport:
             # gave up (and logs that on its side).
             log.debug("could not reply to a '%s' request from %s: %s", kind, peer, type(e).__name__)
             return
-        self._count(peer, kind, "out", len(frame))
+        self._count(peer, kind, "out", REPLY_OVERHEAD + len(body))
 
     async def request(self, peer_id: str, kind: str, body: bytes, timeout: float | None = None) -> bytes:
         """Send `body` to `peer_id`'s `kind` handler and return its reply body."""
@@ -300,46 +295,54 @@ class Transport:
             ) from None
 
     async def _exchange(self, remote: PeerID, peer: str, kind: str, proto: str, body: bytes) -> bytes:
-        frame = _LENGTH.pack(len(body)) + body
+        frame = (LENGTH.pack(len(body)), body)
         # an ordered frame lines up before its stream opens: its place is the order it was sent in
-        turn = self.send_order.line_up(len(frame)) if kind in self.ordered_kinds else None
+        turn = self.send_order.line_up(REQUEST_OVERHEAD + len(body)) if kind in self.ordered_kinds else None
         try:
+            conn = await self._direct_connection(peer, kind, len(body))
+            if conn is not None:
+                return await self._direct_exchange(conn, peer, kind, body, turn)
             try:
                 _, reader, writer = await self.p2p.call_binary_stream_handler(remote, proto)
             except asyncio.CancelledError:
                 raise
             except Exception as e:
                 raise TransportError(
-                    f"could not open a '{kind}' stream to {peer}: {_short(e)}.", kind=kind, peer=peer,
+                    f"could not open a '{kind}' stream to {peer}: {short_text(e)}.", kind=kind, peer=peer,
                     reason="connection",
                 ) from e
             try:
-                opened = asyncio.get_running_loop().time()
-                if turn is not None:
-                    await turn.wait()
-                # where the shaper does not say when the last byte left, a link-bound frame holds its
-                # turn until its reply (swarm/net/send_order.py)
-                held = turn is not None and not self._departures_seen() and self.send_order.holds(len(frame))
-                try:
-                    await self._shaped_write(writer, frame, None if held else turn)
-                except (ConnectionError, OSError) as e:
-                    raise TransportError(
-                        f"the stream to {peer} broke while sending a '{kind}' request: {_short(e)}.",
-                        kind=kind, peer=peer, reason="connection",
-                    ) from e
-                self._count(peer, kind, "out", len(frame))
-                reply = await self._read_reply(reader, peer, kind)
-                if held:
-                    self.send_order.note_reply(turn)
-                    turn.release()
-                elif turn is None and len(frame) <= SMALL_REQUEST_BYTES:
-                    self.send_order.note_round_trip(asyncio.get_running_loop().time() - opened)
-                return reply
+                return await self._send_then_read(peer, kind, writer, frame, turn,
+                                                  lambda: self._read_reply(reader, peer, kind))
             finally:
                 writer.close()
         finally:
             if turn is not None:
                 turn.release(measured=False)  # a no-op once the frame has left
+
+    async def _send_then_read(self, peer: str, kind: str, writer: asyncio.StreamWriter, frame: tuple[bytes, ...],
+                              turn: Turn | None, read_reply) -> bytes:
+        opened, size = asyncio.get_running_loop().time(), sum(len(p) for p in frame)
+        if turn is not None:
+            await turn.wait()
+        # where the shaper does not say when the last byte left, a link-bound frame holds its
+        # turn until its reply (swarm/net/send_order.py)
+        held = turn is not None and not self._departures_seen() and self.send_order.holds(size)
+        try:
+            await self._shaped_write(writer, frame, None if held else turn)
+        except (ConnectionError, OSError) as e:
+            raise TransportError(
+                f"the stream to {peer} broke while sending a '{kind}' request: {short_text(e)}.",
+                kind=kind, peer=peer, reason="connection",
+            ) from e
+        self._count(peer, kind, "out", size)
+        reply = await read_reply()
+        if held:
+            self.send_order.note_reply(turn)
+            turn.release()
+        elif turn is None and size <= SMALL_REQUEST_BYTES:
+            self.send_order.note_round_trip(asyncio.get_running_loop().time() - opened)
+        return reply
 
     async def _read_reply(self, reader: asyncio.StreamReader, peer: str, kind: str) -> bytes:
         def fail(message: str, reason: str = "protocol") -> TransportError:
@@ -350,11 +353,9 @@ class Transport:
         except asyncio.IncompleteReadError:
             raise fail(f"{peer} closed the '{kind}' stream without replying.", "connection") from None
         except (ConnectionError, OSError) as e:
-            raise fail(f"the stream to {peer} broke while waiting for a '{kind}' reply: {_short(e)}.",
+            raise fail(f"the stream to {peer} broke while waiting for a '{kind}' reply: {short_text(e)}.",
                        "connection") from e
-        status, length = _REPLY_HEADER.unpack(header)
-        if status not in (STATUS_OK, STATUS_ERROR):
-            raise fail(f"{peer} sent a '{kind}' reply with unknown status {status}.")
+        status, length = REPLY_HEADER.unpack(header)
         if length > self.max_frame_bytes:
             raise fail(f"{peer} sent a '{kind}' reply of {length} bytes, over the limit of {self.max_frame_bytes}.")
         try:
@@ -363,50 +364,33 @@ class Transport:
             raise fail(f"{peer}'s '{kind}' reply was truncated at {len(e.partial)} of {length} bytes.") from None
         self._count(peer, kind, "in", REPLY_OVERHEAD + length)
         await self._shaped_arrival(REPLY_OVERHEAD + length)
+        return self._reply_body(status, reply, peer, kind)
+
+    @staticmethod
+    def _reply_body(status: int, reply: bytes, peer: str, kind: str) -> bytes:
         if status == STATUS_ERROR:
-            text = _short(reply.decode("utf-8", errors="replace"), 500)
-            raise fail(f"{peer} refused the '{kind}' request: {text}", "remote")
+            text = short_text(reply.decode("utf-8", errors="replace"), 500)
+            raise TransportError(f"{peer} refused the '{kind}' request: {text}", kind=kind, peer=peer, reason="remote")
+        if status != STATUS_OK:
+            raise TransportError(f"{peer} sent a '{kind}' reply with unknown status {status}.", kind=kind, peer=peer,
+                                 reason="protocol")
         return reply
 
     async def close(self) -> None:
         """Stop serving: unregister every handler and end requests still being handled."""
         self._closed = True
+        if self._dialer is not None:
+            self._dialer.close()
+        if self._direct is not None:
+            await self._direct.close()
         served, self._served = self._served, {}
         for kind, proto in served.items():
             try:
                 await self.p2p.remove_binary_stream_handler(proto)
             except Exception as e:  # the daemon may already be gone; nothing left to remove then
-                log.debug("could not remove the '%s' handler: %s", kind, _short(e))
+                log.debug("could not remove the '%s' handler: %s", kind, short_text(e))
         tasks = [t for t in self._inflight if t is not asyncio.current_task()]
         for task in tasks:
             task.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
-
-
-REPLY_LINGER_S = 10.0
-
-
-async def _wait_for_close(reader: asyncio.StreamReader, seconds: float) -> None:
-    try:
-        await asyncio.wait_for(reader.read(1), seconds)
-    except (TimeoutError, ConnectionError, OSError, asyncio.IncompleteReadError):
-        pass
-
-
-async def _discard(reader: asyncio.StreamReader, seconds: float) -> None:
-    async def drain() -> None:
-        while await reader.read(1 << 16):
-            pass
-
-    try:
-        await asyncio.wait_for(drain(), seconds)
-    except (TimeoutError, ConnectionError, OSError):
-        pass
-
-
-def _short(error: BaseException | str, limit: int = 200) -> str:
-    # Remote text is untrusted and may be huge: keep log lines and exception messages short.
-    text = (error if isinstance(error, str) else str(error) or type(error).__name__).strip()
-    text = text if len(text) <= limit else text[: limit - 3] + "..."
-    return text if isinstance(error, str) else text.rstrip(".")

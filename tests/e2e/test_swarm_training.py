@@ -17,7 +17,7 @@ from protocol.codecs import WireTensors
 from protocol.spec import WIRE_DTYPES, preset
 from protocol.wire import ActivationMessage, GradientMessage, Header, token_bytes
 from swarm.local import LocalOptions, run_local
-from swarm.net.transport import REPLY_OVERHEAD, REQUEST_OVERHEAD
+from swarm.net.transport import framing_bytes
 from tests.protocol.test_wire import expected_header
 
 STEPS = 20
@@ -27,7 +27,9 @@ def framed_bytes_per_token(spec, kind: str, step: int = 1, mb: int = 1, attempt:
     """The formula, independent of the encoder: B*T*w*e (+ B*(T+1)*tb token ids) + H per message,
     H the msgpack sizes of every header field, read off the documented layout
     (tests/protocol/test_wire.py `expected_header`), + 4 bytes of request framing + the 5-byte
-    "accepted" reply frame. Every header integer is below 128 here, so H is the same for all."""
+    "accepted" reply frame over libp2p, or the direct channel's header and two 32-byte tags for a message of
+    64 KiB or more (docs/wire.md; a local swarm's peers can dial each other). Every header integer is below 128
+    here, so H is the same for all."""
     B, T, w = spec.microbatch_size, spec.seq_len, spec.boundary_width
     e = {"fp32": 4, "bf16": 2, "fp64": 8}[spec.wire_dtype]
     fake = torch.empty(B, T, w, dtype=WIRE_DTYPES[spec.wire_dtype])  # only its shape and dtype are read
@@ -38,7 +40,8 @@ def framed_bytes_per_token(spec, kind: str, step: int = 1, mb: int = 1, attempt:
     else:
         msg = GradientMessage(h, WireTensors(fake), 1.5)
         data = B * T * w * e
-    return (data + expected_header(msg, spec.vocab) + REQUEST_OVERHEAD + REPLY_OVERHEAD) / (B * T)
+    body = data + expected_header(msg, spec.vocab)
+    return (body + framing_bytes(kind, body)) / (B * T)
 
 
 def oracle_once_training(oracle_runs, spec, head_report: Path, stop: threading.Event) -> list[float]:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from swarm.bench.transport import CASES, boundary_bytes_per_token, run_transport_bench
+from swarm.bench.transport import BOTH_WAYS, CASES, boundary_bytes_per_token, run_transport_bench
 
 
 def _our_p2pd() -> list[int]:
@@ -41,10 +41,11 @@ def test_transport_bench_smoke(tmp_path):
         assert abs(r["ratio_to_tcp"] - r["mb_per_s"] / rows["tcp"]["mb_per_s"]) < 1e-9
     # every frame of every case was timed: the runs hold each case once per round and size
     assert sorted(r["case"] for r in written["runs"]) == sorted(CASES)
-    both = rows["transport x2"]["mb_per_s"]
+    assert {c["case"] for c in written["caps"]} == set(BOTH_WAYS) == {"transport x2", "direct x2", "transport 2p",
+                                                                     "direct 2p"}
     for cap in written["caps"]:
         assert cap["bytes_per_token"] == boundary_bytes_per_token(cap["preset"], cap["codec"], cap["dtype"])
-        want = both * 1e6 / cap["bytes_per_token"]  # smoke measures one frame size: every cap uses it
+        want = rows[cap["case"]]["mb_per_s"] * 1e6 / cap["bytes_per_token"]  # smoke measures one frame size
         assert abs(cap["tokens_per_second_cap"] - want) < 1e-6 * want
     dense, subspace = (next(c for c in written["caps"] if c["codec"] == k) for k in ("dense", "subspace"))
     assert dense["bytes_per_token"] == 16 * subspace["bytes_per_token"]  # small: d=512 against k=32, both bf16
