@@ -10,7 +10,11 @@ vouches for each stage's agreed one (`peer/state_votes.py`, `swarm/replicas/vouc
   donor would be tried first (donors are tried in order of announced step and throughput);
 - after a download, waits (at most `wait` seconds) until the records hold the state's step and
   loads the state only if its sha256 is the vouched one. A donor's own sha256 of what it
-  serves proves only that it agrees with itself.
+  serves proves only that it agrees with itself. A step the records have passed without
+  vouching for it (one that is not hashed: a donor the swarm left behind serves its state as
+  it is; one the stage did not agree on) is refused at once: the coordinator vouches only for
+  a step newer than every one it vouched for, so its record is not coming, and the joiner
+  tries the next donor instead of waiting out `wait` while the swarm goes on.
 
 With no record at all (no coordinator, or a swarm before its first step) nothing can be
 checked and the state is taken on the donor's word, as before vouching; the log says so.
@@ -54,6 +58,12 @@ class VouchedStates:
                 return f"its sha256 differs from the one the swarm's records hold for step {step}"
             if step < min(known):
                 return f"its step {step} is older than every step the swarm's records hold ({min(known)}-{max(known)})"
+            if step < max(known):
+                # the coordinator vouches only for a step newer than every one it vouched for (swarm/replicas/
+                # vouched.py): once the records are past this step, no record of it is coming (a step that is
+                # not hashed, served by a donor the swarm left behind; a step the stage did not agree on)
+                return (f"no record vouches for its step {step}, and none will: the swarm's records are past it "
+                        f"({min(known)}-{max(known)})")
             if time.monotonic() > deadline:
                 return f"no record vouches for its step {step} (the newest vouched state is at step {max(known)})"
             await asyncio.sleep(self.poll)  # the record of the step is on its way through the coordinator

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 import msgpack
 import torch
 
+from .portable_linalg import portable_orthonormalize
 from .spec import RunSpec
-from .subspace import grassmann_step, orthonormalize
+from .subspace import grassmann_step
 from .wire import WireError, _ext_hook, _pack_tensor
 
 BASIS_DOMAIN = "subspace-swarm/basis-update/v1"
@@ -108,6 +109,8 @@ def next_basis(U: torch.Tensor, stats: list[torch.Tensor], spec: RunSpec) -> tor
 
 
 def canonical_basis(U: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The basis a stage actually uses for a received U: re-orthonormalized in float64, then cast.
-    The coordinator steps from this same tensor, so its next update starts where the stages are."""
-    return orthonormalize(U.detach().to("cpu", torch.float64)).to(dtype)
+    """The basis a stage actually uses for a received U: re-orthonormalized in float64 by the portable QR (the
+    same bits on every peer's machine, docs/algorithms.md 5.3), then cast. The coordinator steps from this same
+    tensor, so its next update starts where the stages are."""
+    (Q,) = portable_orthonormalize([U.detach().to("cpu", torch.float64)])
+    return Q.to(dtype)

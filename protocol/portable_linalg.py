@@ -91,6 +91,8 @@ def portable_sum(x: torch.Tensor, dim: int | None = None, keepdim: bool = False,
     x's): the slice's integer parts are summed exactly (every partial sum below 2^53, in any order), then
     combined in a fixed order; exact to `dtype`'s precision relative to the slice's largest entry."""
     dtype = dtype or x.dtype
+    if x.is_meta:  # shapes only
+        return x.sum(dim, keepdim=keepdim).to(dtype) if dim is not None else x.sum().to(dtype)
     if dim is None:
         x, dim = x.reshape(-1), 0
     dim = dim % x.dim()
@@ -186,6 +188,8 @@ def portable_orthonormalize(As: list[torch.Tensor]) -> list[torch.Tensor]:
     together, and the r x r steps of all of them at once."""
     if not As:
         return []
+    if any(a.is_meta for a in As):  # shapes only (a stage sized without weights)
+        return [torch.empty_like(a, device="meta") for a in As]
     groups: dict[tuple[int, ...], list[int]] = {}
     for i, a in enumerate(As):
         groups.setdefault(tuple(a.shape), []).append(i)

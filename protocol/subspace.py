@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .portable_linalg import portable_matmul
+from .portable_linalg import portable_matmul, portable_orthonormalize
 
 T_FIXED_STD = 0.02
 
@@ -54,7 +54,10 @@ def make_basis(d: int, k: int, vocab: int, seed: int, dtype: torch.dtype = torch
                t_fixed_std: float = T_FIXED_STD) -> SubspaceBasis:
     """U and T_fixed from one seed; T_fixed's entries have standard deviation `t_fixed_std` (RunSpec)."""
     g = torch.Generator(device="cpu").manual_seed(seed)
-    U = orthonormalize(torch.randn(d, k, generator=g, dtype=torch.float64))
+    # every peer derives U from the seed: the portable QR, so it is the same bits on any machine (LAPACK's QR
+    # is not: its bits change with the thread count and the library), drawn in fp64 (fp32 randn depends on the
+    # CPU's vector unit)
+    (U,) = portable_orthonormalize([torch.randn(d, k, generator=g, dtype=torch.float64)])
     T_fixed = torch.randn(vocab, d, generator=g, dtype=torch.float64) * t_fixed_std
     return SubspaceBasis(U.to(dtype), T_fixed.to(dtype), version=0)
 

@@ -15,8 +15,8 @@ import torch
 
 from peer.stage import StageRunner
 from peer.state_hash import state_sha256
+from protocol.portable_linalg import portable_orthonormalize
 from protocol.spec import preset
-from protocol.subspace import orthonormalize
 
 
 @pytest.fixture
@@ -39,8 +39,8 @@ def _agreed(runner: StageRunner, steps: int) -> list[tuple[torch.Tensor, torch.T
 def _new_basis(spec) -> torch.Tensor:
     """A re-fit's basis: the coordinator's bits, the same for every replica."""
     U = StageRunner(spec, 0).basis.U.double()
-    return orthonormalize(U + 0.05 * torch.randn(U.shape, generator=torch.Generator().manual_seed(9),
-                                                 dtype=torch.float64))
+    return portable_orthonormalize([U + 0.05 * torch.randn(U.shape, generator=torch.Generator().manual_seed(9),
+                                                           dtype=torch.float64)])[0]
 
 
 def _replica(spec, stage: int, device: str, n_threads: int | None, steps: int, U_new: torch.Tensor) -> StageRunner:

@@ -124,3 +124,12 @@ async def test_a_step_the_records_never_vouch_for_is_refused_after_the_wait_and_
     assert time.monotonic() - t0 >= 0.3
     assert await VouchedStates(Records({}), wait=5.0).check(12, sha(12)) is None
     assert await VouchedStates(Records({}), wait=5.0).donor_problem(10**6) is None
+
+
+async def test_a_step_the_records_went_past_without_vouching_for_it_is_refused_at_once():
+    # a donor the swarm left behind serves its state at a step that is not hashed (6); the coordinator vouches
+    # only for steps newer than every one it vouched for, so with records at 4 and 8 none for 6 is coming
+    t0 = time.monotonic()
+    records = Records({4: sha(4), 8: sha(8)})
+    problem = await VouchedStates(records, wait=60.0, poll=0.01).check(6, sha(6))
+    assert "none will" in problem and time.monotonic() - t0 < 5.0 and records.reads == 1
