@@ -129,6 +129,7 @@ class RunReports:
         bwd = sum(w["bytes_out"]["grad"] for w in wire)
         ftok = sum(w["tokens_out"]["act"] for w in wire)
         btok = sum(w["tokens_out"]["grad"] for w in wire)
+        fdir, bdir = (sum(w.get("direct_out", {}).get(kind, 0) for w in wire) for kind in ("act", "grad"))
         # replica sync: what each replica sent in reduces, per step it took with another replica
         sync = {name: e["bytes_out"].get("red", 0) / e["synced_steps"] for name in names for e in self.events(name)
                 if e["event"] == "wire" and e.get("synced_steps")}
@@ -139,7 +140,8 @@ class RunReports:
             "steps": [{k: s[k] for k in ("step", "loss", "tokens", "seconds", "basis_version")} for s in steps],
             "wire": {"forward_bytes_per_token": fwd / max(1, ftok), "backward_bytes_per_token": bwd / max(1, btok),
                      "dense_forward_bytes_per_token": dense_bytes_per_token(self.opts.spec),
-                     "forward_bytes": fwd, "backward_bytes": bwd, "forward_tokens": ftok, "backward_tokens": btok},
+                     "forward_bytes": fwd, "backward_bytes": bwd, "forward_tokens": ftok, "backward_tokens": btok,
+                     "forward_direct_messages": fdir, "backward_direct_messages": bdir},
             "tokens_per_second": tps,
             "sync": {"mode": self.opts.spec.replica_sync, "bytes_per_step": sync,
                      "max_bytes_per_step": max(sync.values(), default=0.0),

@@ -207,13 +207,16 @@ def check_shared_constants(spec: RunSpec) -> None:
 
 def _wire_summary(transport: Transport, totals: dict) -> dict:
     """What the peer put on the wire over its whole life (every stage it served), for the report:
-    bytes per kind (activations, gradients, replica-sync contributions), the tokens the first two
+    bytes per kind (activations, gradients, replica-sync contributions) and how many of its requests of each
+    kind went over the direct channel (with its framing, docs/wire.md), the tokens the first two
     carried, the steps this peer took together with other replicas of its stage, and the seconds
     its stage's worker thread was busy (compute, packing, optimizer steps: what bounds a stage
     whose worker is busy all of the training time)."""
-    out = {kind: transport.bytes_sent(kind) for kind in (KIND_ACTIVATION, KIND_GRADIENT, KIND_REDUCE)}
+    kinds = (KIND_ACTIVATION, KIND_GRADIENT, KIND_REDUCE)
+    out = {kind: transport.bytes_sent(kind) for kind in kinds}
     link = transport.link.stats() if transport.link is not None else None
-    return {"bytes_out": out, "tokens_out": dict(totals["sent_tokens"]), "refused": totals["refused"],
+    return {"bytes_out": out, "direct_out": {kind: transport.direct_requests.get(kind, 0) for kind in kinds},
+            "tokens_out": dict(totals["sent_tokens"]), "refused": totals["refused"],
             "bytes_sent": transport.bytes_sent(), "bytes_received": transport.bytes_received(), "link": link,
             "tokens_done": totals["tokens_done"], "synced_steps": totals["synced_steps"],
             "worker_busy_s": totals["worker_busy_s"]}
@@ -291,7 +294,8 @@ async def run_peer(opts: PeerOptions) -> int:
                               timeout=opts.step_timeout, link=link,
                               ordered_kinds=(KIND_ACTIVATION, KIND_GRADIENT) if opts.send_order == "fifo" else ())
         if opts.direct == "on":  # a relayed peer cannot be dialed: it sends direct, and receives over libp2p
-            await transport.enable_direct(port=opts.direct_port, serve=reach.mode != "relayed")
+            await transport.enable_direct(port=opts.direct_port, serve=reach.mode != "relayed",
+                                          announced=list(reach.maddrs))
         await DialBack().serve(transport)  # help other peers check that they can be reached
         maddrs = reach.maddrs
         router = Router(sdht, spec.run_hash, peer_id, maddrs, ttl=opts.ttl)

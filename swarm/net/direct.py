@@ -178,6 +178,8 @@ class DirectServer:
             pass  # the client went away or never said hello
         except asyncio.CancelledError:
             pass
+        except Exception as e:  # a hostile or broken connection must never take the serving peer down
+            log.warning("dropped a direct connection: %s: %s", type(e).__name__, str(e)[:200])
         finally:
             writer.close()
             self._tasks.discard(task)

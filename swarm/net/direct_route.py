@@ -39,16 +39,19 @@ class DirectRoute:
         await self._shaped_write(writer, frame)
 
     async def enable_direct(self, listen: str = "0.0.0.0", port: int = 0, min_bytes: int = DIRECT_MIN_BYTES,
-                            serve: bool = True) -> int:
+                            serve: bool = True, announced: list[str] | None = None) -> int:
         """Carry frames of at least `min_bytes` over a direct TCP channel where the other peer can be dialed
         (swarm/net/direct.py), and, with `serve`, let others do the same to this peer at `listen`:`port` (0: any
-        free port). Returns the port (0 without `serve`)."""
+        free port). Tickets name the IP addresses of `announced` (the multiaddrs this peer announces to the
+        swarm; default: every visible one), so a peer hands out no address it does not announce anyway.
+        Returns the port (0 without `serve`)."""
         self._dialer = DirectDialer(lambda peer: self.request(peer, KIND_DIRECT, b"", timeout=10.0))
         self.direct_min_bytes = min_bytes
         if not serve:
             return 0
-        hosts = [listen] if listen not in ("0.0.0.0", "::", "") else dial_hosts(
-            [str(m) for m in await self.p2p.get_visible_maddrs()])
+        if announced is None:
+            announced = [str(m) for m in await self.p2p.get_visible_maddrs()]
+        hosts = [listen] if listen not in ("0.0.0.0", "::", "") else dial_hosts(announced)
         self._direct = DirectServer(self, listen, port)
         await self._direct.start()
 
@@ -94,7 +97,7 @@ class DirectRoute:
                                turn: Turn | None) -> bytes:
         try:
             reply = await self._send_then_read(peer, kind, conn.writer, conn.request_frame(kind, body), turn,
-                                               lambda: self._read_direct_reply(conn, peer, kind))
+                                               lambda: self._read_direct_reply(conn, peer, kind), direct=True)
         except BaseException as e:
             if isinstance(e, TransportError) and e.reason == "remote":
                 self._dialer.give_back(peer, conn)  # a whole, genuine refusal: the connection is fine

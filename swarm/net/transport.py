@@ -104,6 +104,8 @@ class Transport(DirectRoute):
         self._direct: DirectServer | None = None
         self._dialer: DirectDialer | None = None
         self.direct_min_bytes = DIRECT_MIN_BYTES
+        self.direct_requests: dict[str, int] = {}  # kind -> requests sent over the direct channel (their bytes
+        # are counted with the rest; this says how many carried the direct framing, docs/wire.md)
 
     def protocol_id(self, kind: str) -> str:
         return f"/{self.namespace}/{check_name('kind', kind)}/1"
@@ -321,7 +323,7 @@ class Transport(DirectRoute):
                 turn.release(measured=False)  # a no-op once the frame has left
 
     async def _send_then_read(self, peer: str, kind: str, writer: asyncio.StreamWriter, frame: tuple[bytes, ...],
-                              turn: Turn | None, read_reply) -> bytes:
+                              turn: Turn | None, read_reply, direct: bool = False) -> bytes:
         opened, size = asyncio.get_running_loop().time(), sum(len(p) for p in frame)
         if turn is not None:
             await turn.wait()
@@ -336,6 +338,8 @@ class Transport(DirectRoute):
                 kind=kind, peer=peer, reason="connection",
             ) from e
         self._count(peer, kind, "out", size)
+        if direct:
+            self.direct_requests[kind] = self.direct_requests.get(kind, 0) + 1
         reply = await read_reply()
         if held:
             self.send_order.note_reply(turn)

@@ -23,13 +23,13 @@ from tests.protocol.test_wire import expected_header
 STEPS = 20
 
 
-def framed_bytes_per_token(spec, kind: str, step: int = 1, mb: int = 1, attempt: int = 0) -> float:
+def framed_bytes_per_token(spec, kind: str, step: int = 1, mb: int = 1, attempt: int = 0,
+                           direct: bool = False) -> float:
     """The formula, independent of the encoder: B*T*w*e (+ B*(T+1)*tb token ids) + H per message,
     H the msgpack sizes of every header field, read off the documented layout
     (tests/protocol/test_wire.py `expected_header`), + 4 bytes of request framing + the 5-byte
-    "accepted" reply frame over libp2p, or the direct channel's header and two 32-byte tags for a message of
-    64 KiB or more (docs/wire.md; a local swarm's peers can dial each other). Every header integer is below 128
-    here, so H is the same for all."""
+    "accepted" reply frame over libp2p, or with `direct` the direct channel's header and two 32-byte tags
+    (docs/wire.md). Every header integer is below 128 here, so H is the same for all."""
     B, T, w = spec.microbatch_size, spec.seq_len, spec.boundary_width
     e = {"fp32": 4, "bf16": 2, "fp64": 8}[spec.wire_dtype]
     fake = torch.empty(B, T, w, dtype=WIRE_DTYPES[spec.wire_dtype])  # only its shape and dtype are read
@@ -41,7 +41,7 @@ def framed_bytes_per_token(spec, kind: str, step: int = 1, mb: int = 1, attempt:
         msg = GradientMessage(h, WireTensors(fake), 1.5)
         data = B * T * w * e
     body = data + expected_header(msg, spec.vocab)
-    return (body + framing_bytes(kind, body)) / (B * T)
+    return (body + framing_bytes(kind, body, 0 if direct else None)) / (B * T)
 
 
 def oracle_once_training(oracle_runs, spec, head_report: Path, stop: threading.Event) -> list[float]:
@@ -83,9 +83,18 @@ def test_swarm_matches_oracle_and_counts_bytes(codec, tmp_path, oracle_runs):
     for kind, direction in (("act", "forward"), ("grad", "backward")):
         # every message is exactly its framed size; a message sent again (a receiver that had not read
         # the sender's announcement yet asks it to retry, docs/security.md) costs one more message and
-        # a refusal of under 1 KiB. Counted, never waved through: at most 2 re-sends in the run.
+        # a refusal of under 1 KiB. Counted, never waved through: at most 2 re-sends in the run. A message
+        # of 64 KiB or more (dense) goes over the direct channel once the sender has found its receiver
+        # out (the first ones over libp2p): the peers report how many did, each framed as the channel frames
+        direct = wire[f"{direction}_direct_messages"]
         per_message = framed_bytes_per_token(spec, kind) * spec.microbatch_size * spec.seq_len
-        extra = wire[f"{direction}_bytes"] - framed_bytes_per_token(spec, kind) * wire[f"{direction}_tokens"]
+        per_direct = framed_bytes_per_token(spec, kind, direct=True) * spec.microbatch_size * spec.seq_len
+        if codec == "dense":
+            assert direct >= 1, "no dense frame went over the direct channel"
+        else:
+            assert direct == 0, "a compressed frame (under 64 KiB here) went over the direct channel"
+        extra = (wire[f"{direction}_bytes"] - framed_bytes_per_token(spec, kind) * wire[f"{direction}_tokens"]
+                 - direct * (per_direct - per_message))
         resent = round(extra / per_message)
         assert 0 <= resent <= 2, (direction, extra)
         if resent == 0:
