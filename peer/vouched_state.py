@@ -33,8 +33,10 @@ log = logging.getLogger(__name__)
 
 class VouchedStates:
     def __init__(self, hashes: Callable[[], Awaitable[dict[int, str]]], *, wait: float = 60.0, poll: float = 0.5,
-                 slack: int = 2 * HASH_EVERY + 2) -> None:
-        self.hashes, self.wait, self.poll, self.slack = hashes, wait, poll, slack
+                 slack: int = 2 * HASH_EVERY + 2, every: int | None = None) -> None:
+        # every: the steps between two state hashes of the stage's replicas (`StateHasher.every`); a state at
+        # another step is refused at once, since no record of it can come (None: not known, wait for it)
+        self.hashes, self.wait, self.poll, self.slack, self.every = hashes, wait, poll, slack, every
 
     async def donor_problem(self, announced_step: int) -> str | None:
         """Why a donor that announces `announced_step` is not asked, or None."""
@@ -58,6 +60,11 @@ class VouchedStates:
                 return f"its sha256 differs from the one the swarm's records hold for step {step}"
             if step < min(known):
                 return f"its step {step} is older than every step the swarm's records hold ({min(known)}-{max(known)})"
+            if self.every and step % self.every:
+                # a donor serves a step between two hashed ones only when its stage is not stepping (a paused
+                # swarm, or one that finished: an export's state); no record of such a step is ever made
+                return (f"no record vouches for its step {step}, and none will: the replicas hash their state "
+                        f"every {self.every} steps")
             if step < max(known):
                 # the coordinator vouches only for a step newer than every one it vouched for (swarm/replicas/
                 # vouched.py): once the records are past this step, no record of it is coming (a step that is

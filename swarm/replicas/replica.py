@@ -175,7 +175,8 @@ class ReplicaService:
         # a coordinator with --checkpoint-dir holds the vouched snapshots too (swarm/replicas/checkpoint_keeper.py)
         peer.snapshots.extra_holders = [p for p in [self.spec.extra.get("coordinator_peer")] if p]
         states = lambda: vouched_states(ctx.sdht, self.spec.run_hash, self.stage)  # noqa: E731
-        peer.vouched = VouchedStates(states)  # a joiner loads only a state whose hash the swarm key vouches for
+        # a joiner loads only a state whose hash the swarm key vouches for
+        peer.vouched = VouchedStates(states, every=peer.commit.hasher.every)
         peer.state.hashed_only = bool(self.spec.extra.get("coordinator_peer"))  # and a donor serves such a state
         self.source = StateSource(ctx, self.stage, peer, sync)
         self.own_check = OwnStateCheck(peer, states, self._resync, ctx.report)

@@ -133,3 +133,13 @@ async def test_a_step_the_records_went_past_without_vouching_for_it_is_refused_a
     records = Records({4: sha(4), 8: sha(8)})
     problem = await VouchedStates(records, wait=60.0, poll=0.01).check(6, sha(6))
     assert "none will" in problem and time.monotonic() - t0 < 5.0 and records.reads == 1
+
+
+async def test_a_step_between_two_hashed_ones_is_refused_at_once_even_before_the_records_reach_it():
+    # a donor whose stage stopped stepping (a paused swarm) serves its state as it is, at step 6; its replicas hash
+    # every 4 steps, so no record of step 6 will come, however long the joiner waits
+    t0 = time.monotonic()
+    records = Records({4: sha(4)})
+    problem = await VouchedStates(records, wait=60.0, poll=0.01, every=4).check(6, sha(6))
+    assert "every 4 steps" in problem and time.monotonic() - t0 < 5.0 and records.reads == 1
+    assert await VouchedStates(Records({4: sha(4), 8: sha(8)}), wait=0.1, every=4).check(8, sha(8)) is None
