@@ -35,6 +35,7 @@ import struct
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import blake3
 import msgpack
@@ -55,6 +56,7 @@ _REPLY = struct.Struct(">BI")
 _SEQ = struct.Struct(">Q")
 HELLO_TIMEOUT_S = 5.0
 MAX_HOSTS = 4
+MAX_TICKET_BYTES = 512
 CONNECTIONS_PER_TICKET = 16  # a client pools 4 a peer; more is a peer holding sockets open against us
 
 
@@ -62,9 +64,9 @@ class DirectRefused(Exception):
     """The direct channel could not carry this request before any of it was sent: use libp2p."""
 
 
-def direct_framing(kind: str, reply_bytes: int = 0) -> int:
-    """Bytes the direct channel adds to a request of `kind` and its reply of `reply_bytes`: the request's kind
-    and length header and the two tags, and the reply's 5-byte header (against libp2p's 4 + 5)."""
+def direct_framing(kind: str) -> int:
+    """Bytes the direct channel adds to a request of `kind` and its reply, beyond their bodies: the request's
+    kind and length header, the reply's 5-byte header and the two tags (against libp2p's 4 + 5)."""
     return 1 + len(kind.encode()) + _LENGTH.size + TAG_BYTES + _REPLY.size + TAG_BYTES
 
 
@@ -103,6 +105,8 @@ class Ticket:
 
     @classmethod
     def from_bytes(cls, data: bytes) -> Ticket:
+        if len(data) > MAX_TICKET_BYTES:  # a peer's reply: bounded before it is parsed
+            raise ValueError(f"a direct ticket of {len(data)} bytes")
         d = msgpack.unpackb(data)
         token, key, port, hosts = d["t"], d["k"], int(d["p"]), [str(h) for h in d["h"]][:MAX_HOSTS]
         if len(token) != TOKEN_BYTES or len(key) != KEY_BYTES or not 0 < port < 65536:
@@ -110,8 +114,8 @@ class Ticket:
         return cls(bytes(token), bytes(key), port, hosts)
 
 
-class FrameHost:
-    """What the server needs from the transport it serves beside (swarm/net/transport.py implements it)."""
+class FrameHost(Protocol):
+    """What the server needs from the transport it serves beside (swarm/net/direct_route.py implements it)."""
 
     def request_limit(self, kind: str) -> int | None: ...  # None: the kind is not served
     async def answer(self, kind: str, peer: str, body: bytes) -> tuple[int, bytes]: ...
