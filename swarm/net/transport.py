@@ -1,4 +1,5 @@
-"""Framed request/response messages between peers over hivemind's libp2p streams.
+"""Framed request/response messages between peers over hivemind's libp2p streams, and large ones
+over a direct TCP channel where one is enabled (swarm/net/direct.py, direct_route.py, docs/wire.md).
 
 This room moves opaque bodies (msgpack made by `protocol/wire.py`) from one peer to another
 and counts every byte it puts on or takes off the wire. It knows nothing about what the
@@ -14,7 +15,7 @@ Framing (all integers big-endian):
     status 0 = ok (body is the handler's reply); status 1 = error (body is one UTF-8 sentence)
 
 So a round trip of a request body q and a reply body r costs (q + 4) + (r + 5) bytes on the
-wire, and that is what the counters record: requests as "out" at the sender and "in" at the
+wire (direct: `framing_bytes`), which the counters record: requests "out" at the sender, "in" at the
 receiver, replies the other way round, per (remote peer, kind, direction). (libp2p's own
 stream headers, noise/TLS and yamux framing are below us and are not counted.)
 
