@@ -21,8 +21,7 @@ from .stage_peer import StagePeer
 
 
 def batches(spec: RunSpec, data: str | None = None):
-    return BatchSource(load_corpus(data, seq_len=spec.seq_len), spec.seq_len, spec.microbatch_size,
-                       spec.data_seed).microbatch
+    return BatchSource.for_spec(load_corpus(data, seq_len=spec.seq_len), spec).microbatch
 
 
 def oracle(spec: RunSpec, steps: int) -> list[float]:

@@ -38,6 +38,7 @@ from collections.abc import Callable
 
 import torch
 
+from protocol import microbatch_split
 from protocol.codecs import WirePacker
 from protocol.control import Command, Contribution
 from protocol.model import lm_loss
@@ -90,7 +91,7 @@ def share_from_inputs(runner: StageRunner, packer: WirePacker, limits: WireLimit
         tokens = am.tokens.to(runner.device)
         out = runner.output(tokens, packer.unpack(am.payload, runner.dtype, runner.device).detach())
         if runner.is_last:
-            loss = lm_loss(out, tokens[:, 1:]) / runner.spec.n_microbatches * scale
+            loss = microbatch_split.weigh(runner.spec, lm_loss(out, tokens[:, 1:]), am.header.microbatch) * scale
             grads = torch.autograd.grad(loss, runner.params, allow_unused=True)
         else:
             gm = decode_message(grad, limits)
@@ -140,17 +141,17 @@ def recompute_head_share(daemon: StageDaemon, tokens: list[torch.Tensor],
     return runner.layout.pack(total, runner.current_U()).cpu()
 
 
-def recompute_tokens_share(daemon: StageDaemon, tokens: list[torch.Tensor]) -> torch.Tensor:
+def recompute_tokens_share(daemon: StageDaemon, tokens: list[torch.Tensor], microbatches: list[int]) -> torch.Tensor:
     """Worker thread: a head's share in a one-stage swarm (pure data parallel), whose only input is
-    the `tokens`, regenerated here:
+    the `tokens` of `microbatches`, regenerated here:
 
-        share = sum_m d(lm_loss(model(tokens_m)) / n_microbatches x loss scale)/dtheta, packed."""
+        share = sum_m d((B_m / B) lm_loss(model(tokens_m)) x loss scale)/dtheta, packed."""
     runner = daemon.runner
     scale = runner.loss_scale.scale if runner.loss_scale is not None else 1.0
     total = [torch.zeros_like(p) for p in runner.params]
-    for t in tokens:
+    for t, mb in zip(tokens, microbatches, strict=True):
         t = t.to(runner.device)
-        loss = lm_loss(runner.output(t, None), t[:, 1:]) / runner.spec.n_microbatches * scale
+        loss = microbatch_split.weigh(runner.spec, lm_loss(runner.output(t, None), t[:, 1:]), mb) * scale
         _accumulate(total, torch.autograd.grad(loss, runner.params, allow_unused=True))
     return runner.layout.pack(total, runner.current_U()).cpu()
 
@@ -197,7 +198,8 @@ class ShareCheck:
             return "failed", "this peer cannot regenerate a head's tokens.", []
         tokens = [self.tokens(cmd.step, mb) for mb in order.microbatches] if head else []
         if head and self.daemon.runner.is_last:  # one stage: no boundary message to fetch
-            return self._verdict(await self.daemon.run(recompute_tokens_share, self.daemon, tokens), sent, who, cmd,
+            return self._verdict(await self.daemon.run(recompute_tokens_share, self.daemon, tokens,
+                                                           order.microbatches), sent, who, cmd,
                                  order)
         req = InputsRequest(self.spec.run_hash, cmd.step, cmd.attempt, self.daemon.stage, order.microbatches)
         try:

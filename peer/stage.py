@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from protocol import microbatch_split
 from protocol.basis_update import canonical_basis
 from protocol.loss_scale import loss_scale_for
 from protocol.model import StageModule, build_stage, compute_dtype, lm_loss, spec_basis
@@ -106,11 +107,14 @@ class StageRunner(ReducedGradients, ScaledGradients):
     def basis_version(self) -> int:
         return self.module.basis_version
 
-    def _check_step(self, step: int, microbatch: int) -> None:
+    def _check_step(self, step: int, microbatch: int, tokens: torch.Tensor) -> None:
         if step != self.step:
             raise StageError(f"stage {self.stage} is on step {self.step}, not {step}.")
         if not 0 <= microbatch < self.spec.n_microbatches:
             raise StageError(f"microbatch {microbatch} is outside 0..{self.spec.n_microbatches - 1}.")
+        wrong = microbatch_split.check_rows(self.spec, microbatch, tokens.shape[0])
+        if wrong:
+            raise StageError(wrong)
         if microbatch in self._pending or microbatch in self._backward_done:
             raise StageError(f"microbatch {microbatch} of step {step} was already received.")
 
@@ -165,7 +169,7 @@ class StageRunner(ReducedGradients, ScaledGradients):
         """Non-last stage: returns the boundary tensor to send (detached); keeps the graph."""
         if self.is_last:
             raise StageError("the last stage runs forward_backward, not forward.")
-        self._check_step(step, microbatch)
+        self._check_step(step, microbatch, tokens)
         tokens = tokens.to(self.device)
         z = self._input(z_in)
         out, probe = self._run_module(tokens, z)
@@ -177,12 +181,12 @@ class StageRunner(ReducedGradients, ScaledGradients):
         """Last stage: loss on the shifted tokens, backward; returns (loss, dL/dz_in)."""
         if not self.is_last:
             raise StageError("only the last stage computes the loss.")
-        self._check_step(step, microbatch)
+        self._check_step(step, microbatch, tokens)
         tokens = tokens.to(self.device)
         z = self._input(z_in)
         logits, probe = self._run_module(tokens, z)
         loss = lm_loss(logits, tokens[:, 1:])
-        scaled = loss / self.spec.n_microbatches
+        scaled = microbatch_split.weigh(self.spec, loss, microbatch)
         (scaled if self.loss_scale is None else scaled * self.loss_scale.scale).backward()
         self._accumulate_stat(probe)
         self._backward_done.add(microbatch)

@@ -44,6 +44,15 @@ def marked_p2pd(token: str) -> set[int]:
     return found
 
 
+def pytest_sessionstart(session):
+    """Build matplotlib's font cache before any test runs: on a machine that has never drawn a plot its
+    first import runs `fc-list`, which would count as a process started by whichever unit test plots first."""
+    try:
+        import matplotlib.font_manager  # noqa: F401
+    except ImportError:
+        pass
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     """A test not marked e2e that starts a process (a subprocess, a DHT, p2pd, worker processes) fails,
