@@ -21,14 +21,10 @@ import math
 import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
 from .corpus import Corpus, DataError, bytes_to_uint8, nonneg_int, positive_int
-
-if TYPE_CHECKING:
-    from protocol.spec import RunSpec
 
 __all__ = [
     "BYTE_VOCAB_SIZE",
@@ -112,12 +108,9 @@ class BatchSource:
         seed: int,
         *,
         val_tokens: torch.Tensor | None = None,
-        sizes: Sequence[int] = (),
     ) -> None:
         self.seq_len = positive_int("seq_len", seq_len)
         self.microbatch_size = positive_int("microbatch_size", microbatch_size)
-        # a step's microbatches' rows when they differ (RunSpec.microbatch_sizes); () = microbatch_size each
-        self.sizes = tuple(positive_int("a microbatch size", b) for b in sizes)
         if isinstance(seed, bool):
             raise TypeError("seed must be an int, not bool")
         self.seed = operator.index(seed)
@@ -142,12 +135,6 @@ class BatchSource:
             )
         return tokens
 
-    @classmethod
-    def for_spec(cls, corpus_tokens: torch.Tensor | Corpus, spec: RunSpec, seed: int | None = None) -> BatchSource:
-        """The run's microbatches: its seq_len, its cut of a step and its data seed (or `seed`)."""
-        return cls(corpus_tokens, spec.seq_len, spec.microbatch_size, spec.data_seed if seed is None else seed,
-                   sizes=spec.microbatch_sizes)
-
     @property
     def window(self) -> int:
         """Tokens per row: seq_len inputs plus one, since targets are inputs shifted by one."""
@@ -159,21 +146,17 @@ class BatchSource:
         return self.microbatch_size * self.seq_len
 
     def microbatch(self, step: int, index: int) -> torch.Tensor:
-        """Int64 tensor [rows, seq_len + 1] of corpus windows for (step, index); rows is
-        microbatch_size, or the index's entry of `sizes` when they are given.
+        """Int64 tensor [microbatch_size, seq_len + 1] of corpus windows for (step, index).
 
         Window starts are drawn uniformly (with replacement) over the training split by a
         CPU generator seeded only from (seed, step, index).
         """
         step = nonneg_int("step", step)
         index = nonneg_int("index", index)
-        if self.sizes and index >= len(self.sizes):
-            raise ValueError(f"microbatch {index} is outside the step's {len(self.sizes)} microbatches")
-        rows = self.sizes[index] if self.sizes else self.microbatch_size
         gen = torch.Generator(device="cpu")
         gen.manual_seed(_microbatch_seed(self.seed, step, index))
         n_starts = self._train.numel() - self.window + 1
-        starts = torch.randint(0, n_starts, (rows,), generator=gen)
+        starts = torch.randint(0, n_starts, (self.microbatch_size,), generator=gen)
         return self._gather(self._train, starts)
 
     def val_batches(self, n: int) -> list[torch.Tensor]:

@@ -29,7 +29,6 @@ from collections.abc import Awaitable, Callable
 
 import torch
 
-from protocol import microbatch_split
 from protocol.control import MAX_GROUP, Command
 from protocol.step_record import StepRecord, data_digest
 
@@ -271,7 +270,7 @@ class StepDriver:
         seconds = time.perf_counter() - t0
         self.daemon.tokens_done += tokens
         self.daemon.throughput = tokens / max(seconds, 1e-9)
-        self.daemon.last_loss = microbatch_split.step_loss(self.spec, losses)
+        self.daemon.last_loss = sum(losses) / len(losses)
         return StepLog(step + 1, self.daemon.last_loss, tokens, seconds, self.runner.version_for_step(step),
                        record.lr, attempts, commit_seconds, self.commit.last_sync_bytes, record.skipped,
                        self.runner.scale, {h: len(m) for h, m in self.work.shares.items()}, dict(self.commit_parts))

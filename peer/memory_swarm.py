@@ -21,7 +21,8 @@ from .stage_peer import StagePeer
 
 
 def batches(spec: RunSpec, data: str | None = None):
-    return BatchSource.for_spec(load_corpus(data, seq_len=spec.seq_len), spec).microbatch
+    return BatchSource(load_corpus(data, seq_len=spec.seq_len), spec.seq_len, spec.microbatch_size,
+                       spec.data_seed).microbatch
 
 
 def oracle(spec: RunSpec, steps: int) -> list[float]:

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from protocol import microbatch_split
 from protocol.basis_update import next_basis
 from protocol.codecs import WirePacker
 from protocol.model import spec_basis
@@ -79,16 +78,15 @@ class InProcessPipeline:
                       to_stage)
 
     def train_step(self, step: int, batch: BatchFn) -> StepResult:
-        losses, sequences = [], 0
+        losses = []
         for mb in range(self.spec.n_microbatches):
             tokens = batch(step, mb)
-            sequences += tokens.shape[0]
             losses.append(self._microbatch(step, mb, tokens))
         skip = any(r.overflowed() for r in self.runners)
         for r in self.runners:
             r.optimizer_step(skip)
         self._maybe_refit()
-        return StepResult(step, microbatch_split.step_loss(self.spec, losses), sequences * self.spec.seq_len, losses,
+        return StepResult(step, sum(losses) / len(losses), tokens.shape[0] * self.spec.seq_len * len(losses), losses,
                           skip)
 
     def _microbatch(self, step: int, mb: int, tokens: torch.Tensor) -> float:

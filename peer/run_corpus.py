@@ -86,4 +86,4 @@ def run_batches(spec: RunSpec, data: str | None = None) -> Callable[[int, int], 
     """(step, microbatch index) -> that microbatch's token ids, from the run's corpus (`run_corpus`), as
     every head regenerates them (peer/data.py)."""
     corpus, _ = run_corpus(spec, data)
-    return BatchSource.for_spec(corpus, spec).microbatch
+    return BatchSource(corpus, spec.seq_len, spec.microbatch_size, spec.data_seed).microbatch

@@ -38,7 +38,6 @@ from collections.abc import Callable
 
 import torch
 
-from protocol import microbatch_split
 from protocol.codecs import WirePacker
 from protocol.control import Command, Contribution
 from protocol.model import lm_loss
@@ -91,7 +90,7 @@ def share_from_inputs(runner: StageRunner, packer: WirePacker, limits: WireLimit
         tokens = am.tokens.to(runner.device)
         out = runner.output(tokens, packer.unpack(am.payload, runner.dtype, runner.device).detach())
         if runner.is_last:
-            loss = microbatch_split.weigh(runner.spec, lm_loss(out, tokens[:, 1:]), am.header.microbatch) * scale
+            loss = lm_loss(out, tokens[:, 1:]) / runner.spec.n_microbatches * scale
             grads = torch.autograd.grad(loss, runner.params, allow_unused=True)
         else:
             gm = decode_message(grad, limits)
@@ -141,17 +140,17 @@ def recompute_head_share(daemon: StageDaemon, tokens: list[torch.Tensor],
     return runner.layout.pack(total, runner.current_U()).cpu()
 
 
-def recompute_tokens_share(daemon: StageDaemon, tokens: list[torch.Tensor], microbatches: list[int]) -> torch.Tensor:
+def recompute_tokens_share(daemon: StageDaemon, tokens: list[torch.Tensor]) -> torch.Tensor:
     """Worker thread: a head's share in a one-stage swarm (pure data parallel), whose only input is
-    the `tokens` of `microbatches`, regenerated here:
+    the `tokens`, regenerated here:
 
-        share = sum_m d((B_m / B) lm_loss(model(tokens_m)) x loss scale)/dtheta, packed."""
+        share = sum_m d(lm_loss(model(tokens_m)) / n_microbatches x loss scale)/dtheta, packed."""
     runner = daemon.runner
     scale = runner.loss_scale.scale if runner.loss_scale is not None else 1.0
     total = [torch.zeros_like(p) for p in runner.params]
-    for t, mb in zip(tokens, microbatches, strict=True):
+    for t in tokens:
         t = t.to(runner.device)
-        loss = microbatch_split.weigh(runner.spec, lm_loss(runner.output(t, None), t[:, 1:]), mb) * scale
+        loss = lm_loss(runner.output(t, None), t[:, 1:]) / runner.spec.n_microbatches * scale
         _accumulate(total, torch.autograd.grad(loss, runner.params, allow_unused=True))
     return runner.layout.pack(total, runner.current_U()).cpu()
 
@@ -198,8 +197,7 @@ class ShareCheck:
             return "failed", "this peer cannot regenerate a head's tokens.", []
         tokens = [self.tokens(cmd.step, mb) for mb in order.microbatches] if head else []
         if head and self.daemon.runner.is_last:  # one stage: no boundary message to fetch
-            return self._verdict(await self.daemon.run(recompute_tokens_share, self.daemon, tokens,
-                                                           order.microbatches), sent, who, cmd,
+            return self._verdict(await self.daemon.run(recompute_tokens_share, self.daemon, tokens), sent, who, cmd,
                                  order)
         req = InputsRequest(self.spec.run_hash, cmd.step, cmd.attempt, self.daemon.stage, order.microbatches)
         try:

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from protocol import microbatch_split
 from protocol.basis_update import canonical_basis
 from protocol.loss_scale import loss_scale_for
 from protocol.model import StageModule, build_stage, compute_dtype, lm_loss, spec_basis
@@ -112,9 +111,10 @@ class StageRunner(ReducedGradients, ScaledGradients):
             raise StageError(f"stage {self.stage} is on step {self.step}, not {step}.")
         if not 0 <= microbatch < self.spec.n_microbatches:
             raise StageError(f"microbatch {microbatch} is outside 0..{self.spec.n_microbatches - 1}.")
-        wrong = microbatch_split.check_rows(self.spec, microbatch, tokens.shape[0])
-        if wrong:
-            raise StageError(wrong)
+        # every microbatch weighs 1 / n of the step's loss: one of fewer sequences would count its tokens more
+        if tokens.shape[0] != self.spec.microbatch_size:
+            raise StageError(f"microbatch {microbatch} holds {self.spec.microbatch_size} sequences, not "
+                             f"{tokens.shape[0]}.")
         if microbatch in self._pending or microbatch in self._backward_done:
             raise StageError(f"microbatch {microbatch} of step {step} was already received.")
 
@@ -186,7 +186,7 @@ class StageRunner(ReducedGradients, ScaledGradients):
         z = self._input(z_in)
         logits, probe = self._run_module(tokens, z)
         loss = lm_loss(logits, tokens[:, 1:])
-        scaled = microbatch_split.weigh(self.spec, loss, microbatch)
+        scaled = loss / self.spec.n_microbatches
         (scaled if self.loss_scale is None else scaled * self.loss_scale.scale).backward()
         self._accumulate_stat(probe)
         self._backward_done.add(microbatch)

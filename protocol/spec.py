@@ -18,8 +18,6 @@ from typing import Any
 
 import torch
 
-from . import microbatch_split
-
 CODECS = ("dense", "subspace", "bottleneck")
 # the dtype names a run spec may use, and the torch dtype each one means (the one place they are spelled)
 WIRE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp64": torch.float64}
@@ -46,7 +44,7 @@ LR_OPTIONS: dict[str, float] = {**SUBSPACE_OPTIONS, "constrained_stage_lr_scale"
 # 80 Mbit/s the design targets
 SLOWEST_UPLINK_BPS = 8e6
 HASH_NEUTRAL_DEFAULTS: dict[str, Any] = {**LR_OPTIONS, "microbatches_in_flight": 0, "replica_sync_warmup": 0,
-                                         "residual_width": 0, "constrained_stage_lr_end": 0.0, "microbatch_sizes": (),
+                                         "residual_width": 0, "constrained_stage_lr_end": 0.0,
                                          "slowest_uplink_bps": SLOWEST_UPLINK_BPS}
 # the weight of the re-fit statistic's EMA that its window may leave out (`RunSpec.stat_window`)
 STAT_TAIL = 1e-6
@@ -116,10 +114,7 @@ class RunSpec:
     min_lr_ratio: float = 0.1
     # batch
     batch_size: int = 16  # sequences per optimizer step
-    microbatch_size: int = 8  # the largest microbatch's sequences
-    # sequences of each microbatch, in order (protocol/microbatch_split.py: small ends shorten a pipeline's fill
-    # and drain); () = batch_size / microbatch_size equal ones
-    microbatch_sizes: tuple[int, ...] = ()
+    microbatch_size: int = 8
     # how many of a head's microbatches are between their forward and their gradient's return at once (the
     # head starts the next as one comes back); 0 = all of its share at once. It bounds every stage's saved
     # activations (peer/memory_estimate.py), so a step of many microbatches fits a card (issue 22 item 2)
@@ -165,7 +160,6 @@ class RunSpec:
     def __post_init__(self) -> None:
         object.__setattr__(self, "stage_layers", tuple(int(x) for x in self.stage_layers))
         object.__setattr__(self, "betas", tuple(float(x) for x in self.betas))
-        object.__setattr__(self, "microbatch_sizes", tuple(int(x) for x in self.microbatch_sizes))
         for name in (*LR_OPTIONS, "constrained_stage_lr_end", "slowest_uplink_bps"):  # 2 and 2.0 must hash alike
             object.__setattr__(self, name, float(getattr(self, name)))
         # counts, whatever a spec file wrote
@@ -186,7 +180,7 @@ class RunSpec:
 
     @property
     def n_microbatches(self) -> int:
-        return microbatch_split.count(self)
+        return self.batch_size // self.microbatch_size
 
     def powersgd_at(self, step: int) -> bool:
         """Whether step `step` (0-based) sums replicas' gradients as PowerSGD factors: a "powersgd" run
@@ -276,10 +270,8 @@ class RunSpec:
                  "the hybrid (residual_width > 0) has free stages: use subspace_mode \"project\" and embed_split "
                  "\"subspace\".")
         need(self.microbatch_size >= 1 and self.batch_size >= self.microbatch_size
-             and (self.batch_size % self.microbatch_size == 0 or bool(self.microbatch_sizes)),
+             and self.batch_size % self.microbatch_size == 0,
              "batch_size must be a positive multiple of microbatch_size.")
-        cut = microbatch_split.size_problem(self.microbatch_sizes, self.batch_size, self.microbatch_size)
-        need(cut is None, cut or "")
         need(self.lr > 0 and 0 <= self.betas[0] < 1 and 0 <= self.betas[1] < 1, "lr > 0 and betas in [0, 1).")
         need(self.basis_interval >= 1, "basis_interval must be at least 1 step.")
         need(1 <= self.basis_switch_delay < self.basis_interval or not self.basis_updates,
@@ -316,8 +308,6 @@ class RunSpec:
                 del d[name]
         d["stage_layers"] = list(self.stage_layers)
         d["betas"] = list(self.betas)
-        if "microbatch_sizes" in d:
-            d["microbatch_sizes"] = list(self.microbatch_sizes)
         return d
 
     def to_json(self) -> str:
@@ -463,12 +453,6 @@ def preset(name: str, **overrides: Any) -> RunSpec:
     fields.update({k: v for k, v in overrides.items() if v is not None})
     if fields.get("basis_interval") and "basis_switch_delay" not in fields:
         fields["basis_switch_delay"] = max(1, min(10, fields["basis_interval"] // 2))
-    if fields.get("microbatch_sizes"):  # the cut says the batch; a --batch-size beside it must agree
-        sizes = tuple(fields["microbatch_sizes"])
-        if overrides.get("batch_size") not in (None, sum(sizes)):
-            raise SpecError(f"the microbatch sizes add up to {sum(sizes)} sequences, but batch_size is "
-                            f"{overrides['batch_size']}: give one of them, or make them agree.")
-        fields.update(batch_size=sum(sizes), microbatch_size=max(sizes))
     if stages is not None:
         fields["stage_layers"] = split_layers(fields.get("n_layers", RunSpec.n_layers), stages)
     width = fields.get("rank", RunSpec.rank) + fields.get("residual_width", 0)

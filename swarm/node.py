@@ -306,7 +306,7 @@ async def run_peer(opts: PeerOptions) -> int:
             if not opts.foreign_data:
                 check_corpus(spec, corpus)  # every head of the run reads the same text
             log.info("head: training on %s, %s (%d bytes)", corpus.name, origin, len(corpus))
-            return BatchSource.for_spec(corpus, spec).microbatch
+            return BatchSource(corpus, spec.seq_len, spec.microbatch_size, spec.data_seed).microbatch
 
         ctx = ReplicaContext(spec, peer_id, sdht, transport, router, LinkAdapter(transport, peer_id), opts.device,
                              batches, reporter, monitor, opts.ttl, opts.checkpoint_dir, opts.checkpoint_every,

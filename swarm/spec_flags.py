@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 
-from protocol.microbatch_split import parse_sizes
 from protocol.spec import (
     CODECS,
     DTYPE_CHOICES,
@@ -56,10 +55,6 @@ def add_spec_flags(p: argparse.ArgumentParser) -> None:
                    "sensitive to compressed gradients; each exact step sends the whole gradient) (default: 0)")
     g.add_argument("--batch-size", type=int, metavar="N",
                    help="sequences per optimizer step, a multiple of the microbatch (default: the preset's)")
-    g.add_argument("--microbatch-sizes", metavar="B,B,...",
-                   help="sequences of each microbatch of a step, in order; they set the batch size. Small first and "
-                   "last ones shorten a pipeline's fill and drain over slow uplinks, e.g. 2,14,14,2 for small's 32 "
-                   "(docs/benchmarks.md, Links busy) (default: the preset's equal microbatches)")
     g.add_argument("--microbatches-in-flight", type=int, metavar="N",
                    help="a head's microbatches between forward and gradient at once: bounds every stage's saved "
                    "activations, so a large --batch-size fits a card (default: 0, all of its share)")
@@ -81,7 +76,6 @@ def spec_notes(spec: RunSpec) -> str:
              if spec.constrained_stage_lr_scale != 1.0 else "",
              f"hybrid: {spec.residual_width} bottleneck numbers a token beside the k exact" if spec.hybrid else "",
              f"{spec.microbatches_in_flight} microbatches in flight a head" if spec.microbatches_in_flight else "",
-             f"microbatches of {','.join(map(str, spec.microbatch_sizes))} sequences" if spec.microbatch_sizes else "",
              f"{spec.replica_sync_warmup} exact sync steps first" if spec.replica_sync_warmup else "",
              f"waits for uplinks down to {spec.slowest_uplink_bps / 1e6:g} Mbit/s"
              if spec.slowest_uplink_bps != SLOWEST_UPLINK_BPS else ""]
@@ -104,7 +98,6 @@ def slowest_uplink(text: str | None) -> float | None:
 def spec_from_args(a: argparse.Namespace) -> RunSpec:
     """The run spec the flags describe: `--run-spec FILE` as it is, else the preset with the flags given."""
     floor = slowest_uplink(a.slowest_uplink)  # a bad rate fails before a spec file is read
-    sizes = parse_sizes(a.microbatch_sizes) if getattr(a, "microbatch_sizes", None) else None
     if a.run_spec:
         spec = RunSpec.load(a.run_spec)
         return spec if floor is None else spec.replace(slowest_uplink_bps=floor)
@@ -118,4 +111,4 @@ def spec_from_args(a: argparse.Namespace) -> RunSpec:
                   replica_sync=a.replica_sync, replica_sync_rank=a.replica_sync_rank,
                   replica_sync_warmup=a.replica_sync_warmup,
                   constrained_stage_lr_scale=a.constrained_stage_lr, batch_size=a.batch_size,
-                  microbatches_in_flight=a.microbatches_in_flight, slowest_uplink_bps=floor, microbatch_sizes=sizes)
+                  microbatches_in_flight=a.microbatches_in_flight, slowest_uplink_bps=floor)

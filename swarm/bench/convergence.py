@@ -65,7 +65,7 @@ def _train_variant(name: str, spec_json: str, data: str | None, device: str, eva
         torch.backends.cuda.matmul.allow_tf32 = True  # every variant alike; fp32 matmuls would dominate
         torch.backends.cudnn.allow_tf32 = True
     corpus = load_corpus(data, seq_len=spec.seq_len)
-    src = BatchSource.for_spec(corpus, spec)
+    src = BatchSource(corpus, spec.seq_len, spec.microbatch_size, spec.data_seed)
     val = src.val_batches(eval_batches)
     pipe = InProcessPipeline(spec, device=device, serialize=False)
     rec = {"spec": spec.to_dict(), "train": [], "val": [], "switches": [], "data": corpus.name,

@@ -128,7 +128,7 @@ def train_job(job: Job, data: str | None, device: str = "cpu", eval_every: int =
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     corpus = load_corpus(data, seq_len=spec.seq_len)
-    src = BatchSource.for_spec(corpus, spec)
+    src = BatchSource(corpus, spec.seq_len, spec.microbatch_size, spec.data_seed)
     val = src.val_batches(eval_batches)
     pipe = InProcessPipeline(spec, device=device, serialize=False)
     if job.boundary == "full":

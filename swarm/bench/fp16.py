@@ -28,7 +28,7 @@ def train(spec_name: str, dtype: str, steps: int, data: str | None, device: str,
           eval_batches: int) -> dict:
     spec = preset(spec_name, dtype=dtype, total_steps=steps)
     corpus = load_corpus(data, seq_len=spec.seq_len)
-    src = BatchSource.for_spec(corpus, spec)
+    src = BatchSource(corpus, spec.seq_len, spec.microbatch_size, spec.data_seed)
     val = src.val_batches(eval_batches)
     pipe = InProcessPipeline(spec, device=device, serialize=False)
     rec = {"spec": spec.to_dict(), "train": [], "val": [], "skipped": [], "scale": [], "data": corpus.name}

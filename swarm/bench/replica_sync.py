@@ -108,7 +108,7 @@ def _loss_row(spec: RunSpec, steps: int, device: str, data: str | None, eval_bat
     swarm, logs = asyncio.run(_train(spec, 2, steps, device, data))
     runners = [swarm.stage(s)[0].runner for s in range(spec.n_stages)]
     corpus = load_corpus(data, seq_len=spec.seq_len)
-    val = BatchSource.for_spec(corpus, spec).val_batches(eval_batches)
+    val = BatchSource(corpus, spec.seq_len, spec.microbatch_size, spec.data_seed).val_batches(eval_batches)
     loss = held_out_loss(SimpleNamespace(runners=runners, packer=WirePacker.for_spec(spec)), val)
     return {"mode": _label(spec), "seed": spec.seed, "steps": steps, "tokens": sum(log.tokens for log in logs),
             "held_out_loss": loss, "train": [[log.step, log.loss] for log in logs],

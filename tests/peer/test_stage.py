@@ -50,6 +50,8 @@ def test_refusals(pair):
         head.forward(0, spec.n_microbatches, tok)  # microbatch out of range
     with pytest.raises(StageError):
         head.forward(0, -1, tok)
+    with pytest.raises(StageError, match="holds 4 sequences, not 3"):
+        head.forward(0, 0, tok[:3])  # fewer sequences would weigh each token more than 1 / (n B T)
     z = head.forward(0, 0, tok)
     with pytest.raises(StageError, match="already"):
         head.forward(0, 0, tok)  # duplicate microbatch
@@ -59,6 +61,8 @@ def test_refusals(pair):
         tail.forward(0, 0, tok, z)  # the last stage runs forward_backward
     with pytest.raises(StageError):
         tail.forward_backward(0, 0, tok, None)  # a non-first stage needs a boundary tensor
+    with pytest.raises(StageError, match="holds 4 sequences, not 2"):
+        tail.forward_backward(0, 0, tok[:2], z[:2])
     loss, g = tail.forward_backward(0, 0, tok, z)
     with pytest.raises(StageError, match="already"):
         tail.forward_backward(0, 0, tok, z)  # duplicate on the last stage

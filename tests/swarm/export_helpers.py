@@ -14,7 +14,7 @@ from swarm.export.gather import StageState, select_stages
 
 
 def batch_source(spec: RunSpec) -> BatchSource:
-    return BatchSource.for_spec(load_corpus(None, seq_len=spec.seq_len), spec)
+    return BatchSource(load_corpus(None, seq_len=spec.seq_len), spec.seq_len, spec.microbatch_size, spec.data_seed)
 
 
 def trained(spec: RunSpec, steps: int = 3, switch_at: int | None = None) -> InProcessPipeline:
