@@ -70,7 +70,6 @@ class StagePeer:
 
     def _applied(self, step: int) -> None:
         self.snapshots.after_step(step)
-        self.state.after_step(step)
         if self.on_applied is not None:
             self.on_applied(step)
 

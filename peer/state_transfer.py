@@ -33,7 +33,7 @@ from protocol.state_wire import (
     encode_state_request,
     sha256_hex,
 )
-from protocol.wire import KIND_STATE, WireError
+from protocol.wire import KIND_STATE, WireError, refusal_reason
 
 from .commit import StepCommit
 from .daemon import StageDaemon
@@ -46,7 +46,6 @@ SNAPSHOT_TTL_S = 300.0  # a snapshot is served this long after it was taken
 MAX_QUEUED = 64  # reduced gradients a joiner holds while it loads (it downloads again if it falls further behind)
 MAX_SNAPSHOTS = 2
 HASHED_WAIT_S = 60.0  # how long a donor waits for a step whose state hash the swarm records
-STALLED_MIN_S = 10.0  # a stage whose step has not moved for max(this, 3 x its recent step time) is not training
 
 
 class StateError(RuntimeError):
@@ -64,22 +63,9 @@ class StateService:
         self.daemon, self.commit, self.runner = daemon, commit, daemon.runner
         self._snapshots: dict[int, tuple[bytes, float]] = {}
         self.served = 0
-        # serve only a state at a step whose hash the replicas report (set where the swarm records those hashes:
-        # a run with a coordinator), so that the joiner can check it against the vouched one
+        # serve a joiner only a state at a step whose hash the replicas report (set where the swarm records those
+        # hashes: a run with a coordinator), so that the joiner can check it against the vouched one
         self.hashed_only = False
-        self._applied: list[float] = []  # monotonic times of the last steps applied here (after_step)
-
-    def after_step(self, step: int) -> None:
-        self._applied = (self._applied + [time.monotonic()])[-4:]
-
-    def stalled(self) -> bool:
-        """No step applied here for max(STALLED_MIN_S, 3 x the recent step time): the swarm is not training
-        (its head finished, or it is paused), so no hashed step is coming."""
-        if not self._applied:
-            return False
-        times = self._applied
-        step_s = (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else 0.0
-        return time.monotonic() - times[-1] > max(STALLED_MIN_S, 3 * step_s)
 
     async def start(self) -> None:
         await self.daemon.link.serve(KIND_STATE, self._on_request)
@@ -92,18 +78,18 @@ class StateService:
         self.commit.forwarder.follow_from(follower, self.runner.step)
         return self.runner.step, state_bytes(self.runner.state_dict())
 
-    async def _hashed_snapshot(self, follower: str) -> tuple[int, bytes]:
+    async def _hashed_snapshot(self, follower: str) -> tuple[int, bytes] | None:
         """The state at the next step whose hash the replicas report (`StateHasher.every`), which the
-        joiner checks against the swarm's records: waits for it, at most HASHED_WAIT_S, and not at all
-        while the stage is not stepping (`stalled`: an export from a swarm that finished training); then
-        as it is."""
+        joiner checks against the swarm's records; None if none came within HASHED_WAIT_S. It waits through
+        a pause of the swarm: a state at another step is one no record will vouch for, and the joiner
+        refuses it (peer/vouched_state.py), so serving it would only cost the joiner its download."""
         deadline = time.monotonic() + HASHED_WAIT_S
-        while True:
-            every = self.commit.hasher.every if time.monotonic() < deadline and not self.stalled() else 1
-            got = await self.daemon.run(self._snapshot, follower, every)
+        while time.monotonic() < deadline:
+            got = await self.daemon.run(self._snapshot, follower, self.commit.hasher.every)
             if got is not None:
                 return got
             await asyncio.sleep(0.05)  # poll the stage's step until it reaches a hashed one (bounded by the deadline)
+        return None
 
     async def _on_request(self, body: bytes, sender: str) -> bytes:
         if (refusal := await self.daemon.admitted(sender, KIND_STATE)) is not None:
@@ -115,9 +101,13 @@ class StateService:
         now = time.monotonic()
         for sid in [s for s, (_, t) in self._snapshots.items() if now - t > SNAPSHOT_TTL_S]:
             del self._snapshots[sid]
-        if req.op == "meta":
-            step, data = await (self._hashed_snapshot(sender) if self.hashed_only else self.daemon.run(self._snapshot,
-                                                                                                      sender))
+        if req.op in ("meta", "now"):
+            got = await (self._hashed_snapshot(sender) if self.hashed_only and req.op == "meta"
+                         else self.daemon.run(self._snapshot, sender))
+            if got is None:
+                return self.daemon.refuse(f"this stage reached no step whose state the swarm records within "
+                                          f"{HASHED_WAIT_S:.0f} s (it is not training); ask again once it is.", sender)
+            step, data = got
             sid = time.monotonic_ns()
             self._snapshots[sid] = (data, now)
             while len(self._snapshots) > MAX_SNAPSHOTS:
@@ -136,17 +126,25 @@ class StateService:
         return data[start:start + STATE_CHUNK_BYTES]
 
 
-async def download_state(link, donor: str, run: str, max_bytes: int, timeout: float = 120.0) -> tuple[int, dict]:
-    """(step, state) of `donor`'s stage, downloaded in chunks and checked against its sha256."""
+async def download_state(link, donor: str, run: str, max_bytes: int, timeout: float = 120.0,
+                         now: bool = False) -> tuple[int, dict]:
+    """(step, state) of `donor`'s stage, downloaded in chunks and checked against its sha256. A joiner's
+    (`now` False) is at a step the swarm's records vouch for where it has them; an exporter's (`now`) is the
+    state as it is (the last step of a swarm that finished, which no record need hold)."""
+    op = "now" if now else "meta"
     try:
-        meta = decode_state_meta(await link.request(donor, KIND_STATE, encode_state_request(StateRequest(run, "meta")),
-                                                    timeout=timeout), max_bytes)
+        reply = await link.request(donor, KIND_STATE, encode_state_request(StateRequest(run, op)), timeout=timeout)
+        if (reason := refusal_reason(reply)) is not None:
+            raise StateError(f"{donor[-8:]} did not serve its state: {reason}")
+        meta = decode_state_meta(reply, max_bytes)
         parts = []
         for i in range(max(1, -(-meta.total_bytes // meta.chunk_bytes))):
             req = encode_state_request(StateRequest(run, "chunk", i, meta.snapshot))
             parts.append(await link.request(donor, KIND_STATE, req, timeout=timeout))
     except WireError as e:
         raise StateError(f"the state offered by {donor[-8:]} is malformed ({e}).") from e
+    except StateError:
+        raise
     except Exception as e:  # transport failures of any kind
         raise StateError(f"could not download the state from {donor[-8:]} ({e}).") from e
     data = b"".join(parts)

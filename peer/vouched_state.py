@@ -11,8 +11,8 @@ vouches for each stage's agreed one (`peer/state_votes.py`, `swarm/replicas/vouc
 - after a download, waits (at most `wait` seconds) until the records hold the state's step and
   loads the state only if its sha256 is the vouched one. A donor's own sha256 of what it
   serves proves only that it agrees with itself. A step the records have passed without
-  vouching for it (one that is not hashed: a donor the swarm left behind serves its state as
-  it is; one the stage did not agree on) is refused at once: the coordinator vouches only for
+  vouching for it (one that is not hashed, which only a hostile or outdated donor serves a
+  joiner, peer/state_transfer.py; one the stage did not agree on) is refused at once: the coordinator vouches only for
   a step newer than every one it vouched for, so its record is not coming, and the joiner
   tries the next donor instead of waiting out `wait` while the swarm goes on.
 

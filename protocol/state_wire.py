@@ -2,7 +2,9 @@
 donor, its description first, then chunk by chunk (peer/state_transfer.py); validated on the way
 in like wire.py.
 
-    StateRequest  {k: "state", r, o: "meta" | "chunk", i: chunk index, n: snapshot id}
+    StateRequest  {k: "state", r, o: "meta" | "now" | "chunk", i: chunk index, n: snapshot id}
+                  "meta": a joiner's: where the swarm records state hashes, a state at a step they will vouch
+                  for (the donor waits for one); "now": an exporter's: the state as it is
     StateMeta     {k: "statem", s: step, n: snapshot id, z: total bytes, c: chunk bytes, h: sha256 hex}
 
 Then (kind `fol`) its donor forwards it every step's reduced gradient until it reduces itself:
@@ -28,7 +30,7 @@ import torch
 from .control import FlatLimits, _flag, _flat, _int, _is, _opt_tensor, _run, _stat, _unpack, _with_flag
 from .wire import KIND_FOLLOW, KIND_STATE, _need
 
-STATE_OPS = ("meta", "chunk")
+STATE_OPS = ("meta", "now", "chunk")
 STATE_CHUNK_BYTES = 8 << 20
 _STATE_META = "statem"
 

@@ -271,6 +271,19 @@ def _check_payload(d: dict, lim: WireLimits, batch: int | None) -> WireTensors:
     return WireTensors(p, scale)
 
 
+def refusal_reason(data: bytes) -> str | None:
+    """The reason of a refusal (`ErrorReply`) in a reply of any kind, or None if it is not one: what a caller
+    shows instead of "malformed" when a peer said no to a request whose answer has its own format."""
+    try:
+        d = msgpack.unpackb(bytes(data[:8192]), raw=False, strict_map_key=True, max_str_len=4096, max_bin_len=0,
+                            max_array_len=64, max_map_len=32)
+    except Exception:  # not msgpack, or cut off: not a refusal
+        return None
+    if isinstance(d, dict) and d.get("k") == KIND_ERROR and isinstance(d.get("e"), str):
+        return d["e"][:1000]
+    return None
+
+
 def decode_message(data: bytes, lim: WireLimits) -> Message:
     """Parse and validate one inbound message; raises WireError and nothing else."""
     if not isinstance(data, (bytes, bytearray, memoryview)):

@@ -174,7 +174,7 @@ async def fetch_stage_states(initial_peers: list[str], timeout: float = 300.0) -
             limit = 4 * StageRunner(spec, stage).n_params * 8 + (64 << 20)
             for ann in sorted((a for a in peers[stage] if a.state in LIVE_STATES), key=lambda a: -a.step):
                 try:
-                    return (await download_state(link, ann.peer_id, spec.run_hash, limit, timeout))[1]
+                    return (await download_state(link, ann.peer_id, spec.run_hash, limit, timeout, now=True))[1]
                 except StateError as e:
                     problems.append(str(e))
             raise ExportError(f"no replica of stage {stage} gave its state: {'; '.join(problems)}")

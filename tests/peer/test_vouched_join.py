@@ -7,12 +7,13 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
 import torch
 
 from peer import state_transfer
 from peer.loopback import LoopbackLink
 from peer.state_hash import state_bytes, state_sha256
-from peer.state_transfer import load_state_bytes
+from peer.state_transfer import StateError, download_state
 from peer.vouched_state import VouchedStates
 from protocol.wire import KIND_STATE
 from swarm.replicas.hostile_donor import serve_bad_state
@@ -148,30 +149,47 @@ async def test_a_joiner_that_catches_up_from_a_lone_donor_has_its_donors_state_s
     assert state_bytes(newcomer.runner.state_dict()) == state_bytes(donor.state_dict())
 
 
-async def test_a_donor_whose_swarm_stopped_stepping_serves_its_state_as_it_is_without_waiting(monkeypatch):
-    """A hashed-only donor waits for the next hashed step only while its stage steps: once the swarm stopped (a
-    head that finished, an export afterwards) none is coming, and it served after HASHED_WAIT_S (60 s) before."""
-    monkeypatch.setattr(state_transfer, "STALLED_MIN_S", 0.5)
+async def test_a_paused_donor_serves_a_joiner_only_a_hashed_state_and_an_exporter_its_state_as_it_is(monkeypatch):
+    """A hashed-only donor at a step between two hashed ones: a joiner's request ("meta") waits for the next
+    hashed step and, when none comes within HASHED_WAIT_S (a swarm that is not training), is refused with a
+    reason instead of given a state no record will vouch for; an exporter's ("now") gets the state at once."""
+    monkeypatch.setattr(state_transfer, "HASHED_WAIT_S", 1.0)
     swarm = await make_swarm(spec_for("subspace", "fp64"), [1, 1])
     donor = swarm.peers["s1r0"]
     try:
         await swarm.drive(3)
         await swarm.applied()
-        donor.commit.hasher.every, donor.state.hashed_only = 1000, True  # the next hashed step never comes
-        step, data = await asyncio.wait_for(donor.state._hashed_snapshot("exporter"), timeout=20)
+        donor.commit.hasher.every, donor.state.hashed_only = 2, True  # step 3 is not hashed, and no step follows
+        link = LoopbackLink(swarm.net, "joiner")
+        t0 = time.monotonic()
+        with pytest.raises(StateError, match="reached no step whose state the swarm records within 1 s"):
+            await download_state(link, "s1r0", swarm.spec.run_hash, 1 << 30, timeout=20)
+        waited = time.monotonic() - t0
+        step, state = await asyncio.wait_for(download_state(link, "s1r0", swarm.spec.run_hash, 1 << 30, timeout=20,
+                                                            now=True), timeout=20)
     finally:
         await swarm.stop()
-    assert step == 3 and state_sha256(load_state_bytes(data)) == state_sha256(donor.runner.state_dict())
+    assert waited >= 1.0  # it waited for a hashed step before it said no
+    assert step == 3 and state_sha256(state) == state_sha256(donor.runner.state_dict())
 
 
-def test_a_stage_counts_as_stalled_after_three_of_its_recent_step_times_or_the_floor():
-    service = state_transfer.StateService.__new__(state_transfer.StateService)
-    now = time.monotonic()
-    service._applied = []
-    assert not service.stalled()  # no step seen yet: a fresh swarm is not a stopped one
-    service._applied = [now - 40, now - 30, now - 20]  # 10 s a step, the last 20 s ago: still within 3 x 10 s
-    assert not service.stalled()
-    service._applied = [now - 75, now - 65, now - 55, now - 45]  # 45 s without a step, at 10 s a step
-    assert service.stalled()
-    service._applied = [now - 6.2, now - 6.1, now - 6.0]  # fast steps: the floor (10 s) holds
-    assert not service.stalled()
+async def test_a_joiner_of_a_paused_swarm_gets_the_state_of_the_next_hashed_step_once_it_trains_again():
+    """The swarm pauses at an unhashed step: the joiner's request is not answered while it does, and is once
+    the swarm steps on to a hashed step, with that step's state (before, a pause of 10 s had the donor serve the
+    unhashed state, which the joiner then refused)."""
+    swarm = await make_swarm(spec_for("subspace", "fp64"), [1, 1])
+    donor = swarm.peers["s1r0"]
+    try:
+        await swarm.drive(3)
+        await swarm.applied()
+        donor.commit.hasher.every, donor.state.hashed_only = 2, True
+        link = LoopbackLink(swarm.net, "joiner")
+        asking = asyncio.create_task(download_state(link, "s1r0", swarm.spec.run_hash, 1 << 30, timeout=60))
+        with pytest.raises(TimeoutError):  # paused at step 3: no answer
+            await asyncio.wait_for(asyncio.shield(asking), timeout=0.5)
+        await swarm.drive(4)  # step 4: hashed
+        step, state = await asyncio.wait_for(asking, timeout=30)
+        await swarm.applied()
+    finally:
+        await swarm.stop()
+    assert step == 4 and state_sha256(state) == state_sha256(donor.runner.state_dict())
