@@ -160,7 +160,10 @@ def test_wire_message_sizes_match_header_bytes(dtype, corpus):
 
 # steps per codec: each one's bound below holds from about 70 (dense), 105 (bottleneck) and 160
 # (subspace) steps on; more would prove nothing more and cost a fast lane half a minute
-LEARNS_WITHIN = {"dense": 100, "bottleneck": 140, "subspace": 200}
+# steps each codec gets to reach the bound. fp32 training rounds differently on different CPUs' vector units and
+# the trajectory is chaotic: on an AVX-512 Xeon (2026-12-02) subspace's mean loss of steps 181-200 was 2.70 against
+# the 2.61 allowed (the same code had passed at 200 on the machines it was set on), 2.53 at 240 and 2.49 at 260
+LEARNS_WITHIN = {"dense": 100, "bottleneck": 140, "subspace": 260}
 
 
 @pytest.mark.e2e  # a training run to a loss bound per codec (tens of seconds each on 2 cores)
