@@ -8,11 +8,16 @@ The downlink (`DownlinkShaper`) is a queue of its own bandwidth that every recei
 through. A frame's bytes flow into the downlink while they leave the sender's uplink, so its own
 n / rate of downlink time overlaps the sender's serialization (exactly, when the sender's uplink
 is no faster than this downlink: equal rates, or a home line's faster downlink): a frame whose
-last byte arrives at t took the downlink from t - n / rate at the latest, or from when the frames
-before it were through, whichever is later, and the receiver waits for what of that runs past t.
-One stream costs nothing extra, a small frame right behind a large one from the same sender
-included; two senders into one downlink share it; a frame waits only for the part of another's
-transfer that overlapped its own. (A sender faster than this downlink is not slowed to its
+last byte arrives at t had its bytes come in over [t - n / rate, t], and it is through at
+max(t, t - n / rate + n / rate + u), u the downlink time other frames use after t - n / rate (a
+fluid queue: the line does the other frames' work and this one's from when its bytes began);
+the receiver waits for what of that runs past t. One stream costs nothing extra, a small frame
+right behind a large one from the same sender included; two senders into one downlink share it;
+a frame waits only for the part of another's transfer that overlapped its own, and a small frame
+that came in while a large one was still arriving costs the large one only its own time (before
+2026-12-02 the downlink kept one "free at" time, so such a small frame, a ping or a reply, made
+the large frame start after it: stage 1 of a link-bound dense run waited 0.1-0.5 s more for every
+activation, growing through the step). (A sender faster than this downlink is not slowed to its
 rate: the receiver cannot tell when such a frame started.)
 
 Packets (`Packets`): a home line's rate counts IP packets, not our frames. A frame of n bytes
@@ -25,6 +30,7 @@ counters keep counting frames (the wire format's bytes).
 from __future__ import annotations
 
 import asyncio
+import collections
 import math
 import time
 from collections.abc import Awaitable, Callable
@@ -33,6 +39,9 @@ from dataclasses import dataclass
 from .shaper import LinkShaper, parse_bandwidth
 
 __all__ = ["DownlinkShaper", "HomeLink", "Packets"]
+
+HORIZON_S = 60.0  # busy intervals kept at least this long (and twice the longest frame), for frames that began then
+MAX_INTERVALS = 4096  # and at most this many: each arrival sums over them
 
 
 @dataclass(frozen=True)
@@ -65,7 +74,9 @@ class DownlinkShaper:
     ) -> None:
         self._rate = None if bandwidth_bps is None else parse_bandwidth(float(bandwidth_bps)) / 8  # bytes/s
         self._clock, self._sleep = clock, sleep
-        self._free_at = -math.inf  # when the frames received so far are through the downlink
+        # when each frame received so far had the downlink: (start, end), in the order they were received
+        self._busy: collections.deque[tuple[float, float]] = collections.deque(maxlen=MAX_INTERVALS)
+        self._longest = 0.0  # the longest frame's n / rate so far
         self.bytes = 0
 
     @property
@@ -77,17 +88,24 @@ class DownlinkShaper:
         return 0.0 if self._rate is None else self.bytes / self._rate
 
     def queue_delay_for(self, nbytes: int) -> float:
-        """A frame of `nbytes` whose last byte arrives now: its bytes took the downlink over
-        [start, start + n / rate] with start = max(when the earlier frames were through, now - n / rate),
-        its own n / rate overlapping the sender's uplink; returns the wait past now."""
+        """A frame of `nbytes` whose last byte arrives now, its bytes in since b = now - n / rate: through
+        at end = max(now, b + n / rate + u), u the downlink time the frames received before it use after b;
+        it is then recorded as busy over [end - n / rate, end]. Returns end - now, the wait past now."""
         if nbytes < 0:
             raise ValueError(f"cannot receive a negative number of bytes ({nbytes}).")
         self.bytes += nbytes
         if self._rate is None:
             return 0.0
         now, own = self._clock(), nbytes / self._rate
-        self._free_at = max(self._free_at, now - own) + own
-        return max(0.0, self._free_at - now)
+        self._longest = max(self._longest, own)
+        horizon = now - max(HORIZON_S, 2 * self._longest)
+        while self._busy and self._busy[0][1] < horizon:
+            self._busy.popleft()
+        began = now - own
+        used = sum(end - max(start, began) for start, end in self._busy if end > began)
+        through = max(now, began + own + used)
+        self._busy.append((through - own, through))
+        return through - now
 
     async def receive(self, nbytes: int) -> None:
         delay = self.queue_delay_for(nbytes)

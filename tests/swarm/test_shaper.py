@@ -202,6 +202,26 @@ async def test_a_frame_waits_only_for_the_overlap_of_its_transfer_with_anothers(
         pytest.approx(1.0), pytest.approx(1.5)]
 
 
+async def test_a_small_frame_that_came_in_during_a_large_ones_transfer_costs_it_only_its_own_time():
+    """1 MB in over [0, 1] s; a 100-byte reply from another sender done at 0.5 s, read first: the large
+    frame is through at 1.0001 s (the reply's 0.1 ms of line time), not at 1.5 s (the old "free at" rule
+    started the large frame after the reply, which made every activation of a link-bound run wait)."""
+    clock = VirtualClock()
+    link = home(clock)
+    assert await clock.run(received(clock, link, 100, 0.5), received(clock, link, 1_000_000, 1.0)) == [
+        pytest.approx(0.5), pytest.approx(1.0001)]
+
+
+async def test_a_busy_downlink_keeps_the_order_of_what_queued():
+    """Three 1 MB frames from three senders, all in at 1 s: through at 1, 2 and 3 s; a 100-byte frame in at
+    1.5 s waits behind what is queued (through at 3.0001 s): the queue's work, not only overlaps."""
+    clock = VirtualClock()
+    link = home(clock)
+    got = await clock.run(*(received(clock, link, 1_000_000, 1.0) for _ in range(3)),
+                          received(clock, link, 100, 1.5))
+    assert got == [pytest.approx(1.0), pytest.approx(2.0), pytest.approx(3.0), pytest.approx(3.0001)]
+
+
 async def test_packets_take_headers_and_acknowledgements_take_the_other_side():
     """1 MB in 1448-byte segments: 691 headers of 66 bytes on the sender's uplink; the receiver
     acknowledges every second segment (346 bare ACKs) on its uplink."""
