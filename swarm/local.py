@@ -48,6 +48,8 @@ class LocalOptions:
     devices: str | None = opt(None, "comma-separated torch devices, one per peer in turn (stage i gets the i-th, "
                               "round robin), e.g. cuda:0,cuda:1 (default: --device for every peer)")
     metrics_out: str | None = opt(None, "write per-step loss, wire bytes and tokens/s", metavar="FILE.json")
+    trace_frames: str | None = opt(None, "each peer writes a timeline of its frames to DIR/NAME.frames.jsonl "
+                                   "(`swarm peer --trace-frames`), to see where a step's time goes", metavar="DIR")
     workdir: str | None = opt(None, "keep logs and reports here (default: a temporary folder)", metavar="DIR")
     threads: int | None = opt(None, "torch threads per peer (default: cores / processes)")
     quiet: bool = opt(False, "no progress bar")
@@ -226,6 +228,8 @@ class LocalSwarm(RunReports):
             args += ["--data", self.opts.data]
         if self.opts.checkpoint_dir:
             args += ["--checkpoint-dir", self.opts.checkpoint_dir]
+        if self.opts.trace_frames:
+            extra = (*extra, "--trace-frames", str(Path(self.opts.trace_frames).resolve() / f"{name}.frames.jsonl"))
         return self.spawn(name, args + list(extra) + self.opts.extra_peer_args)
 
     def start_dashboard(self, port: int | None = None, *extra: str, timeout: float = 90.0) -> str:

@@ -30,6 +30,7 @@ from .dht import SwarmDHT, close_node, start_dht, stop_dht
 from .monitor.liveness import LivenessProbe
 from .monitor.peer_monitor import PeerMonitor
 from .net import HomeLink, Transport, TransportError
+from .net.frame_trace import FrameTrace
 from .net.reachability import DialBack, dht_options, settle_reachability
 from .optional import require
 from .options import opt
@@ -107,6 +108,10 @@ class PeerOptions:
     direct_port: int = opt(0, "TCP port of the direct channel (0: any free port; behind NAT forward it as you do "
                            "the libp2p port, or peers send to you over libp2p)")
     report: str | None = opt(None, "append JSON-lines events (steps, wire counters) here", metavar="FILE")
+    trace_frames: str | None = opt(None, "append a timeline of every frame this peer sends and receives here, one "
+                                   "JSON line per event (queued, turn, sent, reply, arrived with its downlink wait, "
+                                   "answered: swarm/net/frame_trace.py), to see where a step's time goes",
+                                   metavar="FILE")
     trusted_key: str | None = opt(None, "only trust a run spec signed by this public key (or its fingerprint)",
                                   flag="--swarm-key", metavar="HEX")
     ticket: str | None = opt(None, "private swarms: this peer's ticket from `swarm admit`, or a file holding it "
@@ -293,6 +298,8 @@ async def run_peer(opts: PeerOptions) -> int:
         transport = Transport(p2p, f"subspace-swarm-{spec.run_hash}", max_frame_bytes=transport_limit(spec),
                               timeout=opts.step_timeout, link=link,
                               ordered_kinds=(KIND_ACTIVATION, KIND_GRADIENT) if opts.send_order == "fifo" else ())
+        if opts.trace_frames:
+            transport.trace = FrameTrace(opts.trace_frames)
         if opts.direct == "on":  # a relayed peer cannot be dialed: it sends direct, and receives over libp2p
             await transport.enable_direct(port=opts.direct_port, serve=reach.mode != "relayed",
                                           announced=list(reach.maddrs))
@@ -348,6 +355,8 @@ async def run_peer(opts: PeerOptions) -> int:
             await monitor.close()  # /healthz says "leaving" (503), then stops
         finally:
             await close_node(dht, p2p, transport)
+            if transport is not None and transport.trace is not None:
+                transport.trace.close()
             if lock is not None:
                 os.close(lock)
 

@@ -120,7 +120,7 @@ class FrameHost(Protocol):
     def request_limit(self, kind: str) -> int | None: ...  # None: the kind is not served
     async def answer(self, kind: str, peer: str, body: bytes) -> tuple[int, bytes]: ...
     def count(self, peer: str, kind: str, direction: str, nbytes: int) -> None: ...
-    async def arrived(self, nbytes: int) -> None: ...
+    async def arrived(self, nbytes: int, kind: str = "", peer: str = "") -> None: ...
     async def shaped_write(self, writer: asyncio.StreamWriter, frame: tuple[bytes, ...]) -> None: ...
 
 
@@ -215,7 +215,7 @@ class DirectServer:
             return False
         nbytes = len(header) + length + TAG_BYTES
         self.host.count(peer, kind, "in", nbytes)
-        await self.host.arrived(nbytes)
+        await self.host.arrived(nbytes, kind, peer)
         status, reply = await self.host.answer(kind, peer, body)
         head = _REPLY.pack(status, len(reply))
         frame = (head, reply, tag(ticket.key, nonce, seq, b"r", head, reply))

@@ -32,8 +32,8 @@ class DirectRoute:
     def count(self, peer: str, kind: str, direction: str, nbytes: int) -> None:
         self._count(peer, kind, direction, nbytes)
 
-    async def arrived(self, nbytes: int) -> None:
-        await self._shaped_arrival(nbytes)
+    async def arrived(self, nbytes: int, kind: str = "", peer: str = "") -> None:
+        await self._shaped_arrival(nbytes, kind, peer)
 
     async def shaped_write(self, writer: asyncio.StreamWriter, frame: tuple[bytes, ...]) -> None:
         await self._shaped_write(writer, frame)
@@ -90,7 +90,7 @@ class DirectRoute:
         except ValueError as e:
             raise fail(f"{peer} sent a bad direct '{kind}' reply: {e}.") from None
         self._count(peer, kind, "in", nbytes)
-        await self._shaped_arrival(nbytes)
+        await self._shaped_arrival(nbytes, kind, peer)
         return self._reply_body(status, reply, peer, kind)
 
     async def _direct_exchange(self, conn: DirectConnection, peer: str, kind: str, body: bytes,

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import warnings
 
 with warnings.catch_warnings():
@@ -44,6 +45,7 @@ with warnings.catch_warnings():
 from peer.interfaces import Handler
 from swarm.net.direct import DirectDialer, DirectServer
 from swarm.net.direct_route import DirectRoute
+from swarm.net.frame_trace import FrameTrace
 from swarm.net.framing import (
     DIRECT_MIN_BYTES,
     LENGTH,
@@ -103,6 +105,7 @@ class Transport(DirectRoute):
         self._closed = False
         self._handlers: dict[str, Handler] = {}
         self._direct: DirectServer | None = None
+        self.trace: FrameTrace | None = None  # every frame's timeline (swarm/net/frame_trace.py), when asked for
         self._dialer: DirectDialer | None = None
         self.direct_min_bytes = DIRECT_MIN_BYTES
         self.direct_requests: dict[str, int] = {}  # kind -> requests sent over the direct channel (their bytes
@@ -149,9 +152,15 @@ class Transport(DirectRoute):
         if turn is not None:
             turn.release()
 
-    async def _shaped_arrival(self, nbytes: int) -> None:
+    async def _shaped_arrival(self, nbytes: int, kind: str, peer: str) -> None:
+        began = time.monotonic()
         if self.link is not None:
             await self.link.receive(nbytes)
+        self._trace("arrived", kind, peer, nbytes, time.monotonic() - began)
+
+    def _trace(self, event: str, kind: str, peer: str, nbytes: int, wait: float | None = None) -> None:
+        if self.trace is not None:
+            self.trace.note(event, kind, peer, nbytes, wait)
 
     async def answer(self, kind: str, peer: str, body: bytes) -> tuple[int, bytes]:
         """The handler's reply to one request (STATUS_OK), or one sentence saying why not (STATUS_ERROR)."""
@@ -172,6 +181,7 @@ class Transport(DirectRoute):
         except FrameError as e:
             log.warning("refused a '%s' request from %s: %s", kind, peer, e)
             return STATUS_ERROR, str(e).encode("utf-8")
+        self._trace("answered", kind, peer, len(reply))
         return STATUS_OK, bytes(reply)
 
     async def serve(self, kind: str, handler: Handler, max_bytes: int | None = None) -> None:
@@ -222,7 +232,7 @@ class Transport(DirectRoute):
             raise FrameError(
                 f"the request frame was truncated: {len(e.partial)} of {length} body bytes arrived.") from None
         self._count(peer, kind, "in", len(header) + length)
-        await self._shaped_arrival(len(header) + length)
+        await self._shaped_arrival(len(header) + length, kind, peer)
         return body
 
     async def _handle_stream(
@@ -299,6 +309,7 @@ class Transport(DirectRoute):
 
     async def _exchange(self, remote: PeerID, peer: str, kind: str, proto: str, body: bytes) -> bytes:
         frame = (LENGTH.pack(len(body)), body)
+        self._trace("queued", kind, peer, len(body))
         # an ordered frame lines up before its stream opens: its place is the order it was sent in
         turn = self.send_order.line_up(REQUEST_OVERHEAD + len(body)) if kind in self.ordered_kinds else None
         try:
@@ -328,6 +339,7 @@ class Transport(DirectRoute):
         opened, size = asyncio.get_running_loop().time(), sum(len(p) for p in frame)
         if turn is not None:
             await turn.wait()
+        self._trace("turn", kind, peer, size)
         # where the shaper does not say when the last byte left, a link-bound frame holds its
         # turn until its reply (swarm/net/send_order.py)
         held = turn is not None and not self._departures_seen() and self.send_order.holds(size)
@@ -339,9 +351,11 @@ class Transport(DirectRoute):
                 kind=kind, peer=peer, reason="connection",
             ) from e
         self._count(peer, kind, "out", size)
+        self._trace("sent", kind, peer, size)
         if direct:
             self.direct_requests[kind] = self.direct_requests.get(kind, 0) + 1
         reply = await read_reply()
+        self._trace("reply", kind, peer, len(reply))
         if held:
             self.send_order.note_reply(turn)
             turn.release()
@@ -368,7 +382,7 @@ class Transport(DirectRoute):
         except asyncio.IncompleteReadError as e:
             raise fail(f"{peer}'s '{kind}' reply was truncated at {len(e.partial)} of {length} bytes.") from None
         self._count(peer, kind, "in", REPLY_OVERHEAD + length)
-        await self._shaped_arrival(REPLY_OVERHEAD + length)
+        await self._shaped_arrival(REPLY_OVERHEAD + length, kind, peer)
         return self._reply_body(status, reply, peer, kind)
 
     @staticmethod

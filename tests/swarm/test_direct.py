@@ -39,7 +39,7 @@ class Host:
     def count(self, peer: str, kind: str, direction: str, nbytes: int) -> None:
         self.counted.append((peer, kind, direction, nbytes))
 
-    async def arrived(self, nbytes: int) -> None:
+    async def arrived(self, nbytes: int, kind: str = "", peer: str = "") -> None:
         pass
 
     async def shaped_write(self, writer: asyncio.StreamWriter, frame: tuple[bytes, ...]) -> None:

@@ -353,3 +353,30 @@ async def test_on_a_link_whose_departures_are_unseen_a_link_bound_frame_holds_it
         first_reply.set()
         await client.close()
         await server.close()
+
+
+async def test_a_traced_request_leaves_its_timeline_on_both_peers(pair, tmp_path):
+    """`Transport.trace` (swarm peer --trace-frames): the client's request is queued, takes its turn, is
+    sent, its reply arrives and is read, in that order; the server's trace has the request's arrival (its
+    bytes with framing, and the downlink's wait) and its answer. A second 400 kB request shares the server's
+    8 Mbit/s downlink with the first: the trace shows that wait."""
+    from swarm.net.frame_trace import FrameTrace, read_trace
+    pair.client.trace, pair.server.trace = FrameTrace(tmp_path / "c.jsonl"), FrameTrace(tmp_path / "s.jsonl")
+    body = b"x" * 400_000
+    assert await pair.client.request(pair.server_id, "echo", body) == body
+    pair.server.link = HomeLink.from_strings(None, downlink="8mbit", packets=None)  # the server's 1 MB/s downlink
+    await asyncio.gather(*(pair.client.request(pair.server_id, "echo", body) for _ in range(2)))
+    pair.client.trace.close()
+    pair.server.trace.close()
+    client, server = read_trace(tmp_path / "c.jsonl"), read_trace(tmp_path / "s.jsonl")
+    first = [e for e in client if e.kind == "echo"][:5]
+    assert [e.event for e in first] == ["queued", "turn", "sent", "arrived", "reply"]
+    assert all(e.peer == pair.server_id for e in first) and first[0].bytes == len(body)
+    assert first[2].bytes == len(body) + REQUEST_OVERHEAD and first[3].bytes == len(body) + REPLY_OVERHEAD
+    assert [e.t for e in first] == sorted(e.t for e in first)
+    arrived = [e for e in server if e.event == "arrived" and e.kind == "echo"]
+    answered = [e for e in server if e.event == "answered" and e.kind == "echo"]
+    assert len(arrived) == len(answered) == 3 and all(e.peer == pair.client_id for e in arrived)
+    assert arrived[0].bytes == len(body) + REQUEST_OVERHEAD and answered[0].bytes == len(body)
+    # the two at once: one of them waited for the other's 0.4 s on the downlink (unshaped first: no wait)
+    assert arrived[0].wait < 0.05 and max(e.wait for e in arrived[1:]) >= 0.2
