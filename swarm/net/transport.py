@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 import warnings
 
 with warnings.catch_warnings():
@@ -45,6 +44,7 @@ with warnings.catch_warnings():
 from peer.interfaces import Handler
 from swarm.net.direct import DirectDialer, DirectServer
 from swarm.net.direct_route import DirectRoute
+from swarm.net.frame_accounting import FrameAccounting
 from swarm.net.frame_trace import FrameTrace
 from swarm.net.framing import (
     DIRECT_MIN_BYTES,
@@ -75,7 +75,7 @@ __all__ = ["Handler", "TransportError", "LinkCounter", "Transport", "REQUEST_OVE
 
 log = logging.getLogger(__name__)
 
-class Transport(DirectRoute):
+class Transport(FrameAccounting, DirectRoute):
     """Serves and sends framed messages over one `hivemind.p2p.P2P` (usually `dht.replicate_p2p()`), and its
     large ones over a direct TCP channel where one is enabled (`enable_direct`, swarm/net/direct_route.py)."""
 
@@ -113,54 +113,6 @@ class Transport(DirectRoute):
 
     def protocol_id(self, kind: str) -> str:
         return f"/{self.namespace}/{check_name('kind', kind)}/1"
-
-    def _count(self, peer: str, kind: str, direction: str, nbytes: int) -> None:
-        key = (peer, kind, direction)
-        counter = self._counters.get(key)
-        if counter is None:
-            counter = self._counters[key] = LinkCounter(peer, kind, direction)
-        counter.bytes += nbytes
-        counter.messages += 1
-
-    def counters(self) -> list[LinkCounter]:
-        return [LinkCounter(c.peer, c.kind, c.direction, c.bytes, c.messages) for c in self._counters.values()]
-
-    def _total(self, direction: str, kind: str | None) -> int:
-        return sum(c.bytes for c in self._counters.values() if c.direction == direction and kind in (None, c.kind))
-
-    def bytes_sent(self, kind: str | None = None) -> int:
-        return self._total("out", kind)
-
-    def bytes_received(self, kind: str | None = None) -> int:
-        return self._total("in", kind)
-
-    def _departures_seen(self) -> bool:
-        """Does the built-in shaper tell when a frame's last byte has left (it models the bandwidth)?"""
-        return self.link is not None and self.link.uplink.bandwidth_bps is not None
-
-    async def _shaped_write(self, writer: asyncio.StreamWriter, frame: bytes | tuple[bytes, ...],
-                            turn: Turn | None = None) -> None:
-        """Write one frame (or its parts, each written as it is: a large body is not copied into a joined
-        frame); a `turn` is given up once the frame has left (the shaper's last byte, else the drain). A failed
-        write's turn is given up, unmeasured, by `_exchange`."""
-        parts = (frame,) if isinstance(frame, (bytes, bytearray, memoryview)) else frame
-        if self.link is not None:
-            await self.link.send(sum(len(p) for p in parts), None if turn is None else turn.release)
-        for part in parts:
-            writer.write(part)
-        await writer.drain()
-        if turn is not None:
-            turn.release()
-
-    async def _shaped_arrival(self, nbytes: int, kind: str, peer: str) -> None:
-        began = time.monotonic()
-        if self.link is not None:
-            await self.link.receive(nbytes)
-        self._trace("arrived", kind, peer, nbytes, time.monotonic() - began)
-
-    def _trace(self, event: str, kind: str, peer: str, nbytes: int, wait: float | None = None) -> None:
-        if self.trace is not None:
-            self.trace.note(event, kind, peer, nbytes, wait)
 
     async def answer(self, kind: str, peer: str, body: bytes) -> tuple[int, bytes]:
         """The handler's reply to one request (STATUS_OK), or one sentence saying why not (STATUS_ERROR)."""
