@@ -175,19 +175,30 @@ class LocalSwarm(RunReports):
         self.procs.append((name, proc))
         return proc
 
+    def _log_tail(self, name: str, chars: int = 2000) -> str:
+        try:
+            return (self.dir / f"{name}.log").read_text(errors="replace")[-chars:]
+        except OSError:
+            return "(no log)"
+
     def _check_alive(self) -> None:
         for name, proc in self.procs:
             if proc.poll() is not None:
-                tail = (self.dir / f"{name}.log").read_text()[-2000:]
                 raise LocalSwarmError(f"{name} exited with code {proc.returncode}; its log ({self.dir}/{name}.log) "
-                                      f"ends with:\n{tail}")
+                                      f"ends with:\n{self._log_tail(name)}")
 
-    def wait_for_file(self, path: Path, what: str, timeout: float) -> None:
+    def wait_for_file(self, path: Path, what: str, timeout: float, name: str | None = None) -> None:
+        """Poll until another process writes `path`; past `timeout`, have the processes write their stacks
+        (dump_stacks) and fail with the tail of `name`'s log, so that a report from a machine one cannot
+        log into still says where the process was stuck."""
         deadline = time.monotonic() + timeout
         while not (path.exists() and path.stat().st_size > 0):
             self._check_alive()
             if time.monotonic() > deadline:
-                raise LocalSwarmError(f"{what} did not come up within {timeout:g} s; see the logs in {self.dir}.")
+                if name:
+                    self.dump_stacks()
+                tail = f" Its log ({name}.log) ends with:\n{self._log_tail(name, 6000)}" if name else ""
+                raise LocalSwarmError(f"{what} did not come up within {timeout:g} s; see the logs in {self.dir}.{tail}")
             time.sleep(0.1)  # poll interval for a file another process writes
 
     def start_coordinator(self, *extra: str) -> list[str]:
@@ -202,7 +213,7 @@ class LocalSwarm(RunReports):
                                    f"/ip4/{self.placement.host('coordinator')}/tcp/0", "--maddrs-file",
                                    str(maddrs_file), "--state-dir", str(self.dir), "--id-work-bits",
                                    str(self.opts.id_work_bits), *key, *data, *extra])
-        self.wait_for_file(maddrs_file, "the coordinator", 90)
+        self.wait_for_file(maddrs_file, "the coordinator", 90, "coordinator")
         served = json.loads(maddrs_file.read_text())
         self.maddrs, self.run_hash = served["maddrs"], served["run"]
         return self.maddrs
@@ -242,7 +253,7 @@ class LocalSwarm(RunReports):
         url_file.unlink(missing_ok=True)
         self.spawn("dashboard", ["dashboard", "--initial-peers", self.maddrs[0], "--port", str(port),
                                  "--url-file", str(url_file), *extra])
-        self.wait_for_file(url_file, "the dashboard", timeout)
+        self.wait_for_file(url_file, "the dashboard", timeout, "dashboard")
         self.dashboard_url = json.loads(url_file.read_text())["url"]
         return self.dashboard_url
 

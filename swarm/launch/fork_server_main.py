@@ -2,12 +2,19 @@
 `swarm.launch.fork_server.ForkServer`, which explains the design: it imports what swarm processes
 import, then forks one child per request on its stdin (a SOCK_SEQPACKET socket) and reports
 each child's pid (with a pidfd) and, once reaped, its wait status. It starts no thread: forking
-a threaded process is unsafe, so it refuses to serve if an import started one.
+a threaded process is unsafe, so it refuses to serve if an import started one. Multiprocessing
+locks that imports made (hivemind's MPFuture keeps three as class attributes) would be one lock
+for every child, where plain processes have one each: a child killed while it held one, or stuck
+holding it, would stall every later child (a coordinator that never came up, seen in CI). Each
+child gets fresh ones; the server refuses to serve if an import made a lock it cannot renew.
 """
 from __future__ import annotations
 
+import gc
 import importlib
 import json
+import multiprocessing
+import multiprocessing.synchronize
 import os
 import select
 import signal
@@ -22,6 +29,29 @@ PRELOAD = ("swarm.node", "swarm.coordinator", "swarm.dashboard.server", "swarm.m
            "swarm.net.reachability", "peer.interfaces", "peer.state_transfer", "torch._dynamo", "uvloop")
 MAX_REQUEST = 1 << 20
 OWNER_POLL_S = 1.0  # how often the server checks that its owner (parent) is alive
+
+
+def process_wide_locks() -> list[tuple[object, str]]:
+    """(owner, attribute) of every multiprocessing Lock or RLock that the imports keep as a module's or
+    a class's attribute; RuntimeError for any other one (its holder could not be renewed in a child)."""
+    found: list[tuple[object, str]] = []
+    for lock in [o for o in gc.get_objects() if isinstance(o, multiprocessing.synchronize.SemLock)]:
+        owners = [(owner, name) for space in gc.get_referrers(lock) if isinstance(space, dict)
+                  for name, value in list(space.items()) if value is lock
+                  for owner in gc.get_referrers(space) if isinstance(owner, (type, type(sys)))
+                  and vars(owner).get(name) is lock]
+        if not owners or type(lock) not in (multiprocessing.synchronize.Lock, multiprocessing.synchronize.RLock):
+            raise RuntimeError(f"importing made a multiprocessing {type(lock).__name__} ({lock!r}) that a child "
+                               "cannot renew; forking would share it between processes")
+        found += owners
+    return found
+
+
+def _renew_locks(locks: list[tuple[object, str]]) -> None:
+    """In the child: a fresh lock of the same kind under each name, as a process that imported them has."""
+    ctx = multiprocessing.get_context()
+    for owner, name in locks:
+        setattr(owner, name, type(getattr(owner, name))(ctx=ctx))
 
 
 def _exit_code(e: SystemExit) -> int:
@@ -75,11 +105,13 @@ def _set_cmdline(words: Sequence[str]) -> None:
         pass  # only what ps shows differs: the process is the same
 
 
-def _become_child(request: dict, out: int, err: int, keep_closed: list[int], dispositions: dict) -> None:
+def _become_child(request: dict, out: int, err: int, keep_closed: list[int], dispositions: dict,
+                  locks: list[tuple[object, str]]) -> None:
     """In the forked child: turn into `python -m swarm.cli ARGV`, run it, and exit with its code."""
     code = 1
     try:
         signal.set_wakeup_fd(-1)
+        _renew_locks(locks)
         for fd in keep_closed:
             os.close(fd)
         for sig, handler in dispositions.items():
@@ -112,9 +144,9 @@ def _become_child(request: dict, out: int, err: int, keep_closed: list[int], dis
         os._exit(code)
 
 
-def serve(control: socket.socket, owner: int) -> None:
+def serve(control: socket.socket, owner: int, locks: list[tuple[object, str]]) -> None:
     """Fork a child per request on `control` and report its exit status, until `control` closes
-    or `owner` (the parent pid at start) is gone."""
+    or `owner` (the parent pid at start) is gone; each child renews `locks` (process_wide_locks)."""
     dispositions = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD)}
     # a Ctrl+C or SIGTERM meant for the owner's group must not end the server before the owner
     # has stopped (and collected) its children
@@ -162,7 +194,7 @@ def serve(control: socket.socket, owner: int) -> None:
                 continue
             if pid == 0:
                 closed = [control.fileno(), wake_r, wake_w, reply_fd, *(s.fileno() for s in children.values())]
-                _become_child(json.loads(msg), out, err, closed, dispositions)
+                _become_child(json.loads(msg), out, err, closed, dispositions, locks)
             os.close(out)
             if err != out:
                 os.close(err)
@@ -191,7 +223,7 @@ def main() -> None:
             pass  # optional (uvloop): the child imports it, or not, as a plain process would
     if threading.active_count() != 1:
         raise RuntimeError(f"importing started threads {threading.enumerate()}; forking is unsafe")
-    serve(control, owner)
+    serve(control, owner, process_wide_locks())
 
 
 if __name__ == "__main__":

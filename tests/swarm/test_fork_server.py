@@ -102,6 +102,20 @@ def test_signals_end_a_child_as_they_end_a_plain_process(server, tmp_path, sig):
     forked.send_signal(signal.SIGTERM)  # a signal to an ended child goes nowhere (no reused pid), no error
 
 
+def test_a_child_killed_holding_hivemind_locks_stalls_no_later_child(server, tmp_path):
+    """hivemind makes multiprocessing locks at import (MPFuture's, around every DHT result); a fork
+    would share the server's with every child, so one peer killed while it held one (or blocked holding
+    it) stalled every process started after it: a coordinator never came up. Each child has its own."""
+    holder = start(server, tmp_path / "hold.log", "hold")
+    held = report(tmp_path / "hold.log")["locks"]
+    assert held and all(held.values()), held
+    holder.kill()
+    assert holder.wait(timeout=30) == -signal.SIGKILL
+    later = start(server, tmp_path / "grab.log", "grab")
+    assert isinstance(later, ForkedProcess) and later.wait(timeout=60) == 0
+    assert report(tmp_path / "grab.log")["locks"] == dict.fromkeys(held, True)
+
+
 def test_an_import_time_variable_that_differs_gets_a_plain_process(server, tmp_path):
     proc = start(server, tmp_path / "omp.log", OMP_NUM_THREADS="2")
     assert isinstance(proc, subprocess.Popen)

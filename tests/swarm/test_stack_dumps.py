@@ -39,3 +39,27 @@ def test_a_stuck_process_writes_its_stacks_to_its_log_and_lives_on(tmp_path):
     finally:
         proc.kill()
         proc.wait()
+
+
+@pytest.mark.e2e  # a real coordinator, forked by the session's server
+def test_a_process_that_does_not_come_up_in_time_fails_with_its_stacks(tmp_path):
+    """What a CI report then says: not only "did not come up within N s", but where the process was."""
+    from protocol.spec import preset
+    from swarm.local import LocalOptions, LocalSwarm
+    from swarm.local_reports import LocalSwarmError
+
+    swarm = LocalSwarm(LocalOptions(preset("tiny"), workdir=str(tmp_path), threads=1, quiet=True))
+    try:
+        spec = tmp_path / "run.json"
+        swarm.opts.spec.save(spec)
+        swarm.spawn("coordinator", ["coordinator", "--run-spec", str(spec), "--host-maddrs", "/ip4/127.0.0.1/tcp/0",
+                                    "--maddrs-file", str(tmp_path / "served.json"), "--state-dir", str(tmp_path)])
+        swarm.wait_for_file(tmp_path / "served.json", "the coordinator", 90, "coordinator")  # up, with its handler
+        with pytest.raises(LocalSwarmError) as err:
+            swarm.wait_for_file(tmp_path / "never.json", "the coordinator", 0.5, "coordinator")
+        message = str(err.value)
+        assert message.startswith("the coordinator did not come up within 0.5 s")
+        assert "(most recent call first)" in message
+        assert swarm.procs[0][1].poll() is None  # still running: the dump does not stop it
+    finally:
+        swarm.stop(grace=5.0)
