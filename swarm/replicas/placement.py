@@ -29,7 +29,9 @@ Joining with `--stage auto` (as Petals' `choose_best_blocks` does for blocks), a
 b (not counting itself), announces "joining" there, waits a random moment and looks again:
 peers that started at the same time saw the same directory and may have piled onto one stage.
 If the moving rule below then says "move", the joining peer with the highest id among the
-joiners of our stage moves; a few rounds settle any simultaneous start.
+joiners of our stage moves, and the others look again the next round; a few rounds settle any
+simultaneous start. A peer that has chosen announces "syncing" at once, so that it is no longer one
+of the joiners that may move.
 
 While serving, every `rebalance_period` a peer p of stage a asks `move_target`; it moves to b
 (with a state download) if and only if
@@ -151,14 +153,17 @@ async def choose_stage(router: Router, spec: RunSpec, requested: str, rng: rando
                  for s, anns in (await directory(router, spec.n_stages, now=now, answers=answers)).items()}
         peers[stage].append(router.announcement(PeerStatus(stage, "joining")))
         target = destination(peers, stage)
-        if allowed is not None and target not in allowed:
+        if target is None or (allowed is not None and target not in allowed):
             break
         joining_here = sorted(a.peer_id for a in peers[stage] if a.state == "joining")
-        if target is None or joining_here[-1] != router.peer_id:
-            break
+        if joining_here[-1] != router.peer_id:
+            continue  # another joiner of this stage moves first; look again once it has
         log.info("stage %d has %d peers and stage %d has %d: this joining peer moves to stage %d", stage,
                  len(peers[stage]), target, len(peers[target]), target)
         stage = target
+    # chosen: no longer one of the joiners that may move (it builds its stage for seconds before its
+    # download says "syncing", and a chosen peer named the one to move would keep every other in place)
+    await router.announce(PeerStatus(stage, "syncing"))
     return stage
 
 

@@ -4,6 +4,7 @@ stage always draws one, and a peer that joined or moved stays put for its hold t
 directory is in memory, and time is a number the test advances (no sleeps)."""
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import random
 
@@ -211,3 +212,18 @@ async def test_a_stage_counts_its_proven_peers_and_one_newcomer():
     assert moves == {"h1": None, "h3": 0, "n1": None, "n2": None, "n3": None}
     # with no list yet (a fresh process), every present peer counts, as before
     assert await move_target(BoardRouter(board, "n3"), SPEC, 1, now=board.now, workers=lambda: []) == 0
+
+
+async def test_five_joiners_that_look_at_once_spread_over_every_stage():
+    """Five peers started at the same moment read the same empty directory and all take stage 0; one
+    moves per round (the highest id among the joiners there), the others look again: 2/2/1, not the
+    4/1/0 of joiners that stopped looking once another was the one to move (seen in CI)."""
+    for seed in range(5):
+        board = Board()
+        rngs = {f"p{i}": random.Random(seed * 10 + i) for i in range(5)}
+        chosen = await asyncio.gather(*(choose_stage(BoardRouter(board, p), SPEC, "auto", rng, jitter=(0.0, 0.0),
+                                                     now=board.now) for p, rng in rngs.items()))
+        assert sorted(chosen.count(s) for s in range(SPEC.n_stages)) == [1, 2, 2], (seed, chosen)
+        # chosen: none is a joiner that may move now (a chosen one named the mover kept every other in place)
+        assert {a.state for a in board.records.values()} == {"syncing"}
+
