@@ -181,6 +181,11 @@ def cmd_status(a: argparse.Namespace) -> int:
     return _run_async(lambda: print_status(a.initial_peers, as_json=a.json))
 
 
+def cmd_trace(a: argparse.Namespace) -> int:
+    from .net.trace_report import run_trace_report
+    return run_trace_report(a.paths, a.json)
+
+
 def cmd_identity(a: argparse.Namespace) -> int:
     from .trust.identity import Identity
     from .trust.state_dir import default_file
@@ -296,6 +301,15 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--initial-peers", nargs="+", required=True, metavar="MADDR")
     st.add_argument("--json", action="store_true", help="print JSON instead of a table")
     st.set_defaults(func=cmd_status)
+
+    tr = sub.add_parser("trace", help="where each peer's frame time went, from its --trace-frames file",
+                        description="Read frame traces (swarm peer --trace-frames FILE, swarm local --trace-frames "
+                        "DIR) and print, per peer, how busy its uplink was and, per kind of request, how long "
+                        "requests queued for the uplink, were on the wire and waited for their reply, and how long "
+                        "the downlink held what arrived.")
+    tr.add_argument("paths", nargs="+", metavar="FILE|DIR", help="trace files, or folders of NAME.frames.jsonl")
+    tr.add_argument("--json", metavar="FILE", help="also write the figures here as JSON")
+    tr.set_defaults(func=cmd_trace)
 
     idn = sub.add_parser("identity", help="make or read a libp2p identity file and print its peer id",
                          description="Print the peer id of the libp2p identity in FILE, creating a new Ed25519 one "

@@ -3,12 +3,16 @@
 before it is written, the downlink after it is read) and, when asked, writes it into the frame trace
 (swarm/net/frame_trace.py). Both routes use these, libp2p's and the direct channel's (swarm/net/direct_route.py).
 
-A mixin: it reads the transport's `_counters`, `link` and `trace`, set in `Transport.__init__`.
+A mixin: it reads the transport's `_counters`, `link`, `trace` and `_frame_numbers`, set in `Transport.__init__`.
+The events of one request this peer sends carry one frame number: the request's own task holds it
+(a context variable), so the reply's arrival gets it too, and a request that arrives (another task) none.
 """
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
+from contextvars import ContextVar, Token
 
 from swarm.net.frame_trace import FrameTrace
 from swarm.net.framing import LinkCounter
@@ -17,11 +21,14 @@ from swarm.net.send_order import Turn
 
 __all__ = ["FrameAccounting"]
 
+_REQUEST: ContextVar[int | None] = ContextVar("traced_request", default=None)  # in a task that sends a request
+
 
 class FrameAccounting:
     _counters: dict[tuple[str, str, str], LinkCounter]
     link: HomeLink | None
     trace: FrameTrace | None
+    _frame_numbers: itertools.count
 
     def _count(self, peer: str, kind: str, direction: str, nbytes: int) -> None:
         key = (peer, kind, direction)
@@ -67,6 +74,16 @@ class FrameAccounting:
             await self.link.receive(nbytes)
         self._trace("arrived", kind, peer, nbytes, time.monotonic() - began)
 
+    def _begin_traced_request(self) -> Token | None:
+        """Called by the task that sends a request, before its first event: its events get a number until
+        `_end_traced_request` (the task may go on to other work: without a timeout, wait_for runs in it)."""
+        return _REQUEST.set(next(self._frame_numbers)) if self.trace is not None else None
+
+    @staticmethod
+    def _end_traced_request(token: Token | None) -> None:
+        if token is not None:
+            _REQUEST.reset(token)
+
     def _trace(self, event: str, kind: str, peer: str, nbytes: int, wait: float | None = None) -> None:
         if self.trace is not None:
-            self.trace.note(event, kind, peer, nbytes, wait)
+            self.trace.note(event, kind, peer, nbytes, wait, _REQUEST.get())

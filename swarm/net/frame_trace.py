@@ -3,7 +3,10 @@ where a step's time goes (docs/benchmarks.md "Links busy": a trace of this kind 
 charging a large frame for a small one's time). Off unless asked for: `swarm peer --trace-frames FILE`,
 `swarm local --trace-frames DIR` (a file per peer).
 
-Events, each {"t": wall-clock seconds, "event", "kind", "peer", "bytes"} and, for "arrived", "wait":
+Events, each {"t": wall-clock seconds, "event", "kind", "peer", "bytes"}, for "arrived" "wait", and for
+the events of a request this peer sent (queued, turn, sent, reply, and the reply's arrived) "frame", a
+number of its own in this trace, so that they pair up; `swarm trace FILES` (swarm/net/trace_report.py)
+says from them where each peer's time went:
 
     queued    a request is lined up to be sent (ordered kinds take their turn in this order)
     turn      its turn on the uplink began (at once for kinds that are not ordered)
@@ -32,6 +35,7 @@ class FrameEvent:
     peer: str
     bytes: int
     wait: float | None = None
+    frame: int | None = None
 
 
 class FrameTrace:
@@ -42,10 +46,13 @@ class FrameTrace:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = self.path.open("a", buffering=1, encoding="utf-8")
 
-    def note(self, event: str, kind: str, peer: str, nbytes: int, wait: float | None = None) -> None:
+    def note(self, event: str, kind: str, peer: str, nbytes: int, wait: float | None = None,
+             frame: int | None = None) -> None:
         row = {"t": round(time.time(), 6), "event": event, "kind": kind, "peer": peer, "bytes": nbytes}
         if wait is not None:
             row["wait"] = round(wait, 6)
+        if frame is not None:
+            row["frame"] = frame
         if not self._file.closed:
             self._file.write(json.dumps(row, separators=(",", ":")) + "\n")
 
@@ -61,5 +68,6 @@ def read_trace(path: str | Path) -> list[FrameEvent]:
             row = json.loads(line)
         except json.JSONDecodeError:
             continue
-        events.append(FrameEvent(row["t"], row["event"], row["kind"], row["peer"], row["bytes"], row.get("wait")))
+        events.append(FrameEvent(row["t"], row["event"], row["kind"], row["peer"], row["bytes"], row.get("wait"),
+                                 row.get("frame")))
     return events

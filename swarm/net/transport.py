@@ -33,6 +33,7 @@ sharing the uplink and arriving together (`SendOrder`, swarm/net/send_order.py).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import warnings
 
@@ -106,6 +107,7 @@ class Transport(FrameAccounting, DirectRoute):
         self._handlers: dict[str, Handler] = {}
         self._direct: DirectServer | None = None
         self.trace: FrameTrace | None = None  # every frame's timeline (swarm/net/frame_trace.py), when asked for
+        self._frame_numbers = itertools.count(1)  # the trace's numbers of the requests this transport sends
         self._dialer: DirectDialer | None = None
         self.direct_min_bytes = DIRECT_MIN_BYTES
         self.direct_requests: dict[str, int] = {}  # kind -> requests sent over the direct channel (their bytes
@@ -261,6 +263,7 @@ class Transport(FrameAccounting, DirectRoute):
 
     async def _exchange(self, remote: PeerID, peer: str, kind: str, proto: str, body: bytes) -> bytes:
         frame = (LENGTH.pack(len(body)), body)
+        traced = self._begin_traced_request()
         self._trace("queued", kind, peer, len(body))
         # an ordered frame lines up before its stream opens: its place is the order it was sent in
         turn = self.send_order.line_up(REQUEST_OVERHEAD + len(body)) if kind in self.ordered_kinds else None
@@ -285,6 +288,7 @@ class Transport(FrameAccounting, DirectRoute):
         finally:
             if turn is not None:
                 turn.release(measured=False)  # a no-op once the frame has left
+            self._end_traced_request(traced)
 
     async def _send_then_read(self, peer: str, kind: str, writer: asyncio.StreamWriter, frame: tuple[bytes, ...],
                               turn: Turn | None, read_reply, direct: bool = False) -> bytes:

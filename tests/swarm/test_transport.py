@@ -380,3 +380,14 @@ async def test_a_traced_request_leaves_its_timeline_on_both_peers(pair, tmp_path
     assert arrived[0].bytes == len(body) + REQUEST_OVERHEAD and answered[0].bytes == len(body)
     # the two at once: one of them waited for the other's 0.4 s on the downlink (unshaped first: no wait)
     assert arrived[0].wait < 0.05 and max(e.wait for e in arrived[1:]) >= 0.2
+    # each request's events share its number (the reply's arrival too); what arrived at the server has none
+    mine = [e for e in client if e.kind == "echo"]
+    assert sorted({e.frame for e in mine}) == [1, 2, 3] and all(e.frame is None for e in server)
+    assert all(sorted(e.event for e in mine if e.frame == n) == sorted(first_events := [e.event for e in first])
+               for n in (1, 2, 3)), first_events
+    from swarm.net.trace_report import peer_times
+    figures = peer_times("server", server)
+    assert figures.requests_in == 3 and figures.downlink_wait_max_s == max(e.wait for e in arrived)
+    [echo] = peer_times("client", client).kinds
+    assert echo.requests == 3 and echo.bytes_out == 3 * (len(body) + REQUEST_OVERHEAD)
+    assert echo.reply.max >= 0.2  # a reply waited for the server's downlink
