@@ -3,10 +3,11 @@
 import, then forks one child per request on its stdin (a SOCK_SEQPACKET socket) and reports
 each child's pid (with a pidfd) and, once reaped, its wait status. It starts no thread: forking
 a threaded process is unsafe, so it refuses to serve if an import started one. Multiprocessing
-locks that imports made (hivemind's MPFuture keeps three as class attributes) would be one lock
-for every child, where plain processes have one each: a child killed while it held one, or stuck
-holding it, would stall every later child (a coordinator that never came up, seen in CI). Each
-child gets fresh ones; the server refuses to serve if an import made a lock it cannot renew.
+locks that imports made (hivemind keeps four as class attributes: MPFuture's two, SharedBytes' and
+its asyncio wrapper's) would be one lock for every child, where plain processes have one each: a
+child killed while it held one, or stuck holding it, would stall every later child (a coordinator
+that never came up, seen in CI). Each child gets fresh ones; the server refuses to serve if an
+import made a lock it cannot renew.
 """
 from __future__ import annotations
 

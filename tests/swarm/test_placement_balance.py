@@ -226,4 +226,3 @@ async def test_five_joiners_that_look_at_once_spread_over_every_stage():
         assert sorted(chosen.count(s) for s in range(SPEC.n_stages)) == [1, 2, 2], (seed, chosen)
         # chosen: none is a joiner that may move now (a chosen one named the mover kept every other in place)
         assert {a.state for a in board.records.values()} == {"syncing"}
-
