@@ -11,6 +11,10 @@ Usage (device machine, wheels installed as in docs/results/scale_gpu.sh):
     python docs/results/links_busy.py large-dense OUT     # large, 2 stages on cuda:0,cuda:1, dense
     python docs/results/links_busy.py large-subspace OUT  # the same, subspace (its roofline is compute)
     python docs/results/links_busy.py small OUT           # small, 3 peers on cuda:0, subspace and bottleneck
+Usage (one GPU: both stages share cuda:0, sends in order only; the rows that re-measure the above on one card):
+    python docs/results/links_busy.py large-dense-one-gpu OUT
+    python docs/results/links_busy.py large-subspace-one-gpu OUT
+    python docs/results/links_busy.py small-fifo OUT
 """
 from __future__ import annotations
 
@@ -36,8 +40,19 @@ elif part == "large-subspace":
     run_throughput_bench(f"{out}/{part}", "large", steps=10, bandwidth="80mbit", latency="20ms", device="cuda",
                          devices="cuda:0,cuda:1", dtype="bf16", stages=2, codecs="subspace",
                          send_orders="fifo,shared")
+elif part == "large-dense-one-gpu":
+    spec = preset("large", codec="dense", dtype="bf16", stages=2)
+    run_throughput_bench(f"{out}/{part}", "large", steps=6, bandwidth="80mbit", latency="20ms", device="cuda",
+                         devices="cuda:0,cuda:0", ceiling=False, variants={"dense": spec}, send_orders="fifo")
+elif part == "large-subspace-one-gpu":
+    run_throughput_bench(f"{out}/{part}", "large", steps=10, bandwidth="80mbit", latency="20ms", device="cuda",
+                         devices="cuda:0,cuda:0", dtype="bf16", stages=2, codecs="subspace", send_orders="fifo")
+elif part == "small-fifo":
+    run_throughput_bench(f"{out}/{part}", "small", steps=20, bandwidth="80mbit", device="cuda", dtype="bf16",
+                         codecs="subspace,bottleneck", send_orders="fifo")
 elif part == "small":
     run_throughput_bench(f"{out}/{part}", "small", steps=20, bandwidth="80mbit", device="cuda", dtype="bf16",
                          codecs="subspace,bottleneck", send_orders="fifo,shared")
 else:
-    raise SystemExit(f"unknown part {part!r}: tiny, tiny-subspace, large-dense, large-subspace or small.")
+    raise SystemExit(f"unknown part {part!r}: tiny, tiny-subspace, large-dense, large-subspace, small, "
+                     "large-dense-one-gpu, large-subspace-one-gpu or small-fifo.")
