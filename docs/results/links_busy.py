@@ -32,27 +32,20 @@ elif part == "tiny-subspace":  # 33 kB frames: 67 ms on the wire, under 4 round 
     spec = preset("tiny", codec="subspace", stages=2).replace(batch_size=64)
     run_throughput_bench(f"{out}/{part}", "tiny", steps=8, bandwidth="4mbit", latency="20ms",
                          variants={"subspace": spec}, send_orders="fifo,shared", kernel_shaping=kernel)
-elif part == "large-dense":
-    spec = preset("large", codec="dense", dtype="bf16", stages=2)
-    run_throughput_bench(f"{out}/{part}", "large", steps=6, bandwidth="80mbit", latency="20ms", device="cuda",
-                         devices="cuda:0,cuda:1", ceiling=False, variants={"dense": spec}, send_orders="fifo,shared")
-elif part == "large-subspace":
-    run_throughput_bench(f"{out}/{part}", "large", steps=10, bandwidth="80mbit", latency="20ms", device="cuda",
-                         devices="cuda:0,cuda:1", dtype="bf16", stages=2, codecs="subspace",
-                         send_orders="fifo,shared")
-elif part == "large-dense-one-gpu":
-    spec = preset("large", codec="dense", dtype="bf16", stages=2)
-    run_throughput_bench(f"{out}/{part}", "large", steps=6, bandwidth="80mbit", latency="20ms", device="cuda",
-                         devices="cuda:0,cuda:0", ceiling=False, variants={"dense": spec}, send_orders="fifo")
-elif part == "large-subspace-one-gpu":
-    run_throughput_bench(f"{out}/{part}", "large", steps=10, bandwidth="80mbit", latency="20ms", device="cuda",
-                         devices="cuda:0,cuda:0", dtype="bf16", stages=2, codecs="subspace", send_orders="fifo")
-elif part == "small-fifo":
-    run_throughput_bench(f"{out}/{part}", "small", steps=20, bandwidth="80mbit", device="cuda", dtype="bf16",
-                         codecs="subspace,bottleneck", send_orders="fifo")
-elif part == "small":
-    run_throughput_bench(f"{out}/{part}", "small", steps=20, bandwidth="80mbit", device="cuda", dtype="bf16",
-                         codecs="subspace,bottleneck", send_orders="fifo,shared")
+elif part.removesuffix("-one-gpu") in ("large-dense", "large-subspace", "small") or part == "small-fifo":
+    # "-one-gpu" (and "small-fifo"): the rows re-measured on one card, both stages on cuda:0, sends in order only
+    one_gpu = part.endswith("-one-gpu") or part == "small-fifo"
+    base = "small" if part.startswith("small") else part.removesuffix("-one-gpu")
+    shared = dict(device="cuda", bandwidth="80mbit", send_orders="fifo" if one_gpu else "fifo,shared")
+    if base != "small":
+        shared.update(latency="20ms", devices="cuda:0,cuda:0" if one_gpu else "cuda:0,cuda:1")
+    if base == "large-dense":
+        spec = preset("large", codec="dense", dtype="bf16", stages=2)
+        run_throughput_bench(f"{out}/{part}", "large", steps=6, ceiling=False, variants={"dense": spec}, **shared)
+    elif base == "large-subspace":
+        run_throughput_bench(f"{out}/{part}", "large", steps=10, dtype="bf16", stages=2, codecs="subspace", **shared)
+    else:
+        run_throughput_bench(f"{out}/{part}", "small", steps=20, dtype="bf16", codecs="subspace,bottleneck", **shared)
 else:
     raise SystemExit(f"unknown part {part!r}: tiny, tiny-subspace, large-dense, large-subspace, small, "
                      "large-dense-one-gpu, large-subspace-one-gpu or small-fifo.")
