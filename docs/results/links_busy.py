@@ -11,10 +11,8 @@ Usage (device machine, wheels installed as in docs/results/scale_gpu.sh):
     python docs/results/links_busy.py large-dense OUT     # large, 2 stages on cuda:0,cuda:1, dense
     python docs/results/links_busy.py large-subspace OUT  # the same, subspace (its roofline is compute)
     python docs/results/links_busy.py small OUT           # small, 3 peers on cuda:0, subspace and bottleneck
-Usage (one GPU: both stages share cuda:0, sends in order only; the rows that re-measure the above on one card):
-    python docs/results/links_busy.py large-dense-one-gpu OUT
-    python docs/results/links_busy.py large-subspace-one-gpu OUT
-    python docs/results/links_busy.py small-fifo OUT
+Usage (one GPU: the same three with "-one-gpu", every stage on cuda:0 and sends in order only):
+    python docs/results/links_busy.py large-dense-one-gpu OUT     # (also large-subspace-one-gpu, small-one-gpu)
 """
 from __future__ import annotations
 
@@ -22,6 +20,13 @@ import sys
 
 from protocol.spec import preset
 from swarm.bench.throughput import run_throughput_bench
+
+ON_GPUS = {  # part -> (preset, the call's own settings); each on 80 Mbit/s per host
+    "large-dense": ("large", dict(steps=6, latency="20ms", ceiling=False,
+                                  variants={"dense": preset("large", codec="dense", dtype="bf16", stages=2)})),
+    "large-subspace": ("large", dict(steps=10, latency="20ms", dtype="bf16", stages=2, codecs="subspace")),
+    "small": ("small", dict(steps=20, dtype="bf16", codecs="subspace,bottleneck")),  # 3 peers on cuda:0 either way
+}
 
 part, out, kernel = sys.argv[1], sys.argv[2], sys.argv[3:] == ["kernel"]
 if part == "tiny":  # link-bound on a CPU: 8 microbatches of 262 kB a step, 0.5 s each at 4 Mbit/s
@@ -32,20 +37,13 @@ elif part == "tiny-subspace":  # 33 kB frames: 67 ms on the wire, under 4 round 
     spec = preset("tiny", codec="subspace", stages=2).replace(batch_size=64)
     run_throughput_bench(f"{out}/{part}", "tiny", steps=8, bandwidth="4mbit", latency="20ms",
                          variants={"subspace": spec}, send_orders="fifo,shared", kernel_shaping=kernel)
-elif part.removesuffix("-one-gpu") in ("large-dense", "large-subspace", "small") or part == "small-fifo":
-    # "-one-gpu" (and "small-fifo"): the rows re-measured on one card, both stages on cuda:0, sends in order only
-    one_gpu = part.endswith("-one-gpu") or part == "small-fifo"
-    base = "small" if part.startswith("small") else part.removesuffix("-one-gpu")
-    shared = dict(device="cuda", bandwidth="80mbit", send_orders="fifo" if one_gpu else "fifo,shared")
-    if base != "small":
-        shared.update(latency="20ms", devices="cuda:0,cuda:0" if one_gpu else "cuda:0,cuda:1")
-    if base == "large-dense":
-        spec = preset("large", codec="dense", dtype="bf16", stages=2)
-        run_throughput_bench(f"{out}/{part}", "large", steps=6, ceiling=False, variants={"dense": spec}, **shared)
-    elif base == "large-subspace":
-        run_throughput_bench(f"{out}/{part}", "large", steps=10, dtype="bf16", stages=2, codecs="subspace", **shared)
-    else:
-        run_throughput_bench(f"{out}/{part}", "small", steps=20, dtype="bf16", codecs="subspace,bottleneck", **shared)
+elif part.removesuffix("-one-gpu") in ON_GPUS:
+    one_gpu = part.endswith("-one-gpu")
+    name, settings = ON_GPUS[part.removesuffix("-one-gpu")]
+    if name == "large":
+        settings["devices"] = "cuda:0,cuda:0" if one_gpu else "cuda:0,cuda:1"
+    run_throughput_bench(f"{out}/{part}", name, device="cuda", bandwidth="80mbit",
+                         send_orders="fifo" if one_gpu else "fifo,shared", **settings)
 else:
-    raise SystemExit(f"unknown part {part!r}: tiny, tiny-subspace, large-dense, large-subspace, small, "
-                     "large-dense-one-gpu, large-subspace-one-gpu or small-fifo.")
+    raise SystemExit(f"unknown part {part!r}: tiny, tiny-subspace, or one of {', '.join(ON_GPUS)} "
+                     "(with -one-gpu or without).")
