@@ -10,6 +10,7 @@ measured side by side in one run.
 - `fidelity.py`: held-out loss against compression, one-cause ablations of the loss gap, dense vs
   subspace across widths; jobs spread over GPUs inside a time budget (docs/fidelity.md);
   `learned_boundary.py`: its diagnostic of learned per-stage projections (free stages, one process).
+  `rvq_boundary.py`: its diagnostic of the hybrid's lossy numbers sent as residual-VQ codes (one process).
 - `replica_sync.py` (+ `sync_bytes.py`): per replica-sync mode, bytes per replica per step (small, large),
   tokens/s with 2 replicas per stage on shaped links, held-out loss at equal tokens.
 - `verify.py`: what spot checks of replicas' work cost: tokens/s and input bytes per step at rates 0, 1/16, 1.

@@ -21,6 +21,7 @@ from protocol.codecs import DenseDecoder, DenseEncoder, SubspaceEncoder
 from protocol.spec import WIRE_DTYPES, RunSpec
 
 from .learned_boundary import LEARNED_BOUNDARIES, learned_boundaries
+from .rvq_boundary import RVQ_BOUNDARIES, rvq_boundaries, rvq_forward_bytes
 
 
 @dataclass
@@ -52,6 +53,8 @@ class Job:
         if self.boundary == "full":
             return 1.0
         e = WIRE_DTYPES[spec.wire_dtype].itemsize
+        if self.boundary in RVQ_BOUNDARIES:
+            return spec.d_model * e / rvq_forward_bytes(spec, self.boundary)
         width = spec.rank if self.boundary in LEARNED_BOUNDARIES else spec.boundary_width
         mine = width * (1 if spec.quant == "int8" else e) + (e if spec.quant == "int8" else 0)
         return spec.d_model * e / mine
@@ -135,6 +138,8 @@ def train_job(job: Job, data: str | None, device: str = "cpu", eval_every: int =
         full_width_boundaries(pipe)
     elif job.boundary in LEARNED_BOUNDARIES:
         learned_boundaries(pipe, job.boundary)
+    elif job.boundary in RVQ_BOUNDARIES:
+        rvq_boundaries(pipe, job.boundary)
     steps, per_step = spec.total_steps, spec.batch_size * spec.seq_len
     eval_every = eval_every or max(1, steps // 10)
     res = JobResult(job.name, job.group, spec.to_dict(), job.note, job.compression(), 0, 0, math.nan, device=device,
