@@ -70,10 +70,18 @@ def test_the_k_exact_coordinates_stay_exact_through_the_codes():
     with torch.no_grad():  # the bottleneck's outputs start at zero: move them, so that the e numbers carry something
         for p in list(enc.hybrid.enc.parameters()) + list(dec.dec.parameters()):
             p.normal_(0.0, 0.1, generator=torch.Generator().manual_seed(7))
-    tokens = torch.randint(spec.vocab, (2, spec.seq_len))
-    h = torch.randn(2, spec.seq_len, spec.d_model, requires_grad=True)
-    z = enc(h, tokens)  # a grad-enabled call: the first one starts the codebooks
+    g = torch.Generator().manual_seed(3)
+
+    def batch() -> tuple[torch.Tensor, torch.Tensor]:  # 1,024 tokens: more than a codebook's 256 codewords
+        return (torch.randint(spec.vocab, (64, spec.seq_len), generator=g),
+                torch.randn(64, spec.seq_len, spec.d_model, generator=g, requires_grad=True))
+
+    first_tokens, first_h = batch()
+    enc(first_h, first_tokens)  # a grad-enabled call: the first one starts the codebooks, from other points than h's
     assert bool(enc.vq.started)
+    enc.vq.learning = False  # codebooks held still, so that z's codes and q below are the same codes
+    tokens, h = batch()
+    z = enc(h, tokens)
     U, T = enc.hybrid.U, enc.hybrid.T_fixed
     rebuilt = dec(z.detach(), tokens)
     coords = (rebuilt - T[tokens]) @ U
