@@ -124,6 +124,19 @@ def misreport(peer, kind: str, about: str | None) -> None:
     boundary.sent = sent
 
 
+def route_to(peer, receiver: str) -> None:
+    """`peer` sends every activation to `receiver` while the receiver serves: the pair a test needs, whatever
+    the timing (the loopback directory's least-in-flight pick, ties to the lower id, sends most to s1r0)."""
+    directory, pick = peer.directory, peer.directory.pick
+
+    async def picked(stage: int, exclude: set[str] = frozenset()) -> str:
+        members = {p.peer_id for p in await directory.members(stage)}
+        if receiver in members and receiver not in exclude:
+            exclude = set(exclude) | (members - {receiver})
+        return await pick(stage, exclude)
+    directory.pick = picked
+
+
 @pytest.mark.parametrize("liar,kind,about", [(LIAR, "a", None), ("s1r1", "r", LIAR)])
 async def test_the_two_ends_of_an_activation_that_disagree_ban_the_later_one(liar, kind, about, oracle_runs):
     # nothing can say which end lies (the bytes are the sender's word against the receiver's): as for two
@@ -133,6 +146,8 @@ async def test_the_two_ends_of_an_activation_that_disagree_ban_the_later_one(lia
     for head in swarm.stage(0):  # every honest peer was seen before the liar
         head.driver.spot.first_seen.update({p: 0.0 for p in swarm.peers if p != liar})
     misreport(swarm.peers[liar], kind, about)
+    if about is not None:  # the liar must receive what it misreports
+        route_to(swarm.peers[about], liar)
     logs = await drive(swarm, liar)
     want = oracle_runs.losses(spec, STEPS)
     for step, (log, w) in enumerate(zip(logs, want), start=1):
