@@ -14,10 +14,10 @@ from dataclasses import dataclass
 import msgpack
 import torch
 
-from .portable_linalg import portable_orthonormalize
-from .spec import RunSpec
-from .subspace import grassmann_step
-from .wire import WireError, _ext_hook, _pack_tensor
+from protocol.portable_linalg import portable_orthonormalize
+from protocol.spec import RunSpec
+from protocol.subspace import grassmann_step
+from protocol.wire import WireError, _ext_hook, _pack_tensor
 
 BASIS_DOMAIN = "subspace-swarm/basis-update/v1"
 

@@ -25,9 +25,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .bottleneck import ResBMDecoder, ResBMEncoder
-from .spec import WIRE_DTYPES, RunSpec
-from .subspace import SubspaceBasis, project_rows
+from protocol.bottleneck import ResBMDecoder, ResBMEncoder
+from protocol.spec import WIRE_DTYPES, RunSpec
+from protocol.subspace import SubspaceBasis, project_rows
 
 
 class BoundaryEncoder(nn.Module):

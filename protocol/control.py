@@ -7,7 +7,7 @@ microbatch's gradient is back (docs/design.md section 3):
             up in one agreed order, so that every replica holds the same summed gradient;
     apply   every replica that reduced takes the optimizer step with it;
     abort   a failed attempt's partial work is dropped everywhere, and the step is re-driven;
-    rollback  every replica goes back to the stage's snapshot at step s (peer/rollback.py);
+    rollback  every replica goes back to the stage's snapshot at step s (peer/state/rollback.py);
     work    a head computes the microbatches m of the attempt; at stage 1: c names the heads that may feed it.
 
 Maps (short keys; tensors are wire.py's ExtType):
@@ -24,21 +24,21 @@ Maps (short keys; tensors are wire.py's ExtType):
                   b: for abort, replicas the leader convicted (false, withheld or too slow work), banned for the run;
                   w (left out when empty): for an abort sent to a banned replica, the leader's reason, one
                   sentence that its owner is shown (a slow uplink is told so, not called a liar);
-                  work (peer/head_work.py): c the heads the leader named for the attempt, m (to a head) its share
+                  work (peer/step/head_work.py): c the heads the leader named for the attempt, m (to a head) its share
     CommandReply  {k: "ctlr", s: step, a: attempt, o: outcome, m: [microbatches], x: {peer: [mb]}, e: text,
                    h: [step, sha256 hex], v, z: [step, sha256 hex], n: [sent], b: [peer ids], u: [peer ids],
                    l: [losses]}
                   outcome in ok | behind | ahead | failed; m: what this replica computed in the
                   attempt; x: after a reduce, whose contributions it summed; h: after a reduce, the
-                  step and hash of the replica's newest own snapshot (peer/snapshots.py), which the
+                  step and hash of the replica's newest own snapshot (peer/state/snapshots.py), which the
                   leader vouches for through the coordinator once the stage's replicas agree; v (fp16;
                   left out when false): after a reduce, the stage overflowed; "ahead", this replica
                   skipped the step; z (left out when absent): after an apply, the steps applied and the
-                  sha256 of the replica's state then (peer/state_hash.py), which the leader votes on
-                  and vouches for through the coordinator (peer/state_votes.py); after a reduce, n: the
+                  sha256 of the replica's state then (peer/runner/state_hash.py), which the leader votes on
+                  and vouches for through the coordinator (peer/checks/state_votes.py); after a reduce, n: the
                   boundary messages it sent in the attempt (protocol/spot_check.py `Sent`), b: replicas
                   whose contribution it refused or that withheld it, u: shares far from the rest
-                  (peer/robust_sum.py); after a check, b: the replica checked, if its share is not its work;
+                  (peer/checks/robust_sum.py); after a check, b: the replica checked, if its share is not its work;
                   after a work, l: the loss of each microbatch of m, in m's order (finite floats)
     Contribution  {k: "red", r, s, a, g: stage, p: phase, m: [microbatches], t: flat gradient | nil,
                    f: factors | nil, q: statistic | nil}
@@ -53,7 +53,7 @@ Maps (short keys; tensors are wire.py's ExtType):
                   Factors are in the run's wire dtype. q: the basis re-fit statistic of the
                   step (receiving subspace stages; with p = 0 and a non-empty m only); v (fp16): overflowed, t f q nil
     ReduceProbe   {k: "redq", r, s, a, g}, also over `red`: asked of a replica whose contribution
-                  a reduce still waits for (peer/reduce_watch.py); the reply {k: "redqr", o: state}
+                  a reduce still waits for (peer/step/reduce_watch.py); the reply {k: "redqr", o: state}
                   says how its reduce of step s, attempt a goes: reducing | idle (at the step and
                   attempt, no reduce begun) | ended (its reduce is over) | elsewhere (another step
                   or a newer attempt)
@@ -69,8 +69,8 @@ from dataclasses import dataclass, field
 import msgpack
 import torch
 
-from .spec import in_stat_window
-from .wire import KIND_CONTROL, KIND_REDUCE, WireError, _ext_hook, _need, _pack_tensor
+from protocol.spec import in_stat_window
+from protocol.wire import KIND_CONTROL, KIND_REDUCE, WireError, _ext_hook, _need, _pack_tensor
 
 OPS = ("status", "reduce", "apply", "abort", "rollback", "lease", "check", "work")
 OUTCOMES = ("ok", "behind", "ahead", "failed")
@@ -108,7 +108,7 @@ class CommandReply:
     overflow: bool = False  # reduce: this stage's share overflowed; "ahead": this replica skipped the step
     sent: list = field(default_factory=list)  # reduce: the boundary messages it sent (protocol/spot_check.Sent)
     blame: list[str] = field(default_factory=list)  # reduce, check: replicas whose contribution it found false
-    suspects: list[str] = field(default_factory=list)  # reduce: shares far from the rest (peer/robust_sum.py)
+    suspects: list[str] = field(default_factory=list)  # reduce: shares far from the rest (peer/checks/robust_sum.py)
     state: tuple[int, str] | None = None  # apply: (steps applied, sha256 hex) of the replica's state after it
     losses: list[float] = field(default_factory=list)  # work: each microbatch's loss, in the command's order
 
@@ -282,7 +282,7 @@ def decode_command(data: bytes, run: str) -> Command:
 def encode_reply(r: CommandReply) -> bytes:
     body = _with_flag({"k": _REPLY, "s": r.step, "a": r.attempt, "o": r.outcome, "m": r.microbatches,
                        "x": r.contributors, "e": r.reason[:500]}, "v", r.overflow)
-    from .spot_check import encode_sent  # spot_check builds on this module's validators
+    from protocol.spot_check import encode_sent  # spot_check builds on this module's validators
     body.update({k: v for k, v in (("h", list(r.snapshot or ())), ("z", list(r.state or ())),
                                    ("n", encode_sent(r.sent)), ("b", r.blame), ("u", r.suspects),
                                    ("l", r.losses)) if v})  # if any
@@ -290,7 +290,7 @@ def encode_reply(r: CommandReply) -> bytes:
 
 
 def decode_reply(data: bytes, n_microbatches: int) -> CommandReply:
-    from .spot_check import DIGEST_BYTES, decode_sent  # spot_check builds on this module's validators
+    from protocol.spot_check import DIGEST_BYTES, decode_sent  # spot_check builds on this module's validators
     d = _unpack(data, 64 << 10, "a control reply", max_bin=DIGEST_BYTES)  # bytes: digests of what it sent
     _need(_is(d.get("k"), _REPLY), "not a control reply.")
     _need(d.get("o") in OUTCOMES, f"a control reply's outcome must be one of {', '.join(OUTCOMES)}.")
@@ -350,7 +350,7 @@ def decode_reduce(data: bytes, lim: FlatLimits):
     """What arrives over `red`: a contribution, a probe of how this replica's reduce goes, or a
     checker's request for the inputs of this replica's share (protocol/spot_check.py). A
     contribution refused for its content raises `BadContribution`."""
-    from .spot_check import inputs_request, is_inputs_request  # spot_check builds on this module's validators
+    from protocol.spot_check import inputs_request, is_inputs_request  # spot_check builds on this module's validators
     d = _unpack(data, lim.max_bytes, "a reduce message")
     if is_inputs_request(d):
         return inputs_request(d, lim.run, lim.stage, lim.n_microbatches)

@@ -8,7 +8,7 @@ two commutes with rounding). A stage divides its reduced gradient by S before cl
 optimizer (exact again), and divides a received boundary gradient by S before it judges its size.
 
 The scale changes only at a step's commit, from one verdict that every stage and replica gets
-from the leading head (peer/driver.py): a step in which any stage saw an inf or NaN (in its
+from the leading head (peer/step/driver.py): a step in which any stage saw an inf or NaN (in its
 reduced gradient, or in a boundary gradient it computed or received) is skipped everywhere and
 S halves; after `interval` applied steps in a row S doubles. So the scale is a function of the
 verdicts alone, the same on every replica, and it is part of a stage's state (checkpoints,
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .spec import RunSpec
+from protocol.spec import RunSpec
 
 INITIAL_SCALE = 2.0 ** 16
 GROWTH_INTERVAL = 2000

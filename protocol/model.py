@@ -15,7 +15,7 @@ exactness tests). "bf16" keeps fp32 master weights, fp32 optimizer state, an fp3
 stream and fp32 boundary tensors, and runs the blocks and the LM head under
 `torch.autocast(dtype=torch.bfloat16)` (matmuls and attention in bf16, norms in fp32). "fp16" is
 the same with float16 (cards without bf16), and its stages scale the loss (protocol/loss_scale.py,
-peer/stage.py): what the model computes does not change. The
+peer/runner/stage.py): what the model computes does not change. The
 one place autocast is entered is `StageModule.compute`, used by `body` and `logits`; the
 codec (`enter`, and `leave` of a non-last stage) stays in fp32, so the boundary's precision
 is the wire dtype's. Under autocast a constrained map W = P W is applied as U (U^T W x): the
@@ -32,11 +32,18 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from .bottleneck import RMSNorm, zero_init_outputs
-from .codecs import BottleneckDecoder, BottleneckEncoder, HybridDecoder, HybridEncoder, make_decoder, make_encoder
-from .portable_linalg import portable_matmul
-from .spec import COMPUTE_DTYPES, RunSpec
-from .subspace import SubspaceBasis, make_basis, portable_project_cols, portable_project_rows
+from protocol.bottleneck import RMSNorm, zero_init_outputs
+from protocol.codecs import (
+    BottleneckDecoder,
+    BottleneckEncoder,
+    HybridDecoder,
+    HybridEncoder,
+    make_decoder,
+    make_encoder,
+)
+from protocol.portable_linalg import portable_matmul
+from protocol.spec import COMPUTE_DTYPES, RunSpec
+from protocol.subspace import SubspaceBasis, make_basis, portable_project_cols, portable_project_rows
 
 
 def autocast_dtype(spec: RunSpec) -> torch.dtype | None:

@@ -19,9 +19,9 @@ import math
 import torch
 from torch import nn
 
-from .portable_linalg import portable_div, portable_sqrt, portable_sum
-from .spec import RunSpec
-from .subspace import portable_project_cols, portable_project_rows, project_cols, project_rows
+from protocol.portable_linalg import portable_div, portable_sqrt, portable_sum
+from protocol.spec import RunSpec
+from protocol.subspace import portable_project_cols, portable_project_rows, project_cols, project_rows
 
 
 class SubspaceAdamW(torch.optim.Optimizer):

@@ -13,11 +13,11 @@ from collections.abc import Callable
 
 import torch
 
-from .codecs import WirePacker, WireRoundtrip
-from .model import build_stage, lm_loss, spec_basis
-from .optim import clip_grad_norm, lr_at, make_optimizer, set_lr, stage_lr_ratio
-from .spec import RunSpec
-from .subspace import SubspaceBasis, project_cols, project_rows
+from protocol.codecs import WirePacker, WireRoundtrip
+from protocol.model import build_stage, lm_loss, spec_basis
+from protocol.optim import clip_grad_norm, lr_at, make_optimizer, set_lr, stage_lr_ratio
+from protocol.spec import RunSpec
+from protocol.subspace import SubspaceBasis, project_cols, project_rows
 
 
 class ReferenceModel:

@@ -1,5 +1,5 @@
 """Snapshot messages (kind `snap`): a stage's state at a step boundary, kept by peers of other
-stages so that a stage whose every replica died can be restored (peer/snapshots.py).
+stages so that a stage whose every replica died can be restored (peer/state/snapshots.py).
 
 Maps (short keys), validated on the way in like wire.py:
 
@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 
 import msgpack
 
-from .control import _int, _is, _unpack
-from .wire import KIND_SNAPSHOT, _need
+from protocol.control import _int, _is, _unpack
+from protocol.wire import KIND_SNAPSHOT, _need
 
 SNAPSHOT_OPS = ("offer", "list", "chunk")
 CHUNK_BYTES = 1 << 16

@@ -40,7 +40,8 @@ SUBSPACE_OPTIONS: dict[str, float] = {"constrained_lr_scale": 1.0, "t_fixed_std"
 LR_OPTIONS: dict[str, float] = {**SUBSPACE_OPTIONS, "constrained_stage_lr_scale": 1.0}
 # fields added after runs were signed: left out of `to_dict` (and so of the run hash) while they hold this
 # default, so every spec written before them keeps its hash (and a bench's --resume its finished jobs)
-# the slowest uplink a swarm waits for, bit/s (peer/transfer_time.py): 8 Mbit/s, below most home uplinks, 1/10 of the
+# the slowest uplink a swarm waits for, bit/s (peer/daemon/transfer_time.py):
+# 8 Mbit/s, below most home uplinks, 1/10 of the
 # 80 Mbit/s the design targets
 SLOWEST_UPLINK_BPS = 8e6
 HASH_NEUTRAL_DEFAULTS: dict[str, Any] = {**LR_OPTIONS, "microbatches_in_flight": 0, "replica_sync_warmup": 0,
@@ -117,7 +118,7 @@ class RunSpec:
     microbatch_size: int = 8
     # how many of a head's microbatches are between their forward and their gradient's return at once (the
     # head starts the next as one comes back); 0 = all of its share at once. It bounds every stage's saved
-    # activations (peer/memory_estimate.py), so a step of many microbatches fits a card (issue 22 item 2)
+    # activations (peer/runner/memory_estimate.py), so a step of many microbatches fits a card (issue 22 item 2)
     microbatches_in_flight: int = 0
     # Grassmann basis updates (docs/algorithms.md 1.7)
     basis_interval: int = 500  # steps between re-fits of U
@@ -149,7 +150,8 @@ class RunSpec:
     # standard deviation of the frozen token code T_fixed's entries (protocol/subspace.py; docs/fidelity.md 3d:
     # what the constrained stages write grows to ~40x its norm at the default 0.02 on `small`)
     t_fixed_std: float = 0.02
-    # the slowest uplink every peer of the swarm waits for, bit/s (peer/transfer_time.py): a wait for bytes is a fixed
+    # the slowest uplink every peer of the swarm waits for, bit/s (peer/daemon/transfer_time.py):
+    # a wait for bytes is a fixed
     # allowance plus their time at this rate, and a replica slower than it is cut. A swarm rule, not a peer's choice:
     # replicas that waited for different floors would give up on one another at different times
     slowest_uplink_bps: float = SLOWEST_UPLINK_BPS

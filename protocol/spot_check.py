@@ -4,7 +4,7 @@ and the messages that carry them. Validated on the way in like control.py.
 A replica's contribution to a reduce is the sum of its microbatches' gradients, a function of
 the stage's state (the same on every replica) and of each microbatch's inputs: the activation
 that came from upstream and, below the last stage, the gradient that came back from downstream.
-So every peer keeps the boundary messages of the attempt in progress (peer/boundary_log.py) and
+So every peer keeps the boundary messages of the attempt in progress (peer/daemon/boundary_log.py) and
 reports, in its reduce reply, a digest of every message it SENT and to whom (`Sent`), and of every
 activation it RECEIVED and from whom. The leader thereby knows, from the senders and not from the
 replica checked, what each replica's inputs were; and for a head (stage 0, whose input is the tokens
@@ -31,8 +31,8 @@ from dataclasses import dataclass
 
 import msgpack
 
-from .control import MAX_GROUP, _int, _mbs, _need, _run, _unpack
-from .wire import WireError
+from protocol.control import MAX_GROUP, _int, _mbs, _need, _run, _unpack
+from protocol.wire import WireError
 
 DIGEST_BYTES = 16
 KINDS = ("a", "g", "r")  # activation (sent downstream), gradient (sent upstream), activation received

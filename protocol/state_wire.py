@@ -1,5 +1,5 @@
 """The state-transfer messages (kind `state`): a joining replica downloads a stage's state from a
-donor, its description first, then chunk by chunk (peer/state_transfer.py); validated on the way
+donor, its description first, then chunk by chunk (peer/state/state_transfer.py); validated on the way
 in like wire.py.
 
     StateRequest  {k: "state", r, o: "meta" | "now" | "chunk", i: chunk index, n: snapshot id}
@@ -27,8 +27,8 @@ from dataclasses import dataclass
 import msgpack
 import torch
 
-from .control import FlatLimits, _flag, _flat, _int, _is, _opt_tensor, _run, _stat, _unpack, _with_flag
-from .wire import KIND_FOLLOW, KIND_STATE, _need
+from protocol.control import FlatLimits, _flag, _flat, _int, _is, _opt_tensor, _run, _stat, _unpack, _with_flag
+from protocol.wire import KIND_FOLLOW, KIND_STATE, _need
 
 STATE_OPS = ("meta", "now", "chunk")
 STATE_CHUNK_BYTES = 8 << 20

@@ -9,7 +9,7 @@ holds the run's data can check it, and prove to the coordinator what the leader 
     signed      = msgpack([STEP_RECORD_DOMAIN, r, s, a, l, d])
 
 Every head holds the run's data and regenerates any microbatch from (data, seed, step, m)
-(`peer/data.py`), so any head computes the digest of a step by itself: a leader that feeds
+(`peer/data/batches.py`), so any head computes the digest of a step by itself: a leader that feeds
 other text than the run's, and says so in its record, is caught by the first standby head
 that reads it, and the record is the proof anyone can check. (A leader that signs the run's
 digest while it feeds other tokens is what recomputation catches: issue 21's spot checks
@@ -29,7 +29,7 @@ replicas agree on a newer snapshot: only the peers it names may vote in that re-
 coordinator vouches for those snapshot hashes (`swarm/replicas/vouched.py`), so a peer that
 restores a stage loads the snapshot the swarm took, not the one most custodians claim. After
 every applied step it also sends one with the state hashes its replicas agreed on (t, z; no
-workers: `peer/state_votes.py` says how a hash is agreed), and the coordinator vouches for those
+workers: `peer/checks/state_votes.py` says how a hash is agreed), and the coordinator vouches for those
 too, so a joiner loads only a state the swarm had.
 """
 from __future__ import annotations
@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 import msgpack
 import torch
 
-from .wire import WireError, _need
+from protocol.wire import WireError, _need
 
 STEP_RECORD_DOMAIN = "subspace-swarm/step-record/v1"
 WORK_RECORD_DOMAIN = "subspace-swarm/work-record/v1"

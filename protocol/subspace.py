@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .portable_linalg import portable_matmul, portable_orthonormalize
+from protocol.portable_linalg import portable_matmul, portable_orthonormalize
 
 T_FIXED_STD = 0.02
 

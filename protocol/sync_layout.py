@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .portable_linalg import portable_matmul
+from protocol.portable_linalg import portable_matmul
 
 
 @dataclass(frozen=True)

@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 import msgpack
 import torch
 
-from .codecs import WirePacker, WireTensors
-from .spec import WIRE_DTYPES, RunSpec
+from protocol.codecs import WirePacker, WireTensors
+from protocol.spec import WIRE_DTYPES, RunSpec
 
 TENSOR_EXT = 1
 HEADER_MAX_BYTES = 160

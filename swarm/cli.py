@@ -74,7 +74,7 @@ def _run_async(coro_factory) -> int:
             log.info("stopped")
             return 0
 
-    from .reaper import start_watcher
+    from swarm.reaper import start_watcher
     start_watcher()  # should this process be killed outright, its DHT process and p2pd go too
     try:
         import uvloop
@@ -96,10 +96,9 @@ def _raise_interrupt(signum, frame) -> None:
 
 
 def cmd_local(a: argparse.Namespace) -> int:
-    from peer.corpus import load_corpus
-
-    from .local import LocalOptions, LocalSwarmError, parse_devices, run_local
-    from .net import parse_bandwidth, parse_latency
+    from peer.data.corpus import load_corpus
+    from swarm.local import LocalOptions, LocalSwarmError, parse_devices, run_local
+    from swarm.net import parse_bandwidth, parse_latency
     spec = spec_from_args(a)
     # bad values fail here, before any process starts
     parse_bandwidth(a.bandwidth), parse_latency(a.latency), parse_devices(a.devices)
@@ -137,7 +136,7 @@ def cmd_local(a: argparse.Namespace) -> int:
 
 
 def cmd_coordinator(a: argparse.Namespace) -> int:
-    from .coordinator import CoordinatorOptions, run_coordinator
+    from swarm.coordinator import CoordinatorOptions, run_coordinator
     opts = from_args(CoordinatorOptions, a, spec=spec_from_args(a))
     if opts.snapshot_every < 0:
         print("error: --snapshot-every must be 0 (no snapshots) or a positive number of steps.", file=sys.stderr)
@@ -150,15 +149,14 @@ def cmd_coordinator(a: argparse.Namespace) -> int:
 
 
 def cmd_peer(a: argparse.Namespace) -> int:
-    from .node import PeerOptions, configure_torch, run_peer
+    from swarm.node import PeerOptions, configure_torch, run_peer
     opts = from_args(PeerOptions, a)
     configure_torch(opts.threads or int(os.environ.get("SWARM_TORCH_THREADS", "0")) or None)
-    from peer.interfaces import LinkError
-    from peer.state_transfer import StateError
-
-    from .net.reachability import ReachabilityError
-    from .node import JoinError
-    from .replicas.replica import PeerBanned
+    from peer.daemon.interfaces import LinkError
+    from peer.state.state_transfer import StateError
+    from swarm.net.reachability import ReachabilityError
+    from swarm.node import JoinError
+    from swarm.replicas.replica import PeerBanned
     try:
         return _run_async(lambda: run_peer(opts))
     except (JoinError, LinkError, StateError, ReachabilityError, PeerBanned) as e:
@@ -167,7 +165,7 @@ def cmd_peer(a: argparse.Namespace) -> int:
 
 
 def cmd_dashboard(a: argparse.Namespace) -> int:
-    from .dashboard.server import DashboardOptions, run_dashboard
+    from swarm.dashboard.server import DashboardOptions, run_dashboard
     opts = from_args(DashboardOptions, a)
     try:
         return _run_async(lambda: run_dashboard(opts))
@@ -177,18 +175,18 @@ def cmd_dashboard(a: argparse.Namespace) -> int:
 
 
 def cmd_status(a: argparse.Namespace) -> int:
-    from .monitor.status import print_status
+    from swarm.monitor.status import print_status
     return _run_async(lambda: print_status(a.initial_peers, as_json=a.json))
 
 
 def cmd_trace(a: argparse.Namespace) -> int:
-    from .net.trace_report import run_trace_report
+    from swarm.net.trace_report import run_trace_report
     return run_trace_report(a.paths, a.json)
 
 
 def cmd_identity(a: argparse.Namespace) -> int:
-    from .trust.identity import Identity
-    from .trust.state_dir import default_file
+    from swarm.trust.identity import Identity
+    from swarm.trust.state_dir import default_file
     path = a.path or default_file("peer.id", a.state_dir)
     existed = os.path.exists(path)
     identity = Identity.load_or_create(path)
@@ -202,8 +200,8 @@ def cmd_identity(a: argparse.Namespace) -> int:
 def cmd_admit(a: argparse.Namespace) -> int:
     import time
 
-    from .trust.admission import AdmitOptions, issue_ticket
-    from .trust.keys import fingerprint_of
+    from swarm.trust.admission import AdmitOptions, issue_ticket
+    from swarm.trust.keys import fingerprint_of
     ticket = issue_ticket(from_args(AdmitOptions, a))
     print(ticket.encode())
     until = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(ticket.expires)) if ticket.expires else "never"
@@ -218,7 +216,7 @@ def _missing_extra(e: ImportError) -> int:
 
 
 def cmd_export(a: argparse.Namespace) -> int:
-    from .export.exporter import ExportOptions, run_export
+    from swarm.export.exporter import ExportOptions, run_export
     try:
         files = run_export(from_args(ExportOptions, a))
     except ImportError as e:
@@ -230,7 +228,7 @@ def cmd_export(a: argparse.Namespace) -> int:
 def cmd_eval(a: argparse.Namespace) -> int:
     from dataclasses import asdict
 
-    from .export.evaluate import EvalOptions, describe, run_eval
+    from swarm.export.evaluate import EvalOptions, describe, run_eval
     try:
         result = run_eval(from_args(EvalOptions, a))
     except ImportError as e:
@@ -240,7 +238,7 @@ def cmd_eval(a: argparse.Namespace) -> int:
 
 
 def cmd_generate(a: argparse.Namespace) -> int:
-    from .export.generate import GenerateOptions, run_generate
+    from swarm.export.generate import GenerateOptions, run_generate
     try:
         text, note = run_generate(from_args(GenerateOptions, a))
     except ImportError as e:
@@ -254,16 +252,16 @@ def cmd_generate(a: argparse.Namespace) -> int:
 # ------------------------------------------------------------------ parser
 
 def build_parser() -> argparse.ArgumentParser:
-    from .bench.cli import register as register_bench
-    from .coordinator import CoordinatorOptions
-    from .dashboard.server import DashboardOptions
-    from .export.evaluate import EvalOptions
-    from .export.exporter import ExportOptions
-    from .export.generate import GenerateOptions
-    from .local import LocalOptions
-    from .node import PeerOptions
-    from .trust.admission import AdmitOptions
-    from .trust.state_dir import WHERE
+    from swarm.bench.cli import register as register_bench
+    from swarm.coordinator import CoordinatorOptions
+    from swarm.dashboard.server import DashboardOptions
+    from swarm.export.evaluate import EvalOptions
+    from swarm.export.exporter import ExportOptions
+    from swarm.export.generate import GenerateOptions
+    from swarm.local import LocalOptions
+    from swarm.node import PeerOptions
+    from swarm.trust.admission import AdmitOptions
+    from swarm.trust.state_dir import WHERE
     p = argparse.ArgumentParser(prog="swarm", description="Train one transformer across many peers over the "
                                 "internet, with compressed pipeline boundaries (subspace ~100x, bottleneck ~128x).")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")

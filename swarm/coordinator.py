@@ -12,28 +12,27 @@ import logging
 import os
 from dataclasses import dataclass
 
-from peer.run_corpus import run_batches, with_corpus
+from peer.data.run_corpus import run_batches, with_corpus
 from protocol.model import spec_basis
 from protocol.snapshot_wire import CHUNK_BYTES
 from protocol.spec import RunSpec
 from protocol.wire import KIND_DATA_REPORT, KIND_SNAPSHOT, KIND_STATS, KIND_WORK
-
-from .basis import BasisRefitter
-from .dht import SwarmDHT, close_node, start_dht
-from .monitor.liveness import LivenessProbe
-from .net import Transport
-from .net.addresses import LOOPBACK, PRIVATE, PUBLIC, announce_addresses, scope_of
-from .net.reachability import DialBack
-from .options import opt
-from .replicas.checkpoint_keeper import CheckpointKeeper
-from .replicas.data_check import DataVerdict, tell_to_read_lease
-from .replicas.leases import LeaseKeeper
-from .replicas.vouched import SnapshotVouch
-from .trust.admission import AdmissionPolicy
-from .trust.identity import Identity, IdentityError
-from .trust.keys import SigningKey
-from .trust.state_dir import WHERE, default_file
-from .trust.work import MAX_BITS
+from swarm.basis import BasisRefitter
+from swarm.dht import SwarmDHT, close_node, start_dht
+from swarm.monitor.liveness import LivenessProbe
+from swarm.net import Transport
+from swarm.net.addresses import LOOPBACK, PRIVATE, PUBLIC, announce_addresses, scope_of
+from swarm.net.reachability import DialBack
+from swarm.options import opt
+from swarm.replicas.checkpoint_keeper import CheckpointKeeper
+from swarm.replicas.data_check import DataVerdict, tell_to_read_lease
+from swarm.replicas.leases import LeaseKeeper
+from swarm.replicas.vouched import SnapshotVouch
+from swarm.trust.admission import AdmissionPolicy
+from swarm.trust.identity import Identity, IdentityError
+from swarm.trust.keys import SigningKey
+from swarm.trust.state_dir import WHERE, default_file
+from swarm.trust.work import MAX_BITS
 
 DEFAULT_WORK_BITS = 22  # 2^22 hashes: ~2.5 CPU-s at the 1.7 M sha256/s one core of the dev machine does in Python
 

@@ -24,11 +24,10 @@ from typing import Protocol
 import torch
 
 from protocol.spec import RunSpec
-
-from .launch import fork_server
-from .launch.fork_server import ForkServer, Process
-from .local_reports import LocalSwarmError, RunReports
-from .options import opt
+from swarm.launch import fork_server
+from swarm.launch.fork_server import ForkServer, Process
+from swarm.local_reports import LocalSwarmError, RunReports
+from swarm.options import opt
 
 log = logging.getLogger(__name__)
 

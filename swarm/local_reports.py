@@ -16,9 +16,8 @@ from tqdm import tqdm
 from protocol.codecs import WirePacker
 from protocol.spec import RunSpec
 from protocol.wire import KIND_ACTIVATION, ActivationMessage, Header, encode_message, tokens_for_wire
-
-from .monitor.scalars import ScalarLog
-from .net import framing_bytes
+from swarm.monitor.scalars import ScalarLog
+from swarm.net import framing_bytes
 
 
 class LocalSwarmError(RuntimeError):
@@ -35,7 +34,7 @@ def report_events(path: Path) -> list[dict]:
 
 
 def mean_parts(parts: list[dict[str, float]]) -> dict[str, float]:
-    """The mean of each part over the steps that have it (a step's commit by part, peer/step_log.py)."""
+    """The mean of each part over the steps that have it (a step's commit by part, peer/daemon/step_log.py)."""
     keys = sorted({k for p in parts for k in p})
     return {k: sum(p[k] for p in parts if k in p) / sum(1 for p in parts if k in p) for k in keys}
 
@@ -62,7 +61,7 @@ class RunReports:
     def step_events(self) -> tuple[list[dict], bool]:
         """Every step record so far, from whichever head drove it, in step order; and whether the
         run is done (a head said so). A step driven again after a rollback to a snapshot
-        (peer/rollback.py) is the one that stands: of two records of a step, the later counts."""
+        (peer/state/rollback.py) is the one that stands: of two records of a step, the later counts."""
         by_step, done = {}, False
         for name in self.head_names():
             for e in self.events(name):

@@ -18,31 +18,30 @@ from dataclasses import dataclass
 
 import torch
 
-from peer.data import BatchSource
-from peer.interfaces import LinkError
-from peer.memory_estimate import parse_size
-from peer.run_corpus import check_corpus, run_corpus
+from peer.daemon.interfaces import LinkError
+from peer.data.batches import BatchSource
+from peer.data.run_corpus import check_corpus, run_corpus
+from peer.runner.memory_estimate import parse_size
 from protocol.model import spec_basis
 from protocol.spec import RunSpec
 from protocol.wire import KIND_ACTIVATION, KIND_GRADIENT, KIND_REDUCE
-
-from .dht import SwarmDHT, close_node, start_dht, stop_dht
-from .monitor.liveness import LivenessProbe
-from .monitor.peer_monitor import PeerMonitor
-from .net import HomeLink, Transport, TransportError
-from .net.frame_trace import FrameTrace
-from .net.reachability import DialBack, dht_options, settle_reachability
-from .optional import require
-from .options import opt
-from .replicas.membership import PROBE_S
-from .replicas.memory_fit import fitting_stages, memory_budget
-from .replicas.placement import HOLD_S, PlacementError, choose_stage
-from .replicas.replica import ReplicaContext, ReplicaService, transport_limit
-from .replicas.router import Router
-from .stage_memory import recall_stage, remember_stage
-from .trust.admission import AdmissionError, AdmissionPolicy, read_ticket
-from .trust.identity import Identity, IdentityError
-from .trust.work import proof_for
+from swarm.dht import SwarmDHT, close_node, start_dht, stop_dht
+from swarm.monitor.liveness import LivenessProbe
+from swarm.monitor.peer_monitor import PeerMonitor
+from swarm.net import HomeLink, Transport, TransportError
+from swarm.net.frame_trace import FrameTrace
+from swarm.net.reachability import DialBack, dht_options, settle_reachability
+from swarm.optional import require
+from swarm.options import opt
+from swarm.replicas.membership import PROBE_S
+from swarm.replicas.memory_fit import fitting_stages, memory_budget
+from swarm.replicas.placement import HOLD_S, PlacementError, choose_stage
+from swarm.replicas.replica import ReplicaContext, ReplicaService, transport_limit
+from swarm.replicas.router import Router
+from swarm.stage_memory import recall_stage, remember_stage
+from swarm.trust.admission import AdmissionError, AdmissionPolicy, read_ticket
+from swarm.trust.identity import Identity, IdentityError
+from swarm.trust.work import proof_for
 
 log = logging.getLogger(__name__)
 

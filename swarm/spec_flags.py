@@ -15,8 +15,7 @@ from protocol.spec import (
     preset,
     resolve_dtype,
 )
-
-from .net.shaper import parse_bandwidth
+from swarm.net.shaper import parse_bandwidth
 
 
 def add_spec_flags(p: argparse.ArgumentParser) -> None:

@@ -1,6 +1,6 @@
 """The single-process oracle's training runs, each computed once per test session.
 
-Many tests compare a swarm with the in-process pipeline (`peer/pipeline.py`) trained on the
+Many tests compare a swarm with the in-process pipeline (`peer/runner/pipeline.py`) trained on the
 same run spec and the embedded corpus. That run is deterministic (seeded weights and data, one
 torch thread, as in the swarm's peers), and its first n steps are the same whatever number of
 steps follows them, so one run per spec serves every test that asks for it: a test that asks
@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from peer.memory_swarm import batches
-from peer.pipeline import InProcessPipeline
+from peer.replica.memory_swarm import batches
+from peer.runner.pipeline import InProcessPipeline
 from protocol.spec import RunSpec
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from peer.stage import StageRunner
+from peer.runner.stage import StageRunner
 from protocol.spec import preset
 from swarm.bench.machine import machine_info
 

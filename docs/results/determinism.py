@@ -12,8 +12,8 @@ if os.environ.get("DETERMINISTIC") == "1":  # at import: the queue's spawned wor
 
 from gap_corpus import LOW, run_jobs  # noqa: E402
 
-from swarm.bench.fidelity_plan import dense, plan_shape  # noqa: E402
-from swarm.bench.fidelity_train import Job  # noqa: E402
+from swarm.bench.fidelity.plan import dense, plan_shape  # noqa: E402
+from swarm.bench.fidelity.train import Job  # noqa: E402
 
 
 def twin_jobs(steps: int) -> list[Job]:

@@ -7,8 +7,8 @@ import sys
 
 from fid_extra import b, extra_jobs, few
 
-from swarm.bench import fidelity
-from swarm.bench.fidelity_plan import GROUPS, _job, dense, jobs_for, plan_shape, scale_jobs
+from swarm.bench.fidelity.bench import bench as fidelity
+from swarm.bench.fidelity.plan import GROUPS, _job, dense, jobs_for, plan_shape, scale_jobs
 
 plan = sys.argv[1]
 

@@ -21,9 +21,9 @@ import sys
 import sysconfig
 from pathlib import Path
 
-from peer.corpus import _STDLIB_SKIP, DOCUMENT_SEPARATOR, _directory_files
-from swarm.bench import fidelity
-from swarm.bench.fidelity_plan import _job, dense, plan_shape
+from peer.data.corpus import _STDLIB_SKIP, DOCUMENT_SEPARATOR, _directory_files
+from swarm.bench.fidelity.bench import bench as fidelity
+from swarm.bench.fidelity.plan import _job, dense, plan_shape
 
 LOW = {"constrained_stage_lr_scale": 0.03}
 

@@ -4,8 +4,8 @@
 one card. Usage: gap_levers.py OUT PER_DEVICE BUDGET_S"""
 import sys
 
-from swarm.bench import fidelity
-from swarm.bench.fidelity_plan import _job, dense, plan_shape
+from swarm.bench.fidelity.bench import bench as fidelity
+from swarm.bench.fidelity.plan import _job, dense, plan_shape
 
 LOW = {"constrained_stage_lr_scale": 0.03}
 LEVERS = (  # name, spec changes on top of the plan's base

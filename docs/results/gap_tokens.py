@@ -5,8 +5,8 @@ of dense and x0.03 only. `small` (the gpu plan's
 3-3-2 shape, d=512, k=32 = 16x), all jobs sharing one card. Usage: gap_tokens.py OUT PER_DEVICE BUDGET_S STEPS"""
 import sys
 
-from swarm.bench import fidelity
-from swarm.bench.fidelity_plan import _job, dense, plan_shape
+from swarm.bench.fidelity.bench import bench as fidelity
+from swarm.bench.fidelity.plan import _job, dense, plan_shape
 
 LOW = {"constrained_stage_lr_scale": 0.03}
 SEEDS = {8000: (0,)}  # 8x the tokens: one seed, dense and x0.03 only (what one 10-minute call holds)

@@ -1,5 +1,5 @@
 """What the state hash of a `large` stage costs on a GPU host, part by part (one stage of two:
-8 layers of d=2048, weights and both Adam moments, fp32, ~4.8 GB): the hash as peer/state_hash.py
+8 layers of d=2048, weights and both Adam moments, fp32, ~4.8 GB): the hash as peer/runner/state_hash.py
 computes it; the device-to-host copies alone (pageable, and into pinned memory); sha256 alone
 over host copies on one thread and on the hash's pool. Usage: python docs/results/hash_cost.py OUT.json"""
 from __future__ import annotations
@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from peer.state_hash import HASH_THREADS, PIECE_BYTES, state_sha256
+from peer.runner.state_hash import HASH_THREADS, PIECE_BYTES, state_sha256
 
 
 def timed(fn) -> float:

@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 
 from protocol.spec import RunSpec
-from swarm.bench.convergence import train_curves
-from swarm.bench.record import record_specs
+from swarm.bench.record.bench import record_specs
+from swarm.bench.record.convergence import train_curves
 
 if __name__ == "__main__":  # the training processes are spawned: they import this file again
     out = Path(sys.argv[1])

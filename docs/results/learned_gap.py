@@ -1,7 +1,7 @@
 """Issue 24 item 2, learned per-stage projections, measured in one process before building them into the wire:
 section 3i's corpus and shape (`small`, 3-3-2, d=512, 16x = 32 numbers a token, batch 32 x 256, lr 1e-3, bf16),
 every boundary a learned projection U_i = qr(W_i).Q with a per-boundary anchor table on free stages
-(swarm/bench/learned_boundary.py), against dense and the hybrid's best (k=28 b=4) in the same call.
+(swarm/bench/fidelity/learned_boundary.py), against dense and the hybrid's best (k=28 b=4) in the same call.
 Usage: learned_gap.py OUT PER_DEVICE BUDGET_S STEPS SEEDS NAMES   (NAMES a comma list of dense, hybrid,
 learned, learned-x0.03, learned-noanchor-x0.03, learned-fixedu-x0.03, learned-fixedu,
 learned-noanchor, learned-projlr1-x0.03); OUT/fidelity.jsonl is resumed."""
@@ -9,8 +9,8 @@ import sys
 
 from gap_corpus import LOW, run_jobs
 
-from swarm.bench.fidelity_plan import dense, plan_shape
-from swarm.bench.fidelity_train import Job
+from swarm.bench.fidelity.plan import dense, plan_shape
+from swarm.bench.fidelity.train import Job
 
 # name: (label, boundary, stage lr scale); every learned row is a dense spec of rank 32 (16x in bf16)
 LEARNED = {"learned": ("learned U and anchor, every stage at the lr", "learned", 1.0),

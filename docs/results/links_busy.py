@@ -19,7 +19,7 @@ from __future__ import annotations
 import sys
 
 from protocol.spec import preset
-from swarm.bench.throughput import run_throughput_bench
+from swarm.bench.record.throughput import run_throughput_bench
 
 ON_GPUS = {  # part -> (preset, the call's own settings); each on 80 Mbit/s per host
     "large-dense": ("large", dict(steps=6, latency="20ms", ceiling=False,

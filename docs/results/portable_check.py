@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from peer.stage import StageRunner
+from peer.runner.stage import StageRunner
 from protocol import powersgd
 from protocol.powersgd import PowerPlan, PowerState, first_round, orthonormal_factors, rebuild
 from protocol.spec import preset

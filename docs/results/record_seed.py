@@ -8,8 +8,8 @@ import json
 import sys
 from pathlib import Path
 
-from swarm.bench.convergence import train_curves
-from swarm.bench.record import _reusable_curves, record_figures, record_specs
+from swarm.bench.record.bench import _reusable_curves, record_figures, record_specs
+from swarm.bench.record.convergence import train_curves
 
 NAMES = ("dense", "subspace-lr0.03", "subspace-16x-lr0.03")
 

@@ -12,9 +12,9 @@ import time
 
 import torch
 
-from peer.reduced import Reduced, sum_contributions, sum_factors
-from peer.replica_sync import PowerSync, flat_limits
-from peer.stage import StageRunner
+from peer.runner.reduced import Reduced, sum_contributions, sum_factors
+from peer.runner.replica_sync import PowerSync, flat_limits
+from peer.runner.stage import StageRunner
 from protocol.control import Contribution, decode_reduce, encode_contribution
 from protocol.spec import preset
 

@@ -29,7 +29,7 @@ def one_row(out: Path, steps: int, offset: int, mode: str, device: str) -> None:
     if path.exists():
         print(f"{path} exists: kept")
         return
-    import swarm.bench.replica_sync as bench
+    import swarm.bench.replicas.replica_sync as bench
     spec = spec_for(steps, offset, mode)
     row = bench._loss_row(spec, steps, device, "stdlib", 16)
     row["spec"] = spec.to_dict()

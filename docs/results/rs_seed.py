@@ -3,7 +3,7 @@ so that two seeds can run side by side as two processes.
 Usage: rs_seed.py OFFSET STEPS OUT [DEVICE [WARMUPS]]  (WARMUPS: powersgd's exact warm-ups, e.g. 0,100)"""
 import sys
 
-import swarm.bench.replica_sync as bench
+import swarm.bench.replicas.replica_sync as bench
 from protocol.spec import preset
 
 offset, steps, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-import swarm.bench.replica_sync as bench
+import swarm.bench.replicas.replica_sync as bench
 from protocol.spec import RunSpec
 
 COMMITTED = Path(__file__).resolve().parent.parent / "img" / "replica-sync-gpu-small-200.json"

@@ -2,7 +2,7 @@
 wire: section 3i's corpus and shape (`small`, 3-3-2, d=512, batch 32 x 256, lr 1e-3, bf16), on 3n's hybrid
 defaults (stages before the last at lr x0.1, 300 warm-up steps). At 16x = 64 bytes a token forward, the hybrid's
 k=28 exact numbers and b=4 bf16 numbers against k exact numbers and an e-number residual sent as M one-byte
-RVQ codes (swarm/bench/rvq_boundary.py): k=28 e=8 M=8 and k=24 e=16 M=16.
+RVQ codes (swarm/bench/fidelity/rvq_boundary.py): k=28 e=8 M=8 and k=24 e=16 M=16.
 Usage: rvq_gap.py OUT PER_DEVICE BUDGET_S STEPS SEEDS NAMES   (NAMES a comma list of hybrid, rvq28-8, rvq24-16,
 rvq30-4); OUT/fidelity.jsonl is resumed. No dense run: the gaps are taken against 3n's dense means on the same
 corpus (OUT/corpus.json's sha256 says whether it is the same)."""
@@ -10,8 +10,8 @@ import sys
 
 from gap_corpus import run_jobs, warmed
 
-from swarm.bench.fidelity_plan import plan_shape
-from swarm.bench.fidelity_train import Job
+from swarm.bench.fidelity.plan import plan_shape
+from swarm.bench.fidelity.train import Job
 
 
 def coded(k: int, e: int, m: int) -> tuple[str, dict, str]:

@@ -12,7 +12,7 @@ import logging
 
 import torch
 
-from peer.daemon import StageDaemon
+from peer.daemon.daemon import StageDaemon
 from protocol.basis_update import BasisUpdate, StatsMessage, canonical_basis, decode_update, encode_stats
 from protocol.model import compute_dtype, spec_basis
 from protocol.spec import RunSpec

@@ -28,7 +28,7 @@ measured side by side in one run.
 - `transport.py`: MB/s of raw TCP, the libp2p daemons and our Transport on loopback, and the tokens/s
   that caps between two stages per preset and codec.
 - `scale.py`: tokens/s against GPUs: layouts of stages x replicas (1x2: data parallel heads) vs one process.
-- `memory.py`: each stage's peak GPU memory against `peer/memory_estimate.py`, and the smallest card it fits.
+- `memory.py`: each stage's peak GPU memory against `peer/runner/memory_estimate.py`, and the smallest card it fits.
 - `cli.py`: each bench's flags (`swarm bench BENCH --help`; simulate's in `cli_simulate.py`, the shared ones in
   `cli_flags.py`); `machine.py`: the devices and machine every bench's JSON records, and the torch threads a
   bench trains on.
@@ -60,10 +60,10 @@ def run_bench(a: argparse.Namespace) -> int:
 
 def _simulate(a: argparse.Namespace) -> None:
     if a.validate:
-        from .simulate_validate import run_validation
+        from .simulate.validate import run_validation
         run_validation(a.out, smoke=a.smoke)
         return
-    from .simulate import run_simulate_bench
+    from .simulate.bench import run_simulate_bench
     run_simulate_bench(a.out, preset_name=a.preset, codecs=tuple(c.strip() for c in a.codecs.split(",")),
                        peers=a.peers, uplink=a.uplink, latency=a.latency, downlink_ratio=a.downlink_ratio,
                        gpus=tuple(g.strip() for g in a.gpus.split(",")), mfu=a.mfu, replica_sync=a.replica_sync,
@@ -85,77 +85,77 @@ def _dispatch(a: argparse.Namespace) -> None:
     from .cli import resolve_bench_dtype
     resolve_bench_dtype(a)
     if a.which == "mfu":
-        from .mfu import run_mfu_bench
+        from .hardware.mfu import run_mfu_bench
         run_mfu_bench(a.out, preset_name=a.preset, codec=a.codec, dtype=a.dtype, device=a.device, steps=a.steps,
                       matmul_n=a.matmul_size, microbatch_size=a.microbatch_size, compile_blocks=a.compile,
                       smoke=a.smoke)
     elif a.which == "codecs":
-        from .codecs import run_codecs_bench
+        from .hardware.codecs import run_codecs_bench
         run_codecs_bench(a.out, smoke=a.smoke)
     elif a.which == "convergence":
-        from .convergence import run_convergence_bench
+        from .record.convergence import run_convergence_bench
         run_convergence_bench(a.out, preset_name=a.preset, steps=a.steps, data=a.data, device=a.device,
                               smoke=a.smoke, throughput_json=a.throughput_json, link=a.link,
                               curves_json=a.curves_json, dtype=a.dtype, stage_lr=a.constrained_stage_lr)
     elif a.which == "fidelity":
         import json
 
-        from .fidelity import run_fidelity_bench
-        from .fidelity_plan import GROUPS
+        from .fidelity.bench import run_fidelity_bench
+        from .fidelity.plan import GROUPS
         groups = tuple(g.strip() for g in a.groups.split(",")) if a.groups else GROUPS
         run_fidelity_bench(a.out, plan=a.plan, device=a.device, parallel=a.parallel, per_device=a.per_device,
                            budget_s=a.budget_s, groups=groups, data=a.data, smoke=a.smoke,
                            best=json.loads(a.best) if a.best else None, resume=a.resume, dense_runs=a.dense_runs)
     elif a.which == "replica-sync":
-        from .replica_sync import run_replica_sync_bench
+        from .replicas.replica_sync import run_replica_sync_bench
         run_replica_sync_bench(a.out, preset_name=a.preset, steps=a.steps, ranks=a.sync_rank,
                                bandwidth=a.bandwidth, latency=a.latency, device=a.device, data=a.data,
                                seeds=a.seeds, lr=a.lr, smoke=a.smoke, warmups=a.sync_warmup)
     elif a.which == "transport":
-        from .transport import run_transport_bench
+        from .hardware.transport import run_transport_bench
         run_transport_bench(a.out, sizes_mb=a.sizes, megabytes=a.megabytes, repeats=a.repeats, dtype=a.dtype,
                             smoke=a.smoke)
     elif a.which == "verify":
-        from .verify import run_verify_bench
+        from .replicas.verify import run_verify_bench
         run_verify_bench(a.out, preset_name=a.preset, steps=a.steps, replicas=a.replicas, repeats=a.repeats,
                          device=a.device, data=a.data, bandwidth=a.bandwidth, latency=a.latency, stages=a.stages,
                          dtype=a.dtype, smoke=a.smoke)
     elif a.which == "share-tolerance":
-        from .share_tolerance import run_share_tolerance_bench
+        from .replicas.share_tolerance import run_share_tolerance_bench
         run_share_tolerance_bench(a.out, presets=tuple(x.strip() for x in a.presets.split(",")),
                                   codecs=tuple(x.strip() for x in a.codecs.split(",")), device=a.device,
                                   dtype=a.dtype, warm_steps=a.warm_steps, steps=a.steps, replicas=a.replicas,
                                   data=a.data, smoke=a.smoke)
     elif a.which == "churn":
-        from .churn import run_churn_bench
+        from .churn.bench import run_churn_bench
         run_churn_bench(a.out, preset_name=a.preset, hosts=a.hosts, replicas=a.replicas, period=a.period,
                         minutes=a.minutes, leader_every=a.leader_every, bandwidth=a.bandwidth,
                         baseline_minutes=a.baseline_minutes, seed=a.seed, checkpoint_every=a.checkpoint_every,
                         peer_args=a.peer_args, coordinator_args=a.coordinator_args, device=a.device,
                         smoke=a.smoke)
     elif a.which == "memory":
-        from .memory import run_memory_bench
+        from .hardware.memory import run_memory_bench
         run_memory_bench(a.out, presets=a.presets.split(","), device=a.device, dtype=a.dtype, stages=a.stages,
                          options=a.checkpointing, caps=not a.no_caps, smoke=a.smoke)
     elif a.which == "record":
-        from .record import run_record_bench
+        from .record.bench import run_record_bench
         run_record_bench(a.out, tokens=a.tokens, data=a.data, device=a.device, devices=a.devices,
                          bandwidth=a.bandwidth, latency=a.latency, steps=a.steps, codec_tokens=a.codec_tokens,
                          resume=a.resume, parts=a.parts, smoke=a.smoke, variants=a.variants)
     elif a.which == "simulate":
         _simulate(a)
     elif a.which == "scale":
-        from .scale import run_scale_bench
+        from .hardware.scale import run_scale_bench
         run_scale_bench(a.out, preset_name=a.preset, layouts=a.layouts, codec=a.codec, dtype=a.dtype,
                         devices=a.devices, device=a.device, steps=a.steps, warmup=a.warmup, bandwidth=a.bandwidth,
                         latency=a.latency, replica_sync=a.replica_sync, baseline=not a.no_baseline, resume=a.resume,
                         limit_s=a.layout_limit, smoke=a.smoke, batch_size=a.batch_size,
                         in_flight=a.microbatches_in_flight, repeat=a.repeat)
     elif a.which == "replicas":
-        from .replicas import run_replicas_bench
+        from .replicas.bench import run_replicas_bench
         run_replicas_bench(a.out, preset_name=a.preset, steps=a.steps, device=a.device, smoke=a.smoke)
     else:
-        from .throughput import run_throughput_bench
+        from .record.throughput import run_throughput_bench
         run_throughput_bench(a.out, preset_name=a.preset, steps=a.steps, bandwidth=a.bandwidth,
                              latency=a.latency, device=a.device, smoke=a.smoke, devices=a.devices, dtype=a.dtype,
                              kernel_shaping=a.kernel_shaping, stages=a.stages, codecs=a.codecs,

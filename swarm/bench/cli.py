@@ -18,8 +18,8 @@ from .cli_flags import (
     sizes_list,
     steps_list,
 )
-from .cli_simulate import add_simulate
-from .record_variants import DEFAULT_VARIANTS, VARIANTS, check_variants
+from .record.variants import DEFAULT_VARIANTS, VARIANTS, check_variants
+from .simulate.cli import add_simulate
 
 __all__ = ["register", "resolve_bench_dtype"]
 
@@ -221,9 +221,9 @@ def _add_churn(sub) -> None:
 def _add_memory(sub) -> None:
     p = sub.add_parser("memory", help="each stage's peak GPU memory against the estimate, and the card it fits",
                        description="Builds stages of each preset on the GPU, runs two training steps as a pipeline "
-                       "stage does, and records torch.cuda.max_memory_allocated against peer/memory_estimate.py; "
-                       "then caps the process at 8/12/16/24/48/80 GB cards in turn until a step fits. Writes "
-                       "memory.json and memory.png.")
+                       "stage does, and records torch.cuda.max_memory_allocated against "
+                       "peer/runner/memory_estimate.py; then caps the process at 8/12/16/24/48/80 GB cards in turn "
+                       "until a step fits. Writes memory.json and memory.png.")
     add_common(p, device=False)
     p.add_argument("--device", default="cuda", help="CUDA device, e.g. cuda:1 (default: cuda)")
     p.add_argument("--presets", default="small,large,xl", help="comma-separated presets (default: small,large,xl)")
@@ -329,7 +329,7 @@ def _add_scale(sub) -> None:
 
 def register(sub) -> argparse.ArgumentParser:
     """Add `bench` and its one subcommand per benchmark to the `swarm` subparsers `sub`."""
-    from . import run_bench
+    from swarm.bench import run_bench
     be = sub.add_parser("bench", help="benchmarks: JSON + PNG, ratios measured side by side",
                         description="Benchmarks. Each writes JSON (with the devices and machine it ran on) and a "
                         "PNG into --out and measures the ratios it reports side by side in one run. "

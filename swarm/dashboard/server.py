@@ -27,7 +27,7 @@ before its records expire) and serves, with aiohttp, everything from this packag
                          (since its newest record), health (has a valid health record), key
                          (fingerprint of its health key), tokens_per_s (passed on), standby (a
                          head that does not lead) and measured_tokens_per_s (its announced compute
-                         speed, peer/calibration.py; null unless standby), queue, basis_version,
+                         speed, peer/step/calibration.py; null unless standby), queue, basis_version,
                          version, and from its health record: step, loss, bytes_in_per_s,
                          bytes_out_per_s, forward_bytes_per_token, backward_bytes_per_token,
                          sync_bytes_per_step (replica-sync bytes sent per step taken with

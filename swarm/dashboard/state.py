@@ -76,7 +76,7 @@ def _peer_view(ann: StageAnnouncement | None, h: HealthRecord | None, key: str |
     """
     newest = max((x for x in (ann, h) if x is not None), key=lambda x: x.timestamp)
     state = newest.state if ann is not None else "unannounced"
-    # a head that does not lead announces its measured compute speed (peer/calibration.py): shown as such,
+    # a head that does not lead announces its measured compute speed (peer/step/calibration.py): shown as such,
     # and not as traffic, so that stage sums and the bottleneck stay what passed through the stages
     standby = ann is not None and ann.stage == 0 and not ann.leads and state == "online"
     view = {"peer_id": newest.peer_id, "stage": newest.stage, "state": state, "online": state == "online",

@@ -42,7 +42,7 @@ with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message=r".*torch\.jit\.script.*")
     from hivemind.utils import get_dht_time
 
-from peer.interfaces import STATES
+from peer.daemon.interfaces import STATES
 from swarm.trust.keys import SigningKey, fingerprint_of, verify
 
 __all__ = [
@@ -207,7 +207,7 @@ class StageAnnouncement:
     state: str  # one of STATES
     version: str  # software version
     step: int = 0  # the step this peer's stage is on
-    leads: bool = False  # a head that drives the steps (peer/leadership.py)
+    leads: bool = False  # a head that drives the steps (peer/step/leadership.py)
     timestamp: float = field(default_factory=get_dht_time)
 
     def __post_init__(self) -> None:
@@ -257,7 +257,7 @@ class LeaderLease:
     lease from `rollback_of`, caught feeding other data at step `rollback_caught` (counted from 1),
     and the steps it drove come after the snapshot step `rollback_to`, the newest that a head the
     lease still trusts vouched for: the next leader rolls the swarm back to it before it drives
-    (`peer/rollback.py`). Only the swarm key signs a lease, so only it can order one.
+    (`peer/state/rollback.py`). Only the swarm key signs a lease, so only it can order one.
     """
 
     run_hash: str

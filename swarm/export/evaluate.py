@@ -4,7 +4,7 @@ loss = mean over predicted tokens of -log p(next token), in nats; perplexity = e
 By default the batches are `--batches` windows-of-microbatches spread evenly over the
 validation split (`BatchSource.val_batches`, the run's seq_len and microbatch size, so the
 same windows every time) of the corpus the run trained on, as its run spec records it
-(`peer/run_corpus.py`; `--data` scores other text). With `--train-step N` they are instead
+(`peer/data/run_corpus.py`; `--data` scores other text). With `--train-step N` they are instead
 the head's training microbatches of step N (0-based: what a swarm whose stages stand at
 step N trains on next, reported by the head as step N + 1), so the result can be compared
 with the loss the tail reported for that step.
@@ -16,11 +16,11 @@ from dataclasses import dataclass
 
 import torch
 
-from peer.data import BatchSource
-from peer.run_corpus import check_corpus, run_corpus
+from peer.data.batches import BatchSource
+from peer.data.run_corpus import check_corpus, run_corpus
 from protocol.model import lm_loss
+from swarm.options import opt
 
-from ..options import opt
 from .load import LoadedModel, load_model
 
 
@@ -55,7 +55,7 @@ class EvalResult:
 
 def batches_for(model: LoadedModel, data: str | None, n: int, train_step: int | None) -> tuple[list, str, str]:
     """(batches, which batches, why that corpus): `data` if given, else the corpus the run spec
-    records (`peer/run_corpus.py`: refused if it is absent here or its sha256 differs)."""
+    records (`peer/data/run_corpus.py`: refused if it is absent here or its sha256 differs)."""
     spec = model.meta.spec
     seq_len = min(spec.seq_len, model.max_len)
     corpus, origin = run_corpus(spec, data, seq_len=seq_len)

@@ -6,7 +6,8 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..options import opt
+from swarm.options import opt
+
 from .gather import ExportError, GatheredRun, gather_from_checkpoints, gather_from_peers
 from .hf import check_hf_exportable, off_subspace, write_hf
 from .hf_tokenizer import byte_tokenizer

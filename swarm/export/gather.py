@@ -137,11 +137,11 @@ def load_checkpoints(dirs: Iterable[str | Path]) -> list[StageState]:
 
 async def fetch_stage_states(initial_peers: list[str], timeout: float = 300.0) -> list[dict]:
     """The state of one live replica of every stage, in the `StageRunner.state_dict()` format,
-    downloaded as a joining replica would (`peer/state_transfer.py`: a snapshot between two
+    downloaded as a joining replica would (`peer/state/state_transfer.py`: a snapshot between two
     steps, checked by sha256). All stages are asked at once, so that on a swarm that is not
     training they are at one step; `select_stages` refuses them otherwise."""
-    from peer.stage import StageRunner
-    from peer.state_transfer import StateError, download_state
+    from peer.runner.stage import StageRunner
+    from peer.state.state_transfer import StateError, download_state
     from swarm.dht import SwarmDHT, close_node, start_dht
     from swarm.net import Transport
     from swarm.node import LinkAdapter

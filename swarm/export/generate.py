@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import torch
 
-from peer.data import ByteTokenizer
+from peer.data.batches import ByteTokenizer
+from swarm.options import opt
 
-from ..options import opt
 from .load import LoadedModel, load_model
 
 

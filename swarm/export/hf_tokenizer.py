@@ -4,7 +4,7 @@ The `tokenizers` library's byte-level pre-tokenizer turns every byte into one pr
 character: bytes 33-126, 161-172 and 174-255 stand for themselves, the other 68 bytes for
 chr(256), chr(257), ... in increasing byte order. A BPE model with no merges whose
 vocabulary maps the character of byte b to id b then encodes text to exactly the ids of
-`peer.data.ByteTokenizer`, and the byte-level decoder turns them back into text.
+`peer.data.batches.ByteTokenizer`, and the byte-level decoder turns them back into text.
 """
 from __future__ import annotations
 

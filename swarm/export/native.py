@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from peer.data import BYTE_VOCAB_SIZE
+from peer.data.batches import BYTE_VOCAB_SIZE
 from protocol.model import spec_basis
 from protocol.spec import RunSpec
 
@@ -26,7 +26,7 @@ from .safetensors_io import canonical_bytes, read_metadata, read_safetensors, wr
 NATIVE_FILE = "model.safetensors"
 META_KEY = "swarm"
 FORMAT_VERSION = 1
-# what peer/data.py's ByteTokenizer does, said so that any program can reproduce it
+# what peer/data/batches.py's ByteTokenizer does, said so that any program can reproduce it
 BYTE_TOKENIZER = {"type": "bytes", "vocab_size": BYTE_VOCAB_SIZE, "encode": "token id = UTF-8 byte value",
                   "decode": "bytes as UTF-8, invalid sequences replaced by U+FFFD", "special_tokens": {}}
 

@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 # torch._dynamo: torch.optim.Optimizer's methods import it on their first call (torch._disable_dynamo), ~800
 # modules (sympy, torch.fx, ...) that cost a peer 1.5-3 CPU-s at its first StageRunner; imported here once
 PRELOAD = ("swarm.node", "swarm.coordinator", "swarm.dashboard.server", "swarm.monitor.status",
-           "swarm.net.reachability", "peer.interfaces", "peer.state_transfer", "torch._dynamo", "uvloop")
+           "swarm.net.reachability", "peer.daemon.interfaces", "peer.state.state_transfer", "torch._dynamo", "uvloop")
 MAX_REQUEST = 1 << 20
 OWNER_POLL_S = 1.0  # how often the server checks that its owner (parent) is alive
 

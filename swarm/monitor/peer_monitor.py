@@ -20,19 +20,20 @@ from dataclasses import dataclass
 
 import torch
 
-from peer.commit import StepCommit
-from peer.daemon import StageDaemon
+from peer.daemon.daemon import StageDaemon
+from peer.step.commit import StepCommit
 from protocol.spec import RunSpec
 from protocol.wire import KIND_ACTIVATION as KIND_FORWARD
 from protocol.wire import KIND_GRADIENT as KIND_BACKWARD
 from protocol.wire import KIND_REDUCE
 from swarm import __version__
 from swarm.dht import SwarmDHT
-from swarm.monitor.health import MAX_BANNED, MAX_HISTORY, HealthRecord, publish_health, reachability_of
-from swarm.monitor.healthz import HealthzServer
-from swarm.monitor.scalars import ScalarLog
 from swarm.net.transport import Transport
 from swarm.replicas.router import Router
+
+from .health import MAX_BANNED, MAX_HISTORY, HealthRecord, publish_health, reachability_of
+from .healthz import HealthzServer
+from .scalars import ScalarLog
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +73,7 @@ def device_and_memory(device: str) -> tuple[str, int]:
 
 def peak_memory(device: str) -> int:
     """The most memory this peer held: `torch.cuda.max_memory_allocated` on a GPU (its stage's tensors,
-    what `peer/memory_estimate.py` estimates), else the process's peak resident set (all of Python,
+    what `peer/runner/memory_estimate.py` estimates), else the process's peak resident set (all of Python,
     torch and the DHT with it)."""
     if device.startswith("cuda") and torch.cuda.is_available():
         return int(torch.cuda.max_memory_allocated(torch.device(device)))

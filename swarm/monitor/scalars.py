@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from ..optional import require
+from swarm.optional import require
 
 FLUSH_S = 5  # TensorBoard's default (120 s) is too slow to follow a live run
 

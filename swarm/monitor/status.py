@@ -16,10 +16,11 @@ from hivemind.utils import get_dht_time
 
 from protocol.spec import RunSpec
 from swarm.dht import RecordError, SwarmDHT, close_node, start_dht
-from swarm.monitor.coverage import uncovered_reason
-from swarm.monitor.health import fetch_health, parse_health, reachability_of
-from swarm.monitor.liveness import LivenessProbe
 from swarm.trust.admission import AdmissionPolicy
+
+from .coverage import uncovered_reason
+from .health import fetch_health, parse_health, reachability_of
+from .liveness import LivenessProbe
 
 
 async def swarm_state(initial_peers: list[str]) -> dict:

@@ -40,7 +40,7 @@ from typing import Protocol
 import blake3
 import msgpack
 
-from swarm.net.addresses import is_circuit, scope_of
+from .addresses import is_circuit, scope_of
 
 __all__ = ["DirectServer", "DirectDialer", "DirectConnection", "DirectRefused", "Ticket", "KIND_DIRECT", "TAG_BYTES",
            "dial_hosts", "direct_framing"]

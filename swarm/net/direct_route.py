@@ -9,9 +9,9 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from swarm.net.direct import KIND_DIRECT, DirectConnection, DirectDialer, DirectRefused, DirectServer, dial_hosts
-from swarm.net.framing import DIRECT_MIN_BYTES, TransportError, short_text
-from swarm.net.send_order import Turn
+from .direct import KIND_DIRECT, DirectConnection, DirectDialer, DirectRefused, DirectServer, dial_hosts
+from .framing import DIRECT_MIN_BYTES, TransportError, short_text
+from .send_order import Turn
 
 __all__ = ["DirectRoute"]
 

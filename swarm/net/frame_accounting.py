@@ -14,10 +14,10 @@ import itertools
 import time
 from contextvars import ContextVar, Token
 
-from swarm.net.frame_trace import FrameTrace
-from swarm.net.framing import LinkCounter
-from swarm.net.home_link import HomeLink
-from swarm.net.send_order import Turn
+from .frame_trace import FrameTrace
+from .framing import LinkCounter
+from .home_link import HomeLink
+from .send_order import Turn
 
 __all__ = ["FrameAccounting"]
 

@@ -9,7 +9,7 @@ import asyncio
 import struct
 from dataclasses import dataclass
 
-from swarm.net.direct import direct_framing
+from .direct import direct_framing
 
 __all__ = ["TransportError", "LinkCounter", "FrameError", "REQUEST_OVERHEAD", "REPLY_OVERHEAD", "STATUS_OK",
            "STATUS_ERROR", "DIRECT_MIN_BYTES", "framing_bytes", "short_text", "check_name"]

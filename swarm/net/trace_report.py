@@ -24,7 +24,7 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from swarm.net.frame_trace import FrameEvent, read_trace
+from .frame_trace import FrameEvent, read_trace
 
 SUFFIX = ".frames.jsonl"
 

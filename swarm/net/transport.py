@@ -42,12 +42,13 @@ with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message=r".*torch\.jit\.script.*")
     from hivemind.p2p import P2P, PeerID
 
-from peer.interfaces import Handler
-from swarm.net.direct import DirectDialer, DirectServer
-from swarm.net.direct_route import DirectRoute
-from swarm.net.frame_accounting import FrameAccounting
-from swarm.net.frame_trace import FrameTrace
-from swarm.net.framing import (
+from peer.daemon.interfaces import Handler
+
+from .direct import DirectDialer, DirectServer
+from .direct_route import DirectRoute
+from .frame_accounting import FrameAccounting
+from .frame_trace import FrameTrace
+from .framing import (
     DIRECT_MIN_BYTES,
     LENGTH,
     MAX_LENGTH_FIELD,
@@ -68,8 +69,8 @@ from swarm.net.framing import (
     short_text,
     wait_for_close,
 )
-from swarm.net.home_link import HomeLink
-from swarm.net.send_order import SendOrder, Turn
+from .home_link import HomeLink
+from .send_order import SendOrder, Turn
 
 __all__ = ["Handler", "TransportError", "LinkCounter", "Transport", "REQUEST_OVERHEAD", "REPLY_OVERHEAD",
            "framing_bytes", "DIRECT_MIN_BYTES"]

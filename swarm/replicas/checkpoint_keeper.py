@@ -23,9 +23,9 @@ import re
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from peer.checkpoint import save_checkpoint
-from peer.snapshot_store import Snapshot, SnapshotRefused, SnapshotStore
-from peer.snapshots import NoSnapshot, fetch_snapshot, state_bound
+from peer.runner.checkpoint import save_checkpoint
+from peer.state.snapshot_store import Snapshot, SnapshotRefused, SnapshotStore
+from peer.state.snapshots import NoSnapshot, fetch_snapshot, state_bound
 from protocol.snapshot_wire import (
     CHUNK_BYTES,
     MAX_LISTED,

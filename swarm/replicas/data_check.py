@@ -16,7 +16,7 @@ run's data itself, and only if the record is genuine and the digest is not the r
 the leader's lease (`LeaseKeeper.revoke`) and tells every peer to read the lease again. The
 steps that leader drove are undone: the new lease orders a rollback to the newest snapshot step,
 at most the caught step, that another, trusted head vouched for (`SnapshotVouch.before`: so from
-before the liar led), which the next leader carries out (`peer/rollback.py`). With no such
+before the liar led), which the next leader carries out (`peer/state/rollback.py`). With no such
 snapshot the coordinator says so (an error naming the steps) and the swarm goes on. A
 report that does not hold (the digest is the run's) is logged and costs the reporter nothing
 but its word: no headcount, no trust in the reporter decides.

@@ -5,7 +5,7 @@ know; "near": 2, which they may), so that a joiner tries it first (joiners try d
 announced step, then throughput). It re-announces after every step, not only every heartbeat, so
 that its boast stays ahead of the honest replicas' announcements however fast the swarm steps.
 What issue 21's attacker did to the state transfer; the joiner's check against the vouched
-state hashes must refuse it (`peer/vouched_state.py`)."""
+state hashes must refuse it (`peer/checks/vouched_state.py`)."""
 from __future__ import annotations
 
 import asyncio
@@ -14,8 +14,8 @@ from dataclasses import replace
 
 import torch
 
-from peer.stage_peer import StagePeer
-from peer.state_transfer import load_state_bytes, state_bytes
+from peer.replica.stage_peer import StagePeer
+from peer.state.state_transfer import load_state_bytes, state_bytes
 
 log = logging.getLogger(__name__)
 

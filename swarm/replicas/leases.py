@@ -1,6 +1,6 @@
 """`LeaseKeeper`: the coordinator's grant of the leader lease, the one record that says which
 heads may lead, in order, signed by the swarm key (`LeaderLease` in `swarm/dht/records.py`;
-how peers read it: `peer/leadership.py`).
+how peers read it: `peer/step/leadership.py`).
 
 Every `period` seconds the keeper reads the heads' announcements (stage 0) and computes
 
@@ -20,7 +20,7 @@ Every `period` seconds the keeper reads the heads' announcements (stage 0) and c
 
 and signs a lease with a higher `term` whenever `order` changes; unchanged, the lease is stored
 again every `republish_s`. A revocation may order a rollback (`revoke(..., rollback_to=S)`: the
-caught head's steps are undone back to the snapshot step S, `peer/rollback.py`); the order is
+caught head's steps are undone back to the snapshot step S, `peer/state/rollback.py`); the order is
 numbered by the revocations so far and stays in every later lease until the next one.
 With the keeper away (the coordinator stopped) the heads go on
 following the newest lease they read: its order names the successors.
@@ -29,7 +29,7 @@ Why this order: it is what a stranger cannot buy. A head that joins comes after 
 already there, whatever its id (5,000 Ed25519 ids cost 0.3 s, so "lowest id leads" was the
 stranger's to take), and a head that left (announced "leaving", was found dead, or was missing for
 longer than the grace) comes back last. A held head that is really gone costs nothing: every peer
-follows the first head of the order that it sees live (`peer/leadership.py`). What it does not
+follows the first head of the order that it sees live (`peer/step/leadership.py`). What it does not
 stop: a stranger that outlives every honest head leads in the end; `--trusted-heads` pins
 the heads that may lead at all.
 """
@@ -43,7 +43,8 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 
 from swarm.dht import LeaderLease, SwarmDHT
-from swarm.replicas.router import LIVE_STATES
+
+from .router import LIVE_STATES
 
 log = logging.getLogger(__name__)
 

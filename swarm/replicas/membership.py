@@ -4,17 +4,18 @@ Each kind of message may come only from peers that are announced (and, in a priv
 admitted with a ticket) for the stage it belongs to:
 
     act          peers of the previous stage; at stage 1, only the leading head and the heads it named
-                 for the step in progress (`named`, peer/head_work.py; the attempt is checked in peer/inbound.py)
+                 for the step in progress (`named`, peer/step/head_work.py;
+                 the attempt is checked in peer/daemon/inbound.py)
     grad         peers of the next stage
     ctl          status: any admitted peer (a liveness probe, a dashboard); reduce, apply, abort:
                  only the leading head
     red          replicas of this stage             fol    peers of this stage (the donor)
     state        any admitted peer: a joining replica, or `swarm export` (the model is the swarm's)
     snap         any admitted peer (listing and fetching snapshots: the model is the swarm's); an
-                 offer is taken only from a live replica of the offered stage (peer/snapshots.py)
+                 offer is taken only from a live replica of the offered stage (peer/state/snapshots.py)
     basis        anyone: the update itself is signed by the swarm key
 
-The leading head is the one the heads themselves follow (`peer/leadership.py`, computed here over
+The leading head is the one the heads themselves follow (`peer/step/leadership.py`, computed here over
 the live heads this peer sees and the swarm key's lease: the first live head of its order). So
 a peer that merely announces itself as a head, or one that the lease does not name, cannot feed
 stage 1 microbatches of its own, nor abort or commit the leader's steps. When a head that
@@ -35,8 +36,8 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
-from peer.interfaces import PeerInfo, Refusal
-from peer.leadership import leader_of
+from peer.daemon.interfaces import PeerInfo, Refusal
+from peer.step.leadership import leader_of
 from protocol.wire import (
     KIND_ACTIVATION,
     KIND_BASIS,
@@ -49,7 +50,8 @@ from protocol.wire import (
     KIND_STATE,
 )
 from swarm.dht import SwarmDHT
-from swarm.replicas.router import LIVE_STATES, Router
+
+from .router import LIVE_STATES, Router
 
 REFRESH_S = 1.0
 PROBE_S = 2.0  # the least time between two probes of one head, and how long a probe waits for its answer
@@ -64,7 +66,7 @@ class Membership:
         self._refreshed: dict[int, float] = {}
         self._gone: dict[str, float] = {}  # head that failed a probe -> its last announcement's timestamp then
         self._probes: dict[str, tuple[float, asyncio.Task]] = {}
-        self.named: Callable[[], frozenset[str]] = frozenset  # stage 1: heads the leader named (peer/head_work.py)
+        self.named: Callable[[], frozenset[str]] = frozenset  # stage 1: heads the leader named (peer/step/head_work.py)
 
     def _source(self, kind: str) -> tuple[int, tuple[str, ...]] | None:
         """(stage the sender must serve, the states that count), or None if anyone may send it."""

@@ -2,7 +2,7 @@
 
 A peer's budget is `--max-memory` if given, else the free memory of its CUDA device
 (`torch.cuda.mem_get_info`), else (CPU) no cap. A stage fits when its estimated peak
-(`peer/memory_estimate.py`, counting the flat gradient sum a replica sync holds, since any
+(`peer/runner/memory_estimate.py`, counting the flat gradient sum a replica sync holds, since any
 stage may gain replicas) times `HEADROOM` is within the budget. Placement then chooses only
 among the stages that fit (`choose_stage(..., allowed=...)`), a remembered stage that does not
 fit is forgotten, and the rebalancer never moves the peer to a stage that does not fit.
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 
-from peer.memory_estimate import StageMemory, estimate_stage, fits, format_bytes, parse_size, smallest_card
+from peer.runner.memory_estimate import StageMemory, estimate_stage, fits, format_bytes, parse_size, smallest_card
 from protocol.spec import RunSpec
 
 log = logging.getLogger(__name__)

@@ -4,7 +4,7 @@
 It checks the first step it applies in a reduce after it started or joined (so a joiner learns
 at once that what it loaded and caught up on is the swarm's state: the hash it reports after
 that step is the one the record holds), and then every `every` steps: the leader already takes
-a replica whose hash differs out of the stage (`peer/state_votes.py`); this is how an honest
+a replica whose hash differs out of the stage (`peer/checks/state_votes.py`); this is how an honest
 replica that went astray (a bad download, a bit flip) finds out and comes back by itself.
 Each check is one read of the DHT record; the hash itself is computed at the apply anyway.
 
@@ -22,7 +22,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from peer.stage_peer import StagePeer
+from peer.replica.stage_peer import StagePeer
 
 log = logging.getLogger(__name__)
 

@@ -50,7 +50,7 @@ Throughput never makes a peer move: announced speeds are claims nobody checks (r
 measure for themselves), and they are not all one measure. Every figure is tokens through
 that peer's stage per second, but the leading head announces the swarm's rate (a step's
 tokens / the step's wall time), the other replicas the traffic they passed on (~10 s), and a
-standby head its capacity (`peer/calibration.py`: one microbatch's forward+backward on its
+standby head its capacity (`peer/step/calibration.py`: one microbatch's forward+backward on its
 own state, timed; no network, no waiting). Traffic never exceeds capacity, so T_s of a stage
 with standby heads counts their idle capacity: a spare head is counted at the pace it could
 lead at. Such sums are not comparable enough to move state across the swarm on; they only
@@ -65,10 +65,11 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from peer.interfaces import PeerStatus
+from peer.daemon.interfaces import PeerStatus
 from protocol.spec import RunSpec
 from swarm.dht import StageAnnouncement
-from swarm.replicas.router import LIVE_STATES, Router
+
+from .router import LIVE_STATES, Router
 
 log = logging.getLogger(__name__)
 

@@ -13,15 +13,15 @@ import asyncio
 import logging
 from dataclasses import asdict, dataclass
 
-from peer.checkpoint import checkpoint_path, save_checkpoint
-from peer.driver import StepLog
-from peer.memory_estimate import estimate_stage
-from peer.replica_sync import flat_limits
-from peer.stage import StageRunner
-from peer.stage_peer import StagePeer
-from peer.state_transfer import state_bytes
-from peer.transfer_time import TOO_SLOW
-from peer.vouched_state import VouchedStates
+from peer.checks.vouched_state import VouchedStates
+from peer.daemon.transfer_time import TOO_SLOW
+from peer.replica.stage_peer import StagePeer
+from peer.runner.checkpoint import checkpoint_path, save_checkpoint
+from peer.runner.memory_estimate import estimate_stage
+from peer.runner.replica_sync import flat_limits
+from peer.runner.stage import StageRunner
+from peer.state.state_transfer import state_bytes
+from peer.step.driver import StepLog
 from protocol.spec import RunSpec
 from protocol.state_wire import STATE_CHUNK_BYTES
 from protocol.step_record import WorkRecord
@@ -42,15 +42,16 @@ from swarm.dht import SwarmDHT
 from swarm.monitor.liveness import LivenessProbe
 from swarm.net import Transport
 from swarm.net.transport import MAX_LENGTH_FIELD
-from swarm.replicas.data_check import StepRecordCheck
-from swarm.replicas.hostile_donor import serve_bad_state
-from swarm.replicas.membership import PROBE_S, Membership
-from swarm.replicas.own_state import BehindCheck, OwnStateCheck
-from swarm.replicas.placement import HOLD_S, Rebalancer
-from swarm.replicas.router import Router
-from swarm.replicas.state_source import StateSource
-from swarm.replicas.vouched import vouched_hashes, vouched_states
 from swarm.trust.signed_records import sign_record
+
+from .data_check import StepRecordCheck
+from .hostile_donor import serve_bad_state
+from .membership import PROBE_S, Membership
+from .own_state import BehindCheck, OwnStateCheck
+from .placement import HOLD_S, Rebalancer
+from .router import Router
+from .state_source import StateSource
+from .vouched import vouched_hashes, vouched_states
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +89,8 @@ def transport_limit(spec: RunSpec) -> int:
 
 
 class PeerBanned(RuntimeError):
-    """The leading head banned this peer for the run (peer/spot_checks.py): its message says why, and what to do."""
+    """The leading head banned this peer for the run (peer/checks/spot_checks.py): its message says why,
+    and what to do."""
 
 
 def ban_message(why: str, floor_bps: float) -> str:
@@ -132,7 +134,7 @@ class ReplicaContext:
     next_step_wait: float | None = None  # how long the daemon holds a next-step message (None: its default)
     allow_fresh_stage: bool = False  # a stage nobody holds a snapshot of may start from its initial weights
     allowed_stages: frozenset[int] | None = None  # the stages that fit this peer's memory (None: all)
-    checkpointing: bool = False  # activation checkpointing per block (peer/stage.py)
+    checkpointing: bool = False  # activation checkpointing per block (peer/runner/stage.py)
     spot_check_rate: float | None = None  # the share of replicas' work a leader recomputes (None: its default)
     serve_bad_state: str | None = None  # tests: serve joiners a corrupted state (swarm/replicas/hostile_donor.py)
 
@@ -169,7 +171,7 @@ class ReplicaService:
             # every stage snapshots at the same steps: the interval is the coordinator's, in the signed spec
             snapshot_options=dict(every=snapshot_interval(self.spec)))
         sync.daemon = peer.daemon
-        membership.named = peer.daemon.named_heads  # stage 1: the heads named for the attempt (peer/head_work.py)
+        membership.named = peer.daemon.named_heads  # stage 1: the heads named for the attempt (peer/step/head_work.py)
         peer.commit.on_lease = lambda: ctx.router.lease(fresh=True)  # the coordinator revoked a lease
         peer.snapshots.vouched = lambda: vouched_hashes(ctx.sdht, self.spec.run_hash, self.stage)
         # a coordinator with --checkpoint-dir holds the vouched snapshots too (swarm/replicas/checkpoint_keeper.py)
@@ -272,7 +274,7 @@ class ReplicaService:
             self.peer.daemon.spawn(self.sync.send_work(record.encode()))
 
     def _vouch_states(self, steps: int, hashes: dict[int, str]) -> None:
-        """The leader's tally of the replicas' state hashes after `steps` steps (peer/state_votes.py): to the
+        """The leader's tally of the replicas' state hashes after `steps` steps (peer/checks/state_votes.py): to the
         coordinator, which vouches for them."""
         self.ctx.report.write("state_record", step=steps, hashes={str(s): h for s, h in hashes.items()})
         record = sign_record(self.ctx.sdht.identity)(WorkRecord(self.spec.run_hash, steps, self.ctx.peer_id, {},

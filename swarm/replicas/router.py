@@ -34,7 +34,7 @@ Probation (issue 20): a replica is *proven* once it has returned a gradient to t
 a stage has a proven live replica, its unproven ones share one probation slot: at most one
 microbatch is in flight to an unproven replica of the stage at a time, so 40 fake ids draw
 one microbatch, not 40/41 of them. A probe that fails (a transport failure, or a missed
-deadline: `peer/daemon.py`) closes the stage's probation for
+deadline: `peer/daemon/daemon.py`) closes the stage's probation for
 
     pause = max(1 s, 40 x t_fail)        (t_fail: how long the failed probe held its microbatch)
 
@@ -55,7 +55,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from peer.interfaces import LinkError, PeerInfo, PeerStatus, RollbackOrder
+from peer.daemon.interfaces import LinkError, PeerInfo, PeerStatus, RollbackOrder
 from swarm import __version__
 from swarm.dht import LeaderLease, StageAnnouncement, SwarmDHT
 
@@ -144,10 +144,10 @@ class Router:
         return peer in self._run_bans or ban is not None and ban.until > now
 
     def ban(self, peer: str) -> None:
-        """Convicted by the leading head (peer/spot_checks.py): banned for the run."""
+        """Convicted by the leading head (peer/checks/spot_checks.py): banned for the run."""
         if peer not in self._run_bans:
             log.warning("peer %s is banned for the run: the leading head convicted it (false or withheld work, or "
-                        "slower than the swarm's slowest uplink: peer/spot_checks.py)", peer[-8:])
+                        "slower than the swarm's slowest uplink: peer/checks/spot_checks.py)", peer[-8:])
         self._run_bans.add(peer)
         self._cache.clear()
 

@@ -4,7 +4,7 @@ get it again.
 At the start, in this order: a stage whose live replicas all announce step 0 (the swarm has not
 stepped) needs nothing, since every replica builds the same initial state from the signed spec's
 seed; else the state is downloaded from a live replica (vouched by the swarm key's records,
-`peer/stage_peer.py` `join`); else this peer's checkpoint with `--resume`; else, if the swarm has
+`peer/replica/stage_peer.py` `join`); else this peer's checkpoint with `--resume`; else, if the swarm has
 trained, the stage's newest snapshot that peers of other stages hold, after which the swarm rolls
 back to it (before the swarm's first snapshot: the stage's initial state, and the swarm rolls back
 to step 0); with no snapshot anywhere it waits, the swarm paused, unless `--allow-fresh-stage` lets
@@ -20,12 +20,13 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from peer.checkpoint import checkpoint_path, load_checkpoint
-from peer.snapshots import NoSnapshot
-from peer.stage_peer import StagePeer
-from peer.state_transfer import StateError
+from peer.replica.stage_peer import StagePeer
+from peer.runner.checkpoint import checkpoint_path, load_checkpoint
+from peer.state.snapshots import NoSnapshot
+from peer.state.state_transfer import StateError
 from swarm.basis import BasisSync
-from swarm.replicas.swarm_step import newest_vouched_step, swarm_step
+
+from .swarm_step import newest_vouched_step, swarm_step
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +102,7 @@ class StateSource:
 
     async def _restore(self, at: int) -> None:
         """The stage lost every replica after the swarm trained (it is at step `at`): load its newest
-        snapshot (the swarm then rolls back to it, `peer/rollback.py`). With none anywhere, start afresh
+        snapshot (the swarm then rolls back to it, `peer/state/rollback.py`). With none anywhere, start afresh
         only if the owner said so (`--allow-fresh-stage`); else wait, the swarm paused, until a
         snapshot's holder is back."""
         ctx, peer, runner = self.ctx, self.peer, self.runner

@@ -9,7 +9,7 @@ announced step counts only if
   snapshot, of any stage: `swarm/replicas/vouched.py`). States are hashed every `HASH_EVERY` steps
   and a hash reaches the record a step or two later, so a live honest swarm is at most
   `2 * HASH_EVERY + 2` steps past it, the slack a joiner's download is checked with too
-  (`peer/vouched_state.py`). With no vouched record at all the bound is 0: a swarm that has not
+  (`peer/checks/vouched_state.py`). With no vouched record at all the bound is 0: a swarm that has not
   trained yet is not made to wait by a claim of a step above 0; or
 - its peer is the leading head, the first live one of the swarm key's lease order.
 
@@ -23,7 +23,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 
-from peer.state_hash import HASH_EVERY
+from peer.runner.state_hash import HASH_EVERY
 from swarm.dht import StageAnnouncement, SwarmDHT
 
 log = logging.getLogger(__name__)

@@ -2,19 +2,19 @@
 leader's step record holds (step, stage, sha256)), and a peer's reader of it.
 
 The leading head learns each stage's newest snapshot hash from its replicas' reduce replies
-(`peer/driver.py`: only when every replica of the stage reports the same (step, sha256)), and
+(`peer/step/driver.py`: only when every replica of the stage reports the same (step, sha256)), and
 once every stage agrees on one step it signs the hashes into a work record for the coordinator
 (`protocol/step_record.py`). The coordinator takes work records only from a head the lease
 names (`swarm/basis/refit.py` checks that first) and keeps the newest `keep` steps in one record
 signed by the swarm key, `VouchedSnapshots`, in the DHT. A peer that restores a stage
-(`peer/snapshots.py`) loads only a snapshot whose (step, hash) is vouched for, when any is: a
+(`peer/state/snapshots.py`) loads only a snapshot whose (step, hash) is vouched for, when any is: a
 custodian majority that holds a poisoned snapshot decides nothing.
 
 State hashes after each step (issue 21, item 4) take the same road: the leading head sends a
 work record that names the hash every stage's replicas agreed on after a step (`state_step`,
-`states`: `peer/state_votes.py`), the coordinator keeps the newest `KEEP_STATES` steps under the
+`states`: `peer/checks/state_votes.py`), the coordinator keeps the newest `KEEP_STATES` steps under the
 swarm key in a second record, and a joiner loads a donor's state only if its sha256 is the one
-vouched for at its step (`peer/vouched_state.py`).
+vouched for at its step (`peer/checks/vouched_state.py`).
 """
 from __future__ import annotations
 

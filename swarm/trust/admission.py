@@ -32,9 +32,10 @@ from dataclasses import dataclass, field
 import msgpack
 
 from swarm.options import opt
-from swarm.trust.keys import PUBLIC_KEY_BYTES, SIGNATURE_BYTES, SigningKey, fingerprint_of, verify
-from swarm.trust.state_dir import WHERE, state_dir_path
-from swarm.trust.work import MAX_BITS
+
+from .keys import PUBLIC_KEY_BYTES, SIGNATURE_BYTES, SigningKey, fingerprint_of, verify
+from .state_dir import WHERE, state_dir_path
+from .work import MAX_BITS
 
 __all__ = ["TICKET_DOMAIN", "Admission", "AdmissionError", "AdmissionPolicy", "AdmitOptions", "Ticket", "issue_ticket",
            "parse_duration", "read_ticket"]

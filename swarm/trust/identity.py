@@ -36,8 +36,8 @@ with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message=r".*torch\.jit\.script.*")
     from hivemind.proto import crypto_pb2
 
-from swarm.trust.keys import SigningKey, verify
-from swarm.trust.state_dir import warn_if_exposed
+from .keys import SigningKey, verify
+from .state_dir import warn_if_exposed
 
 __all__ = ["Identity", "IdentityError", "ed25519_public_key", "peer_id_of", "public_key_proto", "verify_by"]
 

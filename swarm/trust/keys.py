@@ -17,7 +17,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from swarm.trust.state_dir import warn_if_exposed
+from .state_dir import warn_if_exposed
 
 __all__ = ["SigningKey", "verify", "fingerprint_of", "PUBLIC_KEY_BYTES", "SIGNATURE_BYTES"]
 

@@ -10,9 +10,9 @@ import asyncio
 import pytest
 import torch
 
-from peer.checkpoint import checkpoint_path, load_checkpoint
-from peer.pipeline import InProcessPipeline
-from peer.stage import StageRunner
+from peer.runner.checkpoint import checkpoint_path, load_checkpoint
+from peer.runner.pipeline import InProcessPipeline
+from peer.runner.stage import StageRunner
 from protocol.control import Command, Contribution, encode_command, encode_contribution
 from protocol.spec import preset
 from protocol.state_wire import FollowUpdate, encode_follow

@@ -12,8 +12,8 @@ import time
 import msgpack
 import torch
 
-from peer.checkpoint import checkpoint_path, load_checkpoint
-from peer.stage import StageRunner
+from peer.runner.checkpoint import checkpoint_path, load_checkpoint
+from peer.runner.stage import StageRunner
 from protocol.codecs import WirePacker
 from protocol.wire import KIND_ACTIVATION, KIND_GRADIENT, ActivationMessage, Header, encode_message, tokens_for_wire
 from tests.e2e.attacker import Attacker

@@ -17,7 +17,7 @@ import signal
 import pytest
 import torch
 
-from peer.state_hash import HASH_EVERY
+from peer.runner.state_hash import HASH_EVERY
 from protocol.spec import preset
 from swarm.cli import main
 from swarm.export import StagedModel, gather_from_checkpoints
@@ -28,7 +28,7 @@ from tests.e2e.conftest import swarm_command, wait_for_event
 transformers = pytest.importorskip("transformers")
 
 # a step whose state the replicas hash: a live peer serves its state at once then, where between two
-# hashed steps it waits until its stage counts as stopped (peer/state_transfer.py `stalled`: 10 s here)
+# hashed steps it waits until its stage counts as stopped (peer/state/state_transfer.py `stalled`: 10 s here)
 STEPS = HASH_EVERY
 TOL = 1e-4
 

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 
-from peer.checkpoint import checkpoint_path, load_checkpoint
+from peer.runner.checkpoint import checkpoint_path, load_checkpoint
 from tests.conftest import MARKER, marked_p2pd
 from tests.e2e.conftest import wait_for_event
 

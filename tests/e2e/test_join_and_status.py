@@ -54,7 +54,7 @@ def test_peer_started_by_hand_joins_and_status_lists_it(make_swarm, session_fork
     assert tail in listed, "its announcement should still live (ttl 30 s); else this check proves nothing"
     assert listed[tail]["answers"] is False and listed[tail]["state"] == "offline", listed[tail]
     assert listed[tail]["announced_state"] == "online"
-    # the head lives on; it pauses as soon as it sees stage 2 gone (peer/attempt_watch.py: within seconds)
+    # the head lives on; it pauses as soon as it sees stage 2 gone (peer/step/attempt_watch.py: within seconds)
     assert listed[ready["peer_id"]]["answers"] and listed[ready["peer_id"]]["state"] in ("online", "paused")
     assert list(after["paused"]) == ["2"] and "stage 2 has no live replica" in after["paused"]["2"], after["paused"]
     rows = {line.split()[1]: line for line in table.stdout.splitlines() if line.split()[0].isdigit()}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from peer.memory_estimate import estimate_stage, format_bytes
+from peer.runner.memory_estimate import estimate_stage, format_bytes
 from protocol.spec import preset
 
 

@@ -10,7 +10,7 @@ import time
 
 import torch
 
-from peer.checkpoint import checkpoint_path, load_checkpoint
+from peer.runner.checkpoint import checkpoint_path, load_checkpoint
 from protocol.spec import preset
 from swarm.local import LocalOptions, LocalSwarm
 from tests.e2e.conftest import wait_for_event, wait_for_steps

@@ -9,8 +9,8 @@ import math
 
 import torch
 
-from peer.checkpoint import checkpoint_path, load_checkpoint
-from peer.stage import StageRunner
+from peer.runner.checkpoint import checkpoint_path, load_checkpoint
+from peer.runner.stage import StageRunner
 from protocol.spec import preset
 from swarm.local import LocalOptions, LocalSwarm
 from tests.e2e.conftest import wait_for_event

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import signal
 
-from peer.checkpoint import checkpoint_path, load_checkpoint
+from peer.runner.checkpoint import checkpoint_path, load_checkpoint
 from protocol.spec import preset
 from swarm.local import LocalOptions, LocalSwarm
 from tests.e2e.conftest import wait_for_event

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from peer.stage import StageRunner
+from peer.runner.stage import StageRunner
 from protocol.spec import preset
 
 SPEC = preset("tiny", dtype="fp64", wire_dtype="fp64")

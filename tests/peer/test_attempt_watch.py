@@ -9,9 +9,9 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from peer.interfaces import LinkError
-from peer.loopback import LoopbackLink
-from peer.memory_swarm import TEST_DRIVER_OPTIONS
+from peer.daemon.interfaces import LinkError
+from peer.daemon.loopback import LoopbackLink
+from peer.replica.memory_swarm import TEST_DRIVER_OPTIONS
 from protocol.spec import preset
 from protocol.wire import KIND_ACTIVATION
 from tests.peer.swarm_in_memory import make_swarm
@@ -48,7 +48,7 @@ async def test_a_peer_that_dies_holding_a_microbatch_ends_the_attempt_in_seconds
         return reply
     swarm.net.handlers[(VICTIM, KIND_ACTIVATION)] = crash_after_taking_one
     try:
-        with caplog.at_level(logging.WARNING, logger="peer.driver"):
+        with caplog.at_level(logging.WARNING, logger="peer.step.driver"):
             logs = await asyncio.wait_for(swarm.drive(STEPS), 45)
             await swarm.applied()
     finally:

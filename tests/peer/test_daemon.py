@@ -9,8 +9,8 @@ import time
 
 import torch
 
-from peer.interfaces import LinkError
-from peer.loopback import LoopbackLink
+from peer.daemon.interfaces import LinkError
+from peer.daemon.loopback import LoopbackLink
 from protocol.spec import preset
 from protocol.wire import KIND_ACTIVATION, KIND_GRADIENT, ErrorReply, decode_message
 from tests.peer.swarm_in_memory import make_swarm, patient_options

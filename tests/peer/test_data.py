@@ -1,4 +1,5 @@
-"""Tests for peer/corpus.py and peer/data.py: corpus loading, byte tokenizer, deterministic microbatches."""
+"""Tests for peer/data/corpus.py and peer/data/batches.py: corpus loading,
+byte tokenizer, deterministic microbatches."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from peer.corpus import EMBEDDED_CORPUS_NAME, VAL_MIN_SEQUENCES, Corpus, DataError, load_corpus
-from peer.data import BatchSource, ByteTokenizer, shard_indices, unigram_entropy_bits, unigram_entropy_nats
+from peer.data.batches import BatchSource, ByteTokenizer, shard_indices, unigram_entropy_bits, unigram_entropy_nats
+from peer.data.corpus import EMBEDDED_CORPUS_NAME, VAL_MIN_SEQUENCES, Corpus, DataError, load_corpus
 
 SEQ_LEN = 32
 BATCH = 4

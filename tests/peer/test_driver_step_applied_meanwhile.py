@@ -7,8 +7,8 @@ import asyncio
 import threading
 import time
 
-from peer.reduced import Reduced
-from peer.stage_error import StageError
+from peer.runner.reduced import Reduced
+from peer.runner.stage_error import StageError
 from protocol.control import Command
 from protocol.spec import preset
 from tests.peer.swarm_in_memory import make_swarm, param_hash

@@ -8,10 +8,10 @@ import asyncio
 import pytest
 import torch
 
-from peer.delivery import ACK
-from peer.head_work import split_microbatches
-from peer.loopback import LoopbackLink
-from peer.memory_swarm import batches
+from peer.daemon.delivery import ACK
+from peer.daemon.loopback import LoopbackLink
+from peer.replica.memory_swarm import batches
+from peer.step.head_work import split_microbatches
 from protocol.spec import preset
 from protocol.wire import KIND_ACTIVATION, ErrorReply, Header, decode_message
 from tests.peer.swarm_in_memory import make_swarm, patient_options

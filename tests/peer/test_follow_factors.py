@@ -1,5 +1,5 @@
 """A replica catching up on a powersgd stage is forwarded each step as the sums its reduce added up
-(exact part, P, Q': peer/follow_forward.py), not as the stage's whole gradient: in the loopback swarm
+(exact part, P, Q': peer/step/follow_forward.py), not as the stage's whole gradient: in the loopback swarm
 every step forwarded after the donor knew of the joiner travels in factors, each at most a tenth
 of the gradient's bytes, and the joiner ends bit-identical to the replicas it followed, also when
 its donor was the stage's only replica (which reduces powersgd's way with itself meanwhile). And
@@ -11,9 +11,9 @@ import asyncio
 import pytest
 import torch
 
-import peer.stage_peer
-from peer.replica_sync import PowerSync
-from peer.stage import StageRunner
+import peer.replica.stage_peer
+from peer.runner.replica_sync import PowerSync
+from peer.runner.stage import StageRunner
 from protocol.state_wire import encode_follow
 from tests.peer.swarm_in_memory import make_swarm, param_hash
 from tests.peer.test_replica_sync import _backward, wide_spec
@@ -35,7 +35,7 @@ async def _join_while_the_swarm_trains(replicas: list[int], donor: str, monkeypa
         forwarded.append((update.factors is not None, len(encode_follow(update))))
         return update
     fwd.update = seen
-    download = peer.stage_peer.download_state
+    download = peer.replica.stage_peer.download_state
 
     async def slow_download(*args, **kwargs):
         got = await download(*args, **kwargs)
@@ -43,7 +43,7 @@ async def _join_while_the_swarm_trains(replicas: list[int], donor: str, monkeypa
         while len(swarm.logs) < started + 3:
             await asyncio.sleep(0.01)  # poll the run's progress: the swarm goes on while this one downloads
         return got
-    monkeypatch.setattr(peer.stage_peer, "download_state", slow_download)
+    monkeypatch.setattr(peer.replica.stage_peer, "download_state", slow_download)
     try:
         task = asyncio.create_task(swarm.join_after(2, 1, "s1new", donor))
         await swarm.drive(STEPS)

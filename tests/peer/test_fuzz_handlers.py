@@ -18,7 +18,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from peer.stage import StageRunner
+from peer.runner.stage import StageRunner
 from protocol.basis_update import StatsMessage, encode_stats
 from protocol.control import Command, Contribution, ReduceProbe, encode_command, encode_contribution, encode_probe
 from protocol.spec import preset

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from peer.memory_swarm import TEST_COMMIT_OPTIONS, TEST_DRIVER_OPTIONS
+from peer.replica.memory_swarm import TEST_COMMIT_OPTIONS, TEST_DRIVER_OPTIONS
 from protocol.spot_check import Sent
 from tests.peer.swarm_in_memory import make_swarm, param_hash
 from tests.peer.test_spot_checks import LIES_FROM, STEPS, make_liar, spec_for

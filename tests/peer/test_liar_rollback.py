@@ -13,8 +13,8 @@ import re
 import pytest
 import torch
 
-from peer.interfaces import RollbackOrder
-from peer.memory_swarm import TEST_DRIVER_OPTIONS
+from peer.daemon.interfaces import RollbackOrder
+from peer.replica.memory_swarm import TEST_DRIVER_OPTIONS
 from protocol.spec import preset
 from tests.peer.swarm_in_memory import batches, make_swarm
 from tests.peer.test_replicas import SMALLER
@@ -82,7 +82,7 @@ async def test_a_caught_liars_steps_are_rolled_back_and_leave_no_trace(tmp_path,
     spec = spec3()
     swarm, on_step = await liar_swarm(spec, tmp_path, RollbackOrder(1, LIAR_FROM, CAUGHT, "liar"), fresh_head)
     try:
-        with caplog.at_level(logging.WARNING, logger="peer.rollback"):
+        with caplog.at_level(logging.WARNING, logger="peer.state.rollback"):
             await asyncio.wait_for(swarm.drive(STEPS, on_step), 300)
             if fresh_head:  # the swarm's first heads are gone: the fresh one drives the rest
                 await asyncio.wait_for(on_step.tasks[0], 300)
@@ -110,12 +110,12 @@ async def test_with_no_snapshot_of_the_ordered_step_the_head_says_so_and_the_swa
     # step 2's snapshots are gone by step 7 (each store keeps its 2 newest: 4 and 6)
     swarm, on_step = await liar_swarm(spec, tmp_path, RollbackOrder(1, 2, CAUGHT, "liar"))
     try:
-        with caplog.at_level(logging.WARNING, logger="peer.rollback"):
+        with caplog.at_level(logging.WARNING, logger="peer.state.rollback"):
             await asyncio.wait_for(swarm.drive(STEPS, on_step), 300)
         await swarm.applied()
     finally:
         await swarm.stop()
-    errors = [r for r in caplog.records if r.levelno == logging.ERROR and r.name == "peer.rollback"]
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR and r.name == "peer.state.rollback"]
     assert len(errors) == 1, caplog.text  # said once, not at every step
     assert "cannot roll back to step 2" in errors[0].getMessage()
     # the head is at step 6 or 7: the liar was gone before it told every replica to apply its step 7

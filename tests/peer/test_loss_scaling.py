@@ -1,4 +1,4 @@
-"""fp16's dynamic loss scaling (protocol/loss_scale.py, peer/loss_scaling.py), on the CPU.
+"""fp16's dynamic loss scaling (protocol/loss_scale.py, peer/runner/loss_scaling.py), on the CPU.
 
 fp16 autocast runs on the CPU but takes seconds per matmul-heavy step there, so these tests turn
 the scaler on in fp64 and fp32 runs instead (a `LossScale` on every runner: the same code paths
@@ -14,13 +14,13 @@ import asyncio
 import pytest
 import torch
 
-from peer.corpus import load_corpus
-from peer.data import BatchSource
-from peer.memory_swarm import batches
-from peer.norm_band import NormBand
-from peer.pipeline import InProcessPipeline
-from peer.stage import StageRunner
-from peer.state_transfer import load_state_bytes, state_bytes
+from peer.daemon.norm_band import NormBand
+from peer.data.batches import BatchSource
+from peer.data.corpus import load_corpus
+from peer.replica.memory_swarm import batches
+from peer.runner.pipeline import InProcessPipeline
+from peer.runner.stage import StageRunner
+from peer.state.state_transfer import load_state_bytes, state_bytes
 from protocol.loss_scale import INITIAL_SCALE, LossScale
 from protocol.reference import ReferenceModel
 from protocol.spec import preset

@@ -1,4 +1,4 @@
-"""The memory estimate (peer/memory_estimate.py) against what a stage really holds on the CPU.
+"""The memory estimate (peer/runner/memory_estimate.py) against what a stage really holds on the CPU.
 
 Measured here: the bytes of every tensor storage a `StageRunner` holds after a step (parameters,
 their gradients, the optimizer moments, buffers, the runner's basis and re-fit statistic), plus
@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from peer.memory_estimate import (
+from peer.runner.memory_estimate import (
     CARDS_GB,
     GIB,
     card_budget,
@@ -23,7 +23,7 @@ from peer.memory_estimate import (
     parse_size,
     smallest_card,
 )
-from peer.stage import StageRunner
+from peer.runner.stage import StageRunner
 from protocol.spec import PRESETS, preset
 
 

@@ -66,7 +66,7 @@ async def test_a_one_stage_subspace_swarm_waits_for_no_basis_re_fit(oracle_runs,
     assert not spec.refits_basis and preset("tiny", stages=2, basis_updates=True).refits_basis
     swarm = await make_swarm(spec, [2], **patient_options())
     try:
-        with caplog.at_level(logging.WARNING, logger="peer.basis_gate"):
+        with caplog.at_level(logging.WARNING, logger="peer.daemon.basis_gate"):
             logs = await swarm.drive(6)  # switch steps 4 and 6 (a re-fit after steps 2 and 4, taking effect 1 later)
     finally:
         await swarm.stop()

@@ -14,9 +14,9 @@ import time
 import pytest
 import torch
 
-from peer.corpus import load_corpus
-from peer.data import BatchSource, unigram_entropy_nats
-from peer.pipeline import InProcessPipeline
+from peer.data.batches import BatchSource, unigram_entropy_nats
+from peer.data.corpus import load_corpus
+from peer.runner.pipeline import InProcessPipeline
 from protocol.codecs import WirePacker
 from protocol.reference import ReferenceModel
 from protocol.spec import preset

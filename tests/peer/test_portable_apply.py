@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from peer.stage import StageRunner
-from peer.state_hash import state_sha256
+from peer.runner.stage import StageRunner
+from peer.runner.state_hash import state_sha256
 from protocol.portable_linalg import portable_orthonormalize
 from protocol.spec import preset
 
@@ -91,7 +91,7 @@ _STAGE_HASHES = """
 import sys, torch
 sys.path.insert(0, sys.argv[1])
 from test_portable_apply import _new_basis, _replica
-from peer.state_hash import state_sha256
+from peer.runner.state_hash import state_sha256
 from protocol.spec import preset
 spec = preset("small", codec="subspace", stages=3)
 U_new = _new_basis(spec)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from peer.pipeline import InProcessPipeline
+from peer.runner.pipeline import InProcessPipeline
 from protocol.model import build_stage, spec_basis
 from protocol.reference import ReferenceModel
 from protocol.spec import RunSpec, SpecError, preset

@@ -9,8 +9,8 @@ import asyncio
 import pytest
 import torch
 
-from peer.replica_sync import flat_limits
-from peer.stage import StageRunner
+from peer.runner.replica_sync import flat_limits
+from peer.runner.stage import StageRunner
 from protocol.control import BadContribution, Contribution, decode_reduce, encode_contribution
 from protocol.spec import SpecError
 from tests.peer.swarm_in_memory import make_swarm, param_hash, patient_options

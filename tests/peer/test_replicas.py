@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from peer.loopback import LoopbackLink
+from peer.daemon.loopback import LoopbackLink
 from protocol.spec import preset
 from protocol.wire import KIND_ACTIVATION
 from tests.peer.swarm_in_memory import make_swarm, param_hash
@@ -130,7 +130,7 @@ async def test_a_fresh_replica_joins_mid_run_and_equals_its_donor(oracle_runs):
 
 
 async def test_a_head_that_joins_later_with_a_lower_id_stands_by_and_takes_over_when_the_leader_dies(oracle_runs):
-    """A leader keeps the lead (peer/leadership.py): the newcomer's lower id does not take it; the
+    """A leader keeps the lead (peer/step/leadership.py): the newcomer's lower id does not take it; the
     newcomer drives only after the leader is killed, and no step is lost or applied twice."""
     spec = spec_for("subspace", "fp64")
     steps, kill_after = 6, 4

@@ -1,9 +1,9 @@
-"""CenteredClip as a detector of far shares (peer/robust_sum.py), on synthetic shares."""
+"""CenteredClip as a detector of far shares (peer/checks/robust_sum.py), on synthetic shares."""
 from __future__ import annotations
 
 import torch
 
-from peer.robust_sum import KAPPA, suspects
+from peer.checks.robust_sum import KAPPA, suspects
 
 
 def shares(n: int, seed: int = 0, mbs=(4, 4, 4, 4, 4)) -> dict[str, tuple[int, torch.Tensor]]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from peer.snapshot_store import Snapshot, SnapshotRefused, SnapshotStore, sha256_hex
+from peer.state.snapshot_store import Snapshot, SnapshotRefused, SnapshotStore, sha256_hex
 from protocol.snapshot_wire import (
     SnapshotInfo,
     SnapshotList,

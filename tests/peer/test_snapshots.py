@@ -10,9 +10,9 @@ import time
 import pytest
 import torch
 
-from peer.memory_swarm import TEST_DRIVER_OPTIONS
-from peer.snapshot_store import Snapshot, sha256_hex
-from peer.snapshots import NoSnapshot
+from peer.replica.memory_swarm import TEST_DRIVER_OPTIONS
+from peer.state.snapshot_store import Snapshot, sha256_hex
+from peer.state.snapshots import NoSnapshot
 from protocol.snapshot_wire import SnapshotRequest, encode_snapshot_request
 from protocol.spec import preset
 from protocol.wire import KIND_SNAPSHOT
@@ -202,7 +202,7 @@ async def test_a_custodian_takes_an_offer_only_from_a_replica_of_the_offered_sta
 
 
 async def test_the_leader_learns_every_stages_snapshot_hash_and_a_restore_loads_only_a_vouched_one():
-    from peer.state_transfer import load_state_bytes, state_bytes
+    from peer.state.state_transfer import load_state_bytes, state_bytes
     spec = spec3()
     swarm = await make_swarm(spec, [1, 1, 1], snapshot_options=dict(every=2), driver_options=DRIVER)
     head = swarm.peers["s0r0"]

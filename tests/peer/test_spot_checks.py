@@ -10,9 +10,9 @@ import time
 import pytest
 import torch
 
-from peer.loopback import LoopbackLink
-from peer.memory_swarm import TEST_COMMIT_OPTIONS, TEST_DRIVER_OPTIONS
-from peer.robust_sum import suspects as robust_suspects
+from peer.checks.robust_sum import suspects as robust_suspects
+from peer.daemon.loopback import LoopbackLink
+from peer.replica.memory_swarm import TEST_COMMIT_OPTIONS, TEST_DRIVER_OPTIONS
 from protocol.spec import preset
 from protocol.wire import KIND_GRADIENT
 from tests.peer.swarm_in_memory import make_swarm, param_hash
@@ -155,15 +155,15 @@ class AllOutFirst(LoopbackLink):
 
 async def test_a_share_far_from_the_rest_is_checked_whatever_the_draw_and_honest_shares_never_are(oracle_runs,
                                                                                                 monkeypatch):
-    # CenteredClip as a detector (peer/robust_sum.py): honest shares are never suspects (the sum applied is the
+    # CenteredClip as a detector (peer/checks/robust_sum.py): honest shares are never suspects (the sum applied is the
     # exact one, so the run equals the oracle), and a -50x share is checked at once though draws almost never fire
-    import peer.commit
+    import peer.step.commit
     named = []
 
     def recorded(shares):
         named.append(robust_suspects(shares))
         return named[-1]
-    monkeypatch.setattr(peer.commit, "suspects", recorded)
+    monkeypatch.setattr(peer.step.commit, "suspects", recorded)
     spec = spec_for(2)
     honest = await make_swarm(spec, [1, 3], AllOutFirst, driver_options=dict(TEST_DRIVER_OPTIONS,
                                                                               spot_check_rate=1e-9))

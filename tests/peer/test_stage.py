@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from peer.pipeline import InProcessPipeline
-from peer.stage import StageError, StageRunner
+from peer.runner.pipeline import InProcessPipeline
+from peer.runner.stage import StageError, StageRunner
 from protocol.model import spec_basis
 from protocol.reference import ReferenceModel
 from protocol.spec import preset

@@ -1,4 +1,4 @@
-"""A standby head announces its measured compute speed (peer/calibration.py), not 0: measuring
+"""A standby head announces its measured compute speed (peer/step/calibration.py), not 0: measuring
 touches nothing of its training, so the swarm still equals the oracle and the standby head's state
 stays bit-identical to the leader's."""
 from __future__ import annotations
@@ -9,9 +9,9 @@ from types import SimpleNamespace
 
 import torch
 
-from peer.calibration import time_forward_backward
-from peer.stage import StageRunner
-from peer.state_hash import state_sha256
+from peer.runner.stage import StageRunner
+from peer.runner.state_hash import state_sha256
+from peer.step.calibration import time_forward_backward
 from protocol.spec import preset
 from tests.peer.swarm_in_memory import batches, make_swarm
 

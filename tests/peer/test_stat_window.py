@@ -8,7 +8,7 @@ import asyncio
 import pytest
 import torch
 
-from peer.pipeline import InProcessPipeline
+from peer.runner.pipeline import InProcessPipeline
 from protocol.control import Contribution, FlatLimits, decode_contribution, encode_contribution
 from protocol.spec import RunSpec, preset
 from protocol.state_wire import FollowUpdate, decode_follow, encode_follow

@@ -1,4 +1,4 @@
-"""The state hash (peer/state_hash.py): the walk its docstring states, with each tensor's bytes
+"""The state hash (peer/runner/state_hash.py): the walk its docstring states, with each tensor's bytes
 hashed in pieces on a pool of threads; recomputed here from the formula, it is the same; any
 changed byte, shape, dtype or key changes it; a state that went through bytes keeps it."""
 from __future__ import annotations
@@ -8,9 +8,9 @@ import hashlib
 import pytest
 import torch
 
-import peer.state_hash as state_hash
-from peer.state_hash import state_bytes, state_sha256
-from peer.state_transfer import load_state_bytes
+import peer.runner.state_hash as state_hash
+from peer.runner.state_hash import state_bytes, state_sha256
+from peer.state.state_transfer import load_state_bytes
 
 
 def by_the_formula(state: dict, piece: int) -> str:

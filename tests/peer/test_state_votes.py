@@ -1,6 +1,6 @@
 """Vouched state (issue 21, item 4), the record and check logic: which state hash a stage agreed
-on after a step (`peer/state_votes.py`), the work record and apply reply that carry them, and a
-joiner's check of a download against the vouched hashes (`peer/vouched_state.py`)."""
+on after a step (`peer/checks/state_votes.py`), the work record and apply reply that carry them, and a
+joiner's check of a download against the vouched hashes (`peer/checks/vouched_state.py`)."""
 from __future__ import annotations
 
 import asyncio
@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from peer.state_votes import StateVotes
-from peer.vouched_state import VouchedStates
+from peer.checks.state_votes import StateVotes
+from peer.checks.vouched_state import VouchedStates
 from protocol.control import CommandReply, decode_reply, encode_reply
 from protocol.step_record import WorkRecord
 from protocol.wire import WireError

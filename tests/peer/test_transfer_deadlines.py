@@ -1,4 +1,4 @@
-"""Deadlines that grow with the bytes (peer/transfer_time.py), in memory, fp64: replicas whose exact
+"""Deadlines that grow with the bytes (peer/daemon/transfer_time.py), in memory, fp64: replicas whose exact
 contributions take longer than the fixed allowance on their uplinks, but come at least at the slowest
 rate waited for, finish every step in its first attempt and equal the one-process run; one slower than
 that is cut and the run still equals it; a first step whose activations take longer than the fixed
@@ -9,19 +9,20 @@ import asyncio
 
 import pytest
 
-from peer.interfaces import LinkError
-from peer.loopback import LoopbackLink
-from peer.memory_swarm import TEST_DRIVER_OPTIONS
-from peer.replica_sync import flat_limits
-from peer.stage import StageRunner
-from peer.transfer_time import PING_BASE_S, TOO_SLOW, StepDeadlines, TransferWait, boundary_bytes
+from peer.daemon.interfaces import LinkError
+from peer.daemon.loopback import LoopbackLink
+from peer.daemon.transfer_time import PING_BASE_S, TOO_SLOW, StepDeadlines, TransferWait, boundary_bytes
+from peer.replica.memory_swarm import TEST_DRIVER_OPTIONS
+from peer.runner.replica_sync import flat_limits
+from peer.runner.stage import StageRunner
 from protocol.spec import preset
 from protocol.wire import KIND_ACTIVATION, KIND_REDUCE
 from tests.peer.swarm_in_memory import make_swarm, param_hash, patient_options
 from tests.peer.test_replicas import assert_close
 
 STEPS, BASE_S, TRANSFER_S = 3, 0.3, 0.6  # TRANSFER_S: 2x the base allowance, the modelled link's time
-# a microbatch's own deadline (peer/microbatch_forward.py) is not what these tests prove: on a loaded CI machine a
+# a microbatch's own deadline (peer/daemon/microbatch_forward.py) is not what these tests prove:
+# on a loaded CI machine a
 # reply can take longer than its 1 s floor, and a re-sent microbatch re-drives the step (patient_options' reason)
 PATIENT_DAEMON = patient_options()["daemon_options"]
 
@@ -63,7 +64,7 @@ def test_the_wait_is_the_base_plus_the_bytes_at_the_floor():
 
 def test_a_status_ping_may_wait_behind_one_boundary_frame_at_the_floor():
     """Dense `large` at 8 Mbit/s: a microbatch's activation is 16.8 MB, 16.8 s on the floor's uplink; a
-    ping's reply queued behind it on a healthy peer must not count as a miss (peer/attempt_watch.py)."""
+    ping's reply queued behind it on a healthy peer must not count as a miss (peer/step/attempt_watch.py)."""
     spec = preset("large", codec="dense", dtype="bf16", stages=2)
     assert boundary_bytes(spec) == 4 * 1024 * 2048 * 2
     ping = StepDeadlines(spec, 120.0, 90.0).ping
@@ -160,7 +161,7 @@ async def test_a_head_whose_share_outlasts_the_command_timeout_over_a_slow_uplin
 
 
 async def test_a_spot_check_whose_inputs_take_longer_than_the_fixed_allowance_still_runs(oracle_runs):
-    """A check fetches the checked share's activations and gradients from its replica (peer/share_check.py):
+    """A check fetches the checked share's activations and gradients from its replica (peer/checks/share_check.py):
     over a slow uplink that outlasts the fixed allowance, and every check failed, and an honest replica was
     convicted after three ("could not be checked 3 times in a row")."""
     spec = preset("tiny", stages=2, codec="dense", dtype="fp64", wire_dtype="fp64", batch_size=32,

@@ -10,11 +10,11 @@ import time
 import pytest
 import torch
 
-from peer import state_transfer
-from peer.loopback import LoopbackLink
-from peer.state_hash import state_bytes, state_sha256
-from peer.state_transfer import StateError, download_state
-from peer.vouched_state import VouchedStates
+from peer.checks.vouched_state import VouchedStates
+from peer.daemon.loopback import LoopbackLink
+from peer.runner.state_hash import state_bytes, state_sha256
+from peer.state import state_transfer
+from peer.state.state_transfer import StateError, download_state
 from protocol.wire import KIND_STATE
 from swarm.replicas.hostile_donor import serve_bad_state
 from tests.peer.swarm_in_memory import make_swarm, patient_options

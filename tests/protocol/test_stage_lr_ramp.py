@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from peer.corpus import load_corpus
-from peer.data import BatchSource
-from peer.pipeline import InProcessPipeline
+from peer.data.batches import BatchSource
+from peer.data.corpus import load_corpus
+from peer.runner.pipeline import InProcessPipeline
 from protocol.optim import lr_at, stage_lr_ratio
 from protocol.spec import RunSpec, SpecError, preset
 

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import torch
 
-from peer.corpus import load_corpus
-from peer.data import BatchSource
-from peer.pipeline import InProcessPipeline
+from peer.data.batches import BatchSource
+from peer.data.corpus import load_corpus
+from peer.runner.pipeline import InProcessPipeline
 from protocol.spec import RunSpec, preset
 from protocol.subspace import SubspaceBasis, orthonormalize
 from swarm.export.gather import StageState, select_stages

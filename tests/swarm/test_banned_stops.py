@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from peer.transfer_time import TOO_SLOW
+from peer.daemon.transfer_time import TOO_SLOW
 from protocol.spec import RunSpec
 from swarm.replicas.replica import PeerBanned, ReplicaService, ban_message
 

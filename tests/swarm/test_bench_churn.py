@@ -1,4 +1,4 @@
-"""The churn bench's analysis (swarm/bench/churn_report.py) on synthetic records: lost, doubled and
+"""The churn bench's analysis (swarm/bench/churn/report.py) on synthetic records: lost, doubled and
 re-driven steps, rollbacks and their cost, goodput, gaps, failover, replica agreement, and the
 log lines it reads; and its one-sentence refusal where it cannot build its hosts."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ import io
 import pytest
 import torch
 
-from swarm.bench.churn_report import (
+from swarm.bench.churn.report import (
     Kill,
     LogEvent,
     Span,
@@ -128,9 +128,9 @@ def test_log_lines_give_resets_and_rollbacks_at_their_local_second():
     text = "\n".join([
         "23:59:58 WARNING swarm.replicas.replica: stage 0 had no live replica and this peer has no checkpoint of "
         "it: the stage starts again from its initial weights, at the swarm's step 622",
-        "00:00:03 WARNING peer.rollback: stages 1 came back at step 600 (restored from a snapshot), behind the "
+        "00:00:03 WARNING peer.state.rollback: stages 1 came back at step 600 (restored from a snapshot), behind the "
         "swarm's step 622: every stage rolls back to step 600 and steps 601-622 are driven again",
-        "00:00:04 WARNING peer.rollback: stage 2: rolled back to step 600",
+        "00:00:04 WARNING peer.state.rollback: stage 2: rolled back to step 600",
         "00:00:05 INFO swarm.replicas.replica: step 601 loss 1.6",
         "  a traceback line without a time",
     ])
@@ -203,7 +203,7 @@ def test_coverage_says_how_long_the_least_served_stage_had_how_many_replicas():
 
 
 def test_without_root_the_bench_says_so_in_one_sentence(monkeypatch, tmp_path, capsys):
-    monkeypatch.setattr("swarm.bench.churn.os.geteuid", lambda: 1000)
+    monkeypatch.setattr("swarm.bench.churn.bench.os.geteuid", lambda: 1000)
     assert main(["bench", "churn", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
     assert err == ("error: swarm bench churn needs root: it puts every peer on a host of its own (a network "

@@ -13,7 +13,7 @@ import torch
 
 from protocol.spec import preset
 from swarm.bench.machine import devices_used, machine_info
-from swarm.bench.throughput import throughput_record
+from swarm.bench.record.throughput import throughput_record
 from swarm.cli import build_parser, main
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from swarm.bench.codecs import run_codecs_bench
+from swarm.bench.hardware.codecs import run_codecs_bench
 
 
 @pytest.mark.e2e  # a whole benchmark

@@ -11,17 +11,17 @@ import time
 
 import pytest
 
-from peer.corpus import load_corpus
-from peer.data import BatchSource
-from peer.pipeline import InProcessPipeline
+from peer.data.batches import BatchSource
+from peer.data.corpus import load_corpus
+from peer.runner.pipeline import InProcessPipeline
 from protocol.reference import ReferenceModel
 from protocol.spec import preset
-from swarm.bench import fidelity
-from swarm.bench.fidelity import run_fidelity_bench
-from swarm.bench.fidelity_plan import ALL_GROUPS, jobs_for, plan_shape, with_dense_repeats
-from swarm.bench.fidelity_queue import estimated_seconds, run_queue
-from swarm.bench.fidelity_report import markdown_table, summarize
-from swarm.bench.fidelity_train import Job, JobResult, full_width_boundaries
+from swarm.bench.fidelity.bench import bench as fidelity
+from swarm.bench.fidelity.bench import run_fidelity_bench
+from swarm.bench.fidelity.plan import ALL_GROUPS, jobs_for, plan_shape, with_dense_repeats
+from swarm.bench.fidelity.queue import estimated_seconds, run_queue
+from swarm.bench.fidelity.report import markdown_table, summarize
+from swarm.bench.fidelity.train import Job, JobResult, full_width_boundaries
 from swarm.cli import build_parser
 
 

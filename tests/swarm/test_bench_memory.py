@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from swarm.bench.memory import main, plot, run_memory_bench
+from swarm.bench.hardware.memory import main, plot, run_memory_bench
 
 ROOT = Path(__file__).resolve().parents[2]
 

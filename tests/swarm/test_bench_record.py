@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from swarm.bench.record import (
+from swarm.bench.record.bench import (
     _reusable_runs,
     combine,
     record_figures,
@@ -15,8 +15,8 @@ from swarm.bench.record import (
     swarm_of,
     swarm_specs,
 )
-from swarm.bench.throughput import merge_throughput
-from swarm.bench.time_to_loss import variant_of
+from swarm.bench.record.throughput import merge_throughput
+from swarm.bench.record.time_to_loss import variant_of
 
 
 def _curve(codec: str, points: list[tuple[float, float]], batch: int = 4, seq: int = 8) -> dict:
@@ -100,7 +100,7 @@ def test_combine_takes_each_variants_tokens_per_second_from_its_own_swarm():
 
 @pytest.mark.e2e  # local swarms of real processes, and two training runs
 def test_record_bench_smoke_reports_its_parts_figures_and_resumes(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr("swarm.bench.convergence.os.cpu_count", lambda: 1)  # one torch thread, as in every test
+    monkeypatch.setattr("swarm.bench.record.convergence.os.cpu_count", lambda: 1)  # one torch thread, as in every test
     result = run_record_bench(str(tmp_path), data=None, smoke=True)
     assert (tmp_path / "record.png").stat().st_size > 10_000
     written = json.loads((tmp_path / "record.json").read_text())

@@ -10,8 +10,8 @@ import torch
 
 from protocol.control import Contribution, encode_contribution
 from protocol.spec import preset
-from swarm.bench.replica_sync import run_replica_sync_bench
-from swarm.bench.sync_bytes import FRAMING, encoded_size, stage_layout, sync_bytes
+from swarm.bench.replicas.replica_sync import run_replica_sync_bench
+from swarm.bench.replicas.sync_bytes import FRAMING, encoded_size, stage_layout, sync_bytes
 
 
 def test_encoded_sizes_equal_the_real_encoding_of_big_and_small_messages():

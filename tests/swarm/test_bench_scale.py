@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from swarm.bench import scale
-from swarm.bench.scale import parse_layouts, run_scale_bench
+from swarm.bench.hardware import scale
+from swarm.bench.hardware.scale import parse_layouts, run_scale_bench
 
 
 def test_layouts_parse_and_bad_ones_say_how_to_write_them():

@@ -9,9 +9,9 @@ from types import SimpleNamespace
 
 import torch
 
-from peer.share_check import TOLERANCE, ShareCheck
+from peer.checks.share_check import TOLERANCE, ShareCheck
 from protocol.spec import preset
-from swarm.bench.share_tolerance import HONEST, run_share_tolerance_bench
+from swarm.bench.replicas.share_tolerance import HONEST, run_share_tolerance_bench
 
 
 def test_honest_shares_agree_and_lies_do_not(tmp_path):

@@ -17,12 +17,12 @@ import torch
 
 from protocol.model import StageModule, spec_basis
 from protocol.spec import preset
-from swarm.bench.mfu import matmul_weights
-from swarm.bench.simulate_engine import SharedCores, SimulationStuck, Worker, now, run_virtual
-from swarm.bench.simulate_hardware import GPUS, LinkDraw, gpu, stage_flops, wire_bytes
-from swarm.bench.simulate_run import SimSetup, auto_microbatches, one_gpu_tokens_per_second, simulate
-from swarm.bench.simulate_step import StepDriverModel, StepOptions, _shares
-from swarm.bench.simulate_swarm import SimSwarm, SwarmConfig
+from swarm.bench.hardware.mfu import matmul_weights
+from swarm.bench.simulate.engine import SharedCores, SimulationStuck, Worker, now, run_virtual
+from swarm.bench.simulate.hardware import GPUS, LinkDraw, gpu, stage_flops, wire_bytes
+from swarm.bench.simulate.peers import SimSwarm, SwarmConfig
+from swarm.bench.simulate.run import SimSetup, auto_microbatches, one_gpu_tokens_per_second, simulate
+from swarm.bench.simulate.step import StepDriverModel, StepOptions, _shares
 from swarm.net.home_link import Packets
 from swarm.replicas.router import Router
 
@@ -227,7 +227,7 @@ def test_smoke_run_writes_json_and_png(tmp_path):
 
 
 def test_the_validation_calibrates_on_the_real_stage_runners_and_simulates_this_machine():
-    from swarm.bench.simulate_validate import Case, calibrate, simulated
+    from swarm.bench.simulate.validate import Case, calibrate, simulated
     spec = preset("tiny", codec="dense")
     work = calibrate(spec, threads=1, repeats=1)
     assert all(t > 0 for t in work.forward) and all(t > 0 for t in work.apply)
@@ -243,8 +243,8 @@ def test_the_validation_calibrates_on_the_real_stage_runners_and_simulates_this_
 
 
 def test_the_swarm_s_cost_per_frame_is_fitted_so_the_unshaped_step_matches_the_real_one():
-    from swarm.bench.simulate_hardware import StageWork
-    from swarm.bench.simulate_validate import Case, fitted_frame_s, simulated
+    from swarm.bench.simulate.hardware import StageWork
+    from swarm.bench.simulate.validate import Case, fitted_frame_s, simulated
     spec = preset("tiny", codec="subspace")
     work = StageWork((0.004, 0.004, 0.006), (0.004, 0.004, 0.0), (0.002, 0.002, 0.002))
     case = Case("subspace", 1, "20mbit", "20ms")

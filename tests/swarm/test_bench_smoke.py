@@ -9,10 +9,10 @@ import pytest
 
 from protocol.model import build_stage
 from protocol.spec import preset
-from swarm.bench.churn import run_churn_bench
-from swarm.bench.convergence import run_convergence_bench
-from swarm.bench.mfu import matmul_weights, run_mfu_bench
-from swarm.bench.throughput import CODECS, run_throughput_bench
+from swarm.bench.churn.bench import run_churn_bench
+from swarm.bench.hardware.mfu import matmul_weights, run_mfu_bench
+from swarm.bench.record.convergence import run_convergence_bench
+from swarm.bench.record.throughput import CODECS, run_throughput_bench
 from tests.netlab import missing_requirements
 
 
@@ -20,7 +20,7 @@ from tests.netlab import missing_requirements
 def test_convergence_bench_smoke(tmp_path, monkeypatch):
     # one torch thread, as every test has (tests/conftest.py): the bench takes all cores, and on a busy
     # 2-core box a second thread mostly spins waiting for the first
-    monkeypatch.setattr("swarm.bench.convergence.os.cpu_count", lambda: 1)
+    monkeypatch.setattr("swarm.bench.record.convergence.os.cpu_count", lambda: 1)
     # the throughput bench's figures at 80mbit (as its JSON has them), for the time-to-loss plot
     throughput = {"preset": "tiny", "device": "cpu", "runs": [
         {"codec": c, "bandwidth": b, "shaping": s, "tokens_per_second": t}
@@ -143,7 +143,7 @@ def _check_churn_smoke(tmp_path, written: dict) -> None:
 def test_throughput_compares_sends_in_order_with_shared_sends_side_by_side(tmp_path):
     """A variant beside its "/shared" twin gets a fifo-over-shared ratio per limited link; a send order
     the peers do not know is refused before any swarm starts."""
-    from swarm.bench.throughput import throughput_ratios
+    from swarm.bench.record.throughput import throughput_ratios
     rows = [{"variant": v, "codec": "dense", "bandwidth": b, "shaping": s, "tokens_per_second": t}
             for v, b, s, t in [("dense", "unlimited", "none", 1000.0), ("dense", "8mbit", "builtin", 400.0),
                                ("dense/shared", "unlimited", "none", 990.0),

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from swarm.bench.transport import BOTH_WAYS, CASES, boundary_bytes_per_token, run_transport_bench
+from swarm.bench.hardware.transport import BOTH_WAYS, CASES, boundary_bytes_per_token, run_transport_bench
 
 
 def _our_p2pd() -> list[int]:

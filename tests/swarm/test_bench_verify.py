@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from swarm.bench.verify import RATES, run_verify_bench
+from swarm.bench.replicas.verify import RATES, run_verify_bench
 
 
 def test_verify_bench_smoke(tmp_path):

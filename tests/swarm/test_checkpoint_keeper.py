@@ -8,9 +8,9 @@ import asyncio
 import hashlib
 import time
 
-from peer.loopback import LoopbackLink
-from peer.state_hash import state_sha256
-from peer.state_transfer import load_state_bytes
+from peer.daemon.loopback import LoopbackLink
+from peer.runner.state_hash import state_sha256
+from peer.state.state_transfer import load_state_bytes
 from protocol.spec import preset
 from protocol.wire import KIND_SNAPSHOT
 from swarm.replicas.checkpoint_keeper import CheckpointKeeper

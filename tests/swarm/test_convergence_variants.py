@@ -2,7 +2,7 @@
 or the one --constrained-stage-lr names; its dense and bottleneck curves never take it."""
 from __future__ import annotations
 
-import swarm.bench.convergence as convergence
+import swarm.bench.record.convergence as convergence
 from swarm.cli import build_parser
 
 

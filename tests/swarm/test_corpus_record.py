@@ -9,8 +9,8 @@ import os
 import pytest
 import torch
 
-from peer.corpus import DataError, load_corpus
-from peer.run_corpus import check_corpus, recorded, run_corpus, with_corpus
+from peer.data.corpus import DataError, load_corpus
+from peer.data.run_corpus import check_corpus, recorded, run_corpus, with_corpus
 from swarm.cli import main
 from swarm.export.evaluate import evaluate
 from swarm.export.exporter import export_run

@@ -12,8 +12,8 @@ import time
 import pytest
 import torch
 
-from peer.corpus import load_corpus
-from peer.data import BatchSource
+from peer.data.batches import BatchSource
+from peer.data.corpus import load_corpus
 from protocol.control import Command
 from protocol.step_record import StepRecord, WorkRecord, data_digest
 from protocol.wire import WireError

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import asyncio
 
-from peer.loopback import LoopbackNetwork
-from peer.memory_swarm import TEST_DRIVER_OPTIONS, MemorySwarm
+from peer.daemon.loopback import LoopbackNetwork
+from peer.replica.memory_swarm import TEST_DRIVER_OPTIONS, MemorySwarm
 from protocol.spec import preset
 from protocol.wire import KIND_ACTIVATION
 from swarm.dht import StageAnnouncement

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from peer.data import ByteTokenizer
+from peer.data.batches import ByteTokenizer
 from protocol.model import lm_loss
 from swarm.cli import main
 from swarm.export.evaluate import evaluate

@@ -1,4 +1,4 @@
-"""Which head leads (peer/leadership.py) and how a stage follows a new one (membership.py): a
+"""Which head leads (peer/step/leadership.py) and how a stage follows a new one (membership.py): a
 leader keeps the lead against a later head with a lower id; a claimant is followed only once
 the old leader fails this peer's own probe, at most one probe per period however many messages
 ask; a set-aside leader that announces again is followed again."""
@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
-from peer.interfaces import PeerInfo
-from peer.leadership import leader_of
+from peer.daemon.interfaces import PeerInfo
+from peer.step.leadership import leader_of
 from protocol.wire import KIND_ACTIVATION, KIND_DRIVE
 from swarm.replicas.membership import Membership
 

@@ -1,4 +1,4 @@
-"""The learned per-stage projection diagnostic (swarm/bench/learned_boundary.py): its gradient is the one-graph
+"""The learned per-stage projection diagnostic (swarm/bench/fidelity/learned_boundary.py): its gradient is the one-graph
 gradient (both halves of U's), U stays orthonormal, the receiver rebuilds exactly what span(U) passes, and the
 fidelity bench trains each variant."""
 from __future__ import annotations
@@ -8,14 +8,14 @@ import math
 import pytest
 import torch
 
-from peer.corpus import load_corpus
-from peer.data import BatchSource
-from peer.pipeline import InProcessPipeline
+from peer.data.batches import BatchSource
+from peer.data.corpus import load_corpus
+from peer.runner.pipeline import InProcessPipeline
 from protocol.model import lm_loss
 from protocol.spec import preset
-from swarm.bench.fidelity_plan import dense, plan_shape
-from swarm.bench.fidelity_train import Job, train_job
-from swarm.bench.learned_boundary import LEARNED_BOUNDARIES, LearnedDecoder, LearnedEncoder, learned_boundaries
+from swarm.bench.fidelity.learned_boundary import LEARNED_BOUNDARIES, LearnedDecoder, LearnedEncoder, learned_boundaries
+from swarm.bench.fidelity.plan import dense, plan_shape
+from swarm.bench.fidelity.train import Job, train_job
 
 
 def _spec(**kw):

@@ -1,4 +1,4 @@
-"""Leader leases (swarm/replicas/leases.py, peer/leadership.py): the coordinator orders the heads by
+"""Leader leases (swarm/replicas/leases.py, peer/step/leadership.py): the coordinator orders the heads by
 when it first saw them, never by id; a dead leader's successor is next and the dead one, back,
 comes last; --trusted-heads pins who may lead; a lease lives in the DHT under the swarm key only."""
 from __future__ import annotations

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from peer.checkpoint import checkpoint_path, load_checkpoint
+from peer.runner.checkpoint import checkpoint_path, load_checkpoint
 from swarm.replicas.replica import ReplicaService
 
 

@@ -10,7 +10,7 @@ import random
 import pytest
 from test_placement_balance import SPEC, BoardRouter, _board
 
-from peer.memory_estimate import GIB, estimate_stage, parse_size, smallest_card
+from peer.runner.memory_estimate import GIB, estimate_stage, parse_size, smallest_card
 from protocol.spec import preset
 from swarm.replicas.memory_fit import fitting_stages, memory_budget
 from swarm.replicas.placement import choose_stage, move_target

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from protocol.spec import preset
-from swarm.bench.throughput import _one_run, kernel_shaping_problem
+from swarm.bench.record.throughput import _one_run, kernel_shaping_problem
 from swarm.net import namespaces
 from swarm.net.namespaces import KernelLinks, KernelShapingUnavailable
 

@@ -1,4 +1,4 @@
-"""The RVQ diagnostic (swarm/bench/rvq_boundary.py): its codebooks learn (the coding error falls as they move,
+"""The RVQ diagnostic (swarm/bench/fidelity/rvq_boundary.py): its codebooks learn (the coding error falls as they move,
 and with every added codebook), the gradient is straight-through plus the commitment term, the hybrid's k exact
 coordinates stay exact, and the fidelity bench trains each variant at the bytes it reports."""
 from __future__ import annotations
@@ -8,11 +8,11 @@ import math
 import pytest
 import torch
 
-from peer.pipeline import InProcessPipeline
+from peer.runner.pipeline import InProcessPipeline
 from protocol.codecs import HybridDecoder
-from swarm.bench.fidelity_plan import plan_shape
-from swarm.bench.fidelity_train import Job, train_job
-from swarm.bench.rvq_boundary import RVQ_BOUNDARIES, ResidualVQ, RVQHybridEncoder, rvq_boundaries
+from swarm.bench.fidelity.plan import plan_shape
+from swarm.bench.fidelity.rvq_boundary import RVQ_BOUNDARIES, ResidualVQ, RVQHybridEncoder, rvq_boundaries
+from swarm.bench.fidelity.train import Job, train_job
 
 
 def _mixture(n: int, e: int, seed: int) -> torch.Tensor:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from swarm.bench.time_to_loss import TimeToLossError, link_throughput, seconds_to, time_to_loss
+from swarm.bench.record.time_to_loss import TimeToLossError, link_throughput, seconds_to, time_to_loss
 
 THROUGHPUT = {"preset": "small", "runs": [
     {"codec": "dense", "bandwidth": "unlimited", "shaping": "none", "tokens_per_second": 60000.0},

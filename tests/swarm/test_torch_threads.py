@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-import swarm.bench.replica_sync as replica_sync
+import swarm.bench.replicas.replica_sync as replica_sync
 from protocol.spec import preset
 from swarm.bench.machine import per_peer_threads, torch_threads
 

@@ -1,7 +1,0 @@
-"""`StageError`: the one exception a stage raises for work it must refuse, shared by the
-runner (`peer/stage.py`) and its replica half (`peer/reduced.py`)."""
-from __future__ import annotations
-
-
-class StageError(ValueError):
-    """Work this stage must refuse (wrong step, unknown or duplicate microbatch)."""
