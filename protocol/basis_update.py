@@ -17,7 +17,7 @@ import torch
 from protocol.portable_linalg import portable_orthonormalize
 from protocol.spec import RunSpec
 from protocol.subspace import grassmann_step
-from protocol.wire import WireError, _ext_hook, _pack_tensor
+from protocol.wire import WireError, ext_hook, pack_tensor
 
 BASIS_DOMAIN = "subspace-swarm/basis-update/v1"
 
@@ -57,7 +57,7 @@ def _unpack(data: bytes, spec: RunSpec, kind: str) -> dict:
     if len(data) > limit:
         raise WireError(f"{kind} message of {len(data)} bytes is over the limit of {limit}.")
     try:
-        d = msgpack.unpackb(bytes(data), ext_hook=_ext_hook, raw=False, max_array_len=16, max_map_len=16)
+        d = msgpack.unpackb(bytes(data), ext_hook=ext_hook, raw=False, max_array_len=16, max_map_len=16)
     except WireError:
         raise
     except Exception as e:
@@ -74,7 +74,7 @@ def _unpack(data: bytes, spec: RunSpec, kind: str) -> dict:
 
 def encode_stats(m: StatsMessage) -> bytes:
     return msgpack.packb({"k": "stats", "r": m.run, "g": m.stage, "v": m.basis_version, "s": m.step,
-                          "M": _pack_tensor(m.M.detach().to("cpu", torch.float32))})
+                          "M": pack_tensor(m.M.detach().to("cpu", torch.float32))})
 
 
 def decode_stats(data: bytes, spec: RunSpec) -> StatsMessage:
@@ -86,7 +86,7 @@ def decode_stats(data: bytes, spec: RunSpec) -> StatsMessage:
 
 def encode_update(u: BasisUpdate) -> bytes:
     return msgpack.packb({"k": "basis", "r": u.run, "v": u.version, "s": u.effective_step,
-                          "U": _pack_tensor(u.U.detach().to("cpu", torch.float32)), "sig": u.signature})
+                          "U": pack_tensor(u.U.detach().to("cpu", torch.float32)), "sig": u.signature})
 
 
 def decode_update(data: bytes, spec: RunSpec) -> BasisUpdate:

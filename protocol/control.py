@@ -58,24 +58,36 @@ Maps (short keys; tensors are wire.py's ExtType):
                   attempt, no reduce begun) | ended (its reduce is over) | elsewhere (another step
                   or a newer attempt)
 State transfer (a joining replica's download) and the follow updates that bring it level are in
-`protocol/state_wire.py`.
+`protocol/state_wire.py`; what a stage accepts as a flat gradient (`FlatLimits`) in `protocol/flat_limits.py`,
+and the field checks every decoder shares in `protocol/fields.py`.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass, field
 
 import msgpack
 import torch
 
-from protocol.spec import in_stat_window
-from protocol.wire import KIND_CONTROL, KIND_REDUCE, WireError, _ext_hook, _need, _pack_tensor
+from protocol.fields import (
+    MAX_GROUP,
+    check_run,
+    flag_field,
+    int_field,
+    microbatch_list,
+    opt_tensor,
+    peer_list,
+    same,
+    unpack_map,
+    with_flag,
+)
+from protocol.flat_limits import FlatLimits, flat_tensor, stat_tensor
+from protocol.spot_check import DIGEST_BYTES, decode_sent, encode_sent, inputs_request, is_inputs_request
+from protocol.wire import KIND_CONTROL, KIND_REDUCE, WireError, need
 
 OPS = ("status", "reduce", "apply", "abort", "rollback", "lease", "check", "work")
 OUTCOMES = ("ok", "behind", "ahead", "failed")
 PROBE_STATES = ("reducing", "idle", "ended", "elsewhere")
-MAX_GROUP = 64  # replicas of one stage that one command may name
 MAX_MICROBATCHES = 4096  # indices a work command may carry (the receiver checks them against its spec)
 _REPLY = "ctlr"
 _PROBE, _PROBE_REPLY = "redq", "redqr"
@@ -135,154 +147,35 @@ class ReduceProbe:
     stage: int
 
 
-
-@dataclass(frozen=True)
-class FlatLimits:
-    """What a stage accepts as a flat gradient: its own `SyncLayout` size and compute dtype, and
-    per exchange phase the size of the exact part and of the factors (`phases`)."""
-
-    run: str
-    stage: int
-    numel: int  # a whole gradient in the stage's SyncLayout (follow updates; "exact" contributions)
-    dtype: torch.dtype
-    stat_shape: tuple[int, int] | None  # (d, k) for receiving subspace stages
-    n_microbatches: int
-    phases: tuple[tuple[int, int], ...] = ()  # (exact numbers, factor numbers) per phase; () = exact sync
-    factor_dtype: torch.dtype | None = None
-    full_numel: int = 0  # every parameter's gradient in full (a lone replica's follow updates)
-    exact_until: int = 0  # steps before this one sum exactly, whatever `phases` says (powersgd's warm-up)
-    stat_steps: tuple[int, int] = (1, 1)  # (basis_interval, stat_window): the steps whose contributions carry a stat
-
-    def at(self, step: int) -> FlatLimits:
-        """The limits of a contribution to step `step`: exact sync during the warm-up, and no statistic outside
-        the window before a re-fit (`RunSpec.stat_window`)."""
-        lim = dataclasses.replace(self, phases=()) if step < self.exact_until else self
-        if lim.stat_shape is not None and not in_stat_window(step, *lim.stat_steps):
-            lim = dataclasses.replace(lim, stat_shape=None)
-        return lim
-
-    @property
-    def exchange(self) -> tuple[tuple[int, int], ...]:
-        return self.phases or ((self.numel, 0),)
-
-    @property
-    def max_bytes(self) -> int:
-        elem = torch.tensor([], dtype=self.dtype).element_size()
-        felem = torch.tensor([], dtype=self.factor_dtype).element_size() if self.factor_dtype else 0
-        stat = 8 * math.prod(self.stat_shape) if self.stat_shape else 0
-        biggest = max([self.numel * elem, self.full_numel * elem] + [n * elem + f * felem for n, f in self.exchange])
-        return biggest + stat + 64 * self.n_microbatches + 4096
-
-
-# ---------------------------------------------------------------- helpers
-
-def _is(value: object, want: object) -> bool:
-    """`value == want` for untrusted values: of the same type first (a tensor compared with a
-    number is a tensor, and asking a tensor for its truth raises)."""
-    return type(value) is type(want) and value == want
-
-
-def _unpack(data: bytes, max_bytes: int, what: str, max_bin: int = 0) -> dict:
-    if not isinstance(data, (bytes, bytearray, memoryview)):
-        raise WireError(f"{what} is not a byte string.")
-    _need(len(data) <= max_bytes, f"{what} of {len(data)} bytes is over the limit of {max_bytes}.")
-    try:
-        d = msgpack.unpackb(bytes(data), ext_hook=_ext_hook, raw=False, strict_map_key=False,
-                            max_str_len=4096, max_bin_len=max_bin, max_array_len=4 * MAX_GROUP + 4096,
-                            max_map_len=MAX_GROUP + 16)
-    except WireError:
-        raise
-    except Exception as e:  # any malformed bytes mean the same to the sender
-        raise WireError(f"{what} is not valid msgpack ({type(e).__name__}).") from None
-    _need(isinstance(d, dict), f"{what} is not a msgpack map.")
-    return d
-
-
-def _int(d: dict, key: str, name: str, hi: int = 2**53) -> int:
-    v = d.get(key)
-    _need(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < hi, f"{name} must be an integer in [0, {hi}).")
-    return v
-
-
-def _mbs(v: object, n: int) -> list[int]:
-    _need(isinstance(v, list) and len(v) <= n and all(isinstance(m, int) and not isinstance(m, bool) and 0 <= m < n
-                                                      for m in v) and len(set(v)) == len(v),
-          f"microbatches must be distinct integers in [0, {n}).")
-    return sorted(v)
-
-
-def _peer_ids(v: object) -> list[str]:
-    _need(isinstance(v, list) and len(v) <= MAX_GROUP and all(isinstance(p, str) and 0 < len(p) <= 128 for p in v),
-          f"a peer list must hold at most {MAX_GROUP} peer ids.")
-    return list(v)
-
-
-def _run(d: dict, run: str, what: str) -> None:
-    _need(_is(d.get("r"), run), f"{what} is for another run.")
-
-
-def _flat(t: object, lim: FlatLimits, what: str, numel: int | None = None,
-          dtype: torch.dtype | None = None) -> torch.Tensor:
-    numel, dtype = lim.numel if numel is None else numel, dtype or lim.dtype
-    _need(isinstance(t, torch.Tensor) and t.dtype == dtype and t.ndim == 1 and t.numel() == numel,
-          f"{what} must be a flat {dtype} tensor of {numel} numbers.")
-    _need(bool(torch.isfinite(t).all()), f"{what} has NaN or infinite values.")
-    return t
-
-
-def _stat(t: object, lim: FlatLimits) -> torch.Tensor | None:
-    if lim.stat_shape is None:
-        _need(t is None, "this stage sends no re-fit statistic at this step.")
-        return None
-    _need(isinstance(t, torch.Tensor) and t.dtype == torch.float64 and tuple(t.shape) == lim.stat_shape,
-          f"the statistic must be a float64 tensor of shape {list(lim.stat_shape)}.")
-    _need(bool(torch.isfinite(t).all()), "the statistic has NaN or infinite values.")
-    return t
-
-
-def _opt_tensor(t: torch.Tensor | None):
-    return None if t is None else _pack_tensor(t)
-
-
-def _flag(d: dict, key: str, what: str) -> bool:
-    _need(isinstance(d.get(key, False), bool), f"{what} must be true or false.")
-    return d.get(key, False)
-
-
-def _with_flag(d: dict, key: str, value: bool) -> dict:
-    return {**d, key: True} if value else d  # a false flag is left out: runs without loss scaling send what they did
-
-
 # ---------------------------------------------------------------- commands
 
 def encode_command(c: Command) -> bytes:
-    body = _with_flag({"k": KIND_CONTROL, "r": c.run, "s": c.step, "a": c.attempt, "o": c.op, "c": c.candidates},
-                      "v", c.skip)
+    body = with_flag({"k": KIND_CONTROL, "r": c.run, "s": c.step, "a": c.attempt, "o": c.op, "c": c.candidates},
+                     "v", c.skip)
     body.update({k: v for k, v in (("d", c.record), ("q", c.check), ("b", c.banned), ("m", c.microbatches),
                                    ("w", c.why[:500])) if v})  # left out when empty
     return msgpack.packb(body)
 
 
 def decode_command(data: bytes, run: str) -> Command:
-    d = _unpack(data, 96 << 10, "a control command", max_bin=64 << 10)  # bytes: the step record, a check order
-    _need(_is(d.get("k"), KIND_CONTROL), "not a control command.")
-    _run(d, run, "the control command")
-    _need(d.get("o") in OPS, f"a control command's op must be one of {', '.join(OPS)}.")
+    d = unpack_map(data, 96 << 10, "a control command", max_bin=64 << 10)  # bytes: the step record, a check order
+    need(same(d.get("k"), KIND_CONTROL), "not a control command.")
+    check_run(d, run, "the control command")
+    need(d.get("o") in OPS, f"a control command's op must be one of {', '.join(OPS)}.")
     record = d.get("d", b"")
-    _need(isinstance(record, bytes) and len(record) <= 4096, "a control command's step record must be a few bytes.")
+    need(isinstance(record, bytes) and len(record) <= 4096, "a control command's step record must be a few bytes.")
     check = d.get("q", b"")
-    _need(isinstance(check, bytes), "a control command's check order must be bytes.")
+    need(isinstance(check, bytes), "a control command's check order must be bytes.")
     why = d.get("w", "")
-    _need(isinstance(why, str) and len(why) <= 500, "a control command's reason must be a short text.")
-    return Command(run, _int(d, "s", "step"), _int(d, "a", "attempt", 2**31), d["o"], _peer_ids(d.get("c", [])),
-                   record, _flag(d, "v", "a control command's skip flag"), check, _peer_ids(d.get("b", [])),
-                   _mbs(d.get("m", []), MAX_MICROBATCHES), why)
+    need(isinstance(why, str) and len(why) <= 500, "a control command's reason must be a short text.")
+    return Command(run, int_field(d, "s", "step"), int_field(d, "a", "attempt", 2**31), d["o"],
+                   peer_list(d.get("c", [])), record, flag_field(d, "v", "a control command's skip flag"), check,
+                   peer_list(d.get("b", [])), microbatch_list(d.get("m", []), MAX_MICROBATCHES), why)
 
 
 def encode_reply(r: CommandReply) -> bytes:
-    body = _with_flag({"k": _REPLY, "s": r.step, "a": r.attempt, "o": r.outcome, "m": r.microbatches,
-                       "x": r.contributors, "e": r.reason[:500]}, "v", r.overflow)
-    from protocol.spot_check import encode_sent  # spot_check builds on this module's validators
+    body = with_flag({"k": _REPLY, "s": r.step, "a": r.attempt, "o": r.outcome, "m": r.microbatches,
+                      "x": r.contributors, "e": r.reason[:500]}, "v", r.overflow)
     body.update({k: v for k, v in (("h", list(r.snapshot or ())), ("z", list(r.state or ())),
                                    ("n", encode_sent(r.sent)), ("b", r.blame), ("u", r.suspects),
                                    ("l", r.losses)) if v})  # if any
@@ -290,38 +183,38 @@ def encode_reply(r: CommandReply) -> bytes:
 
 
 def decode_reply(data: bytes, n_microbatches: int) -> CommandReply:
-    from protocol.spot_check import DIGEST_BYTES, decode_sent  # spot_check builds on this module's validators
-    d = _unpack(data, 64 << 10, "a control reply", max_bin=DIGEST_BYTES)  # bytes: digests of what it sent
-    _need(_is(d.get("k"), _REPLY), "not a control reply.")
-    _need(d.get("o") in OUTCOMES, f"a control reply's outcome must be one of {', '.join(OUTCOMES)}.")
+    d = unpack_map(data, 64 << 10, "a control reply", max_bin=DIGEST_BYTES)  # bytes: digests of what it sent
+    need(same(d.get("k"), _REPLY), "not a control reply.")
+    need(d.get("o") in OUTCOMES, f"a control reply's outcome must be one of {', '.join(OUTCOMES)}.")
     x = d.get("x", {})
-    _need(isinstance(x, dict) and len(x) <= MAX_GROUP, "a control reply's contributors must be a small map.")
-    contributors = {str(p)[:128]: _mbs(m, n_microbatches) for p, m in x.items() if isinstance(p, str)}
-    _need(len(contributors) == len(x), "a control reply's contributors must be keyed by peer id.")
+    need(isinstance(x, dict) and len(x) <= MAX_GROUP, "a control reply's contributors must be a small map.")
+    contributors = {str(p)[:128]: microbatch_list(m, n_microbatches) for p, m in x.items() if isinstance(p, str)}
+    need(len(contributors) == len(x), "a control reply's contributors must be keyed by peer id.")
     reason = d.get("e", "")
     h = d.get("h")
-    _need(h is None or isinstance(h, list) and len(h) == 2 and isinstance(h[0], int) and 0 < h[0] < 2**53
-          and isinstance(h[1], str) and len(h[1]) == 64, "a control reply's snapshot must be [step, sha256 hex].")
+    need(h is None or isinstance(h, list) and len(h) == 2 and isinstance(h[0], int) and 0 < h[0] < 2**53
+         and isinstance(h[1], str) and len(h[1]) == 64, "a control reply's snapshot must be [step, sha256 hex].")
     z = d.get("z")
-    _need(z is None or isinstance(z, list) and len(z) == 2 and isinstance(z[0], int) and not isinstance(z[0], bool)
-          and 0 < z[0] < 2**53 and isinstance(z[1], str) and len(z[1]) == 64,
-          "a control reply's state hash must be [step, sha256 hex].")
+    need(z is None or isinstance(z, list) and len(z) == 2 and isinstance(z[0], int) and not isinstance(z[0], bool)
+         and 0 < z[0] < 2**53 and isinstance(z[1], str) and len(z[1]) == 64,
+         "a control reply's state hash must be [step, sha256 hex].")
     losses = d.get("l", [])
-    _need(isinstance(losses, list) and len(losses) <= n_microbatches and all(
+    need(isinstance(losses, list) and len(losses) <= n_microbatches and all(
         isinstance(v, float) and math.isfinite(v) for v in losses), "a control reply's losses must be finite floats.")
-    return CommandReply(_int(d, "s", "step"), _int(d, "a", "attempt", 2**31), d["o"],
-                        _mbs(d.get("m", []), n_microbatches), contributors, reason if isinstance(reason, str) else "",
-                        (h[0], h[1]) if h else None, _flag(d, "v", "a control reply's overflow flag"),
-                        decode_sent(d.get("n", []), n_microbatches), _peer_ids(d.get("b", [])),
-                        _peer_ids(d.get("u", [])), (z[0], z[1]) if z else None, list(losses))
+    return CommandReply(int_field(d, "s", "step"), int_field(d, "a", "attempt", 2**31), d["o"],
+                        microbatch_list(d.get("m", []), n_microbatches), contributors,
+                        reason if isinstance(reason, str) else "", (h[0], h[1]) if h else None,
+                        flag_field(d, "v", "a control reply's overflow flag"),
+                        decode_sent(d.get("n", []), n_microbatches), peer_list(d.get("b", [])),
+                        peer_list(d.get("u", [])), (z[0], z[1]) if z else None, list(losses))
 
 
 # ---------------------------------------------------------------- contributions and follow updates
 
 def encode_contribution(c: Contribution) -> bytes:
-    return msgpack.packb(_with_flag({"k": KIND_REDUCE, "r": c.run, "s": c.step, "a": c.attempt, "g": c.stage,
-                                     "p": c.phase, "m": c.microbatches, "t": _opt_tensor(c.grads),
-                                     "f": _opt_tensor(c.factors), "q": _opt_tensor(c.stat)}, "v", c.overflow))
+    return msgpack.packb(with_flag({"k": KIND_REDUCE, "r": c.run, "s": c.step, "a": c.attempt, "g": c.stage,
+                                    "p": c.phase, "m": c.microbatches, "t": opt_tensor(c.grads),
+                                    "f": opt_tensor(c.factors), "q": opt_tensor(c.stat)}, "v", c.overflow))
 
 
 def encode_probe(p: ReduceProbe) -> bytes:
@@ -333,8 +226,8 @@ def encode_probe_reply(state: str) -> bytes:
 
 
 def decode_probe_reply(data: bytes) -> str:
-    d = _unpack(data, 256, "a probe reply")
-    _need(_is(d.get("k"), _PROBE_REPLY) and d.get("o") in PROBE_STATES, "not a probe reply.")
+    d = unpack_map(data, 256, "a probe reply")
+    need(same(d.get("k"), _PROBE_REPLY) and d.get("o") in PROBE_STATES, "not a probe reply.")
     return d["o"]
 
 
@@ -350,59 +243,58 @@ def decode_reduce(data: bytes, lim: FlatLimits):
     """What arrives over `red`: a contribution, a probe of how this replica's reduce goes, or a
     checker's request for the inputs of this replica's share (protocol/spot_check.py). A
     contribution refused for its content raises `BadContribution`."""
-    from protocol.spot_check import inputs_request, is_inputs_request  # spot_check builds on this module's validators
-    d = _unpack(data, lim.max_bytes, "a reduce message")
+    d = unpack_map(data, lim.max_bytes, "a reduce message")
     if is_inputs_request(d):
         return inputs_request(d, lim.run, lim.stage, lim.n_microbatches)
-    if not _is(d.get("k"), _PROBE):
+    if not same(d.get("k"), _PROBE):
         try:
             return _contribution(d, lim)
         except WireError as e:
             key = [d.get(k, 0) for k in "sap"]
-            if _is(d.get("k"), KIND_REDUCE) and _is(d.get("r"), lim.run) and _is(d.get("g"), lim.stage) and all(
+            if same(d.get("k"), KIND_REDUCE) and same(d.get("r"), lim.run) and same(d.get("g"), lim.stage) and all(
                     isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**31 for v in key):
                 raise BadContribution(str(e), *key) from None
             raise
-    _run(d, lim.run, "the reduce probe")
-    _need(_is(d.get("g"), lim.stage), f"the probe is not for stage {lim.stage}, which this replica serves.")
-    return ReduceProbe(lim.run, _int(d, "s", "step"), _int(d, "a", "attempt", 2**31), lim.stage)
+    check_run(d, lim.run, "the reduce probe")
+    need(same(d.get("g"), lim.stage), f"the probe is not for stage {lim.stage}, which this replica serves.")
+    return ReduceProbe(lim.run, int_field(d, "s", "step"), int_field(d, "a", "attempt", 2**31), lim.stage)
 
 
 def decode_contribution(data: bytes, lim: FlatLimits) -> Contribution:
-    return _contribution(_unpack(data, lim.max_bytes, "a gradient contribution"), lim)
+    return _contribution(unpack_map(data, lim.max_bytes, "a gradient contribution"), lim)
 
 
 def _contribution(d: dict, lim: FlatLimits) -> Contribution:
-    _need(_is(d.get("k"), KIND_REDUCE), "not a gradient contribution.")
-    _run(d, lim.run, "the gradient contribution")
-    _need(_is(d.get("g"), lim.stage), f"the contribution is not for stage {lim.stage}, which this replica serves.")
-    step, attempt = _int(d, "s", "step"), _int(d, "a", "attempt", 2**31)
+    need(same(d.get("k"), KIND_REDUCE), "not a gradient contribution.")
+    check_run(d, lim.run, "the gradient contribution")
+    need(same(d.get("g"), lim.stage), f"the contribution is not for stage {lim.stage}, which this replica serves.")
+    step, attempt = int_field(d, "s", "step"), int_field(d, "a", "attempt", 2**31)
     lim = lim.at(step)
     phase = d.get("p", 0)
-    _need(isinstance(phase, int) and not isinstance(phase, bool) and 0 <= phase < len(lim.exchange),
-          f"the contribution's phase must be an integer in [0, {len(lim.exchange)}).")
-    mbs = _mbs(d.get("m"), lim.n_microbatches)
-    if _flag(d, "v", "a contribution's overflow flag"):  # fp16: the step will be skipped; nothing to add
-        _need(phase == 0 and all(d.get(k) is None for k in "tfq"), "an overflowed contribution carries no tensors.")
+    need(isinstance(phase, int) and not isinstance(phase, bool) and 0 <= phase < len(lim.exchange),
+         f"the contribution's phase must be an integer in [0, {len(lim.exchange)}).")
+    mbs = microbatch_list(d.get("m"), lim.n_microbatches)
+    if flag_field(d, "v", "a contribution's overflow flag"):  # fp16: the step will be skipped; nothing to add
+        need(phase == 0 and all(d.get(k) is None for k in "tfq"), "an overflowed contribution carries no tensors.")
         return Contribution(lim.run, step, attempt, lim.stage, mbs, None, overflow=True)
     n_exact, n_factors = lim.exchange[phase]
     if not lim.phases:  # exact sync: the whole gradient, or nothing when nothing was computed
-        _need(d.get("f") is None, "an exact-sync contribution carries no factors.")
+        need(d.get("f") is None, "an exact-sync contribution carries no factors.")
         if not mbs:
-            _need(d.get("t") is None and d.get("q") is None, "an empty contribution carries no tensors.")
+            need(d.get("t") is None and d.get("q") is None, "an empty contribution carries no tensors.")
             return Contribution(lim.run, step, attempt, lim.stage, [], None)
-        return Contribution(lim.run, step, attempt, lim.stage, mbs, _flat(d.get("t"), lim, "the contributed gradient"),
-                            _stat(d.get("q"), lim))
+        return Contribution(lim.run, step, attempt, lim.stage, mbs,
+                            flat_tensor(d.get("t"), lim, "the contributed gradient"), stat_tensor(d.get("q"), lim))
     if phase > 0:
-        _need(not mbs and d.get("t") is None and d.get("q") is None,
-              "a second-round contribution carries only factors.")
-        factors = None if d.get("f") is None else _flat(d["f"], lim, "the contributed factors", n_factors,
-                                                         lim.factor_dtype)
+        need(not mbs and d.get("t") is None and d.get("q") is None,
+             "a second-round contribution carries only factors.")
+        factors = None if d.get("f") is None else flat_tensor(d["f"], lim, "the contributed factors", n_factors,
+                                                              lim.factor_dtype)
         return Contribution(lim.run, step, attempt, lim.stage, [], None, None, phase, factors)
     if not mbs:  # no microbatch, no factors (issue 21): error feedback waits for a step the replica works in
-        _need(all(d.get(k) is None for k in "tfq"), "a contribution without microbatches carries no tensors.")
+        need(all(d.get(k) is None for k in "tfq"), "a contribution without microbatches carries no tensors.")
         return Contribution(lim.run, step, attempt, lim.stage, [], None, None, phase, None)
-    factors = _flat(d.get("f"), lim, "the contributed factors", n_factors, lim.factor_dtype)
-    grads = _flat(d.get("t"), lim, "the contributed exact part", n_exact)
-    stat = _stat(d.get("q"), lim) if mbs else None
+    factors = flat_tensor(d.get("f"), lim, "the contributed factors", n_factors, lim.factor_dtype)
+    grads = flat_tensor(d.get("t"), lim, "the contributed exact part", n_exact)
+    stat = stat_tensor(d.get("q"), lim) if mbs else None
     return Contribution(lim.run, step, attempt, lim.stage, mbs, grads, stat, phase, factors)

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 
 import msgpack
 
-from protocol.control import _int, _is, _unpack
-from protocol.wire import KIND_SNAPSHOT, _need
+from protocol.fields import int_field, same, unpack_map
+from protocol.wire import KIND_SNAPSHOT, need
 
 SNAPSHOT_OPS = ("offer", "list", "chunk")
 CHUNK_BYTES = 1 << 16
@@ -63,8 +63,8 @@ def n_chunks(size: int, chunk_bytes: int = CHUNK_BYTES) -> int:
 
 
 def _sha(v: object) -> str:
-    _need(isinstance(v, str) and len(v) == 64 and all(c in "0123456789abcdef" for c in v),
-          "a snapshot's sha256 must be 64 lowercase hex digits.")
+    need(isinstance(v, str) and len(v) == 64 and all(c in "0123456789abcdef" for c in v),
+         "a snapshot's sha256 must be 64 lowercase hex digits.")
     return v
 
 
@@ -74,14 +74,14 @@ def encode_snapshot_request(r: SnapshotRequest) -> bytes:
 
 
 def decode_snapshot_request(data: bytes, run: str, n_stages: int, max_bytes: int) -> SnapshotRequest:
-    d = _unpack(data, 4096, "a snapshot request")
-    _need(_is(d.get("k"), KIND_SNAPSHOT), "not a snapshot request.")
-    _need(_is(d.get("r"), run), "the snapshot request is for another run.")
-    _need(d.get("o") in SNAPSHOT_OPS, f"a snapshot request's op must be one of {', '.join(SNAPSHOT_OPS)}.")
-    r = SnapshotRequest(run, d["o"], _int(d, "g", "stage", n_stages), _int(d, "s", "step"),
-                        _int(d, "i", "chunk index", 2**31))
+    d = unpack_map(data, 4096, "a snapshot request")
+    need(same(d.get("k"), KIND_SNAPSHOT), "not a snapshot request.")
+    need(same(d.get("r"), run), "the snapshot request is for another run.")
+    need(d.get("o") in SNAPSHOT_OPS, f"a snapshot request's op must be one of {', '.join(SNAPSHOT_OPS)}.")
+    r = SnapshotRequest(run, d["o"], int_field(d, "g", "stage", n_stages), int_field(d, "s", "step"),
+                        int_field(d, "i", "chunk index", 2**31))
     if r.op == "offer":
-        r.sha256, r.size = _sha(d.get("h")), _int(d, "z", "snapshot size", max_bytes + 1)
+        r.sha256, r.size = _sha(d.get("h")), int_field(d, "z", "snapshot size", max_bytes + 1)
     return r
 
 
@@ -90,12 +90,12 @@ def encode_snapshot_list(m: SnapshotList) -> bytes:
 
 
 def decode_snapshot_list(data: bytes, max_bytes: int) -> SnapshotList:
-    d = _unpack(data, 8192, "a snapshot list")
-    _need(_is(d.get("k"), _LIST), "not a snapshot list.")
+    d = unpack_map(data, 8192, "a snapshot list")
+    need(same(d.get("k"), _LIST), "not a snapshot list.")
     x = d.get("x")
-    _need(isinstance(x, list) and len(x) <= MAX_LISTED and all(isinstance(e, list) and len(e) == 3 for e in x),
-          f"a snapshot list must hold at most {MAX_LISTED} [step, sha256, bytes] entries.")
-    held = [SnapshotInfo(_int({"s": e[0]}, "s", "a snapshot's step"), _sha(e[1]),
-                         _int({"z": e[2]}, "z", "a snapshot's size", max_bytes + 1)) for e in x]
-    _need(isinstance(d.get("t", False), bool), "a snapshot list's t must be true or false.")
-    return SnapshotList(_int(d, "s", "step"), held, d.get("t", False))
+    need(isinstance(x, list) and len(x) <= MAX_LISTED and all(isinstance(e, list) and len(e) == 3 for e in x),
+         f"a snapshot list must hold at most {MAX_LISTED} [step, sha256, bytes] entries.")
+    held = [SnapshotInfo(int_field({"s": e[0]}, "s", "a snapshot's step"), _sha(e[1]),
+                         int_field({"z": e[2]}, "z", "a snapshot's size", max_bytes + 1)) for e in x]
+    need(isinstance(d.get("t", False), bool), "a snapshot list's t must be true or false.")
+    return SnapshotList(int_field(d, "s", "step"), held, d.get("t", False))

@@ -3,81 +3,56 @@
 Every peer builds its stage from the spec alone (model shape, layer ranges, codec, seeds,
 optimizer, schedule), so two peers with the same spec hold bit-identical initial weights
 and shared constants. The spec's hash names the run; messages carry it.
+
+The values its fields may take are in protocol/spec_choices.py, its hash and files in
+protocol/spec_identity.py, the presets' tables in protocol/presets.py; this module is the run spec's API
+and re-exports what callers use of those.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
-import json
 import math
-import tomllib
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-import torch
+from protocol.presets import (
+    HYBRID_STAGE_LR_SCALE,
+    HYBRID_TUNED_RATIO,
+    HYBRID_WARMUP_SCALE,
+    PRESETS,
+    STAGE_LR_FROM_WIDTH,
+    STAGE_LR_SCALE,
+    split_layers,
+)
+from protocol.spec_choices import (
+    CODECS,
+    COMPUTE_DTYPES,
+    DTYPE_CHOICES,
+    EMBED_SPLITS,
+    LR_OPTIONS,
+    QUANTS,
+    REFIT_STATISTICS,
+    REPLICA_SYNCS,
+    SLOWEST_UPLINK_BPS,
+    STAT_TAIL,
+    SUBSPACE_MODES,
+    SUBSPACE_OPTIONS,
+    WIRE_DTYPES,
+    SpecError,
+    in_stat_window,
+    resolve_dtype,
+)
+from protocol.spec_identity import SpecIdentity
 
-CODECS = ("dense", "subspace", "bottleneck")
-# the dtype names a run spec may use, and the torch dtype each one means (the one place they are spelled)
-WIRE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp64": torch.float64}
-QUANTS = ("none", "int8")
-# "bf16" and "fp16": matmuls and attention in that dtype under autocast; weights, optimizer state, the
-# residual stream and boundary tensors stay in fp32 (protocol/model.py `compute_dtype`, `autocast_dtype`);
-# "fp16" also scales the loss (protocol/loss_scale.py). A spec names one of these, never "auto": `resolve_dtype`
-COMPUTE_DTYPES = {"fp32": torch.float32, "fp64": torch.float64, "bf16": torch.bfloat16, "fp16": torch.float16}
-DTYPE_CHOICES = (*COMPUTE_DTYPES, "auto")  # what a --dtype flag takes
-SUBSPACE_MODES = ("project", "reparam")
-# docs/fidelity.md: "subspace" = T_fixed + T_S (rows of T_S in span(U)); "per_stage" adds, on every stage, an
-# untied trainable [V, d] token table that the stage adds on entry and takes off again before its encoder
-EMBED_SPLITS = ("subspace", "per_stage")
-# the statistic receiving stages send for a re-fit of U (docs/algorithms.md 1.7, docs/fidelity.md)
-REFIT_STATISTICS = ("grad_cov", "act_cov", "riemannian")
-REPLICA_SYNCS = ("exact", "powersgd")  # how a stage's replicas agree on a step's gradient (algorithms.md 5)
-# the subspace codec's own numeric options (docs/fidelity.md 3d), and their defaults: another codec refuses them
-SUBSPACE_OPTIONS: dict[str, float] = {"constrained_lr_scale": 1.0, "t_fixed_std": 0.02}
-# with the stage lr, which every codec takes (3j): the numeric options added after runs were signed
-LR_OPTIONS: dict[str, float] = {**SUBSPACE_OPTIONS, "constrained_stage_lr_scale": 1.0}
-# fields added after runs were signed: left out of `to_dict` (and so of the run hash) while they hold this
-# default, so every spec written before them keeps its hash (and a bench's --resume its finished jobs)
-# the slowest uplink a swarm waits for, bit/s (peer/daemon/transfer_time.py):
-# 8 Mbit/s, below most home uplinks, 1/10 of the
-# 80 Mbit/s the design targets
-SLOWEST_UPLINK_BPS = 8e6
-HASH_NEUTRAL_DEFAULTS: dict[str, Any] = {**LR_OPTIONS, "microbatches_in_flight": 0, "replica_sync_warmup": 0,
-                                         "residual_width": 0, "constrained_stage_lr_end": 0.0,
-                                         "slowest_uplink_bps": SLOWEST_UPLINK_BPS}
-# the weight of the re-fit statistic's EMA that its window may leave out (`RunSpec.stat_window`)
-STAT_TAIL = 1e-6
-# The subspace codec's stage lr in the presets (`preset`; docs/fidelity.md 3d-3g, 5): its stages before the last
-# at 0.03 x the lr took the gap to dense at 16x from +18.0% to +6.7% at d=512 (two seeds) and from +16.3% to
-# +0.1% at d=1024 in 8 stages (one seed; -0.9% and +0.8% on two seeds in the record setting), and the record
-# setting's time to dense's loss to 5.2-5.8x sooner; at d=256 it hurt (+7.2% against +4.9%, one seed), hence
-# the width from which it applies.
-STAGE_LR_FROM_WIDTH = 512
-STAGE_LR_SCALE = 0.03
-# A hybrid sending at most HYBRID_TUNED_RATIO x fewer numbers than d warms up over 3x the preset's steps (lower loss
-# on every seed at small 16x, fidelity.md 3k) and its stages, free, train a little faster than the subspace codec's:
-# with that warm-up 0.1 beat 0.03 on 4 of 5 seeds at 16x (+2.0% against +3.6%), on both at 2x the tokens, and tied
-# in the record shape; 0.05, 0.15, 0.2 did worse. At ~100x both made it worse (3n), so a narrower hybrid keeps the
-# subspace codec's stage lr and the preset's warm-up.
-HYBRID_TUNED_RATIO = 16
-HYBRID_WARMUP_SCALE = 3
-HYBRID_STAGE_LR_SCALE = 0.1
-
-
-class SpecError(ValueError):
-    """A run spec that cannot describe a valid run; the message says which field to fix."""
-
-
-def in_stat_window(step: int, interval: int, window: int) -> bool:
-    """Whether step `step` (0-based) is one of the `window` steps before a re-fit, which follows the step whose
-    count step + 1 is a multiple of `interval`."""
-    return (-(step + 1)) % interval < window
+# the run spec's API: what callers import from here, wherever it is defined
+__all__ = ["CODECS", "COMPUTE_DTYPES", "DTYPE_CHOICES", "HYBRID_STAGE_LR_SCALE", "HYBRID_WARMUP_SCALE", "PRESETS",
+           "REPLICA_SYNCS", "SLOWEST_UPLINK_BPS", "WIRE_DTYPES", "RunSpec", "SpecError", "in_stat_window", "preset",
+           "resolve_dtype"]
 
 
 @dataclass(frozen=True)
-class RunSpec:
+class RunSpec(SpecIdentity):
     name: str = "tiny"
     # model
     vocab: int = 256
@@ -302,46 +277,6 @@ class RunSpec:
         need(end == 0 or self.total_steps > self.warmup_steps, "constrained_stage_lr_end ramps the stage lr from the "
              "warm-up's end to total_steps; set total_steps above warmup_steps, or leave it at 0.")
 
-    # ----- identity
-    def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        for name, default in HASH_NEUTRAL_DEFAULTS.items():
-            if d[name] == default:
-                del d[name]
-        d["stage_layers"] = list(self.stage_layers)
-        d["betas"] = list(self.betas)
-        return d
-
-    def to_json(self) -> str:
-        """Canonical JSON (sorted keys, no spaces): what is hashed and what travels."""
-        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
-
-    @functools.cached_property
-    def run_hash(self) -> str:
-        # cached: every message header and every inbound check asks for it (the spec is frozen)
-        return hashlib.sha256(self.to_json().encode()).hexdigest()[:16]
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> RunSpec:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise SpecError(f"unknown run spec fields: {', '.join(unknown)}; remove them or check the spelling.")
-        try:
-            return cls(**data)
-        except TypeError as e:
-            raise SpecError(f"bad run spec: {e}.") from e
-
-    @classmethod
-    def from_json(cls, text: str) -> RunSpec:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise SpecError(f"run spec is not valid JSON ({e}).") from e
-        if not isinstance(data, dict):
-            raise SpecError("run spec JSON must be an object.")
-        return cls.from_dict(data)
-
     def replace(self, **changes: Any) -> RunSpec:
         return dataclasses.replace(self, **changes)
 
@@ -354,91 +289,6 @@ class RunSpec:
             changes = {**LR_OPTIONS, "constrained_stage_lr_end": 0.0, "embed_split": "subspace", "residual_width": 0,
                        **changes}
         return self.replace(codec=codec, **changes)
-
-    def save(self, path: str | Path) -> None:
-        path = Path(path)
-        if path.suffix == ".toml":
-            path.write_text(_to_toml(self.to_dict()))
-        else:
-            path.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
-
-    @classmethod
-    def load(cls, path: str | Path) -> RunSpec:
-        path = Path(path)
-        if not path.is_file():
-            raise SpecError(f"run spec file {path} does not exist.")
-        if path.suffix == ".toml":
-            try:
-                return cls.from_dict(tomllib.loads(path.read_text()))
-            except tomllib.TOMLDecodeError as e:
-                raise SpecError(f"run spec {path} is not valid TOML ({e}).") from e
-        return cls.from_json(path.read_text())
-
-
-def _to_toml(d: dict[str, Any]) -> str:
-    lines, tables = [], []
-    for k, v in sorted(d.items()):
-        if isinstance(v, dict):
-            tables.append((k, v))
-        else:
-            lines.append(f"{k} = {json.dumps(v)}")
-    for k, v in tables:
-        lines.append(f"\n[{k}]")
-        lines.extend(f"{kk} = {json.dumps(vv)}" for kk, vv in sorted(v.items()))
-    return "\n".join(lines) + "\n"
-
-
-PRESETS: dict[str, dict[str, Any]] = {
-    # CPU tests and the laptop demo: seconds per hundred steps.
-    "tiny": dict(name="tiny", d_model=128, n_layers=6, n_heads=4, d_ff=256, seq_len=64,
-                 stage_layers=(2, 2, 2), rank=16, batch_size=16, microbatch_size=8, lr=3e-3),
-    # A real-sized boundary on a CPU box or a small GPU: d=512 (k=32: 16x, bf16 wire).
-    "small": dict(name="small", d_model=512, n_layers=8, n_heads=8, d_ff=1376, seq_len=256,
-                  stage_layers=(3, 3, 2), rank=32, wire_dtype="bf16", batch_size=32,
-                  microbatch_size=8, lr=1e-3, warmup_steps=100),
-    # GPU-sized: d=2048, k=20 (~100x), one stage per GPU.
-    "large": dict(name="large", d_model=2048, n_layers=16, n_heads=16, d_ff=5504, seq_len=1024,
-                  stage_layers=(4, 4, 4, 4), rank=20, wire_dtype="bf16", batch_size=32,
-                  microbatch_size=4, lr=3e-4, warmup_steps=200),
-    # ~1.5B (1.51e9 parameters): d=2048, 30 layers in 6 stages of 5, k=20 (~100x); a stage is ~250M.
-    "xl": dict(name="xl", d_model=2048, n_layers=30, n_heads=16, d_ff=5504, seq_len=1024,
-               stage_layers=(5,) * 6, rank=20, wire_dtype="bf16", batch_size=16, microbatch_size=2,
-               lr=2.5e-4, warmup_steps=200),
-    # The public record on slow links' shape (Pluralis' ProtocolNanoGPT: ~203M parameters, d=1024, 8 stages;
-    # `swarm bench record`): 16 layers in 8 stages of 2, 2.02e8 parameters with the byte vocabulary,
-    # k = d/100 = 10 (~100x, the subspace codec's default ratio), batch 64 x 256 tokens.
-    "record": dict(name="record", d_model=1024, n_layers=16, n_heads=16, d_ff=2752, seq_len=256,
-                   stage_layers=(2,) * 8, rank=10, wire_dtype="bf16", batch_size=64, microbatch_size=8,
-                   lr=7e-4, warmup_steps=100),
-    # The paper's largest shape, LLaMA-3-8B's: 32 layers, d=4096, 32 heads (no grouped-query attention
-    # here: 7.8e9 parameters), d_ff=14336, 8 stages of 4 layers (~1e9 each), k=40 (~100x). Byte vocabulary,
-    # like every preset. A stage fits a 24 GB card with activation checkpointing (docs/consumer-gpus.md).
-    "paper8b": dict(name="paper8b", d_model=4096, n_layers=32, n_heads=32, d_ff=14336, seq_len=1024,
-                    stage_layers=(4,) * 8, rank=40, wire_dtype="bf16", batch_size=8, microbatch_size=1,
-                    lr=1.5e-4, warmup_steps=200),
-}
-
-
-def resolve_dtype(dtype: str | None, device: str | torch.device | None) -> str | None:
-    """A --dtype flag's value for a run spec: "auto" is bf16 on a CUDA device that supports it
-    (`torch.cuda.is_bf16_supported`: compute capability 8.0 and later), fp16 on an older CUDA card
-    (GTX 10xx, RTX 20xx, T4, V100), fp32 on the CPU (or with no device); any other value as it is.
-    The run spec then fixes it for every peer: replicas of a stage must compute alike to stay
-    bit-identical (docs/consumer-gpus.md)."""
-    if dtype != "auto":
-        return dtype
-    dev = torch.device(device) if device is not None else torch.device("cpu")
-    if dev.type != "cuda" or not torch.cuda.is_available():
-        return "fp32"
-    return "bf16" if torch.cuda.is_bf16_supported(including_emulation=False) else "fp16"
-
-
-def split_layers(n_layers: int, n_stages: int) -> tuple[int, ...]:
-    """Layers per stage, as even as possible, earlier stages taking the remainder."""
-    if not 1 <= n_stages <= n_layers:
-        raise SpecError(f"cannot cut {n_layers} layers into {n_stages} stages; use 1..{n_layers} stages.")
-    base, extra = divmod(n_layers, n_stages)
-    return tuple(base + (1 if i < extra else 0) for i in range(n_stages))
 
 
 def preset(name: str, **overrides: Any) -> RunSpec:

@@ -1,5 +1,5 @@
 """Spot checks (issue 21): the records that let one replica's work be recomputed by another,
-and the messages that carry them. Validated on the way in like control.py.
+and the messages that carry them. Validated on the way in like control.py (protocol/fields.py).
 
 A replica's contribution to a reduce is the sum of its microbatches' gradients, a function of
 the stage's state (the same on every replica) and of each microbatch's inputs: the activation
@@ -31,8 +31,8 @@ from dataclasses import dataclass
 
 import msgpack
 
-from protocol.control import MAX_GROUP, _int, _mbs, _need, _run, _unpack
-from protocol.wire import WireError
+from protocol.fields import MAX_GROUP, check_run, int_field, microbatch_list, peer_id, unpack_map
+from protocol.wire import WireError, need
 
 DIGEST_BYTES = 16
 KINDS = ("a", "g", "r")  # activation (sent downstream), gradient (sent upstream), activation received
@@ -74,12 +74,7 @@ class InputsRequest:
 
 
 def _digest(v: object) -> bytes:
-    _need(isinstance(v, bytes) and len(v) == DIGEST_BYTES, f"a digest must be {DIGEST_BYTES} bytes.")
-    return v
-
-
-def _peer(v: object) -> str:
-    _need(isinstance(v, str) and 0 < len(v) <= 128, "a peer id must be a short string.")
+    need(isinstance(v, bytes) and len(v) == DIGEST_BYTES, f"a digest must be {DIGEST_BYTES} bytes.")
     return v
 
 
@@ -88,11 +83,11 @@ def encode_sent(sent: list[Sent]) -> list:
 
 
 def decode_sent(v: object, n_microbatches: int) -> list[Sent]:
-    _need(isinstance(v, list) and len(v) <= 4 * n_microbatches * MAX_GROUP, "a sent list must be a short list.")
+    need(isinstance(v, list) and len(v) <= 4 * n_microbatches * MAX_GROUP, "a sent list must be a short list.")
     out = []
     for e in v:
-        _need(isinstance(e, list) and len(e) == 4 and e[0] in KINDS, "a sent entry must be [kind, mb, to, digest].")
-        out.append(Sent(e[0], _mbs([e[1]], n_microbatches)[0], _peer(e[2]), _digest(e[3])))
+        need(isinstance(e, list) and len(e) == 4 and e[0] in KINDS, "a sent entry must be [kind, mb, to, digest].")
+        out.append(Sent(e[0], microbatch_list([e[1]], n_microbatches)[0], peer_id(e[2]), _digest(e[3])))
     return out
 
 
@@ -101,14 +96,14 @@ def encode_order(o: CheckOrder) -> bytes:
 
 
 def decode_order(data: bytes, n_microbatches: int) -> CheckOrder:
-    d = _unpack(data, 64 << 10, "a check order", max_bin=DIGEST_BYTES)
-    mbs = _mbs(d.get("m"), n_microbatches)
-    _need(len(mbs) > 0, "a check order names at least one microbatch.")
+    d = unpack_map(data, 64 << 10, "a check order", max_bin=DIGEST_BYTES)
+    mbs = microbatch_list(d.get("m"), n_microbatches)
+    need(len(mbs) > 0, "a check order names at least one microbatch.")
     i = d.get("i")
-    _need(isinstance(i, list) and len(i) == len(mbs) and all(isinstance(e, list) and len(e) == 2 for e in i),
-          "a check order carries one [activation, gradient] digest pair per microbatch.")
+    need(isinstance(i, list) and len(i) == len(mbs) and all(isinstance(e, list) and len(e) == 2 for e in i),
+         "a check order carries one [activation, gradient] digest pair per microbatch.")
     inputs = [(_digest(a), None if g is None else _digest(g)) for a, g in i]
-    return CheckOrder(_peer(d.get("t")), mbs, inputs)
+    return CheckOrder(peer_id(d.get("t")), mbs, inputs)
 
 
 def encode_inputs_request(r: InputsRequest) -> bytes:
@@ -121,11 +116,11 @@ def is_inputs_request(d: dict) -> bool:
 
 def inputs_request(d: dict, run: str, stage: int, n_microbatches: int) -> InputsRequest:
     """The request in an unpacked `red` message (`is_inputs_request`)."""
-    _run(d, run, "the inputs request")
-    _need(d.get("g") == stage and not isinstance(d.get("g"), bool),
-          f"the inputs request is not for stage {stage}, which this replica serves.")
-    return InputsRequest(run, _int(d, "s", "step"), _int(d, "a", "attempt", 2**31), stage,
-                         _mbs(d.get("m"), n_microbatches))
+    check_run(d, run, "the inputs request")
+    need(d.get("g") == stage and not isinstance(d.get("g"), bool),
+         f"the inputs request is not for stage {stage}, which this replica serves.")
+    return InputsRequest(run, int_field(d, "s", "step"), int_field(d, "a", "attempt", 2**31), stage,
+                         microbatch_list(d.get("m"), n_microbatches))
 
 
 def encode_inputs_reply(bodies: list[tuple[bytes, bytes | None]]) -> bytes:
@@ -139,9 +134,9 @@ def decode_inputs_reply(data: bytes, n: int, max_bytes: int) -> list[tuple[bytes
                             max_map_len=4, max_str_len=16)
     except Exception as e:  # any malformed bytes mean the same
         raise WireError(f"an inputs reply is not valid msgpack ({type(e).__name__}).") from None
-    _need(isinstance(d, dict) and d.get("k") == _REPLY, "not an inputs reply.")
+    need(isinstance(d, dict) and d.get("k") == _REPLY, "not an inputs reply.")
     b = d.get("b")
-    _need(isinstance(b, list) and len(b) == n and all(
+    need(isinstance(b, list) and len(b) == n and all(
         isinstance(e, list) and len(e) == 2 and isinstance(e[0], bytes) and (e[1] is None or isinstance(e[1], bytes))
         for e in b), f"an inputs reply carries {n} [activation, gradient] body pairs.")
     return [(a, g) for a, g in b]

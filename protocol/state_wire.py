@@ -27,8 +27,9 @@ from dataclasses import dataclass
 import msgpack
 import torch
 
-from protocol.control import FlatLimits, _flag, _flat, _int, _is, _opt_tensor, _run, _stat, _unpack, _with_flag
-from protocol.wire import KIND_FOLLOW, KIND_STATE, _need
+from protocol.fields import check_run, flag_field, int_field, opt_tensor, same, unpack_map, with_flag
+from protocol.flat_limits import FlatLimits, flat_tensor, stat_tensor
+from protocol.wire import KIND_FOLLOW, KIND_STATE, need
 
 STATE_OPS = ("meta", "now", "chunk")
 STATE_CHUNK_BYTES = 8 << 20
@@ -57,11 +58,11 @@ def encode_state_request(r: StateRequest) -> bytes:
 
 
 def decode_state_request(data: bytes, run: str) -> StateRequest:
-    d = _unpack(data, 4096, "a state request")
-    _need(_is(d.get("k"), KIND_STATE), "not a state request.")
-    _run(d, run, "the state request")
-    _need(d.get("o") in STATE_OPS, f"a state request's op must be one of {', '.join(STATE_OPS)}.")
-    return StateRequest(run, d["o"], _int(d, "i", "chunk index", 2**31), _int(d, "n", "snapshot id", 2**63))
+    d = unpack_map(data, 4096, "a state request")
+    need(same(d.get("k"), KIND_STATE), "not a state request.")
+    check_run(d, run, "the state request")
+    need(d.get("o") in STATE_OPS, f"a state request's op must be one of {', '.join(STATE_OPS)}.")
+    return StateRequest(run, d["o"], int_field(d, "i", "chunk index", 2**31), int_field(d, "n", "snapshot id", 2**63))
 
 
 def encode_state_meta(m: StateMeta) -> bytes:
@@ -70,12 +71,12 @@ def encode_state_meta(m: StateMeta) -> bytes:
 
 
 def decode_state_meta(data: bytes, max_total: int) -> StateMeta:
-    d = _unpack(data, 4096, "a state description")
-    _need(_is(d.get("k"), _STATE_META), "not a state description.")
-    total, chunk = _int(d, "z", "state size", max_total + 1), _int(d, "c", "chunk size", 1 << 30)
-    _need(chunk > 0, "the chunk size must be positive.")
-    _need(isinstance(d.get("h"), str) and len(d["h"]) == 64, "the state's sha256 must be 64 hex digits.")
-    return StateMeta(_int(d, "s", "step"), _int(d, "n", "snapshot id", 2**63), total, chunk, d["h"])
+    d = unpack_map(data, 4096, "a state description")
+    need(same(d.get("k"), _STATE_META), "not a state description.")
+    total, chunk = int_field(d, "z", "state size", max_total + 1), int_field(d, "c", "chunk size", 1 << 30)
+    need(chunk > 0, "the chunk size must be positive.")
+    need(isinstance(d.get("h"), str) and len(d["h"]) == 64, "the state's sha256 must be 64 hex digits.")
+    return StateMeta(int_field(d, "s", "step"), int_field(d, "n", "snapshot id", 2**63), total, chunk, d["h"])
 
 
 def sha256_hex(data: bytes) -> str:
@@ -94,33 +95,33 @@ class FollowUpdate:
 
 
 def encode_follow(f: FollowUpdate) -> bytes:
-    d = _with_flag({"k": KIND_FOLLOW, "r": f.run, "s": f.step, "t": _opt_tensor(f.grads), "q": _opt_tensor(f.stat),
-                    "j": f.in_layout}, "v", f.skip)
+    d = with_flag({"k": KIND_FOLLOW, "r": f.run, "s": f.step, "t": opt_tensor(f.grads), "q": opt_tensor(f.stat),
+                   "j": f.in_layout}, "v", f.skip)
     if f.factors is not None:
-        d["f"] = [_opt_tensor(t) for t in f.factors]
+        d["f"] = [opt_tensor(t) for t in f.factors]
     return msgpack.packb(d)
 
 
 def decode_follow(data: bytes, lim: FlatLimits) -> FollowUpdate:
-    d = _unpack(data, lim.max_bytes, "a follow update")
-    _need(_is(d.get("k"), KIND_FOLLOW), "not a follow update.")
-    _run(d, lim.run, "the follow update")
+    d = unpack_map(data, lim.max_bytes, "a follow update")
+    need(same(d.get("k"), KIND_FOLLOW), "not a follow update.")
+    check_run(d, lim.run, "the follow update")
     j = d.get("j", False)
-    _need(isinstance(j, bool), "a follow update's j must be true or false.")
-    if _flag(d, "v", "a follow update's skip flag"):
-        _need(d.get("t") is None and d.get("q") is None and "f" not in d,
-              "a skipped step's follow update carries no tensors.")
-        return FollowUpdate(lim.run, _int(d, "s", "step"), None, None, j, skip=True)
-    numel, step = lim.numel if j else (lim.full_numel or lim.numel), _int(d, "s", "step")
+    need(isinstance(j, bool), "a follow update's j must be true or false.")
+    if flag_field(d, "v", "a follow update's skip flag"):
+        need(d.get("t") is None and d.get("q") is None and "f" not in d,
+             "a skipped step's follow update carries no tensors.")
+        return FollowUpdate(lim.run, int_field(d, "s", "step"), None, None, j, skip=True)
+    numel, step = lim.numel if j else (lim.full_numel or lim.numel), int_field(d, "s", "step")
     if "f" in d:
         phases = lim.at(step).phases
-        _need(len(phases) == 2, "this stage sums this step exactly: a follow update of it carries no factors.")
-        _need(d.get("t") is None and j is True, "a follow update in factors carries no flat gradient.")
+        need(len(phases) == 2, "this stage sums this step exactly: a follow update of it carries no factors.")
+        need(d.get("t") is None and j is True, "a follow update in factors carries no flat gradient.")
         f = d["f"]
-        _need(isinstance(f, list) and len(f) == 3, "a follow update's factors must be [exact, P, Q] sums.")
+        need(isinstance(f, list) and len(f) == 3, "a follow update's factors must be [exact, P, Q] sums.")
         sizes = (phases[0][0], phases[0][1], phases[1][1])
-        sums = tuple(_flat(t, lim, f"the follow update's {what} sum", n)
+        sums = tuple(flat_tensor(t, lim, f"the follow update's {what} sum", n)
                      for t, what, n in zip(f, ("exact", "P", "Q"), sizes))
-        return FollowUpdate(lim.run, step, None, _stat(d.get("q"), lim.at(step)), True, factors=sums)
-    return FollowUpdate(lim.run, step, _flat(d.get("t"), lim, "the reduced gradient", numel),
-                        _stat(d.get("q"), lim.at(step)), j)
+        return FollowUpdate(lim.run, step, None, stat_tensor(d.get("q"), lim.at(step)), True, factors=sums)
+    return FollowUpdate(lim.run, step, flat_tensor(d.get("t"), lim, "the reduced gradient", numel),
+                        stat_tensor(d.get("q"), lim.at(step)), j)

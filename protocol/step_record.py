@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 import msgpack
 import torch
 
-from protocol.wire import WireError, _need
+from protocol.wire import WireError, need
 
 STEP_RECORD_DOMAIN = "subspace-swarm/step-record/v1"
 WORK_RECORD_DOMAIN = "subspace-swarm/work-record/v1"
@@ -52,13 +52,13 @@ MAX_RECORD_BYTES = 4 << 10
 
 def _unpack(body: bytes, max_bytes: int, kind: str, run: str, what: str) -> dict:
     """The map of a record of `kind` for `run` in `body`; WireError if it is not one."""
-    _need(isinstance(body, bytes) and len(body) <= max_bytes, f"a {what} must be at most {max_bytes} bytes.")
+    need(isinstance(body, bytes) and len(body) <= max_bytes, f"a {what} must be at most {max_bytes} bytes.")
     try:
         d = msgpack.unpackb(body, raw=False, strict_map_key=False)
     except Exception:
         raise WireError(f"a {what} is not msgpack.") from None
-    _need(isinstance(d, dict) and d.get("k") == kind, f"not a {what}.")
-    _need(d.get("r") == run, f"the {what} is for another run.")
+    need(isinstance(d, dict) and d.get("k") == kind, f"not a {what}.")
+    need(d.get("r") == run, f"the {what} is for another run.")
     return d
 
 
@@ -94,12 +94,12 @@ class StepRecord:
         """The record in `body`, for `run`; WireError if it is not one (its signature is the reader's to check)."""
         d = _unpack(body, MAX_RECORD_BYTES, _KIND, run, "step record")
         for key in ("s", "a"):
-            _need(isinstance(d.get(key), int) and not isinstance(d.get(key), bool) and 0 <= d[key] < 2**53,
-                  "a step record's step and attempt must be non-negative integers.")
-        _need(isinstance(d.get("l"), str) and 0 < len(d["l"]) <= 128, "a step record must name its leader.")
-        _need(isinstance(d.get("d"), bytes) and len(d["d"]) == 32, "a step record's data digest must be 32 bytes.")
+            need(isinstance(d.get(key), int) and not isinstance(d.get(key), bool) and 0 <= d[key] < 2**53,
+                 "a step record's step and attempt must be non-negative integers.")
+        need(isinstance(d.get("l"), str) and 0 < len(d["l"]) <= 128, "a step record must name its leader.")
+        need(isinstance(d.get("d"), bytes) and len(d["d"]) == 32, "a step record's data digest must be 32 bytes.")
         for key in ("p", "g"):
-            _need(isinstance(d.get(key), bytes) and len(d[key]) <= 1024, "a step record's key and signature are bytes.")
+            need(isinstance(d.get(key), bytes) and len(d[key]) <= 1024, "a step record's key and signature are bytes.")
         return cls(run, d["s"], d["a"], d["l"], d["d"], d["p"], d["g"])
 
 
@@ -133,25 +133,25 @@ class WorkRecord:
     @classmethod
     def decode(cls, body: bytes, run: str, n_stages: int) -> WorkRecord:
         d = _unpack(body, 64 * MAX_RECORD_BYTES, _WORK_KIND, run, "work record")
-        _need(isinstance(d.get("s"), int) and not isinstance(d.get("s"), bool) and 0 < d["s"] < 2**53,
-              "a work record's step must be a positive integer.")
-        _need(isinstance(d.get("l"), str) and 0 < len(d["l"]) <= 128, "a work record must name its leader.")
+        need(isinstance(d.get("s"), int) and not isinstance(d.get("s"), bool) and 0 < d["s"] < 2**53,
+             "a work record's step must be a positive integer.")
+        need(isinstance(d.get("l"), str) and 0 < len(d["l"]) <= 128, "a work record must name its leader.")
         w = d.get("w")
-        _need(isinstance(w, dict) and all(isinstance(s, int) and 0 <= s < n_stages for s in w),
-              "a work record's workers must be keyed by stage.")
-        _need(all(isinstance(p, list) and len(p) <= MAX_WORKERS and all(isinstance(x, str) and 0 < len(x) <= 128
-                                                                         for x in p) for p in w.values()),
-              "a work record's workers must be lists of peer ids.")
+        need(isinstance(w, dict) and all(isinstance(s, int) and 0 <= s < n_stages for s in w),
+             "a work record's workers must be keyed by stage.")
+        need(all(isinstance(p, list) and len(p) <= MAX_WORKERS and all(isinstance(x, str) and 0 < len(x) <= 128
+                                                                       for x in p) for p in w.values()),
+             "a work record's workers must be lists of peer ids.")
         for key in ("p", "g"):
-            _need(isinstance(d.get(key), bytes) and len(d[key]) <= 1024, "a work record's key and signature are bytes.")
+            need(isinstance(d.get(key), bytes) and len(d[key]) <= 1024, "a work record's key and signature are bytes.")
         n, h = d.get("n", 0), d.get("h", {})
-        _need(isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= d["s"], "a work record's snapshot step "
-              "must be a step it has done.")
+        need(isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= d["s"], "a work record's snapshot step "
+             "must be a step it has done.")
         t, z = d.get("t", 0), d.get("z", {})
-        _need(isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= d["s"], "a work record's state step "
-              "must be a step it has done.")
+        need(isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= d["s"], "a work record's state step "
+             "must be a step it has done.")
         for hashes, what in ((h, "snapshots"), (z, "states")):
-            _need(isinstance(hashes, dict) and all(isinstance(s, int) and 0 <= s < n_stages and isinstance(x, str)
-                                                   and len(x) == 64 for s, x in hashes.items()),
-                  f"a work record's {what} must map stages to sha256 hex.")
+            need(isinstance(hashes, dict) and all(isinstance(s, int) and 0 <= s < n_stages and isinstance(x, str)
+                                                  and len(x) == 64 for s, x in hashes.items()),
+                 f"a work record's {what} must map stages to sha256 hex.")
         return cls(run, d["s"], d["l"], {s: list(p) for s, p in w.items()}, d["p"], d["g"], n, dict(h), t, dict(z))

@@ -89,7 +89,8 @@ def host_copy(t: torch.Tensor) -> torch.Tensor:
     return host
 
 
-def _pack_tensor(t: torch.Tensor) -> msgpack.ExtType:
+def pack_tensor(t: torch.Tensor) -> msgpack.ExtType:
+    """`t` as the msgpack extension that every message carries its tensors in (the layout above)."""
     t = host_copy(t)
     code = UINT16_CODE if t.dtype == torch.uint16 else DTYPE_CODES[t.dtype]
     head = struct.pack(f"<BB{t.ndim}I", code, t.ndim, *t.shape)
@@ -124,7 +125,8 @@ def _unpack_tensor(data: bytes) -> torch.Tensor:
     return t
 
 
-def _ext_hook(code: int, data: bytes):
+def ext_hook(code: int, data: bytes):
+    """msgpack's `ext_hook` for our messages: a tensor extension back to a tensor, WireError for any other."""
     if code != TENSOR_EXT:
         raise WireError(f"unknown msgpack extension type {code}.")
     return _unpack_tensor(data)
@@ -178,15 +180,15 @@ def encode_message(msg: Message) -> bytes:
         return msgpack.packb({"k": KIND_ERROR, "e": msg.reason, "o": msg.code, "d": msg.detail})
     if isinstance(msg, ActivationMessage):
         d = _header_map(KIND_ACTIVATION, msg.header)
-        d["t"] = _pack_tensor(msg.tokens)
+        d["t"] = pack_tensor(msg.tokens)
     else:
         d = _header_map(KIND_GRADIENT, msg.header)
         d["l"] = float(msg.loss)
         if msg.overflow:
             d["o"] = True
-    d["p"] = _pack_tensor(msg.payload.values)
+    d["p"] = pack_tensor(msg.payload.values)
     if msg.payload.scale is not None:
-        d["x"] = _pack_tensor(msg.payload.scale)
+        d["x"] = pack_tensor(msg.payload.scale)
     return msgpack.packb(d)
 
 
@@ -232,7 +234,8 @@ class WireLimits:
                    spec.microbatch_size, packer.value_dtype, scale, basis_version, limit, accept_next_basis)
 
 
-def _need(cond: bool, msg: str) -> None:
+def need(cond: bool, msg: str) -> None:
+    """Raise `WireError(msg)` unless `cond`: every decoder's one way to refuse a message."""
     if not cond:
         raise WireError(msg)
 
@@ -240,34 +243,34 @@ def _need(cond: bool, msg: str) -> None:
 def _check_header(d: dict, lim: WireLimits) -> Header:
     for key, typ, name in (("r", str, "run hash"), ("s", int, "step"), ("a", int, "attempt"), ("m", int, "microbatch"),
                            ("v", int, "basis version"), ("c", str, "codec"), ("g", int, "stage")):
-        _need(isinstance(d.get(key), typ) and not isinstance(d.get(key), bool),
-              f"message field '{name}' is missing or not a {typ.__name__}.")
-    _need(d["r"] == lim.run, f"message is for run {d['r'][:16]!r}, this peer serves run {lim.run!r}.")
-    _need(d["c"] == lim.codec, f"message uses codec {d['c'][:16]!r}, the run uses {lim.codec!r}.")
-    _need(d["v"] == lim.basis_version or (lim.accept_next_basis and d["v"] == lim.basis_version + 1),
-          f"message uses basis version {d['v']}, this peer is on version {lim.basis_version}.")
-    _need(0 <= d["s"] < 2**53 and 0 <= d["a"] < 2**31 and 0 <= d["m"] < 2**31 and 0 <= d["g"] < 2**16,
-          "message step, attempt, microbatch or stage is out of range.")
+        need(isinstance(d.get(key), typ) and not isinstance(d.get(key), bool),
+             f"message field '{name}' is missing or not a {typ.__name__}.")
+    need(d["r"] == lim.run, f"message is for run {d['r'][:16]!r}, this peer serves run {lim.run!r}.")
+    need(d["c"] == lim.codec, f"message uses codec {d['c'][:16]!r}, the run uses {lim.codec!r}.")
+    need(d["v"] == lim.basis_version or (lim.accept_next_basis and d["v"] == lim.basis_version + 1),
+         f"message uses basis version {d['v']}, this peer is on version {lim.basis_version}.")
+    need(0 <= d["s"] < 2**53 and 0 <= d["a"] < 2**31 and 0 <= d["m"] < 2**31 and 0 <= d["g"] < 2**16,
+         "message step, attempt, microbatch or stage is out of range.")
     return Header(d["r"], d["s"], d["m"], d["v"], d["c"], d["g"], d["a"])
 
 
 def _check_payload(d: dict, lim: WireLimits, batch: int | None) -> WireTensors:
     p = d.get("p")
-    _need(isinstance(p, torch.Tensor), "message has no payload tensor.")
-    _need(p.dtype == lim.value_dtype, f"payload dtype {p.dtype} is not the run's wire dtype {lim.value_dtype}.")
-    _need(p.ndim == 3 and p.shape[1] == lim.seq_len and p.shape[2] == lim.width
-          and 1 <= p.shape[0] <= lim.max_microbatch and (batch is None or p.shape[0] == batch),
-          f"payload shape {list(p.shape)} does not match [B<={lim.max_microbatch}, {lim.seq_len}, {lim.width}].")
+    need(isinstance(p, torch.Tensor), "message has no payload tensor.")
+    need(p.dtype == lim.value_dtype, f"payload dtype {p.dtype} is not the run's wire dtype {lim.value_dtype}.")
+    need(p.ndim == 3 and p.shape[1] == lim.seq_len and p.shape[2] == lim.width
+         and 1 <= p.shape[0] <= lim.max_microbatch and (batch is None or p.shape[0] == batch),
+         f"payload shape {list(p.shape)} does not match [B<={lim.max_microbatch}, {lim.seq_len}, {lim.width}].")
     scale = d.get("x")
     if lim.scale_dtype is not None:
-        _need(isinstance(scale, torch.Tensor) and scale.dtype == lim.scale_dtype
-              and tuple(scale.shape) == (p.shape[0], p.shape[1], 1),
-              "int8 payload needs a scale tensor of shape [B, T, 1] in the wire dtype.")
-        _need(bool(torch.isfinite(scale).all()), "payload scale has NaN or infinite values.")
+        need(isinstance(scale, torch.Tensor) and scale.dtype == lim.scale_dtype
+             and tuple(scale.shape) == (p.shape[0], p.shape[1], 1),
+             "int8 payload needs a scale tensor of shape [B, T, 1] in the wire dtype.")
+        need(bool(torch.isfinite(scale).all()), "payload scale has NaN or infinite values.")
     else:
-        _need(scale is None, "payload carries a scale but the run does not quantize.")
+        need(scale is None, "payload carries a scale but the run does not quantize.")
     if p.is_floating_point():
-        _need(bool(torch.isfinite(p).all()), "payload has NaN or infinite values.")
+        need(bool(torch.isfinite(p).all()), "payload has NaN or infinite values.")
     return WireTensors(p, scale)
 
 
@@ -291,34 +294,34 @@ def decode_message(data: bytes, lim: WireLimits) -> Message:
     if len(data) > lim.max_bytes:
         raise WireError(f"message of {len(data)} bytes is over the limit of {lim.max_bytes}.")
     try:
-        d = msgpack.unpackb(bytes(data), ext_hook=_ext_hook, raw=False, strict_map_key=True,
+        d = msgpack.unpackb(bytes(data), ext_hook=ext_hook, raw=False, strict_map_key=True,
                             max_str_len=4096, max_bin_len=0, max_array_len=64, max_map_len=32)
     except WireError:
         raise
     except Exception as e:  # msgpack raises many types for bad bytes: all mean the same to the sender
         raise WireError(f"message is not valid msgpack ({type(e).__name__}).") from None
-    _need(isinstance(d, dict), "message is not a msgpack map.")
+    need(isinstance(d, dict), "message is not a msgpack map.")
     kind = d.get("k")
     if kind == KIND_ERROR:
-        _need(isinstance(d.get("e"), str), "error reply has no reason.")
+        need(isinstance(d.get("e"), str), "error reply has no reason.")
         return ErrorReply(d["e"][:1000], str(d.get("o", "refused"))[:32],
                           d.get("d") if isinstance(d.get("d"), dict) else {})
-    _need(kind in (KIND_ACTIVATION, KIND_GRADIENT), f"unknown message kind {str(kind)[:16]!r}.")
+    need(kind in (KIND_ACTIVATION, KIND_GRADIENT), f"unknown message kind {str(kind)[:16]!r}.")
     header = _check_header(d, lim)
     if kind == KIND_GRADIENT:
         loss = d.get("l", float("nan"))
-        _need(isinstance(loss, float), "gradient message loss must be a float.")
+        need(isinstance(loss, float), "gradient message loss must be a float.")
         overflow = d.get("o", False)
-        _need(isinstance(overflow, bool), "gradient message overflow flag must be true or false.")
+        need(isinstance(overflow, bool), "gradient message overflow flag must be true or false.")
         return GradientMessage(header, _check_payload(d, lim, None), loss, overflow)
     t = d.get("t")
-    _need(isinstance(t, torch.Tensor), "activation message has no token tensor.")
-    _need(not t.is_floating_point() and t.dtype != torch.int64 or t.dtype == torch.int32,
-          f"token ids must travel as uint8/uint16/int32, not {t.dtype}.")
-    _need(t.ndim == 2 and t.shape[1] == lim.seq_len + 1 and 1 <= t.shape[0] <= lim.max_microbatch,
-          f"token shape {list(t.shape)} does not match [B, {lim.seq_len + 1}].")
+    need(isinstance(t, torch.Tensor), "activation message has no token tensor.")
+    need(not t.is_floating_point() and t.dtype != torch.int64 or t.dtype == torch.int32,
+         f"token ids must travel as uint8/uint16/int32, not {t.dtype}.")
+    need(t.ndim == 2 and t.shape[1] == lim.seq_len + 1 and 1 <= t.shape[0] <= lim.max_microbatch,
+         f"token shape {list(t.shape)} does not match [B, {lim.seq_len + 1}].")
     t = t.long()
-    _need(bool(((t >= 0) & (t < lim.vocab)).all()), f"token ids must be in [0, {lim.vocab}).")
+    need(bool(((t >= 0) & (t < lim.vocab)).all()), f"token ids must be in [0, {lim.vocab}).")
     return ActivationMessage(header, t, _check_payload(d, lim, t.shape[0]))
 
 

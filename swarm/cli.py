@@ -11,6 +11,8 @@
     swarm export       a trained model as our model.safetensors or a Hugging Face folder
     swarm eval         an exported model's held-out loss and perplexity
     swarm generate     text from an exported model
+    swarm tokenizer    train a byte-level BPE tokenizer on a corpus
+    swarm data         tokenize a corpus into shards a run can train on
 """
 from __future__ import annotations
 
@@ -23,12 +25,18 @@ import os
 import signal
 import sys
 import warnings
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 warnings.filterwarnings("ignore", message=".*torch.jit.script.*")  # hivemind's import warns about its own use
 
 from protocol.spec import SpecError  # noqa: E402
 from swarm.options import add_options, from_args  # noqa: E402
 from swarm.spec_flags import add_spec_flags, spec_from_args, spec_notes  # noqa: E402
+
+if TYPE_CHECKING:  # types only: each subcommand imports its modules when it runs
+    from peer.replica.stage_peer import StagePeer
+    from swarm.basis import BasisRefitter
 
 log = logging.getLogger("swarm")
 
@@ -42,7 +50,8 @@ def enable_stack_dumps() -> None:
         log.debug("stack dumps on SIGUSR1 are off: stderr has no file descriptor")
 
 
-def _setup_logging(verbose: bool) -> None:
+def setup_logging(verbose: bool) -> None:
+    """The log format of every swarm process (a program that embeds a peer logs as `swarm peer` does)."""
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     for noisy in ("hivemind", "asyncio"):
@@ -135,20 +144,22 @@ def cmd_local(a: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_coordinator(a: argparse.Namespace) -> int:
+def cmd_coordinator(a: argparse.Namespace, on_refitter: Callable[[BasisRefitter], None] | None = None) -> int:
+    """`swarm coordinator`; `on_refitter`: an extension point, see `run_coordinator`."""
     from swarm.coordinator import CoordinatorOptions, run_coordinator
     opts = from_args(CoordinatorOptions, a, spec=spec_from_args(a))
     if opts.snapshot_every < 0:
         print("error: --snapshot-every must be 0 (no snapshots) or a positive number of steps.", file=sys.stderr)
         return 2
     try:
-        return _run_async(lambda: run_coordinator(opts))
+        return _run_async(lambda: run_coordinator(opts, on_refitter))
     except FileNotFoundError as e:  # a --key or --identity in a folder that does not exist
         print(f"error: {e}", file=sys.stderr)
         return 1
 
 
-def cmd_peer(a: argparse.Namespace) -> int:
+def cmd_peer(a: argparse.Namespace, on_stage_peer: Callable[[StagePeer], None] | None = None) -> int:
+    """`swarm peer`; `on_stage_peer`: an extension point, see `run_peer`."""
     from swarm.node import PeerOptions, configure_torch, run_peer
     opts = from_args(PeerOptions, a)
     configure_torch(opts.threads or int(os.environ.get("SWARM_TORCH_THREADS", "0")) or None)
@@ -158,7 +169,7 @@ def cmd_peer(a: argparse.Namespace) -> int:
     from swarm.node import JoinError
     from swarm.replicas.replica import PeerBanned
     try:
-        return _run_async(lambda: run_peer(opts))
+        return _run_async(lambda: run_peer(opts, on_stage_peer))
     except (JoinError, LinkError, StateError, ReachabilityError, PeerBanned) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -255,6 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
     from swarm.bench.cli import register as register_bench
     from swarm.coordinator import CoordinatorOptions
     from swarm.dashboard.server import DashboardOptions
+    from swarm.data.cli import register as register_data
     from swarm.export.evaluate import EvalOptions
     from swarm.export.exporter import ExportOptions
     from swarm.export.generate import GenerateOptions
@@ -327,6 +339,7 @@ def build_parser() -> argparse.ArgumentParser:
     ad.set_defaults(func=cmd_admit)
 
     register_bench(sub)
+    register_data(sub)
 
     ex = sub.add_parser("export", help="a trained model as our model.safetensors or a Hugging Face folder",
                         description="Gather every stage's state (one replica per stage, all at the same step, "
@@ -358,7 +371,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    _setup_logging(args.verbose)
+    setup_logging(args.verbose)
     enable_stack_dumps()
     try:
         return args.func(args)

@@ -10,6 +10,7 @@ import asyncio
 import json
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from peer.data.run_corpus import run_batches, with_corpus
@@ -85,8 +86,6 @@ class CoordinatorOptions:
                                    "a head that joins later never leads while an earlier one lives)",
                                    metavar="PEER_ID")
     ttl: float = 60.0
-    refit_delay: float = opt(0.0, "seconds to wait before publishing each basis update (tests: a slow coordinator)",
-                             hidden=True)
 
     def check(self) -> None:
         """ValueError (one sentence) for a setting that cannot work."""
@@ -119,7 +118,11 @@ def sealed_spec(spec: RunSpec, key: SigningKey, peer_id: str = "", private: bool
     return spec.replace(coordinator_key=key.public_bytes().hex(), extra=extra)
 
 
-async def run_coordinator(opts: CoordinatorOptions) -> int:
+async def run_coordinator(opts: CoordinatorOptions,
+                          on_refitter: Callable[[BasisRefitter], None] | None = None) -> int:
+    """Run the coordinator until it is cancelled; returns an exit code. `on_refitter` is an extension point
+    for code that embeds a coordinator: it is called with the basis re-fitter once it is built, before it
+    serves (e.g. a test wraps it to play a slow coordinator)."""
     opts.check()  # before any file or daemon
     key_file = opts.key or default_file("swarm.key", opts.state_dir)
     identity_file = opts.identity or default_file("coordinator.id", opts.state_dir)
@@ -133,13 +136,13 @@ async def run_coordinator(opts: CoordinatorOptions) -> int:
                             f"own --identity FILE or --state-dir DIR.") from None
     try:
         log.info("swarm key %s, identity %s (peer id %s)", key_file, identity_file, identity.peer_id)
-        return await _coordinate(opts, spec, key, key_file, identity)
+        return await _coordinate(opts, spec, key, key_file, identity, on_refitter)
     finally:
         os.close(lock)
 
 
 async def _coordinate(opts: CoordinatorOptions, spec: RunSpec, key: SigningKey, key_file: str,
-                      identity: Identity) -> int:
+                      identity: Identity, on_refitter: Callable[[BasisRefitter], None] | None) -> int:
     # in force before any record: the coordinator's own node refuses unproven ids from the start
     policy = AdmissionPolicy(opts.private, key.public_bytes(), identity.peer_id, opts.id_work_bits)
     announce = announce_addresses(opts.host_maddrs, opts.public_ip, opts.announce_maddrs)
@@ -156,11 +159,13 @@ async def _coordinate(opts: CoordinatorOptions, spec: RunSpec, key: SigningKey, 
         # a killed replica's record outlives it: only replicas that answer vote in a re-fit
         keeper = LeaseKeeper(sdht, spec.run_hash, LivenessProbe(p2p).checker(spec.run_hash, transport),
                              trusted=opts.trusted_heads)
-        refitter = BasisRefitter(spec, key, sdht, transport, opts.ttl * 100, delay=opts.refit_delay,
+        refitter = BasisRefitter(spec, key, sdht, transport, opts.ttl * 100,
                                  answers=LivenessProbe(p2p).checker(spec.run_hash, transport),
                                  leaders=lambda: keeper.lease.order if keeper.lease is not None else [])
         vouch = SnapshotVouch(sdht, spec.run_hash, spec.n_stages)
         refitter.on_record = vouch.on_record
+        if on_refitter is not None:
+            on_refitter(refitter)
         if opts.checkpoint_dir:  # the coordinator holds every stage's vouched snapshots too (issue 19)
             async def holders(stage: int) -> list[str]:  # the stage's own replicas first, then its custodians
                 found = await sdht.all_stage_peers(spec.run_hash, spec.n_stages)

@@ -112,8 +112,8 @@ class Loopback:
         return "127.0.0.1"
 
 
-def _python_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "swarm.cli", *args]
+def _python_cmd(*args: str, module: str = "swarm.cli") -> list[str]:
+    return [sys.executable, "-m", module, *args]
 
 
 def child_env(threads: int) -> dict[str, str]:
@@ -154,10 +154,12 @@ class LocalSwarm(RunReports):
         n_procs = self.opts.spec.n_stages * self.opts.replicas + 1
         return child_env(self.opts.threads or max(1, (os.cpu_count() or 1) // n_procs))
 
-    def spawn(self, name: str, args: list[str], prefix: Sequence[str] = ()) -> Process:
+    def spawn(self, name: str, args: list[str], prefix: Sequence[str] = (), module: str = "swarm.cli") -> Process:
         """Start `swarm ARGS` as `name` (log: <name>.log), behind a command `prefix` if given, e.g.
         `ip netns exec NS` to run it in a network namespace (the prefix must exec the command).
-        Without a prefix it is forked by the fork server (swarm/launch/fork_server.py; SWARM_FORK_SERVER=0: not)."""
+        Without a prefix it is forked by the fork server (swarm/launch/fork_server.py; SWARM_FORK_SERVER=0: not).
+        `module`: run `python -m MODULE ARGS` instead, a module whose `main(argv)` takes `swarm`'s arguments
+        (e.g. a program that embeds a peer through `run_peer`'s extension point)."""
         prefix = [*prefix, *self.placement.prefix(name)]
         env = self._env()
         with open(self.dir / f"{name}.log", "w") as logf:
@@ -167,9 +169,10 @@ class LocalSwarm(RunReports):
                     if self._fork_server is None:
                         self._fork_server = ForkServer(env, log=self.dir / "fork_server.log")
                     server = self._fork_server
-                proc = server.popen(args, stdout=logf, env=env)
+                proc = server.popen(args, stdout=logf, env=env, module=module)
             else:
-                proc = subprocess.Popen([*prefix, *_python_cmd(*args)], stdout=logf, stderr=subprocess.STDOUT,
+                proc = subprocess.Popen([*prefix, *_python_cmd(*args, module=module)], stdout=logf,
+                                        stderr=subprocess.STDOUT,
                                         env=env, start_new_session=True)
         self.procs.append((name, proc))
         return proc
@@ -200,8 +203,9 @@ class LocalSwarm(RunReports):
                 raise LocalSwarmError(f"{what} did not come up within {timeout:g} s; see the logs in {self.dir}.{tail}")
             time.sleep(0.1)  # poll interval for a file another process writes
 
-    def start_coordinator(self, *extra: str) -> list[str]:
-        """Start the coordinator (with `extra` flags, e.g. --private) and return its multiaddrs once it serves."""
+    def start_coordinator(self, *extra: str, module: str = "swarm.cli") -> list[str]:
+        """Start the coordinator (with `extra` flags, e.g. --private) and return its multiaddrs once it serves
+        (`module`: see `spawn`)."""
         spec_path = self.dir / "run.json"
         self.opts.spec.save(spec_path)
         maddrs_file = self.dir / "coordinator.json"
@@ -211,7 +215,7 @@ class LocalSwarm(RunReports):
         self.spawn("coordinator", ["coordinator", "--run-spec", str(spec_path), "--host-maddrs",
                                    f"/ip4/{self.placement.host('coordinator')}/tcp/0", "--maddrs-file",
                                    str(maddrs_file), "--state-dir", str(self.dir), "--id-work-bits",
-                                   str(self.opts.id_work_bits), *key, *data, *extra])
+                                   str(self.opts.id_work_bits), *key, *data, *extra], module=module)
         self.wait_for_file(maddrs_file, "the coordinator", 90, "coordinator")
         served = json.loads(maddrs_file.read_text())
         self.maddrs, self.run_hash = served["maddrs"], served["run"]
@@ -222,9 +226,10 @@ class LocalSwarm(RunReports):
         devices = parse_devices(self.opts.devices) or [self.opts.device]
         return devices[index % len(devices)]
 
-    def start_peer(self, stage: int | str, *extra: str, name: str | None = None) -> Process:
+    def start_peer(self, stage: int | str, *extra: str, name: str | None = None, module: str = "swarm.cli"
+                   ) -> Process:
         """Start `swarm peer` for `stage` (or "auto"); its report goes to <name>.jsonl in the workdir.
-        Peers take the devices of `--devices` in the order they are started."""
+        Peers take the devices of `--devices` in the order they are started (`module`: see `spawn`)."""
         name = name or f"stage{stage}"
         (self.dir / f"{name}.jsonl").unlink(missing_ok=True)
         device = self.device_for(self._peers_started)
@@ -240,7 +245,7 @@ class LocalSwarm(RunReports):
             args += ["--checkpoint-dir", self.opts.checkpoint_dir]
         if self.opts.trace_frames:
             extra = (*extra, "--trace-frames", str(Path(self.opts.trace_frames).resolve() / f"{name}.frames.jsonl"))
-        return self.spawn(name, args + list(extra) + self.opts.extra_peer_args)
+        return self.spawn(name, args + list(extra) + self.opts.extra_peer_args, module=module)
 
     def start_dashboard(self, port: int | None = None, *extra: str, timeout: float = 90.0) -> str:
         """Start `swarm dashboard` on the coordinator (a free port if `port` is taken); returns its URL

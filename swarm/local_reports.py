@@ -10,14 +10,10 @@ import signal
 import time
 from pathlib import Path
 
-import torch
 from tqdm import tqdm
 
-from protocol.codecs import WirePacker
-from protocol.spec import RunSpec
-from protocol.wire import KIND_ACTIVATION, ActivationMessage, Header, encode_message, tokens_for_wire
 from swarm.monitor.scalars import ScalarLog
-from swarm.net import framing_bytes
+from swarm.net.dense_baseline import dense_bytes_per_token
 
 
 class LocalSwarmError(RuntimeError):
@@ -37,18 +33,6 @@ def mean_parts(parts: list[dict[str, float]]) -> dict[str, float]:
     """The mean of each part over the steps that have it (a step's commit by part, peer/daemon/step_log.py)."""
     keys = sorted({k for p in parts for k in p})
     return {k: sum(p[k] for p in parts if k in p) / sum(1 for p in parts if k in p) for k in keys}
-
-
-def dense_bytes_per_token(spec: RunSpec) -> float:
-    """Bytes per token a dense boundary would put on the wire: a real dense message, framed and acked (over the
-    direct channel where it is that large, as between the peers of a local swarm)."""
-    dense = spec.with_codec("dense", quant="none")
-    B, T = spec.microbatch_size, spec.seq_len
-    tokens = torch.zeros(B, T + 1, dtype=torch.long)
-    msg = ActivationMessage(Header(dense.run_hash, 0, 0, 0, "dense", 1), tokens_for_wire(tokens, spec.vocab),
-                            WirePacker.for_spec(dense).pack(torch.zeros(B, T, spec.d_model)))
-    body = len(encode_message(msg))
-    return (body + framing_bytes(KIND_ACTIVATION, body)) / (B * T)
 
 
 class RunReports:

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 import torch
 
-from peer.daemon.interfaces import LinkError
 from peer.data.batches import BatchSource
 from peer.data.run_corpus import check_corpus, run_corpus
+from peer.replica.stage_peer import StagePeer
 from peer.runner.memory_estimate import parse_size
 from protocol.model import spec_basis
 from protocol.spec import RunSpec
@@ -28,8 +28,9 @@ from protocol.wire import KIND_ACTIVATION, KIND_GRADIENT, KIND_REDUCE
 from swarm.dht import SwarmDHT, close_node, start_dht, stop_dht
 from swarm.monitor.liveness import LivenessProbe
 from swarm.monitor.peer_monitor import PeerMonitor
-from swarm.net import HomeLink, Transport, TransportError
+from swarm.net import HomeLink, Transport
 from swarm.net.frame_trace import FrameTrace
+from swarm.net.message_link import LinkAdapter
 from swarm.net.reachability import DialBack, dht_options, settle_reachability
 from swarm.optional import require
 from swarm.options import opt
@@ -64,11 +65,6 @@ class PeerOptions:
                        "until stopped")
     data: str | None = opt(None, "head only: text file or folder; must be the text the run spec records, if it "
                            "records one (default: the recorded corpus, else the embedded one)", metavar="PATH")
-    foreign_data: bool = opt(False, "tests: a head that trains on --data although it is not the run's text (what "
-                             "an attacker's head does; the other heads catch it)", hidden=True)
-    serve_bad_state: str | None = opt(None, "tests: serve joiners a state with noisy weights and boast a huge "
-                                      "throughput and a step ahead (far: 1000, near: 2); joiners must refuse it",
-                                      hidden=True, choices=("far", "near"))
     host_maddrs: list[str] = opt(["/ip4/0.0.0.0/tcp/0"], "libp2p listen addresses", metavar="MADDR")
     public_ip: str | None = opt(None, "your router's public IP, with the TCP port of --host-maddrs forwarded to "
                                 "this machine: announces /ip4/IP/tcp/PORT", metavar="IP")
@@ -142,23 +138,6 @@ class PeerOptions:
                                          "third more compute, the same numbers")
 
 
-class LinkAdapter:
-    """The daemon's MessageLink over our Transport: transport failures become LinkError."""
-
-    def __init__(self, transport: Transport, peer_id: str) -> None:
-        self.transport, self.peer_id = transport, peer_id
-        self.limits: dict[str, int] = {}  # kind -> the largest request this peer accepts
-
-    async def serve(self, kind, handler) -> None:
-        await self.transport.serve(kind, handler, max_bytes=self.limits.get(kind))
-
-    async def request(self, peer: str, kind: str, body: bytes, timeout: float | None = None) -> bytes:
-        try:
-            return await self.transport.request(peer, kind, body, timeout)
-        except TransportError as e:
-            raise LinkError(str(e)) from e
-
-
 class Reporter:
     """Appends one JSON object per line to the report file (if any) and flushes it at once."""
 
@@ -226,11 +205,16 @@ def _wire_summary(transport: Transport, totals: dict) -> dict:
             "worker_busy_s": totals["worker_busy_s"]}
 
 
-async def run_peer(opts: PeerOptions) -> int:
+async def run_peer(opts: PeerOptions, on_stage_peer: Callable[[StagePeer], None] | None = None) -> int:
     """Run one peer until its steps are done (head) or it is cancelled; returns an exit code.
 
     Joins the DHT, reads and checks the run spec, then serves a stage (`swarm/replicas/replica.py`)
-    and, when the rebalancer moves it, the next one, in the same session."""
+    and, when the rebalancer moves it, the next one, in the same session.
+
+    `on_stage_peer` is an extension point for code that embeds a peer: it is called with each
+    `StagePeer` this process builds (one per stage it serves), once the peer is wired to the
+    network and before it starts, so that what it changes or wraps holds from the peer's first
+    message on (e.g. tests/doubles/ wraps a peer's handlers to play a hostile one)."""
     reporter = Reporter(opts.report)
     try:
         if opts.tensorboard:
@@ -309,8 +293,7 @@ async def run_peer(opts: PeerOptions) -> int:
 
         def batches():
             corpus, origin = run_corpus(spec, opts.data)  # --data, else what the run spec records
-            if not opts.foreign_data:
-                check_corpus(spec, corpus)  # every head of the run reads the same text
+            check_corpus(spec, corpus)  # every head of the run reads the same text
             log.info("head: training on %s, %s (%d bytes)", corpus.name, origin, len(corpus))
             return BatchSource(corpus, spec.seq_len, spec.microbatch_size, spec.data_seed).microbatch
 
@@ -319,7 +302,7 @@ async def run_peer(opts: PeerOptions) -> int:
                              opts.resume, opts.rebalance_period, opts.steps, opts.step_timeout, reach.mode,
                              opts.linger, opts.rebalance_hold, opts.min_step_timeout, opts.next_step_wait,
                              opts.allow_fresh_stage, allowed, opts.activation_checkpointing,
-                             spot_check_rate=opts.spot_check_rate, serve_bad_state=opts.serve_bad_state)
+                             spot_check_rate=opts.spot_check_rate, on_stage_peer=on_stage_peer)
         stage = recall_stage(opts.identity, spec.run_hash) if opts.stage == "auto" else None
         if stage is not None and stage not in allowed:
             log.info("this identity served stage %d, which does not fit this peer's memory: choosing again", stage)

@@ -19,7 +19,7 @@ import torch
 
 from peer.runner.stage import StageRunner
 from protocol.spec import preset
-from swarm.bench.machine import machine_info
+from swarm.bench.common.machine import machine_info
 
 
 @contextlib.contextmanager

@@ -4,7 +4,7 @@ the subspace baseline at k=5 (102x) with seeds 0-2, lr x0.5 and the 1-1-(L-2) la
 with that layout as its best setting. Usage: fid_extra.py PLAN OUT PER_DEVICE BUDGET_S"""
 import sys
 
-from swarm.bench.fidelity.bench import bench as fidelity
+from swarm.bench.fidelity import bench as fidelity
 from swarm.bench.fidelity.plan import GROUPS, _job, jobs_for, plan_shape
 
 plan = sys.argv[1]

@@ -7,7 +7,7 @@ import sys
 
 from fid_extra import b, extra_jobs, few
 
-from swarm.bench.fidelity.bench import bench as fidelity
+from swarm.bench.fidelity import bench as fidelity
 from swarm.bench.fidelity.plan import GROUPS, _job, dense, jobs_for, plan_shape, scale_jobs
 
 plan = sys.argv[1]

@@ -96,7 +96,7 @@ def ab(old: str, out_dir: str, rounds: int) -> None:
                      "tokens_per_s_until_level_median": median(arm, "tokens_per_s_until_level")} for arm in arms}
     meta = {"preset": "tiny", "stages": 2, "replica_sync": "powersgd", "bandwidth": BANDWIDTH, "latency": LATENCY,
             "steps": STEPS, "join_after": JOIN_AFTER, "old_checkout": str(arms["whole"])}
-    from swarm.bench.machine import machine_info
+    from swarm.bench.common.machine import machine_info
     (out / "follow_join.json").write_text(json.dumps({"settings": meta, "machine": machine_info(["cpu"]),
                                                       "summary": summary, "runs": runs}, indent=1))
     _plot(runs, out / "follow_join.png")

@@ -22,7 +22,7 @@ import sysconfig
 from pathlib import Path
 
 from peer.data.corpus import _STDLIB_SKIP, DOCUMENT_SEPARATOR, _directory_files
-from swarm.bench.fidelity.bench import bench as fidelity
+from swarm.bench.fidelity import bench as fidelity
 from swarm.bench.fidelity.plan import _job, dense, plan_shape
 
 LOW = {"constrained_stage_lr_scale": 0.03}

@@ -3,7 +3,7 @@ headline's length (2000 steps, seeds 0 and 1, each with its dense and default su
 at ~100x (k=5, seeds 0 and 1). Usage: gap_extra.py OUT PER_DEVICE BUDGET_S"""
 import sys
 
-from swarm.bench.fidelity.bench import bench as fidelity
+from swarm.bench.fidelity import bench as fidelity
 from swarm.bench.fidelity.plan import _job, dense, jobs_for, plan_shape
 
 s = plan_shape("gpu")

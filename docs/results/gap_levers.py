@@ -4,7 +4,7 @@
 one card. Usage: gap_levers.py OUT PER_DEVICE BUDGET_S"""
 import sys
 
-from swarm.bench.fidelity.bench import bench as fidelity
+from swarm.bench.fidelity import bench as fidelity
 from swarm.bench.fidelity.plan import _job, dense, plan_shape
 
 LOW = {"constrained_stage_lr_scale": 0.03}

@@ -5,7 +5,7 @@ of dense and x0.03 only. `small` (the gpu plan's
 3-3-2 shape, d=512, k=32 = 16x), all jobs sharing one card. Usage: gap_tokens.py OUT PER_DEVICE BUDGET_S STEPS"""
 import sys
 
-from swarm.bench.fidelity.bench import bench as fidelity
+from swarm.bench.fidelity import bench as fidelity
 from swarm.bench.fidelity.plan import _job, dense, plan_shape
 
 LOW = {"constrained_stage_lr_scale": 0.03}

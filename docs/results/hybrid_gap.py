@@ -8,7 +8,7 @@ and k=16 b=16 with the stage lr at 1000 steps; round 3 two neighbours of round 2
 x0.02; k=28 b=4); round 4 the same at ~100x (5 numbers a token = 102x) at 1000 steps."""
 import sys
 
-from swarm.bench.fidelity.bench import bench as fidelity
+from swarm.bench.fidelity import bench as fidelity
 from swarm.bench.fidelity.plan import _job, dense, plan_shape
 
 LOW = {"constrained_stage_lr_scale": 0.03}

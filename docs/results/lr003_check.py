@@ -7,7 +7,7 @@ draws the held-out curves of each group (the bench's own figure has no panel for
 import sys
 
 from protocol.spec import preset
-from swarm.bench.fidelity.bench import bench as fidelity
+from swarm.bench.fidelity import bench as fidelity
 from swarm.bench.fidelity.plan import _job, dense, plan_shape
 
 LOW = {"constrained_stage_lr_scale": 0.03}

@@ -25,7 +25,7 @@ from protocol import powersgd
 from protocol.powersgd import PowerPlan, PowerState, first_round, orthonormal_factors, rebuild
 from protocol.spec import preset
 from protocol.subspace import orthonormalize
-from swarm.bench.machine import machine_info
+from swarm.bench.common.machine import machine_info
 
 
 def digest(ts: list[torch.Tensor]) -> str:

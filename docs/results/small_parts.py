@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from protocol.spec import preset
-from swarm.bench.machine import machine_info
+from swarm.bench.common.machine import machine_info
 from swarm.local import LocalOptions, run_local
 
 out = Path(sys.argv[1])

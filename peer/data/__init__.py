@@ -2,8 +2,13 @@
 
 - `corpus.py`: `load_corpus` (embedded, stdlib, a file or folder), `Corpus` and its validation split,
   `DataError`.
-- `batches.py`: the byte tokenizer, `BatchSource` (microbatches by seed and step), head shards.
+- `batches.py`: `BatchSource` (microbatches by seed and step, from a corpus or a token store), head shards.
 - `run_corpus.py`: the corpus a run trains on (path and sha256) in its run spec.
+- `tokenizer.py`: the tokenizer interface, `ByteTokenizer`, `BpeTokenizer` (a tokenizer.json), `load_tokenizer`,
+  `train_bpe`.
+- `sources.py`: text, jsonl and parquet sources read as a bounded stream of pieces.
+- `shards.py`: `prepare`, a source tokenized into resumable shards; `manifest.py`: their manifest.json.
+- `token_store.py`: `TokenStore`, a prepared folder checked and read a window at a time.
 """
 from .batches import BatchSource, ByteTokenizer
 from .corpus import Corpus, DataError, load_corpus

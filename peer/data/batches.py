@@ -1,5 +1,6 @@
-"""The data side of a head peer: byte tokenizer and deterministic microbatches of a corpus
-(the corpus itself, its loading and its validation split: `peer/data/corpus.py`).
+"""The data side of a head peer: deterministic microbatches of a corpus (the corpus itself, its
+loading and its validation split: `peer/data/corpus.py`; tokenizers: `peer/data/tokenizer.py`, whose
+`ByteTokenizer` is re-exported here; a prepared folder of token shards: `peer/data/token_store.py`).
 
 A head peer (stage 0) feeds token windows into the pipeline. Everything here is built so
 that *any* process can regenerate *exactly* the same microbatch from three integers
@@ -9,9 +10,11 @@ property is what lets several head peers split one step's microbatches between t
 step, and lets a one-process reference run reproduce a multi-process swarm run token for
 token (docs/design.md section 4, "bit-for-bit honest compression").
 
-The tokenizer is byte level (vocabulary 256), so nothing is downloaded or trained; the
+By default the tokenizer is byte level (vocabulary 256), so nothing is downloaded or trained; the
 default corpus is CPython's own `pydoc_data.topics`, present wherever Python is
-(docs/algorithms.md section 4).
+(docs/algorithms.md section 4). A `TokenStore` (any tokenizer, any size, read from disk a window at
+a time) gives microbatches by the same rule: the same window starts for the same (seed, step,
+index) and the same number of training tokens.
 """
 
 from __future__ import annotations
@@ -19,12 +22,12 @@ from __future__ import annotations
 import hashlib
 import math
 import operator
-from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 
-from .corpus import Corpus, DataError, bytes_to_uint8, nonneg_int, positive_int
+from .corpus import Corpus, DataError, nonneg_int, positive_int
+from .token_store import TokenRange, TokenStore
+from .tokenizer import BYTE_VOCAB_SIZE, ByteTokenizer
 
 __all__ = [
     "BYTE_VOCAB_SIZE",
@@ -34,44 +37,6 @@ __all__ = [
     "unigram_entropy_bits",
     "unigram_entropy_nats",
 ]
-
-BYTE_VOCAB_SIZE = 256
-
-# --------------------------------------------------------------------------- tokenizer
-
-
-@dataclass(frozen=True)
-class ByteTokenizer:
-    """UTF-8 bytes as token ids: vocabulary 256, nothing to download or train."""
-
-    vocab_size: int = BYTE_VOCAB_SIZE
-
-    def __post_init__(self) -> None:
-        if self.vocab_size != BYTE_VOCAB_SIZE:
-            raise ValueError(f"a byte tokenizer has vocab_size {BYTE_VOCAB_SIZE}")
-
-    def encode(self, text: str) -> torch.Tensor:
-        """`text` as a 1-D int64 tensor of its UTF-8 bytes (int64: what nn.Embedding takes)."""
-        return bytes_to_uint8(text.encode("utf-8")).long()
-
-    def decode(self, ids: torch.Tensor | Sequence[int]) -> str:
-        """Token ids back to text; bytes that are not valid UTF-8 become U+FFFD.
-
-        A model's samples can cut a multi-byte character in half, so decoding must not
-        raise on them.
-        """
-        if isinstance(ids, torch.Tensor):
-            if ids.dim() > 1:
-                raise ValueError(f"decode takes 1-D ids, got shape {tuple(ids.shape)}")
-            values = ids.reshape(-1).tolist()
-        else:
-            values = list(ids)
-        try:
-            raw = bytes(values)
-        except (ValueError, TypeError) as exc:
-            raise ValueError(f"byte token ids must be ints in [0, {BYTE_VOCAB_SIZE})") from exc
-        return raw.decode("utf-8", errors="replace")
-
 
 # -------------------------------------------------------------------------- batches
 
@@ -96,13 +61,15 @@ class BatchSource:
     head peers share a step and how a one-process reference replays a swarm run.
 
     `corpus_tokens` is either a `Corpus` (training windows come from its train split,
-    validation windows from its val split, both split at this `seq_len`) or a 1-D token
-    tensor used for training, with optional `val_tokens` for `val_batches`.
+    validation windows from its val split, both split at this `seq_len`), a `TokenStore`
+    (its manifest's train and validation split; windows read from disk, so memory stays at
+    one microbatch) or a 1-D token tensor used for training, with optional `val_tokens` for
+    `val_batches`.
     """
 
     def __init__(
         self,
-        corpus_tokens: torch.Tensor | Corpus,
+        corpus_tokens: torch.Tensor | Corpus | TokenStore,
         seq_len: int,
         microbatch_size: int,
         seed: int,
@@ -114,19 +81,20 @@ class BatchSource:
         if isinstance(seed, bool):
             raise TypeError("seed must be an int, not bool")
         self.seed = operator.index(seed)
-        if isinstance(corpus_tokens, Corpus):
+        if isinstance(corpus_tokens, (Corpus, TokenStore)):
             if val_tokens is not None:
-                raise ValueError("val_tokens go with a tensor; a Corpus has its own val split")
+                raise ValueError("val_tokens go with a tensor; a Corpus or TokenStore has its own val split")
             self.name = corpus_tokens.name
-            train, val = corpus_tokens.split(self.seq_len)
+            train, val = (corpus_tokens.split(self.seq_len) if isinstance(corpus_tokens, Corpus)
+                          else corpus_tokens.split())
         else:
             self.name = "tokens"
             train, val = corpus_tokens, val_tokens
         self._train = self._checked(train, "training")
         self._val = None if val is None else self._checked(val, "validation")
 
-    def _checked(self, tokens: torch.Tensor, what: str) -> torch.Tensor:
-        if not isinstance(tokens, torch.Tensor) or tokens.dim() != 1:
+    def _checked(self, tokens: torch.Tensor | TokenRange, what: str) -> torch.Tensor | TokenRange:
+        if not isinstance(tokens, TokenRange) and (not isinstance(tokens, torch.Tensor) or tokens.dim() != 1):
             raise DataError(f"{what} tokens must be a 1-D tensor")
         if tokens.numel() < self.window:
             raise DataError(
@@ -175,7 +143,9 @@ class BatchSource:
         starts = torch.linspace(0, last_start, total, dtype=torch.float64).round().long()
         return list(self._gather(self._val, starts).split(self.microbatch_size))
 
-    def _gather(self, tokens: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
+    def _gather(self, tokens: torch.Tensor | TokenRange, starts: torch.Tensor) -> torch.Tensor:
+        if isinstance(tokens, TokenRange):
+            return tokens.gather(starts, self.window)
         # unfold is a view of all windows; indexing copies only the rows we need and
         # widening to int64 happens last, on B*(T+1) tokens rather than the whole corpus.
         windows = tokens.unfold(0, self.window, 1)

@@ -43,15 +43,6 @@ TEST_DRIVER_OPTIONS = dict(min_timeout=2.0, first_timeout=20.0, ping_period=0.2,
 TEST_COMMIT_OPTIONS = dict(reduce_timeout=5.0)
 
 
-def patient_options() -> dict:
-    """MemorySwarm options for tests that prove no attempt fails (one attempt a step, exact traffic):
-    a loaded 2-core CI machine can stall a step for seconds, and the deadlines are not what those
-    tests prove, so a missed one must not re-drive a step there. Failures then cost minutes, not seconds."""
-    return dict(driver_options=dict(TEST_DRIVER_OPTIONS, min_timeout=120.0, first_timeout=120.0, ping_period=1.0),
-                commit_options=dict(TEST_COMMIT_OPTIONS, reduce_timeout=120.0),
-                daemon_options=dict(deadline_floor=120.0))  # nor may a microbatch's deadline re-send one
-
-
 @dataclass
 class MemorySwarm:
     spec: RunSpec

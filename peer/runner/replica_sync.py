@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from protocol.control import FlatLimits
+from protocol.flat_limits import FlatLimits
 from protocol.portable_linalg import portable_matmul
 from protocol.powersgd import (
     FirstRound,

@@ -1,6 +1,7 @@
 """`CommandSender`: the leading head's commands (status, reduce, apply, abort, rollback) to the
 peers of the swarm, one at a time or to many at once (protocol/control.py). A peer that cannot
 be reached, refuses or answers garbage takes no part: its reply is "failed", never an error.
+An abort names the replicas the leader convicted (peer/checks/spot_checks.py), and each of them is told why.
 """
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from peer.checks.spot_checks import SpotChecks
 from peer.daemon.daemon import StageDaemon
 from peer.daemon.delivery import retry_asked
 from peer.daemon.interfaces import LinkError
@@ -27,6 +29,7 @@ class CommandSender:
         self.daemon, self.commit, self.command_timeout = daemon, commit, command_timeout
         self.named: list[str] = []  # who reduced the last step the leader committed: every apply names them
         self.banned: list[str] = []  # replicas the leader convicted (checks/spot_checks.py): every abort names them
+        self._told: set[str] = set()  # convicted replicas told of their ban
         self.peer_id, self.run_hash = daemon.peer_id, daemon.spec.run_hash
         self.n_microbatches = daemon.spec.n_microbatches
         # hears every (peer, (steps applied, state sha256)) an apply reply carries (peer/checks/state_votes.py)
@@ -71,6 +74,18 @@ class CommandSender:
         if cmd.op == "apply" and reply.outcome == "ok" and reply.state is not None and self.on_apply is not None:
             self.on_apply(peer, reply.state)
         return reply
+
+    async def abort(self, peers: dict[str, int], step: int, attempt: int, spot: SpotChecks) -> None:
+        """Abort the attempt on `peers` (peer -> stage), banning the replicas `spot` convicted everywhere, and tell
+        each newly convicted one, once and in the background, why: it stops (peer/step/commit.py) instead of
+        standing by for a step that no honest peer will give it."""
+        self.banned = list(spot.convicted)
+        await self.broadcast(peers, "abort", step, attempt)
+        for peer in [p for p in spot.convicted if p not in self._told and p != self.peer_id]:
+            self._told.add(peer)
+            cmd = Command(self.run_hash, step, attempt, "abort", banned=list(spot.convicted),
+                          why=spot.reasons.get(peer, ""))
+            self.daemon.spawn(self.send(peer, cmd, timeout=5.0))
 
     async def apply_everywhere(self, peers: dict[str, int], step: int, attempt: int, skip: bool) -> None:
         """Tell `peers` (peer -> stage) to apply the step; a stage none of whose replicas applied it is

@@ -3,7 +3,7 @@
 Every head (stage-0 replica) runs one. One head leads (`peer/step/leadership.py`: the first live head
 of the swarm key's lease; without a coordinator, the head that announces it leads stays the
 leader); the others stand by (announcing a measured compute speed, `peer/step/calibration.py`),
-ping it, and the next in line takes over at once when it stops answering (every other peer
+ping it (`peer/step/succession.py`), and the next in line takes over at once when it stops answering (every other peer
 checks for itself that the old leader is gone before it follows the new one).
 A step, as the leader drives it (docs/design.md section 3):
 
@@ -12,9 +12,11 @@ A step, as the leader drives it (docs/design.md section 3):
 2. split the step's microbatches over the live heads by speed (`peer/step/head_work.py`): each forwards
    its share and sends it on; the router picks a replica of the next stage for each, weighted by
    measured round trips and requests in flight, and so does every stage downstream;
-3. wait for every microbatch's gradient, with a deadline that follows the measured step time;
+3. wait for every microbatch's gradient, with a deadline that follows the measured step time
+   (`peer/step/microbatch_phase.py`);
 4. commit (`peer/step/commit.py`): every live replica of every stage reduces, and if each stage
-   agrees on one sum that holds every microbatch once, every replica that reduced applies it.
+   agrees on one sum that holds every microbatch once (`peer/step/reduce_verdict.py`), every replica
+   that reduced applies it.
 
 Anything that goes wrong in 2-4 (a replica died, a message was lost, replicas disagree)
 aborts the attempt everywhere and re-drives the step as a new attempt: a failure costs a
@@ -32,19 +34,21 @@ import torch
 from peer.checks.spot_checks import SpotChecks
 from peer.checks.state_votes import StateVotes
 from peer.daemon.daemon import StageDaemon
-from peer.daemon.interfaces import LinkError, PeerDirectory, PeerInfo
+from peer.daemon.interfaces import PeerDirectory
 from peer.daemon.step_log import AttemptFailed, StepLog, timed
 from peer.daemon.transfer_time import StepDeadlines
 from peer.runner.stage import StageError
 from protocol.control import MAX_GROUP, Command
-from protocol.step_record import StepRecord, data_digest
+from protocol.step_record import StepRecord
 
 from .attempt_watch import AttemptWatch
 from .calibration import PERIOD_S, Calibration
 from .commands import UNREACHABLE, CommandSender
 from .commit import StepCommit
 from .head_work import HeadWork
-from .leadership import leader_of
+from .microbatch_phase import MicrobatchPhase
+from .reduce_verdict import judge_reduce
+from .succession import Succession
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +66,7 @@ class StepDriver:
         self.runner, self.spec, self.peer_id = daemon.runner, daemon.spec, daemon.peer_id
         # the first step, a head's share, a spot check and a reduce wait for their bytes on a home uplink too
         self.deadlines = StepDeadlines(self.spec, first_timeout, command_timeout)
-        self.min_timeout, self.first_timeout = min_timeout, self.deadlines.first_step
-        self.command_timeout, self.ping_period, self.ping_failures = command_timeout, ping_period, ping_failures
+        self.command_timeout = command_timeout
         self._commands = CommandSender(daemon, commit, command_timeout)
         self._broadcast, self._command, self._send = (self._commands.broadcast, self._commands.command,
                                                       self._commands.send)
@@ -71,11 +74,7 @@ class StepDriver:
         self.spot = SpotChecks(self.spec.run_hash, self.spec.n_stages, spot_check_rate, self._send, directory.ban,
                                exact=self.spec.replica_sync == "exact", leader=self.peer_id,
                                check_timeout=self.deadlines.share)
-        self._step_seconds: float | None = None  # EWMA of a step's microbatch phase
-        # signs the StepRecord that every reduce command carries, so that the standby heads check the
-        # data this head fed (None: a swarm without a coordinator, nobody to prove anything to)
-        self.sign_record = sign_record
-        self._record = b""
+        self._record = b""  # the signed StepRecord of the attempt's data (`MicrobatchPhase.run`)
         # last_snapshots: (step, stage -> sha256) of the newest step at which every stage's replicas agreed;
         # on_committed(steps done, last_workers, last_snapshots) after each step: what the leader vouches for
         self.last_workers, self.last_snapshots = {}, None
@@ -83,23 +82,27 @@ class StepDriver:
         self.on_committed: Callable[[int, dict, tuple | None], None] | None = None
         self.votes = StateVotes(self.peer_id, directory)  # the state hashes in apply replies (checks/state_votes.py)
         self._commands.on_apply = self.votes.add
-        self._dead: dict[str, float] = {}  # heads that stopped answering -> when we may try them again
-        self._told: set[str] = set()  # convicted replicas told of their ban
         self._leading, self._named = False, []  # _named: who reduced the last step this head committed
         self._applying: asyncio.Task | None = None  # telling the other peers to apply the last step
         self.paused: list[int] = []  # stages without a live peer while paused, else []
         # called when a pause ends and after a failed attempt: True if the swarm rolled back to a
         # snapshot meanwhile (peer/state/rollback.py), and the driver goes on from the head's new step
         self.realign: Callable[[], Awaitable[bool]] | None = None
-        # pings the swarm while microbatches are out: a peer that died holding one is seen in seconds
-        self.watch = AttemptWatch(daemon.link, directory, self.spec.run_hash, watch_period,
-                                  timeout=self.deadlines.ping) if watch_period else None
         # a standby head announces its measured compute speed, not 0 (peer/step/calibration.py); None: it announces 0
         self.calibration = Calibration(daemon, batches, period=calibrate_period) if calibrate_period else None
+        self.heads = Succession(daemon, directory, self._command, self.calibration, ping_period, ping_failures)
         # every head computes a share of each step (peer/step/head_work.py): the leader splits it, the others serve
         self.work = HeadWork(daemon, directory, batches, self._send, self.deadlines.share,
                              lambda: self.calibration.speed if self.calibration is not None else None)
         commit.compute_share, commit.share_check.tokens = self.work.compute, batches  # a head's share, its check
+        # pings the swarm while microbatches are out: a peer that died holding one is seen in seconds
+        watch = AttemptWatch(daemon.link, directory, self.spec.run_hash, watch_period,
+                             timeout=self.deadlines.ping) if watch_period else None
+        # sign_record signs the StepRecord that every reduce command carries, so that the standby heads check the
+        # data this head fed (None: a swarm without a coordinator, nobody to prove anything to)
+        self.microbatches = MicrobatchPhase(daemon, commit, self.work, batches, self._members, watch,
+                                            min_timeout=min_timeout, first_timeout=self.deadlines.first_step,
+                                            sign_record=sign_record)
 
     # ------------------------------------------------------------------ leading and standing by
     async def drive(self, until: int | None, on_step: Callable[[StepLog], None]) -> None:
@@ -112,10 +115,10 @@ class StepDriver:
 
     async def _drive(self, until: int | None, on_step: Callable[[StepLog], None]) -> None:
         while until is None or self.runner.step < until:
-            if self.daemon.state == "syncing" and self._dead.get(self.peer_id, 0.0) <= time.monotonic():
+            if self.daemon.state == "syncing" and not self.heads.is_set_aside(self.peer_id):
                 self.daemon.state = "online"  # set aside for being behind: a candidate again
                 await self.directory.announce(self.daemon.status())
-            leader = await self._leader()
+            leader = await self.heads.leader(self._leading)
             if leader != self.peer_id:
                 if self._leading:
                     log.info("head %s leads; this head stands by", leader[-8:])
@@ -123,7 +126,7 @@ class StepDriver:
                     await self._claim(False)
                     if self.calibration is not None:
                         self.calibration.reset()  # it announced the steps' speed: measure its own at once
-                await self._stand_by(leader)
+                await self.heads.stand_by(leader)
                 continue
             if not self._leading:
                 self._leading = True
@@ -146,46 +149,6 @@ class StepDriver:
         self.daemon.leads = leads
         await self.directory.announce(self.daemon.status())
 
-    async def _leader(self) -> str:
-        """`leader_of` over the live heads this head sees, itself included, less those it found dead."""
-        waited = False
-        while True:
-            now = time.monotonic()
-            me = PeerInfo(self.peer_id, 0, "online", self.runner.step, 0.0, self._leading)
-            heads = [p for p in await self.directory.members(0) if p.peer_id != self.peer_id] + [me]
-            order = await self.directory.lease_order(fresh=waited)  # waiting: the lease may have just come
-            leader = leader_of((p for p in heads if self._dead.get(p.peer_id, 0.0) <= now), order)
-            if leader is not None:
-                return leader
-            if order is not None and not waited:
-                waited = True
-                log.info("no live head holds the coordinator's lease yet (lease: %s); waiting for one",
-                         ", ".join(p[-8:] for p in order) or "none granted")
-            # every head, this one too, is set aside for now (this one is behind), or none holds the
-            # lease yet: look again soon
-            ends = [self._dead[p.peer_id] - now for p in heads if p.peer_id in self._dead]
-            await asyncio.sleep(min(5.0, max(0.5, min(ends, default=0.5))))
-
-    async def _stand_by(self, leader: str) -> None:
-        """Ping the leader; after `ping_failures` failures in a row, count it as dead for a while
-        (the others check for themselves: each peer probes a leader it still sees before it
-        follows this head, `swarm/replicas/membership.py`)."""
-        failures, pings = 0, 0
-        step = self.runner.step
-        if self.calibration is not None:
-            self.calibration.start()  # on the worker, while the pings go on
-        while failures < self.ping_failures:
-            reply = await self._command(leader, "status", step, 0, timeout=max(1.0, self.ping_period * 2))
-            failures, pings = failures + 1 if reply.outcome == "failed" else 0, pings + 1
-            if self.runner.step != step and failures == 0:
-                return  # the swarm moves on under the leader: look again
-            if failures == 0 and pings % 5 == 0 and await self._leader() != leader:
-                return  # another head claimed the lead meanwhile (two heads started together)
-            await asyncio.sleep(self.ping_period)  # the ping interval of a standby head
-        log.warning("head %s stopped answering; the next head in line takes over", leader[-8:])
-        self._dead[leader] = time.monotonic() + 60.0
-        self.directory.report_failure(leader)
-
     async def _take_over(self) -> bool:
         """Becoming the leader: finish a step the old leader left half-applied, or start a fresh
         attempt above every attempt seen. False if this head is behind and must not lead (unless
@@ -207,7 +170,7 @@ class StepDriver:
             if reduced is None or reduced.step != step:
                 log.warning("this head is behind the swarm (peers at a later step); it will not lead")
                 self._leading = False
-                self._dead[self.peer_id] = time.monotonic() + 30.0
+                self.heads.set_aside(self.peer_id, 30.0)
                 # announced "syncing", it is no live head to anyone: the next head in the lease's order
                 # leads meanwhile instead of every peer waiting on this one
                 self.daemon.state = "syncing"
@@ -239,7 +202,7 @@ class StepDriver:
             attempt = self.daemon.attempt  # after an abort every peer (this one too) is on the next attempt
             attempts += 1
             try:
-                losses, tokens = await self._run_microbatches(step, attempt)
+                losses, tokens, self._record = await self.microbatches.run(step, attempt)
                 t_commit = time.perf_counter()
                 await self._commit(step, attempt)
                 commit_seconds = time.perf_counter() - t_commit
@@ -252,13 +215,11 @@ class StepDriver:
                 log.info("step %d was applied here under another head; following it", step + 1)
                 return None
             except AttemptFailed as e:
-                if await self._leader() != self.peer_id:
+                if await self.heads.leader(self._leading) != self.peer_id:
                     log.info("step %d, attempt %d failed (%s); another head leads now", step + 1, attempt, e)
                     return None
                 log.warning("step %d, attempt %d failed (%s); re-driving it", step + 1, attempt, e)
-                self._commands.banned = list(self.spot.convicted)  # the abort bans them everywhere
-                await self._broadcast(await self._members(), "abort", step, attempt)
-                self._tell_convicted(step, attempt)
+                await self._commands.abort(await self._members(), step, attempt, self.spot)  # bans the convicted
                 if await self._realigned():
                     return None
                 await asyncio.sleep(min(attempts, 10) * 0.2)  # back off: what failed may need a moment to settle
@@ -274,15 +235,6 @@ class StepDriver:
         return StepLog(step + 1, self.daemon.last_loss, tokens, seconds, self.runner.version_for_step(step),
                        record.lr, attempts, commit_seconds, self.commit.last_sync_bytes, record.skipped,
                        self.runner.scale, {h: len(m) for h, m in self.work.shares.items()}, dict(self.commit_parts))
-
-    def _tell_convicted(self, step: int, attempt: int) -> None:
-        """Tell each newly convicted replica, once and in the background, that the abort bans it: it
-        stops (peer/step/commit.py) instead of standing by for a step that no honest peer will give it."""
-        for peer in [p for p in self.spot.convicted if p not in self._told and p != self.peer_id]:
-            self._told.add(peer)
-            cmd = Command(self.spec.run_hash, step, attempt, "abort", banned=list(self.spot.convicted),
-                          why=self.spot.reasons.get(peer, ""))
-            self.daemon.spawn(self._send(peer, cmd, timeout=5.0))
 
     async def _realigned(self) -> bool:
         return self.realign is not None and await self.realign()
@@ -308,57 +260,6 @@ class StepDriver:
                 await self.directory.announce(self.daemon.status())
             self.paused = missing
             await asyncio.sleep(0.5)  # poll interval of the directory while the swarm is paused
-
-    def _timeout(self) -> float:
-        if self._step_seconds is None:
-            return self.first_timeout
-        return max(self.min_timeout, 4.0 * self._step_seconds)
-
-    async def _run_microbatches(self, step: int, attempt: int) -> tuple[list[float], int]:
-        """Every microbatch of the attempt, split over the live heads (peer/step/head_work.py); their losses."""
-        await self.daemon.adopt_attempt(attempt)
-        t0, fed = time.monotonic(), [self.batches(step, mb) for mb in range(self.spec.n_microbatches)]  # all heads'
-        tokens = sum(batch.shape[0] for batch in fed) * self.spec.seq_len
-        self._record = self.sign_record(StepRecord(self.spec.run_hash, step, attempt, self.peer_id,
-                                                   data_digest(fed))).encode() if self.sign_record else b""
-        try:
-            # asyncio.timeout, not wait_for: 3.11's cancels the gather unread ("exception was never retrieved")
-            async with asyncio.timeout(self._timeout()):
-                losses = await self._gather_watched(self.work.run(step, attempt, fed), step)
-        except TimeoutError:
-            raise AttemptFailed(f"not every gradient came back within {self._timeout():.0f} s") from None
-        except (LinkError, asyncio.CancelledError) as e:
-            if isinstance(e, asyncio.CancelledError) and asyncio.current_task().cancelling():
-                raise
-            raise AttemptFailed(str(e) or "a microbatch was dropped") from None
-        seconds = time.monotonic() - t0
-        self._step_seconds = seconds if self._step_seconds is None else 0.8 * self._step_seconds + 0.2 * seconds
-        return losses, tokens
-
-    async def _gather_watched(self, work: Awaitable[list[float]], step: int) -> list[float]:
-        """The losses, or AttemptFailed once a peer that did the last step's work stops answering (`AttemptWatch`)."""
-        gathered = asyncio.ensure_future(work)
-        if self.watch is None:
-            return await gathered
-        # cancelled below, a gather ends with CancelledError set as its exception: read it, or asyncio logs it
-        gathered.add_done_callback(lambda f: f.cancelled() or f.exception())
-
-        async def others() -> list[str]:
-            return [p for p in await self._members() if p != self.peer_id and p in (self.commit.workers or [p])]
-        watch = asyncio.ensure_future(self.watch.first_silent(others, step))
-        try:
-            done, _ = await asyncio.wait({gathered, watch}, return_when=asyncio.FIRST_COMPLETED)
-            if gathered not in done and watch.exception() is not None:  # the watch broke, not a peer: wait on
-                log.warning("the watch over step %d's peers failed (%s)", step + 1, watch.exception())
-                await gathered
-                done = {gathered}
-        finally:
-            if not gathered.done():
-                gathered.cancel()
-            watch.cancel()
-        if gathered in done:
-            return gathered.result()
-        raise AttemptFailed(f"peer {watch.result()[-8:]} stopped answering while it held work of the step")
 
     async def _members(self) -> dict[str, int]:
         """Every live peer of every stage -> its stage (this head included)."""
@@ -386,47 +287,29 @@ class StepDriver:
             self.spot.judge_blame(replies, members)
         for p in [p for p, r in replies.items() if r.reason.startswith(UNREACHABLE) and p not in self.commit.workers]:
             self.directory.report_failure(p)  # an id that never did work and nobody reaches: not asked every step
-        appliers, named, workers, snapshots, overflowed, shares = [], [], {}, {}, [], {}
-        for stage in range(self.spec.n_stages):
-            oks = {p: r for p, r in replies.items() if members[p] == stage and r.outcome == "ok"}
-            if not oks:
-                why = "; ".join(f"{p[-8:]}: {r.reason or r.outcome}" for p, r in replies.items() if members[p] == stage)
-                raise AttemptFailed(f"no replica of stage {stage} reduced ({why or 'none answered'})")
-            agreed = {tuple(sorted((p, tuple(m)) for p, m in r.contributors.items())) for r in oks.values()}
-            if len(agreed) != 1:
-                raise AttemptFailed(f"the replicas of stage {stage} summed different contributions")
-            appliers += list(oks)
-            named += [p for p in oks if p in dict(next(iter(agreed)))]  # reduced, and its contribution summed
-            workers[stage] = sorted(p for p, mbs in next(iter(agreed)) if mbs)
-            shares[stage] = {p: list(mbs) for p, mbs in next(iter(agreed))}
-            claims = {r.snapshot for r in oks.values()}
-            if len(claims) == 1 and None not in claims:  # the stage's replicas agree on their newest snapshot
-                snapshots[stage] = claims.pop()
-            overflowed += [stage] if any(r.overflow for r in oks.values()) else []
-        if {p: m for p, m in shares[0].items() if m} != {p: m for p, m in self.work.shares.items() if m}:
-            raise AttemptFailed("stage 0's contributions are not the shares the heads were given")
+        verdict = judge_reduce(replies, members, self.spec.n_stages, self.work.shares)
         # nothing is applied before the drawn shares are shown to be their replicas' work (a step that
         # overflowed in fp16 applies nothing: its shares carry no numbers to check)
-        if not overflowed:
+        if not verdict.overflowed:
             with timed(self.commit_parts, "checks"):
-                await self.spot.run(step, attempt, members, replies, shares, self.daemon.boundary.sent(step, attempt))
-        if skip := bool(overflowed):  # fp16 (protocol/loss_scale.py): one stage's overflow skips the step everywhere
+                await self.spot.run(step, attempt, members, replies, verdict.shares,
+                                    self.daemon.boundary.sent(step, attempt))
+        if skip := bool(verdict.overflowed):  # fp16 (protocol/loss_scale.py): one stage's overflow skips it everywhere
             log.warning("step %d: fp16 gradients overflowed on stages %s: skipped everywhere, loss scale %g -> %g",
-                        step + 1, overflowed, self.runner.scale, self.runner.scale / 2)
-        self._named = self._commands.named = sorted(named)[:MAX_GROUP]  # every apply names them (placement)
-        self.last_workers = workers  # who did the step's work, stage by stage (issue 20: re-fits count only them)
-        self.work.proven = {p for p in named if members[p] == 0}  # heads that reduced: shares from the next step on
-        steps = {step for step, _ in snapshots.values()}
-        if len(snapshots) == self.spec.n_stages and len(steps) == 1:  # every stage's snapshot at one step
-            self.last_snapshots = (steps.pop(), {s: sha for s, (_, sha) in snapshots.items()})
+                        step + 1, verdict.overflowed, self.runner.scale, self.runner.scale / 2)
+        self._named = self._commands.named = sorted(verdict.named)[:MAX_GROUP]  # every apply names them (placement)
+        self.last_workers = verdict.workers  # who did the step's work, by stage (issue 20: re-fits count only them)
+        self.work.proven = {p for p in verdict.named if members[p] == 0}  # heads that reduced: shares from now on
+        if verdict.snapshots is not None:  # every stage's snapshot at one step
+            self.last_snapshots = verdict.snapshots
         # every stage reduced: the step must now be applied everywhere. This head applies at once and goes on; the
         # others are told meanwhile (their next share waits for it), and a stage whose replicas all failed to apply
         # (views of the leader settling, a lost reply) is asked again: it holds the sum; a second apply is "ok"
-        if self.peer_id in appliers:
+        if self.peer_id in verdict.appliers:
             with timed(self.commit_parts, "apply"):
                 mine = await self._send(self.peer_id, Command(self.spec.run_hash, step, attempt, "apply", self._named,
                                                               skip=skip))
             if mine.outcome != "ok":
                 raise AttemptFailed(f"this head could not apply the step: {mine.reason}")
-        others = {p: members[p] for p in appliers if p != self.peer_id}
+        others = {p: members[p] for p in verdict.appliers if p != self.peer_id}
         self._applying = asyncio.create_task(self._commands.apply_everywhere(others, step, attempt, skip))

@@ -10,7 +10,7 @@ from peer.daemon.daemon import StageDaemon
 from peer.daemon.delivery import ACK
 from peer.daemon.transfer_time import TransferWait
 from peer.runner.reduced import Reduced
-from protocol.control import FlatLimits
+from protocol.flat_limits import FlatLimits
 from protocol.state_wire import FollowUpdate, decode_follow, encode_follow
 from protocol.wire import KIND_FOLLOW, WireError
 

@@ -68,10 +68,9 @@ def _refuse(reason: str) -> bytes:
 
 class BasisRefitter:
     def __init__(self, spec: RunSpec, key: SigningKey, sdht: SwarmDHT, transport: Transport, ttl: float,
-                 delay: float = 0.0, answers: Callable[[str], Awaitable[bool]] | None = None,
+                 answers: Callable[[str], Awaitable[bool]] | None = None,
                  recheck_s: float = RECHECK_S, leaders: Callable[[], list[str]] | None = None) -> None:
         self.spec, self.key, self.sdht, self.transport, self.ttl = spec, key, sdht, transport, ttl
-        self.delay = delay  # seconds between a re-fit and its publication (a slow coordinator, for tests)
         self.answers = answers  # peer -> whether it answers a liveness probe (None: every announced one counts)
         self.recheck_s = recheck_s
         # the heads the swarm key's lease names: their signed work records say who may vote in a re-fit
@@ -232,8 +231,6 @@ class BasisRefitter:
         return best[0]
 
     async def _refit(self, version: int, step: int, stats: dict[int, torch.Tensor]) -> None:
-        if self.delay:
-            await asyncio.sleep(self.delay)
         async with self._lock:
             U = next_basis(self.bases[version], [stats[s] for s in sorted(stats)], self.spec)
             update = BasisUpdate(self.spec.run_hash, version + 1, step + self.spec.basis_switch_delay, U)

@@ -25,11 +25,11 @@ from hivemind.utils import get_dht_time
 
 from protocol.spec import RunSpec
 from swarm.dht import RecordError, StageAnnouncement, SwarmDHT
-from swarm.local_reports import dense_bytes_per_token
 from swarm.monitor.coverage import uncovered_reason
 from swarm.monitor.health import HealthRecord, fetch_health
 from swarm.monitor.liveness import LivenessProbe
 from swarm.monitor.scalars import ScalarLog
+from swarm.net.dense_baseline import dense_bytes_per_token
 from swarm.trust.admission import AdmissionPolicy
 
 from .book import HealthBook

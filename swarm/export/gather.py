@@ -144,7 +144,7 @@ async def fetch_stage_states(initial_peers: list[str], timeout: float = 300.0) -
     from peer.state.state_transfer import StateError, download_state
     from swarm.dht import SwarmDHT, close_node, start_dht
     from swarm.net import Transport
-    from swarm.node import LinkAdapter
+    from swarm.net.message_link import LinkAdapter
     from swarm.replicas.replica import transport_limit
     from swarm.replicas.router import LIVE_STATES
     from swarm.trust.identity import Identity

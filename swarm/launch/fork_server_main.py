@@ -28,6 +28,10 @@ from collections.abc import Callable, Sequence
 # modules (sympy, torch.fx, ...) that cost a peer 1.5-3 CPU-s at its first StageRunner; imported here once
 PRELOAD = ("swarm.node", "swarm.coordinator", "swarm.dashboard.server", "swarm.monitor.status",
            "swarm.net.reachability", "peer.daemon.interfaces", "peer.state.state_transfer", "torch._dynamo", "uvloop")
+# what the children run (`python -m swarm.cli`), named as a process command line names it, not imported: the
+# launcher sits below the CLI that starts it. Building its parser imports every subcommand's options, hence
+# torch and hivemind
+CLI_MODULE, CLI_PARSER = "swarm.cli", "build_parser"
 MAX_REQUEST = 1 << 20
 OWNER_POLL_S = 1.0  # how often the server checks that its owner (parent) is alive
 
@@ -215,8 +219,7 @@ def main() -> None:
     _set_cmdline([sys.executable, "-m", "swarm.launch.fork_server_main"])
     control = socket.socket(fileno=os.dup(0))
     os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-    import swarm.cli
-    swarm.cli.build_parser()  # imports every subcommand's options, hence torch and hivemind
+    getattr(importlib.import_module(CLI_MODULE), CLI_PARSER)()
     for name in PRELOAD:
         try:
             importlib.import_module(name)

@@ -17,6 +17,7 @@ import os
 import time
 from collections import deque
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -29,7 +30,6 @@ from protocol.wire import KIND_REDUCE
 from swarm import __version__
 from swarm.dht import SwarmDHT
 from swarm.net.transport import Transport
-from swarm.replicas.router import Router
 
 from .health import MAX_BANNED, MAX_HISTORY, HealthRecord, publish_health, reachability_of
 from .healthz import HealthzServer
@@ -40,6 +40,12 @@ log = logging.getLogger(__name__)
 STEP_POLL_S = 0.1  # how often a tail looks at its step counter (steps take >= ~0.1 s even on tiny models)
 
 
+class BanBook(Protocol):
+    """What the monitor reads of the peer's router (`swarm/replicas/router.py`, a room above this one)."""
+
+    def banned_peers(self) -> dict[str, int]: ...
+
+
 @dataclass
 class _Attached:
     sdht: SwarmDHT
@@ -48,7 +54,7 @@ class _Attached:
     maddrs: list[str]
     transport: Transport
     daemon: StageDaemon
-    router: Router
+    router: BanBook
     device: str
     commit: StepCommit | None = None
 
@@ -115,7 +121,7 @@ class PeerMonitor:
             await self._healthz.start()
 
     def attach(self, sdht: SwarmDHT, spec: RunSpec, peer_id: str, maddrs: list[str], transport: Transport,
-               daemon: StageDaemon, router: Router, device: str, commit: StepCommit | None = None) -> None:
+               daemon: StageDaemon, router: BanBook, device: str, commit: StepCommit | None = None) -> None:
         """The stage serves: from now on the monitor reports it, and says "online"."""
         self._peer = _Attached(sdht, spec, peer_id, maddrs, transport, daemon, router, device, commit)
         self.state = "online"

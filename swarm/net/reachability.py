@@ -27,7 +27,7 @@ import random
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import msgpack
 
@@ -43,7 +43,6 @@ from .transport import Transport, TransportError
 
 if TYPE_CHECKING:
     from protocol.spec import RunSpec
-    from swarm.dht import StageAnnouncement, SwarmDHT
 
 __all__ = ["DIALBACK_KIND", "DialBack", "Reachability", "check_reachability", "dht_options", "relay_penalty",
            "settle_reachability", "RELAY_PENALTY", "ReachabilityError"]
@@ -55,6 +54,21 @@ MAX_ADDRESSES = 8
 MAX_WAITING = 4  # dial-back requests a helper queues; more are refused (the asker asks another helper)
 DIAL_TIMEOUT_S = 8.0
 RELAY_PENALTY = 0.5  # a relayed peer's announced throughput counts half: two hops, through another peer's uplink
+
+
+class Announced(Protocol):
+    """What this module reads of a peer's announcement (a `swarm.dht.StageAnnouncement`; the DHT builds on
+    this room, not the other way round)."""
+
+    peer_id: str
+    state: str
+    maddrs: list[str]
+
+
+class StagePeers(Protocol):
+    """The one read a dial-back makes of the swarm's DHT (a `swarm.dht.SwarmDHT`): every stage's announced peers."""
+
+    async def all_stage_peers(self, run_hash: str, n_stages: int) -> dict[int, list[Announced]]: ...
 
 
 class ReachabilityError(RuntimeError):
@@ -69,7 +83,7 @@ class Reachability:
     maddrs: list[str]
 
 
-def relay_penalty(announcement: StageAnnouncement) -> float:
+def relay_penalty(announcement: Announced) -> float:
     """Multiplier for a peer's throughput when a router ranks it: RELAY_PENALTY if it is only
     reachable through relays (every announced address is a circuit), else 1."""
     maddrs = list(getattr(announcement, "maddrs", []) or [])
@@ -162,7 +176,7 @@ async def check_reachability(transport: Transport, helpers: list[str], maddrs: l
     return any(answers) if answers else None
 
 
-async def pick_helpers(sdht: SwarmDHT, spec: RunSpec, own_id: str, count: int = 2) -> list[str]:
+async def pick_helpers(sdht: StagePeers, spec: RunSpec, own_id: str, count: int = 2) -> list[str]:
     """The coordinator, then other online peers at random: who is asked to dial back."""
     out = [spec.extra["coordinator_peer"]] if spec.extra.get("coordinator_peer") else []
     try:
@@ -175,7 +189,7 @@ async def pick_helpers(sdht: SwarmDHT, spec: RunSpec, own_id: str, count: int = 
     return [p for p in out if p != own_id] + peers[: max(0, count - len(out))]
 
 
-async def settle_reachability(dht: hivemind.DHT, sdht: SwarmDHT, spec: RunSpec, namespace: str,
+async def settle_reachability(dht: hivemind.DHT, sdht: StagePeers, spec: RunSpec, namespace: str,
                               initial_peers: list[str], mode: str,
                               restart: Callable[[dict], hivemind.DHT], stop: Callable[[hivemind.DHT], None],
                               timeout: float = 30.0) -> tuple[hivemind.DHT, Reachability]:

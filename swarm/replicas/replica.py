@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from peer.checks.vouched_state import VouchedStates
@@ -45,7 +46,6 @@ from swarm.net.transport import MAX_LENGTH_FIELD
 from swarm.trust.signed_records import sign_record
 
 from .data_check import StepRecordCheck
-from .hostile_donor import serve_bad_state
 from .membership import PROBE_S, Membership
 from .own_state import BehindCheck, OwnStateCheck
 from .placement import HOLD_S, Rebalancer
@@ -136,7 +136,7 @@ class ReplicaContext:
     allowed_stages: frozenset[int] | None = None  # the stages that fit this peer's memory (None: all)
     checkpointing: bool = False  # activation checkpointing per block (peer/runner/stage.py)
     spot_check_rate: float | None = None  # the share of replicas' work a leader recomputes (None: its default)
-    serve_bad_state: str | None = None  # tests: serve joiners a corrupted state (swarm/replicas/hostile_donor.py)
+    on_stage_peer: Callable[[StagePeer], None] | None = None  # an extension point: `run_peer` (swarm/node.py)
 
 
 class ReplicaService:
@@ -184,8 +184,6 @@ class ReplicaService:
         self.own_check = OwnStateCheck(peer, states, self._resync, ctx.report)
         peer.commit.hasher.on_hashed.append(lambda state: self.own_check.after_step(state[0]))  # once its hash is in
         self.behind_check = BehindCheck(peer, self._resync, ctx.report)
-        if ctx.serve_bad_state:
-            serve_bad_state(peer, ctx.serve_bad_state)
         if peer.driver is not None:
             peer.driver.on_committed = self._after_commit
             peer.driver.votes.on_agreed = self._vouch_states
@@ -193,6 +191,8 @@ class ReplicaService:
             peer.commit.check_record = StepRecordCheck(
                 self.spec.run_hash, self.spec.n_microbatches, batches, self._report_record,
                 on_bad=lambda r: ctx.report.write("bad_step_record", leader=r.leader, step=r.step + 1), me=ctx.peer_id)
+        if ctx.on_stage_peer is not None:  # the peer wired, not yet started: what it changes holds from the start
+            ctx.on_stage_peer(peer)
         ctx.link.limits.update(frame_limits(self.spec, runner))
         heartbeat = None
         try:

@@ -1,7 +1,8 @@
 """The run's data, checked (issue 20, item 2), in real processes over libp2p: a head that holds the
 lease and feeds other text than the run's (what a stranger's modified head does; here the stock
-peer with a hidden test flag) is caught by the first honest head that reads its signed step
-record, loses the lease within 2 steps of that, and the swarm goes on under the honest head.
+peer made to feed other text: tests/doubles/foreign_head.py) is caught by the first honest head
+that reads its signed step record, loses the lease within 2 steps of that, and the swarm goes on
+under the honest head.
 (Before step records nothing checked what the leader fed: a head on its own data led.)"""
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import time
 
 from protocol.spec import preset
 from swarm.local import LocalOptions, LocalSwarm
+from tests.doubles import foreign_head
 from tests.e2e.conftest import wait_for_event
 
 STEPS = "100000"  # the heads never finish: the test stops them
@@ -40,7 +42,7 @@ async def test_a_leader_that_feeds_other_data_loses_the_lease_within_two_steps_a
     try:
         await asyncio.to_thread(swarm.start_coordinator)
         # the liar is the first head the coordinator sees, so the lease names it first
-        swarm.start_peer(0, "--steps", STEPS, "--data", str(evil), "--foreign-data", name="liar")
+        swarm.start_peer(0, "--steps", STEPS, "--foreign-data", str(evil), name="liar", module=foreign_head.MODULE)
         wait_for_event(swarm, "liar", "ready")
         swarm.start_peer(1, name="stage1")
         await asyncio.to_thread(_wait, swarm, lambda: len(_steps_by(swarm, "liar")) >= 3)

@@ -9,6 +9,7 @@ import signal
 from peer.runner.checkpoint import checkpoint_path, load_checkpoint
 from protocol.spec import preset
 from swarm.local import LocalOptions, LocalSwarm
+from tests.doubles import slow_coordinator
 from tests.e2e.conftest import wait_for_event
 from tests.e2e.test_basis_updates import Client
 
@@ -22,7 +23,7 @@ async def test_head_resumes_exactly_and_catches_up_a_basis_update_published_whil
     ckpt = tmp_path / "ckpt"
     swarm = LocalSwarm(LocalOptions(spec, steps=STEPS, workdir=str(tmp_path / "run"), quiet=True, threads=1))
     try:
-        maddrs = await asyncio.to_thread(swarm.start_coordinator, "--refit-delay", "4")
+        maddrs = await asyncio.to_thread(swarm.start_coordinator, "--refit-delay", "4", module=slow_coordinator.MODULE)
         for s in (1, 2):
             swarm.start_peer(s)
         head = swarm.start_peer(0, "--steps", str(STEPS), "--checkpoint-dir", str(ckpt), name="head")

@@ -1,11 +1,11 @@
 """Vouched state (issue 21, item 4) and the coordinator's snapshots (issue 19), in real processes
 over libp2p: two replicas of stage 1 that train honestly but serve joiners noisy weights under
-their own sha256 (the stock peer with a hidden test flag), both boasting a huge throughput and a
-step ahead of the swarm (one 1000 steps, one 2), so that a joiner tries them first. The joiner skips the one whose step
-the swarm's records do not know, refuses the other's state (its hash is not the vouched one),
-takes the state of an honest replica, and after its next step its own state hash is the one
-the leader's record holds. The coordinator, started with --checkpoint-dir, wrote every stage's
-vouched snapshots to files."""
+their own sha256 (the stock peer made a hostile donor: tests/doubles/hostile_peer.py), both
+boasting a huge throughput and a step ahead of the swarm (one 1000 steps, one 2), so that a
+joiner tries them first. The joiner skips the one whose step the swarm's records do not know,
+refuses the other's state (its hash is not the vouched one), takes the state of an honest
+replica, and after its next step its own state hash is the one the leader's record holds. The
+coordinator, started with --checkpoint-dir, wrote every stage's vouched snapshots to files."""
 from __future__ import annotations
 
 import asyncio
@@ -15,6 +15,7 @@ import time
 
 from protocol.spec import preset
 from swarm.local import LocalOptions, LocalSwarm
+from tests.doubles import hostile_peer
 from tests.e2e.conftest import wait_for_event
 
 STEPS = "100000"  # the head never finishes: the test stops it
@@ -56,7 +57,7 @@ async def test_a_joiner_refuses_hostile_donors_takes_the_vouched_state_and_the_c
         # both liars join at once (each join waits for the next step whose state the replicas hash, and for its
         # record): a liar skips or refuses the other as a donor as the joiner does, and joins from an honest one
         for how in ("far", "near"):
-            swarm.start_peer(1, "--serve-bad-state", how, name=f"liar_{how}")
+            swarm.start_peer(1, "--serve-bad-state", how, name=f"liar_{how}", module=hostile_peer.MODULE)
         for how in ("far", "near"):
             wait_for_event(swarm, f"liar_{how}", "joined", timeout=180)
         await asyncio.to_thread(_wait, swarm, lambda: _steps(swarm) >= 8)

@@ -30,7 +30,7 @@ from protocol.wire import (
     KIND_GRADIENT,
     KIND_REDUCE,
     KIND_STATE,
-    _pack_tensor,
+    pack_tensor,
 )
 from swarm.basis.refit import BasisRefitter
 from swarm.trust.keys import SigningKey
@@ -71,17 +71,17 @@ def tensors(draw) -> msgpack.ExtType:
     shape = draw(st.lists(st.integers(0, 9), min_size=0, max_size=4))
     dtype = draw(dtypes)
     fill = draw(st.sampled_from([0.0, 1.0, 3e38, float("nan"), float("inf"), -1.0]))
-    return _pack_tensor(torch.full(shape, fill).to(dtype) if dtype.is_floating_point else
-                        torch.full(shape, int(fill) if abs(fill) < 100 else 7).to(dtype))
+    return pack_tensor(torch.full(shape, fill).to(dtype) if dtype.is_floating_point else
+                       torch.full(shape, int(fill) if abs(fill) < 100 else 7).to(dtype))
 
 
 def valid_bodies(step: int) -> dict[str, dict]:
     """Valid messages (as maps) of each kind, for the mutations to start from."""
     B, T, w = SPEC.microbatch_size, SPEC.seq_len, SPEC.rank
     header = {"r": SPEC.run_hash, "s": step, "a": 0, "m": 0, "v": 0, "c": SPEC.codec, "g": 1}
-    act = {"k": KIND_ACTIVATION, **header, "t": _pack_tensor(torch.zeros(B, T + 1, dtype=torch.uint8)),
-           "p": _pack_tensor(torch.randn(B, T, w))}
-    grad = {"k": KIND_GRADIENT, **header, "l": 1.0, "p": _pack_tensor(torch.randn(B, T, w))}
+    act = {"k": KIND_ACTIVATION, **header, "t": pack_tensor(torch.zeros(B, T + 1, dtype=torch.uint8)),
+           "p": pack_tensor(torch.randn(B, T, w))}
+    grad = {"k": KIND_GRADIENT, **header, "l": 1.0, "p": pack_tensor(torch.randn(B, T, w))}
     ctl = msgpack.unpackb(encode_command(Command(SPEC.run_hash, step, 0, "reduce", [])), raw=False,
                           strict_map_key=False)
     red = msgpack.unpackb(encode_contribution(Contribution(SPEC.run_hash, step, 0, 1, [0], torch.zeros(5))),

@@ -16,7 +16,7 @@ from peer.runner.state_hash import state_bytes, state_sha256
 from peer.state import state_transfer
 from peer.state.state_transfer import StateError, download_state
 from protocol.wire import KIND_STATE
-from swarm.replicas.hostile_donor import serve_bad_state
+from tests.doubles.hostile_donor import serve_bad_state
 from tests.peer.swarm_in_memory import make_swarm, patient_options
 from tests.peer.test_replicas import assert_close, spec_for
 

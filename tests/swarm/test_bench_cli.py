@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from protocol.spec import preset
-from swarm.bench.machine import devices_used, machine_info
+from swarm.bench.common.machine import devices_used, machine_info
 from swarm.bench.record.throughput import throughput_record
 from swarm.cli import build_parser, main
 
@@ -72,7 +72,7 @@ def test_every_bench_has_a_description_and_every_flag_states_its_default():
 def _documented_invocations() -> list[str]:
     """Every `swarm bench ...` command in README.md and docs/*.md (continued lines joined)."""
     found = []
-    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
         parts = re.sub(r"\\\n\s*", " ", path.read_text()).split("```")
         # outside code blocks, an inline `command` may wrap onto the next line
         text = "".join(part if i % 2 else re.sub(r"`[^`]*`", lambda m: m.group(0).replace("\n", " "), part)
@@ -94,46 +94,47 @@ def test_the_documented_bench_invocations_parse():
 
 
 @pytest.mark.parametrize("argv, module, function, expected", [
-    (["codecs", "--smoke", "--out", "D"], "codecs", "run_codecs_bench", {"smoke": True}),
-    (["throughput", "--devices", "cuda:0,cuda:1", "--bandwidth", "8mbit,80mbit"], "throughput",
+    (["codecs", "--smoke", "--out", "D"], "hardware.codecs", "run_codecs_bench", {"smoke": True}),
+    (["throughput", "--devices", "cuda:0,cuda:1", "--bandwidth", "8mbit,80mbit"], "record.throughput",
      "run_throughput_bench", {"preset_name": "small", "steps": 20, "devices": "cuda:0,cuda:1",
                               "bandwidth": "8mbit,80mbit", "latency": "0", "device": "cpu"}),
-    (["throughput", "--send-order", "fifo,shared"], "throughput", "run_throughput_bench",
+    (["throughput", "--send-order", "fifo,shared"], "record.throughput", "run_throughput_bench",
      {"send_orders": "fifo,shared", "bandwidth": "80mbit"}),
-    (["convergence", "--device", "cuda"], "convergence", "run_convergence_bench",
+    (["convergence", "--device", "cuda"], "record.convergence", "run_convergence_bench",
      {"preset_name": "small", "steps": 2000, "data": "stdlib", "device": "cuda", "dtype": None}),
-    (["mfu"], "mfu", "run_mfu_bench", {"preset_name": "large", "codec": "dense", "dtype": "fp32", "steps": 10,
+    (["mfu"], "hardware.mfu", "run_mfu_bench", {"preset_name": "large", "codec": "dense", "dtype": "fp32", "steps": 10,
                                        "matmul_n": 8192, "device": "cpu"}),  # --dtype auto on the CPU: fp32
-    (["replicas", "--steps", "5"], "replicas", "run_replicas_bench", {"preset_name": "small", "steps": 5}),
-    (["replica-sync", "--sync-rank", "2,4"], "replica_sync", "run_replica_sync_bench",
+    (["replicas", "--steps", "5"], "replicas.bench", "run_replicas_bench", {"preset_name": "small", "steps": 5}),
+    (["replica-sync", "--sync-rank", "2,4"], "replicas.replica_sync", "run_replica_sync_bench",
      {"ranks": (2, 4), "steps": 300, "seeds": 1, "bandwidth": "80mbit", "data": "stdlib", "warmups": (0,)}),
-    (["replica-sync", "--sync-warmup", "0,100"], "replica_sync", "run_replica_sync_bench",
+    (["replica-sync", "--sync-warmup", "0,100"], "replicas.replica_sync", "run_replica_sync_bench",
      {"ranks": (8, 32), "warmups": (0, 100)}),
-    (["verify", "--replicas", "2"], "verify", "run_verify_bench",
+    (["verify", "--replicas", "2"], "replicas.verify", "run_verify_bench",
      {"preset_name": "tiny", "steps": 12, "replicas": 2, "repeats": 2, "stages": 3, "bandwidth": "80mbit",
       "device": "cpu", "dtype": "fp32"}),  # --dtype auto on the CPU: fp32
-    (["share-tolerance", "--presets", "tiny", "--device", "cpu"], "share_tolerance", "run_share_tolerance_bench",
+    (["share-tolerance", "--presets", "tiny", "--device", "cpu"], "replicas.share_tolerance",
+     "run_share_tolerance_bench",
      {"presets": ("tiny",), "codecs": ("subspace", "dense"), "device": "cpu", "dtype": "fp32", "warm_steps": 20,
       "steps": 2, "replicas": 3, "data": "stdlib"}),
-    (["fidelity", "--groups", "embed,seeds", "--best", '{"lr": 0.002}'], "fidelity", "run_fidelity_bench",
+    (["fidelity", "--groups", "embed,seeds", "--best", '{"lr": 0.002}'], "fidelity.bench", "run_fidelity_bench",
      {"plan": "gpu", "parallel": 1, "per_device": 1, "budget_s": 540.0, "groups": ("embed", "seeds"),
       "best": {"lr": 0.002}, "resume": False, "dense_runs": 1}),
-    (["fidelity", "--dense-runs", "3"], "fidelity", "run_fidelity_bench", {"dense_runs": 3}),
-    (["churn", "--peer-args=--ttl 6"], "churn", "run_churn_bench",
+    (["fidelity", "--dense-runs", "3"], "fidelity.bench", "run_fidelity_bench", {"dense_runs": 3}),
+    (["churn", "--peer-args=--ttl 6"], "churn.bench", "run_churn_bench",
      {"preset_name": "tiny", "hosts": 6, "replicas": 2, "period": 60.0, "minutes": 15.0, "leader_every": 5,
       "bandwidth": "50mbit", "baseline_minutes": 5.0, "seed": 0, "checkpoint_every": 10, "peer_args": "--ttl 6",
       "coordinator_args": ""}),
-    (["memory", "--presets", "paper8b", "--stages", "1"], "memory", "run_memory_bench",
+    (["memory", "--presets", "paper8b", "--stages", "1"], "hardware.memory", "run_memory_bench",
      {"presets": ["paper8b"], "device": "cuda", "dtype": "fp32" if not torch.cuda.is_available() else
       "bf16" if torch.cuda.is_bf16_supported(including_emulation=False) else "fp16", "stages": "1", "options": "both",
       "caps": True}),  # --dtype auto: bf16 on a CUDA card that has it, fp16 on one that has not, fp32 without CUDA
-    (["record", "--parts", "throughput", "--resume"], "record", "run_record_bench",
+    (["record", "--parts", "throughput", "--resume"], "record.bench", "run_record_bench",
      {"tokens": 12_000_000, "bandwidth": "200mbit", "latency": "50ms", "steps": 8, "codec_tokens": 1.0,
       "parts": ("throughput",), "resume": True, "data": "stdlib", "device": "cpu", "variants": None}),
-    (["record", "--variants", "dense,subspace-16x-lr0.03"], "record", "run_record_bench",
+    (["record", "--variants", "dense,subspace-16x-lr0.03"], "record.bench", "run_record_bench",
      {"variants": ("dense", "subspace-16x-lr0.03"), "parts": ("curves", "throughput"), "resume": False}),
     (["simulate", "--peers", "10,100", "--uplink", "10-200", "--lifetimes", "inf,30", "--every-head-works"],
-     "simulate", "run_simulate_bench",
+     "simulate.bench", "run_simulate_bench",
      {"preset_name": "large", "codecs": ("dense", "subspace", "bottleneck"), "peers": (10, 100), "uplink": "10-200",
       "latency": "10-150", "mfu": 0.4, "replica_sync": "powersgd", "per_replica": 4, "steps": 8,
       "lifetimes": (float("inf"), 30.0), "churn_peers": 100, "every_head_works": True, "step_timeout": None}),

@@ -16,7 +16,7 @@ from peer.data.corpus import load_corpus
 from peer.runner.pipeline import InProcessPipeline
 from protocol.reference import ReferenceModel
 from protocol.spec import preset
-from swarm.bench.fidelity.bench import bench as fidelity
+from swarm.bench.fidelity import bench as fidelity
 from swarm.bench.fidelity.bench import run_fidelity_bench
 from swarm.bench.fidelity.plan import ALL_GROUPS, jobs_for, plan_shape, with_dense_repeats
 from swarm.bench.fidelity.queue import estimated_seconds, run_queue

@@ -9,7 +9,7 @@ import torch
 
 import swarm.bench.replicas.replica_sync as replica_sync
 from protocol.spec import preset
-from swarm.bench.machine import per_peer_threads, torch_threads
+from swarm.bench.common.machine import per_peer_threads, torch_threads
 
 
 def test_the_threads_are_put_back_after_the_block_even_when_it_fails():

@@ -17,7 +17,7 @@ Then every process is stopped with SIGTERM (each peer leaves and writes its last
 whatever is still running on any host 15 s later is listed in the JSON and killed, and every
 namespace is deleted, also on error, Ctrl+C or SIGTERM. Each peer writes a checkpoint every
 --checkpoint-every steps into its own folder; the bench hashes each as it appears
-(`churn_report.field_hashes`), so replicas of a stage are compared at the same step.
+(`report.field_hashes`), so replicas of a stage are compared at the same step.
 
 Figures and their definitions: swarm/bench/churn/report.py. Writes churn.json (settings,
 summary, every kill, peer and step record) and churn.png (step and loss against time, the
@@ -39,7 +39,7 @@ from pathlib import Path
 
 from peer.runner.checkpoint import load_checkpoint
 from protocol.spec import preset
-from swarm.bench.machine import machine_info
+from swarm.bench.common.machine import machine_info
 from swarm.local import LocalOptions, LocalSwarm
 from swarm.local_reports import LocalSwarmError
 from swarm.net.namespaces import KernelLinks, KernelShapingUnavailable

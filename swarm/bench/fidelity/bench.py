@@ -1,9 +1,9 @@
 """`swarm bench fidelity`: does the subspace model train as well as dense, and why not (docs/fidelity.md)?
 
-Trains the jobs of a plan (`fidelity_plan.py`: the scale comparison at ~100x up to d=1024, the
+Trains the jobs of a plan (`plan.py`: the scale comparison at ~100x up to d=1024, the
 headline at the `small` shape, the frontier of loss against compression, and one-cause
 ablations) as independent in-process runs spread over the devices inside a time budget
-(`fidelity_queue.py`). With `--dense-runs N` every dense job trains N times with the same spec and
+(`queue.py`). With `--dense-runs N` every dense job trains N times with the same spec and
 every comparison with dense takes the mean of its N runs (dense on a GPU is not bit-repeatable).
 Writes, in `--out`:
 
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from swarm.bench.machine import machine_info
+from swarm.bench.common.machine import machine_info
 
 from .plan import GROUPS, jobs_for, with_dense_repeats
 from .queue import estimated_seconds, run_queue, slots
@@ -40,7 +40,7 @@ def run_fidelity_bench(out_dir: str, plan: str = "gpu", device: str = "cpu", par
     that `out_dir/fidelity.jsonl` already holds finished with the same spec, and run only the others.
     `dense_runs`: train every dense job that many times with the same spec (repeats named "NAME (run i)"),
     since dense on a GPU is not bit-repeatable (docs/fidelity.md 3m); every comparison with a dense
-    reference then takes the mean of its runs (fidelity_report.py)."""
+    reference then takes the mean of its runs (report.py)."""
     if smoke:
         plan, data, eval_batches = "smoke", None, 2
     # repeats are ordinary jobs: --resume keeps the finished ones and runs only the missing ones

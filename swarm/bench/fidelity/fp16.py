@@ -19,7 +19,7 @@ from peer.data.batches import BatchSource
 from peer.data.corpus import load_corpus
 from peer.runner.pipeline import InProcessPipeline
 from protocol.spec import preset
-from swarm.bench.machine import machine_info
+from swarm.bench.common.machine import machine_info
 from swarm.bench.record.convergence import held_out_loss, plot_loss_panels
 
 

@@ -294,7 +294,7 @@ def jobs_for(plan: str, groups: tuple[str, ...] = GROUPS, best: dict | None = No
 def with_dense_repeats(jobs: list[Job], n: int) -> list[Job]:
     """Every dense job (spec.codec "dense") followed by n - 1 copies of it, the same spec, named f"{name} (run i)"
     for i = 2..n: dense on a GPU is not bit-repeatable (docs/fidelity.md 3m), so the report takes the mean of
-    the n runs as the reference (fidelity_report.py). n = 1: the jobs as they are."""
+    the n runs as the reference (report.py). n = 1: the jobs as they are."""
     if n < 1:
         raise ValueError(f"the number of dense runs must be at least 1, not {n}.")
     out = []

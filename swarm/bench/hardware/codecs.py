@@ -26,7 +26,7 @@ from protocol.codecs import WirePacker, make_decoder, make_encoder
 from protocol.spec import CODECS, preset
 from protocol.subspace import make_basis
 from protocol.wire import ActivationMessage, Header, WireLimits, decode_message, encode_message, tokens_for_wire
-from swarm.bench.machine import machine_info
+from swarm.bench.common.machine import machine_info
 
 VOCAB = 32000
 B = 4

@@ -28,7 +28,7 @@ import torch
 from peer.runner.memory_estimate import CARD_OVERHEAD, CARDS_GB, GIB, estimate_stage, smallest_card
 from peer.runner.stage import StageRunner
 from protocol.spec import preset
-from swarm.bench.machine import machine_info
+from swarm.bench.common.machine import machine_info
 
 
 def _train_step(runner: StageRunner, inputs: tuple) -> None:
@@ -204,14 +204,16 @@ def plot(result: dict, path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m swarm.bench.hardware.memory`: the bench's flags without the `swarm` CLI (and without hivemind)."""
-    from swarm.bench.cli import _add_memory, resolve_bench_dtype
+    from swarm.bench.common.flags import resolve_bench_dtype
+
+    from .flags import add_memory
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--plot"]:
         path = Path(argv[1])
         plot(json.loads(path.read_text()), path.with_suffix(".png"))
         return 0
     parser = argparse.ArgumentParser(prog="python -m swarm.bench.hardware.memory")
-    _add_memory(parser.add_subparsers(dest="which", required=True))
+    add_memory(parser.add_subparsers(dest="which", required=True))
     a = parser.parse_args(["memory", *argv])
     resolve_bench_dtype(a)
     run_memory_bench(a.out, presets=a.presets.split(","), device=a.device, dtype=a.dtype, stages=a.stages,

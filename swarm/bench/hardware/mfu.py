@@ -30,7 +30,7 @@ from torch import nn
 from protocol.model import SubspaceLinear
 from protocol.reference import ReferenceModel
 from protocol.spec import RunSpec, preset
-from swarm.bench.machine import machine_info
+from swarm.bench.common.machine import machine_info
 
 
 def _sync(device: torch.device) -> None:

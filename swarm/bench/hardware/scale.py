@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 from protocol.spec import preset
-from swarm.bench.machine import machine_info
+from swarm.bench.common.machine import machine_info
 from swarm.local import LocalOptions, LocalSwarm, parse_devices
 
 

@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 
 from protocol.spec import preset
-from swarm.bench.machine import machine_info
+from swarm.bench.common.machine import machine_info
 
 SIZES_MB = (1, 4, 16)
 CASES = ("tcp", "p2p", "transport", "transport x2", "direct", "direct x2", "transport 2p", "direct 2p")

@@ -5,7 +5,7 @@ The record: Pluralis' ProtocolNanoGPT (`RECORD` below), a ~203M model, d=1024, 8
 step than dense, 3.1x more steps, so 1.62x sooner to the target loss. Here: the `record`
 preset (the same shape with our byte tokenizer; k = d/100, ~100x), dense, subspace, bottleneck
 and subspace with the constrained stages at 0.03 x the lr at ~100x and at 16x (`VARIANTS`,
-record_variants.py; variants that differ only in the lr share one swarm, `swarm_of`), composed
+variants.py; variants that differ only in the lr share one swarm, `swarm_of`), composed
 from two benches whose JSONs stay in the output folder:
 
 - loss per token: `convergence.train_curves` trains the three side by side to the token

@@ -26,7 +26,7 @@ from peer.data.batches import BatchSource
 from peer.data.corpus import load_corpus
 from peer.runner.pipeline import InProcessPipeline
 from protocol.spec import RunSpec, preset
-from swarm.bench.machine import machine_info
+from swarm.bench.common.machine import machine_info
 
 from .time_to_loss import time_to_loss, write_time_to_loss
 

@@ -21,7 +21,7 @@ import json
 from pathlib import Path
 
 from protocol.spec import RunSpec, preset
-from swarm.bench.machine import devices_used, machine_info
+from swarm.bench.common.machine import devices_used, machine_info
 from swarm.local import LocalOptions, run_local
 from swarm.net.namespaces import KernelLinks, KernelShapingUnavailable
 from swarm.net.shaper import parse_bandwidth

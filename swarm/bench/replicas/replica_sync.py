@@ -31,7 +31,7 @@ from peer.data.corpus import load_corpus
 from peer.replica.memory_swarm import make_swarm
 from protocol.codecs import WirePacker
 from protocol.spec import RunSpec, preset
-from swarm.bench.machine import machine_info, per_peer_threads, torch_threads
+from swarm.bench.common.machine import machine_info, per_peer_threads, torch_threads
 from swarm.bench.record.convergence import held_out_loss
 from swarm.net import REPLY_OVERHEAD, REQUEST_OVERHEAD, LinkShaper
 

@@ -38,7 +38,7 @@ from peer.runner.stage import StageRunner
 from protocol.codecs import WirePacker
 from protocol.spec import COMPUTE_DTYPES, preset
 from protocol.wire import WireLimits, decode_message
-from swarm.bench.machine import machine_info
+from swarm.bench.common.machine import machine_info
 
 HONEST = ("again", "sent", "other kernels", "cpu", "cpu-fp32")
 LIES = ("x -50", "another share", "random")

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from peer.replica.memory_swarm import make_swarm
 from protocol.spec import preset
-from swarm.bench.machine import machine_info
+from swarm.bench.common.machine import machine_info
 
 from .replica_sync import SLOW, shaped_link
 

@@ -1,11 +1,11 @@
 """`swarm bench simulate`: a discrete-event simulation of a swarm of N home GPUs (10 to 1,000)
 that runs the project's own router and placement against modelled compute and home links.
 
-The engine (`simulate_engine.py`) is asyncio on a virtual clock; the peers' GPUs, links and the
-bytes of a step come from `simulate_hardware.py` (a table of consumer GPUs with sources, each
-stage's FLOPs from the spec, message sizes from the real encoders); `simulate_swarm.py` holds the
-peers, their directory and churn; `simulate_step.py` is the step as the driver runs it;
-`simulate_run.py` runs one swarm. This file sweeps:
+The engine (`engine.py`) is asyncio on a virtual clock; the peers' GPUs, links and the
+bytes of a step come from `hardware.py` (a table of consumer GPUs with sources, each
+stage's FLOPs from the spec, message sizes from the real encoders); `peers.py` holds the
+peers, their directory and churn; `step.py` is the step as the driver runs it;
+`run.py` runs one swarm. This file sweeps:
 
 1. tokens/s against N for each codec, on links of `--uplink` Mbit/s (80 by default) and a
    one-way latency drawn from `--latency` ms, the step's batch growing with the swarm
@@ -28,7 +28,7 @@ import math
 from pathlib import Path
 
 from protocol.spec import preset
-from swarm.bench.machine import machine_info
+from swarm.bench.common.machine import machine_info
 
 from .hardware import CONSUMER, DATACENTER, LinkDraw, gpu, stage_flops, wire_bytes
 from .report import matches, plot

@@ -1,11 +1,12 @@
-"""The flags of `swarm bench simulate` (swarm/bench/simulate/bench.py and, with --validate, simulate_validate.py):
-the swarm's size, hardware, links and churn that the simulation draws from."""
+"""`swarm bench simulate`: its subcommand, its flags (the swarm's size, hardware, links and churn that the
+simulation draws from) and what runs it: simulate/bench.py, or with --validate simulate/validate.py, imported only
+when it runs, so that `swarm --help` stays fast."""
 from __future__ import annotations
 
 import argparse
 
 from protocol.spec import CODECS
-from swarm.bench.cli_flags import add_common, add_preset, ranks_list
+from swarm.bench.common.flags import Subcommand, add_common, add_preset, ranks_list
 
 
 def _floats(text: str) -> tuple[float, ...]:
@@ -15,7 +16,7 @@ def _floats(text: str) -> tuple[float, ...]:
         raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of numbers.") from None
 
 
-def add_simulate(sub) -> None:
+def _add_simulate(sub) -> argparse.ArgumentParser:
     from .hardware import CONSUMER, GPUS
     from .step import REDUCES
     p = sub.add_parser("simulate", help="a simulated swarm of 10-1,000 home GPUs: tokens/s against N, churn, codec",
@@ -73,3 +74,30 @@ def add_simulate(sub) -> None:
     p.add_argument("--validate", action="store_true",
                    help="run real local swarms (tiny, CPU, shaped links) and the simulator calibrated to this CPU, "
                    "and write the table of both (default: off)")
+    return p
+
+
+def follow_models(text: str) -> tuple[str, ...]:
+    models = tuple(dict.fromkeys(m.strip() for m in text.split(",") if m.strip()))
+    if not models or any(m not in ("sums", "whole") for m in models):
+        raise ValueError(f"--follow {text!r}: give sums, whole, or sums,whole.")
+    return models
+
+
+def _simulate(a: argparse.Namespace) -> None:
+    if a.validate:
+        from .validate import run_validation
+        run_validation(a.out, smoke=a.smoke)
+        return
+    from .bench import run_simulate_bench
+    run_simulate_bench(a.out, preset_name=a.preset, codecs=tuple(c.strip() for c in a.codecs.split(",")),
+                       peers=a.peers, uplink=a.uplink, latency=a.latency, downlink_ratio=a.downlink_ratio,
+                       gpus=tuple(g.strip() for g in a.gpus.split(",")), mfu=a.mfu, replica_sync=a.replica_sync,
+                       per_replica=a.microbatches_per_replica, steps=a.steps, lifetimes=a.lifetimes,
+                       churn_peers=a.churn_peers, churn_minutes=a.churn_minutes, rejoin_s=a.rejoin_s,
+                       every_head_works=a.every_head_works, seed=a.seed, step_timeout=a.step_timeout or None,
+                       follows=follow_models(a.follow), sync_rank=a.sync_rank, reduce=a.reduce, smoke=a.smoke)
+
+
+# the room's benches by name (swarm/bench/cli.py registers them)
+BENCHES: dict[str, Subcommand] = {"simulate": Subcommand(_add_simulate, _simulate)}

@@ -138,7 +138,7 @@ class SwarmConfig:
 
 
 class SimSwarm:
-    """Peers, their directory and churn (module docstring); `simulate_step.py` drives the steps."""
+    """Peers, their directory and churn (module docstring); `step.py` drives the steps."""
 
     def __init__(self, cfg: SwarmConfig) -> None:
         self.cfg, self.spec = cfg, cfg.spec

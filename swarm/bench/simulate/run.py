@@ -11,7 +11,7 @@
 
 The one-GPU comparison (`one_gpu_tokens_per_second`): the whole model on one card in one
 process, no network: tokens/s = R mfu / F with F = sum of every stage's forward and backward
-FLOPs per token (simulate_hardware.py), the figure a datacenter run of one A100 or H100 is
+FLOPs per token (hardware.py), the figure a datacenter run of one A100 or H100 is
 measured against.
 """
 from __future__ import annotations
@@ -48,7 +48,7 @@ class SimSetup:
     cores: SharedCores | None = None  # every peer on this machine's cores (validation), else a GPU each
     first_timeout: float | None = 120.0  # the first step's timeout (`swarm peer --step-timeout`; None: none)
     frame_s: float = 0.0  # the transport's own delay added to every frame (validation: measured), else none
-    reduce: str = "all"  # simulate_step.REDUCES: how a stage's replicas exchange their contributions
+    reduce: str = "all"  # step.REDUCES: how a stage's replicas exchange their contributions
     max_seconds: float = 7 * 86400.0  # virtual time after which a run that cannot finish its steps stops
 
 

@@ -48,7 +48,7 @@ from protocol.wire import (
     encode_message,
     tokens_for_wire,
 )
-from swarm.bench.machine import machine_info, torch_threads
+from swarm.bench.common.machine import machine_info, torch_threads
 from swarm.net.shaper import parse_bandwidth, parse_latency
 
 from .engine import SharedCores

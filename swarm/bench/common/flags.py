@@ -1,11 +1,22 @@
 """What the `swarm bench` subcommands share in their flags: argument types (comma-separated counts),
 the flags most benches take (--out, --smoke, --device, --preset, --data, --dtype, the link), and
---dtype auto resolved; `swarm/bench/cli.py` builds one parser per bench from them."""
+--dtype auto resolved; each room's `cli.py` (swarm/bench/ROOM/cli.py) builds its benches' parsers from them."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 from protocol.spec import DTYPE_CHOICES, PRESETS, resolve_dtype
+
+
+@dataclass(frozen=True)
+class Subcommand:
+    """One bench's `swarm bench` subcommand: `add` adds its parser (flags, help) to `swarm bench`'s subparsers and
+    returns it; `run` runs the bench with the parsed flags (importing it only then, so `swarm --help` stays fast)."""
+    add: Callable[[Any], argparse.ArgumentParser]
+    run: Callable[[argparse.Namespace], None]
 
 
 def resolve_bench_dtype(a: argparse.Namespace) -> None:
