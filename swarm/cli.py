@@ -106,11 +106,14 @@ def _raise_interrupt(signum, frame) -> None:
 
 def cmd_local(a: argparse.Namespace) -> int:
     from peer.data.corpus import load_corpus
+    from peer.data.run_tokens import check_data_flags, with_tokens
     from swarm.local import LocalOptions, LocalSwarmError, parse_devices, run_local
     from swarm.net import parse_bandwidth, parse_latency
     spec = spec_from_args(a)
     # bad values fail here, before any process starts
     parse_bandwidth(a.bandwidth), parse_latency(a.latency), parse_devices(a.devices)
+    check_data_flags(a.data, a.tokens)
+    spec = with_tokens(spec, a.tokens)  # a bad folder fails here; the peers build the tokenizer's vocab
     load_corpus(a.data, seq_len=spec.seq_len)
     if a.replicas < 1:
         raise ValueError("--replicas must be at least 1.")
@@ -281,7 +284,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     lo = sub.add_parser("local", help="run a whole swarm on this machine (coordinator + one peer per stage)",
                         description="Run a coordinator and one peer per stage as separate processes on loopback, "
-                        "train on the embedded corpus (or --data), show progress, and stop everything at the end.")
+                        "train on the embedded corpus (or --data, or a --tokens folder), show progress, and stop "
+                        "everything at the end.")
     add_spec_flags(lo)
     add_options(lo, LocalOptions)
     lo.add_argument("--no-dashboard", action="store_true", help="do not start the dashboard")
@@ -354,8 +358,9 @@ def build_parser() -> argparse.ArgumentParser:
     ev = sub.add_parser("eval", help="an exported model's held-out loss and perplexity",
                         description="Loss (nats per token) and perplexity of an exported model on the validation "
                         "split of the corpus it trained on (recorded in the run spec by `swarm coordinator --data` "
-                        "or `swarm local --data`; the embedded corpus if none), or of --data, or on a training "
-                        "step's microbatches. The output names the corpus it scored.")
+                        "or `swarm local --data`, or the folder of their --tokens; the embedded corpus if none), or of "
+                        "--data or --tokens, or on a training step's microbatches. The output names the corpus it "
+                        "scored.")
     add_options(ev, EvalOptions)
     ev.set_defaults(func=cmd_eval)
 

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from peer.data.run_corpus import run_batches, with_corpus
+from peer.data.run_tokens import check_data_flags, token_batches, with_tokens
 from protocol.model import spec_basis
 from protocol.snapshot_wire import CHUNK_BYTES
 from protocol.spec import RunSpec
@@ -64,6 +65,10 @@ class CoordinatorOptions:
     data: str | None = opt(None, "the text file or folder this run trains on: its path and sha256 go into the run "
                            "spec, so that heads started without --data read it, a head with other text refuses "
                            "to start, and `swarm eval` scores it (default: the embedded corpus)", metavar="PATH")
+    tokens: str | None = opt(None, "a folder made by `swarm data prepare` this run trains on instead of --data: its "
+                             "path, manifest and tokenizer sha256 go into the run spec and the spec's vocab becomes "
+                             "the tokenizer's, so that heads started without --tokens read it, a head with other "
+                             "tokens refuses to start, and `swarm eval` scores it", metavar="DIR")
     maddrs_file: str | None = opt(None, "write the coordinator's addresses here as JSON", metavar="FILE")
     private: bool = opt(False, "admit only peers with a ticket signed by the swarm key (`swarm admit`)")
     id_work_bits: int = opt(DEFAULT_WORK_BITS, "every peer id must prove 2^N sha256 hashes of work for this run before "
@@ -93,6 +98,7 @@ class CoordinatorOptions:
             raise ValueError(f"--id-work-bits must be between 0 (no proof of work) and {MAX_BITS}.")
         if self.ids_per_network < 0:
             raise ValueError("--ids-per-network must be 0 (no cap) or a positive number of peer ids.")
+        check_data_flags(self.data, self.tokens)
 
 
 def sealed_spec(spec: RunSpec, key: SigningKey, peer_id: str = "", private: bool = False,
@@ -126,7 +132,8 @@ async def run_coordinator(opts: CoordinatorOptions,
     opts.check()  # before any file or daemon
     key_file = opts.key or default_file("swarm.key", opts.state_dir)
     identity_file = opts.identity or default_file("coordinator.id", opts.state_dir)
-    spec = with_corpus(opts.spec, opts.data)  # reads the corpus: a bad --data fails before any daemon starts
+    # reads the corpus or token folder: a bad --data or --tokens fails before any daemon starts
+    spec = with_tokens(with_corpus(opts.spec, opts.data), opts.tokens)
     key = SigningKey.load_or_create(key_file)
     identity = Identity.load_or_create(identity_file)
     try:  # two coordinators with one peer id would be one node to the swarm
@@ -188,7 +195,8 @@ async def _coordinate(opts: CoordinatorOptions, spec: RunSpec, key: SigningKey, 
             if to is not None:  # the undone steps' vouched snapshots and states go: they are driven again
                 await vouch.forget_after(to)
             return await keeper.revoke(head, why, to, caught)
-        verdict = DataVerdict(spec.run_hash, spec.n_microbatches, lambda: run_batches(spec, opts.data), revoke,
+        verdict = DataVerdict(spec.run_hash, spec.n_microbatches, lambda: token_batches(spec, opts.tokens)
+                              or run_batches(spec, opts.data), revoke,
                               lambda head, caught: vouch.before(head, caught, keeper.revoked))
         await transport.serve(KIND_DATA_REPORT, verdict.on_report)  # heads report leaders that fed other data
         leases = asyncio.create_task(keeper.run())  # which heads may lead, signed by the swarm key

@@ -7,6 +7,7 @@ the peers' reports back (progress, metrics) is in `swarm/local_reports.py`.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -23,6 +24,7 @@ from typing import Protocol
 
 import torch
 
+from peer.data.run_tokens import check_data_flags, recorded_tokens, with_tokens
 from protocol.spec import RunSpec
 from swarm.launch import fork_server
 from swarm.launch.fork_server import ForkServer, Process
@@ -43,6 +45,9 @@ class LocalOptions:
                                 "rate, each shared by all its traffic, e.g. 80mbit (default: unlimited)")
     latency: str = opt("0", "emulated one-way latency of every frame, e.g. 20ms (default: 0)")
     data: str | None = opt(None, "a text file or folder to train on (default: embedded corpus)", metavar="PATH")
+    tokens: str | None = opt(None, "a folder made by `swarm data prepare` to train on instead of --data: recorded in "
+                             "the run spec (path, manifest and tokenizer sha256; the spec's vocab becomes the "
+                             "tokenizer's) and read by the heads", metavar="DIR")
     device: str = opt("cpu", "torch device for every peer, e.g. cuda")
     devices: str | None = opt(None, "comma-separated torch devices, one per peer in turn (stage i gets the i-th, "
                               "round robin), e.g. cuda:0,cuda:1 (default: --device for every peer)")
@@ -132,6 +137,9 @@ class LocalSwarm(RunReports):
                  fork_server: ForkServer | None = None) -> None:
         """`fork_server`: one to share (e.g. a test session's; its owner closes it), else this
         swarm starts its own with its first process and closes it in `stop`."""
+        check_data_flags(opts.data, opts.tokens)
+        if opts.tokens and recorded_tokens(opts.spec) is None:  # the spec the peers build: the tokenizer's vocab
+            opts = dataclasses.replace(opts, spec=with_tokens(opts.spec, opts.tokens))
         self.opts = opts
         self.placement = placement or Loopback()
         self._peers_started = 0
@@ -212,6 +220,7 @@ class LocalSwarm(RunReports):
         maddrs_file.unlink(missing_ok=True)  # a workdir may be reused: never read an old run's address
         key = ["--key", self.opts.coordinator_key] if self.opts.coordinator_key else []
         data = ["--data", self.opts.data] if self.opts.data else []  # recorded in the run spec (swarm eval reads it)
+        data += ["--tokens", os.path.abspath(self.opts.tokens)] if self.opts.tokens else []
         self.spawn("coordinator", ["coordinator", "--run-spec", str(spec_path), "--host-maddrs",
                                    f"/ip4/{self.placement.host('coordinator')}/tcp/0", "--maddrs-file",
                                    str(maddrs_file), "--state-dir", str(self.dir), "--id-work-bits",
@@ -241,6 +250,8 @@ class LocalSwarm(RunReports):
             args += ["--bandwidth", self.opts.bandwidth]
         if self.opts.data:
             args += ["--data", self.opts.data]
+        if self.opts.tokens:  # every peer: only a head reads it, and any peer may move to stage 0
+            args += ["--tokens", os.path.abspath(self.opts.tokens)]
         if self.opts.checkpoint_dir:
             args += ["--checkpoint-dir", self.opts.checkpoint_dir]
         if self.opts.trace_frames:

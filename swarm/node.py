@@ -19,7 +19,9 @@ from dataclasses import dataclass
 import torch
 
 from peer.data.batches import BatchSource
+from peer.data.corpus import DataError
 from peer.data.run_corpus import check_corpus, run_corpus
+from peer.data.run_tokens import check_data_flags, run_token_store
 from peer.replica.stage_peer import StagePeer
 from peer.runner.memory_estimate import parse_size
 from protocol.model import spec_basis
@@ -65,6 +67,9 @@ class PeerOptions:
                        "until stopped")
     data: str | None = opt(None, "head only: text file or folder; must be the text the run spec records, if it "
                            "records one (default: the recorded corpus, else the embedded one)", metavar="PATH")
+    tokens: str | None = opt(None, "head only: this machine's copy of the folder made by `swarm data prepare` that "
+                             "the run trains on (`swarm coordinator --tokens`); its manifest sha256 must be the one "
+                             "the run spec records (default: the recorded path)", metavar="DIR")
     host_maddrs: list[str] = opt(["/ip4/0.0.0.0/tcp/0"], "libp2p listen addresses", metavar="MADDR")
     public_ip: str | None = opt(None, "your router's public IP, with the TCP port of --host-maddrs forwarded to "
                                 "this machine: announces /ip4/IP/tcp/PORT", metavar="IP")
@@ -215,6 +220,7 @@ async def run_peer(opts: PeerOptions, on_stage_peer: Callable[[StagePeer], None]
     `StagePeer` this process builds (one per stage it serves), once the peer is wired to the
     network and before it starts, so that what it changes or wraps holds from the peer's first
     message on (e.g. tests/doubles/ wraps a peer's handlers to play a hostile one)."""
+    check_data_flags(opts.data, opts.tokens)  # a usage error (exit 2), before anything starts
     reporter = Reporter(opts.report)
     try:
         if opts.tensorboard:
@@ -292,6 +298,14 @@ async def run_peer(opts: PeerOptions, on_stage_peer: Callable[[StagePeer], None]
         reporter.listeners.append(monitor.on_event)
 
         def batches():
+            store = run_token_store(spec, opts.tokens)  # --tokens, else the folder the run spec records, if any
+            if store is not None:
+                if opts.data:
+                    raise DataError("this run trains on a prepared token folder, not on text; start the head "
+                                    "with --tokens DIR instead of --data.")
+                log.info("head: training on token folder %s (%d training tokens, vocabulary %d)", store.name,
+                         store.train_tokens, store.manifest.vocab_size)
+                return BatchSource(store, spec.seq_len, spec.microbatch_size, spec.data_seed).microbatch
             corpus, origin = run_corpus(spec, opts.data)  # --data, else what the run spec records
             check_corpus(spec, corpus)  # every head of the run reads the same text
             log.info("head: training on %s, %s (%d bytes)", corpus.name, origin, len(corpus))

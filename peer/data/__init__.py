@@ -3,7 +3,8 @@
 - `corpus.py`: `load_corpus` (embedded, stdlib, a file or folder), `Corpus` and its validation split,
   `DataError`.
 - `batches.py`: `BatchSource` (microbatches by seed and step, from a corpus or a token store), head shards.
-- `run_corpus.py`: the corpus a run trains on (path and sha256) in its run spec.
+- `run_corpus.py`: the corpus a run trains on (path and sha256) in its run spec; `run_tokens.py`: the same for
+  a prepared token folder (path, manifest and tokenizer hashes), which also sets the spec's vocab.
 - `tokenizer.py`: the tokenizer interface, `ByteTokenizer`, `BpeTokenizer` (a tokenizer.json), `load_tokenizer`,
   `train_bpe`.
 - `sources.py`: text, jsonl and parquet sources read as a bounded stream of pieces.

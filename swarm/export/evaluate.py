@@ -4,10 +4,11 @@ loss = mean over predicted tokens of -log p(next token), in nats; perplexity = e
 By default the batches are `--batches` windows-of-microbatches spread evenly over the
 validation split (`BatchSource.val_batches`, the run's seq_len and microbatch size, so the
 same windows every time) of the corpus the run trained on, as its run spec records it
-(`peer/data/run_corpus.py`; `--data` scores other text). With `--train-step N` they are instead
-the head's training microbatches of step N (0-based: what a swarm whose stages stand at
-step N trains on next, reported by the head as step N + 1), so the result can be compared
-with the loss the tail reported for that step.
+(`peer/data/run_corpus.py`; `--data` scores other text), or the prepared token folder it records
+(`peer/data/run_tokens.py`; `--tokens` scores another folder of the run's tokenizer). With
+`--train-step N` they are instead the head's training microbatches of step N (0-based: what a
+swarm whose stages stand at step N trains on next, reported by the head as step N + 1), so the
+result can be compared with the loss the tail reported for that step.
 """
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ from dataclasses import dataclass
 import torch
 
 from peer.data.batches import BatchSource
+from peer.data.corpus import DataError
 from peer.data.run_corpus import check_corpus, run_corpus
+from peer.data.run_tokens import check_data_flags, recorded_tokens, run_token_store
 from protocol.model import lm_loss
 from swarm.options import opt
 
@@ -32,6 +35,8 @@ class EvalOptions:
     data: str | None = opt(None, "text file or folder to score (default: the corpus the run trained on, as its "
                            "run spec records it: its path on the machine that started the run, checked by "
                            "sha256; the embedded corpus for a run that recorded none)", metavar="PATH")
+    tokens: str | None = opt(None, "a folder made by `swarm data prepare` with the run's tokenizer to score (default: "
+                             "the token folder the run trained on, if it recorded one)", metavar="DIR")
     batches: int = opt(16, "validation microbatches to average over")
     train_step: int | None = opt(None, "evaluate on the head's training microbatches of this (0-based) step "
                                  "instead of the validation split", metavar="N")
@@ -53,14 +58,24 @@ class EvalResult:
     corpus: str = ""  # why that corpus: "--data", "the corpus this run trained on", or the embedded one
 
 
-def batches_for(model: LoadedModel, data: str | None, n: int, train_step: int | None) -> tuple[list, str, str]:
-    """(batches, which batches, why that corpus): `data` if given, else the corpus the run spec
-    records (`peer/data/run_corpus.py`: refused if it is absent here or its sha256 differs)."""
+def batches_for(model: LoadedModel, data: str | None, n: int, train_step: int | None, tokens: str | None = None
+                ) -> tuple[list, str, str]:
+    """(batches, which batches, why that corpus): `tokens` or `data` if given, else the token folder or
+    corpus the run spec records (`peer/data/run_tokens.py`, `peer/data/run_corpus.py`: refused if it is
+    absent here or its hashes differ)."""
+    check_data_flags(data, tokens)
     spec = model.meta.spec
     seq_len = min(spec.seq_len, model.max_len)
-    corpus, origin = run_corpus(spec, data, seq_len=seq_len)
-    if not data:
-        check_corpus(spec, corpus)
+    if data and recorded_tokens(spec) is not None:  # text as bytes would be ids of another vocabulary
+        raise DataError("this run trained on a prepared token folder; score other text with --tokens DIR, a folder "
+                        "`swarm data prepare` made with the run's tokenizer, not --data.")
+    store = None if data else run_token_store(spec, tokens, same_tokens=not tokens)
+    if store is not None:
+        corpus, origin = store, "--tokens" if tokens else "the token folder this run trained on"
+    else:
+        corpus, origin = run_corpus(spec, data, seq_len=seq_len)
+        if not data:
+            check_corpus(spec, corpus)
     src = BatchSource(corpus, seq_len, spec.microbatch_size, spec.data_seed)
     if train_step is not None:
         return ([src.microbatch(train_step, mb) for mb in range(spec.n_microbatches)],
@@ -83,17 +98,18 @@ def loss_on(model: LoadedModel, batches: list[torch.Tensor]) -> tuple[float, int
     return total / count, count
 
 
-def evaluate(model: LoadedModel, data: str | None = None, batches: int = 16, train_step: int | None = None
-             ) -> EvalResult:
-    chosen, source, origin = batches_for(model, data, batches, train_step)
+def evaluate(model: LoadedModel, data: str | None = None, batches: int = 16, train_step: int | None = None,
+             tokens: str | None = None) -> EvalResult:
+    chosen, source, origin = batches_for(model, data, batches, train_step, tokens)
     loss, tokens = loss_on(model, chosen)
     return EvalResult(loss, math.exp(min(loss, 700.0)), tokens, len(chosen), source, model.meta.run_hash,
                       model.meta.step, origin)
 
 
 def run_eval(opts: EvalOptions) -> EvalResult:
+    check_data_flags(opts.data, opts.tokens)  # a usage error, before the model is read
     model = load_model(opts.model, opts.device, opts.wire_rounding)
-    return evaluate(model, opts.data, opts.batches, opts.train_step)
+    return evaluate(model, opts.data, opts.batches, opts.train_step, opts.tokens)
 
 
 def describe(r: EvalResult) -> str:

@@ -26,7 +26,7 @@ def test_swarm_local_gives_each_peer_its_own_trace_file(tmp_path, monkeypatch):
     swarm = LocalSwarm(LocalOptions(preset("tiny"), workdir=str(tmp_path / "run"), trace_frames="traces", quiet=True))
     swarm.maddrs = ["/ip4/127.0.0.1/tcp/1/p2p/x"]
     spawned = []
-    monkeypatch.setattr(swarm, "spawn", lambda name, args, prefix=(): spawned.append((name, args)))
+    monkeypatch.setattr(swarm, "spawn", lambda name, args, **_: spawned.append((name, args)))
     monkeypatch.chdir(tmp_path)
     swarm.start_peer(0)
     swarm.start_peer(1, name="late")

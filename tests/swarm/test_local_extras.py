@@ -48,7 +48,7 @@ def _spawned_peers(opts, monkeypatch, n):
     swarm = LocalSwarm(opts)
     swarm.maddrs = ["/ip4/127.0.0.1/tcp/1/p2p/QmCoordinator"]
     spawned = []
-    monkeypatch.setattr(swarm, "spawn", lambda name, args: spawned.append((name, args)))
+    monkeypatch.setattr(swarm, "spawn", lambda name, args, **_: spawned.append((name, args)))
     for stage in range(n):
         swarm.start_peer(stage)
     return spawned
