@@ -19,7 +19,7 @@ from swarm.bench.hardware.mfu import run_mfu_bench
 
 CLASSES = {  # kernel name fragments -> class (first match wins)
     "attention": ("flash", "fmha", "attention", "sdpa"),
-    "matmul": ("gemm", "sm90_xmma", "cutlass", "matmul", "wgmma", "ampere_", "sm80_"),
+    "matmul": ("nvjet", "gemm", "sm90_xmma", "cutlass", "matmul", "wgmma", "ampere_", "sm80_"),
     "optimizer": ("foreach", "multi_tensor", "adam"),
     "norm / rope / swiglu / elementwise": ("elementwise", "vectorized", "reduce", "triton", "norm", "silu", "mul",
                                            "add", "copy", "cat", "index", "embedding", "softmax", "nll", "log"),
