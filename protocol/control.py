@@ -13,7 +13,7 @@ microbatch's gradient is back (docs/design.md section 3):
 Maps (short keys; tensors are wire.py's ExtType):
 
     Command       {k: "ctl", r: run, s: step, a: attempt, o: op, c: [peer ids], d: step record, v: skip,
-                   q: check order, b: [banned peer ids], w: why, m: [microbatches]}
+                   q: check order, b: [banned peer ids], w: why, m: [microbatches], p: [disputed stages]}
                   op in status | reduce | apply | abort | rollback | lease | check | work; c: for reduce, the candidate
                   replicas of the receiver's stage (it exchanges contributions with those); d: for
                   reduce, the leader's signed `StepRecord` of the attempt (protocol/step_record.py;
@@ -23,7 +23,9 @@ Maps (short keys; tensors are wire.py's ExtType):
                   (protocol/loss_scale.py); q: for check, a `CheckOrder` (protocol/spot_check.py);
                   b: for abort, replicas the leader convicted (false, withheld or too slow work), banned for the run;
                   w (left out when empty): for an abort sent to a banned replica, the leader's reason, one
-                  sentence that its owner is shown (a slow uplink is told so, not called a liar);
+                  sentence that its owner is shown (a slow uplink is told so, not called a liar); p (left out
+                  when empty): for abort, the stages whose two replicas disagree at this step, which wait
+                  for a third (peer/checks/spot_checks.py; placement draws one, swarm/replicas/placement.py);
                   work (peer/step/head_work.py): c the heads the leader named for the attempt, m (to a head) its share
     CommandReply  {k: "ctlr", s: step, a: attempt, o: outcome, m: [microbatches], x: {peer: [mb]}, e: text,
                    h: [step, sha256 hex], v, z: [step, sha256 hex], n: [sent], b: [peer ids], u: [peer ids],
@@ -69,6 +71,7 @@ from dataclasses import dataclass, field
 import msgpack
 import torch
 
+from protocol.boundary_sig import MAX_SIGNATURE
 from protocol.fields import (
     MAX_GROUP,
     check_run,
@@ -106,6 +109,7 @@ class Command:
     banned: list[str] = field(default_factory=list)  # abort: replicas the leader caught; banned for the run
     microbatches: list[int] = field(default_factory=list)  # work: the head's share of the attempt
     why: str = ""  # abort, to a banned replica: the leader's reason
+    disputed: list[int] = field(default_factory=list)  # abort: stages whose two replicas disagree (wait for a third)
 
 
 @dataclass
@@ -153,7 +157,7 @@ def encode_command(c: Command) -> bytes:
     body = with_flag({"k": KIND_CONTROL, "r": c.run, "s": c.step, "a": c.attempt, "o": c.op, "c": c.candidates},
                      "v", c.skip)
     body.update({k: v for k, v in (("d", c.record), ("q", c.check), ("b", c.banned), ("m", c.microbatches),
-                                   ("w", c.why[:500])) if v})  # left out when empty
+                                   ("w", c.why[:500]), ("p", c.disputed)) if v})  # left out when empty
     return msgpack.packb(body)
 
 
@@ -168,9 +172,13 @@ def decode_command(data: bytes, run: str) -> Command:
     need(isinstance(check, bytes), "a control command's check order must be bytes.")
     why = d.get("w", "")
     need(isinstance(why, str) and len(why) <= 500, "a control command's reason must be a short text.")
+    disputed = d.get("p", [])
+    need(isinstance(disputed, list) and len(disputed) <= 64 and all(
+        isinstance(s, int) and not isinstance(s, bool) and 0 <= s < 2**16 for s in disputed),
+        "a control command's disputed stages must be a short list of stage numbers.")
     return Command(run, int_field(d, "s", "step"), int_field(d, "a", "attempt", 2**31), d["o"],
                    peer_list(d.get("c", [])), record, flag_field(d, "v", "a control command's skip flag"), check,
-                   peer_list(d.get("b", [])), microbatch_list(d.get("m", []), MAX_MICROBATCHES), why)
+                   peer_list(d.get("b", [])), microbatch_list(d.get("m", []), MAX_MICROBATCHES), why, disputed)
 
 
 def encode_reply(r: CommandReply) -> bytes:
@@ -183,7 +191,8 @@ def encode_reply(r: CommandReply) -> bytes:
 
 
 def decode_reply(data: bytes, n_microbatches: int) -> CommandReply:
-    d = unpack_map(data, 64 << 10, "a control reply", max_bin=DIGEST_BYTES)  # bytes: digests of what it sent
+    # bytes: digests of what it sent, and its senders' signatures of what it received (protocol/boundary_sig.py)
+    d = unpack_map(data, 64 << 10, "a control reply", max_bin=max(DIGEST_BYTES, MAX_SIGNATURE))
     need(same(d.get("k"), _REPLY), "not a control reply.")
     need(d.get("o") in OUTCOMES, f"a control reply's outcome must be one of {', '.join(OUTCOMES)}.")
     x = d.get("x", {})

@@ -1,6 +1,6 @@
-"""The named presets (`tiny` ... `paper8b`), the tuning rules that `preset` (protocol/spec.py) applies to
-them (the subspace codec's stage lr from d=512 up, the hybrid's), and `split_layers`, which re-cuts a preset's
-layers into another number of stages."""
+"""The named presets (`tiny` ... `paper8b`, and `small-bpe`: `small` at a BPE's vocabulary), the tuning rules
+that `preset` (protocol/spec.py) applies to them (the subspace codec's stage lr from d=512 up, the hybrid's), and
+`split_layers`, which re-cuts a preset's layers into another number of stages."""
 from __future__ import annotations
 
 from typing import Any
@@ -31,6 +31,14 @@ PRESETS: dict[str, dict[str, Any]] = {
     "small": dict(name="small", d_model=512, n_layers=8, n_heads=8, d_ff=1376, seq_len=256,
                   stage_layers=(3, 3, 2), rank=32, wire_dtype="bf16", batch_size=32,
                   microbatch_size=8, lr=1e-3, warmup_steps=100),
+    # `small` at a real tokenizer's vocabulary (32768: what `swarm tokenizer train` makes by default), the same
+    # width and layers, so a fidelity comparison of vocab 256 against 8k/32k changes the vocabulary alone
+    # (`preset("small", vocab=8192)` for others; a run on a token folder takes its tokenizer's vocabulary).
+    # Its embedding and head hold 2 x 32768 x 512 = 33.6M of its 58.9M parameters, and each subspace stage a
+    # T_fixed of 32768 x 512 (64 MiB in fp32, `t_fixed_rows` in peer/runner/memory_estimate.py).
+    "small-bpe": dict(name="small-bpe", d_model=512, n_layers=8, n_heads=8, d_ff=1376, seq_len=256,
+                      stage_layers=(3, 3, 2), rank=32, wire_dtype="bf16", batch_size=32,
+                      microbatch_size=8, lr=1e-3, warmup_steps=100, vocab=32768),
     # GPU-sized: d=2048, k=20 (~100x), one stage per GPU.
     "large": dict(name="large", d_model=2048, n_layers=16, n_heads=16, d_ff=5504, seq_len=1024,
                   stage_layers=(4, 4, 4, 4), rank=20, wire_dtype="bf16", batch_size=32,
@@ -47,7 +55,7 @@ PRESETS: dict[str, dict[str, Any]] = {
                    lr=7e-4, warmup_steps=100),
     # The paper's largest shape, LLaMA-3-8B's: 32 layers, d=4096, 32 heads (no grouped-query attention
     # here: 7.8e9 parameters), d_ff=14336, 8 stages of 4 layers (~1e9 each), k=40 (~100x). Byte vocabulary,
-    # like every preset. A stage fits a 24 GB card with activation checkpointing (docs/consumer-gpus.md).
+    # like every preset but small-bpe. A stage fits a 24 GB card with activation checkpointing (docs/consumer-gpus.md).
     "paper8b": dict(name="paper8b", d_model=4096, n_layers=32, n_heads=32, d_ff=14336, seq_len=1024,
                     stage_layers=(4,) * 8, rank=40, wire_dtype="bf16", batch_size=8, microbatch_size=1,
                     lr=1.5e-4, warmup_steps=200),

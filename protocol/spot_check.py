@@ -16,8 +16,10 @@ share and compares it with the contribution it received in the reduce.
 
 Maps (short keys):
 
-    Sent          [kind, microbatch, to, digest]   kind "a" (activation) or "g" (gradient) sent to `to`,
-                                                   or "r": an activation received from `to`
+    Sent          [kind, microbatch, to, digest(, signature)]   kind "a" (activation) or "g" (gradient)
+                                                   sent to `to`, or "r" / "q": an activation / a gradient
+                                                   received from `to`, with `to`'s signature of it
+                                                   (protocol/boundary_sig.py: the sender's evidence)
     CheckOrder    {t: target peer id, m: [microbatches], i: [[activation digest, gradient digest | nil], ...]}
     InputsRequest {k: "redi", r: run, s: step, a: attempt, g: stage, m: [microbatches]}   (over `red`)
     InputsReply   {k: "redir", b: [[activation body, gradient body | nil], ...]}   in the request's order
@@ -31,11 +33,14 @@ from dataclasses import dataclass
 
 import msgpack
 
+from protocol.boundary_sig import MAX_SIGNATURE
 from protocol.fields import MAX_GROUP, check_run, int_field, microbatch_list, peer_id, unpack_map
 from protocol.wire import WireError, need
 
 DIGEST_BYTES = 16
-KINDS = ("a", "g", "r")  # activation (sent downstream), gradient (sent upstream), activation received
+# activation (sent downstream), gradient (sent upstream), activation received, gradient received
+KINDS = ("a", "g", "r", "q")
+RECEIVED = {"r": "a", "q": "g"}  # a receiver's report -> the kind of its sender's report of the same message
 _REQUEST, _REPLY = "redi", "redir"
 
 
@@ -45,13 +50,14 @@ def digest(body: bytes) -> bytes:
 
 @dataclass(frozen=True)
 class Sent:
-    """A boundary message this peer sent in the attempt: to whom, and a digest of its bytes (kind "r":
-    an activation it received, `to` naming its sender)."""
+    """A boundary message this peer sent in the attempt: to whom, and a digest of its bytes (kinds "r" and
+    "q": an activation or a gradient it received, `to` naming its sender, `sig` its sender's signature)."""
 
     kind: str
     microbatch: int
     to: str
     digest: bytes
+    sig: bytes = b""
 
 
 @dataclass(frozen=True)
@@ -79,15 +85,18 @@ def _digest(v: object) -> bytes:
 
 
 def encode_sent(sent: list[Sent]) -> list:
-    return [[s.kind, s.microbatch, s.to, s.digest] for s in sent]
+    return [[s.kind, s.microbatch, s.to, s.digest] + ([s.sig] if s.sig else []) for s in sent]
 
 
 def decode_sent(v: object, n_microbatches: int) -> list[Sent]:
     need(isinstance(v, list) and len(v) <= 4 * n_microbatches * MAX_GROUP, "a sent list must be a short list.")
     out = []
     for e in v:
-        need(isinstance(e, list) and len(e) == 4 and e[0] in KINDS, "a sent entry must be [kind, mb, to, digest].")
-        out.append(Sent(e[0], microbatch_list([e[1]], n_microbatches)[0], peer_id(e[2]), _digest(e[3])))
+        need(isinstance(e, list) and len(e) in (4, 5) and e[0] in KINDS,
+             "a sent entry must be [kind, mb, to, digest(, signature)].")
+        sig = e[4] if len(e) == 5 else b""
+        need(isinstance(sig, bytes) and len(sig) <= MAX_SIGNATURE, "a sent entry's signature must be short bytes.")
+        out.append(Sent(e[0], microbatch_list([e[1]], n_microbatches)[0], peer_id(e[2]), _digest(e[3]), sig))
     return out
 
 

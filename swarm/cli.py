@@ -13,6 +13,7 @@
     swarm generate     text from an exported model
     swarm tokenizer    train a byte-level BPE tokenizer on a corpus
     swarm data         tokenize a corpus into shards a run can train on
+    swarm memory       each stage's estimated peak memory and the card class it needs
 """
 from __future__ import annotations
 
@@ -30,9 +31,10 @@ from typing import TYPE_CHECKING
 
 warnings.filterwarnings("ignore", message=".*torch.jit.script.*")  # hivemind's import warns about its own use
 
-from protocol.spec import SpecError  # noqa: E402
+from swarm.local_command import cmd_local  # noqa: E402
 from swarm.options import add_options, from_args  # noqa: E402
-from swarm.spec_flags import add_spec_flags, spec_from_args, spec_notes  # noqa: E402
+from swarm.spec_flags import add_spec_flags, spec_from_args  # noqa: E402
+from swarm.user_errors import debug_wanted, explained  # noqa: E402
 
 if TYPE_CHECKING:  # types only: each subcommand imports its modules when it runs
     from peer.replica.stage_peer import StagePeer
@@ -100,71 +102,41 @@ def _run_async(coro_factory) -> int:
 
 # ------------------------------------------------------------------ subcommands
 
-def _raise_interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt
-
-
-def cmd_local(a: argparse.Namespace) -> int:
-    from peer.data.corpus import load_corpus
-    from peer.data.run_tokens import check_data_flags, with_tokens
-    from swarm.local import LocalOptions, LocalSwarmError, parse_devices, run_local
-    from swarm.net import parse_bandwidth, parse_latency
-    spec = spec_from_args(a)
-    # bad values fail here, before any process starts
-    parse_bandwidth(a.bandwidth), parse_latency(a.latency), parse_devices(a.devices)
-    check_data_flags(a.data, a.tokens)
-    spec = with_tokens(spec, a.tokens)  # a bad folder fails here; the peers build the tokenizer's vocab
-    load_corpus(a.data, seq_len=spec.seq_len)
-    if a.replicas < 1:
-        raise ValueError("--replicas must be at least 1.")
-    print(f"swarm local: {spec.name} preset, {spec.n_stages} stages"
-          f"{f' x {a.replicas} replicas ({spec.replica_sync} sync)' if a.replicas > 1 else ''}, codec {spec.codec}"
-          f"{'' if spec.codec == 'dense' else f' (rank {spec.rank})'}, {a.steps} steps, wire {spec.wire_dtype}"
-          f"{', link ' + a.bandwidth if a.bandwidth else ''}{', latency ' + a.latency if a.latency != '0' else ''}"
-          f"{spec_notes(spec)}")
-    # SIGTERM must stop the swarm too, and so must a SIGINT sent to a job started with & from a script
-    # (it inherits SIGINT ignored, which Python keeps): run the same cleanup as Ctrl+C
-    signal.signal(signal.SIGTERM, _raise_interrupt)
-    signal.signal(signal.SIGINT, _raise_interrupt)
-    try:
-        result = run_local(from_args(LocalOptions, a, spec=spec, dashboard=not a.no_dashboard))
-    except KeyboardInterrupt:
-        print("interrupted; every process this run started has been stopped.", file=sys.stderr)
-        return 130
-    except LocalSwarmError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    steps, wire = result["steps"], result["wire"]
-    line = (f"done: {len(steps)} steps, loss {steps[0]['loss']:.3f} -> {steps[-1]['loss']:.3f}, "
-            f"{result['tokens_per_second']:.0f} tokens/s")
-    if wire['forward_bytes_per_token'] > 0:  # a one-stage swarm sends no activations
-        line += (f", wire {wire['forward_bytes_per_token']:.1f} B/token forward (dense would be "
-                 f"{wire['dense_forward_bytes_per_token']:.1f}: "
-                 f"{wire['dense_forward_bytes_per_token'] / wire['forward_bytes_per_token']:.1f}x smaller)")
-    print(line)
-    if a.metrics_out:
-        print(f"metrics written to {a.metrics_out}")
-    return 0
-
-
 def cmd_coordinator(a: argparse.Namespace, on_refitter: Callable[[BasisRefitter], None] | None = None) -> int:
     """`swarm coordinator`; `on_refitter`: an extension point, see `run_coordinator`."""
     from swarm.coordinator import CoordinatorOptions, run_coordinator
+    from swarm.corpus_text import check_text
+    from swarm.preflight import check_writable_dir
+    from swarm.spec_flags import dtype_origin
     opts = from_args(CoordinatorOptions, a, spec=spec_from_args(a))
     if opts.snapshot_every < 0:
-        print("error: --snapshot-every must be 0 (no snapshots) or a positive number of steps.", file=sys.stderr)
-        return 2
-    try:
-        return _run_async(lambda: run_coordinator(opts, on_refitter))
-    except FileNotFoundError as e:  # a --key or --identity in a folder that does not exist
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        raise ValueError("--snapshot-every must be 0 (no snapshots) or a positive number of steps.")
+    check_text(opts.data, opts.data_binary_ok)
+    if opts.checkpoint_dir:
+        check_writable_dir(opts.checkpoint_dir, "--checkpoint-dir")
+    spec = opts.spec
+    print(f"swarm coordinator: {spec.name}, {spec.n_stages} stages, codec {spec.codec}, dtype {spec.dtype} "
+          f"({dtype_origin(a)})", file=sys.stderr, flush=True)
+    return _run_async(lambda: run_coordinator(opts, on_refitter))
 
 
 def cmd_peer(a: argparse.Namespace, on_stage_peer: Callable[[StagePeer], None] | None = None) -> int:
     """`swarm peer`; `on_stage_peer`: an extension point, see `run_peer`."""
+    from peer.runner.memory_estimate import parse_size
+    from swarm.corpus_text import check_text
     from swarm.node import PeerOptions, configure_torch, run_peer
+    from swarm.net.addresses import announce_addresses
+    from swarm.preflight import check_device, check_port, check_writable_dir
     opts = from_args(PeerOptions, a)
+    announce_addresses(opts.host_maddrs, opts.public_ip, opts.announce_maddrs)  # the flags first (exit 2)...
+    check_device(opts.device)  # ...then what this machine can do (exit 1)
+    for port, flag in ((opts.health_port, "--health-port"), (opts.direct_port, "--direct-port")):
+        check_port(port, flag)
+    check_text(opts.data, opts.data_binary_ok)
+    if opts.max_memory:
+        parse_size(opts.max_memory)  # a usage error (exit 2), before anything starts
+    if opts.checkpoint_dir:
+        check_writable_dir(opts.checkpoint_dir, "--checkpoint-dir")
     configure_torch(opts.threads or int(os.environ.get("SWARM_TORCH_THREADS", "0")) or None)
     from peer.daemon.interfaces import LinkError
     from peer.state.state_transfer import StateError
@@ -180,7 +152,9 @@ def cmd_peer(a: argparse.Namespace, on_stage_peer: Callable[[StagePeer], None] |
 
 def cmd_dashboard(a: argparse.Namespace) -> int:
     from swarm.dashboard.server import DashboardOptions, run_dashboard
+    from swarm.preflight import check_port
     opts = from_args(DashboardOptions, a)
+    check_port(opts.port, "--port")
     try:
         return _run_async(lambda: run_dashboard(opts))
     except RuntimeError as e:  # e.g. the port is taken: one sentence, no traceback
@@ -274,12 +248,15 @@ def build_parser() -> argparse.ArgumentParser:
     from swarm.export.exporter import ExportOptions
     from swarm.export.generate import GenerateOptions
     from swarm.local import LocalOptions
+    from swarm.memory_command import register as register_memory
     from swarm.node import PeerOptions
     from swarm.trust.admission import AdmitOptions
     from swarm.trust.state_dir import WHERE
     p = argparse.ArgumentParser(prog="swarm", description="Train one transformer across many peers over the "
                                 "internet, with compressed pipeline boundaries (subspace ~100x, bottleneck ~128x).")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    p.add_argument("--debug", action="store_true", help="on an error, the traceback instead of one sentence (anywhere "
+                   "on the command line; SWARM_DEBUG=1 does the same)")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     lo = sub.add_parser("local", help="run a whole swarm on this machine (coordinator + one peer per stage)",
@@ -344,6 +321,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     register_bench(sub)
     register_data(sub)
+    register_memory(sub)
 
     ex = sub.add_parser("export", help="a trained model as our model.safetensors or a Hugging Face folder",
                         description="Gather every stage's state (one replica per stage, all at the same step, "
@@ -375,16 +353,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Every failure a user can meet is one sentence and exit code 2 or 1 (`swarm/user_errors.py`);
+    `--debug` anywhere on the line, or SWARM_DEBUG=1, shows the traceback instead."""
+    debug, argv = debug_wanted(sys.argv[1:] if argv is None else list(argv))
     args = build_parser().parse_args(argv)
     setup_logging(args.verbose)
     enable_stack_dumps()
-    try:
-        return args.func(args)
-    except (SpecError, ValueError) as e:  # bad input a user can fix: DataError, a bad --bandwidth, ...
-        if args.verbose:
-            raise
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    return explained(lambda: args.func(args), debug)
 
 
 if __name__ == "__main__":

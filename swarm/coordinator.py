@@ -14,12 +14,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from peer.data.run_corpus import run_batches, with_corpus
+from peer.data.run_tokenizer import run_tokenizer_sha256
 from peer.data.run_tokens import check_data_flags, token_batches, with_tokens
 from protocol.model import spec_basis
 from protocol.snapshot_wire import CHUNK_BYTES
 from protocol.spec import RunSpec
 from protocol.wire import KIND_DATA_REPORT, KIND_SNAPSHOT, KIND_STATS, KIND_WORK
 from swarm.basis import BasisRefitter
+from swarm.data.tokenizer_fetch import share_run_tokenizer
 from swarm.dht import SwarmDHT, close_node, start_dht
 from swarm.monitor.liveness import LivenessProbe
 from swarm.net import Transport
@@ -65,6 +67,8 @@ class CoordinatorOptions:
     data: str | None = opt(None, "the text file or folder this run trains on: its path and sha256 go into the run "
                            "spec, so that heads started without --data read it, a head with other text refuses "
                            "to start, and `swarm eval` scores it (default: the embedded corpus)", metavar="PATH")
+    data_binary_ok: bool = opt(False, "use --data even where its files are not text (not UTF-8); without it such "
+                               "files are refused with their names")
     tokens: str | None = opt(None, "a folder made by `swarm data prepare` this run trains on instead of --data: its "
                              "path, manifest and tokenizer sha256 go into the run spec and the spec's vocab becomes "
                              "the tokenizer's, so that heads started without --tokens read it, a head with other "
@@ -185,6 +189,10 @@ async def _coordinate(opts: CoordinatorOptions, spec: RunSpec, key: SigningKey, 
             await transport.serve(KIND_STATS, refitter.on_stats)
         await transport.serve(KIND_WORK, refitter.on_work)  # who may vote in each re-fit; which snapshots are sound
         await DialBack().serve(transport)  # joining peers ask whether they can be reached
+        if await share_run_tokenizer(spec, transport, sdht, opts.tokens, fetch=False) is None \
+                and run_tokenizer_sha256(spec) is not None:  # heads whose folder lacks it fetch it from us
+            log.warning("the token folder holds no tokenizer.json: peers that lack the run's tokenizer cannot get it "
+                        "here (run the same `swarm data prepare` again to add it)")
         await sdht.publish_run_spec(spec.to_json(), key, opts.ttl)
         async def everyone_reads(_lease) -> None:  # after a revocation: every peer reads the new lease now
             peers = [a.peer_id for anns in (await sdht.all_stage_peers(spec.run_hash, spec.n_stages)).values()

@@ -11,6 +11,7 @@ import dataclasses
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -45,6 +46,8 @@ class LocalOptions:
                                 "rate, each shared by all its traffic, e.g. 80mbit (default: unlimited)")
     latency: str = opt("0", "emulated one-way latency of every frame, e.g. 20ms (default: 0)")
     data: str | None = opt(None, "a text file or folder to train on (default: embedded corpus)", metavar="PATH")
+    data_binary_ok: bool = opt(False, "train on --data even where its files are not text (not UTF-8); without it "
+                               "such files are refused with their names")
     tokens: str | None = opt(None, "a folder made by `swarm data prepare` to train on instead of --data: recorded in "
                              "the run spec (path, manifest and tokenizer sha256; the spec's vocab becomes the "
                              "tokenizer's) and read by the heads", metavar="DIR")
@@ -149,13 +152,13 @@ class LocalSwarm(RunReports):
         self.maddrs: list[str] = []
         self.run_hash = ""  # the signed spec's (it names the coordinator's key), set once the coordinator serves
         self.dashboard_url: str | None = None
-        self._tmp = None
+        self._tmp: str | None = None
         if opts.workdir:
             self.dir = Path(opts.workdir)
             self.dir.mkdir(parents=True, exist_ok=True)
         else:
-            self._tmp = tempfile.TemporaryDirectory(prefix="swarm-local-")
-            self.dir = Path(self._tmp.name)
+            self._tmp = tempfile.mkdtemp(prefix="swarm-local-")  # removed by `cleanup`, kept if the run failed
+            self.dir = Path(self._tmp)
 
     # ---------------------------------------------------------------- processes
     def _env(self) -> dict[str, str]:
@@ -220,6 +223,7 @@ class LocalSwarm(RunReports):
         maddrs_file.unlink(missing_ok=True)  # a workdir may be reused: never read an old run's address
         key = ["--key", self.opts.coordinator_key] if self.opts.coordinator_key else []
         data = ["--data", self.opts.data] if self.opts.data else []  # recorded in the run spec (swarm eval reads it)
+        data += ["--data-binary-ok"] if self.opts.data and self.opts.data_binary_ok else []
         data += ["--tokens", os.path.abspath(self.opts.tokens)] if self.opts.tokens else []
         self.spawn("coordinator", ["coordinator", "--run-spec", str(spec_path), "--host-maddrs",
                                    f"/ip4/{self.placement.host('coordinator')}/tcp/0", "--maddrs-file",
@@ -249,7 +253,7 @@ class LocalSwarm(RunReports):
         if self.opts.bandwidth:
             args += ["--bandwidth", self.opts.bandwidth]
         if self.opts.data:
-            args += ["--data", self.opts.data]
+            args += ["--data", self.opts.data] + (["--data-binary-ok"] if self.opts.data_binary_ok else [])
         if self.opts.tokens:  # every peer: only a head reads it, and any peer may move to stage 0
             args += ["--tokens", os.path.abspath(self.opts.tokens)]
         if self.opts.checkpoint_dir:
@@ -323,9 +327,31 @@ class LocalSwarm(RunReports):
                 except subprocess.TimeoutExpired:
                     log.warning("the head did not exit %g s after its last step; stopping it", timeout)
 
-    def cleanup(self) -> None:
-        if self._tmp is not None:
-            self._tmp.cleanup()
+    def missing_checkpoints(self, since: float = 0.0) -> list[int]:
+        """The stages of which `--checkpoint-dir` holds no checkpoint of this run written after `since` (a time.time();
+        an older file of the same run, from a reused folder, does not count) ([] without the flag)."""
+        if not self.opts.checkpoint_dir:
+            return []
+        from peer.runner.checkpoint import checkpoint_path
+
+        def written(stage: int) -> bool:
+            path = checkpoint_path(self.opts.checkpoint_dir, self.run_hash or self.opts.spec.run_hash, stage)
+            try:
+                return path.stat().st_mtime >= since - 1.0  # a coarse file-system clock
+            except OSError:
+                return False
+        return [s for s in range(self.opts.spec.n_stages) if not written(s)]
+
+    def cleanup(self, keep_logs: bool = False) -> None:
+        """Remove the temporary folder, unless `keep_logs` (a failed run: the error names its logs)."""
+        if self._tmp is None:
+            return
+        if keep_logs:
+            print(f"the logs of this run are kept in {self.dir}", file=sys.stderr, flush=True)
+            self._tmp = None  # never removed: the user reads them after this process ends
+            return
+        shutil.rmtree(self._tmp, ignore_errors=True)
+        self._tmp = None
 
 def _signal_group(proc: Process, sig: int) -> None:
     try:
@@ -335,8 +361,11 @@ def _signal_group(proc: Process, sig: int) -> None:
 
 
 def run_local(opts: LocalOptions, placement: Placement | None = None) -> dict:
-    """Run a local swarm to completion; always stops every process it started."""
+    """Run a local swarm to completion; always stops every process it started. The result's
+    `missing_checkpoints` lists the stages that wrote none although `--checkpoint-dir` asked; a run that
+    failed (or missed one) keeps its logs, even in a temporary folder (`logs` says where)."""
     swarm = LocalSwarm(opts, placement)
+    ok, started = False, time.time()
     try:
         swarm.start()
         steps = swarm.follow()
@@ -345,7 +374,13 @@ def run_local(opts: LocalOptions, placement: Placement | None = None) -> dict:
         result = swarm.metrics(steps)
         if opts.metrics_out:
             Path(opts.metrics_out).write_text(json.dumps(result, indent=1) + "\n")
+        result["missing_checkpoints"] = swarm.missing_checkpoints(since=started)
+        result["logs"] = str(swarm.dir)
+        ok = bool(steps) and not result["missing_checkpoints"]
         return result
+    except KeyboardInterrupt:  # the user stopped it: nothing failed, the logs need not stay
+        ok = True
+        raise
     finally:
         swarm.stop(grace=5.0)
-        swarm.cleanup()
+        swarm.cleanup(keep_logs=not ok)

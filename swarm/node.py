@@ -27,6 +27,7 @@ from peer.runner.memory_estimate import parse_size
 from protocol.model import spec_basis
 from protocol.spec import RunSpec
 from protocol.wire import KIND_ACTIVATION, KIND_GRADIENT, KIND_REDUCE
+from swarm.data.tokenizer_fetch import share_run_tokenizer
 from swarm.dht import SwarmDHT, close_node, start_dht, stop_dht
 from swarm.monitor.liveness import LivenessProbe
 from swarm.monitor.peer_monitor import PeerMonitor
@@ -43,6 +44,7 @@ from swarm.replicas.replica import ReplicaContext, ReplicaService, transport_lim
 from swarm.replicas.router import Router
 from swarm.stage_memory import recall_stage, remember_stage
 from swarm.trust.admission import AdmissionError, AdmissionPolicy, read_ticket
+from swarm.trust.boundary_signer import IdentitySigner
 from swarm.trust.identity import Identity, IdentityError
 from swarm.trust.work import proof_for
 
@@ -67,6 +69,8 @@ class PeerOptions:
                        "until stopped")
     data: str | None = opt(None, "head only: text file or folder; must be the text the run spec records, if it "
                            "records one (default: the recorded corpus, else the embedded one)", metavar="PATH")
+    data_binary_ok: bool = opt(False, "use --data even where its files are not text (not UTF-8); without it such "
+                               "files are refused with their names")
     tokens: str | None = opt(None, "head only: this machine's copy of the folder made by `swarm data prepare` that "
                              "the run trains on (`swarm coordinator --tokens`); its manifest sha256 must be the one "
                              "the run spec records (default: the recorded path)", metavar="DIR")
@@ -136,7 +140,8 @@ class PeerOptions:
     tensorboard: str | None = opt(None, "head/tail: per-step loss, tokens/s and wire bytes per token for "
                                   "TensorBoard", metavar="DIR")
     max_memory: str | None = opt(None, "take only a stage whose estimated peak memory fits this, e.g. 8GB, 8GiB or "
-                                 "7.5G (default: the free memory of a CUDA --device; no cap on the CPU)",
+                                 "7.5G, all binary as cards are sold (24GB = 24GiB; `swarm memory` prints what "
+                                 "each stage needs) (default: the free memory of a CUDA --device; no cap on the CPU)",
                                  metavar="SIZE")
     activation_checkpointing: bool = opt(False, "keep only each block's input for backward and recompute the rest "
                                          "there: far less memory (a 24 GB card holds a paper8b stage), about a "
@@ -175,7 +180,8 @@ async def fetch_spec(sdht: SwarmDHT, trusted_key: str | None, timeout: float) ->
             if spec.coordinator_key and spec.coordinator_key != signed.public_key.hex():
                 raise JoinError("the run spec names a coordinator key other than the one that signed it; "
                                 "this swarm is misconfigured or under attack.")
-            log.info("joined run %s (%s), signed by %s", spec.run_hash, spec.name, signed.fingerprint)
+            log.info("joined run %s (%s, compute dtype %s from its run spec), signed by %s", spec.run_hash, spec.name,
+                     spec.dtype, signed.fingerprint)
             return spec
         if time.monotonic() > deadline:
             raise JoinError(f"no run spec found in the DHT after {timeout:g} s; check --initial-peers "
@@ -293,6 +299,8 @@ async def run_peer(opts: PeerOptions, on_stage_peer: Callable[[StagePeer], None]
             await transport.enable_direct(port=opts.direct_port, serve=reach.mode != "relayed",
                                           announced=list(reach.maddrs))
         await DialBack().serve(transport)  # help other peers check that they can be reached
+        # the run's tokenizer: served if held here; a peer with the token folder but not the file fetches it
+        await share_run_tokenizer(spec, transport, sdht, opts.tokens, own_id=peer_id)
         maddrs = reach.maddrs
         router = Router(sdht, spec.run_hash, peer_id, maddrs, ttl=opts.ttl)
         reporter.listeners.append(monitor.on_event)
@@ -311,7 +319,8 @@ async def run_peer(opts: PeerOptions, on_stage_peer: Callable[[StagePeer], None]
             log.info("head: training on %s, %s (%d bytes)", corpus.name, origin, len(corpus))
             return BatchSource(corpus, spec.seq_len, spec.microbatch_size, spec.data_seed).microbatch
 
-        ctx = ReplicaContext(spec, peer_id, sdht, transport, router, LinkAdapter(transport, peer_id), opts.device,
+        link = LinkAdapter(transport, peer_id, IdentitySigner(identity))  # signs its boundary messages (issue 57)
+        ctx = ReplicaContext(spec, peer_id, sdht, transport, router, link, opts.device,
                              batches, reporter, monitor, opts.ttl, opts.checkpoint_dir, opts.checkpoint_every,
                              opts.resume, opts.rebalance_period, opts.steps, opts.step_timeout, reach.mode,
                              opts.linger, opts.rebalance_hold, opts.min_step_timeout, opts.next_step_wait,

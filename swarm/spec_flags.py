@@ -20,7 +20,7 @@ from swarm.net.shaper import parse_bandwidth
 
 def add_spec_flags(p: argparse.ArgumentParser) -> None:
     """The run spec's flags, one group, on `swarm local` and `swarm coordinator`."""
-    g = p.add_argument_group("run spec (ignored with --run-spec)")
+    g = p.add_argument_group("run spec (refused beside --run-spec, which sets them all)")
     g.add_argument("--preset", default="tiny", choices=sorted(PRESETS), help="model size (default: tiny)")
     g.add_argument("--run-spec", metavar="FILE", help="a run spec as JSON or TOML instead of a preset")
     g.add_argument("--stages", type=int, help="number of pipeline stages (default: the preset's)")
@@ -33,6 +33,10 @@ def add_spec_flags(p: argparse.ArgumentParser) -> None:
                    "in the k. It needs --constrained-stage-lr 0.03 (the default from d=512 up): at the full lr its "
                    "free stages train far worse; it beat the subspace codec at d=512 and lost to it at d=1024 in 8 "
                    "stages (docs/fidelity.md 3h) (default: 0, off)")
+    g.add_argument("--vocab", type=int, metavar="N",
+                   help="vocabulary size, e.g. 32768 to compare a BPE's width with bytes' at the same model; with "
+                   "--tokens the tokenizer's, which a different N contradicts (default: the preset's, 256 but "
+                   "small-bpe's 32768)")
     g.add_argument("--wire-dtype", choices=["fp32", "bf16"], help="dtype of numbers on the wire")
     g.add_argument("--quant", choices=["none", "int8"], help="int8 quantization under the codec")
     g.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
@@ -94,17 +98,53 @@ def slowest_uplink(text: str | None) -> float | None:
     return rate
 
 
+# flags that describe a run spec, which `--run-spec FILE` describes instead: given beside it, they are refused
+# rather than silently ignored (--slowest-uplink is the exception: it is applied on top of the file)
+_SPEC_FLAGS = ("stages", "codec", "rank", "vocab", "residual_width", "wire_dtype", "quant", "basis_interval", "seed",
+               "replica_sync", "replica_sync_rank", "replica_sync_warmup", "batch_size", "microbatches_in_flight",
+               "constrained_stage_lr")
+
+
+def _refuse_beside_run_spec(a: argparse.Namespace) -> None:
+    given = [f"--{name.replace('_', '-')}" for name in _SPEC_FLAGS if getattr(a, name, None) is not None]
+    given += ["--preset"] if getattr(a, "preset", "tiny") != "tiny" else []
+    given += ["--dtype"] if getattr(a, "dtype", "auto") != "auto" else []
+    if given:
+        raise ValueError(f"--run-spec {a.run_spec} sets the whole run spec, so {', '.join(given)} would be ignored; "
+                         f"change {'it' if len(given) == 1 else 'them'} in the file, or drop --run-spec.")
+
+
+def dtype_origin(a: argparse.Namespace) -> str:
+    """Where the compute dtype of the spec `spec_from_args(a)` came from, as the banner says it."""
+    if getattr(a, "run_spec", None):
+        return f"from {a.run_spec}"
+    if a.dtype != "auto":
+        return "--dtype"
+    device = _auto_device(a)
+    if device.startswith("cuda"):
+        return f"auto: {device}"
+    if getattr(a, "device", None) is None and getattr(a, "devices", None) is None:  # a coordinator: its own machine
+        return "auto: this machine has no CUDA GPU; a swarm of GPU peers wants --dtype bf16 or fp16"
+    return f"auto: {device}"
+
+
+def _auto_device(a: argparse.Namespace) -> str:
+    """The device `--dtype auto` is judged by: the peers' (swarm local), else this machine's own GPU (coordinator)."""
+    import torch
+    return (getattr(a, "devices", None) or "").split(",")[0].strip() or getattr(a, "device", None) \
+        or ("cuda" if torch.cuda.is_available() else "cpu")
+
+
 def spec_from_args(a: argparse.Namespace) -> RunSpec:
-    """The run spec the flags describe: `--run-spec FILE` as it is, else the preset with the flags given."""
+    """The run spec the flags describe: `--run-spec FILE` as it is (ValueError if other spec flags are given
+    beside it), else the preset with the flags given."""
     floor = slowest_uplink(a.slowest_uplink)  # a bad rate fails before a spec file is read
     if a.run_spec:
+        _refuse_beside_run_spec(a)
         spec = RunSpec.load(a.run_spec)
         return spec if floor is None else spec.replace(slowest_uplink_bps=floor)
-    import torch
-    # --dtype auto: judged by the peers' device (swarm local), else by this machine's own GPU (coordinator)
-    device = (getattr(a, "devices", None) or "").split(",")[0].strip() or getattr(a, "device", None) \
-        or ("cuda" if torch.cuda.is_available() else "cpu")
-    return preset(a.preset, stages=a.stages, codec=a.codec, rank=a.rank, residual_width=a.residual_width,
+    device = _auto_device(a)  # --dtype auto: judged by the peers' device (swarm local), else this machine's GPU
+    return preset(a.preset, stages=a.stages, codec=a.codec, rank=a.rank, vocab=a.vocab, residual_width=a.residual_width,
                   wire_dtype=a.wire_dtype, quant=a.quant,
                   basis_interval=a.basis_interval, seed=a.seed, dtype=resolve_dtype(a.dtype, device),
                   replica_sync=a.replica_sync, replica_sync_rank=a.replica_sync_rank,

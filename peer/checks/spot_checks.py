@@ -6,7 +6,8 @@ After every stage's replicas have reduced, and before anything is applied:
 1. **Blame.** A replica whose contribution another replica refused (NaN, a wrong size, tensors
    without microbatches) or that withheld it is named in that replica's reduce reply (`blame`);
    the reduce failed. The leader convicts a replica blamed by a majority of the other replicas
-   of its stage that replied.
+   of its stage that replied (with two replicas, one blamed by the other and not blaming it back is a
+   majority of one: convicted on that word, still; two that blame each other: item 3).
 2. **Spot checks.** Each replica's share of the step (its microbatches' gradient sum) is
    recomputed, with probability `rate` (drawn here, after the contributions are in, so nobody
    knows ahead which share) or always if its stage's replicas name it a suspect (a share far
@@ -15,12 +16,17 @@ After every stage's replicas have reduced, and before anything is applied:
    recomputes it: two of three computations convict the one they disagree with (the replica
    checked, or its checker). A check that finds nothing either way (the replica checked could not
    be reached) fails the attempt without a ban; a share drawn once is checked again at every retry
-   of its step, and the third such check in a row convicts (it withholds its inputs).
+   of its step, each time by a checker that has not failed to check it yet where there is one, and the
+   third such check in a row convicts (it withholds its inputs) if two checkers or more found nothing:
+   one replica's word that another withholds is no proof (with two replicas, see item 3).
 3. **Two replicas, no third.** A mismatch or a mutual blame between the only two replicas of a
-   stage cannot say who lied. The step is not applied with the doubtful work: the attempt fails,
-   and the replica the leader saw later is banned, its share re-driven on the other. (A liar that
-   has served longer than an honest newcomer keeps its place: with a third replica, checks settle
-   by two of three instead.)
+   stage cannot say who lied, and join order says nothing either (a liar that joined first would get
+   every honest newcomer banned). So nobody is banned: the attempt fails, the step is not applied with
+   the doubtful work, and the stage is marked disputed (`disputed`, which the leader's abort names so
+   that placement draws a third replica there, swarm/replicas/placement.py). The step is re-driven; its
+   drawn share is checked again at every retry, and once a third replica of the stage has reduced, the
+   one that made the claim is asked first and two of three settle it as in item 2 (a claim withdrawn on
+   a retry bans nobody: the step then applies with work that passed its check).
 
 A convicted replica is banned for the run here and, through the leader's next abort, everywhere;
 the attempt is re-driven without it, so the liar's work is thrown out and redone and the run still
@@ -32,18 +38,20 @@ replica's own and cannot be recomputed) and every stage.
    leader recomputes it itself (peer/checks/share_check.py `recompute_head_share`): the tokens it
    regenerates, the activations the head sent as the stage-1 replicas that took them report them,
    the gradients as their senders report them. The leader's verdict needs no third computation.
-5. **Sender against receiver.** A boundary activation is reported twice, by its sender ("a") and
-   by its receiver ("r"). Where the two differ and the sender is not the leader, nothing can say
-   which of them lies: as in item 3, the step is not applied and the later of the two is banned.
+5. **Sender against receiver.** A boundary message is reported twice, by its sender ("a", "g") and by
+   its receiver ("r", "q", with the sender's signature of it, protocol/boundary_sig.py). Where the two
+   differ, the signature settles it (peer/checks/boundary_evidence.py): a valid one convicts the sender,
+   which signed other bytes than it reports; none convicts the receiver, which reports what was never
+   sent. A receiver's report that a head's check relies on is likewise used only when it is signed.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import random
-import time
 from collections.abc import Awaitable, Callable
 
+from peer.checks.boundary_evidence import BoundaryEvidence, Verify
 from peer.daemon.step_log import AttemptFailed
 from protocol.control import Command, CommandReply
 from protocol.spot_check import DIGEST_BYTES, CheckOrder, Sent, encode_order
@@ -57,27 +65,30 @@ UNCHECKED = "unchecked: "  # a check that found nothing either way
 class SpotChecks:
     def __init__(self, run_hash: str, n_stages: int, rate: float, send: Send, ban: Callable[[str], None],
                  exact: bool = True, rng: random.Random | None = None, leader: str = "",
-                 check_timeout: float | None = None) -> None:
+                 check_timeout: float | None = None, verify: Verify | None = None) -> None:
         self.run_hash, self.n_stages, self.rate, self.exact = run_hash, n_stages, rate, exact
         self.check_timeout = check_timeout  # how long a check may take (None: the sender's default)
         self.leader = leader  # this leading head: its word is the run's, it checks the other heads' shares
         self.send, self.ban = send, ban
         self.rng = rng or random.SystemRandom()  # drawn where no replica can predict it
-        self.first_seen: dict[str, float] = {}
+        self.verify = verify  # a sender's signature of a boundary message (peer/daemon/interfaces.py `Signer`)
+        # stage -> (step, replica checked, the replica that said its share was false): waits for a third replica
+        self.disputed: dict[int, tuple[int, str, str]] = {}
+        self.evidence: BoundaryEvidence | None = None  # the attempt's boundary reports, and what they prove
         self._drawn: tuple[int, set[str]] = (-1, set())  # (step, shares drawn): a retry of the step checks them again
-        self._unchecked: dict[str, int] = {}  # replica -> checks of it in a row that could not run
+        self._no_verdict: tuple[int, set[str]] = (-1, set())  # (step, checkers that found nothing either way)
+        self._unchecked: dict[str, list[str]] = {}  # replica -> the checkers of its checks in a row that could not run
         self.convicted: list[str] = []  # banned for the run, newest last: every abort names them
         self.reasons: dict[str, str] = {}  # why each was banned: the leader tells the banned replica (step/driver.py)
         self.checks = self.mismatches = 0
         self.checkable = 0  # shares that could be drawn: work done, and another replica of the stage to check it
 
-    def seen(self, peers: list[str]) -> None:
-        now = time.monotonic()
-        for p in peers:
-            self.first_seen.setdefault(p, now)
+    def disputed_stages(self, step: int) -> list[int]:
+        """The stages whose two replicas disagree at `step` (the step waits for a third replica there)."""
+        return sorted(s for s, (at, _, _) in self.disputed.items() if at == step)
 
     # ------------------------------------------------------------------ 1. blame in reduce replies
-    def judge_blame(self, replies: dict[str, CommandReply], members: dict[str, int]) -> None:
+    def judge_blame(self, replies: dict[str, CommandReply], members: dict[str, int], step: int = -1) -> None:
         """Convict (and raise AttemptFailed) on the blame in a failed reduce's replies."""
         for stage in range(self.n_stages):
             peers = [p for p in replies if members.get(p) == stage]
@@ -90,7 +101,7 @@ class SpotChecks:
                     self._convict(p, f"blamed by {len(by)} of the {others} other replicas of stage {stage}: "
                                      f"{replies[by[0]].reason}")
                 elif others == 1:
-                    self._dispute(p, by[0], stage, "they blame each other")
+                    self._dispute(step, stage, p, by[0], "they blame each other")
 
     # ------------------------------------------------------------------ 2. recomputation
     async def run(self, step: int, attempt: int, members: dict[str, int], replies: dict[str, CommandReply],
@@ -100,6 +111,10 @@ class SpotChecks:
         if not self.exact or self.rate <= 0:
             return
         sent = [(p, s) for p, r in replies.items() for s in r.sent] + [("", s) for s in own_sent]
+        self.evidence = BoundaryEvidence(self.run_hash, step, attempt, self.leader, sent, self.verify) \
+            if self.verify is not None else None
+        if self.evidence is not None and (liar := self.evidence.liar()) is not None:  # item 5
+            self._convict(*liar)
         jobs = []
         for stage in range(self.n_stages):
             oks = [p for p, r in replies.items() if members.get(p) == stage and r.outcome == "ok"]
@@ -136,11 +151,19 @@ class SpotChecks:
         def said(by: str, kind: str, mb: int, about: str) -> set[bytes]:
             return {s.digest for p, s in sent if (p or self.leader) == by and s.kind == kind and s.microbatch == mb
                     and s.to == about}
+
+        def signed_receipts(mb: int) -> None:
+            """A head's check relies on what stage 1 reports it got: only a report its sender signed counts."""
+            for p, s in sent:
+                if s.kind == "r" and s.microbatch == mb and s.to == target and self.evidence is not None:
+                    if (liar := self.evidence.received(p or self.leader, s)) is not None:
+                        self._convict(*liar)
         if self.n_stages == 1:  # a one-stage swarm's head: its only input is the tokens, which the checker regenerates
             return CheckOrder(target, list(mbs), [(bytes(DIGEST_BYTES), None)] * len(mbs))
         inputs = []
         for mb in mbs:
             if stage == 0:  # a head's input is the tokens (regenerated); what it sent on, as its receiver saw it
+                signed_receipts(mb)
                 a, g = digest_of("r", mb, 1), digest_of("g", mb, 1)
                 ends = {(target, q) for q, s in sent if s.kind == "r" and s.microbatch == mb and s.to == target}
             else:
@@ -148,10 +171,10 @@ class SpotChecks:
                 g = digest_of("g", mb, stage + 1) if stage < self.n_stages - 1 else None
                 ends = {(p or self.leader, target) for p, s in sent if s.kind == "a" and s.microbatch == mb
                         and s.to == target}
-            for sender, receiver in sorted(ends):  # item 5: the two ends of one activation disagree
+            for sender, receiver in sorted(ends):  # item 5 without signatures: nothing says which end lies
                 out, seen = said(sender, "a", mb, receiver), said(receiver, "r", mb, sender)
-                if out and seen and not out & seen and sender != self.leader:
-                    self._dispute(sender, receiver, stage, f"they report different bytes for microbatch {mb}")
+                if self.evidence is None and out and seen and not out & seen and sender != self.leader:
+                    self._dispute(-1, stage, sender, receiver, f"they report different bytes for microbatch {mb}")
             if a is None or (stage < self.n_stages - 1 and g is None):
                 log.info("step check skipped: microbatch %d's inputs to %s were not reported by their sender",
                          mb, target[-8:])
@@ -164,22 +187,36 @@ class SpotChecks:
         self.checks += 1
         checkers = self.rng.sample(others, len(others))
         target = order.target
+        failed = self._unchecked.get(target, [])
+        if self._no_verdict[0] != step:
+            self._no_verdict = (step, set())
+        # a checker that has not failed to check a share of this step yet asks first
+        checkers.sort(key=lambda c: c in failed or c in self._no_verdict[1])
+        at, checked, accuser = self.disputed.get(stage, (-1, "", ""))
+        if (at, checked) == (step, target) and accuser in checkers and len(checkers) > 1 and accuser not in failed:
+            # a third replica is here: the one that said the share was false says it again first (item 3)
+            checkers.remove(accuser)
+            checkers.insert(0, accuser)
         first = await self._ask(checkers[0], step, attempt, order)
         if first is None:
             self._unchecked.pop(target, None)
             log.info("step %d: stage %d: %s's share, recomputed by %s, is its work", step + 1, stage, target[-8:],
                      "this head" if checkers[0] == self.leader else checkers[0][-8:])
             return
-        if first.startswith(UNCHECKED):  # no verdict: the step waits for one (3 in a row: it withholds)
-            self._unchecked[target] = self._unchecked.get(target, 0) + 1
-            if self._unchecked[target] >= 3:
-                self._convict(target, f"its share could not be checked 3 times in a row ({first[len(UNCHECKED):]})")
-            raise AttemptFailed(f"the check of {target[-8:]}'s share could not run ({first[len(UNCHECKED):]})")
+        if first.startswith(UNCHECKED):  # no verdict: the step waits for one (3 in a row, by 2 checkers: it withholds)
+            why = first[len(UNCHECKED):]
+            failed = self._unchecked[target] = failed + [checkers[0]]
+            self._no_verdict[1].add(checkers[0])
+            if len(failed) >= 3 and len(set(failed)) >= 2:
+                self._convict(target, f"its share could not be checked 3 times in a row ({why})")
+            if len(failed) >= 3 and len(checkers) < 2:  # one checker's word that it withholds is no proof
+                self._dispute(step, stage, target, checkers[0], f"its share could not be checked: {why}")
+            raise AttemptFailed(f"the check of {target[-8:]}'s share could not run ({why})")
         self.mismatches += 1
         if checkers[0] == self.leader:  # the leading head recomputed it: its word is the run's
             self._convict(target, f"the leading head recomputed its share: {first}")
         if len(checkers) < 2:
-            self._dispute(target, checkers[0], stage, first)
+            self._dispute(step, stage, target, checkers[0], first)
         second = await self._ask(checkers[1], step, attempt, order)
         if second is not None and second.startswith(UNCHECKED):
             raise AttemptFailed(f"the third check of {target[-8:]}'s share could not run")
@@ -203,14 +240,15 @@ class SpotChecks:
         log.warning("replica %s is banned for the run: %s", peer[-8:], why)
         raise AttemptFailed(f"replica {peer[-8:]} was caught: {why}")
 
-    def _dispute(self, a: str, b: str, stage: int, why: str) -> None:
-        newer = max((a, b), key=lambda p: (self.first_seen.get(p, float("inf")), p))
-        self._banned(newer, f"stage {stage}'s two replicas disagreed ({why}) and no third could settle it: the later "
-                            f"to join is banned")
-        log.warning("stage %d's two replicas %s and %s disagree (%s) and no third can settle it: the step is "
-                    "not applied with their work, and %s, the later to join, is banned for the run", stage, a[-8:],
-                    b[-8:], why, newer[-8:])
-        raise AttemptFailed(f"stage {stage}'s two replicas disagree ({why})")
+    def _dispute(self, step: int, stage: int, a: str, b: str, why: str) -> None:
+        """Item 3: `a` and `b`, the only two replicas of `stage`, disagree (at `step`, `b` said `a`'s share was
+        false; -1: another kind of disagreement). Nobody is banned; the step waits for a third replica."""
+        if step >= 0:
+            self.disputed[stage] = (step, a, b)
+        log.warning("stage %d's two replicas %s and %s disagree (%s) and no third can settle it: the step is not "
+                    "applied with their work, nobody is banned, and the step waits for a third replica of stage %d",
+                    stage, a[-8:], b[-8:], why, stage)
+        raise AttemptFailed(f"stage {stage}'s two replicas disagree ({why}); waiting for a third replica")
 
     def _banned(self, peer: str, why: str) -> None:
         if peer not in self.convicted:

@@ -1,7 +1,8 @@
 """The asyncio service around a runner, and the messages it sends and takes.
 
-- `interfaces.py`: the seam to the network (`MessageLink`, `PeerDirectory`, `PeerStatus`, `LinkError`);
-  `loopback.py`: both in memory, so that daemons are tested in one process (still as bytes).
+- `interfaces.py`: the seam to the network (`MessageLink`, `Signer`, `PeerDirectory`, `PeerStatus`,
+  `LinkError`); `loopback.py`: all in memory, so that daemons are tested in one process (still as bytes,
+  signed with a real Ed25519 key per peer).
 - `daemon.py`: `StageDaemon` (steps and attempts, admission, the worker thread); `inbound.py` (what
   it does with an activation, a gradient, a basis update); `microbatch_forward.py` (a microbatch's
   deadline and re-send); `delivery.py` (`Courier`, outbound messages); `norm_band.py`; `basis_gate.py`.

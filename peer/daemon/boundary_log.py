@@ -4,7 +4,9 @@ share of the step can be recomputed by another (issue 21, protocol/spot_check.py
 Received: the body of every activation and gradient this peer accepted for a microbatch (the
 inputs of its share: what a checker asks for). Sent: who got each message this peer sent and a
 digest of its bytes (what the leader learns from the senders, reported in reduce replies), and who
-sent each activation it received (what the leader learns of a head's output from stage 1). A head
+sent each activation and gradient it received, with the sender's signature of it (kinds "r" and "q",
+protocol/boundary_sig.py: what the leader learns of a head's output from stage 1, and the evidence that
+settles a sender's word against its receiver's, peer/checks/spot_checks.py). A head
 (stage 0) also keeps the activations it sent: with the gradients, what a checker of its share
 recomputes and compares (its input, the tokens, the checker regenerates). Only the step in
 progress is kept: a few compressed boundary tensors per microbatch.
@@ -32,12 +34,14 @@ class BoundaryLog:
         return key == self._key
 
     def received(self, step: int, attempt: int, kind: str, microbatch: int, body: bytes,
-                 sender: str | None = None) -> None:
-        """An input accepted; an activation's `sender` is reported (kind "r")."""
+                 sender: str | None = None, sig: bytes = b"", said: bytes | None = None) -> None:
+        """An input accepted; its `sender` is reported with its signature `sig` (kind "r": an activation,
+        "q": a gradient; `said`: the body's digest, if the caller has it)."""
         if self._at(step, attempt):
             self._received[(kind, microbatch)] = bytes(body)
-            if kind == KIND_ACTIVATION and sender is not None:
-                self._sent[("r", microbatch)] = Sent("r", microbatch, sender, digest(body))
+            if sender is not None:
+                got = "r" if kind == KIND_ACTIVATION else "q"
+                self._sent[(got, microbatch)] = Sent(got, microbatch, sender, said or digest(body), bytes(sig))
 
     def sending(self, step: int, attempt: int, microbatch: int, body: bytes, keep: bool = False) -> None:
         """An activation goes downstream; whom it went to is known once its gradient is accepted

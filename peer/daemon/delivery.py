@@ -5,13 +5,18 @@ replica of a stage picked by the router, trying others when one fails. A receive
 to retry (it is fetching a basis update, or has not read the sender's announcement yet) gets
 the same message again after a short, bounded wait; a transport failure is retried once on
 the same peer, since it may hide a message that arrived but whose reply was lost.
+
+Every boundary message leaves signed for the peer it goes to (protocol/boundary_sig.py): the statement
+names the receiver, so it is signed again for each peer tried; the body's bytes are the same for all.
 """
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
 
-from protocol.wire import KIND_ACTIVATION, KIND_GRADIENT, ErrorReply, WireError, WireLimits, decode_message
+from protocol.boundary_sig import seal, statement
+from protocol.spot_check import digest
+from protocol.wire import KIND_ACTIVATION, KIND_GRADIENT, ErrorReply, Header, WireError, WireLimits, decode_message
 
 from .interfaces import LinkError, MessageLink, PeerDirectory
 
@@ -27,18 +32,20 @@ class Courier:
         self._retries: dict[str, int] = {}
 
     async def send(self, stage: int, kind: str, body: bytes, tokens: int, to: str | None = None,
-                   chosen: Callable[[str | None], None] | None = None, exclude: set[str] = frozenset()) -> str:
+                   chosen: Callable[[str | None], None] | None = None, exclude: set[str] = frozenset(),
+                   h: Header | None = None) -> str:
         """Deliver to `to`, or to a peer of `stage` picked by the router (never one of `exclude`),
         trying other peers; returns the peer that took it. `chosen(peer)` hears of each peer before
         it is sent to (its answer may come back before its acknowledgement does), and
-        `chosen(None)` if it did not take the message."""
+        `chosen(None)` if it did not take the message. `h`: the message's header, which its signature
+        names (None: sent unsigned)."""
         tried: set[str] = set(exclude)
         last = ""
         for _ in range(self.send_retries if to is None else 1):
             peer = to or await self.directory.pick(stage, exclude=tried)
             if chosen is not None:
                 chosen(peer)
-            outcome, last = await self.deliver(peer, kind, body)
+            outcome, last = await self.deliver(peer, kind, self.signed(peer, kind, body, h))
             if outcome == "ok":
                 self.sent_tokens[kind] += tokens
                 self._retries.pop(peer, None)
@@ -48,9 +55,16 @@ class Courier:
             if to is None:
                 self.directory.release(peer, None)
             if outcome == "retry" and await self._retry_later(peer):
-                return await self.send(stage, kind, body, tokens, to=peer, chosen=chosen)
+                return await self.send(stage, kind, body, tokens, to=peer, chosen=chosen, h=h)
             tried.add(peer)
         raise LinkError(f"stage {self.stage} could not deliver a '{kind}' message to stage {stage}: {last}")
+
+    def signed(self, peer: str, kind: str, body: bytes, h: Header | None) -> bytes:
+        """`body` sealed with this peer's signature of (run, step, attempt, microbatch, kind, `peer`, digest)."""
+        signer = getattr(self.link, "signer", None)
+        if signer is None or h is None:
+            return body
+        return seal(signer.sign(statement(h.run, h.step, h.attempt, h.microbatch, kind, peer, digest(body))), body)
 
     async def deliver(self, peer: str, kind: str, body: bytes) -> tuple[str, str]:
         """One message to one peer: ("ok" | "retry" | "failed", why).

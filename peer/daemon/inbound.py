@@ -6,6 +6,9 @@ band, step and attempt, basis version, microbatch), in an order that matters: th
 comes before the step checks, so enormous values ban their sender whatever step they claim.
 In an fp16 run a gradient is judged by its size over the loss scale, and one flagged as an
 overflow is taken as zeros without a size check (peer/runner/loss_scaling.py).
+A boundary message comes signed by its sender (protocol/boundary_sig.py): after every other check, and
+before it is accepted, the signature must verify against the sender's key for this peer as receiver; it is
+kept with the message's digest (peer/daemon/boundary_log.py), the sender's evidence of what it sent.
 A refusal is an `ErrorReply` and never touches the runner's state; accepted work is queued on
 the daemon's worker thread (`run_for`) and its result sent on by the daemon's `Courier`.
 The size band judges the payload on the host; it reaches the accelerator on the worker thread,
@@ -18,7 +21,9 @@ import time
 import torch
 
 from protocol.basis_update import decode_update
+from protocol.boundary_sig import statement, unseal
 from protocol.codecs import WireTensors
+from protocol.spot_check import digest
 from protocol.wire import (
     KIND_ACTIVATION,
     KIND_GRADIENT,
@@ -38,9 +43,20 @@ SKIPPED = object()  # what `StageDaemon.run_for` returns for work of an aborted 
 class InboundHandlers:
     """Mixed into `StageDaemon` (peer/daemon/daemon.py), whose state and helpers these handlers use."""
 
-    async def _on_activation(self, body: bytes, sender: str) -> bytes:
+    def _unsigned(self, kind: str, h: Header, said: bytes, sig: bytes, sender: str) -> bytes | None:
+        """A refusal unless `sig` is `sender`'s signature of this message (digest `said`) to this peer (no signer
+        here: none)."""
+        signer = getattr(self.link, "signer", None)
+        if signer is None or signer.verify(
+                sender, statement(h.run, h.step, h.attempt, h.microbatch, kind, self.peer_id, said), sig):
+            return None
+        return self.refuse(f"the {'activation' if kind == KIND_ACTIVATION else 'gradient'} is not signed by its "
+                           f"sender for this peer.", sender)
+
+    async def _on_activation(self, frame: bytes, sender: str) -> bytes:
         if (refusal := await self.admitted(sender, KIND_ACTIVATION)) is not None:
             return refusal
+        sig, body = unseal(frame)
         try:
             msg = decode_message(body, self._limits())
         except WireError as e:
@@ -73,8 +89,11 @@ class InboundHandlers:
             return self.refuse(f"microbatch {h.microbatch} is outside 0..{self.spec.n_microbatches - 1}.", sender)
         if h.microbatch in self._upstream or self.runner.has_seen(h.microbatch):
             return self.refuse("this microbatch is already here.", sender, code="duplicate")
+        said = digest(body)
+        if (refusal := self._unsigned(KIND_ACTIVATION, h, said, sig, sender)) is not None:
+            return refusal
         self._upstream[h.microbatch] = (sender, msg.tokens)
-        self.boundary.received(h.step, h.attempt, KIND_ACTIVATION, h.microbatch, body, sender)  # a check's input
+        self.boundary.received(h.step, h.attempt, KIND_ACTIVATION, h.microbatch, body, sender, sig, said)  # an input
         self.spawn(self._process_activation(h, msg.tokens, msg.payload, sender))
         return ACK
 
@@ -101,16 +120,17 @@ class InboundHandlers:
                 return  # the attempt was aborted while this stage computed
             body, ntokens, self.last_loss = done
             self._upstream.pop(h.microbatch, None)
-            await self.courier.send(self.stage - 1, KIND_GRADIENT, body, ntokens, to=sender)
+            await self.courier.send(self.stage - 1, KIND_GRADIENT, body, ntokens, to=sender, h=h)
             self.boundary.sent_gradient(h.step, h.attempt, h.microbatch, sender, body)
             return
         done = await self.run_for(h, self._forward_job, h, tokens, z)
         if done is not SKIPPED:
             await self._forward(h, *done)
 
-    async def _on_gradient(self, body: bytes, sender: str) -> bytes:
+    async def _on_gradient(self, frame: bytes, sender: str) -> bytes:
         if (refusal := await self.admitted(sender, KIND_GRADIENT)) is not None:
             return refusal
+        sig, body = unseal(frame)
         try:
             msg = decode_message(body, self._limits())
         except WireError as e:
@@ -149,9 +169,12 @@ class InboundHandlers:
                 fut.set_exception(LinkError(f"peer {sender[-8:]} answered microbatch {h.microbatch} with "
                                             "out-of-band gradients"))
             return refusal
+        said = digest(body)
+        if (refusal := self._unsigned(KIND_GRADIENT, h, said, sig, sender)) is not None:
+            return refusal
         del self._downstream[h.microbatch]
         self._gradient_taken[h.microbatch] = sender
-        self.boundary.received(h.step, h.attempt, KIND_GRADIENT, h.microbatch, body)
+        self.boundary.received(h.step, h.attempt, KIND_GRADIENT, h.microbatch, body, sender, sig, said)
         self.boundary.answered(h.step, h.attempt, h.microbatch, sender)
         seconds = time.monotonic() - sent[1]
         self.directory.release(sender, seconds)
@@ -173,7 +196,7 @@ class InboundHandlers:
         upstream = self._upstream.pop(h.microbatch, None)
         if upstream is None or not self.current(h):
             return  # the attempt was superseded while this backward ran
-        await self.courier.send(self.stage - 1, KIND_GRADIENT, body, ntokens, to=upstream[0])
+        await self.courier.send(self.stage - 1, KIND_GRADIENT, body, ntokens, to=upstream[0], h=h)
         self.boundary.sent_gradient(h.step, h.attempt, h.microbatch, upstream[0], body)
 
     async def _on_basis(self, body: bytes, sender: str) -> bytes:

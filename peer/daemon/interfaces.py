@@ -30,8 +30,21 @@ class Refusal:
 Admit = Callable[[str, str], Awaitable["Refusal | None"]]  # (sender, message kind) -> why not, or None
 
 
+class Signer(Protocol):
+    """This peer's identity key, and every peer's public one: a boundary message's sender signs what it
+    sent (protocol/boundary_sig.py), its receiver and the leader check it. `swarm/` signs with the libp2p
+    identity (swarm/trust/boundary_signer.py); `peer/daemon/loopback.py` with an Ed25519 key per name."""
+
+    def sign(self, data: bytes) -> bytes: ...
+
+    def verify(self, peer_id: str, data: bytes, signature: bytes) -> bool:
+        """True only if `signature` is `peer_id`'s over `data`; False for anything else, never an exception."""
+        ...
+
+
 class MessageLink(Protocol):
     peer_id: str
+    signer: Signer | None  # None: this link's messages go unsigned, and a signed message is taken unchecked
 
     async def serve(self, kind: str, handler: Handler) -> None: ...
 

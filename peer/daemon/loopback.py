@@ -5,12 +5,52 @@ message goes through wire.py) and counts them; its directory picks, among a stag
 peers, the one with the fewest requests in flight (ties: lowest peer id), as the real router
 does when round trips are equal. Peers in `down` neither answer nor appear. Nothing here is
 used in production.
+
+`MemoryKeys` is the in-memory swarm's identities: a real Ed25519 key per peer name, made on first
+use, so boundary messages are signed and checked here as over libp2p (protocol/boundary_sig.py).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
 from .interfaces import Handler, LinkError, PeerInfo, PeerStatus, RollbackOrder
+
+
+@dataclass
+class MemoryKeys:
+    """Every peer name's Ed25519 key (the in-memory stand-in for peer id -> public key)."""
+
+    keys: dict[str, Ed25519PrivateKey] = field(default_factory=dict)
+
+    def key(self, peer_id: str) -> Ed25519PrivateKey:
+        return self.keys.setdefault(peer_id, Ed25519PrivateKey.generate())
+
+    def signer(self, peer_id: str) -> MemorySigner:
+        return MemorySigner(self, peer_id)
+
+
+@dataclass(frozen=True)
+class MemorySigner:
+    """`Signer` (peer/daemon/interfaces.py) of one peer name: signs with its key, checks any name's."""
+
+    book: MemoryKeys
+    peer_id: str
+
+    def sign(self, data: bytes) -> bytes:
+        return self.book.key(self.peer_id).sign(bytes(data))
+
+    def verify(self, peer_id: str, data: bytes, signature: bytes) -> bool:
+        key = self.book.keys.get(peer_id)  # a name that never signed has no key: nothing of it verifies
+        if key is None or not isinstance(signature, bytes) or len(signature) != 64:
+            return False
+        try:
+            key.public_key().verify(signature, bytes(data))
+        except (InvalidSignature, ValueError, TypeError):
+            return False
+        return True
 
 
 @dataclass
@@ -22,6 +62,7 @@ class LoopbackNetwork:
     inflight: dict[str, int] = field(default_factory=dict)
     lease: list[str] | None = None  # the heads that may lead, in order, as a coordinator's lease would say
     rollback: RollbackOrder | None = None  # the rollback that lease would order
+    keys: MemoryKeys = field(default_factory=MemoryKeys)  # every peer's identity key
 
     def link(self, peer_id: str) -> LoopbackLink:
         return LoopbackLink(self, peer_id)
@@ -39,6 +80,10 @@ class LoopbackNetwork:
 class LoopbackLink:
     net: LoopbackNetwork
     peer_id: str
+
+    @property
+    def signer(self) -> MemorySigner:
+        return self.net.keys.signer(self.peer_id)
 
     async def serve(self, kind: str, handler: Handler) -> None:
         self.net.handlers[(self.peer_id, kind)] = handler

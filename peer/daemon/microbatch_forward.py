@@ -63,7 +63,7 @@ class MicrobatchForwarding:
             try:
                 async with asyncio.timeout(deadline):
                     peer = await self.courier.send(self.stage + 1, KIND_ACTIVATION, body, ntokens, chosen=chosen,
-                                                   exclude=missed)
+                                                   exclude=missed, h=h)
                     if not self.current(h):
                         self.directory.release(peer, None)  # superseded while it was on its way
                         return

@@ -10,6 +10,8 @@
 - `sources.py`: text, jsonl and parquet sources read as a bounded stream of pieces.
 - `shards.py`: `prepare`, a source tokenized into resumable shards; `manifest.py`: their manifest.json.
 - `token_store.py`: `TokenStore`, a prepared folder checked and read a window at a time.
+- `run_tokenizer.py`: the run's tokenizer as its spec pins it (sha256), found on this machine and loaded;
+  `tokenizer_share.py`: it served to and fetched from other peers in chunks, the hash checked.
 """
 from .batches import BatchSource, ByteTokenizer
 from .corpus import Corpus, DataError, load_corpus

@@ -19,11 +19,14 @@ import numpy as np
 
 from .corpus import DataError
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "MANIFEST_NAME", "Manifest", "ShardRecord", "dtype_for", "sha256_file"]
+__all__ = ["FORMAT", "FORMAT_VERSION", "MANIFEST_NAME", "Manifest", "TOKENIZER_NAME", "ShardRecord", "dtype_for",
+           "sha256_file"]
 
 FORMAT = "subspace-swarm token shards"
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
+# A copy of the tokenizer file (BPE), kept beside the manifest and outside its hash (peer/data/run_tokenizer.py)
+TOKENIZER_NAME = "tokenizer.json"
 DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
 
 

@@ -30,7 +30,7 @@ from .corpus import DataError
 from .manifest import MANIFEST_NAME, Manifest
 from .run_corpus import recorded
 from .token_store import TokenStore
-from .tokenizer import ByteTokenizer
+from .tokenizer import BYTE_VOCAB_SIZE, ByteTokenizer
 
 KEY = "tokens"
 
@@ -57,6 +57,10 @@ def with_tokens(spec: RunSpec, folder: str | None) -> RunSpec:
                         f"validation tokens, and each needs at least seq_len + 1 = {window}; prepare it from more "
                         f"text (or with a larger --val-tokens).")
     m = store.manifest
+    if spec.vocab not in (BYTE_VOCAB_SIZE, m.vocab_size):  # a --vocab (or small-bpe) the tokenizer contradicts
+        raise DataError(f"the run spec asks for a vocabulary of {spec.vocab}, but token folder {folder!r} was "
+                        f"prepared with a tokenizer of {m.vocab_size}; drop --vocab (a run on a token folder takes its "
+                        f"tokenizer's) or use a preset of vocabulary 256 or {m.vocab_size}.")
     record = {"path": os.path.abspath(folder), "manifest_sha256": m.manifest_sha256,
               "tokenizer_sha256": m.tokenizer_sha256, "vocab": m.vocab_size, "tokens": store.train_tokens}
     return spec.replace(vocab=m.vocab_size, extra={**spec.extra, KEY: record})

@@ -10,6 +10,9 @@ tokenizer's end-of-text id, or by a newline for a tokenizer without one (bytes: 
   tokens go straight to the shard's file.
 - Nothing half-written looks complete: a shard is written under a temporary name and renamed when
   full; `manifest.json`, the only mark of a finished folder, is written last, the same way.
+- The folder is all a head needs: a BPE tokenizer's file is copied into it (`tokenizer.json`, outside
+  the manifest's hash; the run spec pins its sha256: peer/data/run_tokenizer.py), also by a re-run on a
+  folder finished before the copy was kept.
 - Resumable: after each finished shard `progress.json` records the shards so far and where in the
   source the next one starts (file, piece, tokens of that piece already stored). A re-run with the
   same arguments continues from there and never rewrites a finished shard; one with other
@@ -30,7 +33,7 @@ import numpy as np
 from tqdm import tqdm
 
 from .corpus import DataError
-from .manifest import DTYPES, FORMAT_VERSION, MANIFEST_NAME, Manifest, ShardRecord, dtype_for
+from .manifest import DTYPES, FORMAT_VERSION, MANIFEST_NAME, TOKENIZER_NAME, Manifest, ShardRecord, dtype_for
 from .sources import Piece, iter_pieces, source_files
 from .tokenizer import Tokenizer, atomic_write_bytes, load_tokenizer
 
@@ -160,6 +163,14 @@ def _save_progress(out: Path, arguments: dict, shards: list[ShardRecord], positi
     atomic_write_bytes(out / PROGRESS_NAME, json.dumps(record, indent=1).encode())
 
 
+def _keep_tokenizer(tok: Tokenizer, out: Path) -> None:
+    """A copy of a BPE tokenizer's file in the folder, so that the folder is all a head needs (the run
+    spec pins its hash; peer/data/run_tokenizer.py). Bytes need no file."""
+    data = getattr(tok, "data", None)
+    if data is not None and not (out / TOKENIZER_NAME).exists():
+        atomic_write_bytes(out / TOKENIZER_NAME, data)
+
+
 def prepare(src: str | os.PathLike[str], tokenizer: Tokenizer | str, out_dir: str | os.PathLike[str], *,
             shard_tokens: int = DEFAULT_SHARD_TOKENS, val_tokens: int | None = None, progress: bool = True,
             on_shard: Callable[[int], None] | None = None) -> Manifest:
@@ -184,6 +195,7 @@ def prepare(src: str | os.PathLike[str], tokenizer: Tokenizer | str, out_dir: st
         raise DataError(f"cannot create output folder {str(out)!r}: {exc.strerror or exc}.") from exc
     shards, position, done = _load_progress(out, arguments, DTYPES[dtype].itemsize)
     if done:
+        _keep_tokenizer(tok, out)  # a folder prepared before the copy was kept gets it now
         return Manifest.read(out / MANIFEST_NAME)
     for leftover in out.glob("*.tmp"):  # an interrupted run's unfinished shard: never part of the result
         leftover.unlink()
@@ -224,5 +236,6 @@ def prepare(src: str | os.PathLike[str], tokenizer: Tokenizer | str, out_dir: st
         raise DataError(f"val_tokens ({val}) must be less than the {total} tokens of {str(src)!r}.")
     manifest = Manifest(tok.sha256, tok.vocab_size, tok.eos_id, dtype, tuple(shards), val, documents)
     _save_progress(out, arguments, shards, _Position(len(files), 0, 0, documents), done=True)
+    _keep_tokenizer(tok, out)
     atomic_write_bytes(out / MANIFEST_NAME, manifest.to_bytes())  # last: the mark of a finished folder
     return manifest

@@ -100,14 +100,18 @@ class ByteTokenizer:
 class BpeTokenizer:
     """A Hugging Face `tokenizer.json` (byte-level BPE or any model `tokenizers` reads)."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], data: bytes | None = None) -> None:
+        """The tokenizer in file `path`, or in `data` (its bytes, e.g. fetched from the swarm; `path` then
+        only names it)."""
         from tokenizers import Tokenizer as HfTokenizer
 
         self.name = str(path)
-        try:
-            data = Path(path).read_bytes()
-        except OSError as exc:
-            raise DataError(f"cannot read tokenizer file {self.name!r}: {exc.strerror or exc}.") from exc
+        if data is None:
+            try:
+                data = Path(path).read_bytes()
+            except OSError as exc:
+                raise DataError(f"cannot read tokenizer file {self.name!r}: {exc.strerror or exc}.") from exc
+        self.data = data
         try:
             tok = HfTokenizer.from_str(data.decode("utf-8"))
         except Exception as exc:  # tokenizers raises a bare Exception for JSON it cannot read

@@ -11,6 +11,8 @@ trainable numbers and N = microbatch_size * seq_len tokens per microbatch:
                                             "col" weight and per row of a "row" table: P_v <= P)
     buffers    = e (copies of U [d,k] and T_fixed [V,d] in the codec, the constrained maps and
                     the runner's basis) + the rope tables + 16 d k (the fp64 re-fit statistic)
+                 (T_fixed, `t_fixed`: 2 or 3 copies of e V d, 64 MiB each at V = 32768, d = 512 in fp32,
+                  256 MiB at V = 131072; built from the seed on every peer, never sent: `t_fixed_rows`)
     activations = m (n_blocks a_block + a_ends) N      (per microbatch, m of them in flight)
     workspace  = the extra at the backward peak, at the optimizer step, or in forward (autocast's
                  bf16 copies of every block weight live until the stage's forward ends)
@@ -60,6 +62,7 @@ CARDS_GB = (8, 12, 16, 24, 48, 80)  # common card classes, GiB of memory
 CARD_OVERHEAD = GIB // 2  # CUDA context and libraries: memory a card has but the allocator never gets
 CUBLAS_WORKSPACES = 64 * 2**20  # cuBLAS and cuBLASLt workspaces (measured on an H100: `swarm bench memory`)
 HEADROOM = 1.10  # allocator fragmentation and the estimate's own error
+T_FIXED_VOCABS = (256, 32768, 65536, 131072)  # bytes, and real tokenizers' vocabularies (32k-128k)
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,7 @@ class StageMemory:
     in_flight: int
     checkpointing: bool
     is_last: bool
+    t_fixed: int = 0  # of `buffers`: the stage's copies of the subspace's fixed token table T_fixed [V, d]
 
     @property
     def resident(self) -> int:
@@ -189,9 +193,11 @@ def estimate_stage(spec: RunSpec, stage: int, *, device: str = "cuda", checkpoin
     N = spec.microbatch_size * T
 
     buffers = 2 * T * (spec.head_dim // 2) * e  # rope cos and sin
+    t_fixed = 0
     if spec.codec == "subspace":
         copies = 1 + (stage == 0) + (stage > 0) + (not last)  # runner, embedding, decoder, encoder
         buffers += copies * (d * k + V * d) * e
+        t_fixed = copies * V * d * e
         if not last and not spec.hybrid:
             buffers += 2 * n * d * k * e  # every constrained map keeps its own U
         if spec.basis_updates and stage > 0:
@@ -224,7 +230,40 @@ def estimate_stage(spec: RunSpec, stage: int, *, device: str = "cuda", checkpoin
                        buffers=buffers, activations=m * per_mb, workspace_backward=workspace_bwd,
                        workspace_optimizer=workspace_opt, workspace_forward=workspace_fwd, sync=sync,
                        runtime=CUBLAS_WORKSPACES if fused_norm else 0, in_flight=m, checkpointing=checkpointing,
-                       is_last=last)
+                       is_last=last, t_fixed=t_fixed)
+
+
+def t_fixed_rows(spec: RunSpec, vocabs: tuple[int, ...] = T_FIXED_VOCABS, **options) -> list[dict]:
+    """The subspace's fixed token table T_fixed [V, d] at each vocabulary V of `vocabs` (the spec otherwise
+    unchanged), on every stage: its bytes, e V d per copy (`estimate_stage` counts the copies a stage holds:
+    the runner's basis, then the embedding on stage 0, the decoder on the others, the encoder on all but the
+    last), and their share of the stage's peak. T_fixed is generated on every peer from the run's seed
+    (`protocol/subspace.py` `make_basis`) and never sent: peers compare only its hash, with U's, when they join
+    (`sent_bytes` 0 whatever V). Empty for a codec other than subspace."""
+    if spec.codec != "subspace":
+        return []
+    rows = []
+    for V in vocabs:
+        wide = spec.replace(vocab=V)
+        for st in estimate_stages(wide, **options):
+            rows.append({"vocab": V, "stage": st.stage, "t_fixed": st.t_fixed, "copies": st.t_fixed // max(
+                1, V * wide.d_model * _elem(wide)[0]), "peak": st.peak, "share_of_peak": st.t_fixed / st.peak,
+                "built_from": "the run's seed (protocol/subspace.py make_basis)", "sent_bytes": 0})
+    return rows
+
+
+def describe_t_fixed(spec: RunSpec, vocabs: tuple[int, ...] = T_FIXED_VOCABS, **options) -> str:
+    """`t_fixed_rows` as lines of text: per vocabulary, T_fixed's memory on each stage."""
+    rows = t_fixed_rows(spec, vocabs, **options)
+    if not rows:
+        return f"T_fixed: none ({spec.codec} codec)"
+    lines = [f"T_fixed [V, {spec.d_model}] (built from the seed on every peer, never sent):"]
+    for V in vocabs:
+        per = [r for r in rows if r["vocab"] == V]
+        stages = ", ".join(f"stage {r['stage']} {format_bytes(r['t_fixed'])} ({r['share_of_peak']:.0%} of its peak)"
+                           for r in per)
+        lines.append(f"  V={V}: {stages}")
+    return "\n".join(lines)
 
 
 def torch_device_type(device: str) -> str:
@@ -260,9 +299,10 @@ def format_bytes(n: float) -> str:
 
 
 def parse_size(text: str) -> int:
-    """"8GB", "8GiB", "7.5G", "512MiB", "1e9" -> bytes (GB/MB are decimal, GiB/G/MiB/M binary)."""
-    units = {"gib": GIB, "gb": 10**9, "g": GIB, "mib": 2**20, "mb": 10**6, "m": 2**20,
-             "kib": 2**10, "kb": 10**3, "k": 2**10, "b": 1, "": 1}
+    """"8GB", "8GiB", "7.5G", "512MiB", "1e9" -> bytes. Every unit is binary (GB = GiB, MB = MiB), as
+    cards are sold and as the card tables count them: `--max-memory 24GB` is a 24 GB card's 24 GiB."""
+    units = {"gib": GIB, "gb": GIB, "g": GIB, "mib": 2**20, "mb": 2**20, "m": 2**20,
+             "kib": 2**10, "kb": 2**10, "k": 2**10, "b": 1, "": 1}
     t = text.strip().lower().replace(" ", "")
     number = t.rstrip("abcdefghijklmnopqrstuvwxyz")
     unit = t[len(number):]

@@ -29,6 +29,7 @@ class CommandSender:
         self.daemon, self.commit, self.command_timeout = daemon, commit, command_timeout
         self.named: list[str] = []  # who reduced the last step the leader committed: every apply names them
         self.banned: list[str] = []  # replicas the leader convicted (checks/spot_checks.py): every abort names them
+        self.disputed: list[int] = []  # stages whose two replicas disagree at the step aborted: they wait for a third
         self._told: set[str] = set()  # convicted replicas told of their ban
         self.peer_id, self.run_hash = daemon.peer_id, daemon.spec.run_hash
         self.n_microbatches = daemon.spec.n_microbatches
@@ -40,7 +41,8 @@ class CommandSender:
     async def broadcast(self, peers: dict[str, int], op: str, step: int, attempt: int,
                         skip: bool = False) -> dict[str, CommandReply]:
         cmds = {p: Command(self.run_hash, step, attempt, op, self.named if op == "apply" else [], skip=skip,
-                           banned=self.banned if op == "abort" else []) for p in peers}
+                           banned=self.banned if op == "abort" else [],
+                           disputed=self.disputed if op == "abort" else []) for p in peers}
         return dict(zip(cmds, await asyncio.gather(*(self.send(p, c) for p, c in cmds.items()))))
 
     async def command(self, peer: str, op: str, step: int, attempt: int,
@@ -79,7 +81,7 @@ class CommandSender:
         """Abort the attempt on `peers` (peer -> stage), banning the replicas `spot` convicted everywhere, and tell
         each newly convicted one, once and in the background, why: it stops (peer/step/commit.py) instead of
         standing by for a step that no honest peer will give it."""
-        self.banned = list(spot.convicted)
+        self.banned, self.disputed = list(spot.convicted), spot.disputed_stages(step)
         await self.broadcast(peers, "abort", step, attempt)
         for peer in [p for p in spot.convicted if p not in self._told and p != self.peer_id]:
             self._told.add(peer)

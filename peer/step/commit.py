@@ -127,10 +127,15 @@ class StepCommit:
         self.on_behind: Callable[[int], None] | None = None
         self.banned = asyncio.Event()  # the leader's abort named this peer: banned for the run
         self.ban_reason = ""  # why, as the leader said (peer/checks/spot_checks.py)
+        self.disputed: tuple[int, list[int]] = (-1, [])  # (step, stages waiting for a third replica): the last abort's
         self.clock = PartClock()  # the parts of the last reduce here (the driver's step log)
 
     def limits(self) -> FlatLimits:
         return self._limits
+
+    def disputed_stages(self) -> list[int]:
+        """The stages whose two replicas disagree at the step in progress here (placement draws a third there)."""
+        return self.disputed[1] if self.disputed[0] == self.runner.step else []
 
     @property
     def sync_bytes(self) -> int:
@@ -189,6 +194,7 @@ class StepCommit:
             return CommandReply(step, reduced.attempt if held else d.attempt, "ok", self.runner.microbatches_done(),
                                 reduced.contributors if held else {})
         if cmd.op == "abort":
+            self.disputed = (cmd.step, list(cmd.disputed))
             for peer in cmd.banned:  # convicted by the leader (peer/checks/spot_checks.py)
                 if peer != d.peer_id:
                     self.daemon.directory.ban(peer)

@@ -71,9 +71,10 @@ class StepDriver:
         self._broadcast, self._command, self._send = (self._commands.broadcast, self._commands.command,
                                                       self._commands.send)
         # every replica's share of a step is recomputed by another with this probability (peer/checks/spot_checks.py)
+        signer = getattr(daemon.link, "signer", None)  # boundary messages' signatures settle who lies about them
         self.spot = SpotChecks(self.spec.run_hash, self.spec.n_stages, spot_check_rate, self._send, directory.ban,
                                exact=self.spec.replica_sync == "exact", leader=self.peer_id,
-                               check_timeout=self.deadlines.share)
+                               check_timeout=self.deadlines.share, verify=signer.verify if signer else None)
         self._record = b""  # the signed StepRecord of the attempt's data (`MicrobatchPhase.run`)
         # last_snapshots: (step, stage -> sha256) of the newest step at which every stage's replicas agreed;
         # on_committed(steps done, last_workers, last_snapshots) after each step: what the leader vouches for
@@ -282,9 +283,8 @@ class StepDriver:
         # the replicas' states after the last step: a replica hashes it while this step's microbatches run and
         # answers this reduce only once its hash is done, so its apply reply (which carries it) is in by now
         self.votes.conclude(step, members)
-        self.spot.seen(sorted(members))
         if any(r.blame for r in replies.values()):  # a replica refused another's contribution, or it never came
-            self.spot.judge_blame(replies, members)
+            self.spot.judge_blame(replies, members, step)
         for p in [p for p, r in replies.items() if r.reason.startswith(UNREACHABLE) and p not in self.commit.workers]:
             self.directory.report_failure(p)  # an id that never did work and nobody reaches: not asked every step
         verdict = judge_reduce(replies, members, self.spec.n_stages, self.work.shares)

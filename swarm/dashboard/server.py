@@ -33,7 +33,7 @@ before its records expire) and serves, with aiohttp, everything from this packag
                          sync_bytes_per_step (replica-sync bytes sent per step taken with
                          other replicas; null if none yet), codec, rank, basis_updated_step,
                          device, memory_bytes, peak_memory_bytes, uptime_s, reachability (direct|relayed), refused,
-                         banned {peer: failures}}]
+                         banned {peer: failures}, checkpoint_error (its last failed checkpoint write, or null)}]
                        ("offline": missed two probes in a row, or no live record now; such a
                         row is listed for 60 s (presence.OFFLINE_KEEP_S) after the peer went
                         offline; "unannounced": a health record without a stage announcement)

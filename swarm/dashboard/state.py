@@ -94,7 +94,7 @@ def _peer_view(ann: StageAnnouncement | None, h: HealthRecord | None, key: str |
             basis_version=h.basis_version, basis_updated_step=h.basis_updated_step, device=h.device,
             memory_bytes=h.memory_bytes, peak_memory_bytes=h.peak_memory_bytes, uptime_s=round(h.uptime_s, 1),
             reachability=h.reachability,
-            version=h.version, refused=h.refused, banned=dict(h.banned))
+            version=h.version, refused=h.refused, banned=dict(h.banned), checkpoint_error=h.checkpoint_error or None)
     return view
 
 

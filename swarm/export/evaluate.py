@@ -5,7 +5,8 @@ By default the batches are `--batches` windows-of-microbatches spread evenly ove
 validation split (`BatchSource.val_batches`, the run's seq_len and microbatch size, so the
 same windows every time) of the corpus the run trained on, as its run spec records it
 (`peer/data/run_corpus.py`; `--data` scores other text), or the prepared token folder it records
-(`peer/data/run_tokens.py`; `--tokens` scores another folder of the run's tokenizer). With
+(`peer/data/run_tokens.py`; `--tokens` scores another folder of the run's tokenizer, `--data` text
+encoded with the run's tokenizer, the one beside the export). With
 `--train-step N` they are instead the head's training microbatches of step N (0-based: what a
 swarm whose stages stand at step N trains on next, reported by the head as step N + 1), so the
 result can be compared with the loss the tail reported for that step.
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from peer.data.batches import BatchSource
-from peer.data.corpus import DataError
+from peer.data.corpus import Corpus, load_corpus
 from peer.data.run_corpus import check_corpus, run_corpus
 from peer.data.run_tokens import check_data_flags, recorded_tokens, run_token_store
 from protocol.model import lm_loss
@@ -32,7 +33,8 @@ class EvalOptions:
     """What `swarm eval` can be told; each field is also its flag."""
 
     model: str = opt(None, "folder written by swarm export (native or hf)", metavar="DIR", required=True)
-    data: str | None = opt(None, "text file or folder to score (default: the corpus the run trained on, as its "
+    data: str | None = opt(None, "text file or folder to score, encoded with the run's tokenizer (default: the "
+                           "corpus the run trained on, as its "
                            "run spec records it: its path on the machine that started the run, checked by "
                            "sha256; the embedded corpus for a run that recorded none)", metavar="PATH")
     tokens: str | None = opt(None, "a folder made by `swarm data prepare` with the run's tokenizer to score (default: "
@@ -66,12 +68,11 @@ def batches_for(model: LoadedModel, data: str | None, n: int, train_step: int | 
     check_data_flags(data, tokens)
     spec = model.meta.spec
     seq_len = min(spec.seq_len, model.max_len)
-    if data and recorded_tokens(spec) is not None:  # text as bytes would be ids of another vocabulary
-        raise DataError("this run trained on a prepared token folder; score other text with --tokens DIR, a folder "
-                        "`swarm data prepare` made with the run's tokenizer, not --data.")
     store = None if data else run_token_store(spec, tokens, same_tokens=not tokens)
     if store is not None:
         corpus, origin = store, "--tokens" if tokens else "the token folder this run trained on"
+    elif data and recorded_tokens(spec) is not None:  # text, encoded with the run's own (BPE) tokenizer
+        corpus, origin = encoded_corpus(model, data, seq_len), "--data, encoded with the run's tokenizer"
     else:
         corpus, origin = run_corpus(spec, data, seq_len=seq_len)
         if not data:
@@ -83,6 +84,15 @@ def batches_for(model: LoadedModel, data: str | None, n: int, train_step: int | 
     if n < 1:
         raise ValueError("--batches must be at least 1.")
     return src.val_batches(n), f"validation split of {corpus.name}", origin
+
+
+def encoded_corpus(model: LoadedModel, data: str, seq_len: int) -> Corpus:
+    """The text of `data` (a file or folder, read as `load_corpus` reads it) encoded with the run's tokenizer,
+    split as a corpus is (its last 5%, at least 4 windows, for validation). Meant for held-out text of a
+    few MB: the whole text is encoded in memory (a large corpus is prepared with `swarm data prepare`)."""
+    raw = load_corpus(data, seq_len=1)
+    text = raw.tokens.numpy().tobytes().decode("utf-8", errors="replace")
+    return Corpus(model.tokenizer.encode(text), raw.name, seq_len)
 
 
 @torch.no_grad()

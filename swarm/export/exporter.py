@@ -6,6 +6,9 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from peer.data.corpus import DataError
+from peer.data.run_tokenizer import find_run_tokenizer, load_run_tokenizer, run_tokenizer_sha256
+from peer.data.tokenizer import Tokenizer
 from swarm.options import opt
 
 from .gather import ExportError, GatheredRun, gather_from_checkpoints, gather_from_peers
@@ -35,6 +38,9 @@ class ExportOptions:
                       "LlamaForCausalLM folder (dense and subspace runs)", choices=FORMATS)
     run: str | None = opt(None, "the run hash to export when the folders hold checkpoints of several runs",
                           metavar="HASH")
+    tokenizer: str | None = opt(None, "the run's tokenizer.json, for a run on a BPE token folder (default: the copy in "
+                                "the run's token folder on this machine, else, with --initial-peers, the swarm's; "
+                                "checked against the sha256 the run spec pins)", metavar="FILE")
 
 
 def gather(opts: ExportOptions) -> GatheredRun:
@@ -46,12 +52,32 @@ def gather(opts: ExportOptions) -> GatheredRun:
     return asyncio.run(gather_from_peers(opts.initial_peers, opts.run))
 
 
-def export_run(run: GatheredRun, out: str | Path, fmt: str = "native") -> list[Path]:
-    """Write `run` to `out` in `fmt`; returns the files written."""
+def export_tokenizer(run: GatheredRun, path: str | None = None, required: bool = True) -> Tokenizer | None:
+    """The run's tokenizer for its export: bytes, or the BPE file `path`, the one the gathering found, or
+    this machine's copy in the run's token folder, checked against the run spec's hash. None (logged) if a
+    BPE run's is nowhere and not `required`; else ExportError (one sentence)."""
+    sha = run_tokenizer_sha256(run.spec)
+    try:
+        if sha is not None and path is None and run.tokenizer is None and find_run_tokenizer(run.spec) is None:
+            why = (f"this run's tokenizer (sha256 {sha[:12]}) is not on this machine: pass --tokenizer FILE (the "
+                   f"run's tokenizer.json), or export from the running swarm with --initial-peers")
+            if required:
+                raise ExportError(why + ".")
+            log.warning("%s; the export holds the weights without it", why)
+            return None
+        return load_run_tokenizer(run.spec, path, None if path is not None else run.tokenizer)
+    except DataError as e:
+        raise ExportError(str(e)) from None
+
+
+def export_run(run: GatheredRun, out: str | Path, fmt: str = "native", tokenizer_file: str | None = None
+               ) -> list[Path]:
+    """Write `run` to `out` in `fmt`, with its tokenizer (`export_tokenizer`); returns the files written."""
     if fmt not in FORMATS:
         raise ExportError(f"--format must be one of {', '.join(FORMATS)}, not {fmt!r}.")
-    if fmt == "native":
-        return [write_native(run, out)]
+    if fmt == "native":  # the weights alone still serve `swarm eval`; `swarm generate` needs the tokenizer
+        return write_native(run, out, export_tokenizer(run, tokenizer_file, required=False))
+    tokenizer = export_tokenizer(run, tokenizer_file)  # a Hugging Face folder without it would be unusable
     check_hf_exportable(run.spec)  # before building anything
     model = StagedModel.from_states(run.states)
     if run.spec.wire_dtype != "fp32" or run.spec.quant != "none":
@@ -61,7 +87,7 @@ def export_run(run: GatheredRun, out: str | Path, fmt: str = "native") -> list[P
     if residual > OFF_SUBSPACE_WARN:
         log.warning("the constrained weights lie %.1e outside span(U) (relative norm); the subspace decoder drops "
                     "that part, so the exported LLaMA differs from the swarm's model by about as much", residual)
-    return write_hf(model, ExportMeta.of(run, "hf"), out)
+    return write_hf(model, ExportMeta.of(run, "hf", tokenizer), out, tokenizer=tokenizer)
 
 
 def check_writers(fmt: str) -> None:
@@ -77,7 +103,7 @@ def run_export(opts: ExportOptions) -> list[Path]:
     run = gather(opts)
     log.info("run %s (%s, codec %s): %d stages at step %d, basis version %d, from %s", run.spec.run_hash,
              run.spec.name, run.spec.codec, run.spec.n_stages, run.step, run.basis_version, ", ".join(run.sources))
-    files = export_run(run, opts.out, opts.format)
+    files = export_run(run, opts.out, opts.format, opts.tokenizer)
     for f in files:
         log.info("wrote %s (%.1f kB)", f, f.stat().st_size / 1024)
     return files

@@ -78,6 +78,7 @@ class GatheredRun:
     states: list[dict]
     sources: list[str]
     stage_hashes: list[str]
+    tokenizer: bytes | None = None  # the run's tokenizer file, where the gathering found it (BPE runs)
 
 
 def _update_tensor(h: Any, name: str, t: torch.Tensor) -> None:
@@ -136,10 +137,17 @@ def load_checkpoints(dirs: Iterable[str | Path]) -> list[StageState]:
 
 
 async def fetch_stage_states(initial_peers: list[str], timeout: float = 300.0) -> list[dict]:
+    """The state of one live replica of every stage (`fetch_run` without the tokenizer)."""
+    return (await fetch_run(initial_peers, timeout))[0]
+
+
+async def fetch_run(initial_peers: list[str], timeout: float = 300.0) -> tuple[list[dict], bytes | None]:
     """The state of one live replica of every stage, in the `StageRunner.state_dict()` format,
     downloaded as a joining replica would (`peer/state/state_transfer.py`: a snapshot between two
     steps, checked by sha256). All stages are asked at once, so that on a swarm that is not
-    training they are at one step; `select_stages` refuses them otherwise."""
+    training they are at one step; `select_stages` refuses them otherwise. With them, the run's
+    tokenizer file for a run on a BPE token folder (this machine's copy, else fetched from the swarm
+    and checked against the run spec's hash: swarm/data/tokenizer_fetch.py), or None."""
     from peer.runner.stage import StageRunner
     from peer.state.state_transfer import StateError, download_state
     from swarm.dht import SwarmDHT, close_node, start_dht
@@ -181,7 +189,7 @@ async def fetch_stage_states(initial_peers: list[str], timeout: float = 300.0) -
 
         states = await asyncio.gather(*(one(s) for s in range(spec.n_stages)))
         log.info("downloaded the state of %d stages of run %s from live peers", len(states), spec.run_hash)
-        return list(states)
+        return list(states), await _run_tokenizer(spec, transport, sdht, identity.peer_id)
     finally:
         await close_node(dht, p2p, transport)
 
@@ -252,6 +260,23 @@ def gather_from_checkpoints(dirs: Iterable[str | Path], run: str | None = None) 
     return select_stages(load_checkpoints(dirs), run)
 
 
+async def _run_tokenizer(spec: RunSpec, transport, sdht, own_id: str) -> bytes | None:
+    from peer.data.corpus import DataError
+    from peer.data.run_tokenizer import find_run_tokenizer, run_tokenizer_sha256
+    from swarm.data.tokenizer_fetch import fetch_run_tokenizer
+
+    if run_tokenizer_sha256(spec) is None:
+        return None
+    try:
+        local = find_run_tokenizer(spec)
+        return local.read_bytes() if local is not None else await fetch_run_tokenizer(spec, transport, sdht, own_id)
+    except DataError as e:  # the export says what is missing when it needs the file
+        log.warning("%s", e)
+        return None
+
+
 async def gather_from_peers(initial_peers: list[str], run: str | None = None) -> GatheredRun:
-    states = await fetch_stage_states(initial_peers)
-    return select_stages([StageState(s, f"peer state {i}") for i, s in enumerate(states)], run)
+    states, tokenizer = await fetch_run(initial_peers)
+    gathered = select_stages([StageState(s, f"peer state {i}") for i, s in enumerate(states)], run)
+    gathered.tokenizer = tokenizer
+    return gathered

@@ -1,5 +1,8 @@
 """`swarm generate`: text from an exported model, by temperature and top-k sampling.
 
+The prompt is encoded and the result decoded with the run's tokenizer (`LoadedModel.tokenizer`: bytes,
+or a BPE run's `tokenizer.json` beside the export).
+
 Each new token is drawn from softmax(logits / temperature) restricted to the `top_k` most
 likely tokens (all of them when top_k is 0); temperature 0 takes the most likely token.
 The context is the last `max_len` tokens (the run's seq_len): the model was trained on
@@ -25,12 +28,12 @@ class GenerateOptions:
 
     model: str = opt(None, "folder written by swarm export (native or hf)", metavar="DIR", required=True)
     prompt: str = opt(None, "text to continue", metavar="TEXT", required=True)
-    max_new_tokens: int | None = opt(None, "bytes to generate (default: the model's context, the run's seq_len). "
-                                     "Each byte is predicted from the last seq_len bytes at most: past the "
-                                     "context, the window slides and the start of the text is no longer seen",
-                                     metavar="N")
-    temperature: float = opt(0.8, "sampling temperature; 0 takes the most likely byte")
-    top_k: int = opt(40, "sample among the k most likely bytes; 0 for all")
+    max_new_tokens: int | None = opt(None, "tokens to generate (bytes, or the run's BPE tokens; default: the model's "
+                                     "context, the run's seq_len). Each token is predicted from the last seq_len "
+                                     "tokens at most: past the context, the window slides and the start of the "
+                                     "text is no longer seen", metavar="N")
+    temperature: float = opt(0.8, "sampling temperature; 0 takes the most likely token")
+    top_k: int = opt(40, "sample among the k most likely tokens; 0 for all")
     seed: int = opt(0, "seed of the sampling generator")
     device: str = opt("cpu", "torch device, e.g. cuda")
 
@@ -65,18 +68,20 @@ def generate_ids(model: LoadedModel, prompt: list[int], max_new_tokens: int, tem
 
 def generate_text(model: LoadedModel, prompt: str, max_new_tokens: int = 200, temperature: float = 0.8,
                   top_k: int = 40, seed: int = 0) -> str:
-    """The prompt and its continuation, decoded (bytes that are not UTF-8 become U+FFFD)."""
-    tok = ByteTokenizer()
+    """The prompt and its continuation, encoded and decoded with the run's tokenizer (bytes, or the BPE
+    beside the export; bytes that are not UTF-8 become U+FFFD)."""
+    tok = model.tokenizer
     ids = generate_ids(model, tok.encode(prompt).tolist(), max_new_tokens, temperature, top_k, seed)
     return tok.decode(ids)
 
 
 def window_note(model: LoadedModel, prompt_tokens: int, new_tokens: int) -> str | None:
-    """The sentence that says the context slides, if prompt + new bytes exceed the model's context."""
+    """The sentence that says the context slides, if prompt + new tokens exceed the model's context."""
     if prompt_tokens + new_tokens <= model.max_len:
         return None
-    return (f"the prompt ({prompt_tokens} bytes) and {new_tokens} new bytes exceed this model's context of "
-            f"{model.max_len} bytes: each byte past it is predicted from the last {model.max_len} bytes only "
+    unit = "byte" if isinstance(model.tokenizer, ByteTokenizer) else "token"
+    return (f"the prompt ({prompt_tokens} {unit}s) and {new_tokens} new {unit}s exceed this model's context of "
+            f"{model.max_len} {unit}s: each {unit} past it is predicted from the last {model.max_len} {unit}s only "
             f"(a sliding window).")
 
 
@@ -84,5 +89,5 @@ def run_generate(opts: GenerateOptions) -> tuple[str, str | None]:
     """(the text, the sliding-window note or None)."""
     model = load_model(opts.model, opts.device)
     new = model.max_len if opts.max_new_tokens is None else opts.max_new_tokens
-    note = window_note(model, len(ByteTokenizer().encode(opts.prompt)), new)
+    note = window_note(model, len(model.tokenizer.encode(opts.prompt)), new)
     return generate_text(model, opts.prompt, new, opts.temperature, opts.top_k, opts.seed), note

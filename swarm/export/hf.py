@@ -14,7 +14,8 @@ match exactly, and how:
       pi(j) = 2(j - h/2) + 1  for h/2 <= j < h,
   i.e. y = x[pi]; q.k is unchanged by permuting q and k alike, v and o_proj are untouched.
 - RMSNorm eps 1e-6 with the weight multiplying; SwiGLU with silu; no biases; as many KV
-  heads as heads; untied output head (`lm_head.weight`); vocabulary 256 bytes;
+  heads as heads; untied output head (`lm_head.weight`); the run's vocabulary (256 bytes, or a
+  BPE's, whose `tokenizer.json` the folder holds byte for byte);
   `max_position_embeddings` = the run's seq_len (the longest context it was trained on).
 
 Weights are written in float32 whatever the run's compute dtype.
@@ -27,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from peer.data.tokenizer import Tokenizer
 from protocol.bottleneck import RMSNorm
 from protocol.model import SubspaceEmbedding, SubspaceLinear
 from protocol.spec import RunSpec
@@ -120,8 +122,9 @@ def rms_norm_eps(model: StagedModel) -> float:
     return eps.pop()
 
 
-def hf_config(model: StagedModel) -> dict:
+def hf_config(model: StagedModel, tokenizer: Tokenizer | None = None) -> dict:
     spec = model.spec
+    eos = tokenizer.eos_id if tokenizer is not None else None
     return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
@@ -144,7 +147,7 @@ def hf_config(model: StagedModel) -> dict:
         "initializer_range": 0.02,
         "use_cache": True,
         "bos_token_id": None,
-        "eos_token_id": None,
+        "eos_token_id": eos,
         "pad_token_id": None,
         "dtype": "float32",
         "torch_dtype": "float32",
@@ -152,14 +155,15 @@ def hf_config(model: StagedModel) -> dict:
 
 
 def write_hf(model: StagedModel, meta: ExportMeta, out_dir: str | Path,
-             permutation: Callable[[int], torch.Tensor] = rope_permutation) -> list[Path]:
-    """config.json, model.safetensors (with the export's metadata) and the byte tokenizer, written
-    with safetensors and tokenizers only (transformers is needed to load the folder, not to write it).
+             permutation: Callable[[int], torch.Tensor] = rope_permutation,
+             tokenizer: Tokenizer | None = None) -> list[Path]:
+    """config.json, model.safetensors (with the export's metadata) and the run's tokenizer (default: bytes),
+    written with safetensors and tokenizers only (transformers is needed to load the folder, not to write it).
     Every file's bytes are made before the folder is touched: a failure leaves nothing behind."""
     check_hf_exportable(model.spec)
     files = {NATIVE_FILE: canonical_bytes(hf_state_dict(model, permutation), meta.to_metadata()),
-             "config.json": (json.dumps(hf_config(model), indent=2, sort_keys=True) + "\n").encode(),
-             **{name: text.encode() for name, text in hf_tokenizer_files(model.spec.seq_len).items()}}
+             "config.json": (json.dumps(hf_config(model, tokenizer), indent=2, sort_keys=True) + "\n").encode(),
+             **hf_tokenizer_files(model.spec.seq_len, tokenizer)}
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     return [write_atomic(out / name, data) for name, data in files.items()]

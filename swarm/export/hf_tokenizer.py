@@ -1,4 +1,5 @@
-"""The byte tokenizer (token id = UTF-8 byte value) as a `tokenizer.json` transformers loads.
+"""The run's tokenizer as files transformers loads: a BPE run's own `tokenizer.json`, or the byte
+tokenizer (token id = UTF-8 byte value) made into one.
 
 The `tokenizers` library's byte-level pre-tokenizer turns every byte into one printable
 character: bytes 33-126, 161-172 and 174-255 stand for themselves, the other 68 bytes for
@@ -9,6 +10,8 @@ vocabulary maps the character of byte b to id b then encodes text to exactly the
 from __future__ import annotations
 
 import json
+
+from peer.data.tokenizer import BpeTokenizer, Tokenizer
 
 from .safetensors_io import MISSING
 
@@ -36,10 +39,24 @@ def byte_tokenizer():
     return tok
 
 
-def hf_tokenizer_files(max_len: int) -> dict[str, str]:
-    """{file name: text} of the tokenizer files a Hugging Face folder holds."""
+def eos_token(tok: BpeTokenizer) -> str | None:
+    """The text of a BPE's end-of-text token, or None."""
+    if tok.eos_id is None:
+        return None
+    return tok._tok.id_to_token(tok.eos_id)
+
+
+def hf_tokenizer_files(max_len: int, tokenizer: Tokenizer | None = None) -> dict[str, bytes]:
+    """{file name: bytes} of the tokenizer files a Hugging Face folder holds: the byte tokenizer above, or
+    a BPE run's own `tokenizer.json` byte for byte (so its sha256 stays the one the run spec pins), with
+    its end-of-text token named in `tokenizer_config.json` and `special_tokens_map.json`."""
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": max_len,
               "clean_up_tokenization_spaces": False}
-    return {"tokenizer.json": byte_tokenizer().to_str(pretty=True) + "\n",
-            "tokenizer_config.json": json.dumps(config, indent=2, sort_keys=True) + "\n"}
+    if not isinstance(tokenizer, BpeTokenizer):
+        return {"tokenizer.json": (byte_tokenizer().to_str(pretty=True) + "\n").encode(),
+                "tokenizer_config.json": (json.dumps(config, indent=2, sort_keys=True) + "\n").encode()}
+    special = {"eos_token": eos_token(tokenizer)} if tokenizer.eos_id is not None else {}
+    return {"tokenizer.json": tokenizer.data,
+            "tokenizer_config.json": (json.dumps({**config, **special}, indent=2, sort_keys=True) + "\n").encode(),
+            "special_tokens_map.json": (json.dumps(special, indent=2, sort_keys=True) + "\n").encode()}
 

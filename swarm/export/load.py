@@ -13,9 +13,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from peer.data.corpus import DataError
+from peer.data.run_tokenizer import load_run_tokenizer
+from peer.data.tokenizer import ByteTokenizer, Tokenizer
+
 from .gather import ExportError
 from .model import StagedModel
-from .native import NATIVE_FILE, ExportMeta, native_path, read_native
+from .native import NATIVE_FILE, TOKENIZER_FILE, ExportMeta, native_path, read_native
 from .safetensors_io import read_metadata
 
 
@@ -27,6 +31,22 @@ class LoadedModel:
     max_len: int  # the longest context it takes
     kind: str  # "native" or "hf"
     device: torch.device
+    folder: Path | None = None  # where the export lies (its tokenizer.json, for a BPE run)
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The run's tokenizer: bytes, or the BPE whose `tokenizer.json` the export holds (checked against the
+        sha256 its metadata and run spec name); ExportError (one sentence) if it is missing or another."""
+        if self.meta.tokenizer.get("type") != "bpe":
+            return ByteTokenizer()
+        path = (self.folder or Path(".")) / self.meta.tokenizer.get("file", TOKENIZER_FILE)
+        if not path.is_file():
+            raise ExportError(f"this export of a BPE run has no {path.name} beside its weights; export it again with "
+                              f"--tokenizer FILE (the run's tokenizer.json), or copy that file to {path}.")
+        try:
+            return load_run_tokenizer(self.meta.spec, path)
+        except DataError as e:
+            raise ExportError(str(e)) from None
 
 
 def is_hf_folder(path: str | Path) -> bool:
@@ -36,7 +56,7 @@ def is_hf_folder(path: str | Path) -> bool:
 def _load_native(path: Path, device: torch.device, wire_rounding: bool) -> LoadedModel:
     meta, states, T_fixed = read_native(path)
     model = StagedModel.from_states(states, T_fixed, wire_rounding).to(device)
-    return LoadedModel(meta, model, model, model.max_len, "native", device)
+    return LoadedModel(meta, model, model, model.max_len, "native", device, path.parent)
 
 
 def _load_hf(path: Path, device: torch.device) -> LoadedModel:
@@ -56,7 +76,7 @@ def _load_hf(path: Path, device: torch.device) -> LoadedModel:
     def logits(tokens: torch.Tensor) -> torch.Tensor:
         return model(input_ids=tokens, use_cache=False).logits
 
-    return LoadedModel(meta, model, logits, int(model.config.max_position_embeddings), "hf", device)
+    return LoadedModel(meta, model, logits, int(model.config.max_position_embeddings), "hf", device, path)
 
 
 def load_model(path: str | Path, device: str | torch.device = "cpu", wire_rounding: bool = False) -> LoadedModel:

@@ -6,7 +6,8 @@ to the stage, codec modules included), and for the subspace codec `basis.U` (the
 U) and `basis.T_fixed`, so that loading needs neither the seed's generator nor a torch
 version that regenerates the same constants. The header's metadata carries `format: pt`
 and `swarm`: the JSON of `ExportMeta` (run spec, step, basis version, tokenizer, per-stage
-weight hashes).
+weight hashes). A run on a BPE token folder has its tokenizer file beside the weights
+(`tokenizer.json`, named in the metadata by the sha256 its run spec pins).
 """
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from pathlib import Path
 import torch
 
 from peer.data.batches import BYTE_VOCAB_SIZE
+from peer.data.run_tokenizer import run_tokenizer_sha256
+from peer.data.tokenizer import BpeTokenizer, Tokenizer
 from protocol.model import spec_basis
 from protocol.spec import RunSpec
 
@@ -24,11 +27,23 @@ from .gather import ExportError, GatheredRun
 from .safetensors_io import canonical_bytes, read_metadata, read_safetensors, write_atomic
 
 NATIVE_FILE = "model.safetensors"
+TOKENIZER_FILE = "tokenizer.json"  # a BPE run's tokenizer, beside the weights (native and Hugging Face folders)
 META_KEY = "swarm"
 FORMAT_VERSION = 1
 # what peer/data/batches.py's ByteTokenizer does, said so that any program can reproduce it
 BYTE_TOKENIZER = {"type": "bytes", "vocab_size": BYTE_VOCAB_SIZE, "encode": "token id = UTF-8 byte value",
                   "decode": "bytes as UTF-8, invalid sequences replaced by U+FFFD", "special_tokens": {}}
+
+
+def tokenizer_meta(spec: RunSpec, tok: Tokenizer | None = None) -> dict:
+    """What the export says of its tokenizer: bytes (`BYTE_TOKENIZER`), or, for a run on a BPE token folder,
+    the BPE whose file, `tokenizer.json` beside the weights, is named by the sha256 the run spec pins (said
+    also when the export could not include the file, so that a reader knows which file it lacks)."""
+    sha = run_tokenizer_sha256(spec)
+    if sha is None:
+        return dict(BYTE_TOKENIZER)
+    return {"type": "bpe", "file": TOKENIZER_FILE, "sha256": sha, "vocab_size": spec.vocab,
+            "eos_id": tok.eos_id if tok is not None else None, "format": "Hugging Face tokenizers (tokenizer.json)"}
 
 
 @dataclass
@@ -49,8 +64,10 @@ class ExportMeta:
         return RunSpec.from_json(self.run_spec)
 
     @classmethod
-    def of(cls, run: GatheredRun, layout: str) -> ExportMeta:
-        return cls(run.spec.to_json(), run.spec.run_hash, run.step, run.basis_version, layout, list(run.stage_hashes))
+    def of(cls, run: GatheredRun, layout: str, tokenizer: Tokenizer | None = None) -> ExportMeta:
+        """The meta of `run`; `tokenizer` (default: bytes) is described in it (`tokenizer_meta`)."""
+        return cls(run.spec.to_json(), run.spec.run_hash, run.step, run.basis_version, layout, list(run.stage_hashes),
+                   tokenizer_meta(run.spec, tokenizer))
 
     def to_metadata(self) -> dict[str, str]:
         return {"format": "pt", META_KEY: json.dumps(asdict(self), sort_keys=True)}
@@ -76,14 +93,18 @@ def native_tensors(run: GatheredRun) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def write_native(run: GatheredRun, out_dir: str | Path) -> Path:
+def write_native(run: GatheredRun, out_dir: str | Path, tokenizer: Tokenizer | None = None) -> list[Path]:
+    """`model.safetensors`, and beside it a BPE `tokenizer`'s file (`tokenizer.json`); the files written."""
     out = Path(out_dir)
     if (out / "config.json").exists():
         raise ExportError(f"{out} holds a Hugging Face export (config.json); write the native file to another "
                           f"--out folder.")
-    data = canonical_bytes(native_tensors(run), ExportMeta.of(run, "native").to_metadata())
+    data = canonical_bytes(native_tensors(run), ExportMeta.of(run, "native", tokenizer).to_metadata())
     out.mkdir(parents=True, exist_ok=True)  # only now: a failure above leaves no empty folder
-    return write_atomic(out / NATIVE_FILE, data)
+    files = [write_atomic(out / NATIVE_FILE, data)]
+    if isinstance(tokenizer, BpeTokenizer):
+        files.append(write_atomic(out / TOKENIZER_FILE, tokenizer.data))
+    return files
 
 
 def native_path(path: str | Path) -> Path:

@@ -59,6 +59,16 @@ def read_safetensors(path: str | Path, device: str = "cpu") -> tuple[dict[str, t
 
 def read_metadata(path: str | Path) -> dict[str, str]:
     """The `__metadata__` of a safetensors file, without reading its tensors."""
+    not_one = f"{path} is not a safetensors file; pass the folder written by `swarm export` or its model.safetensors."
     with open(path, "rb") as f:
-        (n,) = struct.unpack("<Q", f.read(8))
-        return dict(json.loads(f.read(n)).get("__metadata__") or {})
+        head = f.read(8)
+        (n,) = struct.unpack("<Q", head) if len(head) == 8 else (-1,)
+        if not 2 <= n <= min(os.fstat(f.fileno()).st_size - 8, 100 << 20):  # a random file's "length" is huge
+            raise ValueError(not_one)
+        try:
+            header = json.loads(f.read(n))
+        except ValueError:  # not JSON, or not UTF-8
+            raise ValueError(not_one) from None
+    if not isinstance(header, dict):
+        raise ValueError(not_one)
+    return dict(header.get("__metadata__") or {})

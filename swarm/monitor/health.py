@@ -30,6 +30,7 @@ REACHABILITY = ("direct", "relayed")
 MAX_BANNED = 32  # a record lists at most this many failing peers (the most failures first)
 MAX_HISTORY = 64  # and at most this many (step, loss, time) points since its previous beat
 _MAX_TEXT = 128
+_OPTIONAL = ("checkpoint_error",)  # fields newer than some peers: a record without them is still read
 
 
 def _fail(message: str) -> None:
@@ -83,6 +84,7 @@ class HealthRecord:
     sync_bytes_out: int = 0
     sync_steps: int = 0
     timestamp: float = field(default_factory=get_dht_time)
+    checkpoint_error: str = ""  # the last failed checkpoint write, one sentence ("": none; older peers omit it)
 
     def __post_init__(self) -> None:
         for name in ("peer_id", "run_hash", "codec", "device", "version"):
@@ -104,6 +106,8 @@ class HealthRecord:
             if not _is_finite(self.loss):
                 _fail(f"the health record's loss must be a finite number or nil, not {self.loss!r}.")
             self.loss = float(self.loss)
+        if not (isinstance(self.checkpoint_error, str) and len(self.checkpoint_error) <= 4 * _MAX_TEXT):
+            _fail("the health record's checkpoint_error must be a string of at most 512 characters.")
         if self.state not in STATES:
             _fail(f"the health record's state must be one of {', '.join(STATES)}, not {self.state!r}.")
         if self.reachability not in REACHABILITY:
@@ -159,11 +163,12 @@ def parse_health(subkey: object, value: object, expiration: float, policy: Admis
     if not isinstance(body, dict):
         _fail(f"a health record must be a map, not {type(body).__name__}.")
     names = [f.name for f in fields(HealthRecord)]
-    missing = [n for n in names if n not in body]
+    missing = [n for n in names if n not in body and n not in _OPTIONAL]
     if missing:
         _fail(f"the health record lacks {', '.join(missing)}.")
     try:
-        record = HealthRecord(**{n: body[n] for n in names})  # unknown keys are ignored: newer peers may add some
+        # unknown keys are ignored (newer peers may add some); optional ones absent keep their defaults
+        record = HealthRecord(**{n: body[n] for n in names if n in body})
     except TypeError as e:  # e.g. an unhashable key inside banned
         raise RecordError(f"the health record is malformed ({e}).") from None
     if record.peer_id != env.subkey:

@@ -106,6 +106,7 @@ def _finite(x: float | None) -> float | None:
 class PeerMonitor:
     def __init__(self, health_port: int = 0, health_host: str = "127.0.0.1", tensorboard: str | None = None) -> None:
         self.state = "joining"
+        self.checkpoint_error = ""  # set by the replica when a checkpoint write fails; in every record after
         self.started = time.monotonic()
         self.tensorboard = tensorboard
         self.published = 0
@@ -213,6 +214,7 @@ class PeerMonitor:
             uptime_s=now - self.started, reachability=reachability_of(p.maddrs), version=__version__,
             refused=d.refused, banned=banned, sync_bytes_out=t.bytes_sent(KIND_REDUCE),
             sync_steps=p.commit.synced_steps if p.commit is not None else 0,
+            checkpoint_error=self.checkpoint_error[:4 * 128],
         )
 
     async def publish(self, ttl: float) -> bool:

@@ -46,6 +46,11 @@ moves per period, and never the last of its stage. A move lowers sum_s n_s^2 by
 2 (n_a - n_b - 1) >= 2, so without joins and deaths moving stops, and no peer moves back and
 forth; the hold keeps a peer in place while the swarm churns.
 
+A disputed stage (its only two replicas disagree at the step in progress, and nothing may be applied
+until a third settles it: peer/checks/spot_checks.py; every peer learns it from the leader's abort,
+`StepCommit.disputed_stages`) with fewer than three peers draws one: the first fullest of the other
+stages gives its peer p as above, if it has two or more, whatever its hold (the swarm waits for it).
+
 Throughput never makes a peer move: announced speeds are claims nobody checks (routers
 measure for themselves), and they are not all one measure. Every figure is tokens through
 that peer's stage per second, but the leading head announces the swarm's rate (a step's
@@ -79,6 +84,7 @@ HOLD_S = 300.0  # how long a peer that joined or moved stays put, unless a stage
 DHT_TIME: Callable[[], float] = time.time
 Answers = Callable[[str], Awaitable[bool]]  # peer id -> whether it answers a liveness probe
 Workers = Callable[[], "list[str] | None"]  # the peers the leader's last apply named (None or []: not known)
+Disputed = Callable[[], "list[int]"]  # the stages waiting for a third replica (the leader's last abort)
 
 
 class PlacementError(ValueError):
@@ -116,10 +122,16 @@ def emptiest(peers: dict[int, list[StageAnnouncement]], workers: set[str] | None
 
 
 def destination(peers: dict[int, list[StageAnnouncement]], stage: int,
-                workers: set[str] | None = None) -> int | None:
+                workers: set[str] | None = None, disputed: frozenset[int] = frozenset()) -> int | None:
     """The emptiest stage b if `stage` is the first of the fullest and has two or more peers more
-    than b, else None: whether one peer of `stage` should move (see the module docstring)."""
+    than b, else None: whether one peer of `stage` should move (see the module docstring). A `disputed`
+    stage with fewer than three peers comes first: the first fullest other stage gives it one, if it has two."""
     counts = {s: count(anns, workers) for s, anns in peers.items()}
+    short = [d for d in sorted(disputed) if d in counts and counts[d] < 3]
+    others = {s: n for s, n in counts.items() if s not in disputed}
+    if short and others:
+        giver = min(s for s, n in others.items() if n == max(others.values()))
+        return short[0] if stage == giver and counts[stage] >= 2 else None
     fullest = min(s for s, n in counts.items() if n == max(counts.values()))
     target = emptiest(peers, workers)
     return target if stage == fullest and counts[stage] - counts[target] >= 2 else None
@@ -170,19 +182,21 @@ async def choose_stage(router: Router, spec: RunSpec, requested: str, rng: rando
 
 async def move_target(router: Router, spec: RunSpec, stage: int, held: bool = False,
                       now: Callable[[], float] = DHT_TIME, answers: Answers | None = None,
-                      allowed: frozenset[int] | None = None, workers: Workers | None = None) -> int | None:
+                      allowed: frozenset[int] | None = None, workers: Workers | None = None,
+                      disputed: Disputed | None = None) -> int | None:
     """The stage this peer should move to now, or None (see the module docstring)."""
     peers = await directory(router, spec.n_stages, now=now, answers=answers)
     if router.peer_id not in {a.peer_id for a in peers[stage]}:  # our own beat may be late: we are here
         peers[stage].append(router.announcement(PeerStatus(stage, "online")))
     known = _known(workers)
-    target = destination(peers, stage, known)
+    waiting = frozenset(disputed() if disputed is not None else ())
+    target = destination(peers, stage, known, waiting)
     # the leading head stays (it drives the swarm), and an id that did no work is nobody to wait for
     movable = [a.peer_id for a in peers[stage] if not a.leads and (known is None or a.peer_id in known)]
     if target is None or max(movable, default=None) != router.peer_id or (allowed is not None
                                                                           and target not in allowed):
         return None
-    return target if not held or not peers[target] else None
+    return target if not held or not peers[target] or target in waiting else None
 
 
 @dataclass
@@ -198,6 +212,7 @@ class Rebalancer:
     answers: Answers | None = None
     allowed: frozenset[int] | None = None  # the stages that fit this peer's memory (None: all)
     workers: Workers | None = None  # who the leader's last apply named (StepCommit.workers)
+    disputed: Disputed | None = None  # the stages waiting for a third replica (StepCommit.disputed_stages)
     since: float = field(init=False)
 
     def __post_init__(self) -> None:
@@ -208,4 +223,4 @@ class Rebalancer:
 
     async def target(self, stage: int) -> int | None:
         return await move_target(self.router, self.spec, stage, self.held(), self.now, self.answers, self.allowed,
-                                 self.workers)
+                                 self.workers, self.disputed)

@@ -14,6 +14,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
+from peer.checks.boundary_evidence import BY_SIGNATURE
 from peer.checks.vouched_state import VouchedStates
 from peer.daemon.transfer_time import TOO_SLOW
 from peer.replica.stage_peer import StagePeer
@@ -23,6 +24,7 @@ from peer.runner.replica_sync import flat_limits
 from peer.runner.stage import StageRunner
 from peer.state.state_transfer import state_bytes
 from peer.step.driver import StepLog
+from protocol.boundary_sig import MAX_SIGNATURE
 from protocol.spec import RunSpec
 from protocol.state_wire import STATE_CHUNK_BYTES
 from protocol.step_record import WorkRecord
@@ -44,6 +46,7 @@ from swarm.monitor.liveness import LivenessProbe
 from swarm.net import Transport
 from swarm.net.transport import MAX_LENGTH_FIELD
 from swarm.trust.signed_records import sign_record
+from swarm.user_errors import Refused
 
 from .data_check import StepRecordCheck
 from .membership import PROBE_S, Membership
@@ -71,7 +74,7 @@ def snapshot_interval(spec: RunSpec) -> int:
 
 def frame_limits(spec: RunSpec, runner: StageRunner) -> dict[str, int]:
     """The largest request a replica of this stage accepts, per kind of message."""
-    boundary = WireLimits.for_spec(spec).max_bytes
+    boundary = WireLimits.for_spec(spec).max_bytes + 3 + MAX_SIGNATURE  # the sender's signature in front
     flat = flat_limits(spec, runner).max_bytes
     return {KIND_ACTIVATION: boundary, KIND_GRADIENT: boundary, KIND_BASIS: spec.d_model * spec.rank * 4 + 4096,
             KIND_CONTROL: 16 << 10, KIND_REDUCE: flat, KIND_FOLLOW: flat, KIND_STATE: 4096,
@@ -102,6 +105,10 @@ def ban_message(why: str, floor_bps: float) -> str:
                        "spec's slowest uplink): join from a faster connection, or a swarm whose coordinator sets a "
                        "lower --slowest-uplink. This peer id stays banned in this run, so start it with a new one "
                        "(swarm peer --identity NEW_FILE).")
+    if BY_SIGNATURE in why:
+        return said + ("Its reports of the boundary messages it sent or took contradict what their senders signed: "
+                       "that is a modified peer; run the released `swarm peer` (with a new --identity: this id stays "
+                       "banned in this run).")
     return said + ("If its work was recomputed to other numbers, that is tampering, or a GPU, driver or overclock that "
                    "computes wrongly: check the card (swarm bench share-tolerance) before joining again.")
 
@@ -152,7 +159,8 @@ class ReplicaService:
         # 1 Mbit/s) can miss one, and a stage that looks empty draws a peer away at once
         # it counts the peers the leader's apply names, not the announced ones (placement.py)
         self.rebalancer = Rebalancer(ctx.router, ctx.spec, ctx.rebalance_hold, allowed=ctx.allowed_stages,
-                                     workers=lambda: self.peer.commit.workers if self.peer is not None else None)
+                                     workers=lambda: self.peer.commit.workers if self.peer is not None else None,
+                                     disputed=lambda: self.peer.commit.disputed_stages() if self.peer else [])
 
     async def serve(self) -> int | None:
         ctx = self.ctx
@@ -292,10 +300,24 @@ class ReplicaService:
             log.warning("could not report the leader's step record to the coordinator: %s", e)
 
     async def save_checkpoint(self) -> None:
-        """Snapshot on the worker thread (between two steps), write atomically off the event loop."""
+        """Snapshot on the worker thread (between two steps), write atomically off the event loop. A write
+        that fails is an error on the console, in the report and in the health record, and the peer goes on
+        (the next write may succeed; the last one, at `_depart`, must)."""
         path = checkpoint_path(self.ctx.checkpoint_dir, self.spec.run_hash, self.stage)
         data = await self.peer.daemon.run(lambda: state_bytes(self.runner.state_dict()))
-        await asyncio.to_thread(save_checkpoint, path, data)
+        try:
+            await asyncio.to_thread(save_checkpoint, path, data)
+        except OSError as e:
+            self._checkpoint_failed(path, e)
+
+    def _checkpoint_failed(self, path, e: OSError) -> str:
+        why = (f"could not write stage {self.stage}'s checkpoint at step {self.runner.step} to {path} "
+               f"({e.strerror or e}); free space or fix the folder's permissions, or this stage's state is not saved.")
+        log.error("%s", why)
+        self.ctx.report.write("checkpoint_error", stage=self.stage, step=self.runner.step, error=why)
+        if hasattr(self.ctx.monitor, "checkpoint_error"):
+            self.ctx.monitor.checkpoint_error = why
+        return why
 
     async def _heartbeat(self) -> None:
         await self.ctx.monitor.publish(self.ctx.ttl)  # at once, so that dashboards see the peer without waiting
@@ -364,5 +386,8 @@ class ReplicaService:
             await asyncio.gather(self._saving, return_exceptions=True)
         if ctx.checkpoint_dir:
             path = checkpoint_path(ctx.checkpoint_dir, self.spec.run_hash, self.stage)
-            save_checkpoint(path, state_bytes(self.runner.state_dict()))
+            try:
+                save_checkpoint(path, state_bytes(self.runner.state_dict()))
+            except OSError as e:  # the peer leaves with this one sentence and exit code 1 (swarm/user_errors.py)
+                raise Refused(self._checkpoint_failed(path, e)) from None
             log.info("saved stage %d at step %d to %s", self.stage, self.runner.step, path)

@@ -6,6 +6,7 @@
   records it writes (its peer id is derived from the public key).
 - `admission.py`: `AdmissionPolicy` (public swarm, or tickets signed by the swarm key),
   `Ticket`, and `Admission`, a peer's memory of whom it has seen admitted.
+- `boundary_signer.py`: `IdentitySigner`, a peer's boundary messages signed with its identity.
 - `work.py`: the proof of work a peer id carries in a run that asks for one (`--id-work-bits`).
 """
 from .admission import Admission, AdmissionError, AdmissionPolicy, Ticket

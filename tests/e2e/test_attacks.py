@@ -13,6 +13,7 @@ import torch
 from peer.runner.checkpoint import checkpoint_path, load_checkpoint
 from peer.runner.pipeline import InProcessPipeline
 from peer.runner.stage import StageRunner
+from protocol.boundary_sig import unseal
 from protocol.control import Command, Contribution, encode_command, encode_contribution
 from protocol.spec import preset
 from protocol.state_wire import FollowUpdate, encode_follow
@@ -70,9 +71,10 @@ async def test_attacks_are_refused_while_the_swarm_trains_exactly_like_the_oracl
         async with Attacker(maddrs, above=ids[0]) as a, Attacker(maddrs, above=ids[0]) as b:
             lim = WireLimits.for_spec(a.spec)
 
-            async def hostile_replica(body: bytes, sender: str) -> bytes:
-                """Take a microbatch, answer it with finite but enormous gradients (3e38)."""
-                h = decode_message(body, lim).header
+            async def hostile_replica(frame: bytes, sender: str) -> bytes:
+                """Take a microbatch (signed by its sender: protocol/boundary_sig.py), answer it with finite but
+                enormous gradients (3e38)."""
+                h = decode_message(unseal(frame)[1], lim).header
                 received.append(h)
                 huge = torch.full((spec.microbatch_size, spec.seq_len, spec.boundary_width), 3e38)
                 asyncio.get_running_loop().create_task(

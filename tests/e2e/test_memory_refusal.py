@@ -26,7 +26,7 @@ def test_a_peer_whose_memory_holds_no_stage_refuses_with_one_sentence(make_swarm
     spec = preset("tiny", stages=3)
     least = min((estimate_stage(spec, s, device="cpu", replicated=True) for s in range(3)), key=lambda m: m.peak)
     last = (swarm.dir / "small.log").read_text().strip().splitlines()[-1]
-    assert last == (f"error: no stage of tiny fits this peer's 976.6 KiB (--max-memory, else the device's free "
+    assert last == (f"error: no stage of tiny fits this peer's 1.0 MiB (--max-memory, else the device's free "
                     f"memory): the smallest, stage {least.stage}, needs about {format_bytes(least.peak)} (estimated "
                     f"peak), which takes an 8 GB card or larger; pass --activation-checkpointing or join from a "
                     f"larger card."), last

@@ -21,13 +21,16 @@ from swarm.net.transport import framing_bytes
 from tests.protocol.test_wire import expected_header
 
 STEPS = 20
+SIGNED_FRAME = 3 + 2 + 36 + 64  # a boundary message's signature frame, Ed25519 identity (framed_bytes_per_token)
 
 
 def framed_bytes_per_token(spec, kind: str, step: int = 1, mb: int = 1, attempt: int = 0,
                            direct: bool = False) -> float:
     """The formula, independent of the encoder: B*T*w*e (+ B*(T+1)*tb token ids) + H per message,
     H the msgpack sizes of every header field, read off the documented layout
-    (tests/protocol/test_wire.py `expected_header`), + 4 bytes of request framing + the 5-byte
+    (tests/protocol/test_wire.py `expected_header`), + S, the sender's signature in front of the message
+    (protocol/boundary_sig.py: 0xc1, a u16 length, then swarm/trust/boundary_signer.py's u16 key length, the
+    36-byte protobuf of an Ed25519 public key and its 64-byte signature: S = 3 + 2 + 36 + 64 = 105), + 4 bytes of request framing + the 5-byte
     "accepted" reply frame over libp2p, or with `direct` the direct channel's header and two 32-byte tags
     (docs/wire.md). Every header integer is below 128 here, so H is the same for all."""
     B, T, w = spec.microbatch_size, spec.seq_len, spec.boundary_width
@@ -40,7 +43,7 @@ def framed_bytes_per_token(spec, kind: str, step: int = 1, mb: int = 1, attempt:
     else:
         msg = GradientMessage(h, WireTensors(fake), 1.5)
         data = B * T * w * e
-    body = data + expected_header(msg, spec.vocab)
+    body = data + expected_header(msg, spec.vocab) + SIGNED_FRAME
     return (body + framing_bytes(kind, body, 0 if direct else None)) / (B * T)
 
 

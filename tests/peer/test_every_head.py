@@ -12,7 +12,9 @@ from peer.daemon.delivery import ACK
 from peer.daemon.loopback import LoopbackLink
 from peer.replica.memory_swarm import batches
 from peer.step.head_work import split_microbatches
+from protocol.boundary_sig import seal, statement
 from protocol.spec import preset
+from protocol.spot_check import digest
 from protocol.wire import KIND_ACTIVATION, ErrorReply, Header, decode_message
 from tests.peer.swarm_in_memory import make_swarm, patient_options
 from tests.peer.test_replicas import SMALLER, KillOnSend, assert_close, spec_for
@@ -87,16 +89,17 @@ async def test_stage_one_takes_activations_only_from_named_heads_and_only_for_th
     head, tail = swarm.peers["s0r0"].daemon, swarm.peers["s1r0"].daemon
     src = batches(spec)
 
-    async def activation(mb: int, attempt: int) -> bytes:
+    async def activation(mb: int, attempt: int, sender: str = "s0r9") -> bytes:
         h = Header(spec.run_hash, 0, mb, head.runner.version_for_step(0), spec.codec, 0, attempt)
         body, _ = await head.run(head._forward_job, h, src(0, mb), None)
-        return body
+        said = statement(spec.run_hash, 0, attempt, mb, KIND_ACTIVATION, tail.peer_id, digest(body))
+        return seal(swarm.net.keys.signer(sender).sign(said), body)  # signed by its sender (protocol/boundary_sig.py)
 
     try:
         tail.feeders = ((0, 0), "s0r0", frozenset({"s0r0", "s0r9"}))
         newer = await tail._on_activation(await activation(0, 1), "s0r9")
         assert isinstance(decode_message(newer, tail._limits()), ErrorReply) and tail.attempt == 0
-        stranger = await tail._on_activation(await activation(1, 0), "s0r7")
+        stranger = await tail._on_activation(await activation(1, 0, "s0r7"), "s0r7")
         assert isinstance(decode_message(stranger, tail._limits()), ErrorReply)
         assert await tail._on_activation(await activation(2, 0), "s0r9") == ACK
         assert tail.named_heads() == {"s0r0", "s0r9"}

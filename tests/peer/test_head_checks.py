@@ -12,7 +12,7 @@ import time
 import pytest
 
 from peer.replica.memory_swarm import TEST_COMMIT_OPTIONS, TEST_DRIVER_OPTIONS
-from protocol.spot_check import Sent
+from tests.doubles.misreporter import misreport as lie_about_messages
 from tests.peer.swarm_in_memory import make_swarm, param_hash
 from tests.peer.test_spot_checks import LIES_FROM, STEPS, make_liar, spec_for
 
@@ -111,17 +111,10 @@ async def test_a_lying_head_is_caught_and_the_run_equals_the_oracle(mode, oracle
 
 
 def misreport(peer, kind: str, about: str | None) -> None:
-    """`peer` computes and sends honestly but reports other bytes for the activations of kind `kind`
-    ("a": it sent, "r": it received) to or from `about` (None: any peer)."""
-    runner, boundary, honest_sent = peer.runner, peer.daemon.boundary, peer.daemon.boundary.sent
-
-    def sent(step: int, attempt: int) -> list[Sent]:
-        got = honest_sent(step, attempt)
-        if runner.step < LIES_FROM:
-            return got
-        return [Sent(s.kind, s.microbatch, s.to, bytes(16)) if s.kind == kind and about in (None, s.to) else s
-                for s in got]
-    boundary.sent = sent
+    """`peer` computes and sends honestly but reports other bytes for the boundary messages of kind `kind`
+    ("a" / "g": activations / gradients it sent, "r" / "q": it received) to or from `about` (None: any
+    peer). A received message's report keeps its sender's real signature (over other bytes)."""
+    lie_about_messages(peer, kind, about, LIES_FROM)
 
 
 def route_to(peer, receiver: str) -> None:
@@ -137,20 +130,27 @@ def route_to(peer, receiver: str) -> None:
     directory.pick = picked
 
 
-@pytest.mark.parametrize("liar,kind,about", [(LIAR, "a", None), ("s1r1", "r", LIAR)])
-async def test_the_two_ends_of_an_activation_that_disagree_ban_the_later_one(liar, kind, about, oracle_runs):
-    # nothing can say which end lies (the bytes are the sender's word against the receiver's): as for two
-    # replicas that disagree, the step is not applied with the doubtful work and the later of the two is banned
+# the liar joined before every honest peer of its stage: join order decides nothing (issue 57)
+@pytest.mark.parametrize("liar,kind,about,route", [
+    (LIAR, "a", None, ("s0r1", "s1r0")),  # a head that misreports the activations it sent
+    ("s1r0", "r", LIAR, ("s0r1", "s1r0")),  # stage 1's first replica misreports what a head sent it
+    ("s1r0", "g", LIAR, ("s0r1", "s1r0")),  # ... the gradients it sent a head
+    (LIAR, "q", "s1r0", ("s0r1", "s1r0")),  # a head misreports the gradients it got
+])
+async def test_the_two_ends_of_a_boundary_message_that_disagree_are_settled_by_the_senders_signature(
+        liar, kind, about, route, oracle_runs):
+    # each message carries its sender's signature, which its receiver reports: a valid one over other bytes
+    # than the sender reports convicts the sender, a report without one its receiver (protocol/boundary_sig.py)
     spec = spec_for(2)
     swarm = await make_swarm(spec, [2, 2], **options())
-    for head in swarm.stage(0):  # every honest peer was seen before the liar
-        head.driver.spot.first_seen.update({p: 0.0 for p in swarm.peers if p != liar})
     misreport(swarm.peers[liar], kind, about)
-    if about is not None:  # the liar must receive what it misreports
-        route_to(swarm.peers[about], liar)
+    route_to(swarm.peers[route[0]], route[1])  # the liar must send or receive what it misreports
     logs = await drive(swarm, liar)
     want = oracle_runs.losses(spec, STEPS)
     for step, (log, w) in enumerate(zip(logs, want), start=1):
         assert abs(log.loss - w) <= 1e-10 * abs(w), f"step {step}: {log.loss!r} vs the oracle's {w!r}"
-    assert leader_of(swarm).driver.spot.convicted == [liar]
+    spot = leader_of(swarm).driver.spot
+    assert spot.convicted == [liar]
+    # by the evidence: a sender signed other bytes than it reports, a receiver reports bytes never signed
+    assert ("other bytes than it reports" if kind in "ag" else "never signed") in spot.reasons[liar], spot.reasons
     assert not [p for p in swarm.peers.values() if set(p.directory.banned) - {liar}], "an honest peer was banned"

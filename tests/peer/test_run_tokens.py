@@ -143,7 +143,7 @@ def test_eval_scores_the_recorded_folder_or_another_of_the_runs_tokenizer(made):
     from swarm.export.load import load_model
     from tests.swarm.export_helpers import gathered
 
-    root, _ = made
+    root, tok = made
     spec = with_tokens(preset("tiny", stages=3), str(root / "tokens"))
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -161,5 +161,15 @@ def test_eval_scores_the_recorded_folder_or_another_of_the_runs_tokenizer(made):
     assert other.corpus == "--tokens" and other.source == f"validation split of {root / 'other'}"
     with pytest.raises(DataError, match="tokenizer"):
         evaluate(model, batches=2, tokens=str(root / "bytes"))
-    with pytest.raises(DataError, match="with --tokens DIR"):
-        evaluate(model, batches=2, data=str(root / "a.txt"))
+    # --data: text encoded with the run's tokenizer, the one the export keeps beside its weights
+    assert (root / "model" / "tokenizer.json").read_bytes() == (root / "tokenizer.json").read_bytes()
+    assert model.tokenizer.sha256 == tok.sha256
+    scored = evaluate(model, batches=2, data=str(root / "a.txt"))
+    assert scored.corpus == "--data, encoded with the run's tokenizer"
+    from peer.data.corpus import Corpus
+    from swarm.export.evaluate import loss_on
+    ids = tok.encode((root / "a.txt").read_text(encoding="utf-8"))
+    want = BatchSource(Corpus(ids, "a.txt", spec.seq_len), spec.seq_len, spec.microbatch_size,
+                       spec.data_seed).val_batches(2)
+    assert int(max(int(b.max()) for b in want)) >= 256  # BPE ids, not bytes
+    assert scored.loss == pytest.approx(loss_on(model, want)[0], rel=1e-6)

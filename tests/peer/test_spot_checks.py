@@ -113,10 +113,7 @@ async def test_a_lying_middle_stage_is_caught_from_the_gradients_its_neighbours_
     assert sum(p.commit.share_check.checks_run for p in checkers) >= STEPS
 
 
-async def test_two_replicas_that_disagree_apply_nothing_doubtful_and_the_later_one_yields(oracle_runs):
-    # no third replica to settle it: the step is re-driven without the one the leader saw later
-    swarm, logs = await run_with_liar([1, 2], 1, 1, "x-50", oracle_runs)
-    assert logs[LIES_FROM].attempts > 1
+# two replicas that disagree: tests/peer/test_two_replica_disputes.py (nobody is banned by join order)
 
 
 async def test_powersgd_factors_without_microbatches_are_refused_and_their_sender_banned():

@@ -13,7 +13,7 @@ import pytest
 
 from peer.data import sources
 from peer.data.corpus import DataError, load_corpus
-from peer.data.manifest import MANIFEST_NAME, Manifest
+from peer.data.manifest import MANIFEST_NAME, TOKENIZER_NAME, Manifest
 from peer.data.shards import PROGRESS_NAME, prepare
 from peer.data.token_store import TokenStore
 from peer.data.tokenizer import ByteTokenizer, train_bpe
@@ -194,9 +194,12 @@ def test_bad_sources_are_one_sentence_naming_the_file_and_leave_no_manifest(tok,
         prepare(tmp_path / "notempty" / "mine.txt", "byte", tmp_path / "o2", val_tokens=7, progress=False)
 
 
-def test_a_finished_folder_holds_its_shards_progress_and_manifest_and_nothing_else(tok, tmp_path):
+def test_a_finished_folder_holds_its_shards_progress_manifest_and_tokenizer_and_nothing_else(tok, tmp_path):
     (tmp_path / "a.txt").write_text(DOCS[0])
     m = prepare(tmp_path / "a.txt", tok, tmp_path / "out", shard_tokens=10, progress=False)
     record = json.loads((tmp_path / "out" / PROGRESS_NAME).read_text())
     assert record["done"] is True and len(record["shards"]) == len(m.shards) > 1
-    assert sorted(os.listdir(tmp_path / "out")) == sorted([MANIFEST_NAME, PROGRESS_NAME, *(s.name for s in m.shards)])
+    assert sorted(os.listdir(tmp_path / "out")) == sorted([MANIFEST_NAME, PROGRESS_NAME, TOKENIZER_NAME,
+                                                           *(s.name for s in m.shards)])
+    # a copy of the tokenizer file, byte for byte: the hash the manifest and a run spec pin
+    assert (tmp_path / "out" / TOKENIZER_NAME).read_bytes() == tok.data and m.tokenizer_sha256 == tok.sha256

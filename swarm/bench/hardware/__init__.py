@@ -7,5 +7,7 @@
 - `transport.py`: `swarm bench transport`: MB/s of raw TCP, the libp2p daemons and our Transport on loopback, and
   the tokens/s that caps between two stages per preset and codec.
 - `scale.py`: `swarm bench scale`: tokens/s against GPUs: layouts of stages x replicas vs one process.
+- `data_memory.py`: `python -m swarm.bench.hardware.data_memory`: a head's resident memory for data on a generated
+  prepared corpus of GBs.
 - `flags.py`: these benches' flags; `cli.py`: their subcommands and what runs them.
 """

@@ -24,7 +24,7 @@ def _mfu(a: argparse.Namespace) -> None:
 def _memory(a: argparse.Namespace) -> None:
     from .memory import run_memory_bench
     run_memory_bench(a.out, presets=a.presets.split(","), device=a.device, dtype=a.dtype, stages=a.stages,
-                     options=a.checkpointing, caps=not a.no_caps, smoke=a.smoke)
+                     options=a.checkpointing, caps=not a.no_caps, smoke=a.smoke, vocab=a.vocab)
 
 
 def _transport(a: argparse.Namespace) -> None:

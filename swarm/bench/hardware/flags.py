@@ -47,6 +47,9 @@ def add_memory(sub) -> argparse.ArgumentParser:
     p.add_argument("--checkpointing", default="both", choices=("both", "off", "on"),
                    help="activation checkpointing per block: measure without it, with it, or both (default: both)")
     p.add_argument("--no-caps", action="store_true", help="skip the runs under card-sized memory caps (default: off)")
+    p.add_argument("--vocab", type=int, metavar="N", help="measure every preset at vocabulary N, e.g. 32768 (a BPE's); "
+                   "the subspace's T_fixed [N, d] is built from the seed on every stage and never sent, and the "
+                   "bench prints its memory at 256 and 32k-128k first (default: each preset's own)")
     return p
 
 

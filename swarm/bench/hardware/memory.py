@@ -25,7 +25,15 @@ from pathlib import Path
 
 import torch
 
-from peer.runner.memory_estimate import CARD_OVERHEAD, CARDS_GB, GIB, estimate_stage, smallest_card
+from peer.runner.memory_estimate import (
+    CARD_OVERHEAD,
+    CARDS_GB,
+    GIB,
+    describe_t_fixed,
+    estimate_stage,
+    smallest_card,
+    t_fixed_rows,
+)
 from peer.runner.stage import StageRunner
 from protocol.spec import preset
 from swarm.bench.common.machine import machine_info
@@ -122,8 +130,14 @@ def measure_stage(spec, stage: int, device: torch.device, checkpointing: bool, c
 
 
 def run_memory_bench(out_dir: str, presets: list[str], device: str = "cuda", dtype: str = "bf16",
-                     stages: str = "ends", options: str = "both", caps: bool = True, smoke: bool = False) -> dict:
-    """Every chosen (preset, option, stage): measured vs estimated peak, and the smallest card it trains on."""
+                     stages: str = "ends", options: str = "both", caps: bool = True, smoke: bool = False,
+                     vocab: int | None = None) -> dict:
+    """Every chosen (preset, option, stage): measured vs estimated peak, and the smallest card it trains on
+    (`vocab`: every preset at that vocabulary instead of its own). Before measuring it prints, and the JSON
+    keeps, each preset's T_fixed at 256 and at 32k-128k vocabularies (`t_fixed_rows`)."""
+    t_fixed = {name: t_fixed_rows(preset(name, dtype=dtype, vocab=vocab)) for name in (["tiny"] if smoke else presets)}
+    for name in t_fixed:
+        print(f"{name}: {describe_t_fixed(preset(name, dtype=dtype, vocab=vocab))}", flush=True)
     dev = torch.device(device)
     if dev.type != "cuda" or not torch.cuda.is_available():
         raise SystemExit("swarm bench memory measures torch.cuda.max_memory_allocated: run it on a GPU "
@@ -139,7 +153,7 @@ def run_memory_bench(out_dir: str, presets: list[str], device: str = "cuda", dty
     runtime = cublas_runtime(dev)
     print(f"cuBLAS workspaces: {runtime} bytes", flush=True)
     for name in presets:
-        spec = preset(name, dtype=dtype)
+        spec = preset(name, dtype=dtype, vocab=vocab)
         chosen = _stages(spec.n_stages, stages)
         for ck in checkpoint_options:
             for s in chosen:
@@ -153,7 +167,7 @@ def run_memory_bench(out_dir: str, presets: list[str], device: str = "cuda", dty
                 rows.append(row)
                 print(json.dumps({k: v for k, v in row.items() if k != "breakdown"}), flush=True)
                 (out / "memory.json").write_text(json.dumps(_result(rows, dev, dtype, runtime), indent=1) + "\n")
-    result = _result(rows, dev, dtype, runtime)
+    result = {**_result(rows, dev, dtype, runtime), "vocab": vocab, "t_fixed": t_fixed}
     (out / "memory.json").write_text(json.dumps(result, indent=1) + "\n")
     try:
         plot(result, out / "memory.png")
@@ -217,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     a = parser.parse_args(["memory", *argv])
     resolve_bench_dtype(a)
     run_memory_bench(a.out, presets=a.presets.split(","), device=a.device, dtype=a.dtype, stages=a.stages,
-                     options=a.checkpointing, caps=not a.no_caps, smoke=a.smoke)
+                     options=a.checkpointing, caps=not a.no_caps, smoke=a.smoke, vocab=a.vocab)
     return 0
 
 
