@@ -124,8 +124,8 @@ def cmd_peer(a: argparse.Namespace, on_stage_peer: Callable[[StagePeer], None] |
     """`swarm peer`; `on_stage_peer`: an extension point, see `run_peer`."""
     from peer.runner.memory_estimate import parse_size
     from swarm.corpus_text import check_text
-    from swarm.node import PeerOptions, configure_torch, run_peer
     from swarm.net.addresses import announce_addresses
+    from swarm.node import PeerOptions, configure_torch, run_peer
     from swarm.preflight import check_device, check_port, check_writable_dir
     opts = from_args(PeerOptions, a)
     announce_addresses(opts.host_maddrs, opts.public_ip, opts.announce_maddrs)  # the flags first (exit 2)...
