@@ -30,7 +30,8 @@ def framed_bytes_per_token(spec, kind: str, step: int = 1, mb: int = 1, attempt:
     H the msgpack sizes of every header field, read off the documented layout
     (tests/protocol/test_wire.py `expected_header`), + S, the sender's signature in front of the message
     (protocol/boundary_sig.py: 0xc1, a u16 length, then swarm/trust/boundary_signer.py's u16 key length, the
-    36-byte protobuf of an Ed25519 public key and its 64-byte signature: S = 3 + 2 + 36 + 64 = 105), + 4 bytes of request framing + the 5-byte
+    36-byte protobuf of an Ed25519 public key and its 64-byte signature: S = 3 + 2 + 36 + 64 = 105),
+    + 4 bytes of request framing + the 5-byte
     "accepted" reply frame over libp2p, or with `direct` the direct channel's header and two 32-byte tags
     (docs/wire.md). Every header integer is below 128 here, so H is the same for all."""
     B, T, w = spec.microbatch_size, spec.seq_len, spec.boundary_width
