@@ -43,22 +43,26 @@ class BoundaryLog:
                 got = "r" if kind == KIND_ACTIVATION else "q"
                 self._sent[(got, microbatch)] = Sent(got, microbatch, sender, said or digest(body), bytes(sig))
 
-    def sending(self, step: int, attempt: int, microbatch: int, body: bytes, keep: bool = False) -> None:
+    def sending(self, step: int, attempt: int, microbatch: int, body: bytes, keep: bool = False) -> bytes:
         """An activation goes downstream; whom it went to is known once its gradient is accepted
-        (`keep`: a head keeps the body, for a checker of its share)."""
+        (`keep`: a head keeps the body, for a checker of its share). Returns the body's digest, which its
+        signature names too (one sha256 of the message per send, however many replicas it is sent to)."""
+        said = digest(body)
         if self._at(step, attempt):
-            self._outgoing[microbatch] = digest(body)
+            self._outgoing[microbatch] = said
             if keep:
                 self._output[microbatch] = bytes(body)
+        return said
 
     def answered(self, step: int, attempt: int, microbatch: int, by: str) -> None:
         """`by` returned the gradient of the activation this peer sent it: it took that activation."""
         if self._at(step, attempt) and microbatch in self._outgoing:
             self._sent[("a", microbatch)] = Sent("a", microbatch, by, self._outgoing[microbatch])
 
-    def sent_gradient(self, step: int, attempt: int, microbatch: int, to: str, body: bytes) -> None:
+    def sent_gradient(self, step: int, attempt: int, microbatch: int, to: str, said: bytes) -> None:
+        """A gradient went upstream to `to`; `said`: its body's digest (the one its signature names)."""
         if self._at(step, attempt):
-            self._sent[("g", microbatch)] = Sent("g", microbatch, to, digest(body))
+            self._sent[("g", microbatch)] = Sent("g", microbatch, to, said)
 
     def sent(self, step: int, attempt: int) -> list[Sent]:
         return list(self._sent.values()) if self._key == (step, attempt) else []

@@ -33,19 +33,21 @@ class Courier:
 
     async def send(self, stage: int, kind: str, body: bytes, tokens: int, to: str | None = None,
                    chosen: Callable[[str | None], None] | None = None, exclude: set[str] = frozenset(),
-                   h: Header | None = None) -> str:
+                   h: Header | None = None, said: bytes | None = None) -> str:
         """Deliver to `to`, or to a peer of `stage` picked by the router (never one of `exclude`),
         trying other peers; returns the peer that took it. `chosen(peer)` hears of each peer before
         it is sent to (its answer may come back before its acknowledgement does), and
         `chosen(None)` if it did not take the message. `h`: the message's header, which its signature
-        names (None: sent unsigned)."""
+        names (None: sent unsigned); `said`: the body's digest, if the caller has it (else computed once here)."""
+        if h is not None and said is None and getattr(self.link, "signer", None) is not None:
+            said = digest(body)
         tried: set[str] = set(exclude)
         last = ""
         for _ in range(self.send_retries if to is None else 1):
             peer = to or await self.directory.pick(stage, exclude=tried)
             if chosen is not None:
                 chosen(peer)
-            outcome, last = await self.deliver(peer, kind, self.signed(peer, kind, body, h))
+            outcome, last = await self.deliver(peer, kind, self.signed(peer, kind, body, h, said))
             if outcome == "ok":
                 self.sent_tokens[kind] += tokens
                 self._retries.pop(peer, None)
@@ -55,16 +57,17 @@ class Courier:
             if to is None:
                 self.directory.release(peer, None)
             if outcome == "retry" and await self._retry_later(peer):
-                return await self.send(stage, kind, body, tokens, to=peer, chosen=chosen, h=h)
+                return await self.send(stage, kind, body, tokens, to=peer, chosen=chosen, h=h, said=said)
             tried.add(peer)
         raise LinkError(f"stage {self.stage} could not deliver a '{kind}' message to stage {stage}: {last}")
 
-    def signed(self, peer: str, kind: str, body: bytes, h: Header | None) -> bytes:
+    def signed(self, peer: str, kind: str, body: bytes, h: Header | None, said: bytes | None = None) -> bytes:
         """`body` sealed with this peer's signature of (run, step, attempt, microbatch, kind, `peer`, digest)."""
         signer = getattr(self.link, "signer", None)
         if signer is None or h is None:
             return body
-        return seal(signer.sign(statement(h.run, h.step, h.attempt, h.microbatch, kind, peer, digest(body))), body)
+        said = digest(body) if said is None else said
+        return seal(signer.sign(statement(h.run, h.step, h.attempt, h.microbatch, kind, peer, said)), body)
 
     async def deliver(self, peer: str, kind: str, body: bytes) -> tuple[str, str]:
         """One message to one peer: ("ok" | "retry" | "failed", why).

@@ -120,8 +120,9 @@ class InboundHandlers:
                 return  # the attempt was aborted while this stage computed
             body, ntokens, self.last_loss = done
             self._upstream.pop(h.microbatch, None)
-            await self.courier.send(self.stage - 1, KIND_GRADIENT, body, ntokens, to=sender, h=h)
-            self.boundary.sent_gradient(h.step, h.attempt, h.microbatch, sender, body)
+            said = digest(body)
+            await self.courier.send(self.stage - 1, KIND_GRADIENT, body, ntokens, to=sender, h=h, said=said)
+            self.boundary.sent_gradient(h.step, h.attempt, h.microbatch, sender, said)
             return
         done = await self.run_for(h, self._forward_job, h, tokens, z)
         if done is not SKIPPED:
@@ -196,8 +197,9 @@ class InboundHandlers:
         upstream = self._upstream.pop(h.microbatch, None)
         if upstream is None or not self.current(h):
             return  # the attempt was superseded while this backward ran
-        await self.courier.send(self.stage - 1, KIND_GRADIENT, body, ntokens, to=upstream[0], h=h)
-        self.boundary.sent_gradient(h.step, h.attempt, h.microbatch, upstream[0], body)
+        said = digest(body)
+        await self.courier.send(self.stage - 1, KIND_GRADIENT, body, ntokens, to=upstream[0], h=h, said=said)
+        self.boundary.sent_gradient(h.step, h.attempt, h.microbatch, upstream[0], said)
 
     async def _on_basis(self, body: bytes, sender: str) -> bytes:
         try:

@@ -47,7 +47,7 @@ class MicrobatchForwarding:
         (its late gradient, if any, is refused: it must come from the replica that holds the microbatch)."""
         missed: set[str] = set()
         holder: str | None = None
-        self.boundary.sending(h.step, h.attempt, h.microbatch, body, keep=self.runner.is_first)
+        said = self.boundary.sending(h.step, h.attempt, h.microbatch, body, keep=self.runner.is_first)
 
         def chosen(peer: str | None) -> None:
             nonlocal holder
@@ -63,7 +63,7 @@ class MicrobatchForwarding:
             try:
                 async with asyncio.timeout(deadline):
                     peer = await self.courier.send(self.stage + 1, KIND_ACTIVATION, body, ntokens, chosen=chosen,
-                                                   exclude=missed, h=h)
+                                                   exclude=missed, h=h, said=said)
                     if not self.current(h):
                         self.directory.release(peer, None)  # superseded while it was on its way
                         return
