@@ -31,6 +31,8 @@ import msgpack
 DOMAIN = "subspace-swarm/boundary/1"
 MAGIC = 0xC1  # never used by msgpack: no message body starts with it
 MAX_SIGNATURE = 1024  # an RSA-4096 key's encoding (~550 bytes) and its 512-byte signature fit
+HEAD = 3  # the frame's magic byte and u16 signature length
+MAX_OVERHEAD = HEAD + MAX_SIGNATURE  # the most a signature frame adds to a message (a receiver's frame limit)
 
 
 def statement(run: str, step: int, attempt: int, microbatch: int, kind: str, receiver: str, digest: bytes) -> bytes:
@@ -51,12 +53,12 @@ def unseal(frame: bytes) -> tuple[bytes, bytes]:
     """(signature, body) of a frame; b"" for the signature of an unsigned body (or of a cut-off frame,
     which the body's own validation then refuses)."""
     frame = bytes(frame)
-    if len(frame) < 3 or frame[0] != MAGIC:
+    if len(frame) < HEAD or frame[0] != MAGIC:
         return b"", frame
-    (n,) = struct.unpack(">H", frame[1:3])
-    if n > MAX_SIGNATURE or len(frame) < 3 + n:
-        return b"", frame[3:]
-    return frame[3:3 + n], frame[3 + n:]
+    (n,) = struct.unpack(">H", frame[1:HEAD])
+    if n > MAX_SIGNATURE or len(frame) < HEAD + n:
+        return b"", frame[HEAD:]
+    return frame[HEAD:HEAD + n], frame[HEAD + n:]
 
 
 __all__ = ["DOMAIN", "MAX_SIGNATURE", "seal", "statement", "unseal"]

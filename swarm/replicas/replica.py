@@ -24,7 +24,7 @@ from peer.runner.replica_sync import flat_limits
 from peer.runner.stage import StageRunner
 from peer.state.state_transfer import state_bytes
 from peer.step.driver import StepLog
-from protocol.boundary_sig import MAX_SIGNATURE
+from protocol.boundary_sig import MAX_OVERHEAD
 from protocol.spec import RunSpec
 from protocol.state_wire import STATE_CHUNK_BYTES
 from protocol.step_record import WorkRecord
@@ -74,7 +74,7 @@ def snapshot_interval(spec: RunSpec) -> int:
 
 def frame_limits(spec: RunSpec, runner: StageRunner) -> dict[str, int]:
     """The largest request a replica of this stage accepts, per kind of message."""
-    boundary = WireLimits.for_spec(spec).max_bytes + 3 + MAX_SIGNATURE  # the sender's signature in front
+    boundary = WireLimits.for_spec(spec).max_bytes + MAX_OVERHEAD  # the sender's signature in front
     flat = flat_limits(spec, runner).max_bytes
     return {KIND_ACTIVATION: boundary, KIND_GRADIENT: boundary, KIND_BASIS: spec.d_model * spec.rank * 4 + 4096,
             KIND_CONTROL: 16 << 10, KIND_REDUCE: flat, KIND_FOLLOW: flat, KIND_STATE: 4096,
