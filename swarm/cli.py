@@ -138,16 +138,8 @@ def cmd_peer(a: argparse.Namespace, on_stage_peer: Callable[[StagePeer], None] |
     if opts.checkpoint_dir:
         check_writable_dir(opts.checkpoint_dir, "--checkpoint-dir")
     configure_torch(opts.threads or int(os.environ.get("SWARM_TORCH_THREADS", "0")) or None)
-    from peer.daemon.interfaces import LinkError
-    from peer.state.state_transfer import StateError
-    from swarm.net.reachability import ReachabilityError
-    from swarm.node import JoinError
-    from swarm.replicas.replica import PeerBanned
-    try:
-        return _run_async(lambda: run_peer(opts, on_stage_peer))
-    except (JoinError, LinkError, StateError, ReachabilityError, PeerBanned) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    # a JoinError, LinkError, StateError, ReachabilityError or PeerBanned is one sentence, exit 1 (`main`'s `explained`)
+    return _run_async(lambda: run_peer(opts, on_stage_peer))
 
 
 def cmd_dashboard(a: argparse.Namespace) -> int:
@@ -155,11 +147,7 @@ def cmd_dashboard(a: argparse.Namespace) -> int:
     from swarm.preflight import check_port
     opts = from_args(DashboardOptions, a)
     check_port(opts.port, "--port")
-    try:
-        return _run_async(lambda: run_dashboard(opts))
-    except RuntimeError as e:  # e.g. the port is taken: one sentence, no traceback
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    return _run_async(lambda: run_dashboard(opts))  # a taken port: one sentence, exit 1 (`main`'s `explained`)
 
 
 def cmd_status(a: argparse.Namespace) -> int:
@@ -198,17 +186,9 @@ def cmd_admit(a: argparse.Namespace) -> int:
     return 0
 
 
-def _missing_extra(e: ImportError) -> int:
-    print(f"error: {e}", file=sys.stderr)
-    return 1
-
-
 def cmd_export(a: argparse.Namespace) -> int:
     from swarm.export.exporter import ExportOptions, run_export
-    try:
-        files = run_export(from_args(ExportOptions, a))
-    except ImportError as e:
-        return _missing_extra(e)
+    files = run_export(from_args(ExportOptions, a))  # a missing extra: one sentence, exit 1
     print(f"exported to {a.out}: {', '.join(f.name for f in files)}")
     return 0
 
@@ -217,20 +197,14 @@ def cmd_eval(a: argparse.Namespace) -> int:
     from dataclasses import asdict
 
     from swarm.export.evaluate import EvalOptions, describe, run_eval
-    try:
-        result = run_eval(from_args(EvalOptions, a))
-    except ImportError as e:
-        return _missing_extra(e)
+    result = run_eval(from_args(EvalOptions, a))  # a missing extra: one sentence, exit 1
     print(json.dumps(asdict(result)) if a.json else f"eval: {describe(result)}")
     return 0
 
 
 def cmd_generate(a: argparse.Namespace) -> int:
     from swarm.export.generate import GenerateOptions, run_generate
-    try:
-        text, note = run_generate(from_args(GenerateOptions, a))
-    except ImportError as e:
-        return _missing_extra(e)
+    text, note = run_generate(from_args(GenerateOptions, a))  # a missing extra: one sentence, exit 1
     print(text)
     if note:
         print(f"note: {note}", file=sys.stderr)

@@ -16,7 +16,7 @@ from peer.data.batches import BatchSource
 from peer.data.corpus import load_corpus
 from peer.replica.stage_peer import StagePeer
 from swarm.cli import cmd_peer
-from tests.doubles.entry import own_parser, parse
+from tests.doubles.entry import own_parser, parse, run_command
 
 MODULE = "tests.doubles.foreign_head"  # what `LocalSwarm.start_peer(module=)` takes
 log = logging.getLogger(__name__)
@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     own = own_parser("foreign_head")
     own.add_argument("--foreign-data", required=True, metavar="PATH", help="the text this head trains on")
     ours, args = parse(sys.argv[1:] if argv is None else argv, own, "peer")
-    return cmd_peer(args, on_stage_peer=lambda peer: feed_foreign_data(peer, ours.foreign_data))
+    return run_command(lambda: cmd_peer(args, on_stage_peer=lambda peer: feed_foreign_data(peer, ours.foreign_data)))
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 
 from swarm.cli import cmd_peer
-from tests.doubles.entry import own_parser, parse
+from tests.doubles.entry import own_parser, parse, run_command
 from tests.doubles.hostile_donor import AHEAD, serve_bad_state
 
 MODULE = "tests.doubles.hostile_peer"  # what `LocalSwarm.start_peer(module=)` takes
@@ -21,7 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     own.add_argument("--serve-bad-state", required=True, choices=sorted(AHEAD),
                      help="serve joiners noisy weights and announce a step this far ahead (far: 1000, near: 2)")
     ours, args = parse(sys.argv[1:] if argv is None else argv, own, "peer")
-    return cmd_peer(args, on_stage_peer=lambda peer: serve_bad_state(peer, ours.serve_bad_state))
+    return run_command(lambda: cmd_peer(args, on_stage_peer=lambda peer: serve_bad_state(peer, ours.serve_bad_state)))
 
 
 if __name__ == "__main__":

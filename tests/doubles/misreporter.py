@@ -15,7 +15,7 @@ import sys
 from peer.replica.stage_peer import StagePeer
 from protocol.spot_check import Sent
 from swarm.cli import cmd_peer
-from tests.doubles.entry import own_parser, parse
+from tests.doubles.entry import own_parser, parse, run_command
 
 MODULE = "tests.doubles.misreporter"  # what `LocalSwarm.start_peer(module=)` takes
 
@@ -40,7 +40,8 @@ def main(argv: list[str] | None = None) -> int:
                      help="the kind of boundary message whose digests it reports falsely")
     own.add_argument("--from-step", type=int, default=0, help="honest before this step index")
     ours, args = parse(sys.argv[1:] if argv is None else argv, own, "peer")
-    return cmd_peer(args, on_stage_peer=lambda peer: misreport(peer, ours.misreport, None, ours.from_step))
+    return run_command(lambda: cmd_peer(
+        args, on_stage_peer=lambda peer: misreport(peer, ours.misreport, None, ours.from_step)))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ import sys
 
 from swarm.basis import BasisRefitter
 from swarm.cli import cmd_coordinator
-from tests.doubles.entry import own_parser, parse
+from tests.doubles.entry import own_parser, parse, run_command
 
 MODULE = "tests.doubles.slow_coordinator"  # what `LocalSwarm.start_coordinator(module=)` takes
 
@@ -33,7 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     own.add_argument("--refit-delay", type=float, required=True, metavar="SECONDS",
                      help="seconds each basis update waits before it is computed and published")
     ours, args = parse(sys.argv[1:] if argv is None else argv, own, "coordinator")
-    return cmd_coordinator(args, on_refitter=lambda refitter: delay_refits(refitter, ours.refit_delay))
+    return run_command(lambda: cmd_coordinator(
+        args, on_refitter=lambda refitter: delay_refits(refitter, ours.refit_delay)))
 
 
 if __name__ == "__main__":
