@@ -19,9 +19,9 @@ libp2p key, which lives in `swarm/trust/identity.py`: this file holds only the b
     WorkRecord  {k: "workrec", r: run, s: steps done, l: leader, w: {stage: [peer ids that
                  contributed microbatches to that step's reduce]}, n: snapshot step, h: {stage:
                  sha256 hex of its snapshot at n}, t: state step, z: {stage: sha256 hex of its
-                 replicas' agreed state after t steps}, p, g}
+                 replicas' agreed state after t steps}, b: the step the swarm rolled back to (-1: none), p, g}
     signed      = msgpack([WORK_RECORD_DOMAIN, r, s, l, [[stage, [ids]] sorted by stage], n,
-                           [[stage, sha] sorted by stage], t, [[stage, sha] sorted by stage]])
+                           [[stage, sha] sorted by stage], t, [[stage, sha] sorted by stage], b])
 
 The leader sends one to the coordinator after each re-fit step and whenever every stage's
 replicas agree on a newer snapshot: only the peers it names may vote in that re-fit
@@ -30,7 +30,9 @@ coordinator vouches for those snapshot hashes (`swarm/replicas/vouched.py`), so 
 restores a stage loads the snapshot the swarm took, not the one most custodians claim. After
 every applied step it also sends one with the state hashes its replicas agreed on (t, z; no
 workers: `peer/checks/state_votes.py` says how a hash is agreed), and the coordinator vouches for those
-too, so a joiner loads only a state the swarm had.
+too, so a joiner loads only a state the swarm had. Before it rolls the swarm back from step s to b
+(`peer/state/rollback.py`) it sends one with s and b: the coordinator drops what it vouched for after
+b, since the steps b+1..s are driven again and need not be the same bits (issue 56, item 4).
 """
 from __future__ import annotations
 
@@ -115,20 +117,22 @@ class WorkRecord:
     snapshots: dict[int, str] = field(default_factory=dict)  # stage -> its replicas' sha256 hex at snapshot_step
     state_step: int = 0  # the steps applied when the `states` were hashed (0: none in this record)
     states: dict[int, str] = field(default_factory=dict)  # stage -> the sha256 hex its replicas agreed on then
+    rolled_back_to: int = -1  # the swarm rolls back from `step` to this step (-1: no rollback in this record)
 
     def signing_bytes(self) -> bytes:
         workers = [[s, sorted(self.workers[s])] for s in sorted(self.workers)]
         snaps = [[s, self.snapshots[s]] for s in sorted(self.snapshots)]
         states = [[s, self.states[s]] for s in sorted(self.states)]
         return msgpack.packb([WORK_RECORD_DOMAIN, self.run, self.step, self.leader, workers, self.snapshot_step,
-                              snaps, self.state_step, states], use_bin_type=True)
+                              snaps, self.state_step, states, self.rolled_back_to], use_bin_type=True)
 
     def encode(self) -> bytes:
         return msgpack.packb({"k": _WORK_KIND, "r": self.run, "s": self.step, "l": self.leader,
                               "w": {int(s): list(p) for s, p in self.workers.items()}, "p": self.signer,
                               "g": self.signature, "n": self.snapshot_step,
                               "h": {int(s): h for s, h in self.snapshots.items()}, "t": self.state_step,
-                              "z": {int(s): h for s, h in self.states.items()}}, use_bin_type=True)
+                              "z": {int(s): h for s, h in self.states.items()}, "b": self.rolled_back_to},
+                             use_bin_type=True)
 
     @classmethod
     def decode(cls, body: bytes, run: str, n_stages: int) -> WorkRecord:
@@ -150,8 +154,12 @@ class WorkRecord:
         t, z = d.get("t", 0), d.get("z", {})
         need(isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= d["s"], "a work record's state step "
              "must be a step it has done.")
+        b = d.get("b", -1)
+        need(isinstance(b, int) and not isinstance(b, bool) and -1 <= b < d["s"], "a work record's rollback "
+             "step must be before its step.")
         for hashes, what in ((h, "snapshots"), (z, "states")):
             need(isinstance(hashes, dict) and all(isinstance(s, int) and 0 <= s < n_stages and isinstance(x, str)
                                                   and len(x) == 64 for s, x in hashes.items()),
                  f"a work record's {what} must map stages to sha256 hex.")
-        return cls(run, d["s"], d["l"], {s: list(p) for s, p in w.items()}, d["p"], d["g"], n, dict(h), t, dict(z))
+        return cls(run, d["s"], d["l"], {s: list(p) for s, p in w.items()}, d["p"], d["g"], n, dict(h), t, dict(z),
+                   b)

@@ -59,6 +59,10 @@ class Rollback:
         self.runner = daemon.runner
         self.rollbacks = 0  # rollbacks carried out here
         self.done: set[int] = set()  # the numbers of the ordered rollbacks (RollbackOrder.id) seen carried out
+        # awaited by the leading head before it orders "rollback from step s to t", with (t, s): what the swarm
+        # vouched for after t must go first (swarm/replicas/vouched.py), or a replica that checks its re-driven
+        # state against it finds it "differs" and downloads the stage's state again, and again
+        self.before: Callable[[int, int], Awaitable[None]] | None = None
 
     # ------------------------------------------------------------------ every replica
     async def on_command(self, cmd: Command) -> CommandReply:
@@ -117,7 +121,7 @@ class Rollback:
         log.warning("stage%s %s came back at step %d (restored from a snapshot), behind the swarm's step %d: every "
                     "stage rolls back to step %d and steps %d-%d are driven again", _s(behind), _list(behind), target,
                     step, target, target + 1, step)
-        return await self._roll_back(driver, members, target, 0)
+        return await self._roll_back(driver, members, target, 0, step)
 
     async def ordered(self, driver) -> bool:
         """Carry out the rollback the swarm key's lease orders, if this head has not seen it done; True
@@ -144,11 +148,13 @@ class Rollback:
             return False
         log.warning("%s: every stage rolls back to step %d and steps %d-%d are driven again on the run's data",
                     _why(order), order.to, order.to + 1, step)
-        return await self._roll_back(driver, members, order.to, order.id)
+        return await self._roll_back(driver, members, order.to, order.id, step)
 
-    async def _roll_back(self, driver, members: dict[str, int], target: int, number: int) -> bool:
-        """Send "rollback to `target`" to every peer (`number`: an order's, 0 for a realign); True if
-        this head rolled back."""
+    async def _roll_back(self, driver, members: dict[str, int], target: int, number: int, step: int) -> bool:
+        """Send "rollback to `target`" to every peer (`number`: an order's, 0 for a realign; `step`: the
+        swarm's); True if this head rolled back."""
+        if self.before is not None:
+            await self.before(target, step)
         if driver._applying is not None:  # its retries of an abandoned step must not reach the re-driven one
             driver._applying.cancel()
         replies = await driver._broadcast(members, "rollback", target, number)

@@ -13,7 +13,10 @@ deadline under load, a stall) hears a reduce or apply of a later step. Nothing w
 level: the leader commands only replicas at the step, so it would stand by for ever, its GPU idle
 and its stage one replica short. Unless it gets level by itself (the apply of the step before may
 be on its way; a joiner applies its donor's forwarded sums), with no `grace` seconds passing
-without a step applied, it downloads the stage's state again.
+without a step applied, it downloads the stage's state again. Two steps or more behind, with no donor whose
+forwarded sums it follows, nothing can bring it level by itself: it waits only `LEFT_BEHIND_S`. A standby
+head that started from the seed as the swarm took its first step (churn smoke, CI) waited the whole grace,
+the only up-to-date replica of its stage died meanwhile, and the swarm rolled back to step 0.
 """
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ log = logging.getLogger(__name__)
 CHECK_EVERY = 10  # steps between a replica's checks of its own state hash, after the first
 WAIT_S = 60.0  # how long a check waits for the record of its step (it comes through the coordinator)
 BEHIND_GRACE_S = 10.0  # how long a replica told of a later step waits to get level by itself
+LEFT_BEHIND_S = 1.0  # the same for a replica 2+ steps behind that follows no donor: no apply is on its way
 
 
 class OwnStateCheck:
@@ -98,7 +102,8 @@ class BehindCheck:
     async def _catch_up(self, swarm_step: int) -> None:
         runner = self.peer.runner
         try:
-            deadline, seen = time.monotonic() + self.grace, runner.step
+            alone = swarm_step - runner.step >= 2 and self.peer.follower.donor is None
+            deadline, seen = time.monotonic() + (min(self.grace, LEFT_BEHIND_S) if alone else self.grace), runner.step
             while runner.step < swarm_step and time.monotonic() < deadline:
                 await asyncio.sleep(0.1)  # the apply of the step before may still be on its way here
                 if runner.step != seen:  # getting level by itself (a joiner follows its donor)

@@ -27,12 +27,10 @@ from peer.step.driver import StepLog
 from protocol.boundary_sig import MAX_OVERHEAD
 from protocol.spec import RunSpec
 from protocol.state_wire import STATE_CHUNK_BYTES
-from protocol.step_record import WorkRecord
 from protocol.wire import (
     KIND_ACTIVATION,
     KIND_BASIS,
     KIND_CONTROL,
-    KIND_DATA_REPORT,
     KIND_FOLLOW,
     KIND_GRADIENT,
     KIND_REDUCE,
@@ -55,6 +53,7 @@ from .placement import HOLD_S, Rebalancer
 from .router import Router
 from .state_source import StateSource
 from .vouched import vouched_hashes, vouched_states
+from .work_records import WorkRecords
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +153,6 @@ class ReplicaService:
         self.peer: StagePeer | None = None
         self.sync: BasisSync | None = None
         self._saving: asyncio.Task | None = None
-        self._vouched_step = 0  # the newest snapshot step this head sent the coordinator
         # the hold starts now. No liveness probe here: a live peer whose uplink is busy (a snapshot over
         # 1 Mbit/s) can miss one, and a stage that looks empty draws a peer away at once
         # it counts the peers the leader's apply names, not the announced ones (placement.py)
@@ -192,12 +190,14 @@ class ReplicaService:
         self.own_check = OwnStateCheck(peer, states, self._resync, ctx.report)
         peer.commit.hasher.on_hashed.append(lambda state: self.own_check.after_step(state[0]))  # once its hash is in
         self.behind_check = BehindCheck(peer, self._resync, ctx.report)
+        records = WorkRecords(self.spec, ctx, sync, peer.daemon.spawn)  # to the coordinator, which vouches
         if peer.driver is not None:
-            peer.driver.on_committed = self._after_commit
-            peer.driver.votes.on_agreed = self._vouch_states
+            peer.driver.on_committed = records.after_commit
+            peer.driver.votes.on_agreed = records.vouch_states
+            peer.rollback.before = records.before_rollback
         if batches is not None:  # a head: it sums only with a leader whose step records its own data confirms
             peer.commit.check_record = StepRecordCheck(
-                self.spec.run_hash, self.spec.n_microbatches, batches, self._report_record,
+                self.spec.run_hash, self.spec.n_microbatches, batches, records.report_step_record,
                 on_bad=lambda r: ctx.report.write("bad_step_record", leader=r.leader, step=r.step + 1), me=ctx.peer_id)
         if ctx.on_stage_peer is not None:  # the peer wired, not yet started: what it changes holds from the start
             ctx.on_stage_peer(peer)
@@ -267,37 +267,6 @@ class ReplicaService:
         if self.ctx.checkpoint_dir and self.ctx.checkpoint_every and step % self.ctx.checkpoint_every == 0:
             if self._saving is None or self._saving.done():
                 self._saving = asyncio.create_task(self.save_checkpoint())
-
-    def _after_commit(self, steps: int, workers: dict[int, list[str]],
-                      snapshots: tuple[int, dict[int, str]] | None) -> None:
-        """After a re-fit step, tell the coordinator who did its work (only they vote in the re-fit), and
-        after every stage agreed on a newer snapshot, its hashes (the coordinator vouches for them)."""
-        refit = self.spec.refits_basis and steps % self.spec.basis_interval == 0
-        fresh = snapshots is not None and snapshots[0] > self._vouched_step
-        if (refit or fresh) and self.sync is not None:
-            at, hashes = snapshots if snapshots is not None else (0, {})
-            self._vouched_step = max(self._vouched_step, at)
-            record = sign_record(self.ctx.sdht.identity)(WorkRecord(self.spec.run_hash, steps, self.ctx.peer_id,
-                                                                    workers, snapshot_step=at, snapshots=hashes))
-            self.peer.daemon.spawn(self.sync.send_work(record.encode()))
-
-    def _vouch_states(self, steps: int, hashes: dict[int, str]) -> None:
-        """The leader's tally of the replicas' state hashes after `steps` steps (peer/checks/state_votes.py): to the
-        coordinator, which vouches for them."""
-        self.ctx.report.write("state_record", step=steps, hashes={str(s): h for s, h in hashes.items()})
-        record = sign_record(self.ctx.sdht.identity)(WorkRecord(self.spec.run_hash, steps, self.ctx.peer_id, {},
-                                                                state_step=steps, states=hashes))
-        if self.sync is not None:
-            self.peer.daemon.spawn(self.sync.send_work(record.encode()))
-
-    async def _report_record(self, record: bytes) -> None:
-        coordinator = self.spec.extra.get("coordinator_peer")
-        if not coordinator:
-            return
-        try:
-            await self.ctx.transport.request(coordinator, KIND_DATA_REPORT, record, timeout=30.0)
-        except Exception as e:  # the coordinator away: the standby heads still refuse that leader
-            log.warning("could not report the leader's step record to the coordinator: %s", e)
 
     async def save_checkpoint(self) -> None:
         """Snapshot on the worker thread (between two steps), write atomically off the event loop. A write

@@ -60,7 +60,11 @@ class SnapshotVouch:
         log.info("forgot the snapshots and states vouched for after step %d: those steps are driven again", step)
 
     async def on_record(self, record: WorkRecord) -> None:
-        """A verified work record from a lease holder: its snapshot hashes and its state hashes."""
+        """A verified work record from a lease holder: a rollback it is about to order, its snapshot hashes
+        and its state hashes."""
+        newest = max([*self.vouched.steps, *self.states.steps], default=0)
+        if 0 <= record.rolled_back_to < newest:  # the head rolls the swarm back: those steps are driven again
+            await self.forget_after(record.rolled_back_to)
         await self.take(record)
         await self.take_states(record)
 

@@ -34,6 +34,10 @@ from swarm.trust.identity import Identity
 from tests.e2e.conftest import wait_for_event
 from tests.swarm.test_health import record
 
+# one live swarm for the module, and the page tests read what the tests before them did to it (the forgeries, the
+# killed peer): one worker runs them all, in order (setup.cfg: --dist loadgroup)
+pytestmark = pytest.mark.xdist_group("dashboard")
+
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]

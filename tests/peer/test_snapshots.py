@@ -117,12 +117,19 @@ async def test_when_the_only_head_dies_a_new_head_restores_stage_0_and_rolls_the
         newcomer = await swarm.add(0, "s0new", announce="syncing")
         restored_at = await newcomer.restore()
         await newcomer.announce("online")
+        told = []
+
+        async def before(target: int, step: int) -> None:  # the coordinator hears first (swarm/replicas/vouched.py)
+            told.append((target, step, [swarm.peers[p].rollback.rollbacks for p in ("s1r0", "s2r0")]))
+        newcomer.rollback.before = before
         # behind the others (they may hold step 5 too), the new head still leads: it rolls them back first
         await asyncio.wait_for(newcomer.drive(STEPS, swarm.logs.append), 300)
         await swarm.applied()
     finally:
         await swarm.stop()
     assert restored_at == 4, f"restored from step {restored_at}"
+    # told before any replica rolled back: the swarm's step then, and the step it goes back to
+    assert len(told) == 1 and told[0][0] == 4 and told[0][1] in (5, 6) and told[0][2] == [0, 0], told
     # the new head was behind the swarm: it rolled every stage back to its step 4 before it led
     assert all(swarm.peers[p].rollback.rollbacks == 1 for p in ("s1r0", "s2r0"))
     numbers = [log.step for log in swarm.logs]

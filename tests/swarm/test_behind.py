@@ -127,3 +127,34 @@ async def test_a_replica_behind_with_no_other_replica_restores_the_stage_and_one
     calls.clear()
     await source_with(["donor"], True).resync()
     assert calls == [("download", ["donor"]), ("announce", "online")]
+
+
+async def test_a_replica_two_steps_behind_with_no_donor_downloads_at_once_and_one_following_a_donor_waits():
+    """Two steps behind, nothing brings a replica level by itself unless it follows a donor's forwarded sums:
+    it does not wait the grace (a standby head that started from the seed as the swarm took its first step
+    waited 10 s in the churn smoke, the stage's only other replica died meanwhile, and the swarm rolled back)."""
+    resynced: dict[str, float] = {}
+
+    def check_of(name: str, donor: str | None, step: int) -> BehindCheck:
+        async def resync(swarm_step: int) -> None:
+            resynced[name] = time.monotonic() - start
+        tasks: list = []
+        runner = SimpleNamespace(step=step, stage=1)
+        peer = SimpleNamespace(runner=runner, follower=SimpleNamespace(donor=donor),
+                               daemon=SimpleNamespace(spawn=lambda c: tasks.append(asyncio.ensure_future(c))))
+        check = BehindCheck(peer, resync, Report(), grace=30.0)
+        check.tasks = tasks  # kept: a task nobody holds may be collected
+        return check
+    alone, following, one_behind = check_of("alone", None, 2), check_of("following", "donor", 2), \
+        check_of("one behind", None, 3)
+    start = time.monotonic()
+    for check in (alone, following, one_behind):
+        check.behind(4)  # a command of step 5 (0-based 4): 2, 2 and 1 steps past them
+    deadline = time.monotonic() + 20
+    while "alone" not in resynced and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)  # poll: it downloads after LEFT_BEHIND_S, far within the 30 s grace
+    assert "alone" in resynced and resynced["alone"] < 20
+    assert "following" not in resynced and "one behind" not in resynced  # their applies may be on the way
+    for check in (alone, following, one_behind):
+        for task in check.tasks:
+            task.cancel()

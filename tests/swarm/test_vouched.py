@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from protocol.step_record import WorkRecord
+from protocol.wire import WireError
 from swarm.dht import RecordError, VouchedSnapshots
 from swarm.replicas.vouched import KEEP_STATES, SnapshotVouch, vouched_hashes, vouched_states
 from tests.swarm.test_dht import eventually, swarm  # noqa: F401  (the fixture: two real DHT nodes)
@@ -66,6 +67,30 @@ async def test_the_coordinator_vouches_for_each_newer_steps_state_hashes_and_kee
                                      snapshots={0: sha(1), 1: sha(2), 2: sha(3)}, state_step=later,
                                      states={0: sha(4)}))
     assert dht.records[-1].steps[later + 2][2] == sha(3) and dht.states[-1].steps[later] == {0: sha(4)}  # one record
+
+
+async def test_a_head_about_to_roll_back_makes_the_coordinator_forget_the_undone_steps_and_vouch_them_anew():
+    """Issue 56, item 4: re-driven steps need not be the same bits (another split of the microbatches
+    among heads), so the hashes of the first drive must go before any replica checks against them."""
+    dht = Stored()
+    vouch = SnapshotVouch(dht, RUN, n_stages=2)
+    for step in range(1, 13):
+        assert await vouch.take_states(states(step, {0: sha(step), 1: sha(100 + step)}))
+    assert await vouch.take(record(6, {0: sha(6), 1: sha(106)}))
+    assert not await vouch.take_states(states(4, {0: sha(404), 1: sha(504)}))  # step 4 again, no rollback said
+    rollback = WorkRecord(RUN, 12, "leader", {}, rolled_back_to=3)
+    assert WorkRecord.decode(rollback.encode(), RUN, 2).rolled_back_to == 3
+    assert WorkRecord.decode(states(12, {0: sha(1)}).encode(), RUN, 2).rolled_back_to == -1
+    assert rollback.signing_bytes() != WorkRecord(RUN, 12, "leader", {}, rolled_back_to=0).signing_bytes()
+    await vouch.on_record(rollback)
+    assert sorted(dht.states[-1].steps) == [1, 2, 3] and dht.records[-1].steps == {}
+    await vouch.on_record(states(4, {0: sha(404), 1: sha(504)}))  # step 4 driven again: other bits, vouched
+    assert dht.states[-1].steps[4] == {0: sha(404), 1: sha(504)}
+    published = len(dht.states)
+    await vouch.on_record(WorkRecord(RUN, 12, "leader", {}, rolled_back_to=5))  # nothing vouched after 5: no-op
+    assert len(dht.states) == published
+    with pytest.raises(WireError):  # a rollback goes back: never to the record's own step or past it
+        WorkRecord.decode(WorkRecord(RUN, 12, "leader", {}, rolled_back_to=12).encode(), RUN, 2)
 
 
 @pytest.mark.e2e

@@ -1,0 +1,70 @@
+"""`WorkRecords`: what a leading head tells the coordinator, each as a `WorkRecord` signed with its
+libp2p identity (`protocol/step_record.py`): who did a re-fit step's work, the snapshot hashes every
+stage agreed on, the state hashes after each step, and a rollback it is about to order. The
+coordinator takes them only from a head its lease names (`swarm/basis/refit.py`) and vouches for
+the hashes under the swarm key (`swarm/replicas/vouched.py`). A standby head's report of a leader's
+step record that its own data contradicts goes the same way (`report_step_record`).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Coroutine
+
+from protocol.spec import RunSpec
+from protocol.step_record import WorkRecord
+from protocol.wire import KIND_DATA_REPORT
+from swarm.basis import BasisSync
+from swarm.trust.signed_records import sign_record
+
+log = logging.getLogger(__name__)
+
+ROLLBACK_WAIT_S = 10.0  # how long a head waits for the coordinator to forget the undone steps' hashes
+
+
+class WorkRecords:
+    def __init__(self, spec: RunSpec, ctx, sync: BasisSync, spawn: Callable[[Coroutine], object]) -> None:
+        """`ctx`: the `ReplicaContext` (identity, peer id, transport, report); `spawn`: the daemon's, for sends
+        nobody waits on."""
+        self.spec, self.ctx, self.sync, self.spawn = spec, ctx, sync, spawn
+        self.sign = sign_record(ctx.sdht.identity)
+        self.vouched_step = 0  # the newest snapshot step this head sent the coordinator
+
+    def after_commit(self, steps: int, workers: dict[int, list[str]],
+                     snapshots: tuple[int, dict[int, str]] | None) -> None:
+        """After a re-fit step, who did its work (only they vote in the re-fit), and after every stage agreed on
+        a newer snapshot, its hashes."""
+        if steps <= self.vouched_step:  # the swarm rolled back: the snapshots of the steps driven again are new
+            self.vouched_step = 0
+        refit = self.spec.refits_basis and steps % self.spec.basis_interval == 0
+        fresh = snapshots is not None and snapshots[0] > self.vouched_step
+        if refit or fresh:
+            at, hashes = snapshots if snapshots is not None else (0, {})
+            self.vouched_step = max(self.vouched_step, at)
+            record = WorkRecord(self.spec.run_hash, steps, self.ctx.peer_id, workers, snapshot_step=at,
+                                snapshots=hashes)
+            self.spawn(self.sync.send_work(self.sign(record).encode()))
+
+    def vouch_states(self, steps: int, hashes: dict[int, str]) -> None:
+        """The leader's tally of the replicas' state hashes after `steps` steps (peer/checks/state_votes.py)."""
+        self.ctx.report.write("state_record", step=steps, hashes={str(s): h for s, h in hashes.items()})
+        record = WorkRecord(self.spec.run_hash, steps, self.ctx.peer_id, {}, state_step=steps, states=hashes)
+        self.spawn(self.sync.send_work(self.sign(record).encode()))
+
+    async def before_rollback(self, target: int, steps: int) -> None:
+        """The swarm rolls back from `steps` to `target`: the coordinator forgets the hashes it vouched for after
+        `target` before any replica re-drives a step and checks its state against them. A coordinator away: the
+        rollback goes on, and a replica's check of a re-driven step may find it differs (it downloads again)."""
+        record = WorkRecord(self.spec.run_hash, steps, self.ctx.peer_id, {}, rolled_back_to=target)
+        send = asyncio.ensure_future(self.sync.send_work(self.sign(record).encode()))
+        await asyncio.wait({send}, timeout=ROLLBACK_WAIT_S)
+
+    async def report_step_record(self, record: bytes) -> None:
+        """A leader's step record that this head's data contradicts: the proof, to the coordinator."""
+        coordinator = self.spec.extra.get("coordinator_peer")
+        if not coordinator:
+            return
+        try:
+            await self.ctx.transport.request(coordinator, KIND_DATA_REPORT, record, timeout=30.0)
+        except Exception as e:  # the coordinator away: the standby heads still refuse that leader
+            log.warning("could not report the leader's step record to the coordinator: %s", e)
