@@ -7,6 +7,7 @@
     swarm status       a table of a swarm's stages and peers
     swarm identity     make or read a libp2p identity file, print its peer id
     swarm admit        sign a ticket that admits one peer to a private swarm
+    swarm unban        lift peers' bans for the run (the swarm key's holder)
     swarm bench        benchmarks that write JSON and a PNG
     swarm export       a trained model as our model.safetensors or a Hugging Face folder
     swarm eval         an exported model's held-out loss and perplexity
@@ -186,6 +187,11 @@ def cmd_admit(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_unban(a: argparse.Namespace) -> int:
+    from swarm.unban_command import UnbanOptions, unban
+    return _run_async(lambda: unban(from_args(UnbanOptions, a)))
+
+
 def cmd_export(a: argparse.Namespace) -> int:
     from swarm.export.exporter import ExportOptions, run_export
     files = run_export(from_args(ExportOptions, a))  # a missing extra: one sentence, exit 1
@@ -292,6 +298,16 @@ def build_parser() -> argparse.ArgumentParser:
                         "swarm started with `swarm coordinator --private --key FILE`. No server is involved.")
     add_options(ad, AdmitOptions)
     ad.set_defaults(func=cmd_admit)
+
+    from swarm.unban_command import UnbanOptions
+    un = sub.add_parser("unban", help="lift peers' bans for the run (the swarm key's holder)",
+                        description="Lift the ban of each PEER for the run: the leading head banned it (it convicted "
+                        "its work: false, withheld or too slow; `swarm status` lists bans with the reason). Signed "
+                        "with the swarm key and stored in the DHT, every peer reads it within seconds; then start the "
+                        "peer again with the same --identity. A later conviction bans it again.")
+    un.add_argument("peers", nargs="+", metavar="PEER", help="the banned peer's id, as `swarm status` lists it")
+    add_options(un, UnbanOptions)
+    un.set_defaults(func=cmd_unban)
 
     register_bench(sub)
     register_data(sub)

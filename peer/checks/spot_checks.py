@@ -63,7 +63,7 @@ UNCHECKED = "unchecked: "  # a check that found nothing either way
 
 
 class SpotChecks:
-    def __init__(self, run_hash: str, n_stages: int, rate: float, send: Send, ban: Callable[[str], None],
+    def __init__(self, run_hash: str, n_stages: int, rate: float, send: Send, ban: Callable[[str, str], None],
                  exact: bool = True, rng: random.Random | None = None, leader: str = "",
                  check_timeout: float | None = None, verify: Verify | None = None) -> None:
         self.run_hash, self.n_stages, self.rate, self.exact = run_hash, n_stages, rate, exact
@@ -240,6 +240,15 @@ class SpotChecks:
         log.warning("replica %s is banned for the run: %s", peer[-8:], why)
         raise AttemptFailed(f"replica {peer[-8:]} was caught: {why}")
 
+    def pardon(self, peer: str) -> None:
+        """The swarm key lifted `peer`'s ban (`swarm unban`): later aborts no longer name it, and its checks
+        start afresh."""
+        if peer in self.convicted:
+            log.info("replica %s's ban is lifted by the swarm's operator: it may take part again", peer[-8:])
+        self.convicted = [p for p in self.convicted if p != peer]
+        self.reasons.pop(peer, None)
+        self._unchecked.pop(peer, None)
+
     def _dispute(self, step: int, stage: int, a: str, b: str, why: str) -> None:
         """Item 3: `a` and `b`, the only two replicas of `stage`, disagree (at `step`, `b` said `a`'s share was
         false; -1: another kind of disagreement). Nobody is banned; the step waits for a third replica."""
@@ -254,4 +263,4 @@ class SpotChecks:
         if peer not in self.convicted:
             self.convicted = (self.convicted + [peer])[-64:]
             self.reasons = {p: self.reasons.get(p, why) for p in self.convicted}
-            self.ban(peer)
+            self.ban(peer, why)

@@ -106,7 +106,7 @@ class PeerDirectory(Protocol):
         numbers no honest peer sends: a retry would only meet it again)."""
         ...
 
-    def ban(self, peer: str) -> None:
+    def ban(self, peer: str, why: str = "") -> None:
         """`peer` was caught passing off other numbers as its work (peer/checks/spot_checks.py): never pick
         it, list it or take its messages again in this run."""
         ...

@@ -120,7 +120,7 @@ class LoopbackDirectory:
     def report_failure(self, peer: str, bad_data: bool = False) -> None:
         pass
 
-    def ban(self, peer: str) -> None:
+    def ban(self, peer: str, why: str = "") -> None:
         self.banned.add(peer)
 
     async def lease_order(self, fresh: bool = False) -> list[str] | None:

@@ -37,7 +37,8 @@ before its records expire) and serves, with aiohttp, everything from this packag
                        ("offline": missed two probes in a row, or no live record now; such a
                         row is listed for 60 s (presence.OFFLINE_KEEP_S) after the peer went
                         offline; "unannounced": a health record without a stage announcement)
-    banned             [{peer_id, failures, reported_by: [peer ids]}] from the peers' routers
+    banned             [{peer_id, failures, reported_by: [peer ids], for_run (banned for the run, listed first),
+                         reason (the leader's, or null)}] from the peers' routers and health records
                        (banned, wire, basis and series use announced peers' records only)
     wire               {forward_bytes_per_token, backward_bytes_per_token,
                         dense_bytes_per_token, compression_ratio (dense / forward),

@@ -257,11 +257,19 @@ class DashboardState:
                 entry = banned.setdefault(peer, {"peer_id": peer, "failures": 0, "reported_by": []})
                 entry["failures"] = max(entry["failures"], failures)
                 entry["reported_by"].append(r.peer_id)
+        for r in records:  # banned for the run: the reason where a peer (the leader) gives one
+            for peer, why in r.run_bans.items():
+                entry = banned.setdefault(peer, {"peer_id": peer, "failures": 0, "reported_by": []})
+                entry["for_run"] = True
+                entry["reason"] = entry.get("reason") or why or None
+                if r.peer_id not in entry["reported_by"]:
+                    entry["reported_by"].append(r.peer_id)
 
         self._extend_series(spec, records)
         snapshot = {
             "updated": time.time(), "error": None, "run": _run_summary(spec, self._fingerprint),
-            "stages": stages, "peers": peers, "banned": sorted(banned.values(), key=lambda b: -b["failures"]),
+            "stages": stages, "peers": peers,
+            "banned": sorted(banned.values(), key=lambda b: (not b.get("for_run"), -b["failures"])),
             "wire": wire, "basis": basis,
             "series": {"loss": self._loss.to_json(), "tokens_per_s": self._speed.to_json()},
             "invalid_records": book.invalid, "problems": list(book.problems),

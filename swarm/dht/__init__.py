@@ -20,6 +20,7 @@ from .records import (
                       RUN_SPEC_DOMAIN,
                       STATES,
                       LeaderLease,
+                      Pardons,
                       RecordError,
                       SignedRunSpec,
                       StageAnnouncement,
@@ -29,6 +30,7 @@ from .records import (
                       health_key,
                       kind_of,
                       lease_key,
+                      pardons_key,
                       run_hash_of,
                       snapshots_key,
                       stage_key,
@@ -38,8 +40,9 @@ from .store import SwarmDHT
 from .validator import SwarmRecordValidator, refused_records, set_policy
 
 __all__ = [
-    "CLOCK_SKEW_S", "KEY_KINDS", "RUN_KEY", "RUN_SPEC_DOMAIN", "STATES", "Envelope", "LeaderLease", "RecordError",
-    "SignedRunSpec", "StageAnnouncement", "SwarmDHT", "SwarmRecordValidator", "basis_key", "basis_subkey",
-    "check_envelope", "close_node", "health_key", "kind_of", "lease_key", "refused_records", "run_hash_of",
-    "set_policy", "snapshots_key", "stage_key", "states_key", "start_dht", "stop_dht", "VouchedSnapshots",
+    "CLOCK_SKEW_S", "KEY_KINDS", "RUN_KEY", "RUN_SPEC_DOMAIN", "STATES", "Envelope", "LeaderLease", "Pardons",
+    "RecordError", "SignedRunSpec", "StageAnnouncement", "SwarmDHT", "SwarmRecordValidator", "basis_key",
+    "basis_subkey", "check_envelope", "close_node", "health_key", "kind_of", "lease_key", "pardons_key",
+    "refused_records", "run_hash_of", "set_policy", "snapshots_key", "stage_key", "states_key", "start_dht",
+    "stop_dht", "VouchedSnapshots",
 ]

@@ -143,7 +143,7 @@ def check_envelope(env: Envelope, now: float, policy: AdmissionPolicy | None = N
     raw = ed25519_public_key(env.signer)
     _require(raw is not None, f"the {kind.name} record is not signed by an Ed25519 swarm key.")
     fingerprint = fingerprint_of(raw)
-    if kind.name in ("run", "lease", "snapshots", "states"):
+    if kind.name in ("run", "lease", "snapshots", "states", "pardons"):
         _require(env.subkey == fingerprint, f"the {kind.name} record is filed under another key's fingerprint.")
     else:
         parsed = parse_basis_subkey(env.subkey)

@@ -90,6 +90,11 @@ def states_key(run_hash: str) -> str:
     return f"subspace-swarm/{run_hash}/states"
 
 
+def pardons_key(run_hash: str) -> str:
+    """Where the swarm key lifts bans (`Pardons`: `swarm unban`)."""
+    return f"subspace-swarm/{run_hash}/pardons"
+
+
 def basis_subkey(version: int, fingerprint: str) -> str:
     return f"{int(version)}:{fingerprint}"
 
@@ -119,6 +124,7 @@ KEY_KINDS = (
     KeyKind("lease", rf"subspace-swarm/{_RUN}/lease", 86400.0, "swarm"),
     KeyKind("snapshots", rf"subspace-swarm/{_RUN}/snapshots", 86400.0, "swarm"),
     KeyKind("states", rf"subspace-swarm/{_RUN}/states", 86400.0, "swarm"),
+    KeyKind("pardons", rf"subspace-swarm/{_RUN}/pardons", 86400.0, "swarm"),
 )
 
 
@@ -325,3 +331,31 @@ class VouchedSnapshots:
     @classmethod
     def from_record(cls, record: object) -> VouchedSnapshots:
         return cls(**_from_dict(cls, record, "vouched snapshots"))
+
+
+_MAX_PARDONS = 1024
+
+
+@dataclass
+class Pardons:
+    """Bans the swarm key lifted (`swarm unban`): peer id -> the unix time of its pardon. A peer's ban for the run
+    (a conviction of the leading head, `peer/checks/spot_checks.py`) or a head's revoked lease told before that time
+    no longer holds; a conviction after it does (`swarm/replicas/router.py`). Only the swarm key signs one."""
+
+    run_hash: str
+    peers: dict[str, float]
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.run_hash, str) and 0 < len(self.run_hash) <= 128, "run_hash must be a short string.")
+        _require(isinstance(self.peers, dict) and len(self.peers) <= _MAX_PARDONS
+                 and all(isinstance(p, str) and 0 < len(p) <= 128 and isinstance(t, (int, float))
+                         and not isinstance(t, bool) and math.isfinite(t) for p, t in self.peers.items()),
+                 f"peers must map at most {_MAX_PARDONS} peer ids to the time of their pardon.")
+        self.peers = {p: float(t) for p, t in self.peers.items()}
+
+    def to_record(self) -> dict:
+        return {"run_hash": self.run_hash, "peers": dict(self.peers)}
+
+    @classmethod
+    def from_record(cls, record: object) -> Pardons:
+        return cls(**_from_dict(cls, record, "pardons"))

@@ -39,6 +39,7 @@ from .network_cap import cap_per_network
 from .records import (
     RUN_KEY,
     LeaderLease,
+    Pardons,
     RecordError,
     SignedRunSpec,
     StageAnnouncement,
@@ -48,6 +49,7 @@ from .records import (
     basis_subkey,
     kind_of,
     lease_key,
+    pardons_key,
     parse_basis_subkey,
     snapshots_key,
     stage_key,
@@ -350,6 +352,17 @@ class SwarmDHT:
         """The snapshot (or state) hashes the adopted spec's coordinator key vouches for (None: none yet)."""
         return await self._swarm_record((states_key if states else snapshots_key)(run_hash), VouchedSnapshots,
                                         run_hash)
+
+    async def publish_pardons(self, pardons: Pardons, ttl: float) -> bool:
+        """Store the bans the swarm key lifts (`swarm unban`; only the swarm key's holder)."""
+        if self.swarm_key is None:
+            raise RuntimeError("only the swarm key's holder lifts bans: this SwarmDHT holds no swarm key.")
+        return await self._store(pardons_key(pardons.run_hash), self.swarm_key.fingerprint(), pardons.to_record(), ttl,
+                                 Identity.of_key(self.swarm_key))
+
+    async def fetch_pardons(self, run_hash: str) -> Pardons | None:
+        """The bans the adopted spec's coordinator key lifted (None: none)."""
+        return await self._swarm_record(pardons_key(run_hash), Pardons, run_hash)
 
     async def _swarm_record(self, key: str, cls, run_hash: str):
         """The one record of `cls` under `key` filed by the adopted spec's coordinator key, or None."""

@@ -85,6 +85,9 @@ class HealthRecord:
     sync_steps: int = 0
     timestamp: float = field(default_factory=get_dht_time)
     checkpoint_error: str = ""  # the last failed checkpoint write, one sentence ("": none; older peers omit it)
+    # peers banned for the run (the leading head's convictions, less the swarm key's pardons) -> why ("": not told;
+    # the leader knows): what `swarm status` and the dashboard list
+    run_bans: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name in ("peer_id", "run_hash", "codec", "device", "version"):
@@ -116,6 +119,10 @@ class HealthRecord:
                 and all(isinstance(k, str) and 0 < len(k) <= _MAX_TEXT and _is_int(v) and v > 0
                         for k, v in self.banned.items())):
             _fail(f"the health record's banned must map at most {MAX_BANNED} peer ids to failure counts.")
+        if not (isinstance(self.run_bans, dict) and len(self.run_bans) <= MAX_BANNED
+                and all(isinstance(k, str) and 0 < len(k) <= _MAX_TEXT and isinstance(v, str) and len(v) <= _MAX_TEXT
+                        for k, v in self.run_bans.items())):
+            _fail(f"the health record's run_bans must map at most {MAX_BANNED} peer ids to a reason.")
         if not (isinstance(self.loss_history, (list, tuple)) and len(self.loss_history) <= MAX_HISTORY
                 and all(isinstance(p, (list, tuple)) and len(p) == 3 and _is_int(p[0]) and p[0] >= 0
                         and _is_finite(p[1]) and _is_finite(p[2]) for p in self.loss_history)):

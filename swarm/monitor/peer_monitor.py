@@ -37,6 +37,7 @@ from .scalars import ScalarLog
 
 log = logging.getLogger(__name__)
 
+_MAX_REASON = 512  # characters of a ban's reason in the health record
 STEP_POLL_S = 0.1  # how often a tail looks at its step counter (steps take >= ~0.1 s even on tiny models)
 
 
@@ -44,6 +45,8 @@ class BanBook(Protocol):
     """What the monitor reads of the peer's router (`swarm/replicas/router.py`, a room above this one)."""
 
     def banned_peers(self) -> dict[str, int]: ...
+
+    def run_bans_listed(self) -> dict[str, str]: ...
 
 
 @dataclass
@@ -215,6 +218,8 @@ class PeerMonitor:
             refused=d.refused, banned=banned, sync_bytes_out=t.bytes_sent(KIND_REDUCE),
             sync_steps=p.commit.synced_steps if p.commit is not None else 0,
             checkpoint_error=self.checkpoint_error[:4 * 128],
+            run_bans={peer: why[:_MAX_REASON] for peer, why in list(p.router.run_bans_listed().items())[:MAX_BANNED]
+                      if 0 < len(peer) <= 128},
         )
 
     async def publish(self, ttl: float) -> bool:

@@ -25,7 +25,8 @@ from .liveness import LivenessProbe
 
 async def swarm_state(initial_peers: list[str]) -> dict:
     """The run spec and every live announcement, each with whether its peer answers, and the heads
-    whose lease the swarm key revoked (with the rollback it ordered, if any), as plain data."""
+    whose lease the swarm key revoked (with the rollback it ordered, if any), and the peers banned for the run
+    (with the reason the leader gives), as plain data."""
     dht = await asyncio.to_thread(start_dht, initial_peers, ["/ip4/127.0.0.1/tcp/0"], None, True)
     p2p = None
     try:
@@ -40,7 +41,7 @@ async def swarm_state(initial_peers: list[str]) -> dict:
         p2p = await dht.replicate_p2p()
         answers = await LivenessProbe(p2p).probe_all(spec.run_hash, sorted({a.peer_id for s in peers.values()
                                                                            for a in s}))
-        peaks = await _peak_memory(sdht, spec)
+        peaks, bans = await _health(sdht, spec, {a.peer_id for s in peers.values() for a in s})
         try:
             lease = await sdht.fetch_lease(spec.run_hash)  # only the swarm key's counts
         except Exception:  # a DHT hiccup: the table without the lease's news
@@ -59,6 +60,7 @@ async def swarm_state(initial_peers: list[str]) -> dict:
             "stages": stages,
             "paused": {s: why for s in range(spec.n_stages)
                        if (why := uncovered_reason(s, [p["state"] for p in stages.get(s, [])]))},
+            "bans": bans,
             "revoked": [] if lease is None else [
                 {"head": p, "rollback_to": lease.rollback_to if lease.rollback_id and p == lease.rollback_of else None,
                  "caught": lease.rollback_caught if p == lease.rollback_of else None} for p in lease.revoked],
@@ -67,16 +69,25 @@ async def swarm_state(initial_peers: list[str]) -> dict:
         await close_node(dht, p2p)
 
 
-async def _peak_memory(sdht: SwarmDHT, spec: RunSpec) -> dict[str, int]:
-    """Peer id -> the peak memory its valid health record states."""
-    out = {}
+async def _health(sdht: SwarmDHT, spec: RunSpec, announced: set[str]) -> tuple[dict[str, int], list[dict]]:
+    """From the valid health records: peer id -> its peak memory, and the peers banned for the run with the
+    reason (the leading head's) and who reports each; only announced peers' reports count (anyone may store a
+    record under a fresh id, but not announce a stage in its run without being in it)."""
+    peaks, bans = {}, {}
     policy = AdmissionPolicy.for_spec(spec)
     for subkey, value, expires in await fetch_health(sdht, spec.run_hash):
         try:
-            out[str(subkey)] = parse_health(subkey, value, expires, policy).record.peak_memory_bytes
+            record = parse_health(subkey, value, expires, policy).record
         except RecordError:
             continue  # not a peer's valid record: nothing to show
-    return out
+        peaks[str(subkey)] = record.peak_memory_bytes
+        if record.peer_id not in announced:
+            continue
+        for peer, why in record.run_bans.items():
+            ban = bans.setdefault(peer, {"peer": peer, "reason": "", "reported_by": []})
+            ban["reason"] = ban["reason"] or why
+            ban["reported_by"].append(record.peer_id)
+    return peaks, sorted(bans.values(), key=lambda b: b["peer"])
 
 
 def _gib(n: int | None) -> str:
@@ -121,6 +132,10 @@ def format_table(state: dict) -> str:
         else:
             lines.append(f"{head}; no rollback is ordered for it (no snapshot from before it led): the steps it "
                          f"drove stay applied (the coordinator's log names them).")
+    for b in state.get("bans", []):
+        lines.append(f"banned for the run: …{b['peer'][-10:]}: {b['reason'] or 'convicted by the leading head'} "
+                     f"(reported by {len(b['reported_by'])} peer{'s' if len(b['reported_by']) > 1 else ''}; "
+                     f"`swarm unban {b['peer']}` lifts it)")
     if silent:
         lines.append(f"offline (did not answer a probe: stopped, or unreachable from here): {', '.join(silent)}; "
                      f"a stopped peer's announcement lives on until its ttl.")

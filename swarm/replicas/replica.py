@@ -103,13 +103,14 @@ def ban_message(why: str, floor_bps: float) -> str:
         return said + (f"This peer's uplink is slower than the swarm waits for ({floor_bps / 1e6:g} Mbit/s, its run "
                        "spec's slowest uplink): join from a faster connection, or a swarm whose coordinator sets a "
                        "lower --slowest-uplink. This peer id stays banned in this run, so start it with a new one "
-                       "(swarm peer --identity NEW_FILE).")
+                       "(swarm peer --identity NEW_FILE), or ask the swarm's operator to lift the ban (swarm unban).")
     if BY_SIGNATURE in why:
         return said + ("Its reports of the boundary messages it sent or took contradict what their senders signed: "
                        "that is a modified peer; run the released `swarm peer` (with a new --identity: this id stays "
                        "banned in this run).")
     return said + ("If its work was recomputed to other numbers, that is tampering, or a GPU, driver or overclock that "
-                   "computes wrongly: check the card (swarm bench share-tolerance) before joining again.")
+                   "computes wrongly: check the card (swarm bench share-tolerance), then ask the swarm's operator to "
+                   "lift the ban (swarm unban PEER_ID) and start it again with the same --identity.")
 
 
 @dataclass
@@ -195,6 +196,8 @@ class ReplicaService:
             peer.driver.on_committed = records.after_commit
             peer.driver.votes.on_agreed = records.vouch_states
             peer.rollback.before = records.before_rollback
+        # a ban the swarm key lifts (`swarm unban`): this head, if it leads, no longer names the peer in its aborts
+        ctx.router.run_bans.on_pardon[:] = [peer.driver.spot.pardon] if peer.driver is not None else []
         if batches is not None:  # a head: it sums only with a leader whose step records its own data confirms
             peer.commit.check_record = StepRecordCheck(
                 self.spec.run_hash, self.spec.n_microbatches, batches, records.report_step_record,

@@ -59,11 +59,14 @@ from peer.daemon.interfaces import LinkError, PeerInfo, PeerStatus, RollbackOrde
 from swarm import __version__
 from swarm.dht import LeaderLease, StageAnnouncement, SwarmDHT
 
+from .run_bans import RunBans
+
 log = logging.getLogger(__name__)
 
 LIVE_STATES = ("online", "paused")  # announced states of replicas that take microbatches and reduce
 RTT_DECAY = 0.7
 MAX_BAN_S = 600.0
+PARDONS_READ_S = 5.0  # a lifted ban holds this long at most after the swarm key's holder lifts it (`swarm unban`)
 # the leader lease read `fresh`, and a stage's announcements read `recent` (the leading head's `members`), at most
 # twice a second; a stage's announcements read `fresh` (a membership check) reach the DHT every time
 FRESH_READ_S = 0.5
@@ -95,7 +98,7 @@ class Router:
     clock: Callable[[], float] = time.monotonic
     _cache: dict[int, tuple[float, list[StageAnnouncement]]] = field(default_factory=dict)
     _bans: dict[str, _Ban] = field(default_factory=dict)
-    _run_bans: set[str] = field(default_factory=set)  # convicted by the leading head: banned for the run
+    run_bans: RunBans = field(default_factory=RunBans)  # convicted by the leading head, less the swarm key's pardons
     _rtt: dict[str, float] = field(default_factory=dict)
     _rtt_at: dict[str, float] = field(default_factory=dict)  # when each round trip was last measured
     _in_flight: dict[str, int] = field(default_factory=dict)
@@ -105,6 +108,7 @@ class Router:
     last_status: PeerStatus | None = None
     _lease: LeaderLease | None = None
     _lease_read: float = float("-inf")
+    _pardons_read: float = float("-inf")
     rng: random.Random | None = None  # draws among near ties; None: seeded from peer_id
 
     def __post_init__(self) -> None:
@@ -141,14 +145,13 @@ class Router:
 
     def _banned(self, peer: str, now: float) -> bool:
         ban = self._bans.get(peer)
-        return peer in self._run_bans or ban is not None and ban.until > now
+        return peer in self.run_bans or ban is not None and ban.until > now
 
-    def ban(self, peer: str) -> None:
+    def ban(self, peer: str, why: str = "") -> None:
         """Convicted by the leading head (peer/checks/spot_checks.py): banned for the run."""
-        if peer not in self._run_bans:
+        if self.run_bans.add(peer, why):
             log.warning("peer %s is banned for the run: the leading head convicted it (false or withheld work, or "
                         "slower than the swarm's slowest uplink: peer/checks/spot_checks.py)", peer[-8:])
-        self._run_bans.add(peer)
         self._cache.clear()
 
     def _revoked(self, peer: str) -> bool:
@@ -179,7 +182,21 @@ class Router:
                 if self._lease is None or found.order[:1] != self._lease.order[:1]:
                     log.info("leader lease, term %d: %s", found.term, ", ".join(p[-8:] for p in found.order))
                 self._lease = found
+            await self._read_pardons()
         return self._lease
+
+    async def _read_pardons(self) -> None:
+        """The bans the swarm key lifted (`swarm unban`), read with the lease, at most every `PARDONS_READ_S`."""
+        if self.clock() - self._pardons_read < PARDONS_READ_S:
+            return
+        self._pardons_read = self.clock()
+        try:
+            pardons = await self.dht.fetch_pardons(self.run_hash)
+        except Exception as e:  # a DHT hiccup, or no swarm key adopted: the next lease read retries
+            log.debug("could not read the pardons: %s", e)
+            return
+        if pardons is not None and self.run_bans.pardon(pardons.peers):
+            self._cache.clear()
 
     async def lease_order(self, fresh: bool = False) -> list[str] | None:
         if not self.dht.admission.policy.swarm_key:
@@ -275,6 +292,10 @@ class Router:
         self._bans[peer] = ban
         self._cache.clear()
         log.warning("peer %s failed; avoiding it for %.0f s", peer[-8:], ban.until - self.clock())
+
+    def run_bans_listed(self) -> dict[str, str]:
+        """Peers banned for the run -> why, where this peer knows (`RunBans.listed`)."""
+        return self.run_bans.listed()
 
     def banned_peers(self) -> dict[str, int]:
         """Peers this router saw fail -> their failure count, most failures first (for health reports)."""

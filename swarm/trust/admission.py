@@ -142,7 +142,7 @@ class AdmitOptions:
     state_dir: str | None = opt(None, f"the state folder of the default key (default: {WHERE})", metavar="DIR")
 
 
-_PEER_ID = re.compile(r"[1-9A-HJ-NP-Za-km-z]{32,128}")  # base58btc
+PEER_ID = re.compile(r"[1-9A-HJ-NP-Za-km-z]{32,128}")  # base58btc
 
 
 def issue_ticket(opts: AdmitOptions, now: float | None = None) -> Ticket:
@@ -150,7 +150,7 @@ def issue_ticket(opts: AdmitOptions, now: float | None = None) -> Ticket:
     key = opts.key or str(state_dir_path(opts.state_dir) / "swarm.key")
     if not os.path.isfile(key):
         raise ValueError(f"there is no swarm key at {key}; pass the file the coordinator runs with (--key).")
-    if not _PEER_ID.fullmatch(opts.peer_id):
+    if not PEER_ID.fullmatch(opts.peer_id):
         raise ValueError(f"--peer-id {opts.peer_id!r} is not a peer id; `swarm identity FILE` prints a peer's id.")
     seconds = parse_duration(opts.expires)
     expires = (time.time() if now is None else now) + seconds if seconds else 0.0

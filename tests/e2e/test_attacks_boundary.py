@@ -6,7 +6,8 @@ The liar is the FIRST replica of stage 1 (before, a sender/receiver disagreement
 this liar would have got the honest replica banned). It computes and sends honestly and misreports the
 digest of every activation it receives (`tests/doubles/misreporter.py`, a stock `swarm peer` with a hook).
 The leader bans it at its first lie and tells it why (it stops), no honest peer is banned, and the swarm
-goes on with the honest replica: the run equals the one-process oracle step for step."""
+goes on with the honest replica: the run equals the one-process oracle step for step. `swarm status` then
+lists the ban (item 3), from the health records of the peers still up."""
 from __future__ import annotations
 
 import asyncio
@@ -15,6 +16,7 @@ import time
 
 from protocol.spec import preset
 from swarm.local import LocalOptions, LocalSwarm
+from swarm.monitor.status import swarm_state
 from tests.doubles.misreporter import MODULE
 from tests.e2e.conftest import wait_for_event
 from tests.peer.swarm_in_memory import oracle
@@ -40,6 +42,11 @@ async def test_a_first_replica_that_misreports_what_it_received_is_banned_by_the
             await asyncio.sleep(0.5)
         records = swarm.step_events()[0]
         await asyncio.to_thread(swarm.wait_for_head)
+        # `swarm status` (its data) lists the ban, read from the health records of the peers still up
+        deadline = time.monotonic() + 60
+        while not (bans := (await swarm_state(swarm.maddrs)).get("bans")):
+            assert time.monotonic() < deadline, "no peer's health record lists the ban"
+            await asyncio.sleep(1.0)  # poll: a record is published every third of --ttl
     finally:
         await asyncio.to_thread(swarm.stop)
     head = (swarm.dir / "stage0.log").read_text()
@@ -47,6 +54,7 @@ async def test_a_first_replica_that_misreports_what_it_received_is_banned_by_the
     assert "is banned for the run: it reports microbatch" in head and "never signed" in head, head[-3000:]
     banned = set(re.findall(r"(?:replica|peer) (\S+) is banned for the run", head))
     assert len(banned) == 1, f"more than the liar was banned: {banned}"
+    assert [b["peer"][-8:] for b in bans] == [b[-8:] for b in banned] and bans[0]["reported_by"], bans
     assert "banned this peer for the run" in liar and "banned this peer" not in honest
     assert [r["step"] for r in records] == list(range(1, STEPS + 1))
     for step, (r, w) in enumerate(zip(records, await want), start=1):

@@ -86,7 +86,7 @@ async def test_a_lying_head_is_caught_and_the_run_equals_the_oracle(mode, oracle
     banned_at = []
     for p in swarm.peers.values():  # when each peer learns of a ban, in steps done
         ban = p.directory.ban
-        p.directory.ban = lambda who, ban=ban, name=p.peer_id: (banned_at.append((name, who, len(swarm.logs))),
+        p.directory.ban = lambda who, why="", ban=ban, name=p.peer_id: (banned_at.append((name, who, len(swarm.logs))),
                                                                ban(who))
     logs = await drive(swarm)
     want = oracle_runs.losses(spec, STEPS)

@@ -81,7 +81,7 @@ async def run_with_liar(replicas: list[int], liar_stage: int, liar_index: int, m
     banned_at = []
     for p in swarm.peers.values():  # when each honest peer learns of the ban, in steps done
         ban = p.directory.ban
-        p.directory.ban = lambda who, ban=ban, name=p.peer_id: (banned_at.append((name, who, len(swarm.logs))),
+        p.directory.ban = lambda who, why="", ban=ban, name=p.peer_id: (banned_at.append((name, who, len(swarm.logs))),
                                                                ban(who))
     logs = await drive(swarm)
     want = oracle_runs.losses(spec, STEPS)

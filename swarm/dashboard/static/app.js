@@ -170,8 +170,11 @@ function renderBanned(s) {
   const rows = s.banned.map((b) => {
     const tr = el("tr");
     tr.dataset.peer = b.peer_id;
-    tr.append(el("td", shortPeer(b.peer_id)), el("td", "failed requests; avoided by routers"),
-      el("td", num(b.failures), "num"), el("td", b.reported_by.map(shortPeer).join(", ")));
+    const why = b.for_run ? `banned for the run: ${b.reason || "convicted by the leading head"} (swarm unban lifts it)`
+      : "failed requests; avoided by routers";
+    if (b.for_run) tr.className = "run-ban";
+    tr.append(el("td", shortPeer(b.peer_id)), el("td", why),
+      el("td", b.failures ? num(b.failures) : "–", "num"), el("td", b.reported_by.map(shortPeer).join(", ")));
     return tr;
   });
   for (const p of s.peers.filter((p) => p.state === "offline")) {
