@@ -4,10 +4,13 @@ is peer/checks/share_check.py, the records protocol/spot_check.py).
 After every stage's replicas have reduced, and before anything is applied:
 
 1. **Blame.** A replica whose contribution another replica refused (NaN, a wrong size, tensors
-   without microbatches) or that withheld it is named in that replica's reduce reply (`blame`);
-   the reduce failed. The leader convicts a replica blamed by a majority of the other replicas
-   of its stage that replied (with two replicas, one blamed by the other and not blaming it back is a
-   majority of one: convicted on that word, still; two that blame each other: item 3).
+   without microbatches), or that withheld it (never sent, or ended its reduce without sending it:
+   peer/step/reduce_watch.py), is named in that replica's reduce reply (`blame`);
+   the reduce failed. With three replicas or more, the leader convicts a replica blamed by a majority
+   of the other replicas of its stage that replied. With two, one's word against the other's proves
+   nothing (a liar that joined first blamed every honest newcomer into a ban): the attempt is re-driven
+   with nobody banned, and after `BLAME_RETRIES` such attempts of one step (or at once, if they blame
+   each other) the stage is disputed as in item 3.
 2. **Spot checks.** Each replica's share of the step (its microbatches' gradient sum) is
    recomputed, with probability `rate` (drawn here, after the contributions are in, so nobody
    knows ahead which share) or always if its stage's replicas name it a suspect (a share far
@@ -60,6 +63,7 @@ log = logging.getLogger(__name__)
 
 Send = Callable[..., Awaitable[CommandReply]]  # (peer, command[, timeout])
 UNCHECKED = "unchecked: "  # a check that found nothing either way
+BLAME_RETRIES = 2  # attempts of a step re-driven on a one-sided blame between two replicas before it is disputed
 
 
 class SpotChecks:
@@ -81,6 +85,7 @@ class SpotChecks:
         self.convicted: list[str] = []  # banned for the run, newest last: every abort names them
         self.reasons: dict[str, str] = {}  # why each was banned: the leader tells the banned replica (step/driver.py)
         self.checks = self.mismatches = 0
+        self._blames: tuple[int, int] = (-1, 0)  # (step, attempts of it that ended in a one-sided blame of two)
         self.checkable = 0  # shares that could be drawn: work done, and another replica of the stage to check it
 
     def disputed_stages(self, step: int) -> list[int]:
@@ -97,11 +102,31 @@ class SpotChecks:
                 others = len(peers) - 1
                 if not by:
                     continue
-                if 2 * len(by) > others and not (others == 1 and by[0] in replies[p].blame):
-                    self._convict(p, f"blamed by {len(by)} of the {others} other replicas of stage {stage}: "
-                                     f"{replies[by[0]].reason}")
-                elif others == 1:
-                    self._dispute(step, stage, p, by[0], "they blame each other")
+                if others >= 2:
+                    if 2 * len(by) > others:
+                        self._convict(p, f"blamed by {len(by)} of the {others} other replicas of stage {stage}: "
+                                         f"{replies[by[0]].reason}")
+                    continue
+                self._one_blame(step, stage, p, by[0], replies)
+
+    def _one_blame(self, step: int, stage: int, blamed: str, by: str, replies: dict[str, CommandReply]) -> None:
+        """The only two replicas of `stage`: `by` says `blamed`'s contribution did not come, came too slowly or was
+        refused. One's word against the other's cannot tell a withheld or slow contribution from a false claim (or
+        a path between them that failed), and join order must not (item 1: a liar that joined first got every
+        honest newcomer banned so). The attempt is re-driven, nobody banned; at the `BLAME_RETRIES`+1-th attempt
+        of the step that still ends so, or at once if they blame each other, the stage is disputed: the step waits
+        for a third replica (placement draws one), and then two of three decide."""
+        if blamed in replies[by].blame and by in replies[blamed].blame:
+            self._dispute(step, stage, blamed, by, "they blame each other")
+        n = self._blames[1] + 1 if self._blames[0] == step else 1
+        self._blames = (step, n)
+        why = replies[by].reason
+        if n > BLAME_RETRIES:
+            self._dispute(step, stage, blamed, by, f"{by[-8:]} says, attempt after attempt, that {blamed[-8:]}'s "
+                                                   f"contribution did not reach it: {why}")
+        log.warning("stage %d: replica %s says %s's contribution did not reach it (%s); with two replicas that proves "
+                    "nothing: nobody is banned, and the step is re-driven", stage, by[-8:], blamed[-8:], why)
+        raise AttemptFailed(f"stage {stage}'s replica {by[-8:]} blames {blamed[-8:]} ({why}); re-driven")
 
     # ------------------------------------------------------------------ 2. recomputation
     async def run(self, step: int, attempt: int, members: dict[str, int], replies: dict[str, CommandReply],

@@ -13,7 +13,9 @@ contributions, so the same membership check lets it in). What each answer means:
     idle       it is at this step and attempt but began no reduce: given up on once it has said
                so for `dead_after` s (the driver sends its reduce commands together, so a replica
                still without one then will not get it: its command was refused, or the driver died)
-    ended      its reduce is over, so whatever it sent us is here already: given up on at once
+    ended      its reduce is over, so whatever it sent us is here already: given up on at once, and
+               named (`blamed`) if its contribution is not here (it withheld it, or its uplink could not
+               send it in the time the floor allows: its own offer gave up)
     elsewhere  it went on to a newer attempt or another step: given up on at once
     (failure)  no answer: given up on when the requests fail (a closed connection: its process
                died) and the last answer is `dead_after` s old, or when one request stays
@@ -53,6 +55,7 @@ class _Member:
     idle_since: float | None = None  # since when it says it began no reduce
     failing: str = ""  # why the last probe failed, if it did
     verdict: str | None = None  # why the reduce gives up on it
+    withheld: bool = False  # it ended its reduce and its contribution is not here: named (`blamed`)
     task: asyncio.Task | None = None  # the probe in flight
 
 
@@ -122,6 +125,8 @@ class ReduceWatch:
             if m.failing and now - m.heard >= self.dead_after:
                 m.verdict = f"stopped answering during the reduce ({m.failing})."
             if m.verdict is not None:
+                if m.withheld:
+                    self.blamed = [peer]
                 return f"replica {peer[-8:]} {m.verdict}"
             if m.task is None and now - m.asked >= self.period:
                 m.asked = now
@@ -156,8 +161,9 @@ class ReduceWatch:
             state = decode_probe_reply(reply)
         except WireError:
             state = "reducing"  # a live peer that would not say: it may still send
-        if state == "ended":
-            m.verdict = "ended its reduce without its contribution reaching this replica."
+        if state == "ended":  # it sent us nothing and will not: withheld, or its uplink too slow to (issue 57)
+            m.verdict = f"ended its reduce without its contribution reaching this replica (withheld, or {TOO_SLOW})."
+            m.withheld = True
         elif state == "elsewhere":
             m.verdict = "went on to another attempt or step during the reduce."
         elif state == "idle":

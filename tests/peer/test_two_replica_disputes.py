@@ -4,9 +4,11 @@ The liar is the FIRST replica of its stage (before, "the later to join is banned
 newcomer banned). A mismatch between the only two replicas of a stage bans nobody: the step is not
 applied, the stage is disputed and waits; a third replica joins (what placement does in a real swarm),
 two of three settle it, the liar is banned, no honest peer is, and the run equals the one-process
-oracle to 1e-10. Three ways: the liar lies in its share (the honest one says so), it says the honest
-replica's share is false, or it says the honest replica withholds its inputs (a claim that proves
-nothing: nobody is banned for it, and the third replica's check lets the step through).
+oracle to 1e-10. Four ways: the liar lies in its share (the honest one says so), it says the honest
+replica's share is false, it says the honest replica withholds its inputs (a claim that proves
+nothing: nobody is banned for it, and the third replica's check lets the step through), or it says the
+honest replica's contribution never reached it (before, one blame of two convicted the blamed one: the
+honest newcomer; now the step is re-driven, then disputed, and the third replica's reduce carries it).
 """
 from __future__ import annotations
 
@@ -39,6 +41,22 @@ def false_accuser(peer, unreachable: bool = False) -> None:
     peer.commit.share_check.check = lying_check
 
 
+def false_blamer(peer) -> None:
+    """`peer` works and sends honestly but, from step LIES_FROM on, says its other replicas' contributions never
+    reached it (in its reduce reply's blame): what a withholding replica's victim says, said of an honest one."""
+    exchange, runner = peer.commit.exchange, peer.runner
+    real = exchange.exchange
+
+    async def lying_exchange(step, attempt, mine, peers, everyone=False):
+        got = await real(step, attempt, mine, peers, everyone)
+        others = [p for p in peers if p != peer.daemon.peer_id]
+        if runner.step < LIES_FROM or not others:
+            return got
+        exchange.blame = {(step, attempt): others[:1]}
+        return f"replica {others[0][-8:]} ended its reduce without its contribution reaching this replica."
+    exchange.exchange = lying_exchange
+
+
 async def until(cond, what: str, seconds: float = 120.0) -> None:
     deadline = time.monotonic() + seconds
     while not cond():
@@ -46,7 +64,7 @@ async def until(cond, what: str, seconds: float = 120.0) -> None:
         await asyncio.sleep(0.02)  # poll the swarm's progress
 
 
-@pytest.mark.parametrize("lie", ["share", "accusation", "unreachable"])
+@pytest.mark.parametrize("lie", ["share", "accusation", "unreachable", "blame"])
 async def test_two_replicas_that_disagree_wait_for_a_third_which_settles_it_against_the_first_to_join(
         lie, oracle_runs):
     spec = spec_for(2)
@@ -54,6 +72,8 @@ async def test_two_replicas_that_disagree_wait_for_a_third_which_settles_it_agai
                              commit_options=dict(TEST_COMMIT_OPTIONS, straggle_after=1.0))
     if lie == "share":
         make_liar(swarm.peers[LIAR], "x-50")
+    elif lie == "blame":
+        false_blamer(swarm.peers[LIAR])
     else:
         false_accuser(swarm.peers[LIAR], unreachable=lie == "unreachable")
     spot = swarm.peers["s0r0"].driver.spot
@@ -79,7 +99,9 @@ async def test_two_replicas_that_disagree_wait_for_a_third_which_settles_it_agai
     for step, (log, w) in enumerate(zip(logs, want), start=1):
         assert abs(log.loss - w) <= 1e-10 * abs(w), f"{lie}: step {step}: {log.loss!r} vs the oracle's {w!r}"
     # a claim that another replica withheld its inputs proves nothing: the third checks the share, nobody is banned
-    assert spot.convicted == ([] if lie == "unreachable" else [LIAR]), spot.convicted
+    # nor does one replica's word that another's contribution never came: with three, the step applies without the
+    # one that said so (the others summed every contribution), and nobody is banned
+    assert spot.convicted == ([] if lie in ("unreachable", "blame") else [LIAR]), spot.convicted
     assert logs[LIES_FROM].attempts > 1
     assert not [p for p in swarm.peers.values() if set(p.directory.banned) - {LIAR}], "an honest peer was banned"
     assert spot.disputed_stages(LIES_FROM) == [1]  # the step was disputed before the third settled it
