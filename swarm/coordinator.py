@@ -86,6 +86,11 @@ class CoordinatorOptions:
     snapshot_every: int = opt(50, "every stage snapshots its state every this many steps, and peers of other stages "
                               "keep the snapshots, so that a stage whose every replica left is restored, not reset "
                               "(0: never)")
+    compile: bool = opt(False, "every peer torch.compiles each transformer block of its stage (fused norms, RoPE, "
+                        "SwiGLU and residual adds): 1.36x the tokens/s of a 2-stage `large` bf16 swarm on one H100, "
+                        "after ~12 s of compiling. A run-wide choice: a compiled stage's gradients differ from an "
+                        "eager one's by more than the spot checks allow in bf16 (2.8%% against 2%%, measured), so "
+                        "every replica must compute alike")
     checkpoint_dir: str | None = opt(None, "keep every stage's newest snapshots that the swarm key vouched for here "
                                      "(fetched from the peers in chunks, checked against the vouched sha256) and "
                                      "give them to a peer that restores a stage no live peer holds a snapshot of",
@@ -106,7 +111,8 @@ class CoordinatorOptions:
 
 
 def sealed_spec(spec: RunSpec, key: SigningKey, peer_id: str = "", private: bool = False,
-                snapshot_every: int = 0, id_work_bits: int = 0, ids_per_network: int = 0) -> RunSpec:
+                snapshot_every: int = 0, id_work_bits: int = 0, ids_per_network: int = 0,
+                compile_blocks: bool = False) -> RunSpec:
     """The spec as the swarm sees it: with the coordinator's key, its peer id (where stages send
     their re-fit statistics), the shared-constant hash, whether only ticket holders may join,
     every how many steps all stages snapshot (so that they snapshot at the same steps), and what
@@ -118,6 +124,8 @@ def sealed_spec(spec: RunSpec, key: SigningKey, peer_id: str = "", private: bool
         extra["ids_per_network"] = ids_per_network
     if snapshot_every:
         extra["snapshot_every"] = snapshot_every
+    if compile_blocks:  # every replica alike: spot checks compare a compiled share with its recomputation
+        extra["compile_blocks"] = True
     if peer_id:
         extra["coordinator_peer"] = peer_id
     if private:
@@ -163,7 +171,7 @@ async def _coordinate(opts: CoordinatorOptions, spec: RunSpec, key: SigningKey, 
     try:
         p2p = await dht.replicate_p2p()
         spec = sealed_spec(spec, key, identity.peer_id, opts.private, opts.snapshot_every, opts.id_work_bits,
-                           opts.ids_per_network)
+                           opts.ids_per_network, opts.compile)
         sdht = SwarmDHT(dht, identity, swarm_key=key, policy=policy)
         frame = max(spec.d_model * spec.rank * 4, CHUNK_BYTES if opts.checkpoint_dir else 0) + (1 << 16)
         transport = Transport(p2p, f"subspace-swarm-{spec.run_hash}", max_frame_bytes=frame)

@@ -325,7 +325,8 @@ async def run_peer(opts: PeerOptions, on_stage_peer: Callable[[StagePeer], None]
                              opts.resume, opts.rebalance_period, opts.steps, opts.step_timeout, reach.mode,
                              opts.linger, opts.rebalance_hold, opts.min_step_timeout, opts.next_step_wait,
                              opts.allow_fresh_stage, allowed, opts.activation_checkpointing,
-                             spot_check_rate=opts.spot_check_rate, on_stage_peer=on_stage_peer)
+                             spot_check_rate=opts.spot_check_rate, on_stage_peer=on_stage_peer,
+                             compile_blocks=bool(spec.extra.get("compile_blocks")))  # the run's, for every peer
         stage = recall_stage(opts.identity, spec.run_hash) if opts.stage == "auto" else None
         if stage is not None and stage not in allowed:
             log.info("this identity served stage %d, which does not fit this peer's memory: choosing again", stage)

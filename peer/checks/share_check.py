@@ -20,6 +20,9 @@ most 3.5e-3, against the CPU's bf16 kernels 3.3e-3, against fp32 5.8e-3. The 2e-
 room over the worst same-dtype pair and sits 17x below the smallest lie measured (another share's
 gradient, 0.35; random numbers of the honest norm ~1.41, x -50 = 51). fp16 (3 more mantissa bits
 than bf16; not measured) keeps the same bound. A lie the size of the share's own rounding noise passes.
+torch.compile's fused kernels round elsewhere than the eager ones: 2.8% between a compiled and an eager `large`
+bf16 gradient (one H100, docs/results/peer_compile_h100_20261206), 0.29% between two compiled copies; so
+compiling is the run's choice (`compile_blocks` in its spec), never one replica's.
 
 A head's share (stage 0; peer/step/head_work.py) is checked by another head: its input, the tokens,
 the checker regenerates from (seed, step, index) and never takes from the head checked; what it

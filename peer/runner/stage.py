@@ -53,14 +53,18 @@ class _Pending:
 
 class StageRunner(ReducedGradients, ScaledGradients, BasisVersions):
     def __init__(self, spec: RunSpec, stage: int, device: str | torch.device = "cpu",
-                 basis: SubspaceBasis | None = None, checkpointing: bool = False) -> None:
+                 basis: SubspaceBasis | None = None, checkpointing: bool = False, compile_blocks: bool = False) -> None:
         """`checkpointing`: keep only each block's input for backward and recompute the rest there
-        (less memory, about one more forward pass; the same numbers)."""
+        (less memory, about one more forward pass; the same numbers). `compile_blocks`: `torch.compile` each
+        block (fused elementwise work around the matmuls: faster, and other rounding than the eager kernels,
+        as another GPU model's, which the spot checks' tolerance allows)."""
         self.spec, self.stage, self.device = spec, stage, torch.device(device)
         self.dtype = compute_dtype(spec)
         basis = basis if basis is not None else spec_basis(spec)
         self.module: StageModule = build_stage(spec, stage, basis).to(self.device)
         self.module.checkpointing = checkpointing
+        if compile_blocks:
+            self.module.compile_blocks()
         self.optimizer = make_optimizer(spec, self.module)
         self.params = [p for p in self.module.parameters() if p.requires_grad]  # the order of flat gradients
         self.n_params = sum(p.numel() for p in self.params)

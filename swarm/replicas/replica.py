@@ -142,6 +142,7 @@ class ReplicaContext:
     allow_fresh_stage: bool = False  # a stage nobody holds a snapshot of may start from its initial weights
     allowed_stages: frozenset[int] | None = None  # the stages that fit this peer's memory (None: all)
     checkpointing: bool = False  # activation checkpointing per block (peer/runner/stage.py)
+    compile_blocks: bool = False  # torch.compile each block of the stage (peer/runner/stage.py)
     spot_check_rate: float | None = None  # the share of replicas' work a leader recomputes (None: its default)
     on_stage_peer: Callable[[StagePeer], None] | None = None  # an extension point: `run_peer` (swarm/node.py)
 
@@ -164,7 +165,8 @@ class ReplicaService:
     async def serve(self) -> int | None:
         ctx = self.ctx
         self.runner = runner = await asyncio.to_thread(StageRunner, self.spec, self.stage, ctx.device,
-                                                       checkpointing=ctx.checkpointing)
+                                                       checkpointing=ctx.checkpointing,
+                                                       compile_blocks=ctx.compile_blocks)
         self.sync = sync = BasisSync(self.spec, ctx.sdht, ctx.transport)
         batches = ctx.batches() if self.stage == 0 else None
         membership = Membership(ctx.router, ctx.sdht, self.stage, self.spec.n_stages, probe=self._answers)
