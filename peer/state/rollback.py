@@ -63,10 +63,14 @@ class Rollback:
         # vouched for after t must go first (swarm/replicas/vouched.py), or a replica that checks its re-driven
         # state against it finds it "differs" and downloads the stage's state again, and again
         self.before: Callable[[int, int], Awaitable[None]] | None = None
+        # (T, S): this replica rolled back to step T from step S, so steps T+1..S are driven again here: a record of
+        # their state hashes may still be the first drive's where the coordinator did not hear of the rollback
+        self.redriven: tuple[int, int] = (-1, -1)
 
     # ------------------------------------------------------------------ every replica
     async def on_command(self, cmd: Command) -> CommandReply:
         target, d = cmd.step, self.daemon
+        before = self.runner.step
         if self.runner.step != target:
             snap = self.snapshots.store.get(self.runner.stage, target)
             try:
@@ -88,6 +92,7 @@ class Rollback:
         self.commit.forwarder.followers.clear()
         self.follower.queue.clear()
         self.rollbacks += 1
+        self.redriven = (target, max(before, self.redriven[1] if self.redriven[0] == target else before))
         log.warning("stage %d: rolled back to step %d", self.runner.stage, target)
         return CommandReply(cmd.step, cmd.attempt, "ok")
 

@@ -7,6 +7,10 @@ that step is the one the record holds), and then every `every` steps: the leader
 a replica whose hash differs out of the stage (`peer/checks/state_votes.py`); this is how an honest
 replica that went astray (a bad download, a bit flip) finds out and comes back by itself.
 Each check is one read of the DHT record; the hash itself is computed at the apply anyway.
+Steps this replica drives again after a rollback (T+1..S, `Rollback.redriven`) are not checked: they
+need not be the first drive's bits, and their record is the first drive's until the coordinator drops it
+(the leader tells it first; a coordinator away never hears it). Before, such a check found the state
+"differs", downloaded it again, found no donor, restored step 0, and the swarm rolled back again.
 
 `BehindCheck`: a replica the swarm left behind (it missed a step's reduce: set aside at a missed
 deadline under load, a stall) hears a reduce or apply of a later step. Nothing would bring it
@@ -50,6 +54,9 @@ class OwnStateCheck:
         due = self.checked == 0 or steps - self.checked >= self.every
         if state is None or state[0] != steps or not due or self._running:
             return
+        undone, redone = self.peer.rollback.redriven
+        if undone < steps <= redone:  # a step driven again after a rollback: not the first drive's bits, maybe
+            return  # not yet the record's either (a coordinator away); the first step past them is checked
         self.checked, self._running = steps, True
         self.peer.daemon.spawn(self._check(*state))
 

@@ -24,7 +24,8 @@ def fake_peer():
     tasks: list[asyncio.Task] = []
     daemon = SimpleNamespace(spawn=lambda coro: tasks.append(asyncio.get_running_loop().create_task(coro)))
     commit = SimpleNamespace(hasher=SimpleNamespace(last=None))
-    peer = SimpleNamespace(commit=commit, daemon=daemon, runner=SimpleNamespace(stage=1))
+    peer = SimpleNamespace(commit=commit, daemon=daemon, runner=SimpleNamespace(stage=1),
+                           rollback=SimpleNamespace(redriven=(-1, -1)))
     return peer, tasks
 
 
@@ -53,3 +54,26 @@ async def test_a_replica_checks_its_first_hashed_step_then_every_few_and_resyncs
     check.after_step(16)
     await asyncio.gather(*tasks)
     assert report.events[-1]["step"] == 16 and report.events[-1]["agrees"] and resyncs == [12]
+
+
+async def test_steps_driven_again_after_a_rollback_are_not_checked_against_the_first_drives_record():
+    """The swarm rolled back from step 12 to 3 and no coordinator heard of it: the record still holds the first
+    drive's hashes of 4-12, which the re-driven steps need not match (other bits). Checked: the first step past
+    them; before, a check here downloaded the stage again, found no donor and rolled the swarm back again."""
+    peer, tasks = fake_peer()
+    vouched = {s: sha(1000 + s) for s in range(1, 13)} | {13: sha(13)}  # the first drive's 4-12, then 13
+    resyncs = []
+
+    async def hashes() -> dict[int, str]:
+        return dict(vouched)
+
+    async def resync() -> None:
+        resyncs.append(peer.commit.hasher.last[0])
+    report = Report()
+    check = OwnStateCheck(peer, hashes, resync, report, every=8, wait=5.0)
+    peer.rollback.redriven = (3, 12)
+    for steps in range(4, 14):
+        peer.commit.hasher.last = (steps, sha(steps))
+        check.after_step(steps)
+        await asyncio.gather(*tasks)
+    assert [(e["step"], e["agrees"]) for e in report.events] == [(13, True)] and resyncs == []
