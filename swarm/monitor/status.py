@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 from hivemind.utils import get_dht_time
 
@@ -61,6 +62,10 @@ async def swarm_state(initial_peers: list[str]) -> dict:
             "paused": {s: why for s in range(spec.n_stages)
                        if (why := uncovered_reason(s, [p["state"] for p in stages.get(s, [])]))},
             "bans": bans,
+            # the coordinator re-signs the lease every 30 s (swarm/replicas/leases.py): how long ago it last did says
+            # whether it is up, without a request to it
+            "coordinator": {"peer": str(spec.extra.get("coordinator_peer", "")) or None,
+                            "lease_age_s": round(time.time() - lease.issued, 1) if lease is not None else None},
             "revoked": [] if lease is None else [
                 {"head": p, "rollback_to": lease.rollback_to if lease.rollback_id and p == lease.rollback_of else None,
                  "caught": lease.rollback_caught if p == lease.rollback_of else None} for p in lease.revoked],
@@ -88,6 +93,20 @@ async def _health(sdht: SwarmDHT, spec: RunSpec, announced: set[str]) -> tuple[d
             ban["reason"] = ban["reason"] or why
             ban["reported_by"].append(record.peer_id)
     return peaks, sorted(bans.values(), key=lambda b: b["peer"])
+
+
+COORDINATOR_QUIET_S = 120.0  # four of its lease re-signings missed: it looks down
+
+
+def _coordinator_line(c: dict) -> str:
+    who = f"coordinator …{c['peer'][-10:]}" if c.get("peer") else "coordinator (not named in the run spec)"
+    age = c.get("lease_age_s")
+    if age is None:
+        return f"{who}: no lease signed yet (no head has announced, or the coordinator has not started it)."
+    if age <= COORDINATOR_QUIET_S:
+        return f"{who}: up, it re-signed the leader lease {age:.0f} s ago."
+    return (f"{who}: looks down, its last lease is {age / 60:.0f} min old; training goes on, but no new head can "
+            f"lead, no basis is re-fitted, no liar is revoked and no snapshot is vouched for until it is back.")
 
 
 def _gib(n: int | None) -> str:
@@ -118,6 +137,7 @@ def format_table(state: dict) -> str:
                 silent.append(f"…{p['peer'][-10:]}")
         if not any(p["answers"] for p in peers):
             lines.append(f"{s:>5}  {'(none)':<12} MISSING")
+    lines.append(_coordinator_line(state.get("coordinator") or {}))
     for _, why in sorted(state.get("paused", {}).items()):
         lines.append(f"paused: {why}.")
     if any(p.get("standby") for peers in state["stages"].values() for p in peers):

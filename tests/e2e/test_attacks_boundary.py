@@ -44,7 +44,7 @@ async def test_a_first_replica_that_misreports_what_it_received_is_banned_by_the
         await asyncio.to_thread(swarm.wait_for_head)
         # `swarm status` (its data) lists the ban, read from the health records of the peers still up
         deadline = time.monotonic() + 60
-        while not (bans := (await swarm_state(swarm.maddrs)).get("bans")):
+        while not (bans := (status := await swarm_state(swarm.maddrs)).get("bans")):
             assert time.monotonic() < deadline, "no peer's health record lists the ban"
             await asyncio.sleep(1.0)  # poll: a record is published every third of --ttl
     finally:
@@ -55,6 +55,7 @@ async def test_a_first_replica_that_misreports_what_it_received_is_banned_by_the
     banned = set(re.findall(r"(?:replica|peer) (\S+) is banned for the run", head))
     assert len(banned) == 1, f"more than the liar was banned: {banned}"
     assert [b["peer"][-8:] for b in bans] == [b[-8:] for b in banned] and bans[0]["reported_by"], bans
+    assert status["coordinator"]["peer"] and 0 <= status["coordinator"]["lease_age_s"] < 120, status["coordinator"]
     assert "banned this peer for the run" in liar and "banned this peer" not in honest
     assert [r["step"] for r in records] == list(range(1, STEPS + 1))
     for step, (r, w) in enumerate(zip(records, await want), start=1):
