@@ -137,7 +137,8 @@ def format_table(state: dict) -> str:
                 silent.append(f"…{p['peer'][-10:]}")
         if not any(p["answers"] for p in peers):
             lines.append(f"{s:>5}  {'(none)':<12} MISSING")
-    lines.append(_coordinator_line(state.get("coordinator") or {}))
+    if "coordinator" in state:
+        lines.append(_coordinator_line(state["coordinator"]))
     for _, why in sorted(state.get("paused", {}).items()):
         lines.append(f"paused: {why}.")
     if any(p.get("standby") for peers in state["stages"].values() for p in peers):
