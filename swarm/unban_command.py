@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -21,9 +20,9 @@ from dataclasses import dataclass, field
 from protocol.spec import RunSpec
 from swarm.dht import Pardons, SwarmDHT, close_node, start_dht
 from swarm.options import opt
-from swarm.trust.admission import PEER_ID
+from swarm.trust.admission import PEER_ID, existing_swarm_key
 from swarm.trust.keys import SigningKey
-from swarm.trust.state_dir import WHERE, state_dir_path
+from swarm.trust.state_dir import WHERE
 from swarm.user_errors import Refused
 
 log = logging.getLogger(__name__)
@@ -45,13 +44,11 @@ class UnbanOptions:
 
 def check_unban(opts: UnbanOptions) -> SigningKey:
     """The swarm key; ValueError (one sentence) for a missing key or a malformed peer id."""
-    key = opts.key or str(state_dir_path(opts.state_dir) / "swarm.key")
-    if not os.path.isfile(key):
-        raise ValueError(f"there is no swarm key at {key}; pass the file the coordinator runs with (--key).")
+    key = existing_swarm_key(opts.key, opts.state_dir)
     for peer in opts.peers:
         if not PEER_ID.fullmatch(peer):
             raise ValueError(f"{peer!r} is not a peer id; `swarm status` lists banned peers by id.")
-    return SigningKey.load_or_create(key)
+    return key
 
 
 async def unban(opts: UnbanOptions) -> int:

@@ -56,8 +56,8 @@ class StageRunner(ReducedGradients, ScaledGradients, BasisVersions):
                  basis: SubspaceBasis | None = None, checkpointing: bool = False, compile_blocks: bool = False) -> None:
         """`checkpointing`: keep only each block's input for backward and recompute the rest there
         (less memory, about one more forward pass; the same numbers). `compile_blocks`: `torch.compile` each
-        block (fused elementwise work around the matmuls: faster, and other rounding than the eager kernels,
-        as another GPU model's, which the spot checks' tolerance allows)."""
+        block (fused elementwise work around the matmuls: faster, and rounding other than the eager kernels' by
+        more than the spot checks allow in bf16, so it is the run's choice, `compile_blocks` in its spec)."""
         self.spec, self.stage, self.device = spec, stage, torch.device(device)
         self.dtype = compute_dtype(spec)
         basis = basis if basis is not None else spec_basis(spec)

@@ -92,7 +92,8 @@ class Rollback:
         self.commit.forwarder.followers.clear()
         self.follower.queue.clear()
         self.rollbacks += 1
-        self.redriven = (target, max(before, self.redriven[1] if self.redriven[0] == target else before))
+        again = self.redriven[1] if self.redriven[0] == target else -1  # back to T again: the undone steps grow
+        self.redriven = (target, max(before, again))
         log.warning("stage %d: rolled back to step %d", self.runner.stage, target)
         return CommandReply(cmd.step, cmd.attempt, "ok")
 

@@ -339,8 +339,9 @@ _MAX_PARDONS = 1024
 @dataclass
 class Pardons:
     """Bans the swarm key lifted (`swarm unban`): peer id -> the unix time of its pardon. A peer's ban for the run
-    (a conviction of the leading head, `peer/checks/spot_checks.py`) or a head's revoked lease told before that time
-    no longer holds; a conviction after it does (`swarm/replicas/router.py`). Only the swarm key signs one."""
+    (a conviction of the leading head, `peer/checks/spot_checks.py`) told before that time no longer holds; a
+    conviction after it does (`swarm/replicas/run_bans.py`). A head's revoked lease is not lifted. Only the swarm
+    key signs one."""
 
     run_hash: str
     peers: dict[str, float]

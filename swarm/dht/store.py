@@ -330,10 +330,8 @@ class SwarmDHT:
     # ------------------------------------------------------------------ leader leases
     async def publish_lease(self, lease: LeaderLease, ttl: float) -> bool:
         """Store the swarm key's lease (the coordinator only; swarm/trust/leases.py)."""
-        if self.swarm_key is None:
-            raise RuntimeError("only the coordinator grants leases: this SwarmDHT holds no swarm key.")
-        return await self._store(lease_key(lease.run_hash), self.swarm_key.fingerprint(), lease.to_record(), ttl,
-                                 Identity.of_key(self.swarm_key))
+        return await self._store_swarm(lease_key(lease.run_hash), lease.to_record(), ttl,
+                                       "the coordinator grants leases")
 
     async def fetch_lease(self, run_hash: str) -> LeaderLease | None:
         """The lease the adopted spec's coordinator key signed for `run_hash`, or None if there is none yet."""
@@ -342,11 +340,8 @@ class SwarmDHT:
     async def publish_vouched(self, vouched: VouchedSnapshots, ttl: float, states: bool = False) -> bool:
         """Store the snapshot hashes (or with `states`, the state hashes after each step) the swarm key
         vouches for (the coordinator only; swarm/replicas/vouched.py)."""
-        if self.swarm_key is None:
-            raise RuntimeError("only the coordinator vouches for snapshots: this SwarmDHT holds no swarm key.")
         key = (states_key if states else snapshots_key)(vouched.run_hash)
-        return await self._store(key, self.swarm_key.fingerprint(), vouched.to_record(), ttl,
-                                 Identity.of_key(self.swarm_key))
+        return await self._store_swarm(key, vouched.to_record(), ttl, "the coordinator vouches for snapshots")
 
     async def fetch_vouched(self, run_hash: str, states: bool = False) -> VouchedSnapshots | None:
         """The snapshot (or state) hashes the adopted spec's coordinator key vouches for (None: none yet)."""
@@ -355,14 +350,18 @@ class SwarmDHT:
 
     async def publish_pardons(self, pardons: Pardons, ttl: float) -> bool:
         """Store the bans the swarm key lifts (`swarm unban`; only the swarm key's holder)."""
-        if self.swarm_key is None:
-            raise RuntimeError("only the swarm key's holder lifts bans: this SwarmDHT holds no swarm key.")
-        return await self._store(pardons_key(pardons.run_hash), self.swarm_key.fingerprint(), pardons.to_record(), ttl,
-                                 Identity.of_key(self.swarm_key))
+        return await self._store_swarm(pardons_key(pardons.run_hash), pardons.to_record(), ttl,
+                                       "the swarm key's holder lifts bans")
 
     async def fetch_pardons(self, run_hash: str) -> Pardons | None:
         """The bans the adopted spec's coordinator key lifted (None: none)."""
         return await self._swarm_record(pardons_key(run_hash), Pardons, run_hash)
+
+    async def _store_swarm(self, key: str, record: dict, ttl: float, only: str) -> bool:
+        """Store a record of the swarm key's, filed under its fingerprint; `only`: who may (for the error)."""
+        if self.swarm_key is None:
+            raise RuntimeError(f"only {only}: this SwarmDHT holds no swarm key.")
+        return await self._store(key, self.swarm_key.fingerprint(), record, ttl, Identity.of_key(self.swarm_key))
 
     async def _swarm_record(self, key: str, cls, run_hash: str):
         """The one record of `cls` under `key` filed by the adopted spec's coordinator key, or None."""

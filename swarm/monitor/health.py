@@ -30,6 +30,7 @@ REACHABILITY = ("direct", "relayed")
 MAX_BANNED = 32  # a record lists at most this many failing peers (the most failures first)
 MAX_HISTORY = 64  # and at most this many (step, loss, time) points since its previous beat
 _MAX_TEXT = 128
+MAX_REASON = 4 * _MAX_TEXT  # characters of a ban's reason (run_bans) and of a checkpoint error
 _OPTIONAL = ("checkpoint_error",)  # fields newer than some peers: a record without them is still read
 
 
@@ -109,7 +110,7 @@ class HealthRecord:
             if not _is_finite(self.loss):
                 _fail(f"the health record's loss must be a finite number or nil, not {self.loss!r}.")
             self.loss = float(self.loss)
-        if not (isinstance(self.checkpoint_error, str) and len(self.checkpoint_error) <= 4 * _MAX_TEXT):
+        if not (isinstance(self.checkpoint_error, str) and len(self.checkpoint_error) <= MAX_REASON):
             _fail("the health record's checkpoint_error must be a string of at most 512 characters.")
         if self.state not in STATES:
             _fail(f"the health record's state must be one of {', '.join(STATES)}, not {self.state!r}.")
@@ -120,8 +121,8 @@ class HealthRecord:
                         for k, v in self.banned.items())):
             _fail(f"the health record's banned must map at most {MAX_BANNED} peer ids to failure counts.")
         if not (isinstance(self.run_bans, dict) and len(self.run_bans) <= MAX_BANNED
-                and all(isinstance(k, str) and 0 < len(k) <= _MAX_TEXT and isinstance(v, str) and len(v) <= _MAX_TEXT
-                        for k, v in self.run_bans.items())):
+                and all(isinstance(k, str) and 0 < len(k) <= _MAX_TEXT and isinstance(v, str)
+                        and len(v) <= MAX_REASON for k, v in self.run_bans.items())):
             _fail(f"the health record's run_bans must map at most {MAX_BANNED} peer ids to a reason.")
         if not (isinstance(self.loss_history, (list, tuple)) and len(self.loss_history) <= MAX_HISTORY
                 and all(isinstance(p, (list, tuple)) and len(p) == 3 and _is_int(p[0]) and p[0] >= 0

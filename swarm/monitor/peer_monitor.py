@@ -31,13 +31,12 @@ from swarm import __version__
 from swarm.dht import SwarmDHT
 from swarm.net.transport import Transport
 
-from .health import MAX_BANNED, MAX_HISTORY, HealthRecord, publish_health, reachability_of
+from .health import MAX_BANNED, MAX_HISTORY, MAX_REASON, HealthRecord, publish_health, reachability_of
 from .healthz import HealthzServer
 from .scalars import ScalarLog
 
 log = logging.getLogger(__name__)
 
-_MAX_REASON = 512  # characters of a ban's reason in the health record
 STEP_POLL_S = 0.1  # how often a tail looks at its step counter (steps take >= ~0.1 s even on tiny models)
 
 
@@ -217,8 +216,8 @@ class PeerMonitor:
             uptime_s=now - self.started, reachability=reachability_of(p.maddrs), version=__version__,
             refused=d.refused, banned=banned, sync_bytes_out=t.bytes_sent(KIND_REDUCE),
             sync_steps=p.commit.synced_steps if p.commit is not None else 0,
-            checkpoint_error=self.checkpoint_error[:4 * 128],
-            run_bans={peer: why[:_MAX_REASON] for peer, why in list(p.router.run_bans_listed().items())[:MAX_BANNED]
+            checkpoint_error=self.checkpoint_error[:MAX_REASON],
+            run_bans={peer: why[:MAX_REASON] for peer, why in list(p.router.run_bans_listed().items())[:MAX_BANNED]
                       if 0 < len(peer) <= 128},
         )
 

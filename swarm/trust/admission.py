@@ -37,8 +37,8 @@ from .keys import PUBLIC_KEY_BYTES, SIGNATURE_BYTES, SigningKey, fingerprint_of,
 from .state_dir import WHERE, state_dir_path
 from .work import MAX_BITS
 
-__all__ = ["TICKET_DOMAIN", "Admission", "AdmissionError", "AdmissionPolicy", "AdmitOptions", "Ticket", "issue_ticket",
-           "parse_duration", "read_ticket"]
+__all__ = ["PEER_ID", "TICKET_DOMAIN", "Admission", "AdmissionError", "AdmissionPolicy", "AdmitOptions", "Ticket",
+           "existing_swarm_key", "issue_ticket", "parse_duration", "read_ticket"]
 
 log = logging.getLogger(__name__)
 
@@ -147,14 +147,21 @@ PEER_ID = re.compile(r"[1-9A-HJ-NP-Za-km-z]{32,128}")  # base58btc
 
 def issue_ticket(opts: AdmitOptions, now: float | None = None) -> Ticket:
     """The ticket `swarm admit` prints; ValueError (one sentence) for a missing key or a malformed peer id."""
-    key = opts.key or str(state_dir_path(opts.state_dir) / "swarm.key")
-    if not os.path.isfile(key):
-        raise ValueError(f"there is no swarm key at {key}; pass the file the coordinator runs with (--key).")
+    key = existing_swarm_key(opts.key, opts.state_dir)
     if not PEER_ID.fullmatch(opts.peer_id):
         raise ValueError(f"--peer-id {opts.peer_id!r} is not a peer id; `swarm identity FILE` prints a peer's id.")
     seconds = parse_duration(opts.expires)
     expires = (time.time() if now is None else now) + seconds if seconds else 0.0
-    return Ticket.issue(SigningKey.load_or_create(key), opts.peer_id, expires)
+    return Ticket.issue(key, opts.peer_id, expires)
+
+
+def existing_swarm_key(path: str | None, state_dir: str | None) -> SigningKey:
+    """The swarm key at `path` (default: swarm.key in the state folder, the coordinator's); ValueError (one sentence)
+    if there is none: a command that signs for the swarm never makes a new key."""
+    key = path or str(state_dir_path(state_dir) / "swarm.key")
+    if not os.path.isfile(key):
+        raise ValueError(f"there is no swarm key at {key}; pass the file the coordinator runs with (--key).")
+    return SigningKey.load_or_create(key)
 
 
 def read_ticket(value: str | None) -> Ticket | None:

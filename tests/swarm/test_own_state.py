@@ -29,18 +29,22 @@ def fake_peer():
     return peer, tasks
 
 
-async def test_a_replica_checks_its_first_hashed_step_then_every_few_and_resyncs_on_a_mismatch():
+def checking(vouched: dict[int, str]):
+    """A fake replica, the check over the `vouched` record (read live), its report, and the steps it resynced at."""
     peer, tasks = fake_peer()
-    vouched = {4: sha(4), 8: sha(8), 12: sha(99)}
-    resyncs = []
+    resyncs, report = [], Report()
 
     async def hashes() -> dict[int, str]:
         return dict(vouched)
 
     async def resync() -> None:
         resyncs.append(peer.commit.hasher.last[0])
-    report = Report()
-    check = OwnStateCheck(peer, hashes, resync, report, every=8, wait=5.0)
+    return peer, tasks, OwnStateCheck(peer, hashes, resync, report, every=8, wait=5.0), report, resyncs
+
+
+async def test_a_replica_checks_its_first_hashed_step_then_every_few_and_resyncs_on_a_mismatch():
+    vouched = {4: sha(4), 8: sha(8), 12: sha(99)}
+    peer, tasks, check, report, resyncs = checking(vouched)
     check.after_step(3)  # no hash taken at this step: nothing to check
     for steps in (4, 8, 12):
         peer.commit.hasher.last = (steps, sha(steps))
@@ -60,17 +64,8 @@ async def test_steps_driven_again_after_a_rollback_are_not_checked_against_the_f
     """The swarm rolled back from step 12 to 3 and no coordinator heard of it: the record still holds the first
     drive's hashes of 4-12, which the re-driven steps need not match (other bits). Checked: the first step past
     them; before, a check here downloaded the stage again, found no donor and rolled the swarm back again."""
-    peer, tasks = fake_peer()
     vouched = {s: sha(1000 + s) for s in range(1, 13)} | {13: sha(13)}  # the first drive's 4-12, then 13
-    resyncs = []
-
-    async def hashes() -> dict[int, str]:
-        return dict(vouched)
-
-    async def resync() -> None:
-        resyncs.append(peer.commit.hasher.last[0])
-    report = Report()
-    check = OwnStateCheck(peer, hashes, resync, report, every=8, wait=5.0)
+    peer, tasks, check, report, resyncs = checking(vouched)
     peer.rollback.redriven = (3, 12)
     for steps in range(4, 14):
         peer.commit.hasher.last = (steps, sha(steps))

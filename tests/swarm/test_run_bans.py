@@ -145,3 +145,15 @@ def test_status_says_whether_the_coordinator_is_up_from_the_age_of_its_lease():
     down = format_table({"run": run, "stages": {}, "coordinator": {"peer": "12D3KooWcoordinatorXYZ",
                                                                    "lease_age_s": 600}})
     assert "looks down, its last lease is 10 min old" in down and "no new head can lead" in down
+
+
+def test_a_leaders_health_record_carries_a_whole_ban_reason_and_refuses_a_longer_one():
+    """A leader's reasons run past 128 characters ("blamed by 2 of the 2 other replicas of stage 1: replica ...
+    ended its reduce ..."): the record takes up to MAX_REASON of them (it refused such a record at first)."""
+    from swarm.dht import RecordError
+    from swarm.monitor.health import MAX_REASON
+    from tests.swarm.test_health import record
+    why = "blamed by 2 of the 2 other replicas of stage 1: " + "x" * 300
+    assert record(run_bans={LIAR: why}).run_bans == {LIAR: why}
+    with pytest.raises(RecordError):
+        record(run_bans={LIAR: "x" * (MAX_REASON + 1)})
