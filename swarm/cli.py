@@ -110,6 +110,7 @@ def cmd_coordinator(a: argparse.Namespace, on_refitter: Callable[[BasisRefitter]
     from swarm.preflight import check_writable_dir
     from swarm.spec_flags import dtype_origin
     opts = from_args(CoordinatorOptions, a, spec=spec_from_args(a))
+    opts.check()  # a usage error (exit 2) before anything starts
     if opts.snapshot_every < 0:
         raise ValueError("--snapshot-every must be 0 (no snapshots) or a positive number of steps.")
     check_text(opts.data, opts.data_binary_ok)

@@ -231,7 +231,10 @@ class LocalSwarm(RunReports):
                                    f"/ip4/{self.placement.host('coordinator')}/tcp/0", "--maddrs-file",
                                    str(maddrs_file), "--state-dir", str(self.dir), "--id-work-bits",
                                    str(self.opts.id_work_bits), *key, *data, *(["--compile"] if self.opts.compile
-                                                                                else []), *extra], module=module)
+                                                                                else []),
+                                   # every peer here is the user's own process: trusted, as powersgd needs
+                                   *(["--unchecked-powersgd"] if self.opts.spec.replica_sync == "powersgd" else []),
+                                   *extra], module=module)
         self.wait_for_file(maddrs_file, "the coordinator", 90, "coordinator")
         served = json.loads(maddrs_file.read_text())
         self.maddrs, self.run_hash = served["maddrs"], served["run"]

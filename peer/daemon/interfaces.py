@@ -111,6 +111,10 @@ class PeerDirectory(Protocol):
         it, list it or take its messages again in this run."""
         ...
 
+    def is_banned(self, peer: str) -> bool:
+        """Whether `peer` is out of the run here: banned (`ban`), or a head whose lease the swarm key revoked."""
+        ...
+
     async def members(self, stage: int) -> list[PeerInfo]:
         """The peers announced online for `stage` right now (fresh, not from a cache), by peer id."""
         ...

@@ -123,6 +123,9 @@ class LoopbackDirectory:
     def ban(self, peer: str, why: str = "") -> None:
         self.banned.add(peer)
 
+    def is_banned(self, peer: str) -> bool:
+        return peer in self.banned
+
     async def lease_order(self, fresh: bool = False) -> list[str] | None:
         return None if self.net.lease is None else list(self.net.lease)
 

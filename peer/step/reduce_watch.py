@@ -17,6 +17,9 @@ contributions, so the same membership check lets it in). What each answer means:
                named (`blamed`) if its contribution is not here (it withheld it, or its uplink could not
                send it in the time the floor allows: its own offer gave up)
     elsewhere  it went on to a newer attempt or another step: given up on at once
+    (out)      this peer's directory says it is out of the run (banned, or a head whose lease the
+               swarm key revoked meanwhile: it may still answer "reducing", and would keep the reduce
+               waiting until its deadline): given up on at once, not named
     (failure)  no answer: given up on when the requests fail (a closed connection: its process
                died) and the last answer is `dead_after` s old, or when one request stays
                unanswered for `mute_after` s (its machine vanished; a live peer behind a full
@@ -62,8 +65,9 @@ class _Member:
 class ReduceWatch:
     def __init__(self, link: MessageLink, probe: bytes, members: list[str], arrived: asyncio.Event, *,
                  period: float, dead_after: float, mute_after: float, straggle_after: float | None = None,
-                 straggle_factor: float = 4.0) -> None:
+                 straggle_factor: float = 4.0, out: Callable[[str], bool] = lambda peer: False) -> None:
         self.link, self.probe, self.members, self.arrived = link, probe, members, arrived
+        self.out = out  # the directory's is_banned
         self.period, self.dead_after, self.mute_after = period, dead_after, mute_after
         # withheld: once some contribution is here, the rest have max(straggle_after, factor x its wait) more
         self.straggle_after, self.straggle_factor = straggle_after, straggle_factor
@@ -122,6 +126,8 @@ class ReduceWatch:
         now = time.monotonic()
         for peer in missing:
             m = self._members[peer]
+            if self.out(peer):
+                return f"replica {peer[-8:]} is out of the run now (banned, or its lease revoked) during the reduce."
             if m.failing and now - m.heard >= self.dead_after:
                 m.verdict = f"stopped answering during the reduce ({m.failing})."
             if m.verdict is not None:

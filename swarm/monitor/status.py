@@ -146,13 +146,13 @@ def format_table(state: dict) -> str:
                      "it, and takes over if the leader dies): its measured compute speed (one microbatch's "
                      "forward+backward), not traffic.")
     for r in state.get("revoked", []):
-        head = f"head …{r['head'][-10:]} lost its lease for good: it fed other data than the run's"
+        head = f"head …{r['head'][-10:]} lost its lease for good: it fed other data than the run's, or called the run's data other"
         if r.get("rollback_to") is not None:
             lines.append(f"{head}; the swarm key ordered its steps rolled back to step {r['rollback_to']} (it was "
                          f"caught at step {r['caught']}).")
         else:
-            lines.append(f"{head}; no rollback is ordered for it (no snapshot from before it led): the steps it "
-                         f"drove stay applied (the coordinator's log names them).")
+            lines.append(f"{head}; no rollback is ordered for it: it drove no step, or no snapshot from before it "
+                         f"led exists and the steps it drove stay applied (the coordinator's log says which).")
     for b in state.get("bans", []):
         lines.append(f"banned for the run: …{b['peer'][-10:]}: {b['reason'] or 'convicted by the leading head'} "
                      f"(reported by {len(b['reported_by'])} peer{'s' if len(b['reported_by']) > 1 else ''}; "

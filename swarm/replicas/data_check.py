@@ -17,16 +17,23 @@ the leader's lease (`LeaseKeeper.revoke`) and tells every peer to read the lease
 steps that leader drove are undone: the new lease orders a rollback to the newest snapshot step,
 at most the caught step, that another, trusted head vouched for (`SnapshotVouch.before`: so from
 before the liar led), which the next leader carries out (`peer/state/rollback.py`). With no such
-snapshot the coordinator says so (an error naming the steps) and the swarm goes on. A
-report that does not hold (the digest is the run's) is logged and costs the reporter nothing
-but its word: no headcount, no trust in the reporter decides.
+snapshot the coordinator says so (an error naming the steps) and the swarm goes on.
+
+A report that does not hold (the record is genuine and its digest is the run's) proves the
+reporter's own digest was not the run's: it reads other data than the run's, or lies. A head
+that refuses to sum with an honest leader over such a report stalls every step (issue 57,
+item 6), so a reporter that is a head (announced on stage 0, or in the lease) loses its lease
+the same way (`revoke`, no rollback: it summed nothing, so nothing it did was applied), and
+every router then leaves it out of the swarm (`Router.is_banned`). A reporter that is no head
+loses only its word (logged). No headcount and no trust in either side decides: the coordinator's own
+copy of the data does.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 
 import torch
 
@@ -102,8 +109,10 @@ class DataVerdict:
 
     def __init__(self, run_hash: str, n_microbatches: int, batches: Callable[[], Callable[[int, int], torch.Tensor]],
                  revoke: Callable[[str, str, int | None, int], Awaitable[bool]],
-                 target: Callable[[str, int], int | None] = lambda head, caught: None) -> None:
+                 target: Callable[[str, int], int | None] = lambda head, caught: None,
+                 heads: Callable[[], Awaitable[Collection[str]]] | None = None) -> None:
         self.run_hash, self.n_microbatches = run_hash, n_microbatches
+        self.heads = heads  # the heads now (announced or in the lease): a false reporter among them loses its lease
         self._make_batches, self._batches = batches, None  # the corpus is read on the first report
         self.revoke = revoke  # (head, why, rollback to, caught step)
         self.target = target  # (head, caught step) -> the snapshot step to roll back to, or None
@@ -123,8 +132,16 @@ class DataVerdict:
             self._batches = await asyncio.to_thread(self._make_batches)
         if await asyncio.to_thread(step_digest, self._batches, record.step, self.n_microbatches) == record.data:
             self.unfounded += 1
-            log.warning("head %s reported head %s's step %d, but its data is the run's: the report does not hold",
-                        sender[-8:], record.leader[-8:], record.step + 1)
+            if sender not in self.revoked and self.heads is not None and sender in await self.heads():
+                self.revoked.add(sender)
+                log.error("head %s reported head %s's step %d as other data than the run's, but it is the run's: the "
+                          "reporting head reads other data than the run's (or lies), and would refuse every honest "
+                          "leader; its lease is revoked and the swarm leaves it out", sender[-8:], record.leader[-8:],
+                          record.step + 1)
+                await self.revoke(sender, f"reported the run's data of step {record.step + 1} as other data", None, 0)
+            else:
+                log.warning("peer %s reported head %s's step %d, but its data is the run's: the report does not hold",
+                            sender[-8:], record.leader[-8:], record.step + 1)
             return encode_message(ErrorReply("the reported step's data is the run's."))
         self.revoked.add(record.leader)
         caught = record.step + 1

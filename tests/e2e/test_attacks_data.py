@@ -2,7 +2,10 @@
 lease and feeds other text than the run's (what a stranger's modified head does; here the stock
 peer made to feed other text: tests/doubles/foreign_head.py) is caught by the first honest head
 that reads its signed step record, loses the lease within 2 steps of that, and the swarm goes on
-under the honest head.
+under the honest head. And a head on other text that joins behind an honest leader (issue 57, item 6)
+refuses every reduce of that leader and reports it; the report does not hold, which is the proof that
+the reporter reads other data: the coordinator revokes the reporter's lease, every peer leaves it out,
+and the swarm goes on, each step the one-process oracle's (before: 110 s stalled, the reporter kept).
 (Before step records nothing checked what the leader fed: a head on its own data led.)"""
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ import time
 from protocol.spec import preset
 from swarm.local import LocalOptions, LocalSwarm
 from tests.doubles import foreign_head
+from tests.peer.swarm_in_memory import oracle
 from tests.e2e.conftest import wait_for_event
 
 STEPS = "100000"  # the heads never finish: the test stops them
@@ -30,11 +34,15 @@ def _wait(swarm: LocalSwarm, what, timeout: float = 90.0) -> None:
         time.sleep(0.2)  # poll interval of reports other processes write
 
 
-async def test_a_leader_that_feeds_other_data_loses_the_lease_within_two_steps_and_the_swarm_goes_on(tmp_path):
+def _evil_text(path) -> str:
     rng = random.Random(7)
     words = ["lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "adipiscing", "elit", "sed", "eiusmod"]
-    evil = tmp_path / "evil.txt"
-    evil.write_text(" ".join(rng.choice(words) for _ in range(40_000)))
+    path.write_text(" ".join(rng.choice(words) for _ in range(40_000)))
+    return str(path)
+
+
+async def test_a_leader_that_feeds_other_data_loses_the_lease_within_two_steps_and_the_swarm_goes_on(tmp_path):
+    evil = _evil_text(tmp_path / "evil.txt")
     spec = preset("tiny", stages=2, batch_size=16, microbatch_size=8)
     swarm = LocalSwarm(LocalOptions(spec, steps=int(STEPS), workdir=str(tmp_path / "data"), threads=1, quiet=True,
                                     extra_peer_args=["--ttl", "6"]))
@@ -42,7 +50,7 @@ async def test_a_leader_that_feeds_other_data_loses_the_lease_within_two_steps_a
     try:
         await asyncio.to_thread(swarm.start_coordinator)
         # the liar is the first head the coordinator sees, so the lease names it first
-        swarm.start_peer(0, "--steps", STEPS, "--foreign-data", str(evil), name="liar", module=foreign_head.MODULE)
+        swarm.start_peer(0, "--steps", STEPS, "--foreign-data", evil, name="liar", module=foreign_head.MODULE)
         wait_for_event(swarm, "liar", "ready")
         swarm.start_peer(1, name="stage1")
         await asyncio.to_thread(_wait, swarm, lambda: len(_steps_by(swarm, "liar")) >= 3)
@@ -68,3 +76,34 @@ async def test_a_leader_that_feeds_other_data_loses_the_lease_within_two_steps_a
     # head's steps below the liar's last: neither passes this.
     last_lie = max(e["step"] for e in _steps_by(swarm, "liar"))
     assert honest[0] >= last_lie, (honest[0], last_lie)
+
+
+async def test_a_head_on_other_data_that_refuses_an_honest_leader_loses_its_lease_and_the_swarm_goes_on(tmp_path):
+    evil = _evil_text(tmp_path / "evil.txt")
+    spec = preset("tiny", stages=2, batch_size=16, microbatch_size=8)
+    swarm = LocalSwarm(LocalOptions(spec, steps=int(STEPS), workdir=str(tmp_path / "data"), threads=1, quiet=True,
+                                    extra_peer_args=["--ttl", "6"]))
+    swarm.head_names = lambda: ["honest", "foreign"]
+    try:
+        await asyncio.to_thread(swarm.start_coordinator)
+        swarm.start_peer(0, "--steps", STEPS, name="honest")  # the first head: the lease names it first
+        wait_for_event(swarm, "honest", "ready")
+        swarm.start_peer(1, name="stage1")
+        await asyncio.to_thread(_wait, swarm, lambda: len(_steps_by(swarm, "honest")) >= 3)
+        swarm.start_peer(0, "--steps", STEPS, "--foreign-data", evil, name="foreign", module=foreign_head.MODULE)
+        refused = (await asyncio.to_thread(wait_for_event, swarm, "foreign", "bad_step_record"))[0]
+        done = len(_steps_by(swarm, "honest"))
+        await asyncio.to_thread(_wait, swarm, lambda: len(_steps_by(swarm, "honest")) >= done + 5)
+    finally:
+        await asyncio.to_thread(swarm.stop, 5.0)
+    coordinator = (swarm.dir / "coordinator.log").read_text()
+    foreign_id = next(e["peer_id"] for e in swarm.events("foreign") if e["event"] == "ready")
+    assert "reads other data than the run's" in coordinator and foreign_id[-8:] in coordinator, coordinator[-3000:]
+    assert f"head {foreign_id[-8:]} may no longer lead" in coordinator
+    assert "rolls back" not in coordinator  # it summed nothing: nothing is undone
+    assert refused["leader"] != foreign_id and not _steps_by(swarm, "foreign")  # it never drove a step
+    records = sorted(_steps_by(swarm, "honest"), key=lambda e: e["step"])
+    assert [r["step"] for r in records] == list(range(1, len(records) + 1))  # every step once, none lost
+    want = await asyncio.to_thread(oracle, spec, len(records))
+    for r, w in zip(records, want):
+        assert abs(r["loss"] - w) <= 1e-5 * abs(w), f"step {r['step']}: swarm {r['loss']} vs oracle {w}"

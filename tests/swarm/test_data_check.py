@@ -96,6 +96,36 @@ async def test_the_coordinator_revokes_a_liars_lease_only_on_its_own_evidence_an
     assert (await keeper.tick()).order == [honest.peer_id]
 
 
+async def test_a_head_that_reports_the_runs_data_as_other_loses_its_lease_and_a_non_head_only_its_word():
+    """Issue 57, item 6: a head on other data refuses every honest leader; its false report proves it."""
+    dht = Heads()
+    leader, foreign, stranger = Identity.generate(), Identity.generate(), Identity.generate()
+    dht.heads[leader.peer_id] = "online"
+    keeper = LeaseKeeper(dht, RUN)
+    await keeper.tick()
+    dht.heads[foreign.peer_id] = "online"  # it joins later: the honest head leads
+    await keeper.tick()
+    assert keeper.lease.order == [leader.peer_id, foreign.peer_id]
+    revokes = []
+
+    async def revoke(head: str, why: str, to, caught: int) -> bool:
+        revokes.append((head, why, to, caught))
+        return await keeper.revoke(head, why, to, caught)
+    async def heads() -> list[str]:
+        return keeper.lease.order
+    verdict = DataVerdict(RUN, M, lambda: RUN_DATA, revoke, heads=heads)
+    honest = record(leader, RUN_DATA).encode()
+    assert await verdict.on_report(honest, stranger.peer_id) != b""  # no head: its word only
+    assert revokes == [] and keeper.lease.order == [leader.peer_id, foreign.peer_id]
+    assert await verdict.on_report(honest, foreign.peer_id) != b""  # the report still does not hold
+    assert [(h, to, caught) for h, _, to, caught in revokes] == [(foreign.peer_id, None, 0)]  # no rollback
+    assert "step 5" in revokes[0][1]
+    assert keeper.lease.order == [leader.peer_id] and keeper.lease.revoked == [foreign.peer_id]
+    assert keeper.lease.rollback_id == 0  # nothing it did was applied: nothing is undone
+    assert await verdict.on_report(honest, foreign.peer_id) != b"" and len(revokes) == 1  # once
+    assert verdict.unfounded == 3
+
+
 async def test_the_leader_does_not_re_hash_its_own_record_and_another_head_still_checks_it():
     reports = []
 

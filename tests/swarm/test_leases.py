@@ -162,3 +162,30 @@ async def test_only_the_swarm_keys_lease_is_read_over_a_real_dht(swarm):  # noqa
     assert len(envelopes) == 1 and any("not by the swarm key" in p for p in problems)  # the forged one, refused
     with pytest.raises(RecordError):
         await SwarmDHT(swarm.second.dht).fetch_lease(RUN)  # no coordinator key to trust yet: one clear error
+
+
+async def test_heads_that_did_checked_work_go_ahead_of_heads_that_only_announced():
+    """Issue 57, item 6: a stranger reaches the line of successors only after a leader's signed work record
+    names it among stage 0's workers; announcing stage 0 early is not enough."""
+    dht = Heads()
+    keeper = LeaseKeeper(dht, RUN, republish_s=1e9)
+    dht.heads["A"] = "online"
+    assert (await keeper.tick()).order == ["A"]  # a new swarm: nobody worked yet, the first head leads
+    fakes = {"F1": "online", "F2": "online", "F3": "online"}
+    dht.heads |= fakes  # three ids that announce stage 0 and never work
+    assert (await keeper.tick()).order[0] == "A"
+    keeper.note_work(SimpleNamespace(workers={0: ["A"], 1: ["S"]}))  # the leader's record after a snapshot step
+    dht.heads["H"] = "online"  # a real head joins after the fakes
+    order = (await keeper.tick()).order
+    assert order[0] == "A" and order[-1] == "H" and set(order[1:4]) == set(fakes)  # no work of its own yet
+    keeper.note_work(SimpleNamespace(workers={0: ["A", "H"], 1: ["S"]}))  # it drove microbatches of a step
+    order = (await keeper.tick()).order
+    assert order[:2] == ["A", "H"] and set(order[2:]) == set(fakes)
+    assert dht.stored[-1].order == order  # what the swarm reads
+    dht.heads["A"] = "leaving"  # the leader goes: the head that worked succeeds it, not a fake
+    assert (await keeper.tick()).order[0] == "H"
+    assert "S" not in keeper.worked  # only stage 0's workers are heads
+    pinned = LeaseKeeper(Heads(), RUN, trusted=["F1", "H"])
+    pinned.sdht.heads |= {"F1": "online", "H": "online"}
+    pinned.note_work(SimpleNamespace(workers={0: ["H"]}))
+    assert (await pinned.tick()).order == ["F1", "H"]  # --trusted-heads: the operator's order, as given

@@ -100,6 +100,9 @@ CASES = [
     ("health port", f"peer --initial-peers {PEER} --health-port 99999", USAGE, ["--health-port must be a TCP port"]),
     ("dashboard port of dashboard", f"dashboard --initial-peers {PEER} --port -1", USAGE, ["--port must be a TCP"]),
     ("snapshot every", "coordinator --snapshot-every -1", USAGE, ["--snapshot-every must be 0"]),
+    # issue 57, item 6: powersgd contributions cannot be checked, so a public swarm does not take them on trust
+    ("powersgd in a public swarm", "coordinator --preset tiny --replica-sync powersgd", USAGE,
+     ["--replica-sync powersgd leaves every replica's contribution unchecked", "--private", "--unchecked-powersgd"]),
     ("bad replica sync rank", "local --replica-sync-rank 0", USAGE, ["replica_sync_rank must be between 1 and 1024"]),
 ]
 
