@@ -146,7 +146,8 @@ def format_table(state: dict) -> str:
                      "it, and takes over if the leader dies): its measured compute speed (one microbatch's "
                      "forward+backward), not traffic.")
     for r in state.get("revoked", []):
-        head = f"head …{r['head'][-10:]} lost its lease for good: it fed other data than the run's, or called the run's data other"
+        head = (f"head …{r['head'][-10:]} lost its lease for good: it fed other data than the run's, or called the "
+                f"run's data other")
         if r.get("rollback_to") is not None:
             lines.append(f"{head}; the swarm key ordered its steps rolled back to step {r['rollback_to']} (it was "
                          f"caught at step {r['caught']}).")

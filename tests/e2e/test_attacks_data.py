@@ -16,8 +16,8 @@ import time
 from protocol.spec import preset
 from swarm.local import LocalOptions, LocalSwarm
 from tests.doubles import foreign_head
-from tests.peer.swarm_in_memory import oracle
 from tests.e2e.conftest import wait_for_event
+from tests.peer.swarm_in_memory import oracle
 
 STEPS = "100000"  # the heads never finish: the test stops them
 
