@@ -83,6 +83,10 @@ class CoordinatorOptions:
     ids_per_network: int = opt(4, "readers count at most this many peer ids per stage from one IPv4 /24 or IPv6 /48, "
                                "as seen on their connections (loopback and private addresses exempt; 0: no cap); "
                                "raise it when many volunteers share one public address", metavar="N")
+    ids_per_block: int = opt(16, "readers also count at most this many peer ids per stage from one IPv4 /16 or IPv6 "
+                             "/32 (the size of one ISP's or hoster's allocation: 65,536 /48s), so that an attacker "
+                             "with many cheap /48s or /24s of one provider fields M ids per stage, not 4 per /48 "
+                             "(0: no cap); raise it when many volunteers of one ISP serve one stage", metavar="M")
     snapshot_every: int = opt(50, "every stage snapshots its state every this many steps, and peers of other stages "
                               "keep the snapshots, so that a stage whose every replica left is restored, not reset "
                               "(0: never)")
@@ -107,21 +111,26 @@ class CoordinatorOptions:
             raise ValueError(f"--id-work-bits must be between 0 (no proof of work) and {MAX_BITS}.")
         if self.ids_per_network < 0:
             raise ValueError("--ids-per-network must be 0 (no cap) or a positive number of peer ids.")
+        if self.ids_per_block < 0:
+            raise ValueError("--ids-per-block must be 0 (no cap) or a positive number of peer ids.")
         check_data_flags(self.data, self.tokens)
 
 
 def sealed_spec(spec: RunSpec, key: SigningKey, peer_id: str = "", private: bool = False,
                 snapshot_every: int = 0, id_work_bits: int = 0, ids_per_network: int = 0,
-                compile_blocks: bool = False) -> RunSpec:
+                compile_blocks: bool = False, ids_per_block: int = 0) -> RunSpec:
     """The spec as the swarm sees it: with the coordinator's key, its peer id (where stages send
     their re-fit statistics), the shared-constant hash, whether only ticket holders may join,
     every how many steps all stages snapshot (so that they snapshot at the same steps), and what
-    a peer id costs (`id_work_bits`, `ids_per_network`: absent when 0, as older coordinators wrote it)."""
+    a peer id costs (`id_work_bits`, `ids_per_network`, `ids_per_block`: absent when 0, as older coordinators
+    wrote it)."""
     extra = dict(spec.extra)
     if id_work_bits:
         extra["id_work_bits"] = id_work_bits
     if ids_per_network:
         extra["ids_per_network"] = ids_per_network
+    if ids_per_block:
+        extra["ids_per_block"] = ids_per_block
     if snapshot_every:
         extra["snapshot_every"] = snapshot_every
     if compile_blocks:  # every replica alike: spot checks compare a compiled share with its recomputation
@@ -171,7 +180,7 @@ async def _coordinate(opts: CoordinatorOptions, spec: RunSpec, key: SigningKey, 
     try:
         p2p = await dht.replicate_p2p()
         spec = sealed_spec(spec, key, identity.peer_id, opts.private, opts.snapshot_every, opts.id_work_bits,
-                           opts.ids_per_network, opts.compile)
+                           opts.ids_per_network, opts.compile, opts.ids_per_block)
         sdht = SwarmDHT(dht, identity, swarm_key=key, policy=policy)
         frame = max(spec.d_model * spec.rank * 4, CHUNK_BYTES if opts.checkpoint_dir else 0) + (1 << 16)
         transport = Transport(p2p, f"subspace-swarm-{spec.run_hash}", max_frame_bytes=frame)

@@ -11,7 +11,7 @@ Once the run spec is read, `adopt(spec)` applies the swarm's rule (its coordinat
 private swarm, tickets; the proof of work each peer id must carry) here and in the DHT node's
 validator; `admission` then tells message handlers whom they may serve. A writer in a run that
 asks for work sets `work` (`swarm/trust/work.py`) before it writes. `stage_peers` also applies
-the run's cap of announcements per network (`network_cap.py`).
+the run's caps of announcements per network and per block of networks (`network_cap.py`).
 """
 
 from __future__ import annotations
@@ -76,6 +76,11 @@ async def _connected_at(_dht: hivemind.DHT, node) -> dict[str, list[str]]:
     return {info.peer_id.to_base58(): [str(a) for a in info.addrs] for info in await node.p2p.list_peers()}
 
 
+def _cap(value: object) -> int:
+    """A cap of the run spec (`ids_per_network`, `ids_per_block`): a positive int, else 0 (no cap)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
 def _remember(memory: OrderedDict, key: str, value=None) -> bool:
     """Note `key` (bounded: the least recently noted is forgotten first; a key noted again keeps its first
     value); True if it was new."""
@@ -106,6 +111,7 @@ class SwarmDHT:
         self.skipped_records = 0  # malformed, forged or misfiled entries seen, for health reports
         self.work: WorkProof | None = None  # this writer's proof of work for the adopted run, if it asks for one
         self.ids_per_network = 0  # the run's cap of announcements per stage per /24 or /48 (0: none)
+        self.ids_per_block = 0  # ... and per /16 or /32 (0: none)
         self._connected: tuple[float, dict[str, list[str]]] | None = None  # (when read, p2pd's connections)
         self.connections_s = CONNECTIONS_S
         self._run: tuple[str, int] | None = None  # (run hash, stages) once a spec is adopted
@@ -132,8 +138,9 @@ class SwarmDHT:
             policy.check(self.identity.peer_id, self.ticket)  # the one clear refusal, before anything is written
         self.admission.adopt(policy)
         self._run = (spec.run_hash, spec.n_stages)
-        cap = spec.extra.get("ids_per_network", 0)  # absent in older coordinators' specs: no cap
-        self.ids_per_network = cap if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0 else 0
+        # absent in older coordinators' specs: no cap (no block cap, for specs from before it)
+        self.ids_per_network, self.ids_per_block = (_cap(spec.extra.get(k)) for k in ("ids_per_network",
+                                                                                       "ids_per_block"))
         dropped = await set_policy(self.dht, policy)
         if dropped:
             log.info("dropped %d stored records that this swarm's rule refuses", dropped)
@@ -265,12 +272,14 @@ class SwarmDHT:
             _remember(self._first_seen, ann.peer_id, time.monotonic())
             peers.append(ann)
         peers.sort(key=lambda a: a.peer_id)
-        if 0 < self.ids_per_network < len(peers):  # else no network can be over the cap: no need to ask p2pd
+        caps = [c for c in (self.ids_per_network, self.ids_per_block) if c > 0]
+        if caps and min(caps) < len(peers):  # else no network or block can be over its cap: no need to ask p2pd
             peers, crowded = cap_per_network(peers, self.ids_per_network, await self._connections(),
-                                             self._first_seen)
+                                             self._first_seen, self.ids_per_block)
             for ann in crowded:
-                self._skip(key, f"more than {self.ids_per_network} ids announce this stage from its network",
-                           ann.peer_id)
+                self._skip(key, f"more ids announce this stage from its network or its block than the run counts "
+                           f"({self.ids_per_network or 'any'} per /24 or /48, {self.ids_per_block or 'any'} per "
+                           f"/16 or /32)", ann.peer_id)
         return peers
 
     async def _connections(self) -> dict[str, list[str]]:
