@@ -99,6 +99,10 @@ class CoordinatorOptions:
                                      "(fetched from the peers in chunks, checked against the vouched sha256) and "
                                      "give them to a peer that restores a stage no live peer holds a snapshot of",
                                      metavar="DIR")
+    unchecked_powersgd: bool = opt(False, "run --replica-sync powersgd in a public swarm although nobody can check a "
+                                   "replica's powersgd factors (each carries its own error feedback, so no one can "
+                                   "recompute them): a liar's x-50 contribution is taken. Without this flag such a run "
+                                   "must be --private; pass it only where you trust every peer")
     trusted_heads: list[str] = opt([], "only these heads (peer ids, in this order) may lead; the coordinator's lease "
                                    "names them (default: every head, in the order the coordinator first saw them, so "
                                    "a head that joins later never leads while an earlier one lives)",
@@ -114,6 +118,11 @@ class CoordinatorOptions:
         if self.ids_per_block < 0:
             raise ValueError("--ids-per-block must be 0 (no cap) or a positive number of peer ids.")
         check_data_flags(self.data, self.tokens)
+        if self.spec.replica_sync == "powersgd" and not (self.private or self.unchecked_powersgd):
+            raise ValueError("--replica-sync powersgd leaves every replica's contribution unchecked (no one can "
+                             "recompute its factors), so a public swarm refuses it: add --private and admit your peers "
+                             "with `swarm admit`, or pass --unchecked-powersgd if you trust every peer, or use "
+                             "--replica-sync exact.")
 
 
 def sealed_spec(spec: RunSpec, key: SigningKey, peer_id: str = "", private: bool = False,
@@ -191,7 +200,10 @@ async def _coordinate(opts: CoordinatorOptions, spec: RunSpec, key: SigningKey, 
                                  answers=LivenessProbe(p2p).checker(spec.run_hash, transport),
                                  leaders=lambda: keeper.lease.order if keeper.lease is not None else [])
         vouch = SnapshotVouch(sdht, spec.run_hash, spec.n_stages)
-        refitter.on_record = vouch.on_record
+        async def on_record(record) -> None:  # a lease head's signed work record: its hashes, and who worked
+            keeper.note_work(record)
+            await vouch.on_record(record)
+        refitter.on_record = on_record
         if on_refitter is not None:
             on_refitter(refitter)
         if opts.checkpoint_dir:  # the coordinator holds every stage's vouched snapshots too (issue 19)
@@ -220,9 +232,13 @@ async def _coordinate(opts: CoordinatorOptions, spec: RunSpec, key: SigningKey, 
             if to is not None:  # the undone steps' vouched snapshots and states go: they are driven again
                 await vouch.forget_after(to)
             return await keeper.revoke(head, why, to, caught)
+        async def heads() -> set[str]:  # a head that joined a moment ago is not in the lease yet
+            return {a.peer_id for a in await sdht.stage_peers(spec.run_hash, 0)} | set(keeper.lease.order
+                                                                                     if keeper.lease else [])
         verdict = DataVerdict(spec.run_hash, spec.n_microbatches, lambda: token_batches(spec, opts.tokens)
                               or run_batches(spec, opts.data), revoke,
-                              lambda head, caught: vouch.before(head, caught, keeper.revoked))
+                              lambda head, caught: vouch.before(head, caught, keeper.revoked),
+                              heads=heads)
         await transport.serve(KIND_DATA_REPORT, verdict.on_report)  # heads report leaders that fed other data
         leases = asyncio.create_task(keeper.run())  # which heads may lead, signed by the swarm key
         maddrs = [str(m) for m in dht.get_visible_maddrs()]
