@@ -7,8 +7,8 @@ life cycle of a DHT node.
 - `envelope.py`: the signed envelope every record travels in, and the one check of who may
   write it (`check_envelope`).
 - `validator.py`: that check inside every DHT node (`SwarmRecordValidator`), and `set_policy`.
-- `network_cap.py`: at most a few announced ids per stage per /24 or /48, counted where this
-  node's connections see them (applied by `SwarmDHT.stage_peers`).
+- `network_cap.py`: at most a few announced ids per stage per /24 or /48, and per /16 or /32
+  block, counted where this node's connections see them (applied by `SwarmDHT.stage_peers`).
 - `process.py`: starting and stopping a DHT node (a child process with its own p2pd), and
   making sure nothing of it outlives its owner.
 """
