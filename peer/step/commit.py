@@ -133,6 +133,12 @@ class StepCommit:
     def limits(self) -> FlatLimits:
         return self._limits
 
+    def sum_on_its_way(self) -> bool:
+        """Whether the step in progress here may still be applied without a download: a reduce of it runs here,
+        or its sum is held here (the leader's apply may be on its way)."""
+        reduced, step = self.runner.reduced, self.runner.step
+        return self._running.any_running(step) or (reduced is not None and reduced.step == step)
+
     def disputed_stages(self) -> list[int]:
         """The stages whose two replicas disagree at the step in progress here (placement draws a third there)."""
         return self.disputed[1] if self.disputed[0] == self.runner.step else []

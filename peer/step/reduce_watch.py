@@ -197,6 +197,10 @@ class RunningReduces:
         finally:
             self._running[key] -= 1
 
+    def any_running(self, step: int) -> bool:
+        """Whether a reduce of `step` (any attempt) runs here now."""
+        return any(n > 0 for (s, _), n in self._running.items() if s == step)
+
     def state(self, step: int, attempt: int, here: tuple[int, int]) -> str:
         """The answer to a probe of (step, attempt), `here` being this replica's step and attempt."""
         if step != here[0] or attempt < here[1]:

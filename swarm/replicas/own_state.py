@@ -17,10 +17,12 @@ deadline under load, a stall) hears a reduce or apply of a later step. Nothing w
 level: the leader commands only replicas at the step, so it would stand by for ever, its GPU idle
 and its stage one replica short. Unless it gets level by itself (the apply of the step before may
 be on its way; a joiner applies its donor's forwarded sums), with no `grace` seconds passing
-without a step applied, it downloads the stage's state again. Two steps or more behind, with no donor whose
-forwarded sums it follows, nothing can bring it level by itself: it waits only `LEFT_BEHIND_S`. A standby
-head that started from the seed as the swarm took its first step (churn smoke, CI) waited the whole grace,
-the only up-to-date replica of its stage died meanwhile, and the swarm rolled back to step 0.
+without a step applied, it downloads the stage's state again. With nothing on its way (no donor whose
+forwarded sums it follows, and two steps or more behind or no sum of its step made or held here),
+nothing can bring it level by itself: it waits only `LEFT_BEHIND_S`, asked again while it waits (the
+swarm may move on). A standby head that started from the seed as the swarm took its first step (churn
+smoke, CI) waited the whole grace, twice (one step behind when told, then left out of that step's
+reduce too), the only up-to-date replica of its stage died meanwhile, and the swarm rolled back to step 0.
 """
 from __future__ import annotations
 
@@ -97,24 +99,37 @@ class BehindCheck:
         commands are admitted from the leading head only)."""
         self.peer, self.resync, self.report, self.grace = peer, resync, report, grace
         self.resyncs = 0
+        self.swarm_step = -1  # the latest step of the leader's commands heard here
         self._running = False
 
     def behind(self, swarm_step: int) -> None:
         """A command of step `swarm_step` came while this replica is at an earlier one."""
+        self.swarm_step = max(self.swarm_step, swarm_step)  # a wait under way sees the swarm move on
         if self._running:
             return
         self._running = True
-        self.peer.daemon.spawn(self._catch_up(swarm_step))
+        self.peer.daemon.spawn(self._catch_up())
 
-    async def _catch_up(self, swarm_step: int) -> None:
+    def patience(self) -> float:
+        """How long, with no step applied here, this replica waits to get level by itself:
+
+            grace          if its donor forwards it sums (a joiner), or the swarm is one step ahead and this
+                           replica's sum of its step is being made or held (the apply may be on its way)
+            LEFT_BEHIND_S  otherwise: nothing is on its way (2+ steps behind, or left out of its step's reduce)"""
+        on_its_way = self.peer.follower.donor is not None or (
+            self.swarm_step - self.peer.runner.step < 2 and self.peer.commit.sum_on_its_way())
+        return self.grace if on_its_way else min(self.grace, LEFT_BEHIND_S)
+
+    async def _catch_up(self) -> None:
         runner = self.peer.runner
         try:
-            alone = swarm_step - runner.step >= 2 and self.peer.follower.donor is None
-            deadline, seen = time.monotonic() + (min(self.grace, LEFT_BEHIND_S) if alone else self.grace), runner.step
-            while runner.step < swarm_step and time.monotonic() < deadline:
+            since, seen = time.monotonic(), runner.step
+            # the patience is asked again as the wait goes on: the swarm may take more steps meanwhile
+            while runner.step < self.swarm_step and time.monotonic() - since < self.patience():
                 await asyncio.sleep(0.1)  # the apply of the step before may still be on its way here
                 if runner.step != seen:  # getting level by itself (a joiner follows its donor)
-                    deadline, seen = time.monotonic() + self.grace, runner.step
+                    since, seen = time.monotonic(), runner.step
+            swarm_step = self.swarm_step
             if runner.step >= swarm_step:
                 return
             log.warning("stage %d: this replica is at step %d but the swarm is at step %d (it missed a step's reduce: "

@@ -11,7 +11,8 @@ elsewhere it says so in one sentence and stops.
 2. churn: for --minutes, every --period seconds (the first at the phase's start) one peer is
    killed with SIGKILL (the process alone: its DHT child and p2pd must go by themselves), a
    random one, or the leading head every --leader-every-th time; a fresh peer (new identity,
-   new checkpoint folder) starts at once on a fresh host.
+   new checkpoint folder) starts at once on a fresh host. With --smoke (one kill), the phase goes
+   on, at most `SMOKE_RECOVERY_S` more, until a step came after the kill (a loaded machine).
 
 Then every process is stopped with SIGTERM (each peer leaves and writes its last checkpoint);
 whatever is still running on any host 15 s later is listed in the JSON and killed, and every
@@ -66,6 +67,7 @@ CALM_STEPS = 2  # the calm phase lasts --baseline-minutes, and longer until it h
 # and for the killed peer's children to go (seconds)
 SMOKE = dict(preset_name="tiny", hosts=4, replicas=2, period=25.0, minutes=25 / 60, leader_every=1,
              baseline_minutes=5 / 60, checkpoint_every=3)
+SMOKE_RECOVERY_S = 120.0  # --smoke: the churn phase goes on, at most this long, until a step came after the kill
 
 
 def churn_problem() -> str | None:
@@ -205,6 +207,12 @@ class ChurnRun:
         """Poll until `steps` step records came after `t`."""
         self._poll_until(lambda: self.stepped_since(t, steps), timeout, f"did not do {steps} steps")
 
+    def wait_until_stepped(self, t: float, timeout: float) -> None:
+        """Poll until a step record came after `t`, or `timeout` s passed (the report then says what did not)."""
+        deadline = time.time() + timeout
+        while not self.stepped_since(t, 1) and time.time() < deadline:
+            self.wait_until(min(deadline, time.time() + POLL_S))
+
     def start(self, hosts: int, coordinator_args: list[str], timeout: float = 300.0) -> None:
         """The coordinator and `hosts` peers; returns once each serves a stage and a step is done."""
         self.swarm.start_coordinator(*coordinator_args)
@@ -313,6 +321,10 @@ def run_churn_bench(out_dir: str, preset_name: str = "tiny", hosts: int = 6, rep
                 run.wait_until(churn0 + i * period)
                 run.kill(leader_every > 0 and (i + 1) % leader_every == 0, rng)
             run.wait_until(churn0 + minutes * 60)
+            if smoke and run.kills and not run.stepped_since(run.kills[-1].time, 1):  # a slow machine: no step yet
+                print(f"the churn phase goes on until a step comes after the kill (at most {SMOKE_RECOVERY_S:g} s "
+                      "more)", flush=True)
+                run.wait_until_stepped(run.kills[-1].time, SMOKE_RECOVERY_S)
         except KeyboardInterrupt:
             interrupted = True  # the JSON still says what happened until now, if the churn had begun
         finally:
