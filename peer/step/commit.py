@@ -14,12 +14,11 @@ The all-reduce: every replica sends its contribution (its microbatches and the f
 their gradients) to every other candidate; a candidate that is not at this step says so and
 is left out (one step short of it, a reduce command, contribution or probe first waits, bounded, for the
 apply of the step before, which the leader sends while the next step starts: `StageDaemon.until_step`);
-then each adds the contributions up in ascending peer-id order. Addition in one
-order gives every replica the same bits, so replicas stay identical, and since the summed
-gradient is the same whatever replica computed each microbatch, a swarm of replicas trains
-like one process (to float rounding of the changed summation order). A replica holding
-microbatches whose contribution did not arrive makes the reduce fail; the driver then aborts
-the attempt everywhere and re-drives the step: no microbatch is lost or counted twice.
+then each adds the contributions up in ascending peer-id order. Addition in one order gives every replica
+the same bits, so replicas stay identical, and since the summed gradient is the same whatever replica
+computed each microbatch, a swarm of replicas trains like one process (to float rounding of the changed
+summation order). A replica holding microbatches whose contribution did not arrive makes the reduce fail;
+the driver then aborts the attempt everywhere and re-drives the step: no microbatch is lost or counted twice.
 
 Gradients travel in the stage's `SyncLayout` (constrained weights in subspace coordinates).
 With replica_sync "powersgd" (after its `replica_sync_warmup` exact steps) the reduce has two
@@ -31,21 +30,18 @@ identical. Its error feedback and warm-started Q (`peer/runner/replica_sync.py`)
 step is applied. The messages of a reduce, and the bytes a replica sends in them (`sync_bytes`),
 are `peer/step/reduce_exchange.py`'s.
 
-While it waits for contributions a replica probes the ones still missing (`peer/step/reduce_watch.py`):
-one that died, or that will never send (its reduce ended, it got no reduce command), fails the
-reduce within seconds; one that is alive and sending is waited for up to `reduce_timeout` plus its bytes' time on the
-slowest uplink the swarm waits for, the spec's `slowest_uplink_bps` (`peer/daemon/transfer_time.py`).
+While it waits for contributions a replica probes the ones still missing (`peer/step/reduce_watch.py`): one
+that died, or will never send (its reduce ended, it got no reduce command), fails the reduce within seconds; one
+alive and sending is waited for up to `reduce_timeout` plus its bytes' time on the spec's `slowest_uplink_bps`.
 
 Replicas catching up after a state download (`peer/state/state_transfer.py`) get each reduced sum
-forwarded by their donor ("follow") until they take part in a reduce themselves: under powersgd
-the sums of the reduce (exact part, P, Q'), from which the follower rebuilds the same gradient, so
-that a follower costs its donor about two contributions' bytes a step (the sums in the compute dtype:
-0.8-1.0 MB at `small`), not the stage's whole gradient (26-38 MB a step at `small`, 1.1-1.6 GB at
-`large`: more than a home uplink carries in a step). A
-lone replica with a follower therefore reduces powersgd's way with itself (round 1 and 2 over
-its own factors, its error fed back) instead of exactly.
-fp16 (protocol/loss_scale.py): an overflowed share is a flagged contribution with no numbers; the
-reduce's reply says if the stage overflowed, the apply if the swarm skips the step (`Command.skip`).
+forwarded by their donor ("follow") until they take part in a reduce themselves: under powersgd the
+sums of the reduce (exact part, P, Q'), from which the follower rebuilds the same gradient: about two
+contributions' bytes a step (0.8-1.0 MB at `small`), not the stage's whole gradient (26-38 MB a step at
+`small`, 1.1-1.6 GB at `large`). A lone replica with a follower therefore reduces powersgd's way with
+itself (round 1 and 2 over its own factors, its error fed back) instead of exactly.
+fp16 (protocol/loss_scale.py): an overflowed share is a flagged contribution with no numbers; the reduce's
+reply says if the stage overflowed, the apply if the swarm skips the step (`Command.skip`).
 """
 from __future__ import annotations
 
