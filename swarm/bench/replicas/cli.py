@@ -89,8 +89,8 @@ def _add_share_tolerance(sub) -> argparse.ArgumentParser:
     add_data(p)
     g = p.add_argument_group("a liar under the tolerance (--liar-steps)")
     g.add_argument("--liar-steps", type=int, default=0, metavar="N",
-                   help="train N steps with liars just under the tolerance instead (2000 for the measurement; "
-                   "default: 0, off)")
+                   help="train N steps with liars just under the tolerance instead; 2000 for the measurement "
+                   "(default: 0, off)")
     g.add_argument("--liars", default="fp32,bf16", metavar="TOL[:SHAPE],...",
                    help="the lies, each at 0.99 x a dtype's tolerance (fp32 1e-4, bf16 2e-2): TOL alone is every "
                    "shape, TOL:SHAPE one; shapes: scale ((1 + e) x the share), fixed (a fixed random direction), "
