@@ -8,6 +8,7 @@ import struct
 import pytest
 
 from swarm.net.direct import (
+    CONNECTIONS_PER_TICKET,
     MAGIC,
     NONCE_BYTES,
     TAG_BYTES,
@@ -172,6 +173,39 @@ async def test_unknown_tickets_kinds_not_served_and_oversized_frames_close_the_c
         assert await closed_by_server(reader)  # refused on its header, before any body is read
         writer.close()
     assert host.calls == []
+
+
+async def test_a_ticket_opens_at_most_its_share_of_connections_and_a_closed_one_frees_its_place(server):
+    """A peer holding sockets open against the server gets CONNECTIONS_PER_TICKET of them (a client pools 4 a
+    peer), not more; another peer's ticket is not counted against it; one closed frees a place."""
+    srv, host = server
+    ticket, other = srv.ticket("12D3KooWdave", ["127.0.0.1"]), srv.ticket("12D3KooWerin", ["127.0.0.1"])
+    held = [await raw_connection(srv, ticket) for _ in range(CONNECTIONS_PER_TICKET)]  # each got its nonce
+    reader, writer = await asyncio.open_connection("127.0.0.1", srv.port)
+    writer.write(MAGIC + ticket.token)
+    await writer.drain()
+    assert await closed_by_server(reader)  # one more on the same ticket: closed before a nonce
+    writer.close()
+    r, w, nonce = await raw_connection(srv, other)  # another peer's ticket still opens one
+    assert await exchange(DirectConnection(r, w, other.key, nonce), "echo", b"hi") == (0, b"ih")
+    held[0][1].close()
+    deadline = asyncio.get_running_loop().time() + 10
+    while True:  # poll: the server sees the close and frees the place
+        reader, writer = await asyncio.open_connection("127.0.0.1", srv.port)
+        writer.write(MAGIC + ticket.token)
+        await writer.drain()
+        try:
+            nonce = await asyncio.wait_for(reader.readexactly(NONCE_BYTES), 5.0)
+            break
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+            assert asyncio.get_running_loop().time() < deadline, "the closed connection's place was never freed"
+            await asyncio.sleep(0.05)
+    assert await exchange(DirectConnection(reader, writer, ticket.key, nonce), "echo", b"back") == (0, b"kcab")
+    for _, w_, _ in held[1:]:
+        w_.close()
+    w.close()
+    writer.close()
 
 
 async def test_a_peer_that_cannot_be_dialed_is_left_to_libp2p(server):
