@@ -45,7 +45,7 @@ class NormBand:
         """`check` of a payload whose RMS (over the scale) is `r`, worked out beforehand."""
         if not math.isfinite(r) or r > self.absolute:
             return f"its values are out of range (rms {r:.3g})."
-        if self.accepted >= self.warmup:
+        if self.accepted >= self.warmup and self._seen:  # a band of warm-up 0 has no median before its first
             m = statistics.median(self._seen)
             if r > m * self.high or r < m / self.low:
                 return f"its size (rms {r:.3g}) is far outside what this stage has been receiving (~{m:.3g})."
