@@ -1,13 +1,27 @@
 """The step-1 race of a fresh swarm: a peer whose view of the announcements lags behind the
 sender's (it has not read the sender's announcement yet) asks the sender to retry, and the step
-goes through: no ban, no failed attempt, no 60 s wait for another peer, losses equal to the oracle."""
+goes through: no ban, no failed attempt, no 60 s wait for another peer, losses equal to the oracle.
+And the rule before it: in a private swarm, a sender with no ticket is refused whatever it sends."""
 from __future__ import annotations
 
 from types import SimpleNamespace
 
 from protocol.spec import preset
-from protocol.wire import KIND_ACTIVATION, KIND_CONTROL, KIND_DRIVE, KIND_GRADIENT, KIND_REDUCE
+from protocol.wire import (
+    KIND_ACTIVATION,
+    KIND_BASIS,
+    KIND_CONTROL,
+    KIND_DRIVE,
+    KIND_FOLLOW,
+    KIND_GRADIENT,
+    KIND_REDUCE,
+    KIND_SNAPSHOT,
+    KIND_STATE,
+)
 from swarm.replicas.membership import Membership
+from swarm.trust.admission import Admission, AdmissionPolicy, Ticket
+from swarm.trust.identity import Identity
+from swarm.trust.keys import SigningKey
 from tests.peer.swarm_in_memory import make_swarm, patient_options
 
 
@@ -90,3 +104,26 @@ async def test_a_swarm_whose_last_stage_reads_announcements_late_trains_like_the
     assert tail.refused >= 1  # the lagging view really refused (as "retry") before it read stage 1
     assert view.fresh_reads[1] >= 4
     assert failures == []  # a "retry" is no failure: nothing is banned
+
+
+async def test_an_outsider_of_a_private_swarm_is_refused_every_kind_and_a_ticket_holder_is_not():
+    """Messages only from whom they may come (docs/security.md): in a private swarm a sender with no valid ticket
+    is refused whatever it sends, the kinds anyone may send in a public swarm (basis, state, snapshots, a status
+    probe) too, with the one sentence that says how to get in; a peer whose ticket was seen is served."""
+    key = SigningKey.generate()
+    admission = Admission(AdmissionPolicy(True, key.public_bytes()))
+    member, outsider = Identity.generate().peer_id, Identity.generate().peer_id
+    assert admission.learn(member, Ticket.issue(key, member).to_bytes())  # its announcement carried its ticket
+    view = LaggingView({0: [member], 1: [member], 2: [member]}, lag=0)
+
+    async def admitted(peer: str) -> bool:  # SwarmDHT.admitted, less its look-up of announcements' tickets
+        return admission.admits(peer)
+    m = Membership(view, SimpleNamespace(admitted=admitted), stage=1, n_stages=3, refresh_s=0.0)
+    kinds = (KIND_ACTIVATION, KIND_GRADIENT, KIND_CONTROL, KIND_DRIVE, KIND_REDUCE, KIND_FOLLOW, KIND_BASIS,
+             KIND_STATE, KIND_SNAPSHOT)
+    for kind in kinds:
+        refusal = await m.check(outsider, kind)
+        assert refusal is not None and refusal.code == "refused" and "private" in refusal.reason \
+            and "swarm admit" in refusal.reason, (kind, refusal)
+    for kind in (KIND_GRADIENT, KIND_REDUCE, KIND_FOLLOW, KIND_BASIS, KIND_STATE, KIND_SNAPSHOT, KIND_CONTROL):
+        assert await m.check(member, kind) is None, kind
