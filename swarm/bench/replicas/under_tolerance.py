@@ -110,11 +110,12 @@ class ReplicatedPipeline(InProcessPipeline):
     def train_step(self, step: int, batch: BatchFn) -> StepResult:
         n, losses = self.spec.n_microbatches, []
         per_mb: list[list[torch.Tensor]] = [[] for _ in self.runners]  # stage -> flat gradient of each microbatch
+        stats: list[torch.Tensor | None] = [None] * len(self.runners)  # the step's re-fit statistic, per stage
         for mb in range(n):
             losses.append(self._microbatch(step, mb, batch(step, mb)))
             for s, r in enumerate(self.runners):
-                per_mb[s].append(r.layout.pack([p.grad if p.grad is not None else torch.zeros_like(p)
-                                                for p in r.params], r.current_U()))
+                _, flat, stats[s] = r.contribution()  # this microbatch's gradient alone, as a replica packs it
+                per_mb[s].append(flat)
                 r.optimizer.zero_grad(set_to_none=True)  # the next microbatch's gradient alone
         for s, r in enumerate(self.runners):
             shares = [_sum(per_mb[s][i::self.replicas]) for i in range(self.replicas)]
@@ -123,8 +124,7 @@ class ReplicatedPipeline(InProcessPipeline):
                 lie = h + (self.variant.rel * float(h.norm())) * lie_direction(self.variant.shape, r, h, self.fixed[s])
                 self.scores.append(disagreement(h, lie))
                 shares[0] = lie
-            stat = r.contribution()[2]
-            r.load_flat_grads(_sum(shares), stat.clone() if stat is not None else None)
+            r.load_flat_grads(_sum(shares), stats[s].clone() if stats[s] is not None else None)
             # the swarm applies a shared sum with portable operations (the same bits on every machine); one
             # process needs no agreement, and torch's fused ones take 0.6x the time here: the same arithmetic
             r.grads_shared = False
@@ -232,12 +232,13 @@ def variants(liars: tuple[tuple[str, str], ...], noise: tuple[tuple[str, int], .
 
 def add_distances(runs: list[dict], cache: str) -> None:
     """Per point of every run: ||W_v - W_h|| / ||W_h|| and ||W_v|| / ||W_h|| per stage, h the honest run."""
-    for run in runs:
-        for p in run["points"]:
-            ref = torch.load(Path(cache) / f"{runs[0]['tag']}-{p['step']}.pt")
-            mine = torch.load(Path(cache) / f"{run['tag']}-{p['step']}.pt")
-            p["distance"] = [float((a.double() - b.double()).norm() / b.double().norm()) for a, b in zip(mine, ref)]
-            p["norm_ratio"] = [float(a.double().norm() / b.double().norm()) for a, b in zip(mine, ref)]
+    for i, point in enumerate(runs[0]["points"]):  # every run is evaluated at the same steps
+        ref = [w.double() for w in torch.load(Path(cache) / f"{runs[0]['tag']}-{point['step']}.pt")]
+        for run in runs:
+            p = run["points"][i]
+            mine = [w.double() for w in torch.load(Path(cache) / f"{run['tag']}-{p['step']}.pt")]
+            p["distance"] = [float((a - b).norm() / b.norm()) for a, b in zip(mine, ref)]
+            p["norm_ratio"] = [float(a.norm() / b.norm()) for a, b in zip(mine, ref)]
 
 
 def summarize(runs: list[dict], tail: int) -> dict:
