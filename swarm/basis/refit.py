@@ -27,6 +27,12 @@ switch at a far step (the effective step is always the coordinator's t + delay).
 Statistics tagged with an older version than the last published one mean that update was not
 taken up (it arrived too late); the refitter then starts again from the version the stages
 are really on.
+
+A coordinator that restarts, or a standby that takes over with the same swarm key, calls
+`resume()` before it serves: it reads the signed updates back from the DHT (each checked against
+the spec's coordinator key, and only an unbroken chain 1..V), so that it knows every U_v the
+stages may tag a statistic with, republishes the whole chain for late joiners, and signs its next
+re-fit as version V+1 from U_V, the same bits as if it had never stopped.
 """
 from __future__ import annotations
 
@@ -38,14 +44,14 @@ from collections.abc import Awaitable, Callable
 
 import torch
 
-from protocol.basis_update import BasisUpdate, canonical_basis, decode_stats, encode_update, next_basis
+from protocol.basis_update import BasisUpdate, canonical_basis, decode_stats, decode_update, encode_update, next_basis
 from protocol.model import compute_dtype, spec_basis
 from protocol.spec import RunSpec
 from protocol.step_record import WorkRecord
 from protocol.wire import KIND_BASIS, ErrorReply, WireError, encode_message
 from swarm.dht import SwarmDHT
 from swarm.net.transport import Transport
-from swarm.trust.keys import SigningKey
+from swarm.trust.keys import SigningKey, verify
 from swarm.trust.signed_records import signed_by_leader
 
 log = logging.getLogger(__name__)
@@ -238,7 +244,8 @@ class BasisRefitter:
             for v in [v for v in self.bases if v > version]:
                 del self.bases[v]  # a later version that the stages never took up is abandoned
             self.bases[version + 1] = canonical_basis(U, compute_dtype(self.spec))
-            self.published.append(update)
+            # and no longer republished: its entry in the DHT is replaced (same version) or expires
+            self.published = [u for u in self.published if u.version <= version] + [update]
             body = encode_update(update)
             await self.sdht.publish_basis(self.spec.run_hash, update.version, body, self.ttl)
             log.info("basis version %d published, effective at step %d", update.version, update.effective_step)
@@ -258,3 +265,46 @@ class BasisRefitter:
         """Keep every published update alive in the DHT (late joiners need the whole chain)."""
         for update in self.published:
             await self.sdht.publish_basis(self.spec.run_hash, update.version, encode_update(update), self.ttl)
+
+    async def resume(self) -> int:
+        """Take up the chain of updates this swarm key already published (a restarted coordinator, or a standby
+        with the same key); returns the newest version resumed (0: none). Call it before serving.
+
+        Resumed: `bases` (U_v of every version, as `_refit` keeps it, so that a statistic tagged v > 0 is taken
+        and the next re-fit steps from the basis the stages are on), `published` (what `republish` keeps alive
+        for late joiners) and `last_refit` (the newest update's re-fit step: its effective step minus the switch
+        delay; no statistic of an older re-fit step is collected again). An entry that does not decode, names
+        another version than its own, or whose signature is not the spec's coordinator key's is skipped with a
+        warning; the chain is 1, 2, ... up to the first version missing or skipped, and also stops where an
+        effective step does not come after the one before (a version a later re-fit abandoned, left in the DHT
+        until its ttl ends). A DHT failure is raised: resuming nothing would restart the chain at version 1."""
+        if not self.bases:
+            return 0  # no subspace basis in this run: nothing to resume
+        public = bytes.fromhex(self.spec.coordinator_key) if self.spec.coordinator_key else self.key.public_bytes()
+        stored = await self.sdht.fetch_bases(self.spec.run_hash, public)
+        chain: list[BasisUpdate] = []
+        for version in sorted(v for v in stored if v > 0):
+            try:
+                update = decode_update(stored[version], self.spec)
+            except WireError as e:
+                log.warning("resume: skipped the stored basis update %d: %s", version, e)
+                continue
+            if update.version != version or not verify(public, update.signing_bytes(), update.signature):
+                log.warning("resume: skipped the stored basis update %d: not the coordinator key's signed update "
+                            "of that version", version)
+                continue
+            if version != len(chain) + 1 or (chain and update.effective_step <= chain[-1].effective_step):
+                log.warning("resume: the chain of basis updates stops at version %d (update %d %s)", len(chain),
+                            version, "follows a gap" if version != len(chain) + 1 else "is an abandoned one")
+                break
+            chain.append(update)
+        async with self._lock:
+            dtype = compute_dtype(self.spec)
+            self.bases = {0: self.bases[0], **{u.version: canonical_basis(u.U, dtype) for u in chain}}
+            self.published = chain
+            self.last_refit = chain[-1].effective_step - self.spec.basis_switch_delay if chain else 0
+            self._stats = {k: v for k, v in self._stats.items() if k[0] in self.bases and k[1] > self.last_refit}
+            self._pending = {p: k for p, k in self._pending.items() if k in self._stats}
+        if chain:
+            log.info("resumed basis versions 1-%d from the DHT (last re-fit at step %d)", len(chain), self.last_refit)
+        return len(chain)

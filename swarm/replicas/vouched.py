@@ -15,6 +15,11 @@ work record that names the hash every stage's replicas agreed on after a step (`
 `states`: `peer/checks/state_votes.py`), the coordinator keeps the newest `KEEP_STATES` steps under the
 swarm key in a second record, and a joiner loads a donor's state only if its sha256 is the one
 vouched for at its step (`peer/checks/vouched_state.py`).
+
+Both records resume from the DHT: a coordinator that restarts, or a standby that takes over with the
+same swarm key, calls `SnapshotVouch.resume()` before it serves, so that its first new record still holds
+the steps vouched for before (else a restore would find no vouched snapshot). Which head vouched for a
+step is not in the DHT: a resumed step is never a rollback target (`before`).
 """
 from __future__ import annotations
 
@@ -41,13 +46,40 @@ class SnapshotVouch:
         self.states = VouchedSnapshots(run_hash, {})  # step -> stage -> the state hash its replicas agreed on
         # called with (step, stage -> sha256) after a new snapshot step is vouched for (the coordinator's keeper)
         self.on_vouched = None
-        self.by: dict[int, str] = {}  # snapshot step -> the head whose record vouched for it
+        # snapshot step -> the head whose record vouched for it (seen by this process: not in the DHT)
+        self.by: dict[int, str] = {}
 
     def before(self, head: str, caught: int, revoked: list[str]) -> int | None:
         """The newest snapshot step vouched for, at most `caught`, by a head other than `head` and
-        the `revoked` ones: from before `head` led (a rollback's target), or None."""
+        the `revoked` ones: from before `head` led (a rollback's target), or None.
+
+        Only steps whose head is known count: a step taken up by `resume()` (vouched for before a restart) has
+        none, and may have been vouched for by the caught head itself, whose signed hashes are what a rollback
+        must not trust (every replica would load that snapshot; a head that fed other data may have named a
+        hash only its accomplices hold). So it is never a target: with none from a known other head, the answer
+        is None (no rollback, the caught head's steps stay applied), as before any head's record came; new
+        records from other heads make targets again, and push the resumed steps out after `keep` of them."""
         return max((t for t, by in self.by.items() if t <= caught and by != head and by not in revoked
                     and t in self.vouched.steps), default=None)
+
+    async def resume(self) -> None:
+        """Take up the snapshot and state hashes this swarm key already vouches for in the DHT (a restarted
+        coordinator, or a standby with the same key); call it before serving. Without it, the first new record
+        would hold only the new step, and a restore would find no vouched snapshot of the steps before.
+        Resumed: `vouched` (its newest `keep` steps) and `states` (the newest `KEEP_STATES`); a step already held
+        here keeps its hashes. Not resumed: `by` (the DHT does not say which head vouched): see `before`.
+        A DHT failure is raised, as resuming nothing would drop the earlier steps at the next record."""
+        snapshots = await self.sdht.fetch_vouched(self.run_hash)
+        states = await self.sdht.fetch_vouched(self.run_hash, states=True)
+        if snapshots is not None:
+            steps = {**snapshots.steps, **self.vouched.steps}
+            self.vouched = VouchedSnapshots(self.run_hash, {t: steps[t] for t in sorted(steps)[-self.keep:]})
+            self.by = {t: by for t, by in self.by.items() if t in self.vouched.steps}
+        if states is not None:
+            steps = {**states.steps, **self.states.steps}
+            self.states = VouchedSnapshots(self.run_hash, {t: steps[t] for t in sorted(steps)[-KEEP_STATES:]})
+        log.info("resumed the vouched snapshots of steps %s and the state hashes of %d steps from the DHT",
+                 sorted(self.vouched.steps), len(self.states.steps))
 
     async def forget_after(self, step: int) -> None:
         """The swarm rolls back to `step`: what was vouched for after it (the undone steps' snapshots and
