@@ -155,10 +155,12 @@ class ReplicaService:
         self.peer: StagePeer | None = None
         self.sync: BasisSync | None = None
         self._saving: asyncio.Task | None = None
-        # the hold starts now. No liveness probe here: a live peer whose uplink is busy (a snapshot over
-        # 1 Mbit/s) can miss one, and a stage that looks empty draws a peer away at once
+        # the hold starts now. No liveness probe of the directory: a live peer whose uplink is busy (a snapshot
+        # over 1 Mbit/s) can miss one, and a stage that looks empty draws a peer away at once; only the peers
+        # that would stay are probed, once a move is decided (a missed probe puts the move off: placement.py)
         # it counts the peers the leader's apply names, not the announced ones (placement.py)
         self.rebalancer = Rebalancer(ctx.router, ctx.spec, ctx.rebalance_hold, allowed=ctx.allowed_stages,
+                                     keeper_probe=self._answers,
                                      workers=lambda: self.peer.commit.workers if self.peer is not None else None,
                                      disputed=lambda: self.peer.commit.disputed_stages() if self.peer else [])
 
