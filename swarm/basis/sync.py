@@ -10,25 +10,28 @@ from __future__ import annotations
 
 import logging
 
+import msgpack
 import torch
 
 from peer.daemon.daemon import StageDaemon
 from protocol.basis_update import BasisUpdate, StatsMessage, canonical_basis, decode_update, encode_stats
 from protocol.model import compute_dtype, spec_basis
 from protocol.spec import RunSpec
-from protocol.wire import KIND_STATS, KIND_WORK, WireError
-from swarm.dht import SwarmDHT
+from protocol.wire import KIND_ERROR, KIND_STATS, KIND_WORK, WireError
+from swarm.dht import ActiveCoordinator, SwarmDHT
 from swarm.net.transport import Transport, TransportError
 from swarm.trust.keys import verify
 
 log = logging.getLogger(__name__)
+
+FIRST_TRY_S = 15.0  # the seat's holder as last read (it may be paused, a standby taking over): then read again
 
 
 class BasisSync:
     def __init__(self, spec: RunSpec, sdht: SwarmDHT, transport: Transport) -> None:
         self.spec, self.sdht, self.transport = spec, sdht, transport
         self.public_key = bytes.fromhex(spec.coordinator_key) if spec.coordinator_key else b""
-        self.coordinator = spec.extra.get("coordinator_peer", "")
+        self.coordinator = ActiveCoordinator(sdht, spec.run_hash, spec.extra.get("coordinator_peer", ""))
         self.daemon: StageDaemon | None = None
 
     def verify(self, update: BasisUpdate) -> bool:
@@ -36,25 +39,36 @@ class BasisSync:
             verify(self.public_key, update.signing_bytes(), update.signature)
 
     async def send_stats(self, stats: StatsMessage) -> None:
-        if not self.coordinator:
-            return
-        try:
-            reply = await self.transport.request(self.coordinator, KIND_STATS, encode_stats(stats), timeout=30)
-            if reply != b"":
-                log.warning("the coordinator refused this stage's statistic")
-        except TransportError as e:
-            log.warning("coordinator unreachable (%s); training continues on the current basis", e)
+        if await self.to_coordinator(KIND_STATS, encode_stats(stats), "this stage's statistic") is None:
+            log.warning("training continues on the current basis")
 
     async def send_work(self, record: bytes) -> None:
         """The leading head's signed `WorkRecord` of a re-fit step: who may vote in that re-fit."""
-        if not self.coordinator:
-            return
-        try:
-            reply = await self.transport.request(self.coordinator, KIND_WORK, record, timeout=30)
-            if reply != b"":
-                log.warning("the coordinator refused this head's work record")
-        except TransportError as e:
-            log.warning("coordinator unreachable (%s); the re-fit waits for it", e)
+        if await self.to_coordinator(KIND_WORK, record, "this head's work record") is None:
+            log.warning("the re-fit waits for the coordinator")
+
+    async def to_coordinator(self, kind: int, body: bytes, what: str, timeout: float = 30.0) -> bytes | None:
+        """Send `body` to the active coordinator (the seat's holder: swarm/dht/seat_reader.py); a standby's
+        refusal sends it once more to the holder read afresh. Its reply, or None (no coordinator reached)."""
+        for attempt in range(2):
+            coordinator = await self.coordinator.peer_id() if attempt == 0 else (
+                c.peer_id if (c := await self.coordinator.refresh(force=True)) else "")
+            if not coordinator:
+                return None
+            try:
+                # a paused holder must not keep the statistic from its successor for long
+                reply = await self.transport.request(coordinator, kind, body,
+                                                     timeout=min(timeout, FIRST_TRY_S) if attempt == 0 else timeout)
+            except TransportError as e:
+                log.warning("coordinator %s unreachable (%s)", coordinator[-8:], e)
+                if attempt == 0:
+                    continue
+                return None
+            if not _standing_by(reply):
+                if reply != b"":
+                    log.warning("the coordinator refused %s", what)
+                return reply
+        return None
 
     async def _verified_updates(self) -> list[BasisUpdate]:
         out = []
@@ -115,3 +129,15 @@ class BasisSync:
             else:
                 await daemon.accept_update(update)
                 break
+
+
+def _standing_by(reply: bytes) -> bool:
+    """Whether `reply` is a standby coordinator's refusal (swarm/coordinator/duties.py: an error of code
+    "standby"); read as plain msgpack, since an error reply carries no tensor for the stage's limits to check."""
+    if not reply or len(reply) > 4096:
+        return False
+    try:
+        msg = msgpack.unpackb(reply, raw=False)
+    except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError):
+        return False
+    return isinstance(msg, dict) and msg.get("k") == KIND_ERROR and msg.get("o") == "standby"

@@ -45,6 +45,8 @@ before its records expire) and serves, with aiohttp, everything from this packag
                         sync_bytes_per_step (the busiest replica's; null without replicas),
                         replica_sync (the run's mode)}
     basis              {version, updated_step, mixed (online peers disagree)}
+    coordinator        {peer (the seat's holder, else the newest claim's, else the run spec's), seat_held,
+                        term, since (unix time its term began; term and since null while no claim is live)}
     series             {loss: {time, step, value}, tokens_per_s: {time, step, value}}
                        (bounded: the last 2000 points each; loss per training step)
     invalid_records    distinct malformed, forged or misfiled health records seen (ignored)
@@ -103,7 +105,7 @@ class Dashboard:
     def snapshot(self) -> dict:
         if self.state is None:
             return {"updated": None, "error": "connecting to the swarm's DHT...", "run": None, "stages": [],
-                    "peers": [], "banned": [], "wire": None, "basis": None,
+                    "peers": [], "banned": [], "wire": None, "basis": None, "coordinator": None,
                     "series": {"loss": {"time": [], "step": [], "value": []},
                                "tokens_per_s": {"time": [], "step": [], "value": []}},
                     "invalid_records": 0, "problems": []}

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from hivemind.utils import get_dht_time
 
 from protocol.spec import RunSpec
-from swarm.dht import RecordError, StageAnnouncement, SwarmDHT
+from swarm.dht import ActiveCoordinator, RecordError, StageAnnouncement, SwarmDHT
 from swarm.monitor.coverage import uncovered_reason
 from swarm.monitor.health import HealthRecord, fetch_health
 from swarm.monitor.liveness import LivenessProbe
@@ -123,6 +123,7 @@ class DashboardState:
         self._dense = 0.0
         self._spec_read = -SPEC_REFRESH_S
         self._book: HealthBook | None = None
+        self._active: ActiveCoordinator | None = None
         self._error: str | None = "no sample yet."
         self._loss = _Series(history)
         self._speed = _Series(history)
@@ -133,8 +134,9 @@ class DashboardState:
 
     def _empty(self) -> dict:
         return {"updated": time.time(), "error": self._error, "run": None, "stages": [], "peers": [], "banned": [],
-                "wire": None, "basis": None, "series": {"loss": self._loss.to_json(), "tokens_per_s":
-                self._speed.to_json()}, "invalid_records": self._book.invalid if self._book else 0,
+                "wire": None, "basis": None, "coordinator": None,
+                "series": {"loss": self._loss.to_json(), "tokens_per_s": self._speed.to_json()},
+                "invalid_records": self._book.invalid if self._book else 0,
                 "problems": list(self._book.problems) if self._book else []}
 
     def snapshot(self) -> dict:
@@ -196,6 +198,7 @@ class DashboardState:
             self._dense = dense_bytes_per_token(spec)
             await self.sdht.adopt(spec)  # its key (and, if private, tickets) is the rule for every record read
             self._book = HealthBook(spec.run_hash, AdmissionPolicy.for_spec(spec))
+            self._active = ActiveCoordinator(self.sdht, spec.run_hash, str(spec.extra.get("coordinator_peer", "")))
 
     async def sample(self) -> None:
         await self._refresh_spec()
@@ -209,6 +212,9 @@ class DashboardState:
         book.update(raw, now)
         self._error = None
         self._snapshot = self._build(spec, anns, book, now)
+        seat = await self._active.refresh()  # which coordinator holds the seat (read at most every 5 s)
+        self._snapshot["coordinator"] = {"peer": await self._active.peer_id() or None, "seat_held": seat is not None,
+                                         "term": seat.term if seat else None, "since": seat.since if seat else None}
         self.samples += 1
 
     def _build(self, spec: RunSpec, anns: dict[int, list[StageAnnouncement]], book: HealthBook, now: float) -> dict:

@@ -7,6 +7,9 @@ life cycle of a DHT node.
 - `envelope.py`: the signed envelope every record travels in, and the one check of who may
   write it (`check_envelope`).
 - `validator.py`: that check inside every DHT node (`SwarmRecordValidator`), and `set_policy`.
+- `swarm_records.py`: the records the swarm key signs (leases, vouched hashes, pardons, coordinator
+  claims), and the fence that keeps a coordinator without the seat from signing them (`SeatLost`).
+- `seat_reader.py`: which coordinator holds the seat (`seat_holder`, `ActiveCoordinator`).
 - `network_cap.py`: at most a few announced ids per stage per /24 or /48, and per /16 or /32
   block, counted where this node's connections see them (applied by `SwarmDHT.stage_peers`).
 - `process.py`: starting and stopping a DHT node (a child process with its own p2pd), and
@@ -19,6 +22,7 @@ from .records import (
                       RUN_KEY,
                       RUN_SPEC_DOMAIN,
                       STATES,
+                      CoordinatorClaim,
                       LeaderLease,
                       Pardons,
                       RecordError,
@@ -27,6 +31,7 @@ from .records import (
                       VouchedSnapshots,
                       basis_key,
                       basis_subkey,
+                      coordinator_key,
                       health_key,
                       kind_of,
                       lease_key,
@@ -36,11 +41,13 @@ from .records import (
                       stage_key,
                       states_key,
 )
+from .seat_reader import ActiveCoordinator, seat_holder
 from .store import SwarmDHT
 from .validator import SwarmRecordValidator, refused_records, set_policy
 
 __all__ = [
-    "CLOCK_SKEW_S", "KEY_KINDS", "RUN_KEY", "RUN_SPEC_DOMAIN", "STATES", "Envelope", "LeaderLease", "Pardons",
+    "CLOCK_SKEW_S", "KEY_KINDS", "RUN_KEY", "RUN_SPEC_DOMAIN", "STATES", "ActiveCoordinator", "CoordinatorClaim",
+    "Envelope", "coordinator_key", "seat_holder", "LeaderLease", "Pardons",
     "RecordError", "SignedRunSpec", "StageAnnouncement", "SwarmDHT", "SwarmRecordValidator", "basis_key",
     "basis_subkey", "check_envelope", "close_node", "health_key", "kind_of", "lease_key", "pardons_key",
     "refused_records", "run_hash_of", "set_policy", "snapshots_key", "stage_key", "states_key", "start_dht",

@@ -145,6 +145,9 @@ def check_envelope(env: Envelope, now: float, policy: AdmissionPolicy | None = N
     fingerprint = fingerprint_of(raw)
     if kind.name in ("run", "lease", "snapshots", "states", "pardons"):
         _require(env.subkey == fingerprint, f"the {kind.name} record is filed under another key's fingerprint.")
+    elif kind.name == "coordinator":  # one claim per coordinator: "{fingerprint}:{its peer id}"
+        _require(env.subkey.startswith(fingerprint + ":") and len(env.subkey) <= 160,
+                 "the coordinator claim is not filed under \"{fingerprint}:{peer id}\".")
     else:
         parsed = parse_basis_subkey(env.subkey)
         _require(parsed is not None and parsed[1] == fingerprint,

@@ -1,9 +1,8 @@
 """Every DHT key and record schema of the swarm (the store that reads and writes them: `store.py`).
 
-Peers find each other here, and nowhere else may a DHT key be spelled. Records are plain
-msgpack-able dicts made from the dataclasses below; whatever comes back from the DHT is
-untrusted, so it is parsed back through the same dataclasses and refused or skipped when it
-does not fit.
+Peers find each other here, and nowhere else may a DHT key be spelled. Records are plain msgpack-able
+dicts made from the dataclasses below; whatever comes back from the DHT is untrusted, so it is parsed
+back through the same dataclasses and refused or skipped when it does not fit.
 
 Keys (a swarm hosts one run), each with the longest life a record under it may claim:
 
@@ -14,7 +13,8 @@ Keys (a swarm hosts one run), each with the longest life a record under it may c
     subspace-swarm/{run_hash}/health         subkey = writer's peer id (base58)  -> HealthRecord       5 min
                                                (swarm/monitor/health.py)
     subspace-swarm/{run_hash}/lease          subkey = swarm key fingerprint      -> LeaderLease        1 day
-                                               (who may lead, in order: swarm/trust/leases.py)
+                                               (who may lead, in order: swarm/replicas/leases.py)
+    subspace-swarm/{run_hash}/coordinator    subkey = "{fingerprint}:{peer id}"  -> CoordinatorClaim   1 day  (seat.py)
 
 Every value is a signed envelope (`envelope.py`): only the owner of a subkey can write it,
 the peer whose libp2p key hashes to the peer id, or, for swarm-wide records, the swarm key
@@ -46,15 +46,16 @@ from peer.daemon.interfaces import STATES
 from swarm.trust.keys import SigningKey, fingerprint_of, verify
 
 __all__ = [
-    "KEY_KINDS", "RUN_KEY", "RUN_SPEC_DOMAIN", "STATES", "KeyKind", "LeaderLease", "RecordError", "SignedRunSpec",
-    "StageAnnouncement", "basis_key", "basis_subkey", "health_key", "kind_of", "lease_key", "parse_basis_subkey",
-    "run_hash_of", "snapshots_key", "stage_key", "states_key", "VouchedSnapshots",
+    "KEY_KINDS", "RUN_KEY", "RUN_SPEC_DOMAIN", "STATES", "CoordinatorClaim", "KeyKind", "LeaderLease", "Pardons",
+    "RecordError", "SignedRunSpec", "StageAnnouncement", "VouchedSnapshots", "basis_key", "basis_subkey",
+    "coordinator_key", "health_key", "kind_of", "lease_key", "pardons_key", "parse_basis_subkey", "run_hash_of",
+    "snapshots_key", "stage_key", "states_key",
 ]
-
 
 RUN_KEY = "subspace-swarm/run"
 RUN_SPEC_DOMAIN = "subspace-swarm/run-spec/v1"
-_MAX_MADDRS, _MAX_TEXT = 32, 512
+_MAX_MADDRS, _MAX_TEXT, _MAX_HEADS, _MAX_PARDONS = 32, 512, 256, 1024
+_MAX_VOUCHED = 64  # swarm/replicas/vouched.py KEEP_STATES: ~64 x stages x 70 bytes in one record
 
 
 class RecordError(ValueError):
@@ -95,6 +96,11 @@ def pardons_key(run_hash: str) -> str:
     return f"subspace-swarm/{run_hash}/pardons"
 
 
+def coordinator_key(run_hash: str) -> str:
+    """Where coordinators that hold the swarm key claim the seat of the active one (`CoordinatorClaim`)."""
+    return f"subspace-swarm/{run_hash}/coordinator"
+
+
 def basis_subkey(version: int, fingerprint: str) -> str:
     return f"{int(version)}:{fingerprint}"
 
@@ -125,6 +131,7 @@ KEY_KINDS = (
     KeyKind("snapshots", rf"subspace-swarm/{_RUN}/snapshots", 86400.0, "swarm"),
     KeyKind("states", rf"subspace-swarm/{_RUN}/states", 86400.0, "swarm"),
     KeyKind("pardons", rf"subspace-swarm/{_RUN}/pardons", 86400.0, "swarm"),
+    KeyKind("coordinator", rf"subspace-swarm/{_RUN}/coordinator", 86400.0, "swarm"),
 )
 
 
@@ -247,9 +254,6 @@ class StageAnnouncement:
         return cls(**_from_dict(cls, record, "stage announcement"))
 
 
-_MAX_HEADS = 256
-
-
 @dataclass
 class LeaderLease:
     """Which heads may lead, in order, as the swarm key decided (the envelope carries its signature).
@@ -304,7 +308,37 @@ class LeaderLease:
         return cls(**_from_dict(cls, record, "leader lease"))
 
 
-_MAX_VOUCHED = 64  # swarm/replicas/vouched.py KEEP_STATES: ~64 x stages x 70 bytes in one record
+@dataclass
+class CoordinatorClaim:
+    """A coordinator's claim to be the run's active one, signed by the swarm key and filed under "{fingerprint}:
+    {peer_id}", so that claims stand side by side. Of the live claims (DHT time < `until`; its holder renews it)
+    the highest `term` holds the seat, of equal terms the lowest peer id (only the swarm key's holder can claim:
+    no stranger's id order counts). A claim stays readable long after `until`, so that every later term is
+    numbered after it. `since`: when the term began (swarm/coordinator/seat.py)."""
+
+    run_hash: str
+    term: int
+    peer_id: str
+    since: float
+    until: float
+    maddrs: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        _require(all(isinstance(x, str) and 0 < len(x) <= 128 for x in (self.run_hash, self.peer_id))
+                 and _is_int(self.term) and 0 < self.term < 2**62 and all(isinstance(t, (int, float))
+                 and not isinstance(t, bool) and math.isfinite(t) for t in (self.since, self.until)),
+                 "a coordinator claim names a run, a peer id, a positive term and finite times.")
+        _require(isinstance(self.maddrs, (list, tuple)) and len(self.maddrs) <= _MAX_MADDRS
+                 and all(isinstance(m, str) and len(m) <= _MAX_TEXT for m in self.maddrs),
+                 f"maddrs must be a list of at most {_MAX_MADDRS} strings.")
+        self.since, self.until, self.maddrs = float(self.since), float(self.until), list(self.maddrs)
+
+    def to_record(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_record(cls, record: object) -> CoordinatorClaim:
+        return cls(**_from_dict(cls, record, "coordinator claim"))
 
 
 @dataclass
@@ -331,9 +365,6 @@ class VouchedSnapshots:
     @classmethod
     def from_record(cls, record: object) -> VouchedSnapshots:
         return cls(**_from_dict(cls, record, "vouched snapshots"))
-
-
-_MAX_PARDONS = 1024
 
 
 @dataclass

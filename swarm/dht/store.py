@@ -38,23 +38,17 @@ from .envelope import Envelope, WorkMissing, check_envelope
 from .network_cap import cap_per_network
 from .records import (
     RUN_KEY,
-    LeaderLease,
-    Pardons,
     RecordError,
     SignedRunSpec,
     StageAnnouncement,
-    VouchedSnapshots,
     _require,
     basis_key,
     basis_subkey,
     kind_of,
-    lease_key,
-    pardons_key,
     parse_basis_subkey,
-    snapshots_key,
     stage_key,
-    states_key,
 )
+from .swarm_records import SwarmKeyRecords
 from .validator import set_policy
 
 __all__ = ["SwarmDHT"]
@@ -93,7 +87,7 @@ def _remember(memory: OrderedDict, key: str, value=None) -> bool:
     return True
 
 
-class SwarmDHT:
+class SwarmDHT(SwarmKeyRecords):
     """The swarm's records over a started `hivemind.DHT` (not owned: stop it with `stop_dht`).
 
     `identity` signs this node's own records (None: a reader that writes nothing);
@@ -153,6 +147,7 @@ class SwarmDHT:
         if self._run is not None and time.monotonic() - self._refreshed >= ADMISSION_REFRESH_S:
             self._refreshed = time.monotonic()
             await self.all_stage_peers(*self._run)
+            await self.learn_coordinators(self._run[0])
         return self.admission.admits(peer_id)
 
     # ------------------------------------------------------------------ signed entries
@@ -212,6 +207,7 @@ class SwarmDHT:
 
     # ------------------------------------------------------------------ run spec
     async def publish_run_spec(self, spec_json: str, key: SigningKey, ttl: float) -> SignedRunSpec:
+        self.check_seat("the run spec")
         record = SignedRunSpec.create(spec_json, key)
         stored = await self._store(RUN_KEY, record.fingerprint, record.to_record(), ttl, Identity.of_key(key))
         if not stored:
@@ -313,6 +309,7 @@ class SwarmDHT:
         """Store one signed basis update (bytes of protocol.basis_update.encode_update), filed under the swarm key."""
         if self.swarm_key is None:
             raise RuntimeError("only the coordinator publishes basis updates: this SwarmDHT holds no swarm key.")
+        self.check_seat(f"basis version {version}")
         subkey = basis_subkey(version, self.swarm_key.fingerprint())
         return await self._store(basis_key(run_hash), subkey, update, ttl, Identity.of_key(self.swarm_key))
 
@@ -335,59 +332,6 @@ class SwarmDHT:
                 continue
             out[version] = body
         return out
-
-    # ------------------------------------------------------------------ leader leases
-    async def publish_lease(self, lease: LeaderLease, ttl: float) -> bool:
-        """Store the swarm key's lease (the coordinator only; swarm/trust/leases.py)."""
-        return await self._store_swarm(lease_key(lease.run_hash), lease.to_record(), ttl,
-                                       "the coordinator grants leases")
-
-    async def fetch_lease(self, run_hash: str) -> LeaderLease | None:
-        """The lease the adopted spec's coordinator key signed for `run_hash`, or None if there is none yet."""
-        return await self._swarm_record(lease_key(run_hash), LeaderLease, run_hash)
-
-    async def publish_vouched(self, vouched: VouchedSnapshots, ttl: float, states: bool = False) -> bool:
-        """Store the snapshot hashes (or with `states`, the state hashes after each step) the swarm key
-        vouches for (the coordinator only; swarm/replicas/vouched.py)."""
-        key = (states_key if states else snapshots_key)(vouched.run_hash)
-        return await self._store_swarm(key, vouched.to_record(), ttl, "the coordinator vouches for snapshots")
-
-    async def fetch_vouched(self, run_hash: str, states: bool = False) -> VouchedSnapshots | None:
-        """The snapshot (or state) hashes the adopted spec's coordinator key vouches for (None: none yet)."""
-        return await self._swarm_record((states_key if states else snapshots_key)(run_hash), VouchedSnapshots,
-                                        run_hash)
-
-    async def publish_pardons(self, pardons: Pardons, ttl: float) -> bool:
-        """Store the bans the swarm key lifts (`swarm unban`; only the swarm key's holder)."""
-        return await self._store_swarm(pardons_key(pardons.run_hash), pardons.to_record(), ttl,
-                                       "the swarm key's holder lifts bans")
-
-    async def fetch_pardons(self, run_hash: str) -> Pardons | None:
-        """The bans the adopted spec's coordinator key lifted (None: none)."""
-        return await self._swarm_record(pardons_key(run_hash), Pardons, run_hash)
-
-    async def _store_swarm(self, key: str, record: dict, ttl: float, only: str) -> bool:
-        """Store a record of the swarm key's, filed under its fingerprint; `only`: who may (for the error)."""
-        if self.swarm_key is None:
-            raise RuntimeError(f"only {only}: this SwarmDHT holds no swarm key.")
-        return await self._store(key, self.swarm_key.fingerprint(), record, ttl, Identity.of_key(self.swarm_key))
-
-    async def _swarm_record(self, key: str, cls, run_hash: str):
-        """The one record of `cls` under `key` filed by the adopted spec's coordinator key, or None."""
-        trusted = self.admission.policy.swarm_key
-        if not trusted:
-            raise RecordError(f"no coordinator key to trust {key} from; adopt the run spec first.")
-        envelopes, _ = await self.entries(key)
-        for env in envelopes:
-            try:
-                _require(env.subkey == fingerprint_of(trusted), f"entry {env.subkey} is not the coordinator's.")
-                record = cls.from_record(env.record())
-                _require(record.run_hash == run_hash, "the record is for another run.")
-            except (RecordError, TypeError) as e:
-                self._skip(key, str(e))
-                continue
-            return record
-        return None
 
     async def visible_maddrs(self) -> list[str]:
         return await self.dht.run_coroutine(_visible_maddrs, return_future=True)

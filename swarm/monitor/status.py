@@ -16,7 +16,7 @@ import time
 from hivemind.utils import get_dht_time
 
 from protocol.spec import RunSpec
-from swarm.dht import RecordError, SwarmDHT, close_node, start_dht
+from swarm.dht import ActiveCoordinator, RecordError, SwarmDHT, close_node, start_dht
 from swarm.trust.admission import AdmissionPolicy
 
 from .coverage import uncovered_reason
@@ -47,6 +47,8 @@ async def swarm_state(initial_peers: list[str]) -> dict:
             lease = await sdht.fetch_lease(spec.run_hash)  # only the swarm key's counts
         except Exception:  # a DHT hiccup: the table without the lease's news
             lease = None
+        active = ActiveCoordinator(sdht, spec.run_hash, str(spec.extra.get("coordinator_peer", "")))
+        seat = await active.refresh(force=True)  # which coordinator holds the seat (swarm/coordinator/seat.py)
         stages = {s: [{"peer": a.peer_id, "state": a.state if answers[a.peer_id] else "offline",
                        "announced_state": a.state, "answers": answers[a.peer_id], "throughput": a.throughput,
                        # a head that does not lead announces its measured compute speed, not traffic
@@ -64,8 +66,10 @@ async def swarm_state(initial_peers: list[str]) -> dict:
             "bans": bans,
             # the coordinator re-signs the lease every 30 s (swarm/replicas/leases.py): how long ago it last did says
             # whether it is up, without a request to it
-            "coordinator": {"peer": str(spec.extra.get("coordinator_peer", "")) or None,
-                            "lease_age_s": round(time.time() - lease.issued, 1) if lease is not None else None},
+            "coordinator": {"peer": await active.peer_id() or None,
+                            "lease_age_s": round(time.time() - lease.issued, 1) if lease is not None else None,
+                            "term": seat.term if seat else None, "since": seat.since if seat else None,
+                            "seat_held": seat is not None},
             "revoked": [] if lease is None else [
                 {"head": p, "rollback_to": lease.rollback_to if lease.rollback_id and p == lease.rollback_of else None,
                  "caught": lease.rollback_caught if p == lease.rollback_of else None} for p in lease.revoked],
@@ -103,6 +107,9 @@ def _coordinator_line(c: dict) -> str:
     age = c.get("lease_age_s")
     if age is None:
         return f"{who}: no lease signed yet (no head has announced, or the coordinator has not started it)."
+    if c.get("seat_held"):  # a claim to the seat is renewed every few seconds: it is up
+        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(c["since"]))
+        return f"{who}: active since {since} (term {c['term']}), it re-signed the leader lease {age:.0f} s ago."
     if age <= COORDINATOR_QUIET_S:
         return f"{who}: up, it re-signed the leader lease {age:.0f} s ago."
     return (f"{who}: looks down, its last lease is {age / 60:.0f} min old; training goes on, but no new head can "

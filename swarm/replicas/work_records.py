@@ -61,10 +61,8 @@ class WorkRecords:
 
     async def report_step_record(self, record: bytes) -> None:
         """A leader's step record that this head's data contradicts: the proof, to the coordinator."""
-        coordinator = self.spec.extra.get("coordinator_peer")
-        if not coordinator:
-            return
         try:
-            await self.ctx.transport.request(coordinator, KIND_DATA_REPORT, record, timeout=30.0)
+            if await self.sync.to_coordinator(KIND_DATA_REPORT, record, "this head's report") is None:
+                log.warning("could not report the leader's step record to the coordinator")
         except Exception as e:  # the coordinator away: the standby heads still refuse that leader
             log.warning("could not report the leader's step record to the coordinator: %s", e)

@@ -253,6 +253,11 @@ class Admission:
             self._remember(peer_id, parsed.expires)
         return True
 
+    def admit_coordinator(self, peer_id: str, until: float) -> None:
+        """A coordinator whose claim to the seat the swarm key signed (a standby that took over): admitted
+        until `until` (unix time), like a ticket holder."""
+        self._remember(peer_id, until)
+
     def knows(self, peer_id: str) -> bool:
         """`admits` without logging a refusal."""
         if not self.policy.private or peer_id == self.policy.coordinator_peer:

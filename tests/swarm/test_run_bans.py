@@ -4,6 +4,7 @@ real console script over a real DHT) lifts them."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -145,6 +146,11 @@ def test_status_says_whether_the_coordinator_is_up_from_the_age_of_its_lease():
     down = format_table({"run": run, "stages": {}, "coordinator": {"peer": "12D3KooWcoordinatorXYZ",
                                                                    "lease_age_s": 600}})
     assert "looks down, its last lease is 10 min old" in down and "no new head can lead" in down
+    since = 1796600000.0
+    seated = format_table({"run": run, "stages": {}, "coordinator": {"peer": "12D3KooWstandbyABCDE", "lease_age_s": 4,
+                                                                     "seat_held": True, "term": 3, "since": since}})
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since))
+    assert f"coordinator …andbyABCDE: active since {when} (term 3)" in seated
 
 
 def test_a_leaders_health_record_carries_a_whole_ban_reason_and_refuses_a_longer_one():

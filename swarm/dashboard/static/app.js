@@ -50,6 +50,11 @@ function renderHeader(s) {
       `basis re-fit every ${run.basis_interval} steps · replica sync ${run.replica_sync}` +
       `${run.replica_sync === "powersgd" ? " (rank " + run.replica_sync_rank + ")" : ""} · coordinator key ${run.key}`
     : "";
+  const c = s.coordinator;
+  $("coordinator").textContent = !c ? "" : c.seat_held
+    ? `coordinator …${c.peer.slice(-8)} active since ${new Date(c.since * 1000).toLocaleTimeString()} (term ${c.term})`
+    : `no coordinator holds the seat${c.peer ? " (last: …" + c.peer.slice(-8) + ")" : ""}: training goes on; ` +
+      "no re-fit, revocation or new vouched hash until one is back";
   const err = $("error");
   err.hidden = !s.error;
   err.textContent = s.error || "";
