@@ -236,9 +236,10 @@ class SnapshotService:
     async def restore(self, check: StateCheck, step: int | None = None, swarm_step: int | None = None) -> int:
         """Load this stage's newest snapshot held by a live peer (or the one at `step`); returns its step.
         Step 0's is the stage's initial state, which any peer builds from the spec's seed: asked for it (a
-        rollback to the run's start), or finding no snapshot while the swarm is younger than its first one,
-        it loads that. `swarm_step`: the swarm's step as the caller knows it (the swarm key's records, or the
-        leading head's command); the highest step a surveyed peer reports counts if higher."""
+        rollback to the run's start), or finding no snapshot while the swarm is younger than its second one (its
+        first may not have reached a custodian), it loads that. `swarm_step`: the swarm's step as the caller knows it
+        (the swarm key's records, or the leading head's command); the highest step a surveyed peer reports counts
+        if higher."""
         if step == 0:
             return await self._restore_initial(check)
         asked = {p.peer_id: self.stage for s in range(self.spec.n_stages)
@@ -273,10 +274,12 @@ class SnapshotService:
                     return s
         # the surveyed peers' own steps are read now (announcements may lag): the higher of the two counts
         swarm_step = max([lst.step for lst in surveyed.values()] + [self.runner.step, swarm_step or 0])
-        if step is None and 0 < self.every and swarm_step < self.every:
-            log.warning("stage %d: no snapshot of it exists yet (the swarm is at step %d, its first snapshot is at "
-                        "step %d): it starts from its initial state, step 0's, and the swarm rolls back to it",
-                        self.stage, swarm_step, self.every)
+        # custodians keep the two newest snapshots, so a stage emptied before its newest reached them restores
+        # the one before; before the second snapshot step, the one before the first is step 0's
+        if step is None and 0 < self.every and swarm_step < 2 * self.every:
+            log.warning("stage %d: no live peer holds a snapshot of it (the swarm is at step %d; its first snapshot, "
+                        "at step %d, had not reached a custodian): it starts from its initial state, step 0's, and "
+                        "the swarm rolls back to it", self.stage, swarm_step, self.every)
             return await self._restore_initial(check)
         at = "" if step is None else f" at step {step}"
         raise NoSnapshot(f"no live peer holds a usable snapshot of stage {self.stage}{at}: the swarm stays paused "
