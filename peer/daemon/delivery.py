@@ -42,9 +42,14 @@ class Courier:
         if h is not None and said is None and getattr(self.link, "signer", None) is not None:
             said = digest(body)
         tried: set[str] = set(exclude)
-        last = ""
+        last, peer = "", None
         for _ in range(self.send_retries if to is None else 1):
-            peer = to or await self.directory.pick(stage, exclude=tried)
+            try:
+                peer = to or await self.directory.pick(stage, exclude=tried)
+            except LinkError:
+                if not last:
+                    raise
+                break  # every peer of the stage was tried: say why the last one refused
             if chosen is not None:
                 chosen(peer)
             outcome, last = await self.deliver(peer, kind, self.signed(peer, kind, body, h, said))
@@ -59,7 +64,7 @@ class Courier:
             if outcome == "retry" and await self._retry_later(peer):
                 return await self.send(stage, kind, body, tokens, to=peer, chosen=chosen, h=h, said=said)
             tried.add(peer)
-        raise LinkError(f"stage {self.stage} could not deliver a '{kind}' message to stage {stage}: {last}")
+        raise LinkError(f"stage {self.stage} could not deliver a '{kind}' message to stage {stage}: {last}", peer)
 
     def signed(self, peer: str, kind: str, body: bytes, h: Header | None, said: bytes | None = None) -> bytes:
         """`body` sealed with this peer's signature of (run, step, attempt, microbatch, kind, `peer`, digest)."""

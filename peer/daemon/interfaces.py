@@ -14,7 +14,12 @@ STATES = ("joining", "syncing", "online", "paused", "leaving")
 
 
 class LinkError(RuntimeError):
-    """A message could not be delivered (timeout, connection, or the remote refused the frame)."""
+    """A message could not be delivered (timeout, connection, or the remote refused the frame); `peer`: the
+    last peer it was offered to, where one was."""
+
+    def __init__(self, reason: str = "", peer: str | None = None) -> None:
+        super().__init__(reason)
+        self.peer = peer
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,12 @@ class StepLog:
 
 
 class AttemptFailed(RuntimeError):
-    """One attempt at a step did not complete; the step is re-driven."""
+    """One attempt at a step did not complete; the step is re-driven. `peer`: the peer it names (one that
+    refused a message, stopped answering or was caught), if any (peer/step/redrive_cause.py)."""
+
+    def __init__(self, reason: str = "", peer: str | None = None) -> None:
+        super().__init__(reason)
+        self.peer = peer
 
 
 class PartClock:

@@ -47,6 +47,7 @@ from .commands import UNREACHABLE, CommandSender
 from .commit import StepCommit
 from .head_work import HeadWork
 from .microbatch_phase import MicrobatchPhase
+from .redrive_cause import Failure, RedriveCause, describe
 from .reduce_verdict import judge_reduce
 from .succession import Succession
 
@@ -76,6 +77,7 @@ class StepDriver:
                                exact=self.spec.replica_sync == "exact", leader=self.peer_id,
                                check_timeout=self.deadlines.share, verify=signer.verify if signer else None)
         self._record = b""  # the signed StepRecord of the attempt's data (`MicrobatchPhase.run`)
+        self.redrives = RedriveCause()  # why one step keeps failing, named after a few attempts
         # last_snapshots: (step, stage -> sha256) of the newest step at which every stage's replicas agreed;
         # on_committed(steps done, last_workers, last_snapshots) after each step: what the leader vouches for
         self.last_workers, self.last_snapshots = {}, None
@@ -220,6 +222,7 @@ class StepDriver:
                     log.info("step %d, attempt %d failed (%s); another head leads now", step + 1, attempt, e)
                     return None
                 log.warning("step %d, attempt %d failed (%s); re-driving it", step + 1, attempt, e)
+                await self._name_the_cause(step, attempt, e)
                 await self._commands.abort(await self._members(), step, attempt, self.spot)  # bans the convicted
                 if await self._realigned():
                     return None
@@ -236,6 +239,18 @@ class StepDriver:
         return StepLog(step + 1, self.daemon.last_loss, tokens, seconds, self.runner.version_for_step(step),
                        record.lr, attempts, commit_seconds, self.commit.last_sync_bytes, record.skipped,
                        self.runner.scale, {h: len(m) for h, m in self.work.shares.items()}, dict(self.commit_parts))
+
+    async def _name_the_cause(self, step: int, attempt: int, e: AttemptFailed) -> None:
+        """After a few failed attempts of one step: one line that says why, and the peer named, routed around."""
+        found = self.redrives.note(step, Failure(attempt, str(e), e.peer))
+        if found is None:
+            return
+        members = await self._members()
+        stage = members.get(found.culprit) if found.culprit else None
+        others = sum(1 for p, s in members.items() if s == stage and p != found.culprit)
+        log.warning("%s", describe(found, stage, others))
+        if found.culprit is not None and found.culprit != self.peer_id:
+            self.directory.report_failure(found.culprit)
 
     async def _realigned(self) -> bool:
         return self.realign is not None and await self.realign()

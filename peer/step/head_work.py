@@ -146,7 +146,8 @@ class HeadWork:
                                     self.timeout)
             if reply.outcome != "ok" or len(reply.losses) != len(mbs):
                 self.sitting_out[head] = time.monotonic() + SIT_OUT_S
-                raise AttemptFailed(f"head {head[-8:]} did not compute its share ({reply.reason or reply.outcome})")
+                raise AttemptFailed(f"head {head[-8:]} did not compute its share ({reply.reason or reply.outcome})",
+                                    head)
             self._measured(head, len(mbs), time.monotonic() - t0)
             return dict(zip(mbs, reply.losses))
 

@@ -60,7 +60,7 @@ class MicrobatchPhase:
         except (LinkError, asyncio.CancelledError) as e:
             if isinstance(e, asyncio.CancelledError) and asyncio.current_task().cancelling():
                 raise
-            raise AttemptFailed(str(e) or "a microbatch was dropped") from None
+            raise AttemptFailed(str(e) or "a microbatch was dropped", getattr(e, "peer", None)) from None
         seconds = time.monotonic() - t0
         self._step_seconds = seconds if self._step_seconds is None else 0.8 * self._step_seconds + 0.2 * seconds
         return losses, tokens, record
@@ -88,4 +88,5 @@ class MicrobatchPhase:
             watch.cancel()
         if gathered in done:
             return gathered.result()
-        raise AttemptFailed(f"peer {watch.result()[-8:]} stopped answering while it held work of the step")
+        silent = watch.result()
+        raise AttemptFailed(f"peer {silent[-8:]} stopped answering while it held work of the step", silent)

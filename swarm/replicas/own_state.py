@@ -99,11 +99,17 @@ class BehindCheck:
         commands are admitted from the leading head only)."""
         self.peer, self.resync, self.report, self.grace = peer, resync, report, grace
         self.resyncs = 0
-        self.swarm_step = -1  # the latest step of the leader's commands heard here
+        self.swarm_step = -1  # the latest step of the leader's commands heard here since the last rollback
+        self._rolled = self._rollbacks()
         self._running = False
+
+    def _rollbacks(self) -> int:
+        return getattr(getattr(self.peer, "rollback", None), "rollbacks", 0)
 
     def behind(self, swarm_step: int) -> None:
         """A command of step `swarm_step` came while this replica is at an earlier one."""
+        if self._rollbacks() != self._rolled:  # the swarm rolled back: the steps heard before are undone
+            self.swarm_step, self._rolled = -1, self._rollbacks()
         self.swarm_step = max(self.swarm_step, swarm_step)  # a wait under way sees the swarm move on
         if self._running:
             return
@@ -130,8 +136,8 @@ class BehindCheck:
                 if runner.step != seen:  # getting level by itself (a joiner follows its donor)
                     since, seen = time.monotonic(), runner.step
             swarm_step = self.swarm_step
-            if runner.step >= swarm_step:
-                return
+            if runner.step >= swarm_step or self._rollbacks() != self._rolled:
+                return  # level, or the swarm rolled back meanwhile (to a step this replica holds or restores)
             log.warning("stage %d: this replica is at step %d but the swarm is at step %d (it missed a step's reduce: "
                         "slow, or set aside); it downloads the stage's state again", runner.stage, runner.step + 1,
                         swarm_step + 1)

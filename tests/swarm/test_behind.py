@@ -169,3 +169,74 @@ async def test_a_replica_with_nothing_on_its_way_downloads_at_once_and_one_whose
     for check in checks.values():
         for task in check.tasks:
             task.cancel()
+
+
+async def test_a_stage_whose_only_up_to_date_replica_leaves_while_the_other_is_behind_goes_on_within_30_s(
+        oracle_runs):
+    """Issue 56, item 4: stage 1's replica s1r1 is left out of a step (behind), then s1r0, the only one at the
+    swarm's step, dies. With no donor, s1r1 restores the stage from the snapshots other stages keep and the swarm
+    rolls back to it (StateSource.resync's road, here with the in-memory swarm's peers): the next step comes within
+    30 s of the death, and the run still equals the one-process run."""
+    spec = spec_for("subspace", "fp64")
+    swarm = await make_swarm(spec, [1, 2], daemon_options=dict(future_step_wait=4.0),
+                             snapshot_options=dict(every=2))
+    head, late = swarm.peers["s0r0"], swarm.peers["s1r1"]
+    report, killed, restored = Report(), {}, []
+
+    async def resync(swarm_step: int) -> None:  # no live donor: restore the stage, as StateSource.resync does
+        await late.announce("syncing")
+        if "s1r0" in swarm.net.down:
+            restored.append(await late.restore(swarm_step=swarm_step))
+        else:
+            await late.join(["s1r0"])
+        await late.announce("online")
+    check = BehindCheck(late, resync, report, grace=0.5)
+    late.commit.on_behind = check.behind
+
+    def on_step(log) -> None:  # s1r1 is not there for step LEFT_OUT; right after it, s1r0 dies
+        if log.step == LEFT_OUT - 1 and "at" not in killed:  # (not again when the rollback drives it again)
+            head.directory.banned.add("s1r1")
+        elif log.step == LEFT_OUT and "at" not in killed:
+            head.directory.banned.discard("s1r1")
+            swarm.kill("s1r0")
+            killed["at"], killed["t"] = log.step, time.monotonic()
+        elif "t" in killed and log.step > killed["at"] and "next" not in killed:
+            killed["next"] = time.monotonic() - killed["t"]
+    try:
+        logs = await asyncio.wait_for(swarm.drive(STEPS, on_step), 60)
+        await swarm.applied()
+    finally:
+        await swarm.stop()
+    # once, from a snapshot no later than the step it missed: the commands heard before the rollback are of
+    # undone steps, and do not make it restore (and the swarm roll back) again
+    assert len(restored) == 1 and restored[0] <= LEFT_OUT, restored
+    assert head.rollback.rollbacks == 1
+    assert killed.get("next", 1e9) <= 30.0, f"the next step came {killed.get('next')} s after s1r0 died"
+    final = {log.step: log.loss for log in logs}
+    assert sorted(final) == list(range(1, STEPS + 1))
+    assert_close([final[s] for s in range(1, STEPS + 1)], oracle_runs.losses(spec, STEPS), 1e-10)
+
+
+async def test_commands_heard_before_a_rollback_do_not_make_a_replica_download_after_it():
+    """The swarm rolled back (to a snapshot this replica restored, or one every stage loads): the steps of the
+    leader's commands heard before are undone, and a replica now behind them is not behind the swarm. Before,
+    the wait begun before the rollback ended in a download (or, alone in its stage, a second restore and a
+    second rollback)."""
+    resyncs: list[int] = []
+
+    async def resync(swarm_step: int) -> None:
+        resyncs.append(swarm_step)
+    runner, rollback, tasks = SimpleNamespace(step=4, stage=1), SimpleNamespace(rollbacks=0), []
+    peer = SimpleNamespace(runner=runner, rollback=rollback, follower=SimpleNamespace(donor=None),
+                           commit=SimpleNamespace(sum_on_its_way=lambda: False),
+                           daemon=SimpleNamespace(spawn=lambda c: tasks.append(asyncio.ensure_future(c))))
+    check = BehindCheck(peer, resync, Report(), grace=30.0)
+    check.behind(6)  # two steps behind: it would download after LEFT_BEHIND_S (1 s)
+    runner.step, rollback.rollbacks = 2, 1  # meanwhile the swarm rolled back to step 2
+    await asyncio.wait_for(asyncio.gather(*tasks), 10)
+    assert resyncs == [] and check.resyncs == 0
+    check.behind(3)  # a command after the rollback, one past this replica's step, counts afresh
+    assert check.swarm_step == 3
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)

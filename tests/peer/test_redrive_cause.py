@@ -1,0 +1,76 @@
+"""The leading head names why one step keeps failing (issue 56, item 4: no step re-driven forever without a
+word): after 3 failed attempts, one line that names the peer the failures name (a refusal the head saw itself),
+its stage and whether the stage has another live replica, and the head reports that peer to its directory, so
+that routers avoid it. Units of `RedriveCause`, then an in-memory swarm whose only stage-1 replica refuses the
+step's activations four attempts in a row (as a replica behind the swarm does) and then catches up."""
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from peer.step.redrive_cause import Failure, RedriveCause, describe
+from protocol.wire import KIND_ACTIVATION, ErrorReply, encode_message
+from tests.peer.swarm_in_memory import make_swarm
+from tests.peer.test_snapshots import spec3
+
+NOT_NOW = "the message is not for the step in progress here"
+
+
+def test_the_cause_is_named_every_third_failure_and_only_a_peer_most_failures_name_is_the_culprit():
+    cause = RedriveCause(after=3)
+    assert cause.note(4, Failure(0, NOT_NOW, "peerAAAAAAAA")) is None
+    assert cause.note(4, Failure(1, "not every gradient came back within 2 s")) is None
+    found = cause.note(4, Failure(2, NOT_NOW, "peerAAAAAAAA"))
+    assert found is not None and (found.step, found.failures, found.culprit, found.named) == (5, 3, "peerAAAAAAAA", 2)
+    assert found.reasons == [NOT_NOW]
+    line = describe(found, stage=1, others=1)
+    assert "step 5 failed 3 attempts, 2 of them because of peer AAAAAAAA of stage 1" in line
+    assert "routing around it (1 other live replica of stage 1)" in line
+    assert "only live replica" in describe(found, stage=1, others=0)
+    # a new step starts afresh; failures naming different peers each, or none, name no culprit
+    assert cause.note(5, Failure(0, "x", "p1")) is None and cause.note(5, Failure(1, "y", "p2")) is None
+    mixed = cause.note(5, Failure(2, "z"))
+    assert mixed is not None and mixed.culprit is None and "name no single peer" in describe(mixed, None, 0)
+    assert cause.note(5, Failure(3, "x", "p1")) is None  # said again only every third failure
+
+
+async def test_a_replica_that_keeps_refusing_the_steps_activations_is_named_after_three_attempts(oracle_runs, caplog):
+    spec, steps = spec3(), 5
+    swarm = await make_swarm(spec, [1, 1, 1])
+    refused = {"left": 4}
+    honest = swarm.net.handlers[("s1r0", KIND_ACTIVATION)]
+
+    async def behind(body: bytes, sender: str) -> bytes:  # step 3's activations, four attempts long
+        if swarm.peers["s1r0"].runner.step == 2 and refused["left"] > 0:
+            return encode_message(ErrorReply(NOT_NOW))
+        return await honest(body, sender)
+    swarm.net.handlers[("s1r0", KIND_ACTIVATION)] = behind
+    head = swarm.peers["s0r0"]
+    reported: list[str] = []
+    report = head.directory.report_failure
+    head.directory.report_failure = lambda peer, bad_data=False: (reported.append(peer), report(peer, bad_data))
+    failures = {"n": 0}
+    count_failure = head.driver._name_the_cause
+
+    async def counted(step, attempt, e):  # each failed attempt uses one refusal up: four failures in all
+        failures["n"] += 1
+        refused["left"] -= 1
+        await count_failure(step, attempt, e)
+    head.driver._name_the_cause = counted
+    try:
+        with caplog.at_level(logging.WARNING, logger="peer.step.driver"):
+            logs = await asyncio.wait_for(swarm.drive(steps), 300)
+            await swarm.applied()
+    finally:
+        await swarm.stop()
+    assert failures["n"] == 4
+    named = [r.getMessage() for r in caplog.records if "failed 3 attempts" in r.getMessage()]
+    assert len(named) == 1, named
+    assert "3 of them because of peer s1r0 of stage 1" in named[0] and "only live replica" in named[0], named[0]
+    assert NOT_NOW in named[0]
+    assert reported.count("s1r0") == 1  # routers avoid it from then on (the real Router: swarm/replicas/router.py)
+    final = {log.step: log.loss for log in logs}
+    want = oracle_runs.losses(spec, steps)
+    assert sorted(final) == list(range(1, steps + 1))
+    for step in range(1, steps + 1):
+        assert abs(final[step] - want[step - 1]) <= 1e-10 * abs(want[step - 1])
