@@ -3,7 +3,8 @@
 A step may be applied only if every stage reduced: each stage has a replica that answered "ok", and all of a
 stage's replicas that did summed the same contributions (the same replicas, each with the same microbatches).
 Stage 0's contributions must also be the shares the heads were given (peer/step/head_work.py). Anything else
-fails the attempt (`AttemptFailed`), which the driver re-drives.
+fails the attempt (`AttemptFailed`), which the driver re-drives; a stage that did not reduce because one of its
+replicas refused the command names that replica (the head heard it refuse).
 """
 from __future__ import annotations
 
@@ -26,6 +27,15 @@ class ReduceVerdict:
     snapshots: tuple[int, dict[int, str]] | None
 
 
+def _refuser(replies: dict[str, CommandReply]) -> str | None:
+    """The one replica of a stage that refused the reduce command itself, as the leading head heard from it: its
+    own reply failed for a reason that names no other replica, and two replies at least (the others' failures
+    then come from it: "replica X took no part"). None where that is not one replica (peer/step/redrive_cause.py)."""
+    own = [p for p, r in replies.items() if r.outcome != "ok"
+           and not any(q[-8:] in (r.reason or "") for q in replies if q != p)]
+    return own[0] if len(own) == 1 and len(replies) > 1 else None
+
+
 def judge_reduce(replies: dict[str, CommandReply], members: dict[str, int], n_stages: int,
                  head_shares: dict[str, list[int]]) -> ReduceVerdict:
     """The verdict on a reduce from every replica's reply (`members`: peer -> stage), or AttemptFailed if a stage
@@ -34,8 +44,9 @@ def judge_reduce(replies: dict[str, CommandReply], members: dict[str, int], n_st
     for stage in range(n_stages):
         oks = {p: r for p, r in replies.items() if members[p] == stage and r.outcome == "ok"}
         if not oks:
-            why = "; ".join(f"{p[-8:]}: {r.reason or r.outcome}" for p, r in replies.items() if members[p] == stage)
-            raise AttemptFailed(f"no replica of stage {stage} reduced ({why or 'none answered'})")
+            here = {p: r for p, r in replies.items() if members[p] == stage}
+            why = "; ".join(f"{p[-8:]}: {r.reason or r.outcome}" for p, r in here.items())
+            raise AttemptFailed(f"no replica of stage {stage} reduced ({why or 'none answered'})", _refuser(here))
         agreed = {tuple(sorted((p, tuple(m)) for p, m in r.contributors.items())) for r in oks.values()}
         if len(agreed) != 1:
             raise AttemptFailed(f"the replicas of stage {stage} summed different contributions")
