@@ -57,6 +57,7 @@ KIND_STATE = "state"  # a stage's state, downloaded by a joining replica (protoc
 KIND_WORK = "work"  # the leading head's signed record of who worked a re-fit step, -> coordinator
 KIND_DATA_REPORT = "datarep"  # a head's report of a leader's step record that its data contradicts, -> coordinator
 KIND_SNAPSHOT = "snap"  # a stage's snapshot at a step boundary: offered, listed, fetched (protocol/snapshot_wire.py)
+KIND_RECORDS = "rec"  # the coordinator-signed records a peer holds (spec, lease, basis chain), re-served (record_wire)
 
 
 class WireError(ValueError):

@@ -72,6 +72,8 @@ class LocalOptions:
     id_work_bits: int = opt(0, "the proof of work each peer id must carry (see `swarm coordinator --help`); 0 here, "
                             "unlike a coordinator's default, since every peer of this swarm is on this machine",
                             metavar="N")
+    record_ttl: float | None = opt(None, "a shorter life of the coordinator's records in the DHT (`swarm coordinator "
+                                   "--record-ttl`): to watch the swarm outlive them without a coordinator", metavar="S")
 
 
 def dashboard_port(preferred: int, host: str = "127.0.0.1") -> tuple[int, str | None]:
@@ -232,6 +234,7 @@ class LocalSwarm(RunReports):
                                    str(maddrs_file), "--state-dir", str(self.dir), "--id-work-bits",
                                    str(self.opts.id_work_bits), *key, *data, *(["--compile"] if self.opts.compile
                                                                                 else []),
+                                   *(["--record-ttl", str(self.opts.record_ttl)] if self.opts.record_ttl else []),
                                    # every peer here is the user's own process: trusted, as powersgd needs
                                    *(["--unchecked-powersgd"] if self.opts.spec.replica_sync == "powersgd" else []),
                                    *extra], module=module)

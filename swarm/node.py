@@ -29,6 +29,8 @@ from protocol.spec import RunSpec
 from protocol.wire import KIND_ACTIVATION, KIND_GRADIENT, KIND_REDUCE
 from swarm.data.tokenizer_fetch import share_run_tokenizer
 from swarm.dht import SwarmDHT, close_node, start_dht, stop_dht
+from swarm.dht.record_service import share_records, spec_asker
+from swarm.dht.record_share import PeerRecords
 from swarm.monitor.liveness import LivenessProbe
 from swarm.monitor.peer_monitor import PeerMonitor
 from swarm.net import HomeLink, Transport
@@ -164,7 +166,10 @@ class Reporter:
             f.write(json.dumps({"event": event, "time": time.time(), **fields}) + "\n")
 
 
-async def fetch_spec(sdht: SwarmDHT, trusted_key: str | None, timeout: float) -> RunSpec:
+async def fetch_spec(sdht: SwarmDHT, trusted_key: str | None, timeout: float, peers: PeerRecords | None = None
+                     ) -> RunSpec:
+    """The run spec, from the DHT or, with none there (no coordinator up), from `peers` (the signed copy they hold,
+    checked as the DHT's is: swarm/dht/record_share.py); held by `sdht` to be re-served in turn."""
     deadline = time.monotonic() + timeout
     try:
         pinned = bytes.fromhex(trusted_key) if trusted_key else None
@@ -173,6 +178,8 @@ async def fetch_spec(sdht: SwarmDHT, trusted_key: str | None, timeout: float) ->
     key = pinned if pinned is not None and len(pinned) > 8 else None  # a fingerprint is 8 bytes
     while True:
         signed = await sdht.fetch_run_spec(key)
+        if signed is None and peers is not None:
+            signed = await peers.run_spec(key)
         if signed is not None and pinned is not None and key is None and signed.fingerprint != trusted_key.lower():
             raise JoinError(f"the run spec is signed by key {signed.fingerprint}, not by the pinned {trusted_key}.")
         if signed is not None:
@@ -182,10 +189,12 @@ async def fetch_spec(sdht: SwarmDHT, trusted_key: str | None, timeout: float) ->
                                 "this swarm is misconfigured or under attack.")
             log.info("joined run %s (%s, compute dtype %s from its run spec), signed by %s", spec.run_hash, spec.name,
                      spec.dtype, signed.fingerprint)
+            sdht.held.spec = signed
             return spec
         if time.monotonic() > deadline:
-            raise JoinError(f"no run spec found in the DHT after {timeout:g} s; check --initial-peers "
-                            f"(the coordinator's address) and that the coordinator is running.")
+            raise JoinError(f"no run spec found in the DHT{' or at the peers asked' if peers else ''} after "
+                            f"{timeout:g} s; check --initial-peers (the address of the coordinator or of a peer of the "
+                            f"swarm) and that the coordinator or that peer is running.")
         await asyncio.sleep(0.5)  # poll the DHT for the spec while the coordinator comes up
 
 
@@ -251,7 +260,7 @@ async def run_peer(opts: PeerOptions, on_stage_peer: Callable[[StagePeer], None]
     policy = AdmissionPolicy.from_ticket(ticket)
     dht = await asyncio.to_thread(start_dht, opts.initial_peers, opts.host_maddrs, identity, False, policy,
                                   **reach_options)
-    p2p = transport = None
+    p2p = transport = records = None
     monitor = PeerMonitor(opts.health_port, opts.health_host, opts.tensorboard)  # health record, /healthz, TensorBoard
     # synced: steps taken together with other replicas, over every stage served
     totals = {"sent_tokens": {KIND_ACTIVATION: 0, KIND_GRADIENT: 0}, "refused": 0, "tokens_done": 0,
@@ -260,7 +269,11 @@ async def run_peer(opts: PeerOptions, on_stage_peer: Callable[[StagePeer], None]
     try:
         await monitor.start()  # /healthz answers "joining" (503) from here on
         sdht = SwarmDHT(dht, identity, ticket=ticket)
-        spec = await fetch_spec(sdht, opts.trusted_key, opts.join_timeout)
+        asker, asking = await spec_asker(dht, opts.initial_peers, ticket.to_bytes() if ticket else b"")
+        try:  # with every coordinator down, the peers of --initial-peers give the spec they hold
+            spec = await fetch_spec(sdht, opts.trusted_key, opts.join_timeout, asker)
+        finally:
+            await asking.close()
         try:
             await sdht.adopt(spec)  # the swarm's rule for records: a private swarm refuses us here without a ticket
         except AdmissionError as e:
@@ -283,9 +296,9 @@ async def run_peer(opts: PeerOptions, on_stage_peer: Callable[[StagePeer], None]
             restart=lambda o: start_dht(opts.initial_peers, opts.host_maddrs, identity, policy=policy, **o),
             stop=stop_dht)
         if reach.mode == "relayed":  # a new DHT node: its store starts from the swarm's rule again
-            work, sdht = sdht.work, SwarmDHT(dht, identity, ticket=ticket)
+            work, held, sdht = sdht.work, sdht.held, SwarmDHT(dht, identity, ticket=ticket)
             await sdht.adopt(spec)
-            sdht.work = work
+            sdht.work, sdht.held = work, held
         p2p = await dht.replicate_p2p()
         peer_id = p2p.peer_id.to_base58()
         link = HomeLink.from_strings(opts.bandwidth, opts.latency) if (
@@ -299,6 +312,7 @@ async def run_peer(opts: PeerOptions, on_stage_peer: Callable[[StagePeer], None]
             await transport.enable_direct(port=opts.direct_port, serve=reach.mode != "relayed",
                                           announced=list(reach.maddrs))
         await DialBack().serve(transport)  # help other peers check that they can be reached
+        records = await share_records(p2p, sdht, spec, opts.initial_peers, peer_id)  # the coordinator's, re-served
         # the run's tokenizer: served if held here; a peer with the token folder but not the file fetches it
         await share_run_tokenizer(spec, transport, sdht, opts.tokens, own_id=peer_id)
         maddrs = reach.maddrs
@@ -360,6 +374,8 @@ async def run_peer(opts: PeerOptions, on_stage_peer: Callable[[StagePeer], None]
         try:
             await monitor.close()  # /healthz says "leaving" (503), then stops
         finally:
+            if records is not None:
+                await records.close()
             await close_node(dht, p2p, transport)
             if transport is not None and transport.trace is not None:
                 transport.trace.close()

@@ -25,6 +25,9 @@ class BasisGate:
                  pull_updates: Callable[[], Awaitable[None]] | None = None, wait: float = 30.0) -> None:
         self.runner, self._run = runner, run  # `run` executes on the stage's worker thread, in order
         self.verify_update, self.pull_updates, self.wait = verify_update, pull_updates, wait
+        # whether an update can still come (None: always): False while no coordinator holds the seat, so that a
+        # head does not wait out `wait` at every switch step of a swarm that has none
+        self.updates_come: Callable[[], Awaitable[bool]] | None = None
 
     def check(self, h: Header) -> tuple[str, str] | None:
         """(reason, code) to refuse a message whose basis version is not the one for its step."""
@@ -51,7 +54,8 @@ class BasisGate:
 
     async def wait_for_switch(self, step: int) -> None:
         """Head: at a switch step, wait (bounded) for the coordinator's update before starting.
-        If it does not come (coordinator away), training goes on with the current basis."""
+        If it does not come (coordinator away), training goes on with the current basis; with no coordinator in
+        the seat (`updates_come`), at once."""
         runner, spec = self.runner, self.runner.spec
         if runner.basis is None or not spec.refits_basis:
             return
@@ -65,5 +69,10 @@ class BasisGate:
                             runner.basis_version)
                 return
             if self.pull_updates is not None:
-                await self.pull_updates()
+                await self.pull_updates()  # one signed before the coordinator left is taken here
+            if (self.updates_come is not None and runner.version_for_step(step) == runner.basis_version
+                    and runner.basis_updated_step != step and not await self.updates_come()):
+                log.info("no coordinator holds the seat, so no basis update comes for step %d; continuing on "
+                         "version %d", step + 1, runner.basis_version)
+                return
             await asyncio.sleep(0.1)  # poll interval while the coordinator's update propagates

@@ -50,6 +50,7 @@ from protocol.spec import RunSpec
 from protocol.step_record import WorkRecord
 from protocol.wire import KIND_BASIS, ErrorReply, WireError, encode_message
 from swarm.dht import SwarmDHT
+from swarm.dht.record_share import PeerRecords
 from swarm.net.transport import Transport
 from swarm.trust.keys import SigningKey, verify
 from swarm.trust.signed_records import signed_by_leader
@@ -66,6 +67,15 @@ WORK_RECORDS_KEPT = 4  # the latest re-fit steps whose work records are held
 
 def _agree(a: torch.Tensor, b: torch.Tensor) -> bool:
     return float(torch.linalg.norm(a.double() - b.double())) <= STAT_RTOL * float(torch.linalg.norm(a.double()))
+
+
+def _signed_update(body: bytes, version: int, spec: RunSpec, public: bytes) -> bool:
+    """Whether `body` is the signed update of `version` under the key `public` (a peer's copy of the chain)."""
+    try:
+        update = decode_update(body, spec)
+    except WireError:
+        return False
+    return update.version == version and verify(public, update.signing_bytes(), update.signature)
 
 
 def _refuse(reason: str) -> bytes:
@@ -266,7 +276,7 @@ class BasisRefitter:
         for update in self.published:
             await self.sdht.publish_basis(self.spec.run_hash, update.version, encode_update(update), self.ttl)
 
-    async def resume(self) -> int:
+    async def resume(self, peers: PeerRecords | None = None) -> int:
         """Take up the chain of updates this swarm key already published (a restarted coordinator, or a standby
         with the same key); returns the newest version resumed (0: none). Call it before serving.
 
@@ -277,11 +287,15 @@ class BasisRefitter:
         another version than its own, or whose signature is not the spec's coordinator key's is skipped with a
         warning; the chain is 1, 2, ... up to the first version missing or skipped, and also stops where an
         effective step does not come after the one before (a version a later re-fit abandoned, left in the DHT
-        until its ttl ends). A DHT failure is raised: resuming nothing would restart the chain at version 1."""
+        until its ttl ends). A DHT failure is raised: resuming nothing would restart the chain at version 1. With
+        none in the DHT (every coordinator was down longer than the chain lives there), `peers` are asked for the
+        chain they hold (swarm/dht/record_share.py), checked the same way."""
         if not self.bases:
             return 0  # no subspace basis in this run: nothing to resume
         public = bytes.fromhex(self.spec.coordinator_key) if self.spec.coordinator_key else self.key.public_bytes()
         stored = await self.sdht.fetch_bases(self.spec.run_hash, public)
+        if not stored and peers is not None:
+            stored = await peers.bases(self.spec.run_hash, lambda v, body: _signed_update(body, v, self.spec, public))
         chain: list[BasisUpdate] = []
         for version in sorted(v for v in stored if v > 0):
             try:

@@ -4,7 +4,8 @@ It checks the coordinator's signature (the key named in the signed run spec), se
 stage's re-fit statistic to the coordinator, pulls updates from the DHT (the push may have
 been missed), and at start-up brings a peer that joins late or restarts onto the current
 basis before it serves. If the coordinator is unreachable, training simply continues on the
-current basis.
+current basis. The updates it reads are held and re-served (swarm/dht/record_share.py): with every coordinator
+down longer than they live in the DHT, a newcomer gets the chain from its peers.
 """
 from __future__ import annotations
 
@@ -33,6 +34,11 @@ class BasisSync:
         self.public_key = bytes.fromhex(spec.coordinator_key) if spec.coordinator_key else b""
         self.coordinator = ActiveCoordinator(sdht, spec.run_hash, spec.extra.get("coordinator_peer", ""))
         self.daemon: StageDaemon | None = None
+        self._checked_updates: dict[int, tuple[bytes, BasisUpdate]] = {}  # version -> (bytes, update) that passed
+
+    async def updates_come(self) -> bool:
+        """Whether a basis update can still come: not while every coordinator's claim to the seat has lapsed."""
+        return not await self.coordinator.lapsed()
 
     def verify(self, update: BasisUpdate) -> bool:
         return bool(self.public_key) and update.run == self.spec.run_hash and \
@@ -70,19 +76,37 @@ class BasisSync:
                 return reply
         return None
 
+    def _checked(self, version: int, body: bytes) -> BasisUpdate | None:
+        """The update in `body` if it is the coordinator key's signed update of `version`, else None (the same bytes
+        are checked once: a head polls them every 0.1 s at a switch step)."""
+        known = self._checked_updates.get(version)
+        if known is not None and known[0] == body:
+            return known[1]
+        try:
+            update = decode_update(body, self.spec)
+        except WireError as e:
+            log.debug("skipped basis entry %s: %s", version, e)
+            return None
+        if update.version != version or not self.verify(update):
+            return None
+        self._checked_updates[version] = (body, update)
+        return update
+
     async def _verified_updates(self) -> list[BasisUpdate]:
-        out = []
+        """The coordinator's signed updates, by version: the DHT's; with none there (no coordinator has
+        republished them within their life), the ones this peer holds, and with none held, those the peers it
+        reaches hold (`SwarmDHT.record_peers`, swarm/dht/record_share.py). What passes is held, and re-served."""
         if not self.public_key:
-            return out
-        for version, body in sorted((await self.sdht.fetch_bases(self.spec.run_hash, self.public_key)).items()):
-            try:
-                update = decode_update(body, self.spec)
-            except WireError as e:
-                log.debug("skipped basis entry %s: %s", version, e)
-                continue
-            if update.version == version and self.verify(update):
-                out.append(update)
-        return out
+            return []
+        stored = await self.sdht.fetch_bases(self.spec.run_hash, self.public_key)
+        if not stored:
+            stored = dict(self.sdht.held.bases)
+        peers = self.sdht.record_peers
+        if not stored and peers is not None and self.spec.refits_basis:
+            stored = await peers.bases(self.spec.run_hash, lambda v, b: self._checked(v, b) is not None)
+        good = {v: (body, u) for v, body in sorted(stored.items()) if (u := self._checked(v, body)) is not None}
+        self.sdht.held.keep_bases({v: body for v, (body, _) in good.items()})
+        return [u for _, u in good.values()]
 
     async def pull(self) -> None:
         """Offer the daemon the next version from the DHT, if there is one it does not have yet."""

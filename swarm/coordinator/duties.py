@@ -6,8 +6,10 @@ The duties, each signed with the swarm key: keep the run spec published; grant t
 hashes the leading head records (`SnapshotVouch`); re-fit the basis (`BasisRefitter`); with
 --checkpoint-dir, keep the vouched snapshots (`CheckpointKeeper`). Each resumes from the DHT where the last
 holder left it (a restarted coordinator, or a standby that took over): the lease's order, term and
-revocations, the basis versions, the vouched hashes. Nothing is re-issued out of order, and none of them
-can sign once the seat is lost (`SwarmDHT.seat_fence`).
+revocations, the basis versions, the vouched hashes (the lease and the basis chain from the peers, where every
+coordinator was down longer than they live there: swarm/dht/record_share.py). Nothing is re-issued out of order,
+and none of them can sign once the seat is lost (`SwarmDHT.seat_fence`). `--record-ttl` shortens the life of every
+record they sign.
 
 The message handlers (`serve`) are registered once per process; a coordinator standing by refuses what only
 the seat's holder does, so that a peer that asked the wrong one reads the claims again and asks the holder.
@@ -72,11 +74,13 @@ class CoordinatorDuties:
     async def start(self) -> None:
         """Take up every duty, each resumed from the DHT, and publish the run spec."""
         spec, sdht, opts = self.spec, self.sdht, self.opts
-        keeper = LeaseKeeper(sdht, spec.run_hash, self.probe, trusted=opts.trusted_heads)
-        refitter = BasisRefitter(spec, self.key, sdht, self.transport, opts.ttl * 100, answers=self.probe,
+        short = opts.record_ttl  # --record-ttl: every record lives that long, republished every third of it
+        keeper = LeaseKeeper(sdht, spec.run_hash, self.probe, trusted=opts.trusted_heads,
+                             **({"ttl": short, "republish_s": min(30.0, short / 3)} if short else {}))
+        refitter = BasisRefitter(spec, self.key, sdht, self.transport, short or opts.ttl * 100, answers=self.probe,
                                  leaders=lambda: keeper.lease.order if keeper.lease is not None else [])
-        vouch = SnapshotVouch(sdht, spec.run_hash, spec.n_stages)
-        await refitter.resume()
+        vouch = SnapshotVouch(sdht, spec.run_hash, spec.n_stages, **({"ttl": short} if short else {}))
+        await refitter.resume(sdht.record_peers)
         await vouch.resume()
 
         async def on_record(record) -> None:  # a lease head's signed work record: its hashes, and who worked
@@ -111,21 +115,25 @@ class CoordinatorDuties:
                                    or run_batches(spec, opts.data), revoke,
                                    lambda head, caught: vouch.before(head, caught, keeper.revoked), heads=heads)
         self.keeper, self.refitter, self.vouch = keeper, refitter, vouch
-        await sdht.publish_run_spec(spec.to_json(), self.key, opts.ttl)
+        sdht.held.spec = await sdht.publish_run_spec(spec.to_json(), self.key, self._spec_ttl)  # re-served too
         self._tasks = [asyncio.create_task(keeper.run()), asyncio.create_task(self._republish())]
 
     async def _republish(self) -> None:
         """Keep the run spec, the basis chain and the vouched hashes alive in the DHT."""
         while True:
-            await asyncio.sleep(self.opts.ttl / 3)
+            await asyncio.sleep(self._spec_ttl / 3)
             try:
-                await self.sdht.publish_run_spec(self.spec.to_json(), self.key, self.opts.ttl)
+                await self.sdht.publish_run_spec(self.spec.to_json(), self.key, self._spec_ttl)
                 await self.refitter.republish()
                 await self.vouch.republish()
             except SeatLost:
                 return  # the seat's watch stops the duties
             except Exception as e:  # keep coordinating; the next round retries
                 log.warning("could not re-publish the run spec: %s", e)
+
+    @property
+    def _spec_ttl(self) -> float:
+        return self.opts.record_ttl or self.opts.ttl
 
     async def stop(self) -> None:
         """Drop every duty (the seat is lost or the coordinator stops); handlers then answer STANDING_BY."""

@@ -84,7 +84,13 @@ class CoordinatorOptions:
                         "revocations); run one or more on other machines")
     initial_peers: list[str] = opt([], "address of the active coordinator or any peer of the swarm: where a standby "
                                    "(or a coordinator restarted on another address) joins", metavar="MADDR")
-    ttl: float = 60.0
+    record_ttl: float | None = opt(None, "a shorter life of this coordinator's records in the DHT: the run spec, "
+                                   "basis updates, leader lease and vouched hashes each live S seconds without it "
+                                   "(republished every S/3) instead of 60 s, 100 min, 1 h and 1 day, so that what a "
+                                   "swarm does once every coordinator has been down longer than its records live "
+                                   "shows in minutes (peers re-serve the spec, basis chain and lease they hold: "
+                                   "docs/security.md, \"Without any coordinator\")", metavar="S")
+    ttl: float = 60.0  # the run spec's life in the DHT (republished every third of it), unless --record-ttl
 
     def check(self) -> None:
         """ValueError (one sentence) for a setting that cannot work."""
@@ -95,6 +101,8 @@ class CoordinatorOptions:
         if self.ids_per_block < 0:
             raise ValueError("--ids-per-block must be 0 (no cap) or a positive number of peer ids.")
         check_data_flags(self.data, self.tokens)
+        if self.record_ttl is not None and not 3 <= self.record_ttl <= 3600:
+            raise ValueError("--record-ttl must be between 3 and 3600 seconds (a run spec lives at most an hour).")
         if self.standby and not self.initial_peers:
             raise ValueError("--standby needs --initial-peers: the address of the active coordinator or of any peer "
                              "of its swarm.")

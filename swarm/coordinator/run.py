@@ -22,6 +22,7 @@ from protocol.spec import RunSpec
 from swarm.basis import BasisRefitter
 from swarm.data.tokenizer_fetch import share_run_tokenizer
 from swarm.dht import SwarmDHT, close_node, set_policy, start_dht
+from swarm.dht.record_service import share_records, spec_asker
 from swarm.net import Transport
 from swarm.net.addresses import LOOPBACK, PRIVATE, PUBLIC, announce_addresses, scope_of
 from swarm.net.reachability import DialBack
@@ -74,13 +75,17 @@ async def _coordinate(opts: CoordinatorOptions, spec: RunSpec | None, key: Signi
     announce = announce_addresses(opts.host_maddrs, opts.public_ip, opts.announce_maddrs)
     dht = await asyncio.to_thread(start_dht, opts.initial_peers, opts.host_maddrs, identity, False, policy,
                                   **({"announce_maddrs": announce} if announce else {}))
-    p2p = transport = duties = seat = None
+    p2p = transport = records = duties = seat = None
     try:
         p2p = await dht.replicate_p2p()
         sdht = SwarmDHT(dht, identity, swarm_key=key, policy=policy)
         if spec is None:  # a standby: the run is the one its swarm's active coordinator signed with this key
             from swarm.node import fetch_spec
-            spec = await fetch_spec(sdht, key.public_bytes().hex(), STANDBY_SPEC_S)
+            asker, asking = await spec_asker(dht, opts.initial_peers)
+            try:  # every coordinator down for longer than the spec lives in the DHT: a peer's copy
+                spec = await fetch_spec(sdht, key.public_bytes().hex(), STANDBY_SPEC_S, asker)
+            finally:
+                await asking.close()
             policy = AdmissionPolicy.for_spec(spec)  # private or not, and its work bits, are the spec's
             sdht.admission.adopt(policy)
             await set_policy(dht, policy)
@@ -89,6 +94,8 @@ async def _coordinate(opts: CoordinatorOptions, spec: RunSpec | None, key: Signi
                                opts.ids_per_network, opts.compile, opts.ids_per_block)
         frame = max(spec.d_model * spec.rank * 4, CHUNK_BYTES if opts.checkpoint_dir else 0) + (1 << 16)
         transport = Transport(p2p, f"subspace-swarm-{spec.run_hash}", max_frame_bytes=frame)
+        # what the DHT lost while no coordinator was up (the basis chain, the lease) is resumed from the peers
+        records = await share_records(p2p, sdht, spec, opts.initial_peers, identity.peer_id)
         duties = CoordinatorDuties(opts, spec, key, sdht, transport, p2p, on_refitter)
         await duties.serve()
         await DialBack().serve(transport)  # joining peers ask whether they can be reached
@@ -118,4 +125,6 @@ async def _coordinate(opts: CoordinatorOptions, spec: RunSpec | None, key: Signi
             await duties.stop()
         if seat is not None:
             await seat.resign()
+        if records is not None:
+            await records.close()
         await close_node(dht, p2p, transport)

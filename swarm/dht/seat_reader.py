@@ -47,6 +47,13 @@ class ActiveCoordinator:
         self.newest = max(claims, key=lambda c: (c.term, c.since), default=self.newest)
         return self.claim
 
+    async def lapsed(self) -> bool:
+        """Whether no coordinator holds the seat although one did: every claim read has lapsed (all coordinators
+        down, or a standby not yet in the seat). False while a claim is live, and where none was ever read (a
+        coordinator of an older version, which claims no seat)."""
+        await self.refresh()
+        return self.claim is None and self.newest is not None
+
     async def peer_id(self) -> str:
         """The peer id to send to ("" if this run names no coordinator at all)."""
         await self.refresh()

@@ -35,7 +35,9 @@ from swarm.trust.keys import SigningKey, fingerprint_of
 from swarm.trust.work import WorkProof
 
 from .envelope import Envelope, WorkMissing, check_envelope
+from .held import HeldRecords
 from .network_cap import cap_per_network
+from .record_share import PeerRecords
 from .records import (
     RUN_KEY,
     RecordError,
@@ -113,6 +115,8 @@ class SwarmDHT(SwarmKeyRecords):
         self._logged: OrderedDict[str, None] = OrderedDict()  # peers whose skipped record was logged
         self._refreshed = 0.0
         self._warned_expiry = False
+        self.held = HeldRecords()  # the coordinator's records this node read, re-served to peers (record_share.py)
+        self.record_peers: PeerRecords | None = None  # who to ask for them when the DHT holds none (None: nobody)
 
     def _skip(self, where: str, problem: str, peer: str | None = None) -> None:
         """Count a skipped entry; `peer`: log its first skip as a warning (a missing proof, a crowded network)."""

@@ -16,6 +16,7 @@ from hivemind.utils import get_dht_time
 from swarm.trust.identity import Identity
 from swarm.trust.keys import fingerprint_of
 
+from .envelope import Envelope
 from .records import (
     CoordinatorClaim,
     LeaderLease,
@@ -53,8 +54,16 @@ class SwarmKeyRecords:
                                        "the coordinator grants leases")
 
     async def fetch_lease(self, run_hash: str) -> LeaderLease | None:
-        """The lease the adopted spec's coordinator key signed for `run_hash`, or None if there is none yet."""
-        return await self._swarm_record(lease_key(run_hash), LeaderLease, run_hash)
+        """The lease the adopted spec's coordinator key signed for `run_hash`, or None if there is none: the DHT's;
+        with none there (no coordinator renewed it within its life), the newest this node holds, else the newest
+        its peers hold (`record_peers`, record_share.py: asked only when the DHT has none and this node holds none).
+        Every lease read is held and re-served; a reader keeps the highest term it saw (`Router.lease`)."""
+        found = await self._swarm_entry(lease_key(run_hash), LeaderLease, run_hash)
+        if found is None and self.held.lease_of(run_hash) is None and self.record_peers is not None:
+            found = await self.record_peers.lease(run_hash, self.admission.policy)
+        if found is not None:
+            self.held.keep_lease(*found)
+        return self.held.lease_of(run_hash) if found is None else found[1]
 
     async def publish_vouched(self, vouched: VouchedSnapshots, ttl: float, states: bool = False) -> bool:
         """Store the snapshot hashes (or with `states`, the state hashes after each step) the swarm key
@@ -125,6 +134,11 @@ class SwarmKeyRecords:
 
     async def _swarm_record(self, key: str, cls, run_hash: str):
         """The one record of `cls` under `key` filed by the adopted spec's coordinator key, or None."""
+        found = await self._swarm_entry(key, cls, run_hash)
+        return found[1] if found is not None else None
+
+    async def _swarm_entry(self, key: str, cls, run_hash: str) -> tuple[Envelope, object] | None:
+        """(its envelope, the record) of `_swarm_record`, or None."""
         trusted = self.admission.policy.swarm_key
         if not trusted:
             raise RecordError(f"no coordinator key to trust {key} from; adopt the run spec first.")
@@ -137,5 +151,5 @@ class SwarmKeyRecords:
             except (RecordError, TypeError) as e:
                 self._skip(key, str(e))
                 continue
-            return record
+            return env, record
         return None

@@ -77,10 +77,11 @@ class LeaseKeeper:
                  trusted: Sequence[str] = (), period: float = 1.0, republish_s: float = 30.0,
                  probe_failures: int = 2, on_revoke: Callable[[LeaderLease], Awaitable[object]] | None = None,
                  absent_grace_s: float = ABSENT_GRACE_S, clock: Callable[[], float] = time.monotonic,
-                 salt: bytes | None = None) -> None:
+                 salt: bytes | None = None, ttl: float = LEASE_TTL_S) -> None:
         self.sdht, self.run_hash, self.probe, self.trusted = sdht, run_hash, probe, list(trusted)
         self.period, self.republish_s, self.probe_failures = period, republish_s, probe_failures
         self.absent_grace_s, self.clock = absent_grace_s, clock
+        self.ttl = ttl  # the stored lease's life without the keeper (`swarm coordinator --record-ttl` shortens it)
         self._salt = salt if salt is not None else os.urandom(16)  # ties among heads first seen together
         self.lease: LeaderLease | None = None
         self.revoked: list[str] = []
@@ -179,7 +180,7 @@ class LeaseKeeper:
             self._stored = float("-inf")
         if now - self._stored >= self.republish_s:
             self.lease.issued = time.time()
-            if await self.sdht.publish_lease(self.lease, LEASE_TTL_S):
+            if await self.sdht.publish_lease(self.lease, self.ttl):
                 self._stored = now
             else:
                 log.warning("the DHT did not store the leader lease; retrying")

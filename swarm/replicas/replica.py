@@ -182,12 +182,13 @@ class ReplicaService:
             # every stage snapshots at the same steps: the interval is the coordinator's, in the signed spec
             snapshot_options=dict(every=snapshot_interval(self.spec)))
         sync.daemon = peer.daemon
+        peer.daemon.gate.updates_come = sync.updates_come  # no 30 s wait per switch step with no coordinator
         membership.named = peer.daemon.named_heads  # stage 1: the heads named for the attempt (peer/step/head_work.py)
         peer.commit.on_lease = lambda: ctx.router.lease(fresh=True)  # the coordinator revoked a lease
-        peer.snapshots.vouched = lambda: vouched_hashes(ctx.sdht, self.spec.run_hash, self.stage)
+        peer.snapshots.vouched = lambda: vouched_hashes(ctx.sdht, self.spec.run_hash, self.stage, sync.coordinator)
         # a coordinator with --checkpoint-dir holds the vouched snapshots too (swarm/replicas/checkpoint_keeper.py)
         peer.snapshots.extra_holders = [p for p in [self.spec.extra.get("coordinator_peer")] if p]
-        states = lambda: vouched_states(ctx.sdht, self.spec.run_hash, self.stage)  # noqa: E731
+        states = lambda: vouched_states(ctx.sdht, self.spec.run_hash, self.stage, sync.coordinator)  # noqa: E731
         # a joiner loads only a state whose hash the swarm key vouches for
         peer.vouched = VouchedStates(states, every=peer.commit.hasher.every)
         peer.state.hashed_only = bool(self.spec.extra.get("coordinator_peer"))  # and a donor serves such a state

@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 
 from protocol.step_record import WorkRecord
-from swarm.dht import SwarmDHT, VouchedSnapshots
+from swarm.dht import ActiveCoordinator, SwarmDHT, VouchedSnapshots
 
 log = logging.getLogger(__name__)
 
@@ -37,11 +37,14 @@ KEEP = 4  # snapshot steps vouched for at a time: every stage keeps its 2 newest
 # takes minutes (2.4 GB of a `large` stage at 80 Mbit/s: 4 min, ~80 steps; tiny at 4 Mbit/s: 80 steps, measured).
 # With 8 (32 steps) such a joiner's state was refused as "older than every step the swarm's records hold", every time
 KEEP_STATES = 64
+_TOLD: set[str] = set()  # runs whose stale records this process has logged (once)
 
 
 class SnapshotVouch:
-    def __init__(self, sdht: SwarmDHT, run_hash: str, n_stages: int, keep: int = KEEP) -> None:
+    def __init__(self, sdht: SwarmDHT, run_hash: str, n_stages: int, keep: int = KEEP,
+                 ttl: float = VOUCH_TTL_S) -> None:
         self.sdht, self.run_hash, self.n_stages, self.keep = sdht, run_hash, n_stages, keep
+        self.ttl = ttl  # the records' life in the DHT (`swarm coordinator --record-ttl` shortens it)
         self.vouched = VouchedSnapshots(run_hash, {})
         self.states = VouchedSnapshots(run_hash, {})  # step -> stage -> the state hash its replicas agreed on
         # called with (step, stage -> sha256) after a new snapshot step is vouched for (the coordinator's keeper)
@@ -87,8 +90,8 @@ class SnapshotVouch:
         self.vouched = VouchedSnapshots(self.run_hash, {t: h for t, h in self.vouched.steps.items() if t <= step})
         self.states = VouchedSnapshots(self.run_hash, {t: h for t, h in self.states.steps.items() if t <= step})
         self.by = {t: by for t, by in self.by.items() if t <= step}
-        await self.sdht.publish_vouched(self.vouched, VOUCH_TTL_S)
-        await self.sdht.publish_vouched(self.states, VOUCH_TTL_S, states=True)
+        await self.sdht.publish_vouched(self.vouched, self.ttl)
+        await self.sdht.publish_vouched(self.states, self.ttl, states=True)
         log.info("forgot the snapshots and states vouched for after step %d: those steps are driven again", step)
 
     async def on_record(self, record: WorkRecord) -> None:
@@ -107,7 +110,7 @@ class SnapshotVouch:
             return False
         steps = {**self.states.steps, step: dict(hashes)}
         self.states = VouchedSnapshots(self.run_hash, {t: steps[t] for t in sorted(steps)[-KEEP_STATES:]})
-        stored = await self.sdht.publish_vouched(self.states, VOUCH_TTL_S, states=True)
+        stored = await self.sdht.publish_vouched(self.states, self.ttl, states=True)
         log.debug("vouched for the state hashes after step %d (stages %s)", step, sorted(hashes))
         return stored
 
@@ -120,7 +123,7 @@ class SnapshotVouch:
         steps = {**self.vouched.steps, step: dict(hashes)}
         self.vouched = VouchedSnapshots(self.run_hash, {t: steps[t] for t in sorted(steps)[-self.keep:]})
         self.by = {t: by for t, by in {**self.by, step: record.leader}.items() if t in self.vouched.steps}
-        stored = await self.sdht.publish_vouched(self.vouched, VOUCH_TTL_S)
+        stored = await self.sdht.publish_vouched(self.vouched, self.ttl)
         log.info("vouched for the snapshots at step %d (from %s's record)%s", step, record.leader[-8:],
                  "" if stored else "; the DHT did not store it, the next record retries")
         if self.on_vouched is not None:
@@ -129,13 +132,34 @@ class SnapshotVouch:
 
     async def republish(self) -> None:
         if self.vouched.steps:
-            await self.sdht.publish_vouched(self.vouched, VOUCH_TTL_S)
+            await self.sdht.publish_vouched(self.vouched, self.ttl)
         if self.states.steps:
-            await self.sdht.publish_vouched(self.states, VOUCH_TTL_S, states=True)
+            await self.sdht.publish_vouched(self.states, self.ttl, states=True)
 
 
-async def vouched_hashes(sdht: SwarmDHT, run_hash: str, stage: int) -> dict[int, str]:
-    """step -> the sha256 the swarm key vouches for, of `stage`'s snapshot at that step ({}: none, or unreadable)."""
+async def _stale(seat: ActiveCoordinator | None) -> bool:
+    """Whether the vouched records are old and nothing newer can come: no coordinator holds the seat (`seat`: the
+    claims, as `BasisSync.coordinator` reads them). They are then read as none, as once they expire: a joiner takes
+    a state past them on its donor's word rather than refusing every donor the swarm moved past the records'
+    newest step (and, finding none, restoring a snapshot and rolling the swarm back), and a restore takes the
+    snapshot most custodians hold rather than waiting for one the records name, which custodians no longer keep
+    (they keep the two newest). docs/security.md, "Without any coordinator"."""
+    if seat is None or not await seat.lapsed():
+        return False
+    if seat.run_hash not in _TOLD:
+        _TOLD.add(seat.run_hash)
+        log.warning("no coordinator holds the seat: the vouched snapshot and state hashes are old and no newer ones "
+                    "come, so they are read as none (joiners take a state on its donor's word, restores the "
+                    "snapshot most custodians hold) until a coordinator is back")
+    return True
+
+
+async def vouched_hashes(sdht: SwarmDHT, run_hash: str, stage: int,
+                         seat: ActiveCoordinator | None = None) -> dict[int, str]:
+    """step -> the sha256 the swarm key vouches for, of `stage`'s snapshot at that step ({}: none, unreadable, or
+    stale: `_stale`)."""
+    if await _stale(seat):
+        return {}
     try:
         vouched = await sdht.fetch_vouched(run_hash)
     except Exception as e:  # no coordinator key, or a DHT hiccup: the restore falls back to the custodians' word
@@ -146,9 +170,12 @@ async def vouched_hashes(sdht: SwarmDHT, run_hash: str, stage: int) -> dict[int,
     return {t: h[stage] for t, h in vouched.steps.items() if stage in h}
 
 
-async def vouched_states(sdht: SwarmDHT, run_hash: str, stage: int) -> dict[int, str]:
-    """steps -> the sha256 the swarm key vouches for, of `stage`'s state after that many steps ({}: none, or
-    unreadable)."""
+async def vouched_states(sdht: SwarmDHT, run_hash: str, stage: int,
+                         seat: ActiveCoordinator | None = None) -> dict[int, str]:
+    """steps -> the sha256 the swarm key vouches for, of `stage`'s state after that many steps ({}: none,
+    unreadable, or stale: `_stale`)."""
+    if await _stale(seat):
+        return {}
     try:
         vouched = await sdht.fetch_vouched(run_hash, states=True)
     except Exception as e:  # no coordinator key, or a DHT hiccup: nothing to check against
