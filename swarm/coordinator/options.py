@@ -80,7 +80,7 @@ class CoordinatorOptions:
                                    metavar="PEER_ID")
     standby: bool = opt(False, "stand by for the active coordinator of the swarm that --initial-peers reaches, with "
                         "the same --key: read its run spec from the swarm (the run-spec flags are ignored) and take "
-                        "over every duty within ~20 s of its death or pause (leases, vouched hashes, re-fits, "
+                        "over every duty within ~16 s of its death or pause (leases, vouched hashes, re-fits, "
                         "revocations); run one or more on other machines")
     initial_peers: list[str] = opt([], "address of the active coordinator or any peer of the swarm: where a standby "
                                    "(or a coordinator restarted on another address) joins", metavar="MADDR")

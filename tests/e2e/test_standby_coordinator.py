@@ -78,6 +78,7 @@ async def test_a_standby_takes_over_a_paused_coordinator_and_the_resumed_one_sig
         steps_at_pause = len(swarm.step_events()[0])
         await asyncio.to_thread(_wait_for_line, swarm, "standby", r"this coordinator holds the seat", 2 * TAKEOVER_S)
         took = time.monotonic() - paused
+        print(f"takeover {took:.1f} s after the pause")  # the figure docs/design.md quotes (pytest -s)
         # the standby resumed the basis chain: it signs the versions after the paused one's
         await asyncio.to_thread(_wait_for_line, swarm, "standby", r"basis version \d+ published", 120)
         await asyncio.to_thread(wait_for_steps, swarm, steps_at_pause + 10, 120)
