@@ -145,6 +145,24 @@ def test_log_lines_give_resets_and_rollbacks_at_their_local_second():
     assert [r["to_step"] for r in s["rollbacks"]] == [600]
 
 
+def test_a_replica_that_restored_its_stage_foresees_a_rollback_but_only_the_leaders_order_is_one():
+    # a joiner refused its donor's state and restored stage 0 from a snapshot; a live replica led on, and no
+    # head ordered a rollback: the steps it recorded stand (the joiner, found behind, downloaded again)
+    start = dt.datetime(2026, 12, 7, 1, 23, 0).timestamp()
+    text = ("01:23:47 WARN swarm.replicas.state_source: stage 0 had no live replica: restored from its snapshot at "
+            "step 300; the swarm is at step 379, so every stage rolls back to step 300 and the steps after it are "
+            "driven again\n"
+            "01:23:50 WARN swarm.replicas.state_source: stage 2 had no live replica: restored from its initial state "
+            "(the swarm has no snapshot yet); the swarm is at step 4, so every stage rolls back to step 0 and the "
+            "steps after it are driven again")
+    events = log_events("h8", text, start)
+    assert [(e.kind, e.stage, e.step) for e in events] == [("restore", 0, 300), ("restore", 2, 0)]
+    s = analyse(steps(1, 400, start, 0.2, "a"), [], events, [], [], 3, (start, start + 10), (start + 10, start + 80))
+    assert s["rollbacks"] == [] and s["lost_steps"] == [] and s["redriven_records"] == 0 and s["steps"] == 400
+    assert s["stage_restores"] == [{"at_s": 47.5, "peer": "h8", "stage": 0, "from_step": 300},
+                                   {"at_s": 50.5, "peer": "h8", "stage": 2, "from_step": 0}]
+
+
 def _h(peer: str, stage: int, step: int, module: str, stat: str = "s") -> StateHash:
     return StateHash(peer, stage, step, {"module": module, "optimizer": "o" + module, "stat": stat})
 

@@ -13,6 +13,10 @@ elsewhere it says so in one sentence and stops.
    random one, or the leading head every --leader-every-th time; a fresh peer (new identity,
    new checkpoint folder) starts at once on a fresh host. With --smoke (one kill), the phase goes
    on, at most `SMOKE_RECOVERY_S` more, until a step came after the kill (a loaded machine).
+3. with --coordinator-kills N: a standby coordinator (same key, its own state folder, a host of its own) starts
+   with the swarm, and the active coordinator is killed N times during the churn, at (i + 1/2) / N of it
+   (swarm/bench/churn/coordinators.py: which one is active, the kill, the restart as a standby); the churn
+   phase goes on, at most `TAKEOVER_WAIT_S` more, until a standby took the last kill's seat.
 
 Then every process is stopped with SIGTERM (each peer leaves and writes its last checkpoint);
 whatever is still running on any host 15 s later is listed in the JSON and killed, and every
@@ -20,9 +24,10 @@ namespace is deleted, also on error, Ctrl+C or SIGTERM. Each peer writes a check
 --checkpoint-every steps into its own folder; the bench hashes each as it appears
 (`report.field_hashes`), so replicas of a stage are compared at the same step.
 
-Figures and their definitions: swarm/bench/churn/report.py. Writes churn.json (settings,
-summary, every kill, peer and step record) and churn.png (step and loss against time, the
-kills marked) into --out; the run's logs, reports and checkpoints stay in OUT/churn-run/.
+Figures and their definitions: swarm/bench/churn/report.py (the coordinator kills':
+swarm/bench/churn/seat_report.py). Writes churn.json (settings, summary, every kill, peer and step
+record) and churn.png (step and loss against time, the kills marked) into --out; the run's logs,
+reports and checkpoints stay in OUT/churn-run/.
 """
 from __future__ import annotations
 
@@ -46,6 +51,8 @@ from swarm.local_reports import LocalSwarmError
 from swarm.net.namespaces import KernelLinks, KernelShapingUnavailable
 from swarm.net.shaper import parse_bandwidth
 
+from .coordinators import Coordinators, ProcessHosts
+from .hosts import ReportTail, netns_pids
 from .report import (
     Kill,
     Span,
@@ -58,6 +65,7 @@ from .report import (
     plot,
     rollbacks,
 )
+from .seat_report import mark_kills, summary_line
 
 FOREVER = 10**9  # --steps of every peer: the bench, not a step count, ends the run
 POLL_S = 0.5  # how often reports, checkpoints and killed hosts are looked at
@@ -68,6 +76,7 @@ CALM_STEPS = 2  # the calm phase lasts --baseline-minutes, and longer until it h
 SMOKE = dict(preset_name="tiny", hosts=4, replicas=2, period=25.0, minutes=25 / 60, leader_every=1,
              baseline_minutes=5 / 60, checkpoint_every=3)
 SMOKE_RECOVERY_S = 120.0  # --smoke: the churn phase goes on, at most this long, until a step came after the kill
+TAKEOVER_WAIT_S = 120.0  # the churn phase goes on, at most this long, until a standby took the last kill's seat
 
 
 def churn_problem() -> str | None:
@@ -79,29 +88,6 @@ def churn_problem() -> str | None:
     if missing:
         return f"swarm bench churn needs iproute2 (`{'`, `'.join(missing)}` is missing); install iproute2."
     return None
-
-
-class ReportTail:
-    """The events a peer appended to its JSON-lines report since the last read."""
-
-    def __init__(self, path: Path) -> None:
-        self.path, self.offset, self.rest = path, 0, b""
-
-    def read(self) -> list[dict]:
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                data = f.read()
-        except FileNotFoundError:
-            return []
-        self.offset += len(data)
-        *lines, self.rest = (self.rest + data).split(b"\n")
-        return [json.loads(line) for line in lines if line.strip()]
-
-
-def netns_pids(namespace: str) -> list[int]:
-    done = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True, timeout=30)
-    return [int(p) for p in done.stdout.split()]
 
 
 class ChurnRun:
@@ -123,6 +109,7 @@ class ChurnRun:
         self.ended: dict[str, float] = {}  # ... and when that was seen
         self._seen: dict[Path, tuple[int, int]] = {}
         self._going: list[Kill] = []
+        self.coordinators: Coordinators | None = None  # --coordinator-kills: the coordinators, their kills
 
     # ------------------------------------------------------------------ peers
     def start_peer(self) -> str:
@@ -177,6 +164,9 @@ class ChurnRun:
             if name not in self.killed and name not in self.exited and proc.poll() is not None:
                 self.exited[name], self.ended[name] = proc.returncode, time.time()
                 print(f"{name} exited by itself with code {proc.returncode}", flush=True)
+        if self.coordinators is not None:  # a killed coordinator is restarted; one that exits is noted
+            self.coordinators.poll()
+            return
         coordinator = dict(self.swarm.procs)["coordinator"]
         if coordinator.poll() is not None:
             raise LocalSwarmError(f"the coordinator exited with code {coordinator.returncode}; see "
@@ -207,10 +197,10 @@ class ChurnRun:
         """Poll until `steps` step records came after `t`."""
         self._poll_until(lambda: self.stepped_since(t, steps), timeout, f"did not do {steps} steps")
 
-    def wait_until_stepped(self, t: float, timeout: float) -> None:
-        """Poll until a step record came after `t`, or `timeout` s passed (the report then says what did not)."""
+    def wait_for(self, done: Callable[[], object], timeout: float) -> None:
+        """Poll until `done()`, or `timeout` s passed (the report then says what did not)."""
         deadline = time.time() + timeout
-        while not self.stepped_since(t, 1) and time.time() < deadline:
+        while not done() and time.time() < deadline:
             self.wait_until(min(deadline, time.time() + POLL_S))
 
     def start(self, hosts: int, coordinator_args: list[str], timeout: float = 300.0) -> None:
@@ -233,7 +223,7 @@ class ChurnRun:
         self.swarm.stop(grace=20.0)
         left: dict[str, list[int]] = {}
         deadline = time.monotonic() + 15
-        for host in ["coordinator", *self.procs]:
+        for host in ["coordinator", *(self.coordinators.host_names[1:] if self.coordinators else []), *self.procs]:
             while pids := netns_pids(self.links.namespace(host)):
                 if time.monotonic() > deadline:
                     left[host] = pids
@@ -269,7 +259,8 @@ class ChurnRun:
 def run_churn_bench(out_dir: str, preset_name: str = "tiny", hosts: int = 6, replicas: int = 2, period: float = 60.0,
                     minutes: float = 15.0, leader_every: int = 5, bandwidth: str = "50mbit",
                     baseline_minutes: float = 5.0, seed: int = 0, checkpoint_every: int = 10, peer_args: str = "",
-                    coordinator_args: str = "", device: str = "cpu", smoke: bool = False) -> dict:
+                    coordinator_args: str = "", device: str = "cpu", smoke: bool = False,
+                    coordinator_kills: int = 0) -> dict:
     if smoke:
         preset_name, hosts, replicas, period, minutes, leader_every, baseline_minutes, checkpoint_every = (
             SMOKE[k] for k in ("preset_name", "hosts", "replicas", "period", "minutes", "leader_every",
@@ -277,9 +268,10 @@ def run_churn_bench(out_dir: str, preset_name: str = "tiny", hosts: int = 6, rep
     if replicas < 1 or hosts < replicas or hosts % replicas:
         raise ValueError(f"--hosts ({hosts}) must be a multiple of --replicas ({replicas}): the run has hosts / "
                          f"replicas stages.")
-    if period <= 0 or minutes <= 0 or baseline_minutes < 0 or leader_every < 0 or checkpoint_every < 1:
-        raise ValueError("--period and --minutes must be positive, --baseline-minutes and --leader-every at least 0, "
-                         "--checkpoint-every at least 1.")
+    if period <= 0 or minutes <= 0 or min(baseline_minutes, leader_every, coordinator_kills) < 0 \
+            or checkpoint_every < 1:
+        raise ValueError("--period and --minutes must be positive, --baseline-minutes, --leader-every and "
+                         "--coordinator-kills at least 0, --checkpoint-every at least 1.")
     if parse_bandwidth(bandwidth) is None:
         raise ValueError(f"--bandwidth {bandwidth!r} is unlimited; give every host's link a rate, e.g. 50mbit.")
     problem = churn_problem()
@@ -290,11 +282,12 @@ def run_churn_bench(out_dir: str, preset_name: str = "tiny", hosts: int = 6, rep
     out = Path(out_dir)
     work = out / "churn-run"
     shutil.rmtree(work, ignore_errors=True)  # a checkpoint of an earlier run must not be read as this one's
-    names = ["coordinator"] + [f"h{i}" for i in range(hosts + n_kills)]
+    names = ["coordinator"] + [f"h{i}" for i in range(hosts + n_kills)] + (["standby"] if coordinator_kills else [])
     settings = {"preset": preset_name, "hosts": hosts, "replicas": replicas, "stages": spec.n_stages,
                 "bandwidth": bandwidth, "period_s": period, "minutes": minutes, "leader_every": leader_every,
                 "baseline_minutes": baseline_minutes, "seed": seed, "checkpoint_every": checkpoint_every,
-                "peer_args": peer_args, "coordinator_args": coordinator_args, "device": device}
+                "peer_args": peer_args, "coordinator_args": coordinator_args, "device": device,
+                "coordinator_kills": coordinator_kills}
     rng = random.Random(seed)
     try:
         links = KernelLinks(names, bandwidth).__enter__()
@@ -302,12 +295,17 @@ def run_churn_bench(out_dir: str, preset_name: str = "tiny", hosts: int = 6, rep
         raise ValueError(f"swarm bench churn cannot build its hosts here: {str(e).split('; leave')[0]}.") from None
     interrupted, calm0, churn0 = False, None, None
     try:
+        placement = ProcessHosts(links)  # a restarted coordinator runs on its old host
         swarm = LocalSwarm(LocalOptions(spec, steps=FOREVER, replicas=replicas, device=device, quiet=True,
-                                        workdir=str(work)), placement=links)
-        run = ChurnRun(swarm, links, names[1:], checkpoint_every, shlex.split(peer_args))
+                                        workdir=str(work)), placement=placement)
+        run = ChurnRun(swarm, links, names[1:hosts + n_kills + 1], checkpoint_every, shlex.split(peer_args))
         started = time.time()
         try:
             run.start(hosts, shlex.split(coordinator_args))
+            if coordinator_kills:
+                run.coordinators = Coordinators(swarm, placement, shlex.split(coordinator_args),
+                                                lambda host: netns_pids(links.namespace(host)), started)
+                run.coordinators.start_standby()
             calm0 = time.time()
             print(f"{hosts} peers train; {baseline_minutes:g} min without churn", flush=True)
             run.wait_until(calm0 + baseline_minutes * 60)
@@ -317,14 +315,26 @@ def run_churn_bench(out_dir: str, preset_name: str = "tiny", hosts: int = 6, rep
                 run.wait_for_steps(calm0, CALM_STEPS)
             churn0 = time.time()
             print(f"{minutes:g} min of churn: a kill every {period:g} s", flush=True)
-            for i in range(n_kills):
-                run.wait_until(churn0 + i * period)
-                run.kill(leader_every > 0 and (i + 1) % leader_every == 0, rng)
+            # peer kills (index) and coordinator kills (None), in time order; without the latter as it always was
+            schedule = sorted([(churn0 + i * period, i) for i in range(n_kills)]
+                              + [(churn0 + (j + 0.5) / coordinator_kills * minutes * 60, None)
+                                 for j in range(coordinator_kills)], key=lambda e: (e[0], e[1] is None))
+            for t, i in schedule:
+                run.wait_until(t)
+                if i is not None:
+                    run.kill(leader_every > 0 and (i + 1) % leader_every == 0, rng)
+                else:  # once one holds the seat and another stands by
+                    run.wait_for(run.coordinators.ready, TAKEOVER_WAIT_S)
+                    run.coordinators.kill_active()
             run.wait_until(churn0 + minutes * 60)
+            if run.coordinators and run.coordinators.kills and run.coordinators.kills[-1].takeover is None:
+                print(f"the churn phase goes on until a standby holds the seat (at most {TAKEOVER_WAIT_S:g} s more)",
+                      flush=True)
+                run.wait_for(lambda: run.coordinators.kills[-1].takeover is not None, TAKEOVER_WAIT_S)
             if smoke and run.kills and not run.stepped_since(run.kills[-1].time, 1):  # a slow machine: no step yet
                 print(f"the churn phase goes on until a step comes after the kill (at most {SMOKE_RECOVERY_S:g} s "
                       "more)", flush=True)
-                run.wait_until_stepped(run.kills[-1].time, SMOKE_RECOVERY_S)
+                run.wait_for(lambda: run.stepped_since(run.kills[-1].time, 1), SMOKE_RECOVERY_S)
         except KeyboardInterrupt:
             interrupted = True  # the JSON still says what happened until now, if the churn had begun
         finally:
@@ -338,7 +348,8 @@ def run_churn_bench(out_dir: str, preset_name: str = "tiny", hosts: int = 6, rep
               for e in log_events(name, (swarm.dir / f"{name}.log").read_text(errors="replace"), started)]
     summary = analyse(run.records, run.kills, events, run.hashes, run.spans(end), spec.n_stages, (calm0, churn0),
                       (churn0, end))
-    redriven = {id(r) for r in classify(run.records, rollbacks(events))["superseded"]}
+    classified = classify(run.records, rollbacks(events))
+    redriven = {id(r) for r in classified["superseded"]}
     result = {**settings, "devices": [device], "machine": machine_info([device]), "namespace_tag": links.tag,
               "calm_s": round(churn0 - calm0, 1), "churn_s": round(end - churn0, 1), "interrupted": interrupted,
               "summary": summary, "left_behind": left, "exited_by_themselves": run.exited,
@@ -348,10 +359,16 @@ def run_churn_bench(out_dir: str, preset_name: str = "tiny", hosts: int = 6, rep
               "records": [[round(r.time - calm0, 3), r.step, r.loss, r.head, r.attempts, id(r) not in redriven]
                           for r in sorted(run.records, key=lambda r: r.time)],
               "workdir": str(work)}
+    if run.coordinators is not None:
+        result["coordinators"] = run.coordinators.summary(run.records, classified, spec.basis_interval if
+                                                          spec.refits_basis else None, calm0, end,
+                                                          summary["stage_restores"])
     out.mkdir(parents=True, exist_ok=True)
     (out / "churn.json").write_text(json.dumps(result, indent=1) + "\n")
-    plot(result, out / "churn.png")
+    plot(result, out / "churn.png", mark_kills)
     _print(summary)
+    if "coordinators" in result:
+        print(summary_line(result["coordinators"]), flush=True)
     if interrupted:
         print(f"interrupted after {(end - churn0) / 60:.1f} min of churn: churn.json says what happened until then",
               flush=True)

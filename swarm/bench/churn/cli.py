@@ -35,8 +35,14 @@ def _add_churn(sub) -> argparse.ArgumentParser:
     p.add_argument("--peer-args", default="", metavar="ARGS",
                    help="more flags for every `swarm peer`, e.g. --peer-args='--ttl 6' (default: none)")
     p.add_argument("--coordinator-args", default="", metavar="ARGS",
-                   help="more flags for `swarm coordinator`, e.g. --coordinator-args='--checkpoint-dir DIR' "
-                   "(default: none)")
+                   help="more flags for `swarm coordinator` (and every standby), e.g. "
+                   "--coordinator-args='--checkpoint-dir DIR' (default: none)")
+    p.add_argument("--coordinator-kills", type=int, default=0, metavar="N",
+                   help="also start a standby coordinator (same key, a host and state folder of its own) and kill "
+                   "the active one (read from the coordinators' seat lines) with SIGKILL N times during the churn, "
+                   "at (i + 1/2) / N of it; each killed one starts again as a standby once another holds the seat. "
+                   "Reports each failover (from the kill to the new holder's 'holds the seat' line), the steps "
+                   "during it and the basis versions the new holder published (default: 0, no coordinator kill)")
     return p
 
 
@@ -46,7 +52,7 @@ def _churn(a: argparse.Namespace) -> None:
                     minutes=a.minutes, leader_every=a.leader_every, bandwidth=a.bandwidth,
                     baseline_minutes=a.baseline_minutes, seed=a.seed, checkpoint_every=a.checkpoint_every,
                     peer_args=a.peer_args, coordinator_args=a.coordinator_args, device=a.device,
-                    smoke=a.smoke)
+                    smoke=a.smoke, coordinator_kills=a.coordinator_kills)
 
 
 # the room's benches by name (swarm/bench/cli.py registers them)

@@ -22,7 +22,9 @@ Definitions (over the step records in the order they were written):
   whose leading head died before writing its record counts as lost too: the reports are the
   only account of it.
 - A rollback **costs** the steps between its target and the highest step recorded before it.
-- A **stage reset** is a peer's "the stage starts again from its initial weights" line.
+- A **stage reset** is a peer's "the stage starts again from its initial weights" line; a **stage restore** a peer's
+  "stage S had no live replica: restored from its snapshot at step T" (the swarm rolls back only if the leading
+  head orders it: a replica that restored while a live one was there is found behind and downloads again).
 - **Goodput**: net progress per minute, (the step of the latest record at the phase's end -
   that at its start) / minutes, for the calm phase (from its first record) and the churn phase;
   their ratio is the figure. Re-driven steps and a rollback's lost ground come off it.
@@ -41,13 +43,17 @@ import datetime as dt
 import hashlib
 import re
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 RESET_TEXT = "the stage starts again from its initial weights"
 _RESET = re.compile(r"stage (\d+) had no live replica.*at the swarm's step (\d+)")
-_ORDER = re.compile(r"every stage rolls back to step (\d+)(?: and steps (\d+)-(\d+))?")  # the leading head
+# the leading head's order (peer/state/rollback.py); a restored replica's "so every stage rolls back to step T and the
+# steps after it are driven again" only foresees one: the swarm may go on without it (a live replica was there)
+_ORDER = re.compile(r"every stage rolls back to step (\d+) and steps (\d+)-(\d+)")
+_RESTORED = re.compile(r"stage (\d+) had no live replica: restored from (?:its snapshot at step (\d+))?")
 _ROLLED = re.compile(r"stage (\d+): rolled back to step (\d+)")  # each replica that did
 _CLOCK = re.compile(r"^(\d\d):(\d\d):(\d\d) ")  # swarm/cli.py's log format: local time, whole seconds
 
@@ -76,7 +82,8 @@ class Kill:
 class LogEvent:
     time: float
     peer: str
-    kind: str  # "reset", "rollback" (the leading head's order) or "rolled_back" (one replica)
+    kind: str  # "reset", "restore" (a replica restored the stage), "rollback" (the leading head's order) or
+    # "rolled_back" (one replica)
     stage: int | None = None
     step: int | None = None  # reset: the swarm's step; rollbacks: the target step
     until: int | None = None  # rollback: the last step driven again
@@ -148,7 +155,9 @@ def log_events(peer: str, text: str, start: float) -> list[LogEvent]:
             m = _RESET.search(line)
             found.append(LogEvent(when, peer, "reset", *((int(m[1]), int(m[2])) if m else (None, None))))
         elif m := _ORDER.search(line):
-            found.append(LogEvent(when, peer, "rollback", None, int(m[1]), int(m[3]) if m[3] else None))
+            found.append(LogEvent(when, peer, "rollback", None, int(m[1]), int(m[3])))
+        elif m := _RESTORED.search(line):
+            found.append(LogEvent(when, peer, "restore", int(m[1]), int(m[2] or 0)))
         elif m := _ROLLED.search(line):
             found.append(LogEvent(when, peer, "rolled_back", int(m[1]), int(m[2])))
     return found
@@ -307,6 +316,8 @@ def analyse(records: list[StepRecord], kills: list[Kill], events: list[LogEvent]
         "rollbacks": [{"at_s": round(o.time - calm[0], 1), "to_step": o.step, "steps_lost": cost}
                       for o, cost in zip(orders, c["costs"])],
         "rollback_steps": sum(c["costs"]),
+        "stage_restores": [{"at_s": round(e.time - calm[0], 1), "peer": e.peer, "stage": e.stage, "from_step": e.step}
+                           for e in events if e.kind == "restore"],
         "replica_agreement": agreement(hashes),
         "failover_s": failovers, "failover_median_s": statistics.median(failovers) if failovers else None,
         "kills": kill_rows, "leader_kills": sum(1 for k in kills if k.leader),
@@ -315,9 +326,10 @@ def analyse(records: list[StepRecord], kills: list[Kill], events: list[LogEvent]
     }
 
 
-def plot(result: dict, path) -> None:
+def plot(result: dict, path, marks: Callable[[tuple, dict], None] | None = None) -> None:
     """Step and loss against minutes, one colour per head (superseded records grey); kills as
-    vertical lines (the leading head's red), stage resets and rollbacks marked; churn shaded."""
+    vertical lines (the leading head's red), stage resets, restores and rollbacks marked; churn shaded;
+    `marks(axes, result)` draws more (the coordinator kills: seat_report.mark_kills)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -339,6 +351,8 @@ def plot(result: dict, path) -> None:
             ax.axvline(r["at_s"] / 60, color="tab:orange", lw=2)
         for r in s["rollbacks"]:
             ax.axvline(r["at_s"] / 60, color="tab:purple", lw=2, ls=":")
+        for r in s.get("stage_restores", []):
+            ax.axvline(r["at_s"] / 60, color="tab:olive", lw=1.5, ls=":")
     if any(not r[5] for r in rows):
         top.scatter([], [], s=4, color="0.6", label="re-driven (superseded)")
     top.plot([], [], color="tab:red", label="leading head killed")
@@ -347,6 +361,8 @@ def plot(result: dict, path) -> None:
         top.plot([], [], color="tab:orange", lw=2, label="stage reset")
     if s["rollbacks"]:
         top.plot([], [], color="tab:purple", lw=2, ls=":", label="rollback")
+    if s.get("stage_restores"):
+        top.plot([], [], color="tab:olive", lw=1.5, ls=":", label="a replica restored its stage from a snapshot")
     top.legend(fontsize=8, loc="upper left")
     bottom.set_xlabel("minutes (churn phase shaded; one colour per head that wrote the step)")
     g = s["goodput"]
@@ -355,6 +371,8 @@ def plot(result: dict, path) -> None:
     top.set_title(f"{result['preset']}, {result['hosts']} hosts at {result['bandwidth']}, a kill every "
                   f"{result['period_s']:g} s: goodput {ratio} of no churn, longest gap {s['longest_gap_s']:.1f} s, "
                   f"median failover {fo}, {len(s['stage_resets'])} resets", fontsize=9)
+    if marks is not None:
+        marks((top, bottom), result)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
