@@ -194,7 +194,9 @@ def test_churn_kills_peers_replaces_them_and_redrives_steps():
     assert calm["deaths"] == 0 and calm["failed_attempts"] == 0
     assert churned["deaths"] > 5 and churned["failed_attempts"] > 0
     assert 0 < churned["tokens_per_second"] < calm["tokens_per_second"]
-    assert sum(churned["replicas_per_stage"]) >= 3  # replacements joined (choose_stage) and came online
+    # replacements joined (choose_stage) and came online; counted over the run, not who is up at its last instant
+    # (at 2-minute lifetimes all six peers may be down at once: nobody then holds any state, the swarm stops)
+    assert churned["online"] >= 3
     assert churned["downloads"] >= churned["deaths"] - 6  # every replacement downloaded its state, in chunks
 
 
@@ -205,7 +207,8 @@ def test_a_replacement_forwarded_sums_catches_up_and_one_forwarded_whole_gradien
     sums = simulate(SimSetup(**_churn_setup("sums"), lifetime_s=120.0))
     whole = simulate(SimSetup(**_churn_setup("whole"), lifetime_s=120.0))
     assert whole["tokens_per_second"] < 0.5 * sums["tokens_per_second"], (whole, sums)
-    assert sum(whole["replicas_per_stage"]) < sum(sums["replicas_per_stage"])
+    # one that falls more than 64 steps behind downloads again (who is up at the run's last instant is chance)
+    assert whole["downloads"] / whole["deaths"] > sums["downloads"] / sums["deaths"]
     r8 = preset("small", replica_sync="powersgd", replica_sync_rank=8)
     assert wire_bytes(r8, "whole").follow[1] > 20 * wire_bytes(r8).follow[1]
 

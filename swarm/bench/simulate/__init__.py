@@ -9,5 +9,7 @@ placement: tokens/s against N, churn and codec (no module imported here: the ben
 - `run.py`: one simulated swarm, built, driven and summed up.
 - `report.py`: what the runs conclude (home GPUs per A100/H100), and the plot.
 - `validate.py`: `--validate`: the simulator against real local swarms on this CPU.
+- `record_measure.py`: `--record-setting`'s measured side: the record bench's swarms, calibrated and run for real.
+- `record_setting.py`: `--record-setting`: the simulator's prediction for the record's setting beside them.
 - `cli.py`: the subcommand and what runs it.
 """

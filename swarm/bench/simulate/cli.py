@@ -1,6 +1,6 @@
 """`swarm bench simulate`: its subcommand, its flags (the swarm's size, hardware, links and churn that the
-simulation draws from) and what runs it: simulate/bench.py, or with --validate simulate/validate.py, imported only
-when it runs, so that `swarm --help` stays fast."""
+simulation draws from) and what runs it: simulate/bench.py, with --validate simulate/validate.py, or with
+--record-setting simulate/record_setting.py, imported only when it runs, so that `swarm --help` stays fast."""
 from __future__ import annotations
 
 import argparse
@@ -74,6 +74,21 @@ def _add_simulate(sub) -> argparse.ArgumentParser:
     p.add_argument("--validate", action="store_true",
                    help="run real local swarms (tiny, CPU, shaped links) and the simulator calibrated to this CPU, "
                    "and write the table of both (default: off)")
+    p.add_argument("--record-setting", action="store_true",
+                   help="the public record's setting instead (8 stages of the record preset, 200 Mbit/s, 50 ms): "
+                   "each swarm of `swarm bench record` calibrated and run for real on --device, unshaped and on the "
+                   "link, beside the simulator's prediction for that machine (simulate_record.json) (default: off)")
+    p.add_argument("--device", default="cpu",
+                   help="--record-setting: torch device of the real swarms and their calibration (default: cpu)")
+    p.add_argument("--record-variants", default=None, metavar="NAME[,NAME...]",
+                   help="--record-setting: `swarm bench record` variants whose swarms to run (one per codec and "
+                   "width; dense among them) (default: the record bench's: dense, subspace, bottleneck, subspace-16x)")
+    p.add_argument("--measured", default=None, metavar="FILE",
+                   help="--record-setting: a record_measured.json written earlier; its swarms are not run again "
+                   "(all there: the prediction alone) (default: none)")
+    p.add_argument("--published", default=None, metavar="FILE",
+                   help="--record-setting: a `swarm bench record` throughput.json of this setting whose tokens/s are "
+                   "set beside the prediction too, e.g. docs/img/record-gpu-h100-throughput.json (default: none)")
     return p
 
 
@@ -85,6 +100,12 @@ def follow_models(text: str) -> tuple[str, ...]:
 
 
 def _simulate(a: argparse.Namespace) -> None:
+    if a.record_setting:
+        from .record_setting import run_record_setting
+        names = tuple(n.strip() for n in a.record_variants.split(",")) if a.record_variants else None
+        run_record_setting(a.out, device=a.device, steps=a.steps, variants=names, measured_path=a.measured,
+                           published_path=a.published, smoke=a.smoke)
+        return
     if a.validate:
         from .validate import run_validation
         run_validation(a.out, smoke=a.smoke)

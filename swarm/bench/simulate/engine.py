@@ -14,6 +14,11 @@ and nothing ready (every coroutine waiting on a future nobody will resolve) is a
 max(t, when the previous job ends) and ends s later. Workers that share a machine's cores (a
 local swarm on one CPU) run their jobs on `SharedCores`: k jobs on c cores each progress at
 min(1, c / k) of a core (processor sharing), so a job of s seconds alone takes s.
+
+`SendLine` is a peer's send order (swarm/net/send_order.py, `swarm peer --send-order fifo`, the default): its
+activations and gradients take the uplink one at a time, in the order they were sent, each as soon as the one
+before has left (its last byte, the link's `on_sent`), so the latency of both overlaps; other frames share the
+uplink with them as before.
 """
 from __future__ import annotations
 
@@ -154,3 +159,25 @@ class Worker:
             except asyncio.CancelledError:
                 await job
                 raise
+
+
+class SendLine:
+    """One peer's ordered frames, first come first served on its uplink (module docstring)."""
+
+    def __init__(self) -> None:
+        self._turn = asyncio.Lock()  # wakes its waiters in order
+
+    async def send(self, link, nbytes: int) -> None:
+        """`link.send(nbytes)` once every frame lined up before has left; the turn passes on when this one has."""
+        await self._turn.acquire()
+        held = True
+
+        def left() -> None:
+            nonlocal held
+            if held:
+                held = False
+                self._turn.release()
+        try:
+            await link.send(nbytes, left)
+        finally:
+            left()  # cancelled, or a link that does not say when the last byte left

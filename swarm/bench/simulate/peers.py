@@ -44,7 +44,7 @@ from swarm.net import HomeLink
 from swarm.replicas import placement
 from swarm.replicas.router import Router
 
-from .engine import SharedCores, Worker, now
+from .engine import SendLine, SharedCores, Worker, now
 from .hardware import LinkDraw, StageWork, exponential_lifetime
 
 
@@ -111,6 +111,7 @@ class SimPeer:
     alive: bool = True
     ready: bool = False  # it holds the stage's state and announced itself online
     worker: Worker = field(default_factory=Worker)
+    line: SendLine = field(default_factory=SendLine)  # its activations and gradients, in order on its uplink
     microbatches: int = 0  # done this step (stage work of one microbatch counts one)
     donor: SimPeer | None = None  # while it catches up: the replica that forwards it the steps
     snapshot: int = 0  # the step its downloaded state is at
@@ -134,6 +135,7 @@ class SwarmConfig:
     seed: int = 0
     cores: SharedCores | None = None  # every peer on one machine's cores (validation), else one GPU each
     frame_s: float = 0.0  # the transport's own delay per frame (p2pd, framing, asyncio), measured when validating
+    send_order: str = "fifo"  # `swarm peer --send-order`: "fifo" (activations and gradients in turn) or "shared"
     request_bytes: int = 200  # a state request (a chunk's index) with its framing
 
 
@@ -155,6 +157,7 @@ class SimSwarm:
         self.leader_id: str | None = None  # the driver's leading head
         self.applied = 0  # steps the swarm has applied (the driver's step)
         self.downloads = 0  # state downloads started (a replacement that fell behind starts another)
+        self.online = 0  # replacements that came online (held the state and every forwarded step)
 
     # ------------------------------------------------------------------ peers
     def _new_peer(self) -> SimPeer:
@@ -189,13 +192,17 @@ class SimSwarm:
         return [p for p in self.peers.values() if p.alive and p.ready and p.stage == stage]
 
     # ------------------------------------------------------------------ links
-    async def send(self, src: SimPeer, dst: SimPeer, nbytes: int) -> bool:
+    async def send(self, src: SimPeer, dst: SimPeer, nbytes: int, ordered: bool = False) -> bool:
         """A frame from `src` to `dst`: False if `dst` was dead (the sender learns it after a failed
-        dial) or died before it arrived."""
+        dial) or died before it arrived. `ordered`: an activation or a gradient, which waits its turn in
+        `src`'s send line when the swarm sends in order (`send_order` "fifo", the swarm's default)."""
         if not dst.alive:
             await asyncio.sleep(self.cfg.dial_fail_s + 2 * src.latency_s)
             return False
-        await src.link.send(nbytes)
+        if ordered and self.cfg.send_order == "fifo":
+            await src.line.send(src.link, nbytes)
+        else:
+            await src.link.send(nbytes)
         if not dst.alive:
             return False
         await dst.link.receive(nbytes)
@@ -303,6 +310,7 @@ class SimSwarm:
         if not peer.alive:
             return peer
         peer.ready = True
+        self.online += 1
         if peer.stage == 0:
             self.order.append(peer.peer_id)
         await self._announce(peer, "online")

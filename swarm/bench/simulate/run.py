@@ -5,7 +5,8 @@
     tokens_per_second  net tokens of the steps after the first (warm-up) over the virtual time
                        they took: steps undone by a rollback do not count (goodput under churn)
     steps, attempts    committed steps; attempts that failed and were re-driven
-    rollbacks, lost_steps, deaths, restores
+    rollbacks, lost_steps, deaths, restores, downloads
+    online             replacements that came online (downloaded and caught up)
     gpu_busy           mean share of the run each live GPU computed
     wall_s             real seconds the simulation took
 
@@ -104,7 +105,8 @@ async def _run(setup: SimSetup) -> dict:
             "tokens_per_second": tps, "steps": driver.step, "committed": len(recs),
             "failed_attempts": driver.failed_attempts,
             "failures": driver.failures, "rollbacks": driver.rollbacks, "lost_steps": driver.lost_steps,
-            "deaths": swarm.deaths, "restores": swarm.restores, "downloads": swarm.downloads, "virtual_s": end,
+            "deaths": swarm.deaths, "restores": swarm.restores, "downloads": swarm.downloads,
+            "online": swarm.online, "virtual_s": end,
             "median_step_s": _median([b.end - a.end for a, b in zip(recs, recs[1:])]),
             "median_microbatch_s": _median([r.microbatch_s for r in recs[1:]]),
             "median_commit_s": _median([r.commit_s for r in recs[1:]]),

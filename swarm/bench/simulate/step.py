@@ -18,7 +18,8 @@ One attempt at a step:
    sender's own `Router.pick` (least (in flight + 1) x measured round trip, probation, bans),
    the receiver queues the forward (the tail: forward and backward) on its GPU, the gradient goes
    back to exactly the sender, which queues its backward, and `Router.release` records the round
-   trip. A send to a dead replica fails; the sender bans it (`report_failure`) and picks again;
+   trip; each activation and gradient waits its turn in its sender's send line (`SendLine`, the
+   swarm's `--send-order fifo`). A send to a dead replica fails; the sender bans it (`report_failure`) and picks again;
 3. commit: the leader sends "reduce" to every live member of every stage its router lists; each
    stage's replicas send their contribution to every other replica (exact: one round; powersgd:
    two, the second after the first's sums), answer, and the leader sends "apply" and goes on;
@@ -242,7 +243,7 @@ class StepDriverModel:
                 await self._never()
             nxt, t0 = self.swarm.peers[nid], now()
             try:
-                if not await self.swarm.send(peer, nxt, self.wire.activation):
+                if not await self.swarm.send(peer, nxt, self.wire.activation, ordered=True):
                     if not peer.alive:
                         await self._never()
                     peer.router.report_failure(nid)
@@ -256,7 +257,7 @@ class StepDriverModel:
                     await nxt.worker.run(fwd)
                     await self._hop(s + 1, nxt)
                     await nxt.worker.run(bwd)
-                if not nxt.alive or not await self.swarm.send(nxt, peer, self.wire.gradient):
+                if not nxt.alive or not await self.swarm.send(nxt, peer, self.wire.gradient, ordered=True):
                     await self._never()  # the microbatch is lost: the watch fails the attempt
                 peer.router.release(nid, now() - t0)
                 nid = None

@@ -26,6 +26,7 @@ case) into --out.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import statistics
@@ -52,7 +53,7 @@ from swarm.bench.common.machine import machine_info, torch_threads
 from swarm.net.shaper import parse_bandwidth, parse_latency
 
 from .engine import SharedCores
-from .hardware import LinkDraw, StageWork, wire_bytes
+from .hardware import LinkDraw, StageWork, WireBytes, wire_bytes
 from .run import SimSetup, simulate
 
 
@@ -69,11 +70,12 @@ CASES = (Case("subspace", 1, "20mbit", "20ms"), Case("dense", 1, "20mbit", "20ms
          Case("subspace", 2, "20mbit", "20ms"), Case("dense", 2, "50mbit", "20ms"))
 
 
-def calibrate(spec: RunSpec, threads: int, repeats: int = 3) -> StageWork:
-    """Measured seconds per microbatch of each stage's jobs on this CPU (module docstring)."""
+def calibrate(spec: RunSpec, threads: int, repeats: int = 3, device: str = "cpu") -> StageWork:
+    """Measured seconds per microbatch of each stage's jobs on this CPU, or on `device` (module docstring); on a
+    GPU each job's clock stops once the device is done with it (`_done`), as a worker thread's next job waits."""
     with torch_threads(threads):
         basis = spec_basis(spec)
-        runners = [StageRunner(spec, s, "cpu", basis) for s in range(spec.n_stages)]
+        runners = [StageRunner(spec, s, device, basis) for s in range(spec.n_stages)]
         packer, g = WirePacker.for_spec(spec), torch.Generator().manual_seed(spec.data_seed)
         n = spec.n_stages
         times: dict[str, list[list[float]]] = {k: [[] for _ in range(n)] for k in ("fwd", "bwd", "apply")}
@@ -84,6 +86,7 @@ def calibrate(spec: RunSpec, threads: int, repeats: int = 3) -> StageWork:
             for s, r in enumerate(runners):
                 t0 = time.perf_counter()
                 r.optimizer_step()
+                _done(device)
                 if step > 0:
                     times["apply"][s].append(time.perf_counter() - t0)
         med = {k: tuple(statistics.median(x) if x else 0.0 for x in v) for k, v in times.items()}
@@ -109,6 +112,7 @@ def _timed_microbatch(spec: RunSpec, runners: list[StageRunner], packer: WirePac
             g, _ = runners[s].boundary_gradient(mb, g)
             body = encode_message(GradientMessage(Header(spec.run_hash, step, mb, 0, spec.codec, s - 1),
                                                   packer.pack(g), loss))
+        _done(runners[s].device)
         if keep:
             times["fwd"][s].append(time.perf_counter() - t0)
     for s in range(n - 2, -1, -1):
@@ -119,8 +123,15 @@ def _timed_microbatch(spec: RunSpec, runners: list[StageRunner], packer: WirePac
             g, _ = runners[s].boundary_gradient(mb, g)
             body = encode_message(GradientMessage(Header(spec.run_hash, step, mb, 0, spec.codec, s - 1),
                                                   packer.pack(g), float("nan")))
+        _done(runners[s].device)
         if keep:
             times["bwd"][s].append(time.perf_counter() - t0)
+
+
+def _done(device) -> None:
+    """Wait until `device` has run what was queued on it (a CUDA stage's kernels run after the call returns)."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 async def _round_trips(sizes: tuple[int, ...], repeats: int) -> dict[int, float]:
@@ -177,10 +188,16 @@ def _total(w: StageWork) -> float:
     return sum(w.forward) + sum(w.backward)
 
 
+@functools.lru_cache(maxsize=16)
+def _wire_bytes(spec: RunSpec) -> WireBytes:
+    """`wire_bytes`, once per spec: it lays out every stage (seconds at `record`), and a fit simulates ~16 times."""
+    return wire_bytes(spec)
+
+
 def simulated(spec: RunSpec, work: StageWork, case: Case, steps: int, cores: int, frame_s: float = 0.0) -> dict:
     bps = parse_bandwidth(case.bandwidth)
     rate, lat = (bps or 1e12) / 1e6, parse_latency(case.latency) * 1e3  # unlimited: a link no frame waits on
-    setup = SimSetup(spec, work, wire_bytes(spec), [("this CPU", 1.0)], LinkDraw((rate, rate), (lat, lat)),
+    setup = SimSetup(spec, work, _wire_bytes(spec), [("this CPU", 1.0)], LinkDraw((rate, rate), (lat, lat)),
                      spec.n_stages * case.replicas, spec.n_microbatches, steps=steps, cores=SharedCores(cores),
                      frame_s=frame_s)
     return simulate(setup)
