@@ -104,9 +104,14 @@ async def _coordinate(opts: CoordinatorOptions, spec: RunSpec | None, key: Signi
             log.warning("the token folder holds no tokenizer.json: peers that lack the run's tokenizer cannot get it "
                         "here (run the same `swarm data prepare` again to add it)")
         maddrs = [str(m) for m in dht.get_visible_maddrs()]
-        if opts.maddrs_file:
-            with open(opts.maddrs_file, "w") as f:
-                json.dump({"maddrs": maddrs, "run": spec.run_hash, "key": key.fingerprint()}, f)
+
+        def serving() -> None:  # the addresses file says "it serves": the run spec is there to read from then
+            if opts.maddrs_file:
+                with open(opts.maddrs_file, "w") as f:
+                    json.dump({"maddrs": maddrs, "run": spec.run_hash, "key": key.fingerprint()}, f)
+        said_serving = opts.standby
+        if opts.standby:  # a standby serves as a node to join through at once
+            serving()
         log.info("coordinator%s of %s run %s (%s), key %s (public key %s)", " (standby)" if opts.standby else "",
                  "private" if spec.extra.get("private") else "public", spec.run_hash, spec.name, key.fingerprint(),
                  key.public_bytes().hex())
@@ -117,7 +122,10 @@ async def _coordinate(opts: CoordinatorOptions, spec: RunSpec | None, key: Signi
         seat = CoordinatorSeat(sdht, spec.run_hash, identity.peer_id, lambda: maddrs)
         while True:  # hold the seat and do the duties; stand by while another holds it
             await seat.hold()
-            await duties.start()
+            await duties.start()  # publishes the run spec
+            if not said_serving:
+                said_serving = True
+                serving()
             await seat.watch()
             await duties.stop()
     finally:
