@@ -27,6 +27,7 @@ from pathlib import Path
 from swarm.launch.fork_server import Process
 from swarm.local import LocalSwarm, Placement
 
+from .hosts import appended
 from .report import StepRecord
 from .seat_report import CoordinatorKill, SeatLine, coordinator_summary, seat_lines
 
@@ -55,12 +56,7 @@ class SeatLog:
         self.lines: list[SeatLine] = []
 
     def read(self) -> list[SeatLine]:
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                data = f.read()
-        except FileNotFoundError:
-            return []
+        data = appended(self.path, self.offset)
         whole = data[:data.rfind(b"\n") + 1]  # a line still being written is read next time
         self.offset += len(whole)
         new = seat_lines(whole.decode(errors="replace"), self.start, time.time())

@@ -7,6 +7,16 @@ import subprocess
 from pathlib import Path
 
 
+def appended(path: Path, offset: int) -> bytes:
+    """What a file another process writes holds past `offset` (b"" while it does not exist)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read()
+    except FileNotFoundError:
+        return b""
+
+
 class ReportTail:
     """The events a peer appended to its JSON-lines report since the last read."""
 
@@ -14,12 +24,7 @@ class ReportTail:
         self.path, self.offset, self.rest = path, 0, b""
 
     def read(self) -> list[dict]:
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                data = f.read()
-        except FileNotFoundError:
-            return []
+        data = appended(self.path, self.offset)
         self.offset += len(data)
         *lines, self.rest = (self.rest + data).split(b"\n")
         return [json.loads(line) for line in lines if line.strip()]
