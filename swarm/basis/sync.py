@@ -48,10 +48,11 @@ class BasisSync:
         if await self.to_coordinator(KIND_STATS, encode_stats(stats), "this stage's statistic") is None:
             log.warning("training continues on the current basis")
 
-    async def send_work(self, record: bytes) -> None:
-        """The leading head's signed `WorkRecord` of a re-fit step: who may vote in that re-fit."""
-        if await self.to_coordinator(KIND_WORK, record, "this head's work record") is None:
-            log.warning("the re-fit waits for the coordinator")
+    async def send_work(self, record: bytes) -> bool:
+        """The leading head's signed `WorkRecord` (who may vote in a re-fit, snapshot and state hashes, a rollback);
+        True if a coordinator answered it (took it or refused it), False if none was reached (the head keeps it:
+        swarm/replicas/work_outbox.py)."""
+        return await self.to_coordinator(KIND_WORK, record, "this head's work record") is not None
 
     async def to_coordinator(self, kind: int, body: bytes, what: str, timeout: float = 30.0) -> bytes | None:
         """Send `body` to the active coordinator (the seat's holder: swarm/dht/seat_reader.py); a standby's

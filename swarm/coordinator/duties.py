@@ -82,6 +82,7 @@ class CoordinatorDuties:
         vouch = SnapshotVouch(sdht, spec.run_hash, spec.n_stages, **({"ttl": short} if short else {}))
         await refitter.resume(sdht.record_peers)
         await vouch.resume()
+        await keeper.load()  # the lease's heads, before a work record comes (a leader's kept ones come at once)
 
         async def on_record(record) -> None:  # a lease head's signed work record: its hashes, and who worked
             keeper.note_work(record)

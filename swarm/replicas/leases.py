@@ -94,6 +94,7 @@ class LeaseKeeper:
         self._gone: dict[str, float] = {}  # head dropped as dead -> the timestamp of its record then
         self._stored = float("-inf")
         self.worked: dict[str, None] = {}  # heads a leader's work record named among stage 0's workers, oldest first
+        self._loaded = False  # whether the stored lease was read (`load`)
 
     def note_work(self, record) -> None:
         """A leading head's signed `WorkRecord` (checked by the caller: signed, from a head the lease names): the
@@ -104,16 +105,25 @@ class LeaseKeeper:
         while len(self.worked) > WORKED_KEPT:
             del self.worked[next(iter(self.worked))]
 
-    async def run(self) -> None:
-        """Keep the lease true until cancelled (a failed round is logged and retried)."""
+    async def load(self) -> None:
+        """Take up the lease stored before (a restarted coordinator keeps its order, a standby its predecessor's),
+        once. The coordinator calls it before it serves: until then no head is named, and the records a leader
+        kept while the seat was empty, sent the moment a standby serves, would be refused (work_outbox.py)."""
+        if self._loaded:
+            return
+        self._loaded = True
         try:
-            self.lease = await self.sdht.fetch_lease(self.run_hash)  # a restarted coordinator keeps its order
+            self.lease = await self.sdht.fetch_lease(self.run_hash)
         except Exception as e:
             log.debug("no earlier lease read: %s", e)
         if self.lease is not None:
             self.revoked = list(self.lease.revoked)
             self.rollback = _rollback_of(self.lease)
             log.info("leader lease of a previous coordinator, term %d: %s", self.lease.term, _short(self.lease.order))
+
+    async def run(self) -> None:
+        """Keep the lease true until cancelled (a failed round is logged and retried)."""
+        await self.load()
         while True:
             try:
                 await self.tick()

@@ -4,10 +4,12 @@ stage agreed on, the state hashes after each step, and a rollback it is about to
 coordinator takes them only from a head its lease names (`swarm/basis/refit.py`) and vouches for
 the hashes under the swarm key (`swarm/replicas/vouched.py`). A standby head's report of a leader's
 step record that its own data contradicts goes the same way (`report_step_record`).
+
+The records go out one at a time, in order, through a `WorkOutbox` (`work_outbox.py`), which keeps the ones that
+reached no coordinator (the seat empty) and sends them to the next holder before the next record.
 """
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable, Coroutine
 
@@ -17,6 +19,8 @@ from protocol.wire import KIND_DATA_REPORT
 from swarm.basis import BasisSync
 from swarm.trust.signed_records import sign_record
 
+from .work_outbox import WorkOutbox
+
 log = logging.getLogger(__name__)
 
 ROLLBACK_WAIT_S = 10.0  # how long a head waits for the coordinator to forget the undone steps' hashes
@@ -24,16 +28,24 @@ ROLLBACK_WAIT_S = 10.0  # how long a head waits for the coordinator to forget th
 
 class WorkRecords:
     def __init__(self, spec: RunSpec, ctx, sync: BasisSync, spawn: Callable[[Coroutine], object]) -> None:
-        """`ctx`: the `ReplicaContext` (identity, peer id, transport, report); `spawn`: the daemon's, for sends
-        nobody waits on."""
+        """`ctx`: the `ReplicaContext` (identity, peer id, transport, report); `spawn`: the daemon's, for the
+        sends (`WorkOutbox`)."""
         self.spec, self.ctx, self.sync, self.spawn = spec, ctx, sync, spawn
         self.sign = sign_record(ctx.sdht.identity)
         self.vouched_step = 0  # the newest snapshot step this head sent the coordinator
+        self.outbox = WorkOutbox(self._send, spawn)
+        self.last_steps: int | None = None  # the steps done at this head's last commit as leader
+
+    async def _send(self, record: WorkRecord) -> bool:
+        return await self.sync.send_work(self.sign(record).encode())
 
     def after_commit(self, steps: int, workers: dict[int, list[str]],
                      snapshots: tuple[int, dict[int, str]] | None) -> None:
         """After a re-fit step, who did its work (only they vote in the re-fit), and after every stage agreed on
         a newer snapshot, its hashes."""
+        if self.last_steps is not None and steps != self.last_steps + 1:  # another head drove the steps between
+            self.outbox.another_led()
+        self.last_steps = steps
         if steps <= self.vouched_step:  # the swarm rolled back: the snapshots of the steps driven again are new
             self.vouched_step = 0
         refit = self.spec.refits_basis and steps % self.spec.basis_interval == 0
@@ -43,21 +55,23 @@ class WorkRecords:
             self.vouched_step = max(self.vouched_step, at)
             record = WorkRecord(self.spec.run_hash, steps, self.ctx.peer_id, workers, snapshot_step=at,
                                 snapshots=hashes)
-            self.spawn(self.sync.send_work(self.sign(record).encode()))
+            self.outbox.put(record)
 
     def vouch_states(self, steps: int, hashes: dict[int, str]) -> None:
         """The leader's tally of the replicas' state hashes after `steps` steps (peer/checks/state_votes.py)."""
         self.ctx.report.write("state_record", step=steps, hashes={str(s): h for s, h in hashes.items()})
         record = WorkRecord(self.spec.run_hash, steps, self.ctx.peer_id, {}, state_step=steps, states=hashes)
-        self.spawn(self.sync.send_work(self.sign(record).encode()))
+        self.outbox.put(record)
 
     async def before_rollback(self, target: int, steps: int) -> None:
         """The swarm rolls back from `steps` to `target`: the coordinator forgets the hashes it vouched for after
         `target` before any replica re-drives a step and checks its state against them. A coordinator away: the
-        rollback goes on, and a replica's check of a re-driven step may find it differs (it downloads again)."""
-        record = WorkRecord(self.spec.run_hash, steps, self.ctx.peer_id, {}, rolled_back_to=target)
-        send = asyncio.ensure_future(self.sync.send_work(self.sign(record).encode()))
-        await asyncio.wait({send}, timeout=ROLLBACK_WAIT_S)
+        rollback goes on, and a replica's check of a re-driven step may find it differs (it downloads again); the
+        record is kept for the next coordinator, and the kept records of the undone steps are dropped
+        (`WorkOutbox.rolled_back`)."""
+        self.last_steps = target  # the next step this head drives is target + 1
+        self.outbox.rolled_back(WorkRecord(self.spec.run_hash, steps, self.ctx.peer_id, {}, rolled_back_to=target))
+        await self.outbox.idle(ROLLBACK_WAIT_S)
 
     async def report_step_record(self, record: bytes) -> None:
         """A leader's step record that this head's data contradicts: the proof, to the coordinator."""
