@@ -30,7 +30,7 @@ from protocol.wire import KIND_ACTIVATION, KIND_GRADIENT, KIND_REDUCE
 from swarm.data.tokenizer_fetch import share_run_tokenizer
 from swarm.dht import SwarmDHT, close_node, start_dht, stop_dht
 from swarm.dht.record_service import share_records, spec_asker
-from swarm.dht.record_share import PeerRecords
+from swarm.dht.spec_fetch import JoinError, fetch_spec
 from swarm.monitor.liveness import LivenessProbe
 from swarm.monitor.peer_monitor import PeerMonitor
 from swarm.net import HomeLink, Transport
@@ -51,10 +51,6 @@ from swarm.trust.identity import Identity, IdentityError
 from swarm.trust.work import proof_for
 
 log = logging.getLogger(__name__)
-
-
-class JoinError(RuntimeError):
-    """This peer cannot join the swarm; the message says what to do."""
 
 
 @dataclass
@@ -164,38 +160,6 @@ class Reporter:
             return
         with open(self.path, "a") as f:
             f.write(json.dumps({"event": event, "time": time.time(), **fields}) + "\n")
-
-
-async def fetch_spec(sdht: SwarmDHT, trusted_key: str | None, timeout: float, peers: PeerRecords | None = None
-                     ) -> RunSpec:
-    """The run spec, from the DHT or, with none there (no coordinator up), from `peers` (the signed copy they hold,
-    checked as the DHT's is: swarm/dht/record_share.py); held by `sdht` to be re-served in turn."""
-    deadline = time.monotonic() + timeout
-    try:
-        pinned = bytes.fromhex(trusted_key) if trusted_key else None
-    except ValueError:
-        raise JoinError("--swarm-key must be the coordinator's key fingerprint or public key, in hex.") from None
-    key = pinned if pinned is not None and len(pinned) > 8 else None  # a fingerprint is 8 bytes
-    while True:
-        signed = await sdht.fetch_run_spec(key)
-        if signed is None and peers is not None:
-            signed = await peers.run_spec(key)
-        if signed is not None and pinned is not None and key is None and signed.fingerprint != trusted_key.lower():
-            raise JoinError(f"the run spec is signed by key {signed.fingerprint}, not by the pinned {trusted_key}.")
-        if signed is not None:
-            spec = RunSpec.from_json(signed.spec_json)
-            if spec.coordinator_key and spec.coordinator_key != signed.public_key.hex():
-                raise JoinError("the run spec names a coordinator key other than the one that signed it; "
-                                "this swarm is misconfigured or under attack.")
-            log.info("joined run %s (%s, compute dtype %s from its run spec), signed by %s", spec.run_hash, spec.name,
-                     spec.dtype, signed.fingerprint)
-            sdht.held.spec = signed
-            return spec
-        if time.monotonic() > deadline:
-            raise JoinError(f"no run spec found in the DHT{' or at the peers asked' if peers else ''} after "
-                            f"{timeout:g} s; check --initial-peers (the address of the coordinator or of a peer of the "
-                            f"swarm) and that the coordinator or that peer is running.")
-        await asyncio.sleep(0.5)  # poll the DHT for the spec while the coordinator comes up
 
 
 def check_shared_constants(spec: RunSpec) -> None:

@@ -8,6 +8,11 @@ with the swarm key (`swarm/dht/records.py`); every peer reads it with the leader
 seconds, and the leader no longer names the peer (`swarm/replicas/run_bans.py`). The peer then
 starts again with the same `--identity`. A head whose lease the coordinator revoked (it fed other
 data than the run's) stays out of the lease: that is not a ban this lifts.
+
+No coordinator need be up: the key file signs the pardon, not a coordinator, and peers read it from the DHT. With
+none up for longer than the run spec lives there, the spec is the peers' signed copy (`swarm/dht/spec_fetch.py`),
+asked for with a ticket this command signs for its own node (a private swarm re-serves it to ticket holders only);
+the output then says that no coordinator holds the seat.
 """
 from __future__ import annotations
 
@@ -17,10 +22,12 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from protocol.spec import RunSpec
-from swarm.dht import Pardons, SwarmDHT, close_node, start_dht
+from swarm.dht import ActiveCoordinator, Pardons, SwarmDHT, close_node, start_dht
+from swarm.dht.record_service import spec_asker
+from swarm.dht.spec_fetch import read_spec
 from swarm.options import opt
-from swarm.trust.admission import PEER_ID, existing_swarm_key
+from swarm.trust.admission import PEER_ID, Ticket, existing_swarm_key
+from swarm.trust.identity import Identity
 from swarm.trust.keys import SigningKey
 from swarm.trust.state_dir import WHERE
 from swarm.user_errors import Refused
@@ -28,6 +35,7 @@ from swarm.user_errors import Refused
 log = logging.getLogger(__name__)
 
 PARDON_TTL_S = 86400.0  # the longest a swarm record may live; every peer that read it in time keeps what it lifted
+TICKET_S = 600.0  # this command's own ticket: long enough to ask the peers for the run spec
 
 
 @dataclass
@@ -53,17 +61,24 @@ def check_unban(opts: UnbanOptions) -> SigningKey:
 
 async def unban(opts: UnbanOptions) -> int:
     key = check_unban(opts)
-    dht = await asyncio.to_thread(start_dht, opts.initial_peers, ["/ip4/127.0.0.1/tcp/0"], None, True)
+    identity = Identity.generate()  # known here, so that this node's ticket can name it
+    dht = await asyncio.to_thread(start_dht, opts.initial_peers, ["/ip4/127.0.0.1/tcp/0"], identity, True)
+    asking = None
     try:
         sdht = SwarmDHT(dht, swarm_key=key)
-        signed = await sdht.fetch_run_spec()
-        if signed is None:
-            raise Refused("no run spec found: is the coordinator running, and is --initial-peers its address?")
+        ticket = Ticket.issue(key, identity.peer_id, time.time() + TICKET_S)
+        peers, asking = await spec_asker(dht, opts.initial_peers, ticket.to_bytes())
+        found = await read_spec(sdht, None, peers)
+        if found is None:
+            raise Refused("no run spec found in the DHT or at the peers asked: is --initial-peers the address of "
+                          "the coordinator or of a running peer of the swarm?")
+        signed, spec = found
         if signed.fingerprint != key.fingerprint():
             raise Refused(f"this swarm's run spec is signed by key {signed.fingerprint}, not by {key.fingerprint()} "
                           f"(--key): only the swarm key's holder lifts bans.")
-        spec = RunSpec.from_json(signed.spec_json)
         await sdht.adopt(spec)
+        seat = ActiveCoordinator(sdht, spec.run_hash)
+        lapsed = await seat.lapsed()
         earlier = await sdht.fetch_pardons(spec.run_hash)
         now = time.time()
         pardons = Pardons(spec.run_hash, {**(earlier.peers if earlier else {}), **{p: now for p in opts.peers}})
@@ -71,7 +86,12 @@ async def unban(opts: UnbanOptions) -> int:
             raise Refused("the DHT did not store the pardon; run the same command again in a moment.")
         lease = await sdht.fetch_lease(spec.run_hash)
     finally:
+        if asking is not None:
+            await asking.close()
         await close_node(dht)
+    if lapsed:
+        print("note: no coordinator holds the seat; the pardon needs none (the swarm key signed it), and every peer "
+              "reads it from the DHT all the same.", file=sys.stderr)
     for peer in opts.peers:
         print(f"lifted {peer}'s ban in run {spec.run_hash}: every peer reads it within seconds; start that peer "
               f"again with the same --identity.")

@@ -23,6 +23,7 @@ from swarm.basis import BasisRefitter
 from swarm.data.tokenizer_fetch import share_run_tokenizer
 from swarm.dht import SwarmDHT, close_node, set_policy, start_dht
 from swarm.dht.record_service import share_records, spec_asker
+from swarm.dht.spec_fetch import fetch_spec
 from swarm.net import Transport
 from swarm.net.addresses import LOOPBACK, PRIVATE, PUBLIC, announce_addresses, scope_of
 from swarm.net.reachability import DialBack
@@ -80,7 +81,6 @@ async def _coordinate(opts: CoordinatorOptions, spec: RunSpec | None, key: Signi
         p2p = await dht.replicate_p2p()
         sdht = SwarmDHT(dht, identity, swarm_key=key, policy=policy)
         if spec is None:  # a standby: the run is the one its swarm's active coordinator signed with this key
-            from swarm.node import fetch_spec
             asker, asking = await spec_asker(dht, opts.initial_peers)
             try:  # every coordinator down for longer than the spec lives in the DHT: a peer's copy
                 spec = await fetch_spec(sdht, key.public_bytes().hex(), STANDBY_SPEC_S, asker)

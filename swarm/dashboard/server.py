@@ -12,7 +12,7 @@ before its records expire) and serves, with aiohttp, everything from this packag
 `/api/v1/state` (numbers measured by the peers themselves; null where unknown):
 
     updated            unix time of the snapshot
-    error              null, or one sentence (no run spec yet, DHT trouble)
+    error              null, or one sentence (no run spec yet in the DHT or at the peers asked, DHT trouble)
     run                null, or {hash, name, codec, rank (boundary width: d, k or b), stages,
                        stage_layers, d_model, n_layers, vocab, seq_len, batch_size, wire_dtype,
                        quant, basis_interval, replica_sync (exact|powersgd), replica_sync_rank,
@@ -45,8 +45,9 @@ before its records expire) and serves, with aiohttp, everything from this packag
                         sync_bytes_per_step (the busiest replica's; null without replicas),
                         replica_sync (the run's mode)}
     basis              {version, updated_step, mixed (online peers disagree)}
-    coordinator        {peer (the seat's holder, else the newest claim's, else the run spec's), seat_held,
-                        term, since (unix time its term began; term and since null while no claim is live)}
+    coordinator        {peer (the seat's holder, else the newest claim's, else the run spec's), seat_held (false:
+                        no coordinator holds the seat; the page says so), term, since (unix time its term began;
+                        term and since null while no claim is live)}
     series             {loss: {time, step, value}, tokens_per_s: {time, step, value}}
                        (bounded: the last 2000 points each; loss per training step)
     invalid_records    distinct malformed, forged or misfiled health records seen (ignored)
@@ -65,6 +66,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from swarm.dht import SwarmDHT, close_node, start_dht
+from swarm.dht.record_service import spec_asker
 from swarm.monitor.liveness import LivenessProbe
 from swarm.monitor.scalars import ScalarLog
 from swarm.options import opt
@@ -157,15 +159,16 @@ async def run_dashboard(opts: DashboardOptions) -> int:
     """Serve the dashboard until cancelled; stops its DHT client (and p2pd) on the way out."""
     dashboard = Dashboard()
     runner = await serve(dashboard.app(), opts.host, opts.port)  # first, so a taken port fails fast
-    dht = p2p = task = scalars = None
+    dht = p2p = task = scalars = asking = None
     try:
         url = f"http://{'127.0.0.1' if opts.host in ('0.0.0.0', '') else opts.host}:{opts.port}/"
         dht = await asyncio.to_thread(start_dht, opts.initial_peers, ["/ip4/127.0.0.1/tcp/0"], None, True)
         p2p = await dht.replicate_p2p()  # for the liveness probes; it serves nothing
+        peers, asking = await spec_asker(dht, opts.initial_peers)  # the run spec, with no coordinator up
         scalars = ScalarLog(opts.tensorboard) if opts.tensorboard else None
         dashboard.state = DashboardState(SwarmDHT(dht), interval=opts.interval, scalars=scalars,
                                          trusted_key=bytes.fromhex(opts.trusted_key) if opts.trusted_key else None,
-                                         probe=LivenessProbe(p2p))
+                                         probe=LivenessProbe(p2p), peers=peers)
         task = asyncio.create_task(dashboard.state.run())
         if opts.url_file:
             Path(opts.url_file).write_text(json.dumps({"url": url}))
@@ -179,6 +182,8 @@ async def run_dashboard(opts: DashboardOptions) -> int:
             await asyncio.gather(task, return_exceptions=True)
         if scalars is not None:
             scalars.close()
+        if asking is not None:
+            await asking.close()
         await runner.cleanup()
         if dht is not None:
             await close_node(dht, p2p)

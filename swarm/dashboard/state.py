@@ -1,6 +1,7 @@
 """`DashboardState`: what the dashboard knows of a swarm, sampled from the DHT every second.
 
-Each sample reads the run spec (`SwarmDHT.fetch_run_spec`), every stage's announcements
+Each sample reads the run spec (from the DHT or, with no coordinator up for longer than it lives there, from the
+peers' signed copies: `swarm/dht/spec_fetch.py` `read_spec`), every stage's announcements
 (`all_stage_peers`) and the health records (verified by a `HealthBook`), and turns them into
 one JSON-ready snapshot, the body of `/api/v1/state` (its schema is in `server.py`). Bounded
 time series of loss (per training step, from the head's records) and swarm tokens/s live in
@@ -25,6 +26,8 @@ from hivemind.utils import get_dht_time
 
 from protocol.spec import RunSpec
 from swarm.dht import ActiveCoordinator, RecordError, StageAnnouncement, SwarmDHT
+from swarm.dht.record_share import PeerRecords
+from swarm.dht.spec_fetch import JoinError, read_spec
 from swarm.monitor.coverage import uncovered_reason
 from swarm.monitor.health import HealthRecord, fetch_health
 from swarm.monitor.liveness import LivenessProbe
@@ -112,8 +115,9 @@ def _mark_bottleneck(stages: list[dict]) -> None:
 class DashboardState:
     def __init__(self, sdht: SwarmDHT, *, trusted_key: bytes | None = None, interval: float = 1.0,
                  history: int = 2000, scalars: ScalarLog | None = None, probe: LivenessProbe | None = None,
-                 presence: Presence | None = None) -> None:
+                 presence: Presence | None = None, peers: PeerRecords | None = None) -> None:
         self.sdht, self.trusted_key, self.interval, self.scalars = sdht, trusted_key, interval, scalars
+        self.peers = peers  # whom to ask for the run spec when the DHT holds none (None: the DHT only)
         self.probe = probe  # None: the records alone say who is there
         self.presence = presence or Presence()
         self._listed: list[str] = []  # peers with live records at the last sample: the next probe round's
@@ -183,16 +187,17 @@ class DashboardState:
         if self.spec is not None and time.monotonic() - self._spec_read < SPEC_REFRESH_S:
             return
         try:
-            signed = await self.sdht.fetch_run_spec(self.trusted_key)
-        except RecordError as e:
+            found = await read_spec(self.sdht, self.trusted_key.hex() if self.trusted_key else None, self.peers)
+        except (RecordError, JoinError) as e:
             self._error = str(e)
             return
         self._spec_read = time.monotonic()
-        if signed is None:
+        if found is None:
             if self.spec is None:
-                self._error = "no run spec in the DHT yet: is --initial-peers the address of a running swarm?"
+                self._error = (f"no run spec in the DHT{' or at the peers asked' if self.peers else ''} yet: is "
+                               f"--initial-peers the address of a running swarm?")
             return
-        spec = RunSpec.from_json(signed.spec_json)
+        signed, spec = found
         if self.spec is None or spec.run_hash != self.spec.run_hash:
             self.spec, self._fingerprint = spec, signed.fingerprint
             self._dense = dense_bytes_per_token(spec)

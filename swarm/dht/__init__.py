@@ -12,6 +12,7 @@ life cycle of a DHT node.
 - `seat_reader.py`: which coordinator holds the seat (`seat_holder`, `ActiveCoordinator`).
 - `held.py`, `record_share.py`, `record_service.py`: the coordinator's run spec, lease and basis updates as
   each node holds them, re-served to peers that find none in the DHT (every coordinator down), and checked.
+- `spec_fetch.py`: the run spec a reader trusts, from the DHT or else from the peers (`read_spec`, `fetch_spec`).
 - `network_cap.py`: at most a few announced ids per stage per /24 or /48, and per /16 or /32
   block, counted where this node's connections see them (applied by `SwarmDHT.stage_peers`).
 - `process.py`: starting and stopping a DHT node (a child process with its own p2pd), and

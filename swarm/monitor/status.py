@@ -1,5 +1,9 @@
 """`swarm status`: a table of a swarm's stages and the peers that serve them, read from the DHT.
 
+With no coordinator up for longer than the run spec and the lease live in the DHT, both are the peers' signed
+copies (`swarm/dht/spec_fetch.py`, checked as a joiner checks them), and the table says that no coordinator holds
+the seat.
+
 A killed peer's announcement lives on until its ttl, so before printing, every listed peer is
 probed once over libp2p (`liveness.py`, at most 2 s): one that does not answer is shown with
 state "offline" and `answers` no (its announced state stays in the JSON as `announced_state`),
@@ -17,6 +21,8 @@ from hivemind.utils import get_dht_time
 
 from protocol.spec import RunSpec
 from swarm.dht import ActiveCoordinator, RecordError, SwarmDHT, close_node, start_dht
+from swarm.dht.record_service import spec_asker
+from swarm.dht.spec_fetch import read_spec
 from swarm.trust.admission import AdmissionPolicy
 
 from .coverage import uncovered_reason
@@ -29,13 +35,16 @@ async def swarm_state(initial_peers: list[str]) -> dict:
     whose lease the swarm key revoked (with the rollback it ordered, if any), and the peers banned for the run
     (with the reason the leader gives), as plain data."""
     dht = await asyncio.to_thread(start_dht, initial_peers, ["/ip4/127.0.0.1/tcp/0"], None, True)
-    p2p = None
+    p2p = asking = None
     try:
         sdht = SwarmDHT(dht)
-        signed = await sdht.fetch_run_spec()
-        if signed is None:
+        # with no coordinator up for longer than the spec lives in the DHT, the peers' signed copy, checked as a
+        # joiner checks it; and the newest lease they hold (for its age and revocations)
+        sdht.record_peers, asking = await spec_asker(dht, initial_peers)
+        found = await read_spec(sdht, None, sdht.record_peers)
+        if found is None:
             return {"run": None, "stages": {}}
-        spec = RunSpec.from_json(signed.spec_json)
+        signed, spec = found
         await sdht.adopt(spec)  # a private swarm's announcements count only with a ticket
         peers = await sdht.all_stage_peers(spec.run_hash, spec.n_stages)
         now = get_dht_time()
@@ -69,12 +78,16 @@ async def swarm_state(initial_peers: list[str]) -> dict:
             "coordinator": {"peer": await active.peer_id() or None,
                             "lease_age_s": round(time.time() - lease.issued, 1) if lease is not None else None,
                             "term": seat.term if seat else None, "since": seat.since if seat else None,
-                            "seat_held": seat is not None},
+                            "seat_held": seat is not None,
+                            # claims were made, none is live: every coordinator, standbys too, is down
+                            "seat_lapsed": seat is None and active.newest is not None},
             "revoked": [] if lease is None else [
                 {"head": p, "rollback_to": lease.rollback_to if lease.rollback_id and p == lease.rollback_of else None,
                  "caught": lease.rollback_caught if p == lease.rollback_of else None} for p in lease.revoked],
         }
     finally:
+        if asking is not None:
+            await asking.close()
         await close_node(dht, p2p)
 
 
@@ -105,6 +118,12 @@ COORDINATOR_QUIET_S = 120.0  # four of its lease re-signings missed: it looks do
 def _coordinator_line(c: dict) -> str:
     who = f"coordinator …{c['peer'][-10:]}" if c.get("peer") else "coordinator (not named in the run spec)"
     age = c.get("lease_age_s")
+    if c.get("seat_lapsed"):  # every claim lapsed: the lease's age says nothing more (it may be a peer's copy)
+        last = f" (the last was …{c['peer'][-10:]})" if c.get("peer") else ""
+        return (f"no coordinator holds the seat{last}: training goes on and newcomers get the run spec from the "
+                f"peers, but no new head can lead, no basis is re-fitted, no liar is revoked and no snapshot is "
+                f"vouched for until one is back (`swarm coordinator --standby --initial-peers ADDR --key KEY` starts "
+                f"one).")
     if age is None:
         return f"{who}: no lease signed yet (no head has announced, or the coordinator has not started it)."
     if c.get("seat_held"):  # a claim to the seat is renewed every few seconds: it is up
@@ -127,7 +146,9 @@ def _speed(p: dict) -> str:
 def format_table(state: dict) -> str:
     run = state["run"]
     if run is None:
-        return "no run spec found: is the coordinator running, and is --initial-peers its address?"
+        return ("no run spec found in the DHT or at the peers asked: is --initial-peers the address of the "
+                "coordinator or of a running peer of the swarm (a private swarm's peers re-serve it to ticket "
+                "holders only)?")
     lines = [f"run {run['hash']} ({run['name']}), codec {run['codec']} rank {run['rank']}, "
              f"{run['stages']} stages, coordinator key {run['key']}",
              f"{'stage':>5}  {'peer':<12} {'state':<8} {'answers':<7} {'reach':<8} {'tok/s':>8} {'queue':>5} "
