@@ -28,7 +28,7 @@ from protocol.model import spec_basis
 from protocol.spec import RunSpec
 from protocol.wire import KIND_ACTIVATION, KIND_GRADIENT, KIND_REDUCE
 from swarm.data.tokenizer_fetch import share_run_tokenizer
-from swarm.dht import SwarmDHT, close_node, start_dht, stop_dht
+from swarm.dht import ActiveCoordinator, SwarmDHT, close_node, start_dht, stop_dht
 from swarm.dht.record_service import share_records, spec_asker
 from swarm.dht.spec_fetch import JoinError, fetch_spec
 from swarm.monitor.liveness import LivenessProbe
@@ -255,10 +255,12 @@ async def run_peer(opts: PeerOptions, on_stage_peer: Callable[[StagePeer], None]
                                      opts.activation_checkpointing, requested)
         except ValueError as e:
             raise JoinError(str(e)) from None
+        # asked first to dial back: the seat's holder and any coordinator with a live claim
+        coordinators = await ActiveCoordinator(sdht, spec.run_hash, spec.extra.get("coordinator_peer") or "").peer_ids()
         dht, reach = await settle_reachability(  # a peer nobody can dial moves behind a relay (a new DHT node)
             dht, sdht, spec, f"subspace-swarm-{spec.run_hash}", opts.initial_peers, opts.reachability,
             restart=lambda o: start_dht(opts.initial_peers, opts.host_maddrs, identity, policy=policy, **o),
-            stop=stop_dht)
+            stop=stop_dht, coordinators=coordinators)
         if reach.mode == "relayed":  # a new DHT node: its store starts from the swarm's rule again
             work, held, sdht = sdht.work, sdht.held, SwarmDHT(dht, identity, ticket=ticket)
             await sdht.adopt(spec)

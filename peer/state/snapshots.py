@@ -95,8 +95,9 @@ class SnapshotService:
         # step -> the sha256 the swarm key vouches for, of this stage's snapshot (swarm/replicas/vouched.py;
         # None or {}: nobody vouches, and the restore takes the snapshot most custodians hold)
         self.vouched: Callable[[], Awaitable[dict[int, str]]] | None = None
-        # holders asked besides the live peers: the coordinator, when it keeps snapshots (--checkpoint-dir)
-        self.extra_holders: list[str] = []
+        # holders asked besides the live peers: the coordinators, when they keep snapshots (--checkpoint-dir);
+        # read at each restore, since which coordinator holds the seat changes (a standby takes over)
+        self.extra_holders: Callable[[], Awaitable[list[str]]] | None = None
 
     @property
     def link(self):
@@ -244,7 +245,8 @@ class SnapshotService:
             return await self._restore_initial(check)
         asked = {p.peer_id: self.stage for s in range(self.spec.n_stages)
                  for p in await self.daemon.directory.members(s) if p.peer_id != self.daemon.peer_id}
-        asked.update({p: self.stage for p in self.extra_holders})
+        asked.update({p: self.stage for p in (await self.extra_holders() if self.extra_holders is not None else [])
+                      if p != self.daemon.peer_id})
         vouched = await self.vouched() if self.vouched is not None else {}
         holders: dict[SnapshotInfo, list[str]] = {}
         surveyed = await self.survey(asked)

@@ -2,9 +2,10 @@
 (kind `tok`), and a peer whose token folder lacks it fetches it from them (peer/data/tokenizer_share.py:
 chunks, the signed run spec's sha256 checked) and keeps it in the folder, so that it serves it in turn.
 
-Who is asked, in order: the coordinator (the spec's `coordinator_peer`: it holds the folder the run
-was started on), then up to `MAX_ASKED` peers that announce a stage of the run. Nothing is downloaded
-from outside the swarm.
+Who is asked, in order: the coordinators (the seat's holder, then any other with a live claim: a standby
+started on a copy of the run's folder holds it too; with no claim ever read, the spec's `coordinator_peer`,
+which holds the folder the run was started on), then up to `MAX_ASKED` peers that announce a stage of the
+run. Nothing is downloaded from outside the swarm.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from peer.data.run_tokenizer import find_run_tokenizer, keep_tokenizer, run_toke
 from peer.data.tokenizer_share import TokenizerShare, fetch_tokenizer
 from protocol.spec import RunSpec
 from protocol.tokenizer_wire import KIND_TOKENIZER
+from swarm.dht import ActiveCoordinator
 from swarm.trust.admission import AdmissionError
 
 __all__ = ["MAX_ASKED", "candidates", "fetch_run_tokenizer", "share_run_tokenizer"]
@@ -28,8 +30,9 @@ FETCH_TIMEOUT_S = 20.0
 
 
 async def candidates(spec: RunSpec, sdht, own_id: str | None = None) -> list[str]:
-    """The peers to ask for the tokenizer: the coordinator, then peers announced for the run's stages."""
-    found = [spec.extra.get("coordinator_peer")]
+    """The peers to ask for the tokenizer: the coordinators (`ActiveCoordinator.peer_ids`), then peers announced
+    for the run's stages."""
+    found: list = await ActiveCoordinator(sdht, spec.run_hash, spec.extra.get("coordinator_peer") or "").peer_ids()
     try:
         announced = await sdht.all_stage_peers(spec.run_hash, spec.n_stages)
         found += [a.peer_id for s in sorted(announced) for a in announced[s]]

@@ -25,12 +25,14 @@ def seat_holder(claims: Sequence[CoordinatorClaim], now: float) -> CoordinatorCl
 class ActiveCoordinator:
     """Where a peer sends what goes to the coordinator (statistics, work records, data reports): the seat's holder,
     read from the DHT at most every `refresh_s`; with no live claim, the newest term's coordinator, and with no
-    claim at all (a coordinator of an older version) the run spec's `coordinator_peer`."""
+    claim at all (a coordinator of an older version) the run spec's `coordinator_peer`. Who is asked for what any
+    coordinator holds (its snapshots, the tokenizer, a dial-back): `peer_ids`."""
 
     def __init__(self, sdht, run_hash: str, spec_peer: str = "", refresh_s: float = REFRESH_S) -> None:
         self.sdht, self.run_hash, self.spec_peer, self.refresh_s = sdht, run_hash, spec_peer, refresh_s
         self.claim: CoordinatorClaim | None = None  # the holder as last read (None: no live claim)
         self.newest: CoordinatorClaim | None = None  # the claim of the highest term, live or not
+        self.claims: list[CoordinatorClaim] = []  # every claim as last read
         self._read = float("-inf")
 
     async def refresh(self, force: bool = False) -> CoordinatorClaim | None:
@@ -43,6 +45,7 @@ class ActiveCoordinator:
         except Exception as e:  # the DHT may not answer: keep the last reading
             log.debug("could not read the coordinator claims: %s", e)
             return self.claim
+        self.claims = list(claims)
         self.claim = seat_holder(claims, get_dht_time())
         self.newest = max(claims, key=lambda c: (c.term, c.since), default=self.newest)
         return self.claim
@@ -59,3 +62,13 @@ class ActiveCoordinator:
         await self.refresh()
         found = self.claim or self.newest
         return found.peer_id if found is not None else self.spec_peer
+
+    async def peer_ids(self) -> list[str]:
+        """The coordinators to ask for what any of them holds, in order: the seat's holder, then the others whose
+        claims are live (a standby in the same moment's race, a holder paused but not yet lapsed); with none live,
+        the newest term's; with no claim ever read, the run spec's `coordinator_peer` ([] if there is none)."""
+        await self.refresh()
+        now = get_dht_time()
+        live = sorted((c for c in self.claims if c.until > now), key=lambda c: (-c.term, c.peer_id))  # seat_holder's
+        found = [c.peer_id for c in live] or ([self.newest.peer_id] if self.newest is not None else [])
+        return list(dict.fromkeys(found)) if found else [p for p in [self.spec_peer] if p]

@@ -176,9 +176,13 @@ async def check_reachability(transport: Transport, helpers: list[str], maddrs: l
     return any(answers) if answers else None
 
 
-async def pick_helpers(sdht: StagePeers, spec: RunSpec, own_id: str, count: int = 2) -> list[str]:
-    """The coordinator, then other online peers at random: who is asked to dial back."""
-    out = [spec.extra["coordinator_peer"]] if spec.extra.get("coordinator_peer") else []
+async def pick_helpers(sdht: StagePeers, spec: RunSpec, own_id: str, count: int = 2,
+                       coordinators: list[str] | None = None) -> list[str]:
+    """The coordinators, then other online peers at random: who is asked to dial back. `coordinators`: the seat's
+    holder and the others with live claims (`ActiveCoordinator.peer_ids`, read by the caller: the DHT's records
+    build on this room); None: the spec's `coordinator_peer`."""
+    out = list(coordinators) if coordinators is not None else (
+        [spec.extra["coordinator_peer"]] if spec.extra.get("coordinator_peer") else [])
     try:
         peers = [a.peer_id for anns in (await sdht.all_stage_peers(spec.run_hash, spec.n_stages)).values()
                  for a in anns if a.state == "online" and a.peer_id not in out and a.peer_id != own_id]
@@ -192,21 +196,22 @@ async def pick_helpers(sdht: StagePeers, spec: RunSpec, own_id: str, count: int 
 async def settle_reachability(dht: hivemind.DHT, sdht: StagePeers, spec: RunSpec, namespace: str,
                               initial_peers: list[str], mode: str,
                               restart: Callable[[dict], hivemind.DHT], stop: Callable[[hivemind.DHT], None],
-                              timeout: float = 30.0) -> tuple[hivemind.DHT, Reachability]:
+                              timeout: float = 30.0, coordinators: list[str] | None = None
+                              ) -> tuple[hivemind.DHT, Reachability]:
     """Decide how others reach this peer (`mode`: auto, direct or relayed) and return the DHT node
     to keep with what to announce. If this node cannot be dialed, `stop` ends it and
     `restart(options)` starts the one to keep, behind relays (a new node: wrap it in a new
-    SwarmDHT)."""
+    SwarmDHT). `coordinators`: who is asked first to dial back (`pick_helpers`)."""
     scope = swarm_scope(initial_peers)
     visible = [str(m) for m in dht.get_visible_maddrs()]
     own_id = dht.peer_id.to_base58()
     if mode == "relayed" or any(is_circuit(m) for m in visible):
-        helpers = await pick_helpers(sdht, spec, own_id)
+        helpers = await pick_helpers(sdht, spec, own_id, coordinators=coordinators)
         return dht, Reachability("relayed", await _confirm_relay(dht, helpers, namespace, scope, timeout))
     direct = Reachability("direct", usable(visible, scope))
     if mode == "direct" or scope == LOOPBACK:
         return dht, direct
-    helpers = await pick_helpers(sdht, spec, own_id)
+    helpers = await pick_helpers(sdht, spec, own_id, coordinators=coordinators)
     if direct.maddrs:
         verdict = await _ask(dht, helpers, namespace, direct.maddrs) if helpers else None
         if verdict is None:

@@ -186,8 +186,9 @@ class ReplicaService:
         membership.named = peer.daemon.named_heads  # stage 1: the heads named for the attempt (peer/step/head_work.py)
         peer.commit.on_lease = lambda: ctx.router.lease(fresh=True)  # the coordinator revoked a lease
         peer.snapshots.vouched = lambda: vouched_hashes(ctx.sdht, self.spec.run_hash, self.stage, sync.coordinator)
-        # a coordinator with --checkpoint-dir holds the vouched snapshots too (swarm/replicas/checkpoint_keeper.py)
-        peer.snapshots.extra_holders = [p for p in [self.spec.extra.get("coordinator_peer")] if p]
+        # a coordinator with --checkpoint-dir holds the vouched snapshots too (swarm/replicas/checkpoint_keeper.py):
+        # the seat's holder and the other coordinators with live claims (the spec's coordinator_peer before any claim)
+        peer.snapshots.extra_holders = sync.coordinator.peer_ids
         states = lambda: vouched_states(ctx.sdht, self.spec.run_hash, self.stage, sync.coordinator)  # noqa: E731
         # a joiner loads only a state whose hash the swarm key vouches for
         peer.vouched = VouchedStates(states, every=peer.commit.hasher.every)

@@ -65,7 +65,10 @@ async def test_the_coordinator_keeps_the_vouched_snapshots_on_disk_and_a_stage_i
         # stage 1's only replica is gone; a fresh one restores it from the coordinator alone
         swarm.kill("s1r0")
         newcomer = await swarm.add(1, "s1new", announce="syncing")
-        newcomer.snapshots.extra_holders = ["coord"]
+
+        async def coordinators() -> list[str]:
+            return ["coord"]
+        newcomer.snapshots.extra_holders = coordinators
 
         async def vouched_hashes() -> dict[int, str]:
             return {t: h[1] for t, h in vouched.items()}
