@@ -16,8 +16,11 @@ vouches for each stage's agreed one (`peer/checks/state_votes.py`, `swarm/replic
   a step newer than every one it vouched for, so its record is not coming, and the joiner
   tries the next donor instead of waiting out `wait` while the swarm goes on.
 
-With no record at all (no coordinator, or a swarm before its first step) nothing can be
-checked and the state is taken on the donor's word, as before vouching; the log says so.
+With no record at all (a swarm before its first step, or a coordinator that does not vouch) nothing
+can be checked and the state is taken on the donor's word, as before vouching; the log says so. Not
+while `unchecked` says no (no coordinator holds the seat: the records are then the ones the lease's
+heads signed, swarm/replicas/head_vouched.py, and one is made every few steps): the joiner waits
+for one as for the record of its step, and refuses the state if none comes within `wait`.
 """
 from __future__ import annotations
 
@@ -33,10 +36,13 @@ log = logging.getLogger(__name__)
 
 class VouchedStates:
     def __init__(self, hashes: Callable[[], Awaitable[dict[int, str]]], *, wait: float = 60.0, poll: float = 0.5,
-                 slack: int = 2 * HASH_EVERY + 2, every: int | None = None) -> None:
+                 slack: int = 2 * HASH_EVERY + 2, every: int | None = None,
+                 unchecked: Callable[[], Awaitable[bool]] | None = None) -> None:
         # every: the steps between two state hashes of the stage's replicas (`StateHasher.every`); a state at
         # another step is refused at once, since no record of it can come (None: not known, wait for it)
         self.hashes, self.wait, self.poll, self.slack, self.every = hashes, wait, poll, slack, every
+        # unchecked: whether a state may be taken unchecked while no record holds any hash (None: always)
+        self.unchecked = unchecked
 
     async def donor_problem(self, announced_step: int) -> str | None:
         """Why a donor that announces `announced_step` is not asked, or None."""
@@ -52,8 +58,14 @@ class VouchedStates:
         while True:
             known = await self.hashes()
             if not known:
-                log.warning("no state hash is vouched for yet: the state at step %d is taken unchecked", step)
-                return None
+                if self.unchecked is None or await self.unchecked():
+                    log.warning("no state hash is vouched for yet: the state at step %d is taken unchecked", step)
+                    return None
+                if time.monotonic() > deadline:
+                    return (f"no coordinator vouches for states, and no head the leader lease names has signed the "
+                            f"hash of its step {step} (nor any other) within {self.wait:.0f} s")
+                await asyncio.sleep(self.poll)  # a head's record is made every few steps, and re-served by peers
+                continue
             if step in known:
                 if known[step] == sha256:
                     return None

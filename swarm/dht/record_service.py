@@ -30,9 +30,10 @@ _PEER_PART = re.compile(r"/(?:p2p|ipfs)/([^/]+)")
 
 
 def record_frame_bytes(spec: RunSpec | None = None) -> int:
-    """The largest record frame: a run spec or lease, or (with `spec`) one of its basis updates."""
+    """The largest record frame: a run spec, a lease or the heads' work records, or (with `spec`) one of its basis
+    updates."""
     basis = spec.d_model * spec.rank * 4 + 4096 if spec is not None else 0
-    return max(reply_limit("spec"), reply_limit("lease"), reply_limit("basis", basis))
+    return max(reply_limit("spec"), reply_limit("lease"), reply_limit("work"), reply_limit("basis", basis))
 
 
 def initial_ids(initial_peers: Sequence[str]) -> list[str]:

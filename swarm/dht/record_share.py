@@ -1,6 +1,7 @@
 """Coordinator-signed records between peers (kind `rec`, protocol/record_wire.py): every peer re-serves what it
 holds (`RecordShare`: the signed run spec it joined with, the newest leader lease it read, the basis updates it
-follows; `held.py`), and a peer that finds none of them in the DHT asks the peers it reaches (`PeerRecords`).
+follows, the heads' signed work records; `held.py`), and a peer that finds none of them in the DHT asks the peers
+it reaches (`PeerRecords`).
 
 Why: the coordinator keeps its records alive by publishing them again (the run spec lives 60 s in the DHT, a lease
 1 h, a basis update 100 min: `docs/security.md`, "Without any coordinator"); with every coordinator down for
@@ -26,6 +27,8 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+
+import msgpack
 
 from protocol.record_wire import (
     KIND_RECORDS,
@@ -108,9 +111,9 @@ class PeerRecords:
             log.debug("peer %s gave no %s: %s", peer[-8:], req.want, e)
             return None
 
-    async def _ask_all(self, req: RecordRequest) -> list[tuple[str, RecordReply]]:
+    async def _ask_all(self, req: RecordRequest, first: list[str] | None = None) -> list[tuple[str, RecordReply]]:
         try:
-            peers = (await self.candidates())[:MAX_ASKED]
+            peers = list(dict.fromkeys([*(first or []), *await self.candidates()]))[:MAX_ASKED]
         except Exception as e:  # the DHT may be slow: nobody to ask this time
             log.debug("no peers to ask for the %s: %s", req.want, e)
             return []
@@ -189,3 +192,25 @@ class PeerRecords:
             self._took("basis updates", next(p for p, versions in listed if max(out) in versions),
                        f"versions {min(out)}-{max(out)}")
         return out
+
+    async def work(self, run_hash: str, heads: list[str], check: Callable[[bytes], bool]) -> list[bytes]:
+        """The heads' signed work records of `run_hash` that the asked peers hold (`heads`, the lease's, are asked
+        first: they signed them) and `check` (the reader's: the signature, a head the lease names) accepts; [] when
+        none (or not due)."""
+        if not self._due("work"):
+            return []
+        out: dict[bytes, None] = {}
+        for peer, reply in await self._ask_all(RecordRequest("work", run_hash, ticket=self.ticket), heads):
+            try:
+                records = msgpack.unpackb(reply.record, raw=False) if reply.record else []
+            except Exception:  # msgpack raises several kinds on bytes that are not its own
+                records = None
+            if not isinstance(records, list) or not all(isinstance(r, bytes) for r in records):
+                log.warning("peer %s sent work records that do not decode", peer[-8:])
+                continue
+            taken = [r for r in records if check(r)]
+            if len(taken) < len(records):
+                log.warning("peer %s sent %d work records that are not a lease head's; ignored", peer[-8:],
+                            len(records) - len(taken))
+            out.update(dict.fromkeys(taken))
+        return list(out)

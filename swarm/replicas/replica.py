@@ -47,12 +47,13 @@ from swarm.trust.signed_records import sign_record
 from swarm.user_errors import Refused
 
 from .data_check import StepRecordCheck
+from .head_vouched import HeadVouches
 from .membership import PROBE_S, Membership
 from .own_state import BehindCheck, OwnStateCheck
 from .placement import HOLD_S, Rebalancer
 from .router import Router
 from .state_source import StateSource
-from .vouched import vouched_hashes, vouched_states
+from .vouched import coordinator_vouches, vouched_hashes, vouched_states
 from .work_records import WorkRecords
 
 log = logging.getLogger(__name__)
@@ -185,13 +186,18 @@ class ReplicaService:
         peer.daemon.gate.updates_come = sync.updates_come  # no 30 s wait per switch step with no coordinator
         membership.named = peer.daemon.named_heads  # stage 1: the heads named for the attempt (peer/step/head_work.py)
         peer.commit.on_lease = lambda: ctx.router.lease(fresh=True)  # the coordinator revoked a lease
-        peer.snapshots.vouched = lambda: vouched_hashes(ctx.sdht, self.spec.run_hash, self.stage, sync.coordinator)
+        # with no coordinator in the seat: the hashes the lease's heads signed (swarm/replicas/head_vouched.py)
+        heads = HeadVouches(ctx.sdht, self.spec.run_hash, self.spec.n_stages, ctx.router.lease)
+        peer.snapshots.vouched = lambda: vouched_hashes(ctx.sdht, self.spec.run_hash, self.stage, sync.coordinator,
+                                                        heads)
         # a coordinator with --checkpoint-dir holds the vouched snapshots too (swarm/replicas/checkpoint_keeper.py):
         # the seat's holder and the other coordinators with live claims (the spec's coordinator_peer before any claim)
         peer.snapshots.extra_holders = sync.coordinator.peer_ids
-        states = lambda: vouched_states(ctx.sdht, self.spec.run_hash, self.stage, sync.coordinator)  # noqa: E731
-        # a joiner loads only a state whose hash the swarm key vouches for
-        peer.vouched = VouchedStates(states, every=peer.commit.hasher.every)
+        states = lambda: vouched_states(ctx.sdht, self.spec.run_hash, self.stage, sync.coordinator,  # noqa: E731
+                                        heads)
+        # a joiner loads only a state whose hash the swarm key vouches for (no coordinator: a lease head signed)
+        peer.vouched = VouchedStates(states, every=peer.commit.hasher.every,
+                                     unchecked=lambda: coordinator_vouches(sync.coordinator))
         peer.state.hashed_only = bool(self.spec.extra.get("coordinator_peer"))  # and a donor serves such a state
         self.source = StateSource(ctx, self.stage, peer, sync)
         self.own_check = OwnStateCheck(peer, states, self._resync, ctx.report)

@@ -28,6 +28,8 @@ import logging
 from protocol.step_record import WorkRecord
 from swarm.dht import ActiveCoordinator, SwarmDHT, VouchedSnapshots
 
+from .head_vouched import HeadVouches
+
 log = logging.getLogger(__name__)
 
 VOUCH_TTL_S = 86400.0
@@ -139,27 +141,34 @@ class SnapshotVouch:
 
 async def _stale(seat: ActiveCoordinator | None) -> bool:
     """Whether the vouched records are old and nothing newer can come: no coordinator holds the seat (`seat`: the
-    claims, as `BasisSync.coordinator` reads them). They are then read as none, as once they expire: a joiner takes
-    a state past them on its donor's word rather than refusing every donor the swarm moved past the records'
-    newest step (and, finding none, restoring a snapshot and rolling the swarm back), and a restore takes the
-    snapshot most custodians hold rather than waiting for one the records name, which custodians no longer keep
-    (they keep the two newest). docs/security.md, "Without any coordinator"."""
+    claims, as `BasisSync.coordinator` reads them). They are then not read: a joiner would refuse every donor the
+    swarm moved past the records' newest step (and, finding none, restore a snapshot and roll the swarm back), and
+    a restore would wait for a snapshot the records name, which custodians no longer keep (they keep the two
+    newest). The hashes the lease's heads signed count instead (`head_vouched.py`). docs/security.md, "Without any
+    coordinator"."""
     if seat is None or not await seat.lapsed():
         return False
     if seat.run_hash not in _TOLD:
         _TOLD.add(seat.run_hash)
         log.warning("no coordinator holds the seat: the vouched snapshot and state hashes are old and no newer ones "
-                    "come, so they are read as none (joiners take a state on its donor's word, restores the "
-                    "snapshot most custodians hold) until a coordinator is back")
+                    "come, so joiners and restores check against the hashes the lease's heads signed until a "
+                    "coordinator is back")
     return True
 
 
-async def vouched_hashes(sdht: SwarmDHT, run_hash: str, stage: int,
-                         seat: ActiveCoordinator | None = None) -> dict[int, str]:
-    """step -> the sha256 the swarm key vouches for, of `stage`'s snapshot at that step ({}: none, unreadable, or
-    stale: `_stale`)."""
+async def coordinator_vouches(seat: ActiveCoordinator | None) -> bool:
+    """Whether the swarm key's records are the ones to check against (a coordinator holds the seat, or this run's
+    coordinator claims none): then a state may be taken unchecked before any record is made, as before vouching.
+    False while no coordinator holds the seat: the heads' records are the only word, and none yet means wait."""
+    return not await _stale(seat)
+
+
+async def vouched_hashes(sdht: SwarmDHT, run_hash: str, stage: int, seat: ActiveCoordinator | None = None,
+                         heads: HeadVouches | None = None) -> dict[int, str]:
+    """step -> the sha256 the swarm key vouches for, of `stage`'s snapshot at that step ({}: none, or unreadable);
+    stale (`_stale`): the ones the lease's `heads` signed ({} if none given)."""
     if await _stale(seat):
-        return {}
+        return await heads.hashes(stage, "snapshot") if heads is not None else {}
     try:
         vouched = await sdht.fetch_vouched(run_hash)
     except Exception as e:  # no coordinator key, or a DHT hiccup: the restore falls back to the custodians' word
@@ -170,12 +179,12 @@ async def vouched_hashes(sdht: SwarmDHT, run_hash: str, stage: int,
     return {t: h[stage] for t, h in vouched.steps.items() if stage in h}
 
 
-async def vouched_states(sdht: SwarmDHT, run_hash: str, stage: int,
-                         seat: ActiveCoordinator | None = None) -> dict[int, str]:
-    """steps -> the sha256 the swarm key vouches for, of `stage`'s state after that many steps ({}: none,
-    unreadable, or stale: `_stale`)."""
+async def vouched_states(sdht: SwarmDHT, run_hash: str, stage: int, seat: ActiveCoordinator | None = None,
+                         heads: HeadVouches | None = None) -> dict[int, str]:
+    """steps -> the sha256 the swarm key vouches for, of `stage`'s state after that many steps ({}: none, or
+    unreadable); stale (`_stale`): the ones the lease's `heads` signed ({} if none given)."""
     if await _stale(seat):
-        return {}
+        return await heads.hashes(stage) if heads is not None else {}
     try:
         vouched = await sdht.fetch_vouched(run_hash, states=True)
     except Exception as e:  # no coordinator key, or a DHT hiccup: nothing to check against

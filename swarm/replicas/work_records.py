@@ -2,8 +2,10 @@
 libp2p identity (`protocol/step_record.py`): who did a re-fit step's work, the snapshot hashes every
 stage agreed on, the state hashes after each step, and a rollback it is about to order. The
 coordinator takes them only from a head its lease names (`swarm/basis/refit.py`) and vouches for
-the hashes under the swarm key (`swarm/replicas/vouched.py`). A standby head's report of a leader's
-step record that its own data contradicts goes the same way (`report_step_record`).
+the hashes under the swarm key (`swarm/replicas/vouched.py`). The head also holds the records of hashes it
+signed, and re-serves them: while no coordinator holds the seat, a joiner checks a donor's state against them
+(`swarm/replicas/head_vouched.py`). A standby head's report of a leader's step record that its own data
+contradicts goes the same way (`report_step_record`).
 
 The records go out one at a time, in order, through a `WorkOutbox` (`work_outbox.py`), which keeps the ones that
 reached no coordinator (the seat empty) and sends them to the next holder before the next record.
@@ -19,6 +21,7 @@ from protocol.wire import KIND_DATA_REPORT
 from swarm.basis import BasisSync
 from swarm.trust.signed_records import sign_record
 
+from .head_vouched import keys_of
 from .work_outbox import WorkOutbox
 
 log = logging.getLogger(__name__)
@@ -55,13 +58,21 @@ class WorkRecords:
             self.vouched_step = max(self.vouched_step, at)
             record = WorkRecord(self.spec.run_hash, steps, self.ctx.peer_id, workers, snapshot_step=at,
                                 snapshots=hashes)
+            self._hold(self.sign(record))
             self.outbox.put(record)
 
     def vouch_states(self, steps: int, hashes: dict[int, str]) -> None:
         """The leader's tally of the replicas' state hashes after `steps` steps (peer/checks/state_votes.py)."""
         self.ctx.report.write("state_record", step=steps, hashes={str(s): h for s, h in hashes.items()})
         record = WorkRecord(self.spec.run_hash, steps, self.ctx.peer_id, {}, state_step=steps, states=hashes)
+        self._hold(self.sign(record))
         self.outbox.put(record)
+
+    def _hold(self, record: WorkRecord) -> bytes:
+        """The signed record's bytes, held to re-serve if it names hashes (`HeldRecords.work`)."""
+        body = record.encode()
+        self.ctx.sdht.held.keep_work(self.spec.run_hash, dict.fromkeys(keys_of(record), body))
+        return body
 
     async def before_rollback(self, target: int, steps: int) -> None:
         """The swarm rolls back from `steps` to `target`: the coordinator forgets the hashes it vouched for after
@@ -69,6 +80,7 @@ class WorkRecords:
         rollback goes on, and a replica's check of a re-driven step may find it differs (it downloads again); the
         record is kept for the next coordinator, and the kept records of the undone steps are dropped
         (`WorkOutbox.rolled_back`)."""
+        self.ctx.sdht.held.forget_work_after(target)  # the records of the steps driven again name other bits
         self.last_steps = target  # the next step this head drives is target + 1
         self.outbox.rolled_back(WorkRecord(self.spec.run_hash, steps, self.ctx.peer_id, {}, rolled_back_to=target))
         await self.outbox.idle(ROLLBACK_WAIT_S)
