@@ -12,6 +12,7 @@ import asyncio
 import json
 import logging
 import os
+import time
 from collections.abc import Callable
 
 from peer.data.run_corpus import with_corpus
@@ -27,7 +28,7 @@ from swarm.dht.spec_fetch import fetch_spec
 from swarm.net import Transport
 from swarm.net.addresses import LOOPBACK, PRIVATE, PUBLIC, announce_addresses, scope_of
 from swarm.net.reachability import DialBack
-from swarm.trust.admission import AdmissionPolicy
+from swarm.trust.admission import AdmissionPolicy, Ticket
 from swarm.trust.identity import Identity, IdentityError
 from swarm.trust.keys import SigningKey
 from swarm.trust.state_dir import default_file
@@ -81,7 +82,10 @@ async def _coordinate(opts: CoordinatorOptions, spec: RunSpec | None, key: Signi
         p2p = await dht.replicate_p2p()
         sdht = SwarmDHT(dht, identity, swarm_key=key, policy=policy)
         if spec is None:  # a standby: the run is the one its swarm's active coordinator signed with this key
-            asker, asking = await spec_asker(dht, opts.initial_peers)
+            # a private swarm's peers re-serve the spec to ticket holders only, and a standby is admitted by its
+            # claim, which it makes once it has the spec: so it asks with a ticket it signs for itself
+            own = Ticket.issue(key, identity.peer_id, time.time() + STANDBY_SPEC_S + 60)
+            asker, asking = await spec_asker(dht, opts.initial_peers, own.to_bytes())
             try:  # every coordinator down for longer than the spec lives in the DHT: a peer's copy
                 spec = await fetch_spec(sdht, key.public_bytes().hex(), STANDBY_SPEC_S, asker)
             finally:
