@@ -195,7 +195,8 @@ class DashboardState:
         if found is None:
             if self.spec is None:
                 self._error = (f"no run spec in the DHT{' or at the peers asked' if self.peers else ''} yet: is "
-                               f"--initial-peers the address of a running swarm?")
+                               f"--initial-peers the address of a running swarm (with no coordinator up, a private "
+                               f"swarm's peers hand it to ticket holders only)?")
             return
         signed, spec = found
         if self.spec is None or spec.run_hash != self.spec.run_hash:
