@@ -29,7 +29,7 @@ Maps (short keys; tensors are wire.py's ExtType):
                   work (peer/step/head_work.py): c the heads the leader named for the attempt, m (to a head) its share
     CommandReply  {k: "ctlr", s: step, a: attempt, o: outcome, m: [microbatches], x: {peer: [mb]}, e: text,
                    h: [step, sha256 hex], v, z: [step, sha256 hex], n: [sent], b: [peer ids], u: [peer ids],
-                   l: [losses]}
+                   l: [losses], f: signature}
                   outcome in ok | behind | ahead | failed; m: what this replica computed in the
                   attempt; x: after a reduce, whose contributions it summed; h: after a reduce, the
                   step and hash of the replica's newest own snapshot (peer/state/snapshots.py), which the
@@ -41,7 +41,9 @@ Maps (short keys; tensors are wire.py's ExtType):
                   boundary messages it sent in the attempt (protocol/spot_check.py `Sent`), b: replicas
                   whose contribution it refused or that withheld it, u: shares far from the rest
                   (peer/checks/robust_sum.py); after a check, b: the replica checked, if its share is not its work;
-                  after a work, l: the loss of each microbatch of m, in m's order (finite floats)
+                  after a work, l: the loss of each microbatch of m, in m's order (finite floats); f (left out when
+                  empty): a reduce refused for its step record, the refuser's signature of the refusal
+                  (protocol/refusal.py), which the leader may show the coordinator
     Contribution  {k: "red", r, s, a, g: stage, p: phase, m: [microbatches], t: flat gradient | nil,
                    f: factors | nil, q: statistic | nil}
                   replica_sync "exact" (one phase, p = 0): t is every trainable parameter's
@@ -127,6 +129,7 @@ class CommandReply:
     suspects: list[str] = field(default_factory=list)  # reduce: shares far from the rest (peer/checks/robust_sum.py)
     state: tuple[int, str] | None = None  # apply: (steps applied, sha256 hex) of the replica's state after it
     losses: list[float] = field(default_factory=list)  # work: each microbatch's loss, in the command's order
+    refusal: bytes = b""  # reduce refused for its step record: the refuser's signature (protocol/refusal.py)
 
 
 @dataclass
@@ -186,7 +189,7 @@ def encode_reply(r: CommandReply) -> bytes:
                       "x": r.contributors, "e": r.reason[:500]}, "v", r.overflow)
     body.update({k: v for k, v in (("h", list(r.snapshot or ())), ("z", list(r.state or ())),
                                    ("n", encode_sent(r.sent)), ("b", r.blame), ("u", r.suspects),
-                                   ("l", r.losses)) if v})  # if any
+                                   ("l", r.losses), ("f", r.refusal)) if v})  # if any
     return msgpack.packb(body)
 
 
@@ -210,12 +213,14 @@ def decode_reply(data: bytes, n_microbatches: int) -> CommandReply:
     losses = d.get("l", [])
     need(isinstance(losses, list) and len(losses) <= n_microbatches and all(
         isinstance(v, float) and math.isfinite(v) for v in losses), "a control reply's losses must be finite floats.")
+    refusal = d.get("f", b"")
+    need(isinstance(refusal, bytes) and len(refusal) <= MAX_SIGNATURE, "a control reply's refusal must be a signature.")
     return CommandReply(int_field(d, "s", "step"), int_field(d, "a", "attempt", 2**31), d["o"],
                         microbatch_list(d.get("m", []), n_microbatches), contributors,
                         reason if isinstance(reason, str) else "", (h[0], h[1]) if h else None,
                         flag_field(d, "v", "a control reply's overflow flag"),
                         decode_sent(d.get("n", []), n_microbatches), peer_list(d.get("b", [])),
-                        peer_list(d.get("u", [])), (z[0], z[1]) if z else None, list(losses))
+                        peer_list(d.get("u", [])), (z[0], z[1]) if z else None, list(losses), refusal)
 
 
 # ---------------------------------------------------------------- contributions and follow updates

@@ -52,7 +52,7 @@ MAX_WORKERS = 256  # peer ids one work record may name per stage
 MAX_RECORD_BYTES = 4 << 10
 
 
-def _unpack(body: bytes, max_bytes: int, kind: str, run: str, what: str) -> dict:
+def unpack_record(body: bytes, max_bytes: int, kind: str, run: str, what: str) -> dict:
     """The map of a record of `kind` for `run` in `body`; WireError if it is not one."""
     need(isinstance(body, bytes) and len(body) <= max_bytes, f"a {what} must be at most {max_bytes} bytes.")
     try:
@@ -94,7 +94,7 @@ class StepRecord:
     @classmethod
     def decode(cls, body: bytes, run: str) -> StepRecord:
         """The record in `body`, for `run`; WireError if it is not one (its signature is the reader's to check)."""
-        d = _unpack(body, MAX_RECORD_BYTES, _KIND, run, "step record")
+        d = unpack_record(body, MAX_RECORD_BYTES, _KIND, run, "step record")
         for key in ("s", "a"):
             need(isinstance(d.get(key), int) and not isinstance(d.get(key), bool) and 0 <= d[key] < 2**53,
                  "a step record's step and attempt must be non-negative integers.")
@@ -136,7 +136,7 @@ class WorkRecord:
 
     @classmethod
     def decode(cls, body: bytes, run: str, n_stages: int) -> WorkRecord:
-        d = _unpack(body, 64 * MAX_RECORD_BYTES, _WORK_KIND, run, "work record")
+        d = unpack_record(body, 64 * MAX_RECORD_BYTES, _WORK_KIND, run, "work record")
         need(isinstance(d.get("s"), int) and not isinstance(d.get("s"), bool) and 0 < d["s"] < 2**53,
              "a work record's step must be a positive integer.")
         need(isinstance(d.get("l"), str) and 0 < len(d["l"]) <= 128, "a work record must name its leader.")

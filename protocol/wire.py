@@ -56,6 +56,7 @@ KIND_FOLLOW = "fol"  # a stage's reduced gradient forwarded to a replica still c
 KIND_STATE = "state"  # a stage's state, downloaded by a joining replica (protocol/state_wire.py)
 KIND_WORK = "work"  # the leading head's signed record of who worked a re-fit step, -> coordinator
 KIND_DATA_REPORT = "datarep"  # a head's report of a leader's step record that its data contradicts, -> coordinator
+KIND_REFUSAL_REPORT = "refrep"  # a head's signed refusal of the leader's reduce (protocol/refusal.py), -> coordinator
 KIND_SNAPSHOT = "snap"  # a stage's snapshot at a step boundary: offered, listed, fetched (protocol/snapshot_wire.py)
 KIND_RECORDS = "rec"  # the coordinator-signed records a peer holds (spec, lease, basis chain), re-served (record_wire)
 

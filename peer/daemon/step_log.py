@@ -30,11 +30,12 @@ class StepLog:
 
 class AttemptFailed(RuntimeError):
     """One attempt at a step did not complete; the step is re-driven. `peer`: the peer it names (one that
-    refused a message, stopped answering or was caught), if any (peer/step/redrive_cause.py)."""
+    refused a message, stopped answering or was caught), if any (peer/step/redrive_cause.py); `evidence`: where
+    that peer signed its refusal of the leader's reduce, the encoded `RefusalReport` (protocol/refusal.py)."""
 
-    def __init__(self, reason: str = "", peer: str | None = None) -> None:
+    def __init__(self, reason: str = "", peer: str | None = None, evidence: bytes = b"") -> None:
         super().__init__(reason)
-        self.peer = peer
+        self.peer, self.evidence = peer, evidence
 
 
 class PartClock:

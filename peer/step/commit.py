@@ -71,6 +71,7 @@ from protocol.control import (
     encode_probe_reply,
     encode_reply,
 )
+from protocol.refusal import statement
 from protocol.spot_check import InputsRequest
 from protocol.wire import KIND_CONTROL, KIND_DRIVE, KIND_REDUCE, WireError
 
@@ -212,7 +213,9 @@ class StepCommit:
         if cmd.op == "reduce":
             self.clock.start()
             if self.check_record is not None and (problem := await self.check_record(cmd)) is not None:
-                return self._reply(cmd, "failed", problem)  # this replica does not sum with a leader it caught
+                signer = getattr(d.link, "signer", None)  # it does not sum with a leader it caught, and signs so
+                said = signer.sign(statement(cmd.run, cmd.step, cmd.attempt, cmd.record, problem)) if signer else b""
+                return replace(self._reply(cmd, "failed", problem), refusal=said)  # (protocol/refusal.py)
             self.clock.mark("record_check")
             await self.hasher.wait()  # the last step's hash is in (its apply reply sent) before this step's reduce
             self.clock.mark("hash_wait")
@@ -222,12 +225,9 @@ class StepCommit:
         return await self._apply(cmd, local)
 
     def _reply(self, cmd: Command, outcome: str, reason: str = "") -> CommandReply:
-        reduced = self.runner.reduced
-        contributors = reduced.contributors if reduced is not None and (reduced.step, reduced.attempt) == (
-            cmd.step, cmd.attempt) else {}
-        own = self.own_snapshot() if self.own_snapshot is not None and cmd.op == "reduce" else None
-        key = (cmd.step, cmd.attempt)
-        reduce = cmd.op == "reduce"
+        reduced, key, reduce = self.runner.reduced, (cmd.step, cmd.attempt), cmd.op == "reduce"
+        contributors = reduced.contributors if reduced is not None and (reduced.step, reduced.attempt) == key else {}
+        own = self.own_snapshot() if self.own_snapshot is not None and reduce else None
         return CommandReply(cmd.step, cmd.attempt, outcome, self.runner.microbatches_done(), contributors, reason,
                             own, sent=self.daemon.boundary.sent(*key) if reduce else [],
                             blame=self.exchange.blame.get(key, []) if reduce else [],

@@ -48,7 +48,7 @@ from .commit import StepCommit
 from .head_work import HeadWork
 from .microbatch_phase import MicrobatchPhase
 from .redrive_cause import Failure, RedriveCause, describe
-from .reduce_verdict import judge_reduce
+from .reduce_verdict import judge_reduce, refusal_evidence
 from .succession import Succession
 
 log = logging.getLogger(__name__)
@@ -78,6 +78,8 @@ class StepDriver:
                                check_timeout=self.deadlines.share, verify=signer.verify if signer else None)
         self._record = b""  # the signed StepRecord of the attempt's data (`MicrobatchPhase.run`)
         self.redrives = RedriveCause()  # why one step keeps failing, named after a few attempts
+        # sends the coordinator a named refuser's signed refusal of this head's reduce (None: nobody to judge it)
+        self.report_refusal: Callable[[bytes], Awaitable[object]] | None = None
         # last_snapshots: (step, stage -> sha256) of the newest step at which every stage's replicas agreed;
         # on_committed(steps done, last_workers, last_snapshots) after each step: what the leader vouches for
         self.last_workers, self.last_snapshots = {}, None
@@ -242,7 +244,7 @@ class StepDriver:
 
     async def _name_the_cause(self, step: int, attempt: int, e: AttemptFailed) -> None:
         """After a few failed attempts of one step: one line that says why, and the peer named, routed around."""
-        found = self.redrives.note(step, Failure(attempt, str(e), e.peer))
+        found = self.redrives.note(step, Failure(attempt, str(e), e.peer, e.evidence))
         if found is None:
             return
         members = await self._members()
@@ -251,6 +253,8 @@ class StepDriver:
         log.warning("%s", describe(found, stage, others))
         if found.culprit is not None and found.culprit != self.peer_id:
             self.directory.report_failure(found.culprit)
+            if found.evidence and self.report_refusal is not None:  # its signed refusal: the coordinator judges it
+                self.daemon.spawn(self.report_refusal(found.evidence))
 
     async def _realigned(self) -> bool:
         return self.realign is not None and await self.realign()
@@ -302,7 +306,11 @@ class StepDriver:
             self.spot.judge_blame(replies, members, step)
         for p in [p for p, r in replies.items() if r.reason.startswith(UNREACHABLE) and p not in self.commit.workers]:
             self.directory.report_failure(p)  # an id that never did work and nobody reaches: not asked every step
-        verdict = judge_reduce(replies, members, self.spec.n_stages, self.work.shares)
+        try:
+            verdict = judge_reduce(replies, members, self.spec.n_stages, self.work.shares)
+        except AttemptFailed as e:  # a head that refused this reduce under its signature: evidence to keep
+            e.evidence = refusal_evidence(self.spec.run_hash, self._record, e.peer, replies)
+            raise
         # nothing is applied before the drawn shares are shown to be their replicas' work (a step that
         # overflowed in fp16 applies nothing: its shares carry no numbers to check)
         if not verdict.overflowed:

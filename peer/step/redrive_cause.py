@@ -12,6 +12,10 @@ goes around it where its stage has another live replica; where it is its stage's
 line says that the swarm waits for that stage (a replica behind the swarm downloads the state or restores
 a snapshot, and the swarm rolls back: peer/state/). With no peer named, the line lists the reasons seen.
 A stranger's refusals thus cost the step `after` attempts, not every attempt for the rest of the run.
+Where the culprit signed its refusal of the head's reduce command (a head that refused the head's step
+record: protocol/refusal.py), the diagnosis carries the newest such evidence, which the head sends the
+coordinator (`StepDriver.report_refusal`): the coordinator, not the head's word, decides whether it is banned
+for the run (swarm/replicas/refusal_verdict.py).
 """
 from __future__ import annotations
 
@@ -26,6 +30,7 @@ class Failure:
     attempt: int
     reason: str
     peer: str | None = None  # the peer the failure names, if any
+    evidence: bytes = b""  # its signed refusal of the head's reduce, as a RefusalReport (protocol/refusal.py)
 
 
 @dataclass
@@ -35,6 +40,7 @@ class Diagnosis:
     culprit: str | None
     named: int  # failed attempts that name the culprit
     reasons: list[str] = field(default_factory=list)  # the distinct reasons, most frequent first
+    evidence: bytes = b""  # the culprit's newest signed refusal among them, if any
 
 
 class RedriveCause:
@@ -56,7 +62,8 @@ class RedriveCause:
             culprit, count = None, 0
         reasons = [r for r, _ in Counter(f.reason for f in self.failures
                                          if culprit is None or f.peer == culprit).most_common()]
-        return Diagnosis(step + 1, len(self.failures), culprit, count, reasons)
+        evidence = next((f.evidence for f in reversed(self.failures) if f.peer == culprit and f.evidence), b"")
+        return Diagnosis(step + 1, len(self.failures), culprit, count, reasons, evidence if culprit else b"")
 
 
 def describe(d: Diagnosis, stage: int | None, others: int) -> str:

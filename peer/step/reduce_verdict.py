@@ -4,7 +4,9 @@ A step may be applied only if every stage reduced: each stage has a replica that
 stage's replicas that did summed the same contributions (the same replicas, each with the same microbatches).
 Stage 0's contributions must also be the shares the heads were given (peer/step/head_work.py). Anything else
 fails the attempt (`AttemptFailed`), which the driver re-drives; a stage that did not reduce because one of its
-replicas refused the command names that replica (the head heard it refuse).
+replicas refused the command names that replica (the head heard it refuse), and where that replica signed its
+refusal of the command's step record, `refusal_evidence` makes it the evidence the coordinator judges
+(protocol/refusal.py).
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from dataclasses import dataclass
 
 from peer.daemon.step_log import AttemptFailed
 from protocol.control import CommandReply
+from protocol.refusal import RefusalReport
 
 
 @dataclass
@@ -34,6 +37,15 @@ def _refuser(replies: dict[str, CommandReply]) -> str | None:
     own = [p for p, r in replies.items() if r.outcome != "ok"
            and not any(q[-8:] in (r.reason or "") for q in replies if q != p)]
     return own[0] if len(own) == 1 and len(replies) > 1 else None
+
+
+def refusal_evidence(run: str, record: bytes, refuser: str | None, replies: dict[str, CommandReply]) -> bytes:
+    """The encoded `RefusalReport` of `refuser`'s signed refusal of the reduce that carried `record`; b"" where
+    there is none (no refuser named, no signature in its reply, or no record: a swarm without a coordinator)."""
+    reply = replies.get(refuser) if refuser else None
+    if reply is None or not reply.refusal or not record:
+        return b""
+    return RefusalReport(run, refuser, record, reply.reason, reply.refusal).encode()
 
 
 def judge_reduce(replies: dict[str, CommandReply], members: dict[str, int], n_stages: int,

@@ -2,7 +2,8 @@
 seat and stopped when it loses it (`seat.py`).
 
 The duties, each signed with the swarm key: keep the run spec published; grant the leader lease
-(`LeaseKeeper`) and revoke a head whose data report holds (`DataVerdict`); vouch for the snapshot and state
+(`LeaseKeeper`) and revoke a head whose data report holds, or a reporting head whose does not (`DataVerdict`), or a
+head proven to have refused a genuine step record (`RefusalVerdict`); vouch for the snapshot and state
 hashes the leading head records (`SnapshotVouch`); re-fit the basis (`BasisRefitter`); with
 --checkpoint-dir, keep the vouched snapshots (`CheckpointKeeper`). Each resumes from the DHT where the last
 holder left it (a restarted coordinator, or a standby that took over): the lease's order, term and
@@ -23,7 +24,15 @@ from collections.abc import Awaitable, Callable
 from peer.data.run_corpus import run_batches
 from peer.data.run_tokens import token_batches
 from protocol.spec import RunSpec
-from protocol.wire import KIND_DATA_REPORT, KIND_SNAPSHOT, KIND_STATS, KIND_WORK, ErrorReply, encode_message
+from protocol.wire import (
+    KIND_DATA_REPORT,
+    KIND_REFUSAL_REPORT,
+    KIND_SNAPSHOT,
+    KIND_STATS,
+    KIND_WORK,
+    ErrorReply,
+    encode_message,
+)
 from swarm.basis import BasisRefitter
 from swarm.dht import SwarmDHT
 from swarm.dht.swarm_records import SeatLost
@@ -32,6 +41,7 @@ from swarm.net import Transport
 from swarm.replicas.checkpoint_keeper import CheckpointKeeper
 from swarm.replicas.data_check import DataVerdict, tell_to_read_lease
 from swarm.replicas.leases import LeaseKeeper
+from swarm.replicas.refusal_verdict import RefusalVerdict
 from swarm.replicas.vouched import SnapshotVouch
 from swarm.trust.keys import SigningKey
 
@@ -53,6 +63,7 @@ class CoordinatorDuties:
         self.refitter: BasisRefitter | None = None
         self.vouch: SnapshotVouch | None = None
         self.verdict: DataVerdict | None = None
+        self.refusals: RefusalVerdict | None = None
         self.snapshots: CheckpointKeeper | None = None
         self._tasks: list[asyncio.Task] = []
 
@@ -62,7 +73,8 @@ class CoordinatorDuties:
             handler = pick()
             return STANDING_BY if handler is None else await handler(body, sender)
         kinds = {KIND_WORK: lambda: self.refitter and self.refitter.on_work,  # who re-fits; which snapshots are sound
-                 KIND_DATA_REPORT: lambda: self.verdict and self.verdict.on_report}  # leaders that fed other data
+                 KIND_DATA_REPORT: lambda: self.verdict and self.verdict.on_report,  # leaders that fed other data
+                 KIND_REFUSAL_REPORT: lambda: self.refusals and self.refusals.on_report}  # heads that refused one
         if self.spec.refits_basis:
             kinds[KIND_STATS] = lambda: self.refitter and self.refitter.on_stats
         if self.opts.checkpoint_dir:  # the coordinator holds every stage's vouched snapshots too (issue 19)
@@ -115,6 +127,7 @@ class CoordinatorDuties:
         self.verdict = DataVerdict(spec.run_hash, spec.n_microbatches, lambda: token_batches(spec, opts.tokens)
                                    or run_batches(spec, opts.data), revoke,
                                    lambda head, caught: vouch.before(head, caught, keeper.revoked), heads=heads)
+        self.refusals = RefusalVerdict(self.verdict)
         self.keeper, self.refitter, self.vouch = keeper, refitter, vouch
         sdht.held.spec = await sdht.publish_run_spec(spec.to_json(), self.key, self._spec_ttl)  # re-served too
         self._tasks = [asyncio.create_task(keeper.run()), asyncio.create_task(self._republish())]
@@ -146,4 +159,4 @@ class CoordinatorDuties:
             self.refitter.stop()
         if self.snapshots is not None:
             await self.snapshots.stop()
-        self.keeper = self.refitter = self.vouch = self.verdict = self.snapshots = None
+        self.keeper = self.refitter = self.vouch = self.verdict = self.refusals = self.snapshots = None

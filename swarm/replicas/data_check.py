@@ -26,7 +26,8 @@ item 6), so a reporter that is a head (announced on stage 0, or in the lease) lo
 the same way (`revoke`, no rollback: it summed nothing, so nothing it did was applied), and
 every router then leaves it out of the swarm (`Router.is_banned`). A reporter that is no head
 loses only its word (logged). No headcount and no trust in either side decides: the coordinator's own
-copy of the data does.
+copy of the data does. A head that refuses and reports nothing is judged on its signed refusal instead, which
+the leader sends (swarm/replicas/refusal_verdict.py, with `runs_data` and the same revocation).
 """
 from __future__ import annotations
 
@@ -119,6 +120,12 @@ class DataVerdict:
         self.revoked: set[str] = set()
         self.unfounded = 0  # reports whose record checked out
 
+    async def runs_data(self, record: StepRecord) -> bool:
+        """Whether `record`'s data digest is the run's, by this coordinator's own copy of the data."""
+        if self._batches is None:
+            self._batches = await asyncio.to_thread(self._make_batches)
+        return await asyncio.to_thread(step_digest, self._batches, record.step, self.n_microbatches) == record.data
+
     async def on_report(self, body: bytes, sender: str) -> bytes:
         try:
             record = StepRecord.decode(body, self.run_hash)
@@ -128,9 +135,7 @@ class DataVerdict:
             return encode_message(ErrorReply("the reported step record is not signed by the leader it names."))
         if record.leader in self.revoked:
             return b""
-        if self._batches is None:
-            self._batches = await asyncio.to_thread(self._make_batches)
-        if await asyncio.to_thread(step_digest, self._batches, record.step, self.n_microbatches) == record.data:
+        if await self.runs_data(record):
             self.unfounded += 1
             if sender not in self.revoked and self.heads is not None and sender in await self.heads():
                 self.revoked.add(sender)

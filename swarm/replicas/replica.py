@@ -208,6 +208,7 @@ class ReplicaService:
             peer.driver.on_committed = records.after_commit
             peer.driver.votes.on_agreed = records.vouch_states
             peer.rollback.before = records.before_rollback
+            peer.driver.report_refusal = records.report_refusal  # a head's signed refusal: the coordinator judges
         # a ban the swarm key lifts (`swarm unban`): this head, if it leads, no longer names the peer in its aborts
         ctx.router.run_bans.on_pardon[:] = [peer.driver.spot.pardon] if peer.driver is not None else []
         if batches is not None:  # a head: it sums only with a leader whose step records its own data confirms

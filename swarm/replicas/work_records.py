@@ -17,7 +17,7 @@ from collections.abc import Callable, Coroutine
 
 from protocol.spec import RunSpec
 from protocol.step_record import WorkRecord
-from protocol.wire import KIND_DATA_REPORT
+from protocol.wire import KIND_DATA_REPORT, KIND_REFUSAL_REPORT
 from swarm.basis import BasisSync
 from swarm.trust.signed_records import sign_record
 
@@ -92,3 +92,11 @@ class WorkRecords:
                 log.warning("could not report the leader's step record to the coordinator")
         except Exception as e:  # the coordinator away: the standby heads still refuse that leader
             log.warning("could not report the leader's step record to the coordinator: %s", e)
+
+    async def report_refusal(self, report: bytes) -> None:
+        """The leading head's evidence of a head that refused its reduce under its signature (protocol/refusal.py):
+        the coordinator judges it (swarm/replicas/refusal_verdict.py); its refusal, if any, is logged there."""
+        try:
+            await self.sync.to_coordinator(KIND_REFUSAL_REPORT, report, "this head's evidence of a refusal")
+        except Exception as e:  # the coordinator away: this head's router still avoids the refuser for a while
+            log.warning("could not send the coordinator a head's refusal of this head's reduce: %s", e)

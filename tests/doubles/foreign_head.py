@@ -1,12 +1,13 @@
 """`swarm peer` as a head that trains on text other than the run's (what a stranger's modified head does;
 the other heads must catch it: swarm/replicas/data_check.py), as a process of its own:
 
-    python -m tests.doubles.foreign_head peer ARGS... --foreign-data PATH
+    python -m tests.doubles.foreign_head peer ARGS... --foreign-data PATH [--silent]
 
 ARGS are `swarm peer`'s: the stock head reads and checks the run's text, then, through `run_peer`'s
 extension point, its batch source becomes one of PATH (its driver, its share of the work and its check
-of other leaders' step records all read that one source). A test starts it with
-`LocalSwarm.start_peer(0, ..., module="tests.doubles.foreign_head")`."""
+of other leaders' step records all read that one source). With --silent it reports no leader's step record
+to the coordinator: it only refuses to sum (issue 57: the leader's evidence of its signed refusal must do).
+A test starts it with `LocalSwarm.start_peer(0, ..., module="tests.doubles.foreign_head")`."""
 from __future__ import annotations
 
 import logging
@@ -33,11 +34,26 @@ def feed_foreign_data(peer: StagePeer, path: str) -> None:
     log.warning("head: training on %s, not the run's text (a test double: tests/doubles)", foreign.name)
 
 
+def keep_silent(peer: StagePeer) -> None:
+    """A head `peer` refuses what its check refuses but tells the coordinator nothing."""
+    check = peer.commit.check_record
+    if check is not None:
+        async def nothing(record: bytes) -> None:
+            return None
+        check.report = nothing
+
+
 def main(argv: list[str] | None = None) -> int:
     own = own_parser("foreign_head")
     own.add_argument("--foreign-data", required=True, metavar="PATH", help="the text this head trains on")
+    own.add_argument("--silent", action="store_true", help="report no leader's step record to the coordinator")
+
+    def hook(peer: StagePeer) -> None:
+        feed_foreign_data(peer, ours.foreign_data)
+        if ours.silent:
+            keep_silent(peer)
     ours, args = parse(sys.argv[1:] if argv is None else argv, own, "peer")
-    return run_command(lambda: cmd_peer(args, on_stage_peer=lambda peer: feed_foreign_data(peer, ours.foreign_data)))
+    return run_command(lambda: cmd_peer(args, on_stage_peer=hook))
 
 
 if __name__ == "__main__":

@@ -5,7 +5,9 @@ that reads its signed step record, loses the lease within 2 steps of that, and t
 under the honest head. And a head on other text that joins behind an honest leader (issue 57, item 6)
 refuses every reduce of that leader and reports it; the report does not hold, which is the proof that
 the reporter reads other data: the coordinator revokes the reporter's lease, every peer leaves it out,
-and the swarm goes on, each step the one-process oracle's (before: 110 s stalled, the reporter kept).
+and the swarm goes on, each step the one-process oracle's (before: 110 s stalled, the reporter kept). The same
+double made silent (it refuses, reports nothing) is revoked on the leader's evidence instead: its own signed
+refusal of the leader's genuine step record (protocol/refusal.py, swarm/replicas/refusal_verdict.py).
 (Before step records nothing checked what the leader fed: a head on its own data led.)"""
 from __future__ import annotations
 
@@ -102,6 +104,45 @@ async def test_a_head_on_other_data_that_refuses_an_honest_leader_loses_its_leas
     assert f"head {foreign_id[-8:]} may no longer lead" in coordinator
     assert "rolls back" not in coordinator  # it summed nothing: nothing is undone
     assert refused["leader"] != foreign_id and not _steps_by(swarm, "foreign")  # it never drove a step
+    records = sorted(_steps_by(swarm, "honest"), key=lambda e: e["step"])
+    assert [r["step"] for r in records] == list(range(1, len(records) + 1))  # every step once, none lost
+    want = await asyncio.to_thread(oracle, spec, len(records))
+    for r, w in zip(records, want):
+        assert abs(r["loss"] - w) <= 1e-5 * abs(w), f"step {r['step']}: swarm {r['loss']} vs oracle {w}"
+
+
+async def test_a_silent_head_on_other_data_is_revoked_on_the_leaders_evidence_of_its_signed_refusal(tmp_path):
+    """Issue 57: the foreign head refuses every reduce of the honest leader and reports nothing. The leader names it
+    after 3 failed attempts and sends the coordinator its signed refusal with the step record it refused; the
+    coordinator checks both signatures and the record's data, and revokes it (before: refused and avoided for a
+    while, never banned, the swarm paying 3 attempts again at every return)."""
+    evil = _evil_text(tmp_path / "evil.txt")
+    spec = preset("tiny", stages=2, batch_size=16, microbatch_size=8)
+    swarm = LocalSwarm(LocalOptions(spec, steps=int(STEPS), workdir=str(tmp_path / "data"), threads=1, quiet=True,
+                                    extra_peer_args=["--ttl", "6"]))
+    swarm.head_names = lambda: ["honest", "silent"]
+    try:
+        await asyncio.to_thread(swarm.start_coordinator)
+        swarm.start_peer(0, "--steps", STEPS, name="honest")  # the first head: the lease names it first
+        wait_for_event(swarm, "honest", "ready")
+        swarm.start_peer(1, name="stage1")
+        await asyncio.to_thread(_wait, swarm, lambda: len(_steps_by(swarm, "honest")) >= 3)
+        swarm.start_peer(0, "--steps", STEPS, "--foreign-data", evil, "--silent", name="silent",
+                         module=foreign_head.MODULE)
+        wait_for_event(swarm, "silent", "bad_step_record")
+        silent_id = next(e["peer_id"] for e in swarm.events("silent") if e["event"] == "ready")
+        coordinator_log = swarm.dir / "coordinator.log"
+        await asyncio.to_thread(_wait, swarm, lambda: f"head {silent_id[-8:]} refused head" in
+                                coordinator_log.read_text())
+        done = len(_steps_by(swarm, "honest"))
+        await asyncio.to_thread(_wait, swarm, lambda: len(_steps_by(swarm, "honest")) >= done + 5)
+    finally:
+        await asyncio.to_thread(swarm.stop, 5.0)
+    coordinator = coordinator_log.read_text()
+    assert "whose data is the run's, under its own signature" in coordinator, coordinator[-3000:]
+    assert "reported head" not in coordinator  # it reported nothing: the leader's evidence convicted it
+    assert f"head {silent_id[-8:]} may no longer lead" in coordinator and "rolls back" not in coordinator
+    assert not _steps_by(swarm, "silent")  # it never drove a step
     records = sorted(_steps_by(swarm, "honest"), key=lambda e: e["step"])
     assert [r["step"] for r in records] == list(range(1, len(records) + 1))  # every step once, none lost
     want = await asyncio.to_thread(oracle, spec, len(records))
