@@ -113,13 +113,19 @@ class ReduceExchange:
             self._arrived.set()
 
     def receive(self, c: Contribution, sender: str) -> bytes:
-        """Keep a replica's contribution for the phase it belongs to; ACK, or why not."""
+        """Keep a replica's contribution for the phase it belongs to; ACK, or why not. Held: the step in
+        progress's, none older than this replica's attempt or than one of the same sender held, one per sender
+        and phase; a newer attempt's drops every older one's."""
         d = self.daemon
         if c.step != self.runner.step:
             return d.refuse("the contribution is not for the step in progress here.", sender,
                             code="behind" if c.step > self.runner.step else "refused")
         if c.attempt < d.attempt:
             return d.refuse("the contribution belongs to an attempt that was superseded.", sender, code="stale")
+        if any(k[0] == c.step and k[1] > c.attempt and sender in box for k, box in self._inbox.items()):
+            # its contribution to a newer attempt is held: without this, older attempts sent newest first would
+            # each be held beside it (one per attempt, each as large as the stage's gradient)
+            return d.refuse("this replica's contribution to a newer attempt is already here.", sender, code="stale")
         box = self._inbox.setdefault((c.step, c.attempt, c.phase), {})
         if sender in box:
             return d.refuse("this replica's contribution is already here.", sender, code="duplicate")
