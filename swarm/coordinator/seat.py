@@ -6,16 +6,21 @@ the key, under its own subkey, so that claims stand side by side. Every reader a
 
     seat = the live claim (DHT time < until) of the highest term; of one term, the lowest peer id
 
-A coordinator without the seat looks every POLL_S. If no live claim is another's, it claims
+A coordinator without the seat looks every POLL_S (jittered). If no live claim is another's, it claims
 
     term = 1 + max(term of every claim it reads, live or not, and of its own last claim)
 
 waits SETTLE_S (for a rival's claim of the same moment to reach the DHT), reads again and holds the
-seat if the rule gives it; otherwise it stands by. The run's first claim waits too: a standby that read
+seat if the rule gives it and no other claim appeared since its first read. A claim that appeared between
+the two reads is a rival of the same moment, which may have decided before this claim reached the DHT (a
+store slower than SETTLE_S, as on a loaded machine): this one then withdraws its claim (`until` = now) and
+stands by. Of two such rivals at most one holds: the one that holds read no new claim, so the other's claim
+landed after that read, and that other reads the holder's claim as new. (Both may stand by; the jitter of
+the next round parts them.) The run's first claim waits too: a standby that read
 the run spec from peers (every coordinator gone for a day, its claims expired) may claim beside a
 restarted coordinator. The holder renews its claim every RENEW_S
-(`until` = now + SEAT_TTL_S) and reads the claims each time: one that outranks it (a rival whose claim
-reached the DHT late) takes the seat from it at once.
+(`until` = now + SEAT_TTL_S) and reads the claims each time: one of a higher term (a standby that took the
+seat while this one was paused) takes the seat from it at once; one of its own term is a rival that stood by.
 
 Signing is fenced (`may_sign`, asked by `SwarmDHT` before every swarm-key write): the holder signs only
 while, by its own monotonic clock,
@@ -32,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 from collections.abc import Callable
 
@@ -66,6 +72,7 @@ class CoordinatorSeat:
         self.last_term = 0
         self.holder: CoordinatorClaim | None = None  # the seat as last read
         self._renewed = float("-inf")  # monotonic start of the last successful renewal
+        self._jitter = random.Random()
         sdht.seat_fence = self.may_sign
 
     def may_sign(self) -> bool:
@@ -98,13 +105,13 @@ class CoordinatorSeat:
                 raise
             except Exception as e:  # the DHT may not answer yet: look again
                 log.warning("could not read the coordinator claims (%s: %s); retrying", type(e).__name__, e)
-            await asyncio.sleep(self.poll_s)
+            await asyncio.sleep(self.poll_s * self._jitter.uniform(0.5, 1.5))  # parts rivals that stood by at once
 
     async def _try_claim(self) -> CoordinatorClaim | None:
-        await self.read()
-        if self.holder is not None and self.holder.peer_id != self.peer_id:
-            return None
+        seen = await self.read()
         now = get_dht_time()
+        if any(c.peer_id != self.peer_id and c.until > now for c in seen):
+            return None  # another holds the seat, or claimed it a moment ago
         mine = CoordinatorClaim(self.run_hash, self.last_term + 1, self.peer_id, now, now + self.ttl, self.maddrs())
         started = self.clock()
         if not await self.sdht.publish_claim(mine, CLAIM_KEPT_S):
@@ -112,10 +119,14 @@ class CoordinatorSeat:
             return None
         self.last_term = mine.term
         await asyncio.sleep(self.settle_s)  # a rival that claimed in the same moment is read now
-        await self.read()
-        if self.holder is None or self.holder.peer_id != self.peer_id or self.holder.term != mine.term:
-            log.info("another coordinator claimed the seat in the same moment (%s): standing by",
-                     self.holder.peer_id[-8:] if self.holder else "its claim lapsed")
+        before = {(c.peer_id, c.term, c.since) for c in seen}
+        rivals = [c for c in await self.read() if c.peer_id != self.peer_id and c.until > get_dht_time()
+                  and (c.peer_id, c.term, c.since) not in before]
+        if rivals or self.holder is None or self.holder.peer_id != self.peer_id or self.holder.term != mine.term:
+            who = rivals[0] if rivals else self.holder
+            log.info("coordinator %s claimed the seat in the same moment: standing by",
+                     who.peer_id[-8:] if who else "none (this claim did not reach the DHT)")
+            await self._withdraw(mine)
             return None
         self.claim, self._renewed = mine, started
         log.info("this coordinator holds the seat: term %d, since %s", mine.term, _when(mine.since))
@@ -138,7 +149,7 @@ class CoordinatorSeat:
         started = self.clock()
         try:
             await self.read()
-            if self.holder is not None and self.holder.peer_id != self.peer_id:
+            if self.holder is not None and self.holder.peer_id != self.peer_id and self.holder.term > self.claim.term:
                 return f"coordinator {self.holder.peer_id[-8:]} holds it (term {self.holder.term})"
             now = get_dht_time()
             claim = CoordinatorClaim(self.run_hash, self.claim.term, self.peer_id, self.claim.since, now + self.ttl,
@@ -158,10 +169,13 @@ class CoordinatorSeat:
         if self.claim is None:
             return
         claim, self.claim = self.claim, None
-        now = get_dht_time()
+        await self._withdraw(claim)
+
+    async def _withdraw(self, claim: CoordinatorClaim) -> None:
+        """Store `claim` as lapsed now, so that readers stop naming it."""
         try:
-            await self.sdht.publish_claim(CoordinatorClaim(self.run_hash, claim.term, self.peer_id, claim.since, now,
-                                                           claim.maddrs), CLAIM_KEPT_S)
+            await self.sdht.publish_claim(CoordinatorClaim(self.run_hash, claim.term, self.peer_id, claim.since,
+                                                           get_dht_time(), claim.maddrs), CLAIM_KEPT_S)
         except Exception as e:  # the claim lapses by itself
             log.debug("could not withdraw this coordinator's claim: %s", e)
 
