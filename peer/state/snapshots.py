@@ -37,6 +37,7 @@ decides, as before.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import logging
 import time
@@ -75,9 +76,12 @@ class NoSnapshot(RuntimeError):
     """No live peer holds a usable snapshot of the stage; the text says what to do."""
 
 
+@functools.lru_cache(maxsize=64)
 def state_bound(spec, stage: int) -> int:
     """A generous bound on a stage's serialised state (weights, two moments, basis, slack),
-    counted on the meta device: nothing is allocated."""
+    counted on the meta device: nothing is allocated. Kept per (spec, stage): building a stage's
+    modules, even on the meta device, takes tens of ms, and every peer of a process (an in-memory
+    swarm's, a coordinator's keeper) asks it of every stage (RunSpec is frozen, so hashable)."""
     with torch.device("meta"):
         n = sum(p.numel() for p in build_stage(spec, stage).parameters())
     return 4 * n * (8 if spec.dtype == "fp64" else 4) + (64 << 20)
