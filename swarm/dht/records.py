@@ -55,6 +55,7 @@ __all__ = [
 RUN_KEY = "subspace-swarm/run"
 RUN_SPEC_DOMAIN = "subspace-swarm/run-spec/v1"
 _MAX_MADDRS, _MAX_TEXT, _MAX_HEADS, _MAX_PARDONS = 32, 512, 256, 1024
+MAX_REVOKED = 4 * _MAX_HEADS  # revocations a lease may carry (the coordinator keeps its list within it: leases.py)
 _MAX_VOUCHED = 64  # swarm/replicas/vouched.py KEEP_STATES: ~64 x stages x 70 bytes in one record
 
 
@@ -288,9 +289,9 @@ class LeaderLease:
                  and len(set(self.order)) == len(self.order),
                  f"order must be a list of at most {_MAX_HEADS} distinct peer ids.")
         self.order = list(self.order)
-        _require(isinstance(self.revoked, (list, tuple)) and len(self.revoked) <= 4 * _MAX_HEADS
+        _require(isinstance(self.revoked, (list, tuple)) and len(self.revoked) <= MAX_REVOKED
                  and all(isinstance(p, str) and 0 < len(p) <= 128 for p in self.revoked),
-                 "revoked must be a list of peer ids.")
+                 f"revoked must be a list of at most {MAX_REVOKED} peer ids.")
         self.revoked = list(self.revoked)
         _require(all(_is_int(v) and 0 <= v < 2**31 for v in (self.rollback_id, self.rollback_to, self.rollback_caught))
                  and isinstance(self.rollback_of, str) and len(self.rollback_of) <= 128

@@ -31,6 +31,15 @@ and signs a lease with a higher `term` whenever `order` changes; unchanged, the 
 again every `republish_s`. A revocation may order a rollback (`revoke(..., rollback_to=S)`: the
 caught head's steps are undone back to the snapshot step S, `peer/state/rollback.py`); the order is
 numbered by the revocations so far and stays in every later lease until the next one.
+
+The revoked list is bounded (a stored lease carries at most `MAX_REVOKED`, swarm/dht/records.py), and
+revocations are cheap to cause: any announced head that reports honest data as false, or refuses it, is
+revoked, and ids are free. So past the bound the keeper drops the oldest revocation of a head that cost
+nothing, never one that did: a head revoked for data it fed while it led, or one a leader's work record
+named among stage 0's workers (`worked`), stays revoked while any costless revocation is left to drop
+(revocations read from a stored lease count as costly: the keeper cannot tell). Dropping a costless
+revocation gives its id back nothing a fresh id would not have: a head that never did checked work goes
+behind every head that did in the order anyway.
 With the keeper away (the coordinator stopped) the heads go on
 following the newest lease they read: its order names the successors.
 
@@ -52,6 +61,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 
 from swarm.dht import LeaderLease, SwarmDHT
+from swarm.dht.records import MAX_REVOKED
 
 from .router import LIVE_STATES
 
@@ -85,6 +95,7 @@ class LeaseKeeper:
         self._salt = salt if salt is not None else os.urandom(16)  # ties among heads first seen together
         self.lease: LeaderLease | None = None
         self.revoked: list[str] = []
+        self._costly: set[str] = set()  # revoked heads that led or did checked work: kept past MAX_REVOKED
         self.rollback: tuple[int, int, int, str] = (0, 0, 0, "")  # (number, to, caught, head) of the last order
         self.on_revoke = on_revoke  # after a revocation is stored: e.g. tell every peer to read the lease now
         self._lock = asyncio.Lock()
@@ -118,6 +129,7 @@ class LeaseKeeper:
             log.debug("no earlier lease read: %s", e)
         if self.lease is not None:
             self.revoked = list(self.lease.revoked)
+            self._costly = set(self.revoked)  # which of them cost nothing is not in the lease: none is dropped first
             self.rollback = _rollback_of(self.lease)
             log.info("leader lease of a previous coordinator, term %d: %s", self.lease.term, _short(self.lease.order))
 
@@ -139,13 +151,26 @@ class LeaseKeeper:
         True once the new lease is stored."""
         if head not in self.revoked:
             self.revoked.append(head)
+            if caught or head in self.worked:  # it led a step (`caught`), or did checked work: it cost something
+                self._costly.add(head)
             log.warning("head %s may no longer lead: %s", head[-8:], why)
             if rollback_to is not None:  # numbered by the revocations: one order per revocation, never again
-                self.rollback = (len(self.revoked), rollback_to, caught, head)
+                self.rollback = (max(len(self.revoked), self.rollback[0] + 1), rollback_to, caught, head)
+            self._bound_revoked()
         lease = await self.tick()
         if self.on_revoke is not None and lease is not None:
             await self.on_revoke(lease)
         return lease is not None and head not in lease.order
+
+    def _bound_revoked(self) -> None:
+        """Keep `revoked` within `MAX_REVOKED`: drop the oldest costless revocation first, a costly one only when
+        none is left (more than MAX_REVOKED heads that led or worked, all caught)."""
+        while len(self.revoked) > MAX_REVOKED:
+            drop = next((p for p in self.revoked if p not in self._costly), self.revoked[0])
+            log.info("head %s's revocation is dropped: a lease holds %d at most, and it is the oldest %s", drop[-8:],
+                     MAX_REVOKED, "of a head that cost nothing" if drop not in self._costly else "(all cost something)")
+            self.revoked.remove(drop)
+            self._costly.discard(drop)
 
     async def tick(self) -> LeaderLease | None:
         """One round: read the heads, re-order, store the lease if it changed or is due."""
