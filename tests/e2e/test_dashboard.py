@@ -279,9 +279,11 @@ async def forge_and_check(live) -> None:
     with attacker_node(live) as attacker, dht_client(live) as sdht:
         for junk in junk_bodies:  # first: so the attacker's stores do reach the swarm's nodes
             writer = Identity.generate()
-            value = sealed(writer, writer.peer_id, now + 30, junk if isinstance(junk, str) else
+            # they must outlive the dashboard's reads on a loaded machine (with 30 s they expired unread once)
+            expiry = time.time() + 120
+            value = sealed(writer, writer.peer_id, expiry, junk if isinstance(junk, str) else
                            {**junk, "peer_id": junk["peer_id"] if junk["peer_id"] != "x" else writer.peer_id})
-            assert await attacker.store(key, value, now + 30, subkey=writer.peer_id, return_future=True)
+            assert await attacker.store(key, value, expiry, subkey=writer.peer_id, return_future=True)
 
         for what, (subkey, value, expires) in forged.items():
             stored = await attacker.store(key, value, expires, subkey=subkey, return_future=True)
@@ -297,7 +299,7 @@ async def forge_and_check(live) -> None:
             assert seen[victim]["online"] and seen[victim]["stage"] == 1
             return snap if snap["invalid_records"] == before + len(junk_bodies) else None
 
-        snap = await asyncio.to_thread(eventually, counted, 20, f"{len(junk_bodies)} more invalid records")
+        snap = await asyncio.to_thread(eventually, counted, 60, f"{len(junk_bodies)} more invalid records")
         samples = snap["updated"]
         await asyncio.to_thread(eventually, lambda: state(live)["updated"] > samples + 2, 15, "three more samples")
         after = state(live)
