@@ -10,7 +10,9 @@ Usage: gap_corpus.py OUT PER_DEVICE BUDGET_S STEPS SEEDS NAMES   (SEEDS e.g. 0,1
 dense,hybrid,subspace,hybrid24,hybrid20,hybrid-x0.1,hybrid-x0.01,bottleneck,bottleneck-x0.03,
 dense-x0.03,hybrid-w300,hybrid-w600,hybrid-lr0.7,hybrid-lr1.4,dense-lr1.4,hybrid-w300-x0.1,
 hybrid-w300-x0.05,hybrid-w300-x0.15,hybrid-w300-x0.2,hybrid30-w300,subspace-w300,hybrid100x,
-hybrid100x-default,hybrid100x-w300,hybrid100x-w300-x0.15,
+hybrid100x-default,hybrid100x-w300,hybrid100x-w300-x0.15,hybrid100x-w300-x0.3,
+hybrid100x-w300-x0.5,hybrid100x-w300-x1,hybrid100x-k4b1-x0.2,
+hybrid100x-k2b3-x0.2,hybrid100x-w600-x0.2,
 hybrid24-w300-x0.1,hybrid-w600-x0.1,hybrid-x0.1-to0.2,hybrid-x0.1-to0.03,
 hybrid-x0.1-to0.3,hybrid-x0.1-to0.4,hybrid56-int8,hybrid60-int8,subspace64-int8).
 Every seed is a group
@@ -82,6 +84,14 @@ VARIANTS = {"dense": ("dense", None, ""),
             "hybrid100x-w300": warmed(3, 2, 0.03, ratio="102x"),
             # the 16x stage-lr lever x0.15 (section 3s, at a BPE vocabulary of 32,768) on the ~100x hybrid
             "hybrid100x-w300-x0.15": warmed(3, 2, 0.15, ratio="102x"),
+            # and above it (section 3s: x0.03 -> x0.1 -> x0.15 each closed part of the ~100x gap)
+            "hybrid100x-w300-x0.3": warmed(3, 2, 0.3, ratio="102x"),
+            "hybrid100x-w300-x0.5": warmed(3, 2, 0.5, ratio="102x"),
+            "hybrid100x-w300-x1": warmed(3, 2, 1.0, ratio="102x"),
+            # the other splits of 5 numbers a token, and a longer warm-up, at x0.2 (between the best two above)
+            "hybrid100x-k4b1-x0.2": warmed(4, 1, 0.2, ratio="102x"),
+            "hybrid100x-k2b3-x0.2": warmed(2, 3, 0.2, ratio="102x"),
+            "hybrid100x-w600-x0.2": warmed(3, 2, 0.2, 600, ratio="102x"),
             "subspace-w300": ("subspace k=32, x0.03, 300 warm-up steps", {"warmup_steps": 300, **LOW}, "16x"),
             # levers at 2x the tokens on top of 3n's default (section 3o): the other split, a longer warm-up
             "hybrid24-w300-x0.1": warmed(24, 8, 0.1),
