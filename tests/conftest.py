@@ -109,6 +109,18 @@ def no_leftover_p2pd(p2pd_marker):
         pytest.fail(f"p2pd processes {sorted(left)} outlived the test module that started them.")
 
 
+def pytest_asyncio_loop_factories(config, item):
+    """The loop of each async test: asyncio's, except for a test marked `idle_clock`, whose loop skips the waits
+    in which nothing can happen (tests/idle_clock.py): the in-memory swarms' deadlines and back-offs."""
+    import asyncio
+
+    if item.get_closest_marker("idle_clock") is None:
+        return {"asyncio": asyncio.new_event_loop}
+    from tests.idle_clock import idle_clock
+
+    return {"idle_clock": idle_clock()}
+
+
 @pytest.fixture(scope="session")
 def oracle_runs():
     """The in-process oracle's runs, each trained once in the session (tests/oracle_runs.py)."""

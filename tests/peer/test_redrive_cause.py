@@ -8,11 +8,15 @@ from __future__ import annotations
 import asyncio
 import logging
 
+import pytest
+
 from peer.replica.memory_swarm import TEST_COMMIT_OPTIONS
 from peer.step.redrive_cause import Failure, RedriveCause, describe
 from protocol.wire import KIND_ACTIVATION, ErrorReply, encode_message
 from tests.peer.swarm_in_memory import make_swarm
 from tests.peer.test_snapshots import spec3, until
+
+pytestmark = pytest.mark.idle_clock  # the swarms' waits for a refuser's probes and back-offs: tests/idle_clock.py
 
 NOT_NOW = "the message is not for the step in progress here"
 

@@ -22,6 +22,8 @@ from tests.peer.swarm_in_memory import make_swarm, param_hash, patient_options
 from tests.peer.test_replica_sync import wide_spec
 from tests.peer.test_replicas import assert_close, spec_for
 
+pytestmark = pytest.mark.idle_clock  # waits for deadlines, probes and back-offs: tests/idle_clock.py
+
 STEPS = 3
 AT_STEP = 1  # the step (0-based) whose reduce goes wrong
 

@@ -20,6 +20,8 @@ from protocol.wire import KIND_ACTIVATION, KIND_REDUCE
 from tests.peer.swarm_in_memory import make_swarm, param_hash, patient_options
 from tests.peer.test_replicas import assert_close
 
+pytestmark = pytest.mark.idle_clock  # waits for deadlines, probes and back-offs: tests/idle_clock.py
+
 STEPS, BASE_S, TRANSFER_S = 3, 0.3, 0.6  # TRANSFER_S: 2x the base allowance, the modelled link's time
 # a microbatch's own deadline (peer/daemon/microbatch_forward.py) is not what these tests prove:
 # on a loaded CI machine a

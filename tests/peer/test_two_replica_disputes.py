@@ -22,6 +22,8 @@ from protocol.spot_check import decode_order
 from tests.peer.swarm_in_memory import make_swarm, param_hash
 from tests.peer.test_spot_checks import LIES_FROM, STEPS, make_liar, spec_for
 
+pytestmark = pytest.mark.idle_clock  # waits for deadlines, probes and back-offs: tests/idle_clock.py
+
 LIAR, HONEST, THIRD = "s1r0", "s1r1", "s1r2"  # the liar joined stage 1 first
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import statistics
 
+import pytest
 import torch
 
 from peer.replica.memory_swarm import TEST_DRIVER_OPTIONS, MemorySwarm
@@ -29,6 +30,8 @@ from protocol.wire import (
 )
 from tests.peer.test_replicas import SMALLER
 from tests.swarm.test_deadlines import LoopbackRouter, RouterNetwork
+
+pytestmark = pytest.mark.idle_clock  # waits for deadlines, probes and back-offs: tests/idle_clock.py
 
 STEPS, JOINS_AFTER, HOSTILE = 8, 5, "s2zz"
 FAR = 1e5  # over the band's 1e4 x the median

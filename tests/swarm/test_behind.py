@@ -9,11 +9,15 @@ import asyncio
 import time
 from types import SimpleNamespace
 
+import pytest
+
 from swarm.replicas.own_state import BehindCheck
 from swarm.replicas.state_source import StateSource
 from tests.peer.swarm_in_memory import make_swarm, param_hash
 from tests.peer.test_replicas import assert_close, spec_for
 from tests.swarm.test_own_state import Report
+
+pytestmark = pytest.mark.idle_clock  # waits for deadlines, probes and back-offs: tests/idle_clock.py
 
 STEPS = 9
 LEFT_OUT = 4  # the step (1-based) that the leader drives without s1r1
