@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from peer.daemon.basis_gate import BasisGate
 from peer.runner.stage import StageRunner
 from protocol.spec import preset
+
+pytestmark = pytest.mark.idle_clock  # the swarms' deadline waits and back-offs: tests/idle_clock.py
 
 SPEC = preset("tiny", stages=2, codec="subspace", basis_interval=5)  # switch delay 2: step 7 is a switch step
 

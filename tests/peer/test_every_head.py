@@ -19,6 +19,8 @@ from protocol.wire import KIND_ACTIVATION, ErrorReply, Header, decode_message
 from tests.peer.swarm_in_memory import make_swarm, patient_options
 from tests.peer.test_replicas import SMALLER, KillOnSend, assert_close, spec_for
 
+pytestmark = pytest.mark.idle_clock  # the swarms' deadline waits and back-offs: tests/idle_clock.py
+
 STEPS = 6
 
 

@@ -16,6 +16,8 @@ from tests.doubles.misreporter import misreport as lie_about_messages
 from tests.peer.swarm_in_memory import make_swarm, param_hash
 from tests.peer.test_spot_checks import LIES_FROM, STEPS, make_liar, spec_for
 
+pytestmark = pytest.mark.idle_clock  # the swarms' deadline waits and back-offs: tests/idle_clock.py
+
 LIAR = "s0r1"
 
 

@@ -16,6 +16,8 @@ from tests.peer.swarm_in_memory import make_swarm, patient_options
 from tests.peer.test_every_head import assert_equals_the_oracle
 from tests.peer.test_replicas import spec_for
 
+pytestmark = pytest.mark.idle_clock  # the swarms' deadline waits and back-offs: tests/idle_clock.py
+
 STEPS = 4
 
 

@@ -19,6 +19,8 @@ from protocol.spec import preset
 from tests.peer.swarm_in_memory import batches, make_swarm
 from tests.peer.test_replicas import SMALLER
 
+pytestmark = pytest.mark.idle_clock  # the swarms' deadline waits and back-offs: tests/idle_clock.py
+
 STEPS, LIAR_FROM, CAUGHT = 10, 4, 7  # the liar drives steps 5-7 (after the snapshot at 4)
 DRIVER = dict(TEST_DRIVER_OPTIONS, command_timeout=10.0)
 

@@ -16,6 +16,8 @@ from tests.peer.test_head_checks import LIAR, drive, leader_of, options
 from tests.peer.test_replicas import assert_close
 from tests.peer.test_spot_checks import LIES_FROM, STEPS, make_liar, spec_for
 
+pytestmark = pytest.mark.idle_clock  # the swarms' deadline waits and back-offs: tests/idle_clock.py
+
 
 async def test_two_heads_of_one_stage_both_work_every_step_and_equal_the_oracle(oracle_runs):
     spec = spec_for(1)

@@ -10,12 +10,16 @@ import asyncio
 import dataclasses
 import logging
 
+import pytest
+
 from peer.replica.memory_swarm import TEST_COMMIT_OPTIONS, TEST_DRIVER_OPTIONS
 from protocol.step_record import StepRecord
 from swarm.replicas.data_check import DataVerdict
 from swarm.replicas.refusal_verdict import RefusalVerdict
 from tests.peer.swarm_in_memory import batches, make_swarm
 from tests.peer.test_snapshots import spec3, until
+
+pytestmark = pytest.mark.idle_clock  # the swarms' deadline waits and back-offs: tests/idle_clock.py
 
 WHY = "the data of step 3 is not the run's (this head's digest differs)."
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 import torch
 
 from peer.runner.reduced import Reduced
@@ -15,6 +16,8 @@ from protocol.spec import preset
 from protocol.subspace import out_of_subspace
 from tests.peer.swarm_in_memory import make_swarm, param_hash, patient_options
 from tests.peer.test_replicas import KillOnActivation
+
+pytestmark = pytest.mark.idle_clock  # the swarms' deadline waits and back-offs: tests/idle_clock.py
 
 STEPS = 5
 

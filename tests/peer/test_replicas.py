@@ -12,6 +12,8 @@ from protocol.spec import preset
 from protocol.wire import KIND_ACTIVATION
 from tests.peer.swarm_in_memory import make_swarm, param_hash
 
+pytestmark = pytest.mark.idle_clock  # the swarms' deadline waits and back-offs: tests/idle_clock.py
+
 STEPS = 6
 
 

@@ -19,6 +19,8 @@ from protocol.wire import KIND_SNAPSHOT
 from tests.peer.swarm_in_memory import make_swarm
 from tests.peer.test_replicas import SMALLER
 
+pytestmark = pytest.mark.idle_clock  # the swarms' deadline waits and back-offs: tests/idle_clock.py
+
 STEPS, KILL_AT = 8, 5
 # the head stops asking a dead replica to apply a step after 10 s (a test's failures cost seconds)
 DRIVER = dict(TEST_DRIVER_OPTIONS, command_timeout=10.0)

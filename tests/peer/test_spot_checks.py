@@ -17,6 +17,8 @@ from protocol.spec import preset
 from protocol.wire import KIND_GRADIENT
 from tests.peer.swarm_in_memory import make_swarm, param_hash
 
+pytestmark = pytest.mark.idle_clock  # the swarms' deadline waits and back-offs: tests/idle_clock.py
+
 STEPS = 3
 LIES_FROM = 1  # the liar is honest on step 1 (index 0), then lies on every step
 

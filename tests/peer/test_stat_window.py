@@ -15,6 +15,8 @@ from protocol.state_wire import FollowUpdate, decode_follow, encode_follow
 from protocol.wire import WireError
 from tests.peer.swarm_in_memory import batches, make_swarm, patient_options
 
+pytestmark = pytest.mark.idle_clock  # the swarms' deadline waits and back-offs: tests/idle_clock.py
+
 
 def small(**kw):
     base = dict(d_model=32, n_heads=4, d_ff=64, seq_len=16, n_layers=2, stages=2, batch_size=8,

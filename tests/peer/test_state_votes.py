@@ -14,6 +14,8 @@ from protocol.control import CommandReply, decode_reply, encode_reply
 from protocol.step_record import WorkRecord
 from protocol.wire import WireError
 
+pytestmark = pytest.mark.idle_clock  # the swarms' deadline waits and back-offs: tests/idle_clock.py
+
 RUN = "0123456789abcdef"
 
 

@@ -20,6 +20,8 @@ from tests.doubles.hostile_donor import serve_bad_state
 from tests.peer.swarm_in_memory import make_swarm, patient_options
 from tests.peer.test_replicas import assert_close, spec_for
 
+pytestmark = pytest.mark.idle_clock  # the swarms' deadline waits and back-offs: tests/idle_clock.py
+
 STEPS = 11  # odd: the last step is a hashed one (every 2nd here)
 
 

@@ -7,10 +7,14 @@ In memory and fp64, as tests/peer/test_spot_checks.py (the two-replica case is t
 case "unreachable")."""
 from __future__ import annotations
 
+import pytest
+
 from peer.daemon.interfaces import LinkError
 from peer.replica.memory_swarm import TEST_COMMIT_OPTIONS, TEST_DRIVER_OPTIONS
 from tests.peer.swarm_in_memory import make_swarm, param_hash
 from tests.peer.test_spot_checks import LIES_FROM, STEPS, drive, spec_for
+
+pytestmark = pytest.mark.idle_clock  # the swarms' deadline waits and back-offs: tests/idle_clock.py
 
 WITHHOLDER = "s1r1"
 

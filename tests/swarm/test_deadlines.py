@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from peer.daemon.loopback import LoopbackNetwork
 from peer.replica.memory_swarm import TEST_DRIVER_OPTIONS, MemorySwarm
 from protocol.spec import preset
@@ -16,6 +18,8 @@ from protocol.wire import KIND_ACTIVATION
 from swarm.dht import StageAnnouncement
 from swarm.replicas.router import Router
 from tests.peer.test_replicas import SMALLER
+
+pytestmark = pytest.mark.idle_clock  # the swarms' deadline waits and back-offs: tests/idle_clock.py
 
 STEPS, SILENT = 8, "s1zz"
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
+
 from protocol.spec import preset
 from protocol.wire import (
     KIND_ACTIVATION,
@@ -23,6 +25,8 @@ from swarm.trust.admission import Admission, AdmissionPolicy, Ticket
 from swarm.trust.identity import Identity
 from swarm.trust.keys import SigningKey
 from tests.peer.swarm_in_memory import make_swarm, patient_options
+
+pytestmark = pytest.mark.idle_clock  # the swarms' deadline waits and back-offs: tests/idle_clock.py
 
 
 class LaggingView:
