@@ -25,13 +25,12 @@ class BoundaryLog:
         self._outgoing: dict[int, bytes] = {}  # microbatch -> digest of the activation on its way down
         self._output: dict[int, bytes] = {}  # a head's: microbatch -> the activation body it sent
 
-    def _at(self, step: int, attempt: int, current: bool = False) -> bool:
-        """Hold (step, attempt), dropping an older one; False for a message of an older attempt. `current`: the
-        caller checked that the message is the step in progress's (an input taken, an activation sent on), so
-        one below the held step means the stage was rolled back or restored, and its step is held from now on
-        (a gradient sent upstream may be a late retry of an older step's: it never moves the log back)."""
+    def _at(self, step: int, attempt: int) -> bool:
+        """Hold (step, attempt), dropping an older one; False for a message of an older attempt."""
         key = (step, attempt)
-        if self._key is None or key > self._key or current and step < self._key[0]:
+        # callers record only the step in progress: one below the held step means the stage was rolled back or
+        # restored (peer/state/rollback.py), and that step's messages are the ones to hold from now on
+        if self._key is None or key > self._key or step < self._key[0]:
             self._key = key
             self._received, self._sent, self._outgoing, self._output = {}, {}, {}, {}
         return key == self._key
@@ -40,7 +39,7 @@ class BoundaryLog:
                  sender: str | None = None, sig: bytes = b"", said: bytes | None = None) -> None:
         """An input accepted; its `sender` is reported with its signature `sig` (kind "r": an activation,
         "q": a gradient; `said`: the body's digest, if the caller has it)."""
-        if self._at(step, attempt, current=True):
+        if self._at(step, attempt):
             self._received[(kind, microbatch)] = bytes(body)
             if sender is not None:
                 got = "r" if kind == KIND_ACTIVATION else "q"
@@ -51,7 +50,7 @@ class BoundaryLog:
         (`keep`: a head keeps the body, for a checker of its share). Returns the body's digest, which its
         signature names too (one sha256 of the message per send, however many replicas it is sent to)."""
         said = digest(body)
-        if self._at(step, attempt, current=True):
+        if self._at(step, attempt):
             self._outgoing[microbatch] = said
             if keep:
                 self._output[microbatch] = bytes(body)
