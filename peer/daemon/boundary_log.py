@@ -28,9 +28,7 @@ class BoundaryLog:
     def _at(self, step: int, attempt: int) -> bool:
         """Hold (step, attempt), dropping an older one; False for a message of an older attempt."""
         key = (step, attempt)
-        # callers record only the step in progress: one below the held step means the stage was rolled back or
-        # restored (peer/state/rollback.py), and that step's messages are the ones to hold from now on
-        if self._key is None or key > self._key or step < self._key[0]:
+        if self._key is None or key > self._key:
             self._key = key
             self._received, self._sent, self._outgoing, self._output = {}, {}, {}, {}
         return key == self._key

@@ -195,7 +195,7 @@ class StepCommit:
             reduced = self.runner.reduced
             held = reduced is not None and reduced.step == step
             return CommandReply(step, reduced.attempt if held else d.attempt, "ok", self.runner.microbatches_done(),
-                                reduced.contributors if held else {}, sent=d.boundary.sent(step, cmd.attempt))
+                                reduced.contributors if held else {})
         if cmd.op == "abort":
             self.disputed = (cmd.step, list(cmd.disputed))
             for peer in cmd.banned:  # convicted by the leader (peer/checks/spot_checks.py)

@@ -14,9 +14,9 @@ A step, as the leader drives it (docs/design.md section 3):
    measured round trips and requests in flight, and so does every stage downstream;
 3. wait for every microbatch's gradient, with a deadline that follows the measured step time
    (`peer/step/microbatch_phase.py`);
-4. commit (`peer/step/commit.py`): each stage's replicas that did the attempt's work (and those that did
-   work lately, `MAX_GROUP` at most: `peer/step/reduce_group.py`) reduce, and if each stage agrees on one
-   sum that holds every microbatch once (`peer/step/reduce_verdict.py`), every replica that reduced applies it.
+4. commit (`peer/step/commit.py`): every live replica of every stage reduces, and if each stage
+   agrees on one sum that holds every microbatch once (`peer/step/reduce_verdict.py`), every replica
+   that reduced applies it.
 
 Anything that goes wrong in 2-4 (a replica died, a message was lost, replicas disagree)
 aborts the attempt everywhere and re-drives the step as a new attempt: a failure costs a
@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
 from collections.abc import Awaitable, Callable
 
@@ -49,13 +48,10 @@ from .commit import StepCommit
 from .head_work import HeadWork
 from .microbatch_phase import MicrobatchPhase
 from .redrive_cause import Failure, RedriveCause, describe
-from .reduce_group import ReduceGroups, attested
 from .reduce_verdict import judge_reduce, refusal_evidence
 from .succession import Succession
 
 log = logging.getLogger(__name__)
-
-NEW_HEADS = 4  # heads without a share yet asked for their status at each commit (`StepDriver._new_heads`)
 
 
 class StepDriver:
@@ -92,8 +88,6 @@ class StepDriver:
         self.votes = StateVotes(self.peer_id, directory)  # the state hashes in apply replies (checks/state_votes.py)
         self._commands.on_apply = self.votes.add
         self._leading, self._named = False, []  # _named: who reduced the last step this head committed
-        self.groups = ReduceGroups()  # who did work lately: the reduce seats go to them (peer/step/reduce_group.py)
-        self._worked: tuple[int, dict[int, list[str]]] = (-1, {})  # (steps after it, workers) of the last commit
         self._applying: asyncio.Task | None = None  # telling the other peers to apply the last step
         self.paused: list[int] = []  # stages without a live peer while paused, else []
         # called when a pause ends and after a failed attempt: True if the swarm rolled back to a
@@ -166,7 +160,6 @@ class StepDriver:
         its stage was restored from a snapshot: then the swarm rolls back to it first)."""
         await self._realigned()
         step = self.runner.step
-        self.groups.seed(self.commit.workers, step)  # the last leader's reduce: they keep their seats
         members = await self._members()
         replies = await self._broadcast(members, "status", step, 0)
         self.work.proven = {p for p, r in replies.items() if members[p] == 0 and r.outcome == "ok"}  # may get shares
@@ -288,16 +281,6 @@ class StepDriver:
             self.paused = missing
             await asyncio.sleep(0.5)  # poll interval of the directory while the swarm is paused
 
-    async def _new_heads(self, step: int, live: dict[str, int]) -> set[str]:
-        """Up to `NEW_HEADS` live heads that get no share yet (`HeadWork.proven`), asked for their status: those at
-        this step get shares from the next attempt on. A head is named in the reduce only once it works, so this
-        is how a new one comes to work; a few a step, so that a flood of announced heads costs a few small asks."""
-        new = [p for p, s in live.items() if s == 0 and p not in self.work.proven and p != self.peer_id]
-        asked = random.sample(new, min(NEW_HEADS, len(new)))
-        replies = await asyncio.gather(*(self._send(p, Command(self.spec.run_hash, step, 0, "status"),
-                                                    self.deadlines.ping) for p in asked))
-        return {p for p, r in zip(asked, replies) if r.outcome == "ok"}
-
     async def _members(self) -> dict[str, int]:
         """Every live peer of every stage -> its stage (this head included)."""
         found = await asyncio.gather(*(self.directory.members(s) for s in range(self.spec.n_stages)))
@@ -306,26 +289,19 @@ class StepDriver:
         return out
 
     async def _commit(self, step: int, attempt: int) -> None:
-        live, self.commit_parts = await self._members(), {}
-        with timed(self.commit_parts, "attest"):  # who did the attempt's work, stage by stage (reduce_group.py)
-            work = await attested(self._send, self.spec.run_hash, step, attempt, self.spec.n_stages,
-                                  self.work.shares, live)
-        work.setdefault(0, set()).add(self.peer_id)  # the leader reduces (and applies) with or without a share
-        groups = self.groups.draw(step, work, live)
-        members = {p: s for s, group in groups.items() for p in group}  # the peers told to reduce -> their stage
+        members = await self._members()
+        groups = {s: sorted(p for p, t in members.items() if t == s) for s in set(members.values())}
         cmds = {peer: Command(self.spec.run_hash, step, attempt, "reduce", groups[stage], self._record)
                 for peer, stage in members.items()}
+        self.commit_parts = {}
         with timed(self.commit_parts, "reduce"):
-            sent, proven = await asyncio.gather(asyncio.gather(
+            replies = dict(zip(cmds, await asyncio.gather(
                 *(self._send(p, c, self.deadlines.reduce(step, members[p], len(groups[members[p]])))
-                  for p, c in cmds.items())), self._new_heads(step, live))
-            replies = dict(zip(cmds, sent))
+                  for p, c in cmds.items()))))
         self.commit_parts.update(self.commit.clock.parts("own_"))
         # the replicas' states after the last step: a replica hashes it while this step's microbatches run and
-        # answers this reduce only once its hash is done, so its apply reply (which carries it) is in by now.
-        # Only the hashes of that step's workers count: an id that did no work has no say on the state
-        workers = self._worked[1] if self._worked[0] == step else {}
-        self.votes.conclude(step, {p: s for s, peers in workers.items() for p in peers})
+        # answers this reduce only once its hash is done, so its apply reply (which carries it) is in by now
+        self.votes.conclude(step, members)
         if any(r.blame for r in replies.values()):  # a replica refused another's contribution, or it never came
             self.spot.judge_blame(replies, members, step)
         for p in [p for p, r in replies.items() if r.reason.startswith(UNREACHABLE) and p not in self.commit.workers]:
@@ -346,10 +322,7 @@ class StepDriver:
                         step + 1, verdict.overflowed, self.runner.scale, self.runner.scale / 2)
         self._named = self._commands.named = sorted(verdict.named)[:MAX_GROUP]  # every apply names them (placement)
         self.last_workers = verdict.workers  # who did the step's work, by stage (issue 20: re-fits count only them)
-        self.groups.note(step, verdict.workers)
-        self._worked = (step + 1, verdict.workers)
-        # heads that reduced, or that answered this leader at this step: shares from now on
-        self.work.proven = {p for p in verdict.named if members[p] == 0} | proven
+        self.work.proven = {p for p in verdict.named if members[p] == 0}  # heads that reduced: shares from now on
         if verdict.snapshots is not None:  # every stage's snapshot at one step
             self.last_snapshots = verdict.snapshots
         # every stage reduced: the step must now be applied everywhere. This head applies at once and goes on; the

@@ -189,10 +189,7 @@ async def test_a_reduce_command_that_overtakes_the_last_steps_apply_waits_for_it
     swarm = await make_swarm(spec, [1, 2], link, **patient_options())
     head = swarm.peers["s0r0"].daemon.directory
     pick = head.pick
-    runner = swarm.peers["s0r0"].runner
-    # s1r1 works up to step AT_STEP (so it has a seat in the reduce: peer/step/reduce_group.py), then gets no
-    # microbatch: its next command is the next step's reduce
-    head.pick = lambda stage, exclude=frozenset(): pick(stage, exclude | ({"s1r1"} if runner.step > AT_STEP else set()))
+    head.pick = lambda stage, exclude=frozenset(): pick(stage, exclude | {"s1r1"})  # s1r1 gets no microbatch
     try:
         logs = await swarm.drive(STEPS)
         await swarm.applied()
