@@ -154,6 +154,7 @@ class LocalSwarm(RunReports):
         self._shared_server = fork_server
         self._fork_server: ForkServer | None = None  # its own, started with the first process it can start
         self.maddrs: list[str] = []
+        self._serving_file: Path | None = None  # the coordinator's "it serves" file, once one was started
         self.run_hash = ""  # the signed spec's (it names the coordinator's key), set once the coordinator serves
         self.dashboard_url: str | None = None
         self._tmp: str | None = None
@@ -218,30 +219,41 @@ class LocalSwarm(RunReports):
                 raise LocalSwarmError(f"{what} did not come up within {timeout:g} s; see the logs in {self.dir}.{tail}")
             time.sleep(0.1)  # poll interval for a file another process writes
 
-    def start_coordinator(self, *extra: str, module: str = "swarm.cli") -> list[str]:
+    def start_coordinator(self, *extra: str, module: str = "swarm.cli", serving: bool = True) -> list[str]:
         """Start the coordinator (with `extra` flags, e.g. --private) and return its multiaddrs once it serves
-        (`module`: see `spawn`)."""
+        (`module`: see `spawn`). `serving=False`: return as soon as its node listens, ~2 s sooner (the seat's
+        settle), so that peers started next come up meanwhile (they wait for the run spec); `wait_serving` waits
+        for the rest."""
         spec_path = self.dir / "run.json"
         self.opts.spec.save(spec_path)
-        maddrs_file = self.dir / "coordinator.json"
-        maddrs_file.unlink(missing_ok=True)  # a workdir may be reused: never read an old run's address
+        maddrs_file, listening_file = self.dir / "coordinator.json", self.dir / "coordinator.listening.json"
+        for f in (maddrs_file, listening_file):
+            f.unlink(missing_ok=True)  # a workdir may be reused: never read an old run's address
         key = ["--key", self.opts.coordinator_key] if self.opts.coordinator_key else []
         data = ["--data", self.opts.data] if self.opts.data else []  # recorded in the run spec (swarm eval reads it)
         data += ["--data-binary-ok"] if self.opts.data and self.opts.data_binary_ok else []
         data += ["--tokens", os.path.abspath(self.opts.tokens)] if self.opts.tokens else []
         self.spawn("coordinator", ["coordinator", "--run-spec", str(spec_path), "--host-maddrs",
                                    f"/ip4/{self.placement.host('coordinator')}/tcp/0", "--maddrs-file",
-                                   str(maddrs_file), "--state-dir", str(self.dir), "--id-work-bits",
+                                   str(maddrs_file), "--listening-file", str(listening_file),
+                                   "--state-dir", str(self.dir), "--id-work-bits",
                                    str(self.opts.id_work_bits), *key, *data, *(["--compile"] if self.opts.compile
                                                                                 else []),
                                    *(["--record-ttl", str(self.opts.record_ttl)] if self.opts.record_ttl else []),
                                    # every peer here is the user's own process: trusted, as powersgd needs
                                    *(["--unchecked-powersgd"] if self.opts.spec.replica_sync == "powersgd" else []),
                                    *extra], module=module)
-        self.wait_for_file(maddrs_file, "the coordinator", 90, "coordinator")
-        served = json.loads(maddrs_file.read_text())
+        self._serving_file = maddrs_file
+        self.wait_for_file(maddrs_file if serving else listening_file, "the coordinator", 90, "coordinator")
+        served = json.loads((maddrs_file if serving else listening_file).read_text())
         self.maddrs, self.run_hash = served["maddrs"], served["run"]
         return self.maddrs
+
+    def wait_serving(self, timeout: float = 90.0) -> None:
+        """After `start_coordinator(serving=False)`: wait until the coordinator holds the seat and the run spec
+        is published."""
+        if self._serving_file is not None:
+            self.wait_for_file(self._serving_file, "the coordinator", timeout, "coordinator")
 
     def device_for(self, index: int) -> str:
         """The device of the index-th peer started: `--devices` round robin, else `--device`."""
@@ -274,6 +286,7 @@ class LocalSwarm(RunReports):
     def start_dashboard(self, port: int | None = None, *extra: str, timeout: float = 90.0) -> str:
         """Start `swarm dashboard` on the coordinator (a free port if `port` is taken); returns its URL
         once it serves."""
+        self.wait_serving()  # it reads the run spec at once
         port, note = dashboard_port(self.opts.dashboard_port if port is None else port)
         if note:
             print(note, flush=True)
@@ -293,10 +306,11 @@ class LocalSwarm(RunReports):
         return [self.peer_name(0, r) for r in range(self.opts.replicas)]
 
     def start(self) -> list[str]:
-        maddrs = self.start_coordinator()
+        maddrs = self.start_coordinator(serving=False)  # the peers come up while the coordinator takes the seat
         for r in range(self.opts.replicas):
             for s in range(self.opts.spec.n_stages):
                 self.start_peer(s, *(["--steps", str(self.opts.steps)] if s == 0 else []), name=self.peer_name(s, r))
+        self.wait_serving()
         if self.opts.dashboard:  # after the peers, so that they start while it comes up
             print(f"dashboard: {self.start_dashboard()}", flush=True)
         return maddrs

@@ -44,7 +44,11 @@ class CoordinatorOptions:
                              "path, manifest and tokenizer sha256 go into the run spec and the spec's vocab becomes "
                              "the tokenizer's, so that heads started without --tokens read it, a head with other "
                              "tokens refuses to start, and `swarm eval` scores it", metavar="DIR")
-    maddrs_file: str | None = opt(None, "write the coordinator's addresses here as JSON", metavar="FILE")
+    maddrs_file: str | None = opt(None, "write the coordinator's addresses here as JSON once it serves the run "
+                                  "(holds the seat, the run spec published)", metavar="FILE")
+    listening_file: str | None = opt(None, "write the same JSON here as soon as the coordinator's node listens, "
+                                     "before it holds the seat (a 2 s settle) and publishes the run spec: a launcher "
+                                     "may start peers then, which wait for the spec", metavar="FILE")
     private: bool = opt(False, "admit only peers with a ticket signed by the swarm key (`swarm admit`)")
     id_work_bits: int = opt(DEFAULT_WORK_BITS, "every peer id must prove 2^N sha256 hashes of work for this run before "
                             "its announcements count (computed once per identity and run, kept beside --identity; "

@@ -109,10 +109,14 @@ async def _coordinate(opts: CoordinatorOptions, spec: RunSpec | None, key: Signi
                         "here (run the same `swarm data prepare` again to add it)")
         maddrs = [str(m) for m in dht.get_visible_maddrs()]
 
-        def serving() -> None:  # the addresses file says "it serves": the run spec is there to read from then
-            if opts.maddrs_file:
-                with open(opts.maddrs_file, "w") as f:
+        def write(path: str | None) -> None:
+            if path:
+                with open(path, "w") as f:
                     json.dump({"maddrs": maddrs, "run": spec.run_hash, "key": key.fingerprint()}, f)
+
+        def serving() -> None:  # the addresses file says "it serves": the run spec is there to read from then
+            write(opts.maddrs_file)
+        write(opts.listening_file)  # peers may start now: they join through this node and wait for the spec
         said_serving = opts.standby
         if opts.standby:  # a standby serves as a node to join through at once
             serving()

@@ -61,7 +61,7 @@ async def test_attacks_are_refused_while_the_swarm_trains_exactly_like_the_oracl
     outcomes: dict[str, tuple[str, str]] = {}
     received = []
     try:
-        maddrs = await asyncio.to_thread(swarm.start_coordinator)
+        maddrs = await asyncio.to_thread(swarm.start_coordinator, serving=False)
         for s in (1, 2):
             swarm.start_peer(s, "--checkpoint-dir", str(ckpt[s]))
         swarm.start_peer(0, "--steps", str(STEPS), "--checkpoint-dir", str(ckpt[0]))

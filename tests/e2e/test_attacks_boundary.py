@@ -29,7 +29,7 @@ async def test_a_first_replica_that_misreports_what_it_received_is_banned_by_the
     swarm = LocalSwarm(LocalOptions(spec, steps=STEPS, replicas=2, workdir=str(tmp_path / "sig"), threads=1,
                                     quiet=True, extra_peer_args=["--ttl", "6"]))
     try:
-        await asyncio.to_thread(swarm.start_coordinator)
+        await asyncio.to_thread(swarm.start_coordinator, serving=False)
         swarm.start_peer(1, "--misreport", "r", "--from-step", "1", name="liar", module=MODULE)
         await asyncio.to_thread(wait_for_event, swarm, "liar", "ready", 120)  # it joins stage 1 first
         swarm.start_peer(1, name="honest")

@@ -50,7 +50,7 @@ async def test_a_leader_that_feeds_other_data_loses_the_lease_within_two_steps_a
                                     extra_peer_args=["--ttl", "6"]))
     swarm.head_names = lambda: ["liar", "honest"]  # whose reports hold the steps
     try:
-        await asyncio.to_thread(swarm.start_coordinator)
+        await asyncio.to_thread(swarm.start_coordinator, serving=False)
         # the liar is the first head the coordinator sees, so the lease names it first
         swarm.start_peer(0, "--steps", STEPS, "--foreign-data", evil, name="liar", module=foreign_head.MODULE)
         wait_for_event(swarm, "liar", "ready")
@@ -87,7 +87,7 @@ async def test_a_head_on_other_data_that_refuses_an_honest_leader_loses_its_leas
                                     extra_peer_args=["--ttl", "6"]))
     swarm.head_names = lambda: ["honest", "foreign"]
     try:
-        await asyncio.to_thread(swarm.start_coordinator)
+        await asyncio.to_thread(swarm.start_coordinator, serving=False)
         swarm.start_peer(0, "--steps", STEPS, name="honest")  # the first head: the lease names it first
         wait_for_event(swarm, "honest", "ready")
         swarm.start_peer(1, name="stage1")
@@ -122,7 +122,7 @@ async def test_a_silent_head_on_other_data_is_revoked_on_the_leaders_evidence_of
                                     extra_peer_args=["--ttl", "6"]))
     swarm.head_names = lambda: ["honest", "silent"]
     try:
-        await asyncio.to_thread(swarm.start_coordinator)
+        await asyncio.to_thread(swarm.start_coordinator, serving=False)
         swarm.start_peer(0, "--steps", STEPS, name="honest")  # the first head: the lease names it first
         wait_for_event(swarm, "honest", "ready")
         swarm.start_peer(1, name="stage1")

@@ -32,7 +32,7 @@ FAKES = 40
 
 async def test_forty_fake_ids_without_proofs_are_refused_and_paying_costs_forty_times_one(make_swarm, tmp_path):
     swarm = make_swarm(stages=2)
-    maddrs = await asyncio.to_thread(swarm.start_coordinator, "--id-work-bits", str(BITS))
+    maddrs = await asyncio.to_thread(swarm.start_coordinator, "--id-work-bits", str(BITS), serving=False)
     # direct: no dial-back check, which only costs time here
     swarm.start_peer(1, "--identity", str(tmp_path / "honest.id"), "--reachability", "direct")
 

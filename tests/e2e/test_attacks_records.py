@@ -101,7 +101,7 @@ def coordinator_key(swarm: LocalSwarm) -> str:
 
 async def test_an_attacker_node_cannot_replace_or_lock_the_swarms_records(make_swarm):
     swarm = make_swarm(stages=2)
-    maddrs = await asyncio.to_thread(swarm.start_coordinator)
+    maddrs = await asyncio.to_thread(swarm.start_coordinator, serving=False)
     swarm.start_peer(1, "--ttl", "6")  # a heartbeat every 2 s: the test waits for the one after the attacks
     victim = (await asyncio.to_thread(wait_for_event, swarm, "stage1", "ready"))[0]["peer_id"]
 

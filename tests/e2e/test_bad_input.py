@@ -33,7 +33,7 @@ GARBAGE = b"\x93\xc1garbage\xff" * 7
 async def test_live_peers_refuse_bad_input_and_their_state_does_not_change(make_swarm, tmp_path):
     swarm = make_swarm(codec="subspace")
     ck = tmp_path / "ck"
-    maddrs = await asyncio.to_thread(swarm.start_coordinator)
+    maddrs = await asyncio.to_thread(swarm.start_coordinator, serving=False)
     # a message for the next step waits 1 s (not the default 10) for a step that never comes here
     peers = {s: swarm.start_peer(s, "--checkpoint-dir", str(ck), "--next-step-wait", "1") for s in (1, 2)}
     ids = {s: (await asyncio.to_thread(wait_for_event, swarm, f"stage{s}", "ready"))[0]["peer_id"] for s in (1, 2)}

@@ -118,7 +118,7 @@ async def test_restarted_head_comes_back_on_the_current_basis(tmp_path, oracle_r
     ckpt = tmp_path / "ckpt"
     swarm = LocalSwarm(LocalOptions(spec, steps=13, workdir=str(tmp_path / "run"), quiet=True, threads=1))
     try:
-        await asyncio.to_thread(swarm.start_coordinator)
+        await asyncio.to_thread(swarm.start_coordinator, serving=False)
         for s in (1, 2):
             swarm.start_peer(s)
         first = swarm.start_peer(0, "--steps", "13", "--checkpoint-dir", str(ckpt), name="head")

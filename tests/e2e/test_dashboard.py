@@ -90,7 +90,7 @@ def live(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("dashboard")
     swarm = LocalSwarm(LocalOptions(preset("tiny", stages=3), workdir=str(tmp / "swarm"), threads=1, quiet=True))
     try:
-        swarm.start_coordinator()
+        swarm.start_coordinator(serving=False)
         ports = {s: free_port() for s in range(3)}
         tb = {name: tmp / f"tb-{name}" for name in ("head", "tail", "dashboard")}
         ttl = ("--ttl", f"{RECORD_TTL:g}")

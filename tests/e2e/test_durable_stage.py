@@ -34,7 +34,7 @@ async def test_a_stage_that_lost_every_replica_pauses_the_swarm_then_is_restored
     swarm = LocalSwarm(LocalOptions(spec, steps=STEPS, workdir=str(tmp_path / "durable"), threads=1, quiet=True,
                                     extra_peer_args=["--ttl", "6"]))
     try:
-        await asyncio.to_thread(swarm.start_coordinator, "--snapshot-every", str(EVERY))
+        await asyncio.to_thread(swarm.start_coordinator, "--snapshot-every", str(EVERY), serving=False)
         swarm.start_peer(1)
         swarm.start_peer(2)
         # a head on a 20 Mbit/s uplink: the run is still under way when stage 1 is killed

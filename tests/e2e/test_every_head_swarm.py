@@ -22,7 +22,7 @@ async def test_a_second_head_computes_a_share_of_every_step_and_the_run_equals_o
                                     quiet=True, extra_peer_args=["--ttl", "6"]))
     first, second = swarm.head_names()
     try:
-        await asyncio.to_thread(swarm.start_coordinator)
+        await asyncio.to_thread(swarm.start_coordinator, serving=False)
         swarm.start_peer(1, name="stage1")
         for name in (first, second):  # two volunteers' heads, started together: one leads, both work
             swarm.start_peer(0, "--steps", str(steps), "--spot-check-rate", "1", name=name)

@@ -70,7 +70,7 @@ def sha(path) -> str:
 def test_export_a_trained_subspace_swarm(make_swarm, session_fork_server, tmp_path, capsys):
     swarm = make_swarm(codec="subspace")
     ck = tmp_path / "ck"
-    swarm.start_coordinator()
+    swarm.start_coordinator(serving=False)
     peers = [swarm.start_peer(s, "--checkpoint-dir", str(ck), *(["--steps", str(STEPS), "--linger"] if s == 0
                                                                  else [])) for s in range(3)]
     wait_for_event(swarm, "stage0", "done", timeout=240)

@@ -94,7 +94,7 @@ def test_ctrl_c_on_a_head_saves_its_checkpoint_and_leaves_cleanly(make_swarm, tm
     """SIGINT (Ctrl+C in the head's terminal) while it drives steps: it leaves, writes its checkpoint
     and exits 0 with no asyncio error, and its DHT process, reaper and p2pd go with it."""
     swarm, ckpt = make_swarm(), tmp_path / "ckpt"
-    swarm.start_coordinator()
+    swarm.start_coordinator(serving=False)
     for s in (1, 2):
         swarm.start_peer(s)
     head = swarm.start_peer(0, "--steps", "100000", "--checkpoint-dir", str(ckpt))

@@ -13,7 +13,7 @@ from tests.e2e.processes import at_once
 
 def test_peer_started_by_hand_joins_and_status_lists_it(make_swarm, session_fork_server, tmp_path):
     swarm = make_swarm(codec="subspace")
-    maddrs = swarm.start_coordinator()
+    maddrs = swarm.start_coordinator(serving=False)
     swarm.start_peer(1)
     swarm.start_peer(2, "--ttl", "30")  # killed at the end: its announcement outlives it by 20 s or more
     for stage in (1, 2):

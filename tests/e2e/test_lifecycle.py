@@ -32,7 +32,7 @@ def wait_gone(pids: dict[int, int], timeout: float = 30.0) -> None:
 
 def test_restart_with_the_same_identity_keeps_peer_id_and_stage(make_swarm, tmp_path):
     swarm = make_swarm()
-    swarm.start_coordinator()
+    swarm.start_coordinator(serving=False)
     swarm.start_peer(0, "--steps", "100000")
     swarm.start_peer(2)
     for stage in (0, 2):
@@ -73,7 +73,7 @@ def test_restart_with_the_same_identity_keeps_peer_id_and_stage(make_swarm, tmp_
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], ids=["ctrl-c", "sigterm", "kill-9"])
 def test_a_stopped_or_killed_peer_leaves_no_process(make_swarm, sig):
     swarm = make_swarm()
-    swarm.start_coordinator()
+    swarm.start_coordinator(serving=False)
     peer = swarm.spawn("peer", peer_args(swarm, "peer", "--stage", "1"))
     wait_for_event(swarm, "peer", "ready")
     family = descendants(peer.pid, skip=-1)

@@ -19,7 +19,7 @@ def _wait_exit(proc, timeout: float = 120.0) -> int:
 
 def test_a_peer_whose_memory_holds_no_stage_refuses_with_one_sentence(make_swarm):
     swarm = make_swarm()
-    swarm.start_coordinator()
+    swarm.start_coordinator(serving=False)
     small = swarm.start_peer("auto", "--max-memory", "1MB", name="small")
     picky = swarm.start_peer("1", "--max-memory", "1MB", name="picky")
     assert _wait_exit(small) == 1 and _wait_exit(picky) == 1

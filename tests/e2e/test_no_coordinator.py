@@ -52,7 +52,7 @@ async def test_without_any_coordinator_training_goes_on_a_newcomer_joins_from_pe
     swarm.head_names = lambda: list(HEADS)  # whose reports hold the steps
     dht = None
     try:
-        await asyncio.to_thread(swarm.start_coordinator)
+        await asyncio.to_thread(swarm.start_coordinator, serving=False)
         for name in HEADS:
             swarm.start_peer(0, "--steps", STEPS, name=name)
         swarm.start_peer(1)

@@ -42,7 +42,7 @@ async def test_without_a_coordinator_a_joiner_refuses_a_hostile_donor_and_takes_
     swarm.head_names = lambda: ["head"]
     dht = None
     try:
-        await asyncio.to_thread(swarm.start_coordinator)
+        await asyncio.to_thread(swarm.start_coordinator, serving=False)
         swarm.start_peer(1, name="honest")
         stage1 = wait_for_event(swarm, "honest", "ready")[0]["maddrs"]
         swarm.start_peer(0, "--steps", STEPS, name="head")

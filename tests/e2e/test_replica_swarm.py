@@ -73,7 +73,7 @@ async def test_a_fresh_peer_joins_mid_run_and_equals_its_replica(tmp_path):
         # no snapshot in this run: custody traffic through the head's 1 Mbit/s uplink at step 50 got a
         # healthy replica banned at its per-microbatch deadline, and a banned replica never caught up
         # (a separate problem, noted for an issue; this test is about the join)
-        await asyncio.to_thread(swarm.start_coordinator, "--snapshot-every", "1000")
+        await asyncio.to_thread(swarm.start_coordinator, "--snapshot-every", "1000", serving=False)
         swarm.start_peer(1, "--checkpoint-dir", str(dirs["old"]), name="stage1")
         # a head on a 1 Mbit/s uplink (~0.5 s a step): the run lasts well beyond the newcomer's start
         swarm.start_peer(0, "--steps", str(steps), "--bandwidth", "1mbit", name="stage0")
@@ -95,7 +95,7 @@ async def test_a_fresh_peer_joins_mid_run_and_equals_its_replica(tmp_path):
 async def test_simultaneous_auto_joins_cover_every_stage_and_an_emptied_stage_is_refilled(tmp_path):
     swarm = _local(tmp_path, "auto", stages=3)
     try:
-        maddrs = await asyncio.to_thread(swarm.start_coordinator)
+        maddrs = await asyncio.to_thread(swarm.start_coordinator, serving=False)
         names = [f"p{i}" for i in range(5)]
         for name in names:  # five peers within a second, as five volunteers pressing enter at once
             swarm.start_peer("auto", "--steps", "100000", "--rebalance-period", "3", name=name)

@@ -25,7 +25,7 @@ def test_powersgd_replicas_over_libp2p_end_identical_and_send_a_fraction_of_exac
     replicas = ["stage1", "stage1r1"]  # one head; the two replicas of stage 1 are what is tested
     dirs = {n: tmp_path / f"ckpt-{n}" for n in replicas}
     try:
-        swarm.start_coordinator()
+        swarm.start_coordinator(serving=False)
         for name in replicas:  # started together (a replica that sees the other serve downloads its state)
             swarm.start_peer(1, "--checkpoint-dir", str(dirs[name]), name=name)
         for name in replicas:  # both serve before the head starts, so both take part in every step

@@ -23,7 +23,8 @@ async def test_head_resumes_exactly_and_catches_up_a_basis_update_published_whil
     ckpt = tmp_path / "ckpt"
     swarm = LocalSwarm(LocalOptions(spec, steps=STEPS, workdir=str(tmp_path / "run"), quiet=True, threads=1))
     try:
-        maddrs = await asyncio.to_thread(swarm.start_coordinator, "--refit-delay", "4", module=slow_coordinator.MODULE)
+        maddrs = await asyncio.to_thread(swarm.start_coordinator, "--refit-delay", "4", module=slow_coordinator.MODULE,
+                                         serving=False)
         for s in (1, 2):
             swarm.start_peer(s)
         head = swarm.start_peer(0, "--steps", str(STEPS), "--checkpoint-dir", str(ckpt), name="head")

@@ -27,7 +27,7 @@ def test_a_head_fetches_the_runs_tokenizer_from_the_coordinator(tmp_path, sessio
     swarm = LocalSwarm(LocalOptions(spec, workdir=str(tmp_path / "run"), threads=1, quiet=True),
                        fork_server=session_fork_server)
     try:
-        swarm.start_coordinator()  # it reads the recorded folder's tokenizer.json and serves it
+        swarm.start_coordinator(serving=False)  # it reads the recorded folder's tokenizer.json and serves it
         (tmp_path / "recorded").rename(tmp_path / "elsewhere")  # the recorded path is on no other machine
         swarm.start_peer(0, "--tokens", str(tmp_path / "head"))
         kept, log = tmp_path / "head" / TOKENIZER_NAME, swarm.dir / "stage0.log"

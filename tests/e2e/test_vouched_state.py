@@ -41,7 +41,8 @@ async def test_a_joiner_refuses_hostile_donors_takes_the_vouched_state_and_the_c
                                     extra_peer_args=["--ttl", "6", *STAY]))
     swarm.head_names = lambda: ["head"]
     try:
-        await asyncio.to_thread(swarm.start_coordinator, "--checkpoint-dir", str(checkpoints), "--snapshot-every", "3")
+        await asyncio.to_thread(swarm.start_coordinator, "--checkpoint-dir", str(checkpoints), "--snapshot-every", "3",
+                                serving=False)
         # two honest replicas: under CI's load one may miss a microbatch deadline while it serves a liar its
         # state and fall a step behind; while it downloads the state again (BehindCheck) the other can give
         # the joiner a state the records hold. Both serve before the head starts: one that comes up while the

@@ -205,7 +205,7 @@ class ChurnRun:
 
     def start(self, hosts: int, coordinator_args: list[str], timeout: float = 300.0) -> None:
         """The coordinator and `hosts` peers; returns once each serves a stage and a step is done."""
-        self.swarm.start_coordinator(*coordinator_args)
+        self.swarm.start_coordinator(*coordinator_args, serving=False)  # the first peers come up meanwhile
         first = [self.start_peer() for _ in range(hosts)]
         self._poll_until(lambda: self.records and all(self.placed.get(n) for n in first), timeout, "did not train")
 
