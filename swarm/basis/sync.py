@@ -33,6 +33,8 @@ class BasisSync:
         self.spec, self.sdht, self.transport = spec, sdht, transport
         self.public_key = bytes.fromhex(spec.coordinator_key) if spec.coordinator_key else b""
         self.coordinator = ActiveCoordinator(sdht, spec.run_hash, spec.extra.get("coordinator_peer", ""))
+        self._unreachable: set[str] = set()  # coordinators said to be unreachable, until one answers again
+        self._stats_lost = False  # the last statistic reached no coordinator
         self.daemon: StageDaemon | None = None
         self._checked_updates: dict[int, tuple[bytes, BasisUpdate]] = {}  # version -> (bytes, update) that passed
 
@@ -45,8 +47,10 @@ class BasisSync:
             verify(self.public_key, update.signing_bytes(), update.signature)
 
     async def send_stats(self, stats: StatsMessage) -> None:
-        if await self.to_coordinator(KIND_STATS, encode_stats(stats), "this stage's statistic") is None:
-            log.warning("training continues on the current basis")
+        lost = await self.to_coordinator(KIND_STATS, encode_stats(stats), "this stage's statistic") is None
+        if lost and not self._stats_lost:  # said once an outage: the statistic goes every basis interval
+            log.warning("no coordinator reached: training continues on the current basis")
+        self._stats_lost = lost
 
     async def send_work(self, record: bytes) -> bool:
         """The leading head's signed `WorkRecord` (who may vote in a re-fit, snapshot and state hashes, a rollback);
@@ -67,10 +71,14 @@ class BasisSync:
                 reply = await self.transport.request(coordinator, kind, body,
                                                      timeout=min(timeout, FIRST_TRY_S) if attempt == 0 else timeout)
             except TransportError as e:
-                log.warning("coordinator %s unreachable (%s)", coordinator[-8:], e)
+                # once per coordinator: a head tries it every step while its claim lives on in the DHT
+                level = logging.DEBUG if coordinator in self._unreachable else logging.WARNING
+                log.log(level, "coordinator %s unreachable (%s)", coordinator[-8:], e)
+                self._unreachable.add(coordinator)
                 if attempt == 0:
                     continue
                 return None
+            self._unreachable.discard(coordinator)
             if not _standing_by(reply):
                 if reply != b"":
                     log.warning("the coordinator refused %s", what)

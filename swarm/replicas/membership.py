@@ -128,7 +128,10 @@ class Membership:
         this same peer shortly, bans nothing, and each retry lets this peer re-read the sender's
         stage (at most once a second); a stranger gains nothing by it, its retries meet the same answer.
         """
-        if self.router.is_banned(sender):
+        # the stage's state is the public model, and a replica set aside for a state that differs from its stage's
+        # (peer/checks/state_votes.py) is told to download it again, maybe from the only other replica: the very peer
+        # that set it aside. Refused by it, it went on with its own state, behind for good (seen under load)
+        if self.router.is_banned(sender) and kind != KIND_STATE:
             return Refusal("this peer is banned for a while after failing or sending bad data.")
         if not await self.sdht.admitted(sender):
             return Refusal("this swarm is private: its coordinator admits peers with a ticket (swarm admit).")

@@ -9,7 +9,15 @@ from types import SimpleNamespace
 
 from peer.daemon.interfaces import PeerInfo
 from peer.step.leadership import leader_of
-from protocol.wire import KIND_ACTIVATION, KIND_DRIVE
+from protocol.wire import (
+    KIND_ACTIVATION,
+    KIND_DRIVE,
+    KIND_FOLLOW,
+    KIND_GRADIENT,
+    KIND_REDUCE,
+    KIND_SNAPSHOT,
+    KIND_STATE,
+)
 from swarm.replicas.membership import Membership
 
 
@@ -38,8 +46,10 @@ class Heads:
         self.heads = {p: SimpleNamespace(peer_id=p, state="online", step=5, throughput=0.0, leads=lead, timestamp=1.0)
                       for p, lead in claims.items()}
 
+    banned: frozenset[str] = frozenset()
+
     def is_banned(self, peer: str) -> bool:
-        return False
+        return peer in self.banned
 
     async def admitted(self, peer: str) -> bool:
         return True
@@ -121,3 +131,17 @@ async def test_before_any_lease_is_read_here_a_head_is_asked_to_retry_and_is_adm
     view.order = ["B"]
     refusal = await m.check("A", KIND_DRIVE)
     assert refusal is not None and refusal.code == "refused"
+
+
+async def test_a_peer_banned_here_may_still_download_the_stages_state_and_nothing_else():
+    """A replica whose state differs from its stage's is set aside (banned for a while) and told to download the
+    state again; with two replicas the only source is the peer that set it aside, which must serve it the state
+    (the public model) while it refuses that peer's boundary messages and commands."""
+    view = Heads(order=["A"], A=True)
+    view.banned = frozenset({"B"})
+    m = Membership(view, view, stage=0, n_stages=2, refresh_s=0.0)
+    assert await m.check("B", KIND_STATE) is None
+    for kind in (KIND_REDUCE, KIND_FOLLOW, KIND_GRADIENT, KIND_SNAPSHOT):
+        refusal = await m.check("B", kind)
+        assert refusal is not None and "banned" in refusal.reason, kind
+    assert await m.check("C", KIND_REDUCE) is not None and await m.check("C", KIND_STATE) is None
