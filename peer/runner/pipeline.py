@@ -5,6 +5,16 @@ receiver's validation) -> the next runner, exactly as it would between processes
 oracle the networked swarm is compared against, and it counts the bytes it moved. In an fp16
 run it takes the swarm's verdict the way the leading head does: a step in which any stage
 overflowed is skipped by every stage (peer/runner/loss_scaling.py).
+
+`schedule` (a bench option, not a run spec's: the swarm runs "sync" only) says at which weights a
+step's gradient is taken (`SCHEDULES`):
+
+- "sync" (the default, what the swarm does): W_{t+1} = W_t - update_t(grad f(W_t; batch_t));
+- "stale1", one-step-stale weights as in PipeDream-2BW (issue 54 item 3): the gradient of step t is
+  taken at the weights before the last update and applied to the current ones,
+      W_{t+1} = W_t - update_t(grad f(W_{t-1}; batch_t)),  W_{-1} = W_0,
+  the optimizer's state (moments, step count, lr schedule) advancing as usual. This is what lets a
+  pipeline start step t+1 before step t's update is committed (swarm/bench/simulate/overlap.py).
 """
 from __future__ import annotations
 
@@ -55,12 +65,20 @@ class StepResult:
     skipped: bool = False  # fp16: some stage overflowed and no stage stepped its optimizer
 
 
+SCHEDULES = ("sync", "stale1")
+
+
 class InProcessPipeline:
     def __init__(self, spec: RunSpec, device: str = "cpu", basis: SubspaceBasis | None = None,
-                 serialize: bool = True) -> None:
+                 serialize: bool = True, schedule: str = "sync") -> None:
         # serialize=False skips the msgpack bytes but keeps the wire dtype's rounding: the same
         # numbers (bit-equal on one thread), for long benchmarks where the bytes are not the question
-        self.spec, self.serialize = spec, serialize
+        if schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, not {schedule!r}.")
+        if schedule != "sync" and spec.basis_updates:  # a re-fit re-projects W_t; W_{t-1} would be in the old span
+            raise ValueError("the stale1 schedule needs a fixed basis (basis_updates false).")
+        self.spec, self.serialize, self.schedule = spec, serialize, schedule
+        self._previous: list[list[torch.Tensor]] | None = None  # stale1: W_{t-1} of every stage, before step t
         basis = basis if basis is not None else spec_basis(spec)
         self.runners = [StageRunner(spec, s, device, basis) for s in range(spec.n_stages)]
         self.packer = WirePacker.for_spec(spec)
@@ -78,16 +96,33 @@ class InProcessPipeline:
                       to_stage)
 
     def train_step(self, step: int, batch: BatchFn) -> StepResult:
+        current = self._swap_in_previous() if self.schedule == "stale1" else None
         losses = []
         for mb in range(self.spec.n_microbatches):
             tokens = batch(step, mb)
             losses.append(self._microbatch(step, mb, tokens))
+        if current is not None:  # the gradients (taken at W_{t-1}) stay; the update goes to W_t
+            self._load(current)
         skip = any(r.overflowed() for r in self.runners)
         for r in self.runners:
             r.optimizer_step(skip)
         self._maybe_refit()
         return StepResult(step, sum(losses) / len(losses), tokens.shape[0] * self.spec.seq_len * len(losses), losses,
                           skip)
+
+    def _swap_in_previous(self) -> list[list[torch.Tensor]]:
+        """stale1: keep W_t (returned, and W_{t-1} of the next step) and load W_{t-1} for this step's passes."""
+        current = [[p.detach().clone() for p in r.params] for r in self.runners]
+        if self._previous is not None:
+            self._load(self._previous)
+        self._previous = current
+        return current
+
+    @torch.no_grad()
+    def _load(self, weights: list[list[torch.Tensor]]) -> None:
+        for r, ws in zip(self.runners, weights):
+            for p, w in zip(r.params, ws):
+                p.copy_(w)
 
     def _microbatch(self, step: int, mb: int, tokens: torch.Tensor) -> float:
         if not self.serialize:

@@ -57,8 +57,9 @@ def _variants(base: RunSpec, intervals: tuple[int, ...]) -> dict[str, RunSpec]:
 
 
 def _train_variant(name: str, spec_json: str, data: str | None, device: str, eval_every: int,
-                   eval_batches: int, threads: int) -> dict:
-    """One variant from scratch (a separate process when run in parallel)."""
+                   eval_batches: int, threads: int, schedule: str = "sync") -> dict:
+    """One variant from scratch (a separate process when run in parallel); `schedule`: the in-process
+    pipeline's (peer/runner/pipeline.py `SCHEDULES`: "sync", or "stale1", one-step-stale weights)."""
     spec = RunSpec.from_json(spec_json)
     torch.set_num_threads(threads)
     if device.startswith("cuda"):
@@ -67,9 +68,11 @@ def _train_variant(name: str, spec_json: str, data: str | None, device: str, eva
     corpus = load_corpus(data, seq_len=spec.seq_len)
     src = BatchSource(corpus, spec.seq_len, spec.microbatch_size, spec.data_seed)
     val = src.val_batches(eval_batches)
-    pipe = InProcessPipeline(spec, device=device, serialize=False)
+    pipe = InProcessPipeline(spec, device=device, serialize=False, schedule=schedule)
     rec = {"spec": spec.to_dict(), "train": [], "val": [], "switches": [], "data": corpus.name,
            "tokens": len(corpus.tokens)}
+    if schedule != "sync":  # a sync curve's record stays as it was
+        rec["schedule"] = schedule
     t0, ema, steps = time.perf_counter(), None, spec.total_steps
     for step in range(steps):
         loss = pipe.train_step(step, src.microbatch).loss
@@ -129,14 +132,17 @@ def _train_all(out: Path, preset_name: str, steps: int, intervals: tuple[int, ..
 
 
 def train_curves(out: Path, preset_name: str, variants: dict[str, RunSpec], data: str | None, device: str,
-                 eval_every: int, eval_batches: int, parallel: bool | None = None, done: dict | None = None) -> dict:
+                 eval_every: int, eval_batches: int, parallel: bool | None = None, done: dict | None = None,
+                 schedules: dict[str, str] | None = None) -> dict:
     """Train `variants` side by side (same data and seeds; in parallel processes on a GPU unless
     `parallel` says otherwise); write OUT/convergence.json, with the curves of `done` (trained
     earlier, by name) first, and its plot. Each summary row's vs_dense is final / dense's final - 1,
-    and vs_fixed the same against the "fixed U" variant, if any."""
+    and vs_fixed the same against the "fixed U" variant, if any. `schedules`: a variant's in-process
+    schedule, by name (default "sync"; `_train_variant`)."""
     parallel = device.startswith("cuda") if parallel is None else parallel
     threads = max(1, (os.cpu_count() or 1) // (len(variants) if parallel else 1))
-    args = [(name, spec.to_json(), data, device, eval_every, eval_batches, threads) for name, spec in variants.items()]
+    args = [(name, spec.to_json(), data, device, eval_every, eval_batches, threads,
+             (schedules or {}).get(name, "sync")) for name, spec in variants.items()]
     if parallel:
         ctx = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(len(args), mp_context=ctx) as pool:

@@ -99,6 +99,9 @@ def now() -> float:
     return asyncio.get_running_loop().time()
 
 
+_TICK = 1e-8  # seconds: the shortest wait SharedCores asks of the loop (above asyncio's clock resolution)
+
+
 class SharedCores:
     """c cores shared by the jobs running on them (module docstring)."""
 
@@ -134,8 +137,10 @@ class SharedCores:
         job = self._ids
         self._left[job] = seconds
         while job not in self._done:
-            # the next end among the running jobs; an arrival meanwhile only slows them, so look again then
-            await asyncio.sleep(max(min(self._left.values()) / self._speed(), 1e-12))
+            # the next end among the running jobs; an arrival meanwhile only slows them, so look again then.
+            # Never sooner than _TICK: asyncio runs a timer due within its clock resolution (1 ns) without
+            # moving the clock, so a job with less than that left would be looked at again forever.
+            await asyncio.sleep(max(min(self._left.values()) / self._speed(), _TICK))
             self._advance(now())
         del self._done[job]
 

@@ -27,6 +27,7 @@ from protocol.spec import RunSpec
 
 from .engine import SharedCores, now, run_virtual
 from .hardware import LinkDraw, StageWork, WireBytes, tokens_per_microbatch
+from .overlap import OverlapDriverModel
 from .peers import SimSwarm, SwarmConfig
 from .step import StepDriverModel, StepOptions
 
@@ -51,6 +52,7 @@ class SimSetup:
     frame_s: float = 0.0  # the transport's own delay added to every frame (validation: measured), else none
     reduce: str = "all"  # step.REDUCES: how a stage's replicas exchange their contributions
     max_seconds: float = 7 * 86400.0  # virtual time after which a run that cannot finish its steps stops
+    schedule: str = "sync"  # "overlap": two steps in flight on one-step-stale weights (overlap.py), no churn
 
 
 def auto_microbatches(spec: RunSpec, peers: int, per_replica: int) -> int:
@@ -85,7 +87,7 @@ async def _run(setup: SimSetup) -> dict:
     first = None if setup.first_timeout is None else TransferWait(
         setup.first_timeout, setup.spec.slowest_uplink_bps).seconds(step_boundary_bytes(setup.spec, setup.microbatches))
     opts = StepOptions(setup.microbatches, setup.every_head_works, first_timeout=first, reduce=setup.reduce)
-    driver = StepDriverModel(swarm, opts, setup.wire)
+    driver = (OverlapDriverModel if setup.schedule == "overlap" else StepDriverModel)(swarm, opts, setup.wire)
     await driver.run(setup.steps, setup.seconds if setup.seconds is not None else setup.max_seconds)
     end = now()
     recs = driver.records

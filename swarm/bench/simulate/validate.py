@@ -194,12 +194,14 @@ def _wire_bytes(spec: RunSpec) -> WireBytes:
     return wire_bytes(spec)
 
 
-def simulated(spec: RunSpec, work: StageWork, case: Case, steps: int, cores: int, frame_s: float = 0.0) -> dict:
+def simulated(spec: RunSpec, work: StageWork, case: Case, steps: int, cores: int, frame_s: float = 0.0,
+              schedule: str = "sync") -> dict:
+    """One simulated run of `case` (`schedule`: run.py `SimSetup.schedule`)."""
     bps = parse_bandwidth(case.bandwidth)
     rate, lat = (bps or 1e12) / 1e6, parse_latency(case.latency) * 1e3  # unlimited: a link no frame waits on
     setup = SimSetup(spec, work, _wire_bytes(spec), [("this CPU", 1.0)], LinkDraw((rate, rate), (lat, lat)),
                      spec.n_stages * case.replicas, spec.n_microbatches, steps=steps, cores=SharedCores(cores),
-                     frame_s=frame_s)
+                     frame_s=frame_s, schedule=schedule)
     return simulate(setup)
 
 
