@@ -199,7 +199,7 @@ class ReplicaService:
         peer.vouched = VouchedStates(states, every=peer.commit.hasher.every,
                                      unchecked=lambda: coordinator_vouches(sync.coordinator))
         peer.state.hashed_only = bool(self.spec.extra.get("coordinator_peer"))  # and a donor serves such a state
-        self.source = StateSource(ctx, self.stage, peer, sync)
+        self.source = StateSource(ctx, self.stage, peer, sync, self._answers)
         self.own_check = OwnStateCheck(peer, states, self._resync, ctx.report)
         peer.commit.hasher.on_hashed.append(lambda state: self.own_check.after_step(state[0]))  # once its hash is in
         self.behind_check = BehindCheck(peer, self._resync, ctx.report)

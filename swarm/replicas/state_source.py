@@ -13,12 +13,16 @@ starts afresh. Later, `resync` downloads the state again (a replica whose hash d
 vouched one, or one the swarm went on without: swarm/replicas/own_state.py); a replica with no other
 replica to download from is its stage's only one, and restores it as a peer that takes an emptied
 stage does (a replica that started at step 0 because the announcements it read were not yet past it
-is refilled so too).
+is refilled so too); so does one whose every donor failed and none of them answers any more (the donor
+died mid-download: seen when the churn bench killed the leading head while the other head of its stage
+was downloading from it; that head then went on with its behind state, would not lead, and the swarm
+stood still for good).
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 
 from peer.replica.stage_peer import StagePeer
 from peer.runner.checkpoint import checkpoint_path, load_checkpoint
@@ -34,8 +38,10 @@ RESTORE_RETRY_S = 5.0  # how often a peer waiting for a snapshot of its emptied 
 
 
 class StateSource:
-    def __init__(self, ctx, stage: int, peer: StagePeer, sync: BasisSync) -> None:
-        self.ctx, self.stage, self.peer, self.sync = ctx, stage, peer, sync  # ctx: a ReplicaContext
+    def __init__(self, ctx, stage: int, peer: StagePeer, sync: BasisSync,
+                 answers: Callable[[str], Awaitable[bool]] | None = None) -> None:
+        # ctx: a ReplicaContext; answers(peer): whether a peer answers at all (a liveness probe), if one can be sent
+        self.ctx, self.stage, self.peer, self.sync, self.answers = ctx, stage, peer, sync, answers
         self.spec, self.runner = ctx.spec, peer.runner
         self.resyncing = False
 
@@ -73,7 +79,15 @@ class StateSource:
         try:
             donors = await self._donors()
             if not await self._download(donors) and donors:
-                log.error("stage %d: no replica gave a vouched state; this replica goes on with its own", self.stage)
+                donors = await self._answering(donors)
+                if donors:
+                    log.error("stage %d: no replica gave a vouched state; this replica goes on with its own",
+                              self.stage)
+                else:
+                    log.warning("stage %d: no replica that could give the stage's state answers any more (its "
+                                "donor left mid-download); this replica restores the stage's newest snapshot and "
+                                "the swarm rolls back to it", self.stage)
+                    await self._restore(swarm_step if swarm_step is not None else await self._swarm_step())
             elif not donors:  # the stage's only replica, and behind: the stage is refilled as an emptied one is
                 log.warning("stage %d: no other replica holds the stage's state; this replica restores the stage's "
                             "newest snapshot and the swarm rolls back to it", self.stage)
@@ -84,6 +98,13 @@ class StateSource:
 
     async def _donors(self) -> list:
         return [a for a in await self.ctx.router.live_peers(self.stage, fresh=True) if a.peer_id != self.ctx.peer_id]
+
+    async def _answering(self, donors: list) -> list:
+        """The donors that still answer a liveness probe (all of them when no probe can be sent)."""
+        if self.answers is None:
+            return donors
+        answered = await asyncio.gather(*(self.answers(a.peer_id) for a in donors))
+        return [a for a, yes in zip(donors, answered) if yes]
 
     async def _download(self, donors: list) -> bool:
         """Join from a live replica of the stage (the first in order of announced step and throughput that

@@ -94,18 +94,26 @@ async def test_a_replica_behind_with_no_other_replica_restores_the_stage_and_one
     """A replica the swarm left behind that finds no other replica of its stage is the stage's only one (one that
     started at step 0 because the announcements it read lagged, say): it restores the stage as a peer taking an
     emptied stage does (its newest snapshot, or step 0's before the first one) and the swarm rolls back to it,
-    instead of going on with its own state at a step the swarm has left for good."""
+    instead of going on with its own state at a step the swarm has left for good. So does one whose donors all
+    failed and none answers any more (the donor died mid-download); one whose donors answer but gave nothing usable
+    goes on with its own state."""
     calls: list = []
 
-    def source_with(donors: list, downloaded: bool) -> StateSource:
+    def source_with(donors: list, downloaded: bool, answering: bool = True) -> StateSource:
         source = StateSource.__new__(StateSource)
         source.resyncing, source.stage = False, 1
+        donors = [SimpleNamespace(peer_id=d) for d in donors]
+
+        async def answers(peer: str) -> bool:
+            calls.append(("probe", peer))
+            return answering
+        source.answers = answers
 
         async def found() -> list:
             return donors
 
         async def download(given: list) -> bool:
-            calls.append(("download", list(given)))
+            calls.append(("download", [a.peer_id for a in given]))
             return downloaded
 
         async def swarm_step() -> int:
@@ -127,7 +135,10 @@ async def test_a_replica_behind_with_no_other_replica_restores_the_stage_and_one
     assert calls == [("download", []), ("restore", 7), ("announce", "online")]
     calls.clear()
     await source_with(["donor"], False).resync()  # a donor that gave nothing usable: no restore, no rollback
-    assert calls == [("download", ["donor"]), ("announce", "online")]
+    assert calls == [("download", ["donor"]), ("probe", "donor"), ("announce", "online")]
+    calls.clear()
+    await source_with(["donor"], False, answering=False).resync(5)  # the donor died mid-download: restore
+    assert calls == [("download", ["donor"]), ("probe", "donor"), ("restore", 5), ("announce", "online")]
     calls.clear()
     await source_with(["donor"], True).resync()
     assert calls == [("download", ["donor"]), ("announce", "online")]
