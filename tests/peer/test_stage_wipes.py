@@ -61,8 +61,10 @@ async def test_twenty_wipes_of_a_whole_stage_at_random_moments_each_roll_back_an
     # each wipe re-drove at most the steps since the snapshot before the newest (which may not have reached a
     # custodian when the stage went), plus the step it interrupted
     assert len(logs) - STEPS <= WIPES * (2 * EVERY + 1), f"{len(logs) - STEPS} steps driven again for {WIPES} wipes"
-    # at most one rollback per wipe, none looping (a stage restored at the swarm's own step needs none)
-    assert WIPES // 2 <= head.rollback.rollbacks <= WIPES, head.rollback.rollbacks
+    # at most one rollback per wipe, none looping (a stage restored at the swarm's own step needs none). The lower
+    # bound was WIPES // 2, the mean itself: with a snapshot every 2 steps about half the wipes need no rollback, and
+    # 8, 9, 9 and 11 were seen on an idle machine (2026-12-07); the losses and the re-driven steps above are the check
+    assert 1 <= head.rollback.rollbacks <= WIPES, head.rollback.rollbacks
     weights = oracle_runs.weights(spec, STEPS)
     for stage, name in enumerate(("s0r0", f"s1w{WIPES - 1}", "s2r0")):
         runner = swarm.peers[name].runner
