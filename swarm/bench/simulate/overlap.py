@@ -41,20 +41,27 @@ class OverlapDriverModel(StepDriverModel):
         if leader is None or not await self._covered():
             raise RuntimeError("the overlapped schedule needs every stage covered from the start")
         commits: list[asyncio.Task] = []
-        forwards: list[asyncio.Event] = []
+        self._forwards, self._step_forwarded = 0, []  # the leader's forwards done; per step, all of them done
         for t in range(steps):
             if t >= 2:
                 await commits[t - 2]  # W_{t-1} is applied: step t's passes may run
             if t >= 1:
-                await forwards[t - 1].wait()  # the head's worker has step t-1's forwards behind it
-            forwards.append(asyncio.Event())
+                await self._step_forwarded[t - 1].wait()  # the head's worker has step t-1's forwards behind it
+            self._step_forwarded.append(asyncio.Event())
             previous = commits[t - 1] if t else None
-            commits.append(asyncio.ensure_future(self._overlapped_step(leader, forwards[t], previous)))
+            commits.append(asyncio.ensure_future(self._overlapped_step(leader, previous)))
         await _all(commits)
 
-    async def _overlapped_step(self, leader, forwards_done: asyncio.Event, previous: asyncio.Task | None) -> None:
+    def _forwarded(self) -> None:
+        # the leader's worker runs its jobs in arrival order, so its forwards end in step order: every M-th
+        # ends a step's forwards
+        self._forwards += 1
+        if self._forwards % self.opts.microbatches == 0:
+            self._step_forwarded[self._forwards // self.opts.microbatches - 1].set()
+
+    async def _overlapped_step(self, leader, previous: asyncio.Task | None) -> None:
         t0 = now()
-        await self._head_microbatches(leader, self.opts.microbatches, forwards_done)
+        await self._head(leader, leader, self.opts.microbatches)
         microbatch_s = now() - t0
         if previous is not None:
             await previous  # commits apply in step order
@@ -63,23 +70,6 @@ class OverlapDriverModel(StepDriverModel):
         self.step += 1
         self.swarm.stepped(self.step)
         self.records.append(StepRecord(self.step, now(), 1, microbatch_s, now() - t1))
-
-    async def _head_microbatches(self, head, n: int, forwards_done: asyncio.Event) -> None:
-        """`StepDriverModel._head` for the leader alone, saying when its n forward jobs are done."""
-        slots = asyncio.Semaphore(self.spec.microbatches_in_flight or n)
-        left = n
-
-        async def one() -> None:
-            nonlocal left
-            async with slots:
-                fwd, bwd = self.swarm.cfg.work.seconds(0, head.rate)
-                await head.worker.run(fwd)
-                left -= 1
-                if not left:
-                    forwards_done.set()
-                await self._hop(0, head)
-                await head.worker.run(bwd)
-        await _all(one() for _ in range(n))
 
     async def _never(self) -> None:
         raise RuntimeError("a frame was lost on the overlapped schedule, which models no failure")

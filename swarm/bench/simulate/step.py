@@ -229,8 +229,12 @@ class StepDriverModel:
         fwd, bwd = self.swarm.cfg.work.seconds(0, head.rate)
         head.microbatches += 1
         await head.worker.run(fwd)
+        self._forwarded()
         await self._hop(0, head)
         await head.worker.run(bwd)
+
+    def _forwarded(self) -> None:
+        """A head's worker finished a microbatch's forward (a hook: the overlapped schedule counts them)."""
 
     async def _hop(self, s: int, peer: SimPeer) -> None:
         """`peer` of stage s has a microbatch's activation: send it on, and return once its gradient is back."""
