@@ -78,19 +78,18 @@ class StateSource:
         self.resyncing = True
         try:
             donors = await self._donors()
-            if not await self._download(donors) and donors:
-                donors = await self._answering(donors)
-                if donors:
-                    log.error("stage %d: no replica gave a vouched state; this replica goes on with its own",
-                              self.stage)
-                else:
-                    log.warning("stage %d: no replica that could give the stage's state answers any more (its "
-                                "donor left mid-download); this replica restores the stage's newest snapshot and "
-                                "the swarm rolls back to it", self.stage)
-                    await self._restore(swarm_step if swarm_step is not None else await self._swarm_step())
+            gone = ""  # why no replica can give the state, if none can
+            if await self._download(donors):
+                pass
             elif not donors:  # the stage's only replica, and behind: the stage is refilled as an emptied one is
-                log.warning("stage %d: no other replica holds the stage's state; this replica restores the stage's "
-                            "newest snapshot and the swarm rolls back to it", self.stage)
+                gone = "no other replica holds the stage's state"
+            elif await self._answering(donors):
+                log.error("stage %d: no replica gave a vouched state; this replica goes on with its own", self.stage)
+            else:
+                gone = "no replica that could give the stage's state answers any more (its donor left mid-download)"
+            if gone:
+                log.warning("stage %d: %s; this replica restores the stage's newest snapshot and the swarm rolls back "
+                            "to it", self.stage, gone)
                 await self._restore(swarm_step if swarm_step is not None else await self._swarm_step())
             await self.peer.announce("online")
         finally:
