@@ -146,15 +146,19 @@ def cmd_peer(a: argparse.Namespace, on_stage_peer: Callable[[StagePeer], None] |
 
 def cmd_dashboard(a: argparse.Namespace) -> int:
     from swarm.dashboard.server import DashboardOptions, run_dashboard
+    from swarm.monitor.reader_ticket import ReaderTicket
     from swarm.preflight import check_port
     opts = from_args(DashboardOptions, a)
     check_port(opts.port, "--port")
-    return _run_async(lambda: run_dashboard(opts))  # a taken port: one sentence, exit 1 (`main`'s `explained`)
+    reader = ReaderTicket.read(opts.identity, opts.ticket)  # a bad pair: one sentence, exit 2, before any daemon starts
+    return _run_async(lambda: run_dashboard(opts, reader))  # a taken port: one sentence, exit 1 (`main`'s `explained`)
 
 
 def cmd_status(a: argparse.Namespace) -> int:
+    from swarm.monitor.reader_ticket import ReaderTicket
     from swarm.monitor.status import print_status
-    return _run_async(lambda: print_status(a.initial_peers, as_json=a.json))
+    reader = ReaderTicket.read(a.identity, a.ticket)  # a bad pair: one sentence, exit 2, before any daemon starts
+    return _run_async(lambda: print_status(a.initial_peers, as_json=a.json, reader=reader))
 
 
 def cmd_trace(a: argparse.Namespace) -> int:
@@ -272,6 +276,10 @@ def build_parser() -> argparse.ArgumentParser:
     st = sub.add_parser("status", help="a table of a swarm's stages and peers")
     st.add_argument("--initial-peers", nargs="+", required=True, metavar="MADDR")
     st.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    st.add_argument("--identity", metavar="FILE", help="private swarms with no coordinator up: the identity file "
+                    "--ticket was issued to (give the tool its own: `swarm identity monitor.id`, then `swarm admit`)")
+    st.add_argument("--ticket", metavar="TICKET", help="private swarms with no coordinator up: a ticket from `swarm "
+                    "admit` (or a file holding it), with which the peers re-serve the run spec")
     st.set_defaults(func=cmd_status)
 
     tr = sub.add_parser("trace", help="where each peer's frame time went, from its --trace-frames file",

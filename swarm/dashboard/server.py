@@ -68,6 +68,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from swarm.dht import SwarmDHT, close_node, start_dht
 from swarm.dht.record_service import spec_asker
 from swarm.monitor.liveness import LivenessProbe
+from swarm.monitor.reader_ticket import ReaderTicket
 from swarm.monitor.scalars import ScalarLog
 from swarm.options import opt
 
@@ -91,6 +92,10 @@ class DashboardOptions:
     host: str = opt("127.0.0.1", "address to listen on (0.0.0.0 to share it on your network)")
     trusted_key: str | None = opt(None, "only trust a run spec signed by this public key", flag="--swarm-key",
                                   metavar="HEX")
+    identity: str | None = opt(None, "private swarms with no coordinator up: the identity file --ticket was issued to",
+                               metavar="FILE")
+    ticket: str | None = opt(None, "private swarms with no coordinator up: a ticket from `swarm admit` (or a file "
+                             "holding it), with which the peers re-serve the run spec", metavar="TICKET")
     tensorboard: str | None = opt(None, "also write the sampled swarm scalars here", metavar="DIR")
     url_file: str | None = opt(None, "write {\"url\": ...} here once serving (used by `swarm local`)",
                                metavar="FILE", hidden=True)
@@ -155,16 +160,19 @@ async def serve(app: web.Application, host: str, port: int) -> web.AppRunner:
     return runner
 
 
-async def run_dashboard(opts: DashboardOptions) -> int:
-    """Serve the dashboard until cancelled; stops its DHT client (and p2pd) on the way out."""
+async def run_dashboard(opts: DashboardOptions, reader: ReaderTicket | None = None) -> int:
+    """Serve the dashboard until cancelled; stops its DHT client (and p2pd) on the way out. `reader`: the identity
+    and ticket to read a private swarm with, if already read from `opts` (`ReaderTicket.read`)."""
+    reader = reader or ReaderTicket.read(opts.identity, opts.ticket)  # a bad pair: one sentence, nothing started
     dashboard = Dashboard()
     runner = await serve(dashboard.app(), opts.host, opts.port)  # first, so a taken port fails fast
     dht = p2p = task = scalars = asking = None
     try:
         url = f"http://{'127.0.0.1' if opts.host in ('0.0.0.0', '') else opts.host}:{opts.port}/"
-        dht = await asyncio.to_thread(start_dht, opts.initial_peers, ["/ip4/127.0.0.1/tcp/0"], None, True)
+        dht = await asyncio.to_thread(start_dht, opts.initial_peers, ["/ip4/127.0.0.1/tcp/0"], reader.identity, True)
         p2p = await dht.replicate_p2p()  # for the liveness probes; it serves nothing
-        peers, asking = await spec_asker(dht, opts.initial_peers)  # the run spec, with no coordinator up
+        # the run spec, with no coordinator up (a private swarm's peers re-serve it to ticket holders only)
+        peers, asking = await spec_asker(dht, opts.initial_peers, reader.request_bytes())
         scalars = ScalarLog(opts.tensorboard) if opts.tensorboard else None
         dashboard.state = DashboardState(SwarmDHT(dht), interval=opts.interval, scalars=scalars,
                                          trusted_key=bytes.fromhex(opts.trusted_key) if opts.trusted_key else None,

@@ -7,7 +7,8 @@ the seat.
 A killed peer's announcement lives on until its ttl, so before printing, every listed peer is
 probed once over libp2p (`liveness.py`, at most 2 s): one that does not answer is shown with
 state "offline" and `answers` no (its announced state stays in the JSON as `announced_state`),
-and does not count as serving its stage. Each peer's peak memory comes from its signed health
+and does not count as serving its stage. A private swarm with no coordinator up is read with a ticket
+(`--identity FILE --ticket TICKET`: `reader_ticket.py`). Each peer's peak memory comes from its signed health
 record (`peak_memory_bytes`: `torch.cuda.max_memory_allocated` on a GPU, peak RSS on a CPU; null
 without a valid record).
 """
@@ -28,19 +29,22 @@ from swarm.trust.admission import AdmissionPolicy
 from .coverage import uncovered_reason
 from .health import fetch_health, parse_health, reachability_of
 from .liveness import LivenessProbe
+from .reader_ticket import ReaderTicket
 
 
-async def swarm_state(initial_peers: list[str]) -> dict:
+async def swarm_state(initial_peers: list[str], reader: ReaderTicket | None = None) -> dict:
     """The run spec and every live announcement, each with whether its peer answers, and the heads
     whose lease the swarm key revoked (with the rollback it ordered, if any), and the peers banned for the run
-    (with the reason the leader gives), as plain data."""
-    dht = await asyncio.to_thread(start_dht, initial_peers, ["/ip4/127.0.0.1/tcp/0"], None, True)
+    (with the reason the leader gives), as plain data. `reader`: the identity and ticket to ask a private swarm's
+    peers with (`reader_ticket.py`; None: a fresh identity, no ticket)."""
+    reader = reader or ReaderTicket()
+    dht = await asyncio.to_thread(start_dht, initial_peers, ["/ip4/127.0.0.1/tcp/0"], reader.identity, True)
     p2p = asking = None
     try:
         sdht = SwarmDHT(dht)
         # with no coordinator up for longer than the spec lives in the DHT, the peers' signed copy, checked as a
         # joiner checks it; and the newest lease they hold (for its age and revocations)
-        sdht.record_peers, asking = await spec_asker(dht, initial_peers)
+        sdht.record_peers, asking = await spec_asker(dht, initial_peers, reader.request_bytes())
         found = await read_spec(sdht, None, sdht.record_peers)
         if found is None:
             return {"run": None, "stages": {}}
@@ -148,7 +152,7 @@ def format_table(state: dict) -> str:
     if run is None:
         return ("no run spec found in the DHT or at the peers asked: is --initial-peers the address of the "
                 "coordinator or of a running peer of the swarm (a private swarm's peers re-serve it to ticket "
-                "holders only)?")
+                "holders only: pass --identity and --ticket, `swarm admit`'s ticket for that identity)?")
     lines = [f"run {run['hash']} ({run['name']}), codec {run['codec']} rank {run['rank']}, "
              f"{run['stages']} stages, coordinator key {run['key']}",
              f"{'stage':>5}  {'peer':<12} {'state':<8} {'answers':<7} {'reach':<8} {'tok/s':>8} {'queue':>5} "
@@ -192,7 +196,7 @@ def format_table(state: dict) -> str:
     return "\n".join(lines)
 
 
-async def print_status(initial_peers: list[str], as_json: bool = False) -> int:
-    state = await swarm_state(initial_peers)
+async def print_status(initial_peers: list[str], as_json: bool = False, reader: ReaderTicket | None = None) -> int:
+    state = await swarm_state(initial_peers, reader)
     print(json.dumps(state, indent=1) if as_json else format_table(state))
     return 0 if state["run"] is not None else 1

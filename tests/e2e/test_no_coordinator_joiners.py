@@ -4,7 +4,8 @@ The coordinator is stopped and the test waits until the DHT holds neither its ru
 
 - a private swarm's newcomer (stage 1) is served the records by the peers with the ticket in its requests, and
   joins; `swarm unban` (the swarm key's holder) gets the spec from the peers the same way and signs its pardon,
-  while `swarm status`, which holds no ticket, says in one sentence why it found no spec;
+  and so do `swarm status` and `swarm dashboard` with an identity and ticket of their own (`--identity
+  --ticket`), while status without them says in one sentence why it found no spec;
 - a head that joins then is in no lease, so it never leads: once the only head of the lease is killed, it waits,
   saying so, and drives no step;
 - a standby coordinator started then reads the run spec from the peers (it signs itself a ticket), takes the seat,
@@ -15,6 +16,7 @@ swarm's newcomer, the basis chain and the failover between heads of the lease.""
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import signal
 import time
@@ -24,6 +26,7 @@ import pytest
 from protocol.spec import RunSpec, preset
 from swarm.dht import RUN_KEY, SwarmDHT, close_node, lease_key, start_dht
 from swarm.local import LocalOptions, LocalSwarm
+from swarm.monitor.reader_ticket import ReaderTicket
 from swarm.monitor.status import format_table, swarm_state
 from swarm.trust.admission import Ticket
 from swarm.trust.identity import Identity
@@ -31,10 +34,11 @@ from swarm.trust.keys import SigningKey
 from swarm.unban_command import UnbanOptions, unban
 from tests.e2e.conftest import wait_for_event, wait_for_steps
 from tests.e2e.processes import sigkill_and_wait_for_group
+from tests.e2e.test_dashboard import free_port, get
 
 STEPS = "100000"  # the heads never finish: the test stops them
 RECORD_TTL = 5
-PEERS = ("stage0", "stage1", "newcomer", "third")
+PEERS = ("stage0", "stage1", "newcomer", "third", "monitor", "dashboard")  # the last two: the operator's tools
 LIAR = "12D3KooW" + "L" * 44
 
 
@@ -101,10 +105,22 @@ async def test_without_any_coordinator_a_ticket_holder_joins_a_new_head_never_le
         swarm.maddrs = stage1  # newcomers know a peer's address, not the (dead) coordinator's
         swarm.start_peer(1, *tickets["newcomer"], name="newcomer")
         swarm.start_peer(0, "--steps", STEPS, *tickets["third"], name="third")
-        state = await swarm_state(stage1)  # meanwhile, the operator's tools
+        # meanwhile, the operator's tools: status without a ticket and with one, and a dashboard with one
+        url_file = tmp_path / "dashboard.json"
+        swarm.spawn("dashboard", ["dashboard", "--initial-peers", *stage1, "--port", str(free_port()),
+                                  "--url-file", str(url_file), *tickets["dashboard"]])
+        state = await swarm_state(stage1)
+        admitted = await swarm_state(stage1, ReaderTicket(ids["monitor"], Ticket.decode(tickets["monitor"][-1])))
         pardoned = await unban(UnbanOptions(stage1, str(key_file), peers=[LIAR]))
         for name in ("newcomer", "third"):
             await asyncio.to_thread(wait_for_event, swarm, name, "ready", 120)
+
+        async def dashboard_run():
+            if not url_file.exists():
+                return None
+            return json.loads((await asyncio.to_thread(get, json.loads(url_file.read_text())["url"] +
+                                                       "api/v1/state"))[1])["run"]
+        shown = await _poll("the dashboard with a ticket never showed the run", dashboard_run, 60)
 
         await asyncio.to_thread(sigkill_and_wait_for_group, dict(swarm.procs)["stage0"])
         swarm.procs = [(n, p) for n, p in swarm.procs if n != "stage0"]
@@ -127,6 +143,9 @@ async def test_without_any_coordinator_a_ticket_holder_joins_a_new_head_never_le
     assert "got the run spec from peer" in newcomer and "got the leader lease from peer" in newcomer, newcomer[-3000:]
     assert [e for e in swarm.events("newcomer") if e["event"] == "joined"], "the newcomer downloaded no state"
     assert state["run"] is None and "re-serve it to ticket holders only" in format_table(state)
+    assert admitted["run"] is not None and admitted["run"]["hash"] == run.run_hash, admitted
+    assert shown["hash"] == run.run_hash and "got the run spec from peer" in _log(swarm, "dashboard")
+    assert {p["peer"] for p in admitted["stages"][1]} >= {ids["stage1"].peer_id}, admitted["stages"]
     assert pardoned == 0, "swarm unban could not read the run spec from the peers"
     assert ids["third"].peer_id[-8:] not in waiting.group(1), f"the new head is in the lease: {waiting.group(0)}"
     driven = [e for e in swarm.events("third") if e["event"] == "step"]
