@@ -15,7 +15,7 @@ from .gather import ExportError, GatheredRun, gather_from_checkpoints, gather_fr
 from .hf import check_hf_exportable, off_subspace, write_hf
 from .hf_tokenizer import byte_tokenizer
 from .model import StagedModel
-from .native import ExportMeta, write_native
+from .native import NATIVE_FILE, ExportMeta, write_native
 from .safetensors_io import safetensors_module
 
 log = logging.getLogger(__name__)
@@ -41,6 +41,8 @@ class ExportOptions:
     tokenizer: str | None = opt(None, "the run's tokenizer.json, for a run on a BPE token folder (default: the copy in "
                                 "the run's token folder on this machine, else, with --initial-peers, the swarm's; "
                                 "checked against the sha256 the run spec pins)", metavar="FILE")
+    overwrite: bool = opt(False, "replace the model an earlier export wrote to --out (without it, a folder that holds "
+                          "one is refused before anything is gathered)")
 
 
 def gather(opts: ExportOptions) -> GatheredRun:
@@ -98,8 +100,20 @@ def check_writers(fmt: str) -> None:
         byte_tokenizer()
 
 
+def check_out(out: str, overwrite: bool) -> None:
+    """ExportError (one sentence) if `out` is not a folder an export may write: a file, or a folder that holds an
+    earlier export's model while `overwrite` is off (said before gathering: a live swarm's states take a while)."""
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise ExportError(f"--out {out} is a file, not a folder; pass a folder (it is created if missing).")
+    if (path / NATIVE_FILE).exists() and not overwrite:
+        raise ExportError(f"{out} already holds an exported model ({NATIVE_FILE}); pass --overwrite to replace it, or "
+                          f"another --out folder.")
+
+
 def run_export(opts: ExportOptions) -> list[Path]:
     check_writers(opts.format)
+    check_out(opts.out, opts.overwrite)
     run = gather(opts)
     log.info("run %s (%s, codec %s): %d stages at step %d, basis version %d, from %s", run.spec.run_hash,
              run.spec.name, run.spec.codec, run.spec.n_stages, run.step, run.basis_version, ", ".join(run.sources))

@@ -122,7 +122,18 @@ def test_command_lines(exported, tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     assert main(["export", "--from-checkpoints", str(tmp_path / "empty"), "--out", str(tmp_path / "x")]) == 2
     assert "error: no checkpoints" in capsys.readouterr().err
-    assert main(["export", "--from-checkpoints", str(ck), "--out", str(tmp_path / "hf")]) == 2  # native over hf
-    assert "holds a Hugging Face export" in capsys.readouterr().err
+    # an earlier export is never replaced unasked (refused before gathering); with --overwrite it is, in its format
+    before = (tmp_path / "hf" / "model.safetensors").read_bytes()
+    assert main(["export", "--from-checkpoints", str(ck), "--out", str(tmp_path / "hf"), "--format", "hf"]) == 2
+    assert "already holds an exported model (model.safetensors); pass --overwrite" in capsys.readouterr().err
+    assert (tmp_path / "hf" / "model.safetensors").read_bytes() == before
+    assert main(["export", "--from-checkpoints", str(ck), "--out", str(tmp_path / "hf"), "--format", "hf",
+                 "--overwrite"]) == 0
+    assert "config.json" in capsys.readouterr().out
+    assert main(["export", "--from-checkpoints", str(ck), "--out", str(tmp_path / "hf"), "--overwrite"]) == 2
+    assert "holds a Hugging Face export" in capsys.readouterr().err  # native over hf: not even with --overwrite
+    (tmp_path / "afile").write_text("")
+    assert main(["export", "--from-checkpoints", str(ck), "--out", str(tmp_path / "afile")]) == 2
+    assert "is a file, not a folder" in capsys.readouterr().err
     assert main(["eval", "--model", str(tmp_path / "nothing")]) == 2
     assert "does not exist" in capsys.readouterr().err
