@@ -18,7 +18,8 @@
    and once K bare ids on stage 2 only (the commit waits for every stage's reduce: one stage is enough).
 4. `limits`: the reduce command's member list (`protocol.fields.MAX_GROUP`) at 64 and 65 members, decoded as a
    replica decodes it; and the leader's state-hash tally (`peer/checks/state_votes.py`, the rule alone, in
-   memory) for a stage of 3 honest replicas and 4 ids that report one made-up hash.
+   memory) for a stage of 3 honest replicas and 4 ids that report one made-up hash, every member counted: what the
+   leader did before it counted only the hashed step's workers (tests/peer/test_workless_votes.py).
 """
 from __future__ import annotations
 

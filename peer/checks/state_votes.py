@@ -1,7 +1,10 @@
 """`StateVotes`: the leading head's tally of the state hashes (`peer/runner/state_hash.py`) that every
 replica reports in its reply to an apply, and the rule that says which hash a stage agreed on.
 
-For each (steps applied, stage), over the replicas that applied the step and reported a hash:
+For each (steps applied, stage), over the replicas that did that step's work (their summed contribution
+held microbatches: `ReduceVerdict.workers`, which the driver passes as `stages`), applied it and reported a
+hash; an id that did no work has no say (issue 57: 4 replicas that reduced empty contributions and reported one
+made-up hash outvoted the 3 that worked while every member counted, tests/peer/test_workless_votes.py):
 
 - a hash that a strict majority of them report is the stage's agreed hash;
 - without one (two replicas that differ, say), stage 0's agreed hash is the leading head's own
@@ -17,8 +20,8 @@ download is checked against the vouched hash, so it comes back only with a state
 The leader tallies every apply reply as it comes (`CommandSender.on_apply`; its own hash once its
 thread is done, `StateHasher.on_hashed`) and concludes a step's tally when the reduce replies of
 the next step are in (a replica hashes while that step's microbatches run and answers the reduce
-only once its hash is done, so its apply reply, sent first, has counted), with the stages of that
-commit's members. The agreed hashes go to the coordinator in a signed work
+only once its hash is done, so its apply reply, sent first, has counted), with the stages of the
+hashed step's workers. The agreed hashes go to the coordinator in a signed work
 record (`protocol/step_record.py`), which vouches for them in the DHT (`swarm/replicas/vouched.py`).
 """
 from __future__ import annotations
@@ -50,7 +53,8 @@ class StateVotes:
 
     def settle(self, steps: int, stages: dict[str, int]) -> tuple[dict[int, str], list[str]]:
         """(stage -> agreed hash after `steps` steps, the odd replicas: those whose hash differs from
-        their stage's agreed one). `stages`: peer -> its stage; a peer not in it is not counted."""
+        their stage's agreed one). `stages`: each replica that did the step's work -> its stage; no other
+        peer's hash is counted."""
         by_stage: dict[int, dict[str, str]] = {}
         for peer, sha in self.votes.get(steps, {}).items():
             if peer in stages:

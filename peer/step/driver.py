@@ -83,6 +83,7 @@ class StepDriver:
         # last_snapshots: (step, stage -> sha256) of the newest step at which every stage's replicas agreed;
         # on_committed(steps done, last_workers, last_snapshots) after each step: what the leader vouches for
         self.last_workers, self.last_snapshots = {}, None
+        self._workers_of = -1  # the steps done after the commit that last_workers did the work of
         self.commit_parts: dict[str, float] = {}  # seconds of the last commit by part (StepLog.commit_parts)
         self.on_committed: Callable[[int, dict, tuple | None], None] | None = None
         self.votes = StateVotes(self.peer_id, directory)  # the state hashes in apply replies (checks/state_votes.py)
@@ -300,8 +301,11 @@ class StepDriver:
                   for p, c in cmds.items()))))
         self.commit_parts.update(self.commit.clock.parts("own_"))
         # the replicas' states after the last step: a replica hashes it while this step's microbatches run and
-        # answers this reduce only once its hash is done, so its apply reply (which carries it) is in by now
-        self.votes.conclude(step, members)
+        # answers this reduce only once its hash is done, so its apply reply (which carries it) is in by now.
+        # Only the hashes of that step's workers count: an id that did no work has no say on the state (else ids
+        # that reduce empty contributions would outvote the replicas that worked; none counts after a take-over)
+        workers = self.last_workers if self._workers_of == step else {}
+        self.votes.conclude(step, {p: s for s, peers in workers.items() for p in peers})
         if any(r.blame for r in replies.values()):  # a replica refused another's contribution, or it never came
             self.spot.judge_blame(replies, members, step)
         for p in [p for p, r in replies.items() if r.reason.startswith(UNREACHABLE) and p not in self.commit.workers]:
@@ -322,6 +326,7 @@ class StepDriver:
                         step + 1, verdict.overflowed, self.runner.scale, self.runner.scale / 2)
         self._named = self._commands.named = sorted(verdict.named)[:MAX_GROUP]  # every apply names them (placement)
         self.last_workers = verdict.workers  # who did the step's work, by stage (issue 20: re-fits count only them)
+        self._workers_of = step + 1
         self.work.proven = {p for p in verdict.named if members[p] == 0}  # heads that reduced: shares from now on
         if verdict.snapshots is not None:  # every stage's snapshot at one step
             self.last_snapshots = verdict.snapshots
