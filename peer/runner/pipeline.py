@@ -110,12 +110,14 @@ class InProcessPipeline:
         return StepResult(step, sum(losses) / len(losses), tokens.shape[0] * self.spec.seq_len * len(losses), losses,
                           skip)
 
-    def _swap_in_previous(self) -> list[list[torch.Tensor]]:
-        """stale1: keep W_t (returned, and W_{t-1} of the next step) and load W_{t-1} for this step's passes."""
+    def _swap_in_previous(self) -> list[list[torch.Tensor]] | None:
+        """stale1: keep W_t (returned, and W_{t-1} of the next step) and load W_{t-1} for this step's passes;
+        None at the first step, where W_{-1} = W_0 is already loaded."""
         current = [[p.detach().clone() for p in r.params] for r in self.runners]
-        if self._previous is not None:
-            self._load(self._previous)
-        self._previous = current
+        previous, self._previous = self._previous, current
+        if previous is None:
+            return None
+        self._load(previous)
         return current
 
     @torch.no_grad()

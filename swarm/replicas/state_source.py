@@ -78,19 +78,16 @@ class StateSource:
         self.resyncing = True
         try:
             donors = await self._donors()
-            gone = ""  # why no replica can give the state, if none can
-            if await self._download(donors):
-                pass
-            elif not donors:  # the stage's only replica, and behind: the stage is refilled as an emptied one is
-                gone = "no other replica holds the stage's state"
-            elif await self._answering(donors):
-                log.error("stage %d: no replica gave a vouched state; this replica goes on with its own", self.stage)
-            else:
-                gone = "no replica that could give the stage's state answers any more (its donor left mid-download)"
-            if gone:
-                log.warning("stage %d: %s; this replica restores the stage's newest snapshot and the swarm rolls back "
-                            "to it", self.stage, gone)
-                await self._restore(swarm_step if swarm_step is not None else await self._swarm_step())
+            if not await self._download(donors):
+                if donors and await self._any_answers(donors):
+                    log.error("stage %d: no replica gave a vouched state; this replica goes on with its own",
+                              self.stage)
+                else:  # the stage's only replica, or its donors are gone: refilled as an emptied stage is
+                    gone = ("no replica that could give the stage's state answers any more (its donor left "
+                            "mid-download)") if donors else "no other replica holds the stage's state"
+                    log.warning("stage %d: %s; this replica restores the stage's newest snapshot and the swarm rolls "
+                                "back to it", self.stage, gone)
+                    await self._restore(swarm_step if swarm_step is not None else await self._swarm_step())
             await self.peer.announce("online")
         finally:
             self.resyncing = False
@@ -98,12 +95,11 @@ class StateSource:
     async def _donors(self) -> list:
         return [a for a in await self.ctx.router.live_peers(self.stage, fresh=True) if a.peer_id != self.ctx.peer_id]
 
-    async def _answering(self, donors: list) -> list:
-        """The donors that still answer a liveness probe (all of them when no probe can be sent)."""
+    async def _any_answers(self, donors: list) -> bool:
+        """Whether any of the donors still answers a liveness probe (True when no probe can be sent)."""
         if self.answers is None:
-            return donors
-        answered = await asyncio.gather(*(self.answers(a.peer_id) for a in donors))
-        return [a for a, yes in zip(donors, answered) if yes]
+            return True
+        return any(await asyncio.gather(*(self.answers(a.peer_id) for a in donors)))
 
     async def _download(self, donors: list) -> bool:
         """Join from a live replica of the stage (the first in order of announced step and throughput that
