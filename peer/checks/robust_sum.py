@@ -23,6 +23,26 @@ import torch
 
 KAPPA = 5.0
 ITERS = 5
+NETWORK_ROWS = 8  # up to this many contributors, the median by min/max (`lower_median`); above, torch's sort
+
+
+def lower_median(x: torch.Tensor) -> torch.Tensor:
+    """The coordinate-wise lower median of `x`'s rows, x.median(dim=0).values bit for bit (NaN in, NaN out).
+
+    torch's median along the short axis of an N x P matrix sorts P columns of N (50 ms for 3 x 400k on one
+    thread); an odd-even transposition network over the N rows takes N rounds of elementwise min and max
+    instead (under 1 ms for 3 rows, 12 for 7). A median selects a value, so both give the same bits; a NaN
+    meets every row within the N rounds, so its column's median is NaN as torch's is.
+    """
+    n = x.shape[0]
+    if n > NETWORK_ROWS:
+        return x.median(dim=0).values
+    rows = list(x.unbind(0))
+    for r in range(n):
+        for i in range(r % 2, n - 1, 2):
+            a, b = rows[i], rows[i + 1]
+            rows[i], rows[i + 1] = torch.minimum(a, b), torch.maximum(a, b)
+    return rows[(n - 1) // 2].clone()
 
 
 def suspects(shares: dict[str, tuple[int, torch.Tensor]]) -> list[str]:
@@ -31,7 +51,7 @@ def suspects(shares: dict[str, tuple[int, torch.Tensor]]) -> list[str]:
     if len(peers) < 3:
         return []
     x = torch.stack([shares[p][1].float() / shares[p][0] for p in peers])
-    v = x.median(dim=0).values
+    v = lower_median(x)
     tau = (x - v).norm(dim=1).median()
     for _ in range(ITERS):
         d = x - v

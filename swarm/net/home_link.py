@@ -74,8 +74,12 @@ class DownlinkShaper:
     ) -> None:
         self._rate = None if bandwidth_bps is None else parse_bandwidth(float(bandwidth_bps)) / 8  # bytes/s
         self._clock, self._sleep = clock, sleep
-        # when each frame received so far had the downlink: (start, end), in the order they were received
-        self._busy: collections.deque[tuple[float, float]] = collections.deque(maxlen=MAX_INTERVALS)
+        # when each frame received so far had the downlink: (start, end, the largest end up to it), in the order
+        # they were received. Ends are not in order (a small frame can be through before a large one queued ahead
+        # of it), so the running largest end is what lets an arrival stop scanning at the first interval (from
+        # the newest back) before which nothing can still overlap it; without it every arrival summed over all
+        # MAX_INTERVALS, a quarter of a simulated run's time. Dropping old intervals leaves the bound an upper one.
+        self._busy: collections.deque[tuple[float, float, float]] = collections.deque(maxlen=MAX_INTERVALS)
         self._longest = 0.0  # the longest frame's n / rate so far
         self.bytes = 0
 
@@ -102,10 +106,22 @@ class DownlinkShaper:
         while self._busy and self._busy[0][1] < horizon:
             self._busy.popleft()
         began = now - own
-        used = sum(end - max(start, began) for start, end in self._busy if end > began)
+        used = sum(self._overlaps(began))
         through = max(now, began + own + used)
-        self._busy.append((through - own, through))
+        self._busy.append((through - own, through, max(through, self._busy[-1][2]) if self._busy else through))
         return through - now
+
+    def _overlaps(self, began: float) -> list[float]:
+        """Each recorded interval's time after `began` (those that end after it), oldest first: summed in the
+        order received, so the figure is the one a scan of every interval gives, bit for bit."""
+        parts = []
+        for start, end, latest in reversed(self._busy):
+            if latest <= began:
+                break  # no interval up to here ends after `began`
+            if end > began:
+                parts.append(end - max(start, began))
+        parts.reverse()
+        return parts
 
     async def receive(self, nbytes: int) -> None:
         delay = self.queue_delay_for(nbytes)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from peer.checks.robust_sum import KAPPA, suspects
+from peer.checks.robust_sum import KAPPA, NETWORK_ROWS, lower_median, suspects
 
 
 def shares(n: int, seed: int = 0, mbs=(4, 4, 4, 4, 4)) -> dict[str, tuple[int, torch.Tensor]]:
@@ -40,3 +40,18 @@ def test_a_lie_inside_the_honest_spread_is_left_to_the_random_draw():
     s = shares(3)
     s["p1"] = (4, s["p1"][1] * 1.5)  # 50% larger: inside KAPPA times the spread of honest shares
     assert KAPPA > 1.5 and suspects(s) == []
+
+
+def test_the_min_max_median_is_torchs_bit_for_bit_with_ties_infinities_and_nans():
+    """`lower_median` (a min/max network up to NETWORK_ROWS rows) equals torch's median along the rows,
+    including ties, signed infinities and NaN columns, for every row count it serves and one beyond."""
+    gen = torch.Generator().manual_seed(5)
+    for n in range(1, NETWORK_ROWS + 2):
+        x = torch.randn(n, 5000, generator=gen)
+        x[:, :500] = torch.randint(-2, 3, (n, 500), generator=gen).float()  # ties
+        x[0, 600], x[-1, 601] = float("inf"), -float("inf")
+        x[n // 2, 700] = float("nan")
+        got, want = lower_median(x), x.median(dim=0).values
+        assert torch.equal(got.isnan(), want.isnan()) and bool(want[700].isnan()), n
+        keep = ~want.isnan()
+        assert torch.equal(got[keep], want[keep]), n

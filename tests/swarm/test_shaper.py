@@ -308,3 +308,30 @@ def test_shaper_rejects_nonsense():
         asyncio.run(LinkShaper(1e6).transmit(-1))
     with pytest.raises(ValueError):
         DownlinkShaper(1e6).queue_delay_for(-1)
+
+
+def test_the_downlink_stops_its_scan_early_and_still_waits_what_a_scan_of_every_interval_gives():
+    """`DownlinkShaper` scans its busy intervals from the newest back and stops where none before can overlap
+    the arriving frame: arrivals of mixed sizes (large ones, whose queue puts some ends out of order, then many
+    small ones, thousands of intervals kept) get, bit for bit, the waits of the module docstring's formula summed
+    over every kept interval, as before the early stop."""
+    import collections
+    import random
+
+    rng, clock = random.Random(3), [0.0]
+    link = DownlinkShaper(8e6, clock=lambda: clock[0])
+    busy: collections.deque = collections.deque()  # the formula over every interval, kept as long as the link does
+    out_of_order = 0  # arrivals through before a frame received earlier: what the scan's bound must allow for
+    for per_second, sizes in ((1.0, (1000, 200_000, 2_000_000)), (100.0, (64, 1500))):
+        for _ in range(3000):
+            clock[0] += rng.expovariate(per_second)
+            nbytes = rng.choice(sizes)
+            now, own = clock[0], nbytes / 1e6
+            while busy and busy[0][1] < now - max(60.0, 2 * 2.0):
+                busy.popleft()
+            began = now - own
+            through = max(now, began + own + sum(end - max(start, began) for start, end in busy if end > began))
+            out_of_order += bool(busy) and through < max(end for _, end in busy)
+            busy.append((through - own, through))
+            assert link.queue_delay_for(nbytes) == through - now
+    assert out_of_order > 5 and len(busy) > 2000
