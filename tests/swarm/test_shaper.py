@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import heapq
 import itertools
+import random
 
 import pytest
 
-from swarm.net.home_link import DownlinkShaper, HomeLink, Packets
+from swarm.net.home_link import HORIZON_S, DownlinkShaper, HomeLink, Packets
 from swarm.net.shaper import MIN_BUCKET_BYTES, LinkShaper, parse_bandwidth, parse_latency
 
 
@@ -315,9 +317,6 @@ def test_the_downlink_stops_its_scan_early_and_still_waits_what_a_scan_of_every_
     the arriving frame: arrivals of mixed sizes (large ones, whose queue puts some ends out of order, then many
     small ones, thousands of intervals kept) get, bit for bit, the waits of the module docstring's formula summed
     over every kept interval, as before the early stop."""
-    import collections
-    import random
-
     rng, clock = random.Random(3), [0.0]
     link = DownlinkShaper(8e6, clock=lambda: clock[0])
     busy: collections.deque = collections.deque()  # the formula over every interval, kept as long as the link does
@@ -327,7 +326,7 @@ def test_the_downlink_stops_its_scan_early_and_still_waits_what_a_scan_of_every_
             clock[0] += rng.expovariate(per_second)
             nbytes = rng.choice(sizes)
             now, own = clock[0], nbytes / 1e6
-            while busy and busy[0][1] < now - max(60.0, 2 * 2.0):
+            while busy and busy[0][1] < now - max(HORIZON_S, 2 * 2.0):  # 2.0 s: the longest frame
                 busy.popleft()
             began = now - own
             through = max(now, began + own + sum(end - max(start, began) for start, end in busy if end > began))
