@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from peer.checks.vouched_state import VouchedStates
-from peer.daemon.loopback import LoopbackLink
+from peer.daemon.loopback import LoopbackDirectory, LoopbackLink
 from peer.runner.state_hash import state_bytes, state_sha256
 from peer.state import state_transfer
 from peer.state.state_transfer import StateError, download_state
@@ -73,7 +73,26 @@ async def test_a_joiner_refuses_a_noisy_donor_and_its_state_is_the_swarms_after_
     assert_close([log.loss for log in logs], oracle_runs.losses(spec, STEPS), 1e-10)
 
 
-async def test_a_replica_whose_state_goes_astray_is_found_odd_and_taken_out():
+@pytest.fixture
+def routers_deal_in_turn(monkeypatch):
+    """Each router gives a stage's microbatches to its replicas in turn (the stock pick takes the least
+    busy, and on a loaded machine one replica can finish every microbatch before the next is sent, so
+    another does none). Only a step's workers have a say on the state after it (peer/checks/state_votes.py):
+    4 microbatches dealt in turn to 3 replicas give each one work, and so a say, in every step."""
+    turns: dict[tuple[int, int], int] = {}
+    pick = LoopbackDirectory.pick
+
+    async def in_turn(self, stage: int, exclude=frozenset()) -> str:
+        live = sorted(p.peer_id for p in await self.members(stage) if p.peer_id not in exclude)
+        if not live:
+            return await pick(self, stage, exclude)  # its own error
+        turn = turns.get((id(self), stage), 0)
+        turns[(id(self), stage)] = turn + 1
+        return live[turn % len(live)]
+    monkeypatch.setattr(LoopbackDirectory, "pick", in_turn)
+
+
+async def test_a_replica_whose_state_goes_astray_is_found_odd_and_taken_out(routers_deal_in_turn):
     spec = spec_for("subspace", "fp64")
     # patient: on a loaded machine a slow honest replica missing a microbatch deadline would be taken out too
     swarm = await make_swarm(spec, [1, 3], **patient_options())
