@@ -95,6 +95,9 @@ class BasisRefitter:
         self._workers: dict[int, dict[int, set[str]]] = {}  # re-fit step -> stage -> peers that worked it
         self.on_record: Callable[[WorkRecord], Awaitable[object]] | None = None  # every verified work record
         self._rechecks: dict[tuple[int, int], asyncio.Task] = {}
+        # the loop holds a task only weakly: one awaiting the DHT's reply could be collected mid-publish (seen:
+        # version 1 reached the DHT, but its log line and its push never came)
+        self._refits: set[asyncio.Task] = set()
         basis = spec_basis(spec)
         self.bases: dict[int, torch.Tensor] = {0: basis.U} if basis is not None else {}
         # (basis version, re-fit step) -> stage -> peer -> (hash of M, M); at most one entry per peer
@@ -176,7 +179,9 @@ class BasisRefitter:
         for k in [k for k in self._stats if k[1] <= step]:
             del self._stats[k]
         self._pending = {p: k for p, k in self._pending.items() if k in self._stats}
-        asyncio.get_running_loop().create_task(self._refit(version, step, agreed))
+        task = asyncio.get_running_loop().create_task(self._refit(version, step, agreed))
+        self._refits.add(task)
+        task.add_done_callback(self._refits.discard)
         return True
 
     def _log_dropped(self, key: tuple[int, int], agreed: dict[int, torch.Tensor]) -> None:
@@ -204,7 +209,7 @@ class BasisRefitter:
             self._rechecks.pop(key, None)
 
     def stop(self) -> None:
-        for task in self._rechecks.values():
+        for task in [*self._rechecks.values(), *self._refits]:
             task.cancel()
 
     async def _voters(self, stage: int, step: int) -> list[str]:
