@@ -6,7 +6,8 @@ Rooms, lowest first (a room imports only rooms above it in this list, and `proto
 - `data/`: the corpus, the tokenizer and deterministic microbatches.
 - `daemon/`: the asyncio service around a runner (`StageDaemon`) and the seam to the network.
 - `checks/`: verification: share recomputation, spot checks, state votes, vouched states.
-- `step/`: one step of the swarm: the leading head's `StepDriver` and the replicas' `StepCommit`.
+- `commit/`: a step's end at every replica (`StepCommit`): a head's share of the work, reduce, apply.
+- `step/`: one step of the swarm as the heads drive it: the leading head's `StepDriver`.
 - `state/`: state downloads, snapshots and rollback.
 - `replica/`: one replica whole (`StagePeer`) and an in-memory swarm of them.
 """

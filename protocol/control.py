@@ -26,7 +26,7 @@ Maps (short keys; tensors are wire.py's ExtType):
                   sentence that its owner is shown (a slow uplink is told so, not called a liar); p (left out
                   when empty): for abort, the stages whose two replicas disagree at this step, which wait
                   for a third (peer/checks/spot_checks.py; placement draws one, swarm/replicas/placement.py);
-                  work (peer/step/head_work.py): c the heads the leader named for the attempt, m (to a head) its share
+                  work (peer/commit/head_work.py): c the heads the leader named for the attempt, m (to a head) its share
     CommandReply  {k: "ctlr", s: step, a: attempt, o: outcome, m: [microbatches], x: {peer: [mb]}, e: text,
                    h: [step, sha256 hex], v, z: [step, sha256 hex], n: [sent], b: [peer ids], u: [peer ids],
                    l: [losses], f: signature}
@@ -57,7 +57,7 @@ Maps (short keys; tensors are wire.py's ExtType):
                   Factors are in the run's wire dtype. q: the basis re-fit statistic of the
                   step (receiving subspace stages; with p = 0 and a non-empty m only); v (fp16): overflowed, t f q nil
     ReduceProbe   {k: "redq", r, s, a, g}, also over `red`: asked of a replica whose contribution
-                  a reduce still waits for (peer/step/reduce_watch.py); the reply {k: "redqr", o: state}
+                  a reduce still waits for (peer/commit/reduce_watch.py); the reply {k: "redqr", o: state}
                   says how its reduce of step s, attempt a goes: reducing | idle (at the step and
                   attempt, no reduce begun) | ended (its reduce is over) | elsewhere (another step
                   or a newer attempt)

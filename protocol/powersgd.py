@@ -1,6 +1,6 @@
 """PowerSGD with error feedback, summed over a stage's replicas (docs/algorithms.md 5.2).
 
-Pure math; the exchange of the two rounds is `peer/step/commit.py`'s. For each matrix M_i of
+Pure math; the exchange of the two rounds is `peer/commit/commit.py`'s. For each matrix M_i of
 replica i (its gradient sum in travelling coordinates, `protocol/sync_layout.py`, plus its
 own error e_i from earlier steps), with Q [m, r] shared by every replica:
 
@@ -141,7 +141,7 @@ def rebuild(layout: SyncLayout, plan: PowerPlan, exact_sum: torch.Tensor, P_hat:
             ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
     """(G^ flat on `device`, the next Q, P^ on `device`) from the sums alone: what every replica of
     the reduce computes, and what a replica catching up computes from the sums its donor forwards
-    (peer/step/follow_forward.py), the same operations on the same numbers, portable ones where a float GEMM
+    (peer/commit/follow_forward.py), the same operations on the same numbers, portable ones where a float GEMM
     would depend on the machine. Q' and its orthonormalization are worked out on the CPU and reach the device
     in one copy with the exact part: a copy per matrix waited for the device each time."""
     flat = torch.empty(layout.numel, dtype=dtype, device=device)

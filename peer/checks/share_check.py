@@ -24,7 +24,7 @@ torch.compile's fused kernels round elsewhere than the eager ones: 2.8% between 
 bf16 gradient (one H100, docs/results/peer_compile_h100_20261206), 0.29% between two compiled copies; so
 compiling is the run's choice (`compile_blocks` in its spec), never one replica's.
 
-A head's share (stage 0; peer/step/head_work.py) is checked by another head: its input, the tokens,
+A head's share (stage 0; peer/commit/head_work.py) is checked by another head: its input, the tokens,
 the checker regenerates from (seed, step, index) and never takes from the head checked; what it
 fetches is the activation the head sent (digest reported by the stage-1 replica that received it)
 and the gradient that came back (digest reported by its sender). The activation must carry those

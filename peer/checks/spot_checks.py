@@ -5,7 +5,7 @@ After every stage's replicas have reduced, and before anything is applied:
 
 1. **Blame.** A replica whose contribution another replica refused (NaN, a wrong size, tensors
    without microbatches), or that withheld it (never sent, or ended its reduce without sending it:
-   peer/step/reduce_watch.py), is named in that replica's reduce reply (`blame`);
+   peer/commit/reduce_watch.py), is named in that replica's reduce reply (`blame`);
    the reduce failed. With three replicas or more, the leader convicts a replica blamed by a majority
    of the other replicas of its stage that replied. With two, one's word against the other's proves
    nothing (a liar that joined first blamed every honest newcomer into a ban): the attempt is re-driven
@@ -36,7 +36,7 @@ the attempt is re-driven without it, so the liar's work is thrown out and redone
 equals the one-process run. Checks cover exact replica sync (`powersgd`'s error feedback is each
 replica's own and cannot be recomputed) and every stage.
 
-4. **Heads.** Every head computes a share of stage 0 (peer/step/head_work.py), so a head's share is
+4. **Heads.** Every head computes a share of stage 0 (peer/commit/head_work.py), so a head's share is
    drawn like any other's (the leader's own is not: it is the swarm's trusted driver) and the
    leader recomputes it itself (peer/checks/share_check.py `recompute_head_share`): the tokens it
    regenerates, the activations the head sent as the stage-1 replicas that took them report them,

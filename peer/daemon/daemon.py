@@ -6,7 +6,7 @@ boundary tensor on (`start_microbatch`); a middle peer decodes, runs forward and
 a replica of the next stage picked by the router; the tail computes the loss, runs backward
 and returns the compressed gradient to whoever sent the activation, and so on back to the
 head. Nobody steps its optimizer here: once every gradient is back, the driver has each
-stage's replicas reduce and apply (`peer/step/commit.py`).
+stage's replicas reduce and apply (`peer/commit/commit.py`).
 
 Every message names its step and the driver's attempt at it. A newer attempt of the step in
 progress means the older one failed: its partial work is dropped before the new one starts.
@@ -99,7 +99,7 @@ class StageDaemon(InboundHandlers, MicrobatchForwarding):
         self._tasks: set[asyncio.Task] = set()
         self.state = "online"
         self.leads = False  # set by the head's driver while it drives the steps
-        # stage 1: ((step, attempt), leader, heads) of the leader's last "work" command (peer/step/head_work.py)
+        # stage 1: ((step, attempt), leader, heads) of the leader's last "work" command (peer/commit/head_work.py)
         self.feeders: tuple[tuple[int, int], str, frozenset[str]] | None = None
         self.refused = 0
         self.tokens_done = 0

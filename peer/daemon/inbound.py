@@ -70,7 +70,7 @@ class InboundHandlers:
         # step or microbatch they claim (a stale or duplicate one included)
         if (refusal := self._out_of_band(KIND_ACTIVATION, await self.payload_rms(msg.payload), sender)) is not None:
             return refusal
-        named = self.feeders  # the heads the leader named (peer/step/head_work.py): (step, attempt), leader, heads
+        named = self.feeders  # the heads the leader named (peer/commit/head_work.py): (step, attempt), leader, heads
         if self.stage == 1 and named is not None and sender in named[2] and sender != named[1] and (
                 named[0] == (self.runner.step, self.attempt) != (h.step, h.attempt)):
             # checked before `_admit`, which follows a newer attempt: only the leader may start one (once that
@@ -98,7 +98,7 @@ class InboundHandlers:
         return ACK
 
     def named_heads(self) -> frozenset[str]:
-        """Stage 1: the heads the leader named for the attempt in progress here (peer/step/head_work.py), else none."""
+        """Stage 1: heads the leader named for the attempt in progress here (peer/commit/head_work.py), or none."""
         named = self.feeders
         return named[2] if named is not None and named[0] == (self.runner.step, self.attempt) else frozenset()
 

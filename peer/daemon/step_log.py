@@ -22,7 +22,7 @@ class StepLog:
     sync_bytes: int = 0  # what this head's replica sent to the other heads in that reduce
     skipped: bool = False  # fp16: some stage overflowed, so no stage stepped its optimizer
     loss_scale: float = 1.0  # fp16: the loss scale after this step (1 without loss scaling)
-    heads: dict[str, int] = field(default_factory=dict)  # microbatches each head computed (peer/step/head_work.py)
+    heads: dict[str, int] = field(default_factory=dict)  # microbatches each head computed (peer/commit/head_work.py)
     # seconds of the commit by part: "reduce" (until every replica's reply is in), "checks" (the spot checks),
     # "apply" (this head's own); "own_*": this head's own reduce, from its record check to its finish
     commit_parts: dict[str, float] = field(default_factory=dict)

@@ -1,7 +1,7 @@
 """How long a peer waits for bytes on a home uplink: a fixed allowance for everything but the
 bytes, plus the bytes' time on the slowest uplink the swarm still waits for. Used for a reduce's
-phases (`peer/step/reduce_exchange.py`), a spot check's inputs (`peer/checks/share_check.py`), forwarded sums
-(`peer/step/follow_forward.py`), and the leading head's `StepDeadlines`: its first step (which has no
+phases (`peer/commit/reduce_exchange.py`), a spot check's inputs (`peer/checks/share_check.py`), forwarded sums
+(`peer/commit/follow_forward.py`), and the leading head's `StepDeadlines`: its first step (which has no
 measured time to scale from), the heads' shares, its check and reduce commands (`peer/step/driver.py`).
 
     wait(n) = base_s + 8 n / floor_bps
@@ -25,7 +25,7 @@ from protocol.spec import SLOWEST_UPLINK_BPS, RunSpec
 
 PING_BASE_S = 2.0  # what a status ping may take on an idle link
 
-# how a reason for cutting a replica says that it was only slow (peer/step/reduce_watch.py): its owner is told so
+# how a reason for cutting a replica says that it was only slow (peer/commit/reduce_watch.py): its owner is told so
 # (swarm/replicas/replica.py), not that its work was false
 TOO_SLOW = "slower than the swarm's slowest uplink"
 

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 import torch
 
 from peer.checks.vouched_state import VouchedStates
+from peer.commit.commit import StepCommit
 from peer.daemon.daemon import StageDaemon
 from peer.daemon.interfaces import MessageLink, PeerDirectory, PeerStatus
 from peer.runner.stage import StageError, StageRunner
@@ -23,7 +24,6 @@ from peer.runner.state_hash import state_sha256
 from peer.state.rollback import Rollback
 from peer.state.snapshots import SnapshotService
 from peer.state.state_transfer import Follower, StateError, StateService, download_state
-from peer.step.commit import StepCommit
 from peer.step.driver import StepDriver, StepLog
 from protocol.spec import RunSpec
 

@@ -1,7 +1,7 @@
 """The replica half of a `StageRunner`: a stage's gradients as one flat tensor, and the agreed
 sum of an all-reduce waiting to be applied.
 
-Replicas of a stage agree on a step's gradient sum (`peer/step/commit.py`): each hands its share
+Replicas of a stage agree on a step's gradient sum (`peer/commit/commit.py`): each hands its share
 (`contribution`), keeps the agreed sum (`set_reduced`) and steps with it when told
 (`apply_reduced`), or takes a step computed elsewhere (`apply_flat`, a replica catching up).
 A flat gradient travels in the `SyncLayout` (constrained gradients in subspace coordinates)

@@ -94,7 +94,7 @@ class PowerSync:
         return flat
 
     def rebuilt(self, exact_sum: torch.Tensor, P_sum: torch.Tensor, Q_sum: torch.Tensor) -> torch.Tensor:
-        """A step forwarded in factors (a replica catching up, peer/step/follow_forward.py): the agreed gradient
+        """A step forwarded in factors (a replica catching up, peer/commit/follow_forward.py): the agreed gradient
         rebuilt from the sums the stage's replicas held, by the operations each of them ran. This replica's
         own state (its seeded Q, its zero error) is left as it is: it took no part in the reduce."""
         P_hat = orthonormal_factors(self.layout, self.plan, P_sum, self.runner.dtype)

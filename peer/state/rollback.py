@@ -36,10 +36,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 
+from peer.commit.commit import StepCommit
 from peer.daemon.daemon import StageDaemon
 from peer.daemon.interfaces import RollbackOrder
 from peer.runner.stage import StageError
-from peer.step.commit import StepCommit
 from protocol.control import Command, CommandReply
 
 from .snapshots import NoSnapshot, SnapshotRefused, SnapshotService

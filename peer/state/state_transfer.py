@@ -22,10 +22,10 @@ from collections.abc import Callable
 
 import torch
 
+from peer.commit.commit import StepCommit
 from peer.daemon.daemon import StageDaemon
 from peer.runner.stage import StageError
 from peer.runner.state_hash import state_bytes
-from peer.step.commit import StepCommit
 from protocol.state_wire import (
     STATE_CHUNK_BYTES,
     FollowUpdate,

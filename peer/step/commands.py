@@ -11,13 +11,12 @@ import time
 from collections.abc import Callable
 
 from peer.checks.spot_checks import SpotChecks
+from peer.commit.commit import StepCommit
 from peer.daemon.daemon import StageDaemon
 from peer.daemon.delivery import retry_asked
 from peer.daemon.interfaces import LinkError
 from protocol.control import Command, CommandReply, decode_reply, encode_command
 from protocol.wire import KIND_CONTROL, WireError
-
-from .commit import StepCommit
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +34,7 @@ class CommandSender:
         self.n_microbatches = daemon.spec.n_microbatches
         # hears every (peer, (steps applied, state sha256)) an apply reply carries (peer/checks/state_votes.py)
         self.on_apply: Callable[[str, tuple[int, str]], None] | None = None
-        # this head's own apply replies before its state is hashed (peer/step/commit.py): its hash comes here
+        # this head's own apply replies before its state is hashed (peer/commit/commit.py): its hash comes here
         commit.hasher.on_hashed.append(lambda state: self.on_apply(self.peer_id, state) if self.on_apply else None)
 
     async def broadcast(self, peers: dict[str, int], op: str, step: int, attempt: int,
@@ -79,7 +78,7 @@ class CommandSender:
 
     async def abort(self, peers: dict[str, int], step: int, attempt: int, spot: SpotChecks) -> None:
         """Abort the attempt on `peers` (peer -> stage), banning the replicas `spot` convicted everywhere, and tell
-        each newly convicted one, once and in the background, why: it stops (peer/step/commit.py) instead of
+        each newly convicted one, once and in the background, why: it stops (peer/commit/commit.py) instead of
         standing by for a step that no honest peer will give it."""
         self.banned, self.disputed = list(spot.convicted), spot.disputed_stages(step)
         await self.broadcast(peers, "abort", step, attempt)

@@ -9,12 +9,12 @@ A step, as the leader drives it (docs/design.md section 3):
 
 1. wait until every stage has a live peer (the swarm pauses, it does not exit, and says
    which stage is missing);
-2. split the step's microbatches over the live heads by speed (`peer/step/head_work.py`): each forwards
+2. split the step's microbatches over the live heads by speed (`peer/commit/head_work.py`): each forwards
    its share and sends it on; the router picks a replica of the next stage for each, weighted by
    measured round trips and requests in flight, and so does every stage downstream;
 3. wait for every microbatch's gradient, with a deadline that follows the measured step time
    (`peer/step/microbatch_phase.py`);
-4. commit (`peer/step/commit.py`): every live replica of every stage reduces, and if each stage
+4. commit (`peer/commit/commit.py`): every live replica of every stage reduces, and if each stage
    agrees on one sum that holds every microbatch once (`peer/step/reduce_verdict.py`), every replica
    that reduced applies it.
 
@@ -33,6 +33,8 @@ import torch
 
 from peer.checks.spot_checks import SpotChecks
 from peer.checks.state_votes import StateVotes
+from peer.commit.commit import StepCommit
+from peer.commit.head_work import HeadWork
 from peer.daemon.daemon import StageDaemon
 from peer.daemon.interfaces import PeerDirectory
 from peer.daemon.step_log import AttemptFailed, StepLog, timed
@@ -44,8 +46,6 @@ from protocol.step_record import StepRecord
 from .attempt_watch import AttemptWatch
 from .calibration import PERIOD_S, Calibration
 from .commands import UNREACHABLE, CommandSender
-from .commit import StepCommit
-from .head_work import HeadWork
 from .microbatch_phase import MicrobatchPhase
 from .redrive_cause import Failure, RedriveCause, describe
 from .reduce_verdict import judge_reduce, refusal_evidence
@@ -97,7 +97,7 @@ class StepDriver:
         # a standby head announces its measured compute speed, not 0 (peer/step/calibration.py); None: it announces 0
         self.calibration = Calibration(daemon, batches, period=calibrate_period) if calibrate_period else None
         self.heads = Succession(daemon, directory, self._command, self.calibration, ping_period, ping_failures)
-        # every head computes a share of each step (peer/step/head_work.py): the leader splits it, the others serve
+        # every head computes a share of each step (peer/commit/head_work.py): the leader splits it, the others serve
         self.work = HeadWork(daemon, directory, batches, self._send, self.deadlines.share,
                              lambda: self.calibration.speed if self.calibration is not None else None)
         commit.compute_share, commit.share_check.tokens = self.work.compute, batches  # a head's share, its check

@@ -1,6 +1,6 @@
 """`MicrobatchPhase`: the first half of an attempt as the leading head drives it (`StepDriver`, peer/step/driver.py).
 
-Every microbatch of the attempt goes out, split over the live heads (peer/step/head_work.py), and every gradient
+Every microbatch of the attempt goes out, split over the live heads (peer/commit/head_work.py), and every gradient
 must come back within a deadline that follows the measured step time: `first_timeout` for the first step (nothing
 measured yet), then 4x an EWMA of the phase's seconds, `min_timeout` at least. A peer that held work of the last
 step and stops answering meanwhile ends the attempt at once (`AttemptWatch`) instead of at the deadline.
@@ -14,14 +14,14 @@ from collections.abc import Awaitable, Callable
 
 import torch
 
+from peer.commit.commit import StepCommit
+from peer.commit.head_work import HeadWork
 from peer.daemon.daemon import StageDaemon
 from peer.daemon.interfaces import LinkError
 from peer.daemon.step_log import AttemptFailed
 from protocol.step_record import StepRecord, data_digest
 
 from .attempt_watch import AttemptWatch
-from .commit import StepCommit
-from .head_work import HeadWork
 
 log = logging.getLogger(__name__)
 

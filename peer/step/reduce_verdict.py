@@ -2,7 +2,7 @@
 
 A step may be applied only if every stage reduced: each stage has a replica that answered "ok", and all of a
 stage's replicas that did summed the same contributions (the same replicas, each with the same microbatches).
-Stage 0's contributions must also be the shares the heads were given (peer/step/head_work.py). Anything else
+Stage 0's contributions must also be the shares the heads were given (peer/commit/head_work.py). Anything else
 fails the attempt (`AttemptFailed`), which the driver re-drives; a stage that did not reduce because one of its
 replicas refused the command names that replica (the head heard it refuse), and where that replica signed its
 refusal of the command's step record, `refusal_evidence` makes it the evidence the coordinator judges

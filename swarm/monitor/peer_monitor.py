@@ -21,8 +21,8 @@ from typing import Protocol
 
 import torch
 
+from peer.commit.commit import StepCommit
 from peer.daemon.daemon import StageDaemon
-from peer.step.commit import StepCommit
 from protocol.spec import RunSpec
 from protocol.wire import KIND_ACTIVATION as KIND_FORWARD
 from protocol.wire import KIND_GRADIENT as KIND_BACKWARD

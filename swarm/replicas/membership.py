@@ -4,7 +4,7 @@ Each kind of message may come only from peers that are announced (and, in a priv
 admitted with a ticket) for the stage it belongs to:
 
     act          peers of the previous stage; at stage 1, only the leading head and the heads it named
-                 for the step in progress (`named`, peer/step/head_work.py;
+                 for the step in progress (`named`, peer/commit/head_work.py;
                  the attempt is checked in peer/daemon/inbound.py)
     grad         peers of the next stage
     ctl          status: any admitted peer (a liveness probe, a dashboard); reduce, apply, abort:
@@ -66,7 +66,7 @@ class Membership:
         self._refreshed: dict[int, float] = {}
         self._gone: dict[str, float] = {}  # head that failed a probe -> its last announcement's timestamp then
         self._probes: dict[str, tuple[float, asyncio.Task]] = {}
-        self.named: Callable[[], frozenset[str]] = frozenset  # stage 1: heads the leader named (peer/step/head_work.py)
+        self.named: Callable[[], frozenset[str]] = frozenset  # stage 1: heads named (peer/commit/head_work.py)
 
     def _source(self, kind: str) -> tuple[int, tuple[str, ...]] | None:
         """(stage the sender must serve, the states that count), or None if anyone may send it."""

@@ -184,7 +184,7 @@ class ReplicaService:
             snapshot_options=dict(every=snapshot_interval(self.spec)))
         sync.daemon = peer.daemon
         peer.daemon.gate.updates_come = sync.updates_come  # no 30 s wait per switch step with no coordinator
-        membership.named = peer.daemon.named_heads  # stage 1: the heads named for the attempt (peer/step/head_work.py)
+        membership.named = peer.daemon.named_heads  # stage 1: heads named for the attempt (peer/commit/head_work.py)
         peer.commit.on_lease = lambda: ctx.router.lease(fresh=True)  # the coordinator revoked a lease
         # with no coordinator in the seat: the hashes the lease's heads signed (swarm/replicas/head_vouched.py)
         heads = HeadVouches(ctx.sdht, self.spec.run_hash, self.spec.n_stages, ctx.router.lease)

@@ -8,10 +8,10 @@ import asyncio
 import pytest
 import torch
 
+from peer.commit.head_work import split_microbatches
 from peer.daemon.delivery import ACK
 from peer.daemon.loopback import LoopbackLink
 from peer.replica.memory_swarm import batches
-from peer.step.head_work import split_microbatches
 from protocol.boundary_sig import seal, statement
 from protocol.spec import preset
 from protocol.spot_check import digest

@@ -1,5 +1,5 @@
 """A replica catching up on a powersgd stage is forwarded each step as the sums its reduce added up
-(exact part, P, Q': peer/step/follow_forward.py), not as the stage's whole gradient: in the loopback swarm
+(exact part, P, Q': peer/commit/follow_forward.py), not as the stage's whole gradient: in the loopback swarm
 every step forwarded after the donor knew of the joiner travels in factors, each at most a tenth
 of the gradient's bytes, and the joiner ends bit-identical to the replicas it followed, also when
 its donor was the stage's only replica (which reduces powersgd's way with itself meanwhile). And

@@ -1,4 +1,4 @@
-"""The state hash runs off the step's critical path (peer/step/commit.py): a replica hashes its state
+"""The state hash runs off the step's critical path (peer/commit/commit.py): a replica hashes its state
 after a hashed step on a thread while the next step's microbatches run through it, and the next
 apply waits for the hash. In memory, fp64, with a hash made slow: stage 1 computes microbatches
 of the next step while its hash of the last is still running, every hashed step is still agreed
@@ -66,7 +66,7 @@ async def test_a_hash_that_fails_is_logged_and_the_run_goes_on(oracle_runs, monk
     for p in swarm.peers.values():
         p.commit.hasher.every = 2
     try:
-        with caplog.at_level("ERROR", logger="peer.step.commit"):
+        with caplog.at_level("ERROR", logger="peer.commit.commit"):
             logs = await swarm.drive(3)
             await swarm.applied()
     finally:

@@ -8,9 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from peer.commit.head_work import start_in_window
 from peer.daemon.interfaces import LinkError
 from peer.runner.memory_estimate import estimate_stage
-from peer.step.head_work import start_in_window
 from protocol.spec import SpecError, preset
 from tests.peer.swarm_in_memory import make_swarm, patient_options
 from tests.peer.test_every_head import assert_equals_the_oracle

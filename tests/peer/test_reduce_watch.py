@@ -12,10 +12,10 @@ import time
 import msgpack
 import pytest
 
+from peer.commit.reduce_watch import RunningReduces
 from peer.daemon.delivery import ACK
 from peer.daemon.interfaces import LinkError
 from peer.daemon.loopback import LoopbackLink
-from peer.step.reduce_watch import RunningReduces
 from protocol.control import decode_probe_reply
 from protocol.wire import KIND_CONTROL, KIND_REDUCE
 from tests.peer.swarm_in_memory import make_swarm, param_hash, patient_options
@@ -87,7 +87,7 @@ async def test_a_replica_dying_after_taking_the_others_contributions_costs_secon
     assert logs[AT_STEP].attempts == 2
     # both survivors' reduces ended within seconds of the death (reduce timeout: 60 s)
     ended = [r.created for r in caplog.records if "replica s1r1 stopped answering during the reduce" in r.getMessage()
-             and r.name == "peer.step.reduce_exchange"]
+             and r.name == "peer.commit.reduce_exchange"]
     assert len(ended) == 2, caplog.text
     assert max(ended) - link.died_at < 10.0, f"a survivor's reduce ended {max(ended) - link.died_at:.1f} s after"
     gap = logged_at[AT_STEP + 1] - link.died_at  # and the step, re-driven, was applied

@@ -96,7 +96,7 @@ async def test_powersgd_sends_at_least_20x_fewer_bytes_per_step_than_exact():
     runner = StageRunner(wide_spec("exact"), 1)
     # exact: one contribution of the stage's whole layout (fp32) to the one other replica
     assert exact["s1r0"] > 4 * runner.layout.numel
-    # every head computes a share of stage 0 (peer/step/head_work.py): both heads send a whole contribution
+    # every head computes a share of stage 0 (peer/commit/head_work.py): both heads send a whole contribution
     assert min(exact["s0r0"], exact["s0r1"]) > 4 * StageRunner(wide_spec("exact"), 0).layout.numel
     for name in ("s0r0", "s0r1", "s1r0", "s1r1"):
         assert exact[name] >= 20 * power[name], f"{name}: {exact[name]:.0f} vs {power[name]:.0f} bytes per step"

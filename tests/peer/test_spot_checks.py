@@ -156,13 +156,13 @@ async def test_a_share_far_from_the_rest_is_checked_whatever_the_draw_and_honest
                                                                                                 monkeypatch):
     # CenteredClip as a detector (peer/checks/robust_sum.py): honest shares are never suspects (the sum applied is the
     # exact one, so the run equals the oracle), and a -50x share is checked at once though draws almost never fire
-    import peer.step.commit
+    import peer.commit.commit
     named = []
 
     def recorded(shares):
         named.append(robust_suspects(shares))
         return named[-1]
-    monkeypatch.setattr(peer.step.commit, "suspects", recorded)
+    monkeypatch.setattr(peer.commit.commit, "suspects", recorded)
     spec = spec_for(2)
     honest = await make_swarm(spec, [1, 3], AllOutFirst, driver_options=dict(TEST_DRIVER_OPTIONS,
                                                                               spot_check_rate=1e-9))

@@ -17,7 +17,7 @@ peers, their directory and churn; `step.py` is the step as the driver runs it;
 
 each with the old schedule (only the leading head computes stage 0) and, with
 `--every-head-works`, with issue 22 item 1's (modelled before it was built; the swarm now runs it:
-peer/step/head_work.py). Beside them, the one-GPU rate
+peer/commit/head_work.py). Beside them, the one-GPU rate
 of an A100 and an H100 at the same MFU, and per codec the smallest N that matches each.
 Writes simulate.json and simulate.png.
 """

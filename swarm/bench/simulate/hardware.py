@@ -29,7 +29,7 @@ transport's framing; a replica's reduce is `sync_bytes.py`'s encoded contributio
 round; powersgd: two); a joining replica downloads 12 bytes per trainable parameter (fp32
 weights and AdamW's two moments) in 8 MiB chunks, then is forwarded every step applied since its
 snapshot (`follow`: under powersgd the reduce's sums, exact part, P and Q' in the compute dtype,
-peer/step/follow_forward.py; `follow="whole"` models the code before 2026-12-01, which forwarded the
+peer/commit/follow_forward.py; `follow="whole"` models the code before 2026-12-01, which forwarded the
 stage's whole layout, and every parameter's gradient from a donor alone in its reduce).
 """
 from __future__ import annotations

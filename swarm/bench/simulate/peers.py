@@ -17,7 +17,7 @@ is the one `ReplicaService` asks first: the highest announced throughput, i.e. t
 head at stage 0) as `download_state` does, chunk by chunk (a request, then a chunk of at most
 8 MiB over the donor's uplink: the donor's own frames go between them), while the donor forwards
 it every step the swarm applies from the snapshot's on (`follow` bytes each, over the same
-uplink, peer/step/follow_forward.py). It is online once it holds the state and every forwarded step;
+uplink, peer/commit/follow_forward.py). It is online once it holds the state and every forwarded step;
 one that falls more than 64 steps behind (the follower's queue, `MAX_QUEUED`) downloads again.
 A stage left without any replica is restored from a snapshot held by a peer of another stage, and
 the swarm rolls back to the last snapshot step (`snapshot_every`).

@@ -12,7 +12,7 @@ One attempt at a step:
    queues the forward of every microbatch on its GPU (at most `RunSpec.microbatches_in_flight` of
    them between forward and gradient when the spec bounds it), and sends each on as it is done. With
    `every_head_works` (issue 22 item 1, modelled before it was built; the swarm now runs it,
-   peer/step/head_work.py, splitting by measured speed) the leader splits the M microbatches over every
+   peer/commit/head_work.py, splitting by measured speed) the leader splits the M microbatches over every
    live head in proportion to its sustained FLOP/s (largest remainders), telling each with a command.
    Every hop picks the next stage's replica with the
    sender's own `Router.pick` (least (in flight + 1) x measured round trip, probation, bans),
@@ -217,7 +217,7 @@ class StepDriverModel:
             self._involved.add(head.peer_id)
             if not await self.swarm.send(leader, head, self.wire.command):
                 await self._never()
-        # at most `microbatches_in_flight` of them between forward and gradient (peer/step/head_work.py start_in_window)
+        # at most `microbatches_in_flight` between forward and gradient (peer/commit/head_work.py start_in_window)
         slots = asyncio.Semaphore(self.spec.microbatches_in_flight or n)
 
         async def in_window() -> None:

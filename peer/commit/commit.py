@@ -28,9 +28,9 @@ orthonormalizes the summed P, then each sends its Q factors and adds those up; e
 rebuilds the same approximation of the summed gradient from the same sums, so replicas stay
 identical. Its error feedback and warm-started Q (`peer/runner/replica_sync.py`) change only when the
 step is applied. The messages of a reduce, and the bytes a replica sends in them (`sync_bytes`),
-are `peer/step/reduce_exchange.py`'s.
+are `peer/commit/reduce_exchange.py`'s.
 
-While it waits for contributions a replica probes the ones still missing (`peer/step/reduce_watch.py`): one
+While it waits for contributions a replica probes the ones still missing (`peer/commit/reduce_watch.py`): one
 that died, or will never send (its reduce ended, it got no reduce command), fails the reduce within seconds; one
 alive and sending is waited for up to `reduce_timeout` plus its bytes' time on the spec's `slowest_uplink_bps`.
 
@@ -92,7 +92,7 @@ class StepCommit:
         self.spec, self.stage, self.peer_id = daemon.spec, daemon.stage, daemon.peer_id
         # a deadline that grows with the bytes, at the slowest uplink the swarm waits for (a rule of its spec)
         self.wait = TransferWait(reduce_timeout, self.spec.slowest_uplink_bps)
-        # the reduce's messages; how missing contributors are probed (peer/step/reduce_watch.py)
+        # the reduce's messages; how missing contributors are probed (peer/commit/reduce_watch.py)
         self.exchange = ReduceExchange(daemon, self.wait, dict(period=probe_period, dead_after=dead_after,
                                                                     mute_after=mute_after,
                                                                     straggle_after=straggle_after))

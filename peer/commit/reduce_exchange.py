@@ -3,9 +3,9 @@
 A reduce phase (the exact sum's one, powersgd's two) is: send our contribution to every
 candidate (`offer`; one that is not at this step, or unreachable, takes no part), then gather
 theirs of the same (step, attempt, phase) from the inbox that `receive` fills, probing the ones
-still missing (`peer/step/reduce_watch.py`). What the exchange learns for the command's reply lives
+still missing (`peer/commit/reduce_watch.py`). What the exchange learns for the command's reply lives
 here too: the replicas whose contribution was refused (`blame`) and the bytes sent per attempt.
-`peer/step/commit.py` decides what to send and what to do with the sums.
+`peer/commit/commit.py` decides what to send and what to do with the sums.
 """
 from __future__ import annotations
 
