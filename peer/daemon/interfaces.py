@@ -111,6 +111,11 @@ class PeerDirectory(Protocol):
         numbers no honest peer sends: a retry would only meet it again)."""
         ...
 
+    def forgive_failure(self, peer: str) -> None:
+        """`peer` is avoided only for failing (it did not answer in time), and has since been shown alive: take
+        it back now. A ban for bad data, or for the run, stays."""
+        ...
+
     def ban(self, peer: str, why: str = "") -> None:
         """`peer` was caught passing off other numbers as its work (peer/checks/spot_checks.py): never pick
         it, list it or take its messages again in this run."""

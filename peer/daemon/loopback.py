@@ -120,6 +120,9 @@ class LoopbackDirectory:
     def report_failure(self, peer: str, bad_data: bool = False) -> None:
         pass
 
+    def forgive_failure(self, peer: str) -> None:
+        pass
+
     def ban(self, peer: str, why: str = "") -> None:
         self.banned.add(peer)
 

@@ -176,6 +176,13 @@ class StepDriver:
             if reduced is None or reduced.step != step:
                 log.warning("this head is behind the swarm (peers at a later step); it will not lead")
                 self._leading = False
+                # the swarm went on, so a head leads it: most likely the one this head found silent (a missed ping
+                # on a loaded machine). Still avoided, its commands would be refused here until the ban ends, and
+                # this head, downloaded level, would fall behind again (seen: behind for good, then no head could
+                # lead once the leader died)
+                for peer in [p for p in self.heads.dead if p != self.peer_id]:
+                    del self.heads.dead[peer]
+                    self.directory.forgive_failure(peer)
                 self.heads.set_aside(self.peer_id, 30.0)
                 # announced "syncing", it is no live head to anyone: the next head in the lease's order
                 # leads meanwhile instead of every peer waiting on this one

@@ -82,6 +82,7 @@ RTT_FORGET_S = 5.0  # half-life of how far an unrefreshed round trip stands abov
 class _Ban:
     until: float
     failures: int
+    bad_data: bool = False  # the ban in force is for numbers no honest peer sends (not lifted by `forgive_failure`)
 
 
 @dataclass
@@ -286,12 +287,23 @@ class Router:
         ban = self._bans.get(peer, _Ban(0, 0))
         if ban.until <= now:  # a burst of failures inside one ban (every microbatch of a step) counts once
             ban.failures += 1
+            ban.bad_data = False
+        ban.bad_data = ban.bad_data or bad_data
         base = self.base_ban * (1.0 if peer in self._proven else UNPROVEN_BAN_FACTOR)
         seconds = min(MAX_BAN_S, base * 2 ** (ban.failures - 1))
         ban.until = max(ban.until, now + max(seconds, BAD_DATA_BAN_S if bad_data else 0.0))
         self._bans[peer] = ban
         self._cache.clear()
         log.warning("peer %s failed; avoiding it for %.0f s", peer[-8:], ban.until - self.clock())
+
+    def forgive_failure(self, peer: str) -> None:
+        """Lift a ban for failing only (its count stays: the next failure doubles the next ban)."""
+        ban, now = self._bans.get(peer), self.clock()
+        if ban is None or ban.until <= now or ban.bad_data:
+            return
+        ban.until = now
+        self._cache.clear()
+        log.info("peer %s is alive after all; no longer avoided", peer[-8:])
 
     def run_bans_listed(self) -> dict[str, str]:
         """Peers banned for the run -> why, where this peer knows (`RunBans.listed`)."""

@@ -44,6 +44,26 @@ def test_bad_data_bans_for_longer_than_any_retry():
     assert r._bans["liar"].until - time.monotonic() > BAD_DATA_BAN_S - 1
 
 
+async def test_a_peer_avoided_only_for_failing_is_taken_back_once_shown_alive_and_a_bad_data_ban_stays():
+    """A standby head that missed the leader's answers avoids it; once the swarm is seen going on under it, the
+    head takes it back (peer/step/driver.py), or it would refuse the leader's commands until the ban ends."""
+    r = Directory("me", {0: [("leader", 1.0), ("liar", 1.0)]})
+    r.release("leader", 0.1)  # proven
+    r.report_failure("leader")
+    assert r.is_banned("leader") and [a.peer_id for a in await r.live_peers(0)] == ["liar"]
+    r.forgive_failure("leader")
+    assert not r.is_banned("leader") and sorted(a.peer_id for a in await r.live_peers(0)) == ["leader", "liar"]
+    r.report_failure("leader")  # its count stayed: the next ban is twice as long
+    assert r.banned_peers()["leader"] == 2 and r._bans["leader"].until - time.monotonic() > r.base_ban
+    r.report_failure("liar", bad_data=True)
+    r.forgive_failure("liar")
+    assert r.is_banned("liar") and r._bans["liar"].until - time.monotonic() > BAD_DATA_BAN_S - 1
+    r._bans["liar"].until = time.monotonic() - 1  # that ban ran out; a later ban for failing only may be lifted
+    r.report_failure("liar")
+    r.forgive_failure("liar")
+    assert not r.is_banned("liar")
+
+
 async def test_unproven_replicas_share_one_probation_slot_while_a_proven_one_serves():
     fakes = [f"fake{i:02d}" for i in range(40)]
     r = Directory("me", {1: [("honest", 1.0)] + [(f, 1e9) for f in fakes]})
