@@ -180,8 +180,7 @@ class StepDriver:
                 # on a loaded machine). Still avoided, its commands would be refused here until the ban ends, and
                 # this head, downloaded level, would fall behind again (seen: behind for good, then no head could
                 # lead once the leader died)
-                for peer in [p for p in self.heads.dead if p != self.peer_id]:
-                    del self.heads.dead[peer]
+                for peer in self.heads.take_back():
                     self.directory.forgive_failure(peer)
                 self.heads.set_aside(self.peer_id, 30.0)
                 # announced "syncing", it is no live head to anyone: the next head in the lease's order

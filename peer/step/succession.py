@@ -36,6 +36,13 @@ class Succession:
     def is_set_aside(self, peer: str) -> bool:
         return self.dead.get(peer, 0.0) > time.monotonic()
 
+    def take_back(self) -> list[str]:
+        """Every other head set aside for not answering is a candidate again; returns them."""
+        back = [p for p in self.dead if p != self.peer_id]
+        for peer in back:
+            del self.dead[peer]
+        return back
+
     async def leader(self, leading: bool) -> str:
         """`leader_of` over the live heads this head sees, itself included (`leading`: it claims the lead now),
         less those it found dead."""
