@@ -96,7 +96,7 @@ class ReduceExchange:
         """The `members`' contributions of this phase, or why they will not all come."""
         probe = encode_probe(ReduceProbe(self.daemon.spec.run_hash, step, attempt, self.stage))
         watch = ReduceWatch(self.daemon.link, probe, members, self._arrived, **self._watch_options,
-                            out=self.daemon.directory.is_banned)
+                            out=self.daemon.directory.refuses)
 
         def current() -> bool:
             return (step, attempt) == (self.runner.step, self.daemon.attempt)

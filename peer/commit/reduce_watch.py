@@ -67,7 +67,7 @@ class ReduceWatch:
                  period: float, dead_after: float, mute_after: float, straggle_after: float | None = None,
                  straggle_factor: float = 4.0, out: Callable[[str], bool] = lambda peer: False) -> None:
         self.link, self.probe, self.members, self.arrived = link, probe, members, arrived
-        self.out = out  # the directory's is_banned
+        self.out = out  # the directory's `refuses`: this replica takes no contribution from such a member
         self.period, self.dead_after, self.mute_after = period, dead_after, mute_after
         # withheld: once some contribution is here, the rest have max(straggle_after, factor x its wait) more
         self.straggle_after, self.straggle_factor = straggle_after, straggle_factor

@@ -122,7 +122,13 @@ class PeerDirectory(Protocol):
         ...
 
     def is_banned(self, peer: str) -> bool:
-        """Whether `peer` is out of the run here: banned (`ban`), or a head whose lease the swarm key revoked."""
+        """Whether `peer` is left out here: banned (`ban`), a head whose lease the swarm key revoked, or (a
+        router) avoided for a while for failing or for bad data."""
+        ...
+
+    def refuses(self, peer: str) -> bool:
+        """Whether `peer`'s messages are refused here: banned (`ban`), a revoked head, or banned for bad data
+        while that lasts; not a peer avoided only for failing (a missed answer is no wrong message)."""
         ...
 
     async def members(self, stage: int) -> list[PeerInfo]:

@@ -129,6 +129,9 @@ class LoopbackDirectory:
     def is_banned(self, peer: str) -> bool:
         return peer in self.banned
 
+    def refuses(self, peer: str) -> bool:
+        return peer in self.banned
+
     async def lease_order(self, fresh: bool = False) -> list[str] | None:
         return None if self.net.lease is None else list(self.net.lease)
 

@@ -25,7 +25,8 @@ does not answer is it set aside, until it announces again, and the claimant foll
 leader's successor is so followed within seconds, and no head's word that the leader died is
 taken on trust.
 
-and never from a peer this process banned for sending bad data. Announcements are read
+and never from a peer this process banned for sending bad data, or for the run (`Router.refuses`); a
+peer it only avoids for failing (it did not answer in time) is still heard. Announcements are read
 through the router's 2 s cache; a sender not found there causes one fresh read of that
 stage, at most once a second, so a newcomer is admitted within a second while a stranger
 cannot make this peer hammer the DHT.
@@ -76,10 +77,12 @@ class Membership:
                 KIND_REDUCE: (s, LIVE_STATES + ("syncing",)), KIND_FOLLOW: (s, LIVE_STATES)}.get(kind)
 
     async def _heads(self, fresh: bool = False) -> list[PeerInfo]:
-        """The live heads, less those that failed a probe and have not announced since."""
-        anns = await self.router.live_peers(0, fresh)
+        """The live heads, less those refused here and those that failed this peer's probe and have not announced
+        since. A head the router avoids for failing is still one: whom to follow is this probe's to decide."""
+        anns = await self.router.announced(0, fresh)
         return [PeerInfo(a.peer_id, 0, a.state, a.step, a.throughput, a.leads) for a in anns
-                if a.timestamp > self._gone.get(a.peer_id, float("-inf"))]
+                if a.state in LIVE_STATES and not self.router.refuses(a.peer_id)
+                and a.timestamp > self._gone.get(a.peer_id, float("-inf"))]
 
     async def _leads(self, sender: str) -> Refusal | None:
         """None if `sender` is the head this peer follows (probing a leader it would replace), else
@@ -131,8 +134,8 @@ class Membership:
         # the stage's state is the public model, and a replica set aside for a state that differs from its stage's
         # (peer/checks/state_votes.py) is told to download it again, maybe from the only other replica: the very peer
         # that set it aside. Refused by it, it went on with its own state, behind for good (seen under load)
-        if self.router.is_banned(sender) and kind != KIND_STATE:
-            return Refusal("this peer is banned for a while after failing or sending bad data.")
+        if self.router.refuses(sender) and kind != KIND_STATE:
+            return Refusal("this peer is banned after sending bad data, or for the run.")
         if not await self.sdht.admitted(sender):
             return Refusal("this swarm is private: its coordinator admits peers with a ticket (swarm admit).")
         if kind in (KIND_BASIS, KIND_STATE, KIND_SNAPSHOT, KIND_CONTROL):

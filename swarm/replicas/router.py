@@ -162,6 +162,15 @@ class Router:
     def is_banned(self, peer: str) -> bool:
         return self._banned(peer, self.clock()) or self._revoked(peer)
 
+    def refuses(self, peer: str) -> bool:
+        """Whether this peer's messages are refused here: banned for the run, for bad data while that ban
+        lasts, or a head whose lease was revoked. A peer avoided only for failing is not: a missed answer is
+        no wrong message, and refusing the messages of a peer that is alive after all (the leader's commands,
+        a replica's contribution) left a standby head behind for good once (test_no_coordinator, under load)."""
+        ban = self._bans.get(peer)
+        return (peer in self.run_bans or self._revoked(peer)
+                or ban is not None and ban.bad_data and ban.until > self.clock())
+
     async def live_peers(self, stage: int, fresh: bool = False, recent: bool = False) -> list[StageAnnouncement]:
         now = self.clock()
         return [a for a in await self.announced(stage, fresh, recent) if a.state in LIVE_STATES

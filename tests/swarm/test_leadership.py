@@ -48,7 +48,7 @@ class Heads:
 
     banned: frozenset[str] = frozenset()
 
-    def is_banned(self, peer: str) -> bool:
+    def refuses(self, peer: str) -> bool:
         return peer in self.banned
 
     async def admitted(self, peer: str) -> bool:
@@ -134,9 +134,9 @@ async def test_before_any_lease_is_read_here_a_head_is_asked_to_retry_and_is_adm
 
 
 async def test_a_peer_banned_here_may_still_download_the_stages_state_and_nothing_else():
-    """A replica whose state differs from its stage's is set aside (banned for a while) and told to download the
-    state again; with two replicas the only source is the peer that set it aside, which must serve it the state
-    (the public model) while it refuses that peer's boundary messages and commands."""
+    """A replica whose state differs from its stage's is set aside (banned for a while, as for bad data) and told to
+    download the state again; with two replicas the only source is the peer that set it aside, which must serve it
+    the state (the public model) while it refuses that peer's boundary messages and commands."""
     view = Heads(order=["A"], A=True)
     view.banned = frozenset({"B"})
     m = Membership(view, view, stage=0, n_stages=2, refresh_s=0.0)

@@ -38,7 +38,7 @@ class LaggingView:
         self.fresh_reads: dict[int, int] = {}
         self.banned: set[str] = set()
 
-    def is_banned(self, peer: str) -> bool:
+    def refuses(self, peer: str) -> bool:
         return peer in self.banned
 
     async def admitted(self, peer: str) -> bool:

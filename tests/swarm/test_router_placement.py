@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import time
 
+from protocol.wire import KIND_DRIVE, KIND_REDUCE
 from swarm.dht import StageAnnouncement
+from swarm.replicas.membership import Membership
 from swarm.replicas.router import (
     BAD_DATA_BAN_S,
     FRESH_READ_S,
@@ -24,6 +26,12 @@ class Directory(Router):
 
     async def announced(self, stage: int, fresh: bool = False, recent: bool = False) -> list[StageAnnouncement]:
         return [StageAnnouncement(p, "r", stage, [], t, 0, 0, "online", "0") for p, t in self.table.get(stage, [])]
+
+    async def lease_order(self, fresh: bool = False) -> list[str]:
+        return [p for p, _ in self.table.get(0, [])]
+
+    async def admitted(self, peer: str) -> bool:  # the DHT's side of Membership: an open swarm
+        return True
 
 
 def test_a_burst_of_failures_inside_one_ban_counts_once():
@@ -180,3 +188,22 @@ async def test_fresh_reads_of_the_members_reach_the_dht_at_most_twice_a_second_a
     assert dht.reads == 3  # a plain (not fresh) read keeps the cache for cache_seconds
     # a membership check must see a peer that announced a moment ago (a joiner asking for state): read now
     assert len(await r.live_peers(1, fresh=True)) == 1 and dht.reads == 4
+
+
+async def test_a_peer_avoided_for_failing_is_still_heard_and_one_banned_for_bad_data_or_the_run_is_not():
+    """Avoiding a peer that missed an answer is the router's business; its messages are still taken. A standby
+    head that missed the leader's pings under load refused the leader's commands until the ban ended, and fell
+    behind for good (test_no_coordinator). Numbers no honest peer sends, or a conviction, still close the door."""
+    r = Directory("me", {0: [("leader", 1.0)], 1: [("me", 1.0), ("twin", 1.0), ("liar", 1.0)]})
+    m = Membership(r, r, stage=1, n_stages=2, refresh_s=0.0)
+    r.report_failure("leader")
+    r.report_failure("twin")
+    assert r.is_banned("leader") and [a.peer_id for a in await r.live_peers(0)] == []  # avoided for routing
+    assert await m.check("leader", KIND_DRIVE) is None  # its commands are still taken
+    assert await m.check("twin", KIND_REDUCE) is None  # and a replica's contribution
+    r.report_failure("liar", bad_data=True)
+    refusal = await m.check("liar", KIND_REDUCE)
+    assert refusal is not None and "bad data" in refusal.reason
+    r.ban("twin", "false work")  # convicted for the run: refused from now on
+    refusal = await m.check("twin", KIND_REDUCE)
+    assert refusal is not None and "for the run" in refusal.reason
