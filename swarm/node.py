@@ -129,6 +129,10 @@ class PeerOptions:
                                         "step recomputed by another replica before the step is applied; a replica "
                                         "caught lying is banned for the run (default: 1/16; 0: no checks)",
                                         metavar="P")
+    probation_seats: int | None = opt(None, "head only: members of a stage seated in a step's reduce beyond those that "
+                                      "did work lately, once a stage has more (every member sends every seated one "
+                                      "its contribution: ids that do no work cost the swarm only these seats; "
+                                      "default: 4)", metavar="N")
     next_step_wait: float | None = opt(None, "seconds a message for the next step may wait while this peer finishes "
                                        "the current one, before it is refused (default: 10 s)", metavar="S")
     ttl: float = opt(15.0, "seconds this peer's announcements live without a heartbeat (a dead peer is forgotten "
@@ -209,6 +213,8 @@ async def run_peer(opts: PeerOptions, on_stage_peer: Callable[[StagePeer], None]
             parse_size(opts.max_memory)  # a bad size is refused before joining
         if opts.spot_check_rate is not None and not 0 <= opts.spot_check_rate <= 1:
             raise ValueError(f"--spot-check-rate must be a probability between 0 and 1, not {opts.spot_check_rate}.")
+        if opts.probation_seats is not None and opts.probation_seats < 0:
+            raise ValueError(f"--probation-seats must be 0 or more, not {opts.probation_seats}.")
         reach_options = dht_options(opts.reachability, opts.initial_peers, opts.host_maddrs, opts.public_ip,
                                     opts.announce_maddrs)
     except (AdmissionError, ValueError) as e:
@@ -305,7 +311,8 @@ async def run_peer(opts: PeerOptions, on_stage_peer: Callable[[StagePeer], None]
                              opts.resume, opts.rebalance_period, opts.steps, opts.step_timeout, reach.mode,
                              opts.linger, opts.rebalance_hold, opts.min_step_timeout, opts.next_step_wait,
                              opts.allow_fresh_stage, allowed, opts.activation_checkpointing,
-                             spot_check_rate=opts.spot_check_rate, on_stage_peer=on_stage_peer,
+                             spot_check_rate=opts.spot_check_rate, probation_seats=opts.probation_seats,
+                             on_stage_peer=on_stage_peer,
                              compile_blocks=bool(spec.extra.get("compile_blocks")))  # the run's, for every peer
         stage = recall_stage(opts.identity, spec.run_hash) if opts.stage == "auto" else None
         if stage is not None and stage not in allowed:

@@ -11,11 +11,14 @@
    - "bare": a node that announces the stage, answers commands and takes part in the reduce with an empty
      contribution (a standby's: no tensors), and never returns work: after one failed probe (probation) routers
      avoid it, which the model takes as never being picked (the probe's own cost is test_fake_ids' figure);
-     every honest replica still sends it its whole contribution each round, as `ReduceExchange` offers to every
-     member the leader names;
+     every honest replica sends it its whole contribution each round where it is seated (`ReduceExchange` offers
+     to every member the leader names);
    - "replica": a real replica on its own consumer GPU (drawn as the honest ones are) behind a 1 Gbit/s link:
      real compute the attacker pays per id.
-   and once K bare ids on stage 2 only (the commit waits for every stage's reduce: one stage is enough).
+   and once K bare ids on stage 2 only (the commit waits for every stage's reduce: one stage is enough);
+   each under the leader's seats (peer/step/seats.py: work first, `PROBATION_SEATS` more) and under the rule
+   before them, every member seated (`probation_seats=None`), side by side. A stage of more than MAX_GROUP
+   members under the rule before is not run: its reduce command cannot be sent (`limits`), so no step.
 4. `limits`: the reduce command's member list (`protocol.fields.MAX_GROUP`) at 64 and 65 members, decoded as a
    replica decodes it; and the leader's state-hash tally (`peer/checks/state_votes.py`, the rule alone, in
    memory) for a stage of 3 honest replicas and 4 ids that report one made-up hash, every member counted: what the
@@ -33,6 +36,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from peer.checks.state_votes import StateVotes
+from peer.step.seats import PROBATION_SEATS
 from protocol.control import Command, decode_command, encode_command
 from protocol.fields import MAX_GROUP
 from protocol.spec import preset
@@ -122,7 +126,8 @@ class _Driver(StepDriverModel):
         await _all(replica(i, p) for i, p in enumerate(group))
 
 
-async def _swarm(k: int, kind: str, honest: int, steps: int, seed: int, one_stage: bool, sync: str) -> dict:
+async def _swarm(k: int, kind: str, honest: int, steps: int, seed: int, one_stage: bool, sync: str,
+                 seated: str) -> dict:
     spec = preset("large", replica_sync=sync)
     work, wire = stage_flops(spec), wire_bytes(spec)
     cards = [(name, gpu(name, 0.4).flops_per_second) for name in CONSUMER]
@@ -146,14 +151,15 @@ async def _swarm(k: int, kind: str, honest: int, steps: int, seed: int, one_stag
         p.router._on_probation = (lambda orig: lambda stage, live: orig(stage, [x for x in live if x not in bare]))(
             original)
     microbatches = 4 * honest
-    driver = _Driver(swarm, StepOptions(microbatches, first_timeout=None), wire)
+    probation = PROBATION_SEATS if seated == "work first" else None
+    driver = _Driver(swarm, StepOptions(microbatches, first_timeout=None, probation_seats=probation), wire)
     driver.bare = frozenset(bare)
     await driver.run(steps)
     recs = driver.records
     step_tokens = microbatches * tokens_per_microbatch(spec)
     tps = (len(recs) - 1) * step_tokens / (recs[-1].end - recs[0].end)
     done = {p.peer_id: p.microbatches for p in swarm.peers.values()}
-    return {"replica_sync": sync, "attacker_ids_per_stage": k, "kind": kind,
+    return {"replica_sync": sync, "seats": seated, "attacker_ids_per_stage": k, "kind": kind,
             "stages_attacked": [2] if one_stage else "every", "honest_per_stage": honest,
             "members_per_stage": honest + k,
             "tokens_per_second": tps, "steps": driver.step, "failed_attempts": driver.failed_attempts,
@@ -163,17 +169,23 @@ async def _swarm(k: int, kind: str, honest: int, steps: int, seed: int, one_stag
             "microbatches_per_step": microbatches}
 
 
-def throughput(ks: tuple[int, ...], honest: int, steps: int, seed: int, sync: str) -> list[dict]:
+def throughput(ks: tuple[int, ...], honest: int, steps: int, seed: int, sync: str, seated: str) -> list[dict]:
     rows = []
-    runs = [("bare", k, False) for k in ks] + [("replica", k, False) for k in ks if k] + [("bare", ks[2], True)]
+    runs = [("bare", k, False) for k in ks] + [("replica", k, False) for k in ks[1:4]] + [("bare", ks[2], True)]
     for kind, k, one_stage in runs:
+        if seated == "every member" and honest + k > MAX_GROUP:
+            rows.append({"replica_sync": sync, "seats": seated, "attacker_ids_per_stage": k, "kind": kind,
+                         "stages_attacked": [2] if one_stage else "every", "honest_per_stage": honest,
+                         "members_per_stage": honest + k, "tokens_per_second": 0.0,
+                         "not_run": f"more than {MAX_GROUP} members: the reduce command cannot name them (limits)"})
+            continue
         t = time.perf_counter()
-        row = run_virtual(_swarm(k, kind, honest, steps, seed, one_stage, sync))
+        row = run_virtual(_swarm(k, kind, honest, steps, seed, one_stage, sync, seated))
         row["wall_s"] = time.perf_counter() - t
         rows.append(row)
-        print(f"{sync:8s} {kind:8s} K={k:3d}{' on stage 2 only' if one_stage else ''}: {row['tokens_per_second']:8.0f} "
-              f"tokens/s, step {row['median_step_s']:.1f} s (commit {row['median_commit_s']:.1f} s), "
-              f"{row['wall_s']:.0f} s wall", flush=True)
+        print(f"{sync:8s} {seated:12s} {kind:8s} K={k:3d}{' on stage 2 only' if one_stage else ''}: "
+              f"{row['tokens_per_second']:8.0f} tokens/s, step {row['median_step_s']:.1f} s "
+              f"(commit {row['median_commit_s']:.1f} s), {row['wall_s']:.0f} s wall", flush=True)
     base = rows[0]["tokens_per_second"]
     for row in rows:
         row["of_clean"] = row["tokens_per_second"] / base
@@ -185,14 +197,15 @@ def main(out_dir: str, quick: bool = False) -> None:
     logging.disable(logging.WARNING)  # every ban is a warning
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    ks = (0, 4, 16) if quick else (0, 4, 16, 32, 60)
+    ks = (0, 4, 16, 100) if quick else (0, 4, 16, 32, 60, 100, 400)
     result = {"defaults": {"id_work_bits": BITS, "ids_per_network": N, "ids_per_block": M},
               "work": work_rate(), "fielded": fielded(), "limits": limits(),
               "throughput": {"model": "swarm/bench/simulate: large, 4 stages, 3 honest replicas per stage on "
                              "consumer GPUs at 40% MFU, 80 Mbit/s symmetric links, 10-150 ms; replica sync exact (the "
                              "spec default) and powersgd rank 8; attacker ids 1 Gbit/s, 10 ms; 12 microbatches a "
                              "step; 6 steps, the first untimed",
-                             "rows": [r for sync in ("exact", "powersgd") for r in throughput(ks, 3, 6, 0, sync)]},
+                             "rows": [r for sync in ("exact", "powersgd") for seated in ("work first", "every member")
+                                      for r in throughput(ks, 3, 6, 0, sync, seated)]},
               "cpu_s": resource.getrusage(resource.RUSAGE_SELF).ru_utime}
     (out / "identity_budget.json").write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps({k: result[k] for k in ("work", "fielded", "limits")}, indent=1))

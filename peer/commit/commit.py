@@ -103,8 +103,7 @@ class StepCommit:
         self._limits = flat_limits(self.spec, self.runner)
         self.forwarder = FollowForwarder(daemon, self._limits, self.wait)  # to replicas catching up
         self.power = PowerSync(self.runner) if self.spec.replica_sync == "powersgd" else None
-        # peers that the leader's last `apply` named as having reduced that step (every stage): who did
-        # work, for placement (swarm/replicas/placement.py), where announcements are only claims
+        # who the leader's last `apply` named as having reduced (every stage): placement's workers, not claims
         self.workers: list[str] = []
         self.records: list = []  # StepRecords of the steps applied here
         self.last_applied: tuple[int, int] | None = None  # (step, attempt) of the last sum applied here
@@ -118,9 +117,8 @@ class StepCommit:
         self.synced_steps = 0  # steps applied here whose reduce had another replica in it
         self.last_sync_bytes = 0  # what the last applied step's reduce sent
         self.hasher = StateHasher(self.stage)  # the state hash after every few steps (peer/runner/state_hasher.py)
-        # the leader's command of a later step came: the swarm went on without this replica, whose owner catches
-        # up (swarm/replicas/own_state.py). Only commands count: they come from the leader, a message's step
-        # from anyone admitted
+        # the leader's command of a later step (or an apply of this one, unsummed here) came: the swarm went on without
+        # this replica, whose owner catches up (swarm/replicas/own_state.py). Only the leader's commands count
         self.on_behind: Callable[[int], None] | None = None
         self.banned = asyncio.Event()  # the leader's abort named this peer: banned for the run
         self.ban_reason = ""  # why, as the leader said (peer/checks/spot_checks.py)
@@ -349,6 +347,8 @@ class StepCommit:
         d = self.daemon
         reduced = self.runner.reduced
         if reduced is None or (reduced.step, reduced.attempt) != (cmd.step, cmd.attempt):
+            if cmd.step == self.runner.step and not local and self.on_behind is not None:
+                self.on_behind(cmd.step + 1)  # the swarm applies a step this replica holds no sum of: left out of it
             return self._reply(cmd, "failed", "no reduced gradient is held for this attempt.")
         await self.hasher.wait()  # the step changes the state the last hash reads
         done = await d.run_step(self._apply_job, cmd.step, cmd.attempt, cmd.skip)

@@ -65,6 +65,9 @@ class StateService:
         # serve a joiner only a state at a step whose hash the replicas report (set where the swarm records those
         # hashes: a run with a coordinator), so that the joiner can check it against the vouched one
         self.hashed_only = False
+        # its owner: this replica is getting the stage's state itself (left behind, downloading): it has none to give,
+        # and a wait for its next hashed step would cost the asker HASHED_WAIT_S, since it is not stepping
+        self.catching_up: Callable[[], bool] = lambda: False
 
     async def start(self) -> None:
         await self.daemon.link.serve(KIND_STATE, self._on_request)
@@ -101,6 +104,9 @@ class StateService:
         for sid in [s for s, (_, t) in self._snapshots.items() if now - t > SNAPSHOT_TTL_S]:
             del self._snapshots[sid]
         if req.op in ("meta", "now"):
+            if self.catching_up():
+                return self.daemon.refuse("this replica is catching up with its stage itself; ask another replica "
+                                          "for the state.", sender)
             got = await (self._hashed_snapshot(sender) if self.hashed_only and req.op == "meta"
                          else self.daemon.run(self._snapshot, sender))
             if got is None:

@@ -14,7 +14,8 @@ A step, as the leader drives it (docs/design.md section 3):
    measured round trips and requests in flight, and so does every stage downstream;
 3. wait for every microbatch's gradient, with a deadline that follows the measured step time
    (`peer/step/microbatch_phase.py`);
-4. commit (`peer/commit/commit.py`): every live replica of every stage reduces, and if each stage
+4. commit (`peer/commit/commit.py`): the live replicas of every stage that `ReduceSeats` seats (every one,
+   unless a stage has more than those that work and `--probation-seats`: `peer/step/seats.py`) reduce, and if each stage
    agrees on one sum that holds every microbatch once (`peer/step/reduce_verdict.py`), every replica
    that reduced applies it.
 
@@ -40,7 +41,7 @@ from peer.daemon.interfaces import PeerDirectory
 from peer.daemon.step_log import AttemptFailed, StepLog, timed
 from peer.daemon.transfer_time import StepDeadlines
 from peer.runner.stage import StageError
-from protocol.control import MAX_GROUP, Command
+from protocol.control import MAX_GROUP, Command, CommandReply
 from protocol.step_record import StepRecord
 
 from .attempt_watch import AttemptWatch
@@ -49,6 +50,7 @@ from .commands import UNREACHABLE, CommandSender
 from .microbatch_phase import MicrobatchPhase
 from .redrive_cause import Failure, RedriveCause, describe
 from .reduce_verdict import judge_reduce, refusal_evidence
+from .seats import PROBATION_SEATS, STATUS_TIMEOUT_S, ReduceSeats
 from .succession import Succession
 
 log = logging.getLogger(__name__)
@@ -59,7 +61,8 @@ class StepDriver:
                  batches: Callable[[int, int], torch.Tensor], *, min_timeout: float = 15.0,
                  first_timeout: float = 120.0, command_timeout: float = 90.0, ping_period: float = 1.0,
                  ping_failures: int = 3, watch_period: float | None = 1.0, spot_check_rate: float = 1 / 16,
-                 calibrate_period: float | None = PERIOD_S,
+                 calibrate_period: float | None = PERIOD_S, max_group: int = MAX_GROUP,
+                 probation_seats: int = PROBATION_SEATS,
                  sign_record: Callable[[StepRecord], StepRecord] | None = None) -> None:
         if not daemon.runner.is_first:
             raise ValueError("only a head peer drives steps.")
@@ -77,6 +80,7 @@ class StepDriver:
                                exact=self.spec.replica_sync == "exact", leader=self.peer_id,
                                check_timeout=self.deadlines.share, verify=signer.verify if signer else None)
         self._record = b""  # the signed StepRecord of the attempt's data (`MicrobatchPhase.run`)
+        self.seats = ReduceSeats(self.peer_id, max_group, probation_seats)  # who reduces: work first (seats.py)
         self.redrives = RedriveCause()  # why one step keeps failing, named after a few attempts
         # sends the coordinator a named refuser's signed refusal of this head's reduce (None: nobody to judge it)
         self.report_refusal: Callable[[bytes], Awaitable[object]] | None = None
@@ -152,6 +156,8 @@ class StepDriver:
                 on_step(record)
 
     async def _claim(self, leads: bool) -> None:
+        if not leads:
+            self.seats.forget()
         self.daemon.leads = leads
         await self.directory.announce(self.daemon.status())
 
@@ -297,9 +303,11 @@ class StepDriver:
 
     async def _commit(self, step: int, attempt: int) -> None:
         members = await self._members()
-        groups = {s: sorted(p for p, t in members.items() if t == s) for s in set(members.values())}
+        seating = await self.seats.seat(members, step, attempt, self._status, await self.directory.lease_order() or [],
+                                        self._record)
+        groups = seating.groups
         cmds = {peer: Command(self.spec.run_hash, step, attempt, "reduce", groups[stage], self._record)
-                for peer, stage in members.items()}
+                for stage, peers in groups.items() for peer in peers}
         self.commit_parts = {}
         with timed(self.commit_parts, "reduce"):
             replies = dict(zip(cmds, await asyncio.gather(
@@ -314,7 +322,8 @@ class StepDriver:
         self.votes.conclude(step, {p: s for s, peers in workers.items() for p in peers})
         if any(r.blame for r in replies.values()):  # a replica refused another's contribution, or it never came
             self.spot.judge_blame(replies, members, step)
-        for p in [p for p, r in replies.items() if r.reason.startswith(UNREACHABLE) and p not in self.commit.workers]:
+        unreached = [p for p, r in replies.items() if r.reason.startswith(UNREACHABLE) and p not in self.commit.workers]
+        for p in unreached + seating.unreachable:
             self.directory.report_failure(p)  # an id that never did work and nobody reaches: not asked every step
         try:
             verdict = judge_reduce(replies, members, self.spec.n_stages, self.work.shares)
@@ -332,6 +341,7 @@ class StepDriver:
                         step + 1, verdict.overflowed, self.runner.scale, self.runner.scale / 2)
         self._named = self._commands.named = sorted(verdict.named)[:MAX_GROUP]  # every apply names them (placement)
         self.last_workers = verdict.workers  # who did the step's work, by stage (issue 20: re-fits count only them)
+        self.seats.remember(step + 1, verdict.workers)
         self._workers_of = step + 1
         self.work.proven = {p for p in verdict.named if members[p] == 0}  # heads that reduced: shares from now on
         if verdict.snapshots is not None:  # every stage's snapshot at one step
@@ -347,3 +357,8 @@ class StepDriver:
                 raise AttemptFailed(f"this head could not apply the step: {mine.reason}")
         others = {p: members[p] for p in verdict.appliers if p != self.peer_id}
         self._applying = asyncio.create_task(self._commands.apply_everywhere(others, step, attempt, skip))
+        if seating.left_out:  # told the apply, they find they hold no sum of the step: left behind, they catch up
+            self.daemon.spawn(self._broadcast(seating.left_out, "apply", step, attempt, skip))
+
+    async def _status(self, peer: str, step: int, attempt: int) -> CommandReply:
+        return await self._command(peer, "status", step, attempt, timeout=STATUS_TIMEOUT_S)

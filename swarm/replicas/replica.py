@@ -145,6 +145,7 @@ class ReplicaContext:
     checkpointing: bool = False  # activation checkpointing per block (peer/runner/stage.py)
     compile_blocks: bool = False  # torch.compile each block of the stage (peer/runner/stage.py)
     spot_check_rate: float | None = None  # the share of replicas' work a leader recomputes (None: its default)
+    probation_seats: int | None = None  # a leader's reduce seats beyond the members that work (None: its default)
     on_stage_peer: Callable[[StagePeer], None] | None = None  # an extension point: `run_peer` (swarm/node.py)
 
 
@@ -179,7 +180,8 @@ class ReplicaService:
                                 admit=membership.check,
                                 **given(future_step_wait=ctx.next_step_wait)),
             driver_options=dict(first_timeout=ctx.step_timeout, sign_record=sign_record(ctx.sdht.identity),
-                                **given(min_timeout=ctx.min_step_timeout, spot_check_rate=ctx.spot_check_rate)),
+                                **given(min_timeout=ctx.min_step_timeout, spot_check_rate=ctx.spot_check_rate,
+                                       probation_seats=ctx.probation_seats)),
             # every stage snapshots at the same steps: the interval is the coordinator's, in the signed spec
             snapshot_options=dict(every=snapshot_interval(self.spec)))
         sync.daemon = peer.daemon
@@ -203,6 +205,7 @@ class ReplicaService:
         self.own_check = OwnStateCheck(peer, states, self._resync, ctx.report)
         peer.commit.hasher.on_hashed.append(lambda state: self.own_check.after_step(state[0]))  # once its hash is in
         self.behind_check = BehindCheck(peer, self._resync, ctx.report)
+        peer.state.catching_up = lambda: self.behind_check.catching_up() or self.source.resyncing  # no donor then
         records = WorkRecords(self.spec, ctx, sync, peer.daemon.spawn)  # to the coordinator, which vouches
         if peer.driver is not None:
             peer.driver.on_committed = records.after_commit

@@ -20,9 +20,11 @@ One attempt at a step:
    back to exactly the sender, which queues its backward, and `Router.release` records the round
    trip; each activation and gradient waits its turn in its sender's send line (`SendLine`, the
    swarm's `--send-order fifo`). A send to a dead replica fails; the sender bans it (`report_failure`) and picks again;
-3. commit: the leader sends "reduce" to every live member of every stage its router lists; each
-   stage's replicas send their contribution to every other replica (exact: one round; powersgd:
-   two, the second after the first's sums), answer, and the leader sends "apply" and goes on;
+3. commit: the leader seats each stage's reduce as the driver does (`ReduceSeats`, peer/step/seats.py: every
+   member, or where some may be left out, after a status round trip, the members holding work, the
+   proven and `probation_seats` drawn; `probation_seats=None`: every member, the rule before it) and sends
+   "reduce" to them; each stage's seated replicas send their contribution to every other one (exact: one
+   round; powersgd: two, the second after the first's sums), answer, and the leader sends "apply" and goes on;
 4. a death of a peer that holds work of the attempt, or did the last step's work (what
    `AttemptWatch` pings), fails the attempt `watch_s` later (three pings at 1 s); in the commit,
    a member that died fails it `reduce_dead_s` later (`ReduceWatch`); the attempt also fails at
@@ -43,6 +45,8 @@ from dataclasses import dataclass, field
 
 from peer.daemon.interfaces import LinkError, PeerInfo
 from peer.step.leadership import leader_of
+from peer.step.seats import PROBATION_SEATS, ReduceSeats
+from protocol.control import CommandReply
 
 from .engine import now
 from .hardware import WireBytes
@@ -63,6 +67,7 @@ class StepOptions:
     min_timeout: float = 15.0
     first_timeout: float | None = 120.0  # swarm peer --step-timeout (None: the operator set it high enough)
     reduce: str = "all"  # REDUCES: "all", as the swarm does; "ring", a reduce not built yet (modelled)
+    probation_seats: int | None = PROBATION_SEATS  # None: every member sits in the reduce (the rule before seats)
 
 
 # how a stage's replicas exchange a reduce round of b bytes each: "all" sends every other replica the whole
@@ -100,6 +105,7 @@ class StepDriverModel:
     _phase_ewma: float | None = None
     _in_commit: bool = False
     _phases: tuple[float, float] = (0.0, 0.0)
+    _seats: ReduceSeats | None = None  # the leader's memory of who works (a new leader starts without one)
 
     def __post_init__(self) -> None:
         self.swarm.on_death = self._on_death
@@ -161,6 +167,8 @@ class StepDriverModel:
         if leader is not None and self._leader is not None and leader is not self._leader:
             # a new leader: a status and an abort round trip to every peer before its first attempt
             await asyncio.sleep(2 * 2 * max(p.latency_s for p in self.swarm.peers.values() if p.alive))
+        if leader is not self._leader and leader is not None and self.opts.probation_seats is not None:
+            self._seats = ReduceSeats(leader.peer_id, probation=self.opts.probation_seats)
         self._leader = leader
         self.swarm.leader_id = pid
         return leader
@@ -197,6 +205,8 @@ class StepDriverModel:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
         self._workers = {p.peer_id for p in self.swarm.peers.values() if p.microbatches and p.alive}
+        if self._seats is not None:
+            self._seats.remember(self.step + 1, {0: sorted(self._workers)})
 
     async def _until_failed(self, work, timeout: float | None) -> None:
         work = asyncio.ensure_future(work)
@@ -275,7 +285,7 @@ class StepDriverModel:
         groups: dict[int, list[SimPeer]] = {}
         for s in range(self.spec.n_stages):
             found = [self.swarm.peers[m.peer_id] for m in await leader.router.members(s)]
-            groups[s] = [p for p in found if p.ready] or [leader]
+            groups[s] = await self._seated(leader, s, [p for p in found if p.ready] or [leader])
         self._involved |= {p.peer_id for g in groups.values() for p in g}
         await _all(self._reduce(leader, s, g) for s, g in groups.items())
         apply = self.swarm.cfg.work.apply
@@ -285,6 +295,18 @@ class StepDriverModel:
             for p in g:
                 if p is not leader:
                     asyncio.ensure_future(self._apply(leader, p, apply[s] if apply is not None else 0.0))
+
+    async def _seated(self, leader: SimPeer, stage: int, members: list[SimPeer]) -> list[SimPeer]:
+        """The stage's seats in the reduce (`ReduceSeats`); a status round trip first where some may be left out."""
+        ids = [p.peer_id for p in members]
+        if self._seats is None or not self._seats.needs_status(stage, ids, self.swarm.order):
+            return members
+        asked = [p for p in members if p is not leader]
+        answered = await asyncio.gather(*(self.swarm.send(leader, p, self.wire.command) for p in asked))
+        replies = {p.peer_id: CommandReply(self.step, 0, "ok" if ok else "failed", [0] if p.microbatches else [])
+                   for p, ok in zip(asked, answered)}
+        seats, _ = self._seats.choose(stage, ids, replies, 0, self.swarm.order, self.step.to_bytes(8, "big"))
+        return [p for p in members if p.peer_id in seats]
 
     async def _apply(self, leader: SimPeer, peer: SimPeer, seconds: float) -> None:
         if await self.swarm.send(leader, peer, self.wire.command):
