@@ -65,8 +65,8 @@ class StateService:
         # serve a joiner only a state at a step whose hash the replicas report (set where the swarm records those
         # hashes: a run with a coordinator), so that the joiner can check it against the vouched one
         self.hashed_only = False
-        # its owner: this replica is getting the stage's state itself (left behind, downloading): it has none to give,
-        # and a wait for its next hashed step would cost the asker HASHED_WAIT_S, since it is not stepping
+        # its owner: this replica is downloading the stage's state itself (left behind): it has none to give, and a
+        # wait for its next hashed step would cost the asker HASHED_WAIT_S, since it is not stepping
         self.catching_up: Callable[[], bool] = lambda: False
 
     async def start(self) -> None:
@@ -86,7 +86,7 @@ class StateService:
         a pause of the swarm: a state at another step is one no record will vouch for, and the joiner
         refuses it (peer/checks/vouched_state.py), so serving it would only cost the joiner its download."""
         deadline = time.monotonic() + HASHED_WAIT_S
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not self.catching_up():  # two left out at once: each asked the other
             got = await self.daemon.run(self._snapshot, follower, self.commit.hasher.every)
             if got is not None:
                 return got
@@ -104,14 +104,14 @@ class StateService:
         for sid in [s for s, (_, t) in self._snapshots.items() if now - t > SNAPSHOT_TTL_S]:
             del self._snapshots[sid]
         if req.op in ("meta", "now"):
-            if self.catching_up():
-                return self.daemon.refuse("this replica is catching up with its stage itself; ask another replica "
-                                          "for the state.", sender)
-            got = await (self._hashed_snapshot(sender) if self.hashed_only and req.op == "meta"
-                         else self.daemon.run(self._snapshot, sender))
+            got = None if self.catching_up() else await (
+                self._hashed_snapshot(sender) if self.hashed_only and req.op == "meta"
+                else self.daemon.run(self._snapshot, sender))
             if got is None:
-                return self.daemon.refuse(f"this stage reached no step whose state the swarm records within "
-                                          f"{HASHED_WAIT_S:.0f} s (it is not training); ask again once it is.", sender)
+                return self.daemon.refuse(
+                    "this replica is downloading its stage's state itself; ask another replica for it."
+                    if self.catching_up() else f"this stage reached no step whose state the swarm records within "
+                    f"{HASHED_WAIT_S:.0f} s (it is not training); ask again once it is.", sender)
             step, data = got
             sid = time.monotonic_ns()
             self._snapshots[sid] = (data, now)

@@ -116,10 +116,6 @@ class BehindCheck:
         self._running = True
         self.peer.daemon.spawn(self._catch_up())
 
-    def catching_up(self) -> bool:
-        """Whether this replica was told it is behind and is getting level (by itself, or by a download)."""
-        return self._running
-
     def patience(self) -> float:
         """How long, with no step applied here, this replica waits to get level by itself:
 

@@ -205,7 +205,7 @@ class ReplicaService:
         self.own_check = OwnStateCheck(peer, states, self._resync, ctx.report)
         peer.commit.hasher.on_hashed.append(lambda state: self.own_check.after_step(state[0]))  # once its hash is in
         self.behind_check = BehindCheck(peer, self._resync, ctx.report)
-        peer.state.catching_up = lambda: self.behind_check.catching_up() or self.source.resyncing  # no donor then
+        peer.state.catching_up = lambda: self.source.resyncing  # downloading the state itself: no donor meanwhile
         records = WorkRecords(self.spec, ctx, sync, peer.daemon.spawn)  # to the coordinator, which vouches
         if peer.driver is not None:
             peer.driver.on_committed = records.after_commit
