@@ -1,6 +1,7 @@
 """Fixtures that start real swarm processes and always stop them (process groups, p2pd too)."""
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import os
@@ -63,6 +64,17 @@ def wait_for_event(swarm: LocalSwarm, name: str, event: str, timeout: float = 12
                 continue
             raise
         time.sleep(0.1)  # poll interval of a report file written by another process
+
+
+async def follow_beside_oracle(swarm: LocalSwarm, spec, steps: int) -> tuple[list[dict], list[float]]:
+    """The head's step records to the run's end, and the one-process oracle's losses of the same run, which trains
+    meanwhile (one torch thread; ~20 s of CPU on a busy 2-core box, which the swarm's peers, waiting on each other's
+    messages most of a step, leave partly idle). The caller stops the swarm."""
+    from tests.peer.swarm_in_memory import oracle
+    want = asyncio.create_task(asyncio.to_thread(oracle, spec, steps))
+    records = await asyncio.to_thread(swarm.follow, 120.0)
+    await asyncio.to_thread(swarm.wait_for_head)
+    return records, await want
 
 
 def wait_for_steps(swarm: LocalSwarm, count: int, timeout: float = 120.0) -> list[dict]:

@@ -11,8 +11,7 @@ import re
 
 from protocol.spec import preset
 from swarm.local import LocalOptions, LocalSwarm
-from tests.e2e.conftest import wait_for_event
-from tests.peer.swarm_in_memory import oracle
+from tests.e2e.conftest import follow_beside_oracle, wait_for_event
 
 
 async def test_a_second_head_computes_a_share_of_every_step_and_the_run_equals_one_heads(tmp_path):
@@ -28,14 +27,9 @@ async def test_a_second_head_computes_a_share_of_every_step_and_the_run_equals_o
             swarm.start_peer(0, "--steps", str(steps), "--spot-check-rate", "1", name=name)
         for name in (first, second, "stage1"):
             await asyncio.to_thread(wait_for_event, swarm, name, "ready", 120)
-        # the oracle trains while the swarm does (one torch thread; ~20 s of CPU on a busy 2-core box, which
-        # the swarm's peers, waiting on each other's messages most of a step, leave partly idle)
-        want = asyncio.create_task(asyncio.to_thread(oracle, spec, steps))
-        records = await asyncio.to_thread(swarm.follow, 120.0)
-        await asyncio.to_thread(swarm.wait_for_head)
+        records, oracle_losses = await follow_beside_oracle(swarm, spec, steps)
     finally:
         await asyncio.to_thread(swarm.stop)
-    oracle_losses = await want
     assert [r["step"] for r in records] == list(range(1, steps + 1))
     shared = [r for r in records if len([h for h, n in r["heads"].items() if n > 0]) == 2]
     assert shared, "the second head never computed a share"

@@ -12,8 +12,7 @@ import re
 from protocol.spec import preset
 from swarm.local import LocalOptions, LocalSwarm
 from tests.doubles.idle_peer import MODULE as IDLE_PEER
-from tests.e2e.conftest import wait_for_event
-from tests.peer.swarm_in_memory import oracle
+from tests.e2e.conftest import follow_beside_oracle, wait_for_event
 
 IDLE = ("idle1", "idle2")
 
@@ -32,12 +31,9 @@ async def test_members_that_take_no_work_are_left_out_catch_up_by_themselves_and
         ids = {name: (await asyncio.to_thread(wait_for_event, swarm, name, "ready", 120))[0]["peer_id"]
                for name in ("worker", *IDLE)}
         swarm.start_peer(0, "--steps", str(steps), "--probation-seats", "0", name=head)
-        want = asyncio.create_task(asyncio.to_thread(oracle, spec, steps))
-        records = await asyncio.to_thread(swarm.follow, 120.0)
-        await asyncio.to_thread(swarm.wait_for_head)
+        records, oracle_losses = await follow_beside_oracle(swarm, spec, steps)
     finally:
         await asyncio.to_thread(swarm.stop)
-    oracle_losses = await want
     assert [r["step"] for r in records] == list(range(1, steps + 1))
     lead = (swarm.dir / f"{head}.log").read_text()
     seated = re.findall(r"stage 1 seats (\d+) of its (\d+) members in the reduce", lead)

@@ -3,21 +3,17 @@ stage only the probation seats, however many announce it, and more members than 
 longer stop the swarm. The rule on its own, then an in-memory swarm with 6 idle members on a stage of 3 workers."""
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
-from peer.daemon.loopback import LoopbackDirectory
 from peer.daemon.step_log import AttemptFailed
 from peer.step.seats import ReduceSeats
 from protocol.control import CommandReply
 from protocol.wire import KIND_REDUCE
-from tests.peer.swarm_in_memory import TEST_DRIVER_OPTIONS, make_swarm
+from tests.peer.swarm_in_memory import TEST_DRIVER_OPTIONS, make_swarm, routers_skip, run_and_stop
 from tests.peer.test_replicas import assert_close, spec_for
 
 IDLE = {f"s1r{i}" for i in range(3, 9)}  # 6 members of stage 1 that routers never give a microbatch
 STEPS = 6
-DEADLINE_S = 600.0  # a drive that never commits fails here, not forever
 
 
 def status(attempt: int, microbatches: list[int] = (), outcome: str = "ok") -> CommandReply:
@@ -64,11 +60,7 @@ def test_more_holders_than_a_reduce_seats_fail_the_attempt():
 
 @pytest.fixture
 def routers_skip_idle(monkeypatch):
-    pick = LoopbackDirectory.pick
-
-    async def skipping(self, stage: int, exclude=frozenset()) -> str:
-        return await pick(self, stage, set(exclude) | IDLE)
-    monkeypatch.setattr(LoopbackDirectory, "pick", skipping)
+    routers_skip(monkeypatch, IDLE)
 
 
 async def test_idle_members_beyond_the_probation_seats_are_left_out_told_and_the_run_equals_the_oracle(
@@ -86,11 +78,7 @@ async def test_idle_members_beyond_the_probation_seats_are_left_out_told_and_the
     told: dict[str, list[int]] = {p: [] for p in IDLE}
     for p in IDLE:
         swarm.peers[p].commit.on_behind = told[p].append
-    try:
-        logs = await asyncio.wait_for(swarm.drive(STEPS), DEADLINE_S)
-        await swarm.applied()
-    finally:
-        await swarm.stop()
+    logs = await run_and_stop(swarm, STEPS)
     assert [log.step for log in logs] == list(range(1, STEPS + 1))
     assert_close([log.loss for log in logs], oracle_runs.losses(spec, STEPS), 1e-10)
     assert all(swarm.peers[p].daemon.tokens_done == 0 for p in IDLE), "an idle member got work: the test shows nothing"

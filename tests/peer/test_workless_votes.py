@@ -5,27 +5,19 @@ replicas that did the work, which the leader would then take out as odd. Countin
 hash is never agreed, no working replica is taken out, and the run equals the oracle."""
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
-from peer.daemon.loopback import LoopbackDirectory
-from tests.peer.swarm_in_memory import make_swarm
+from tests.peer.swarm_in_memory import make_swarm, routers_skip, run_and_stop
 from tests.peer.test_replicas import assert_close, spec_for
 
 IDLE = {"s1r3", "s1r4", "s1r5", "s1r6"}  # more than the 3 working replicas of stage 1
 MADE_UP = "f" * 64
 STEPS = 6  # the state after 4 steps is hashed, and tallied at step 5's commit
-DEADLINE_S = 600.0  # a drive that never commits fails here, not forever
 
 
 @pytest.fixture
 def routers_skip_idle(monkeypatch):
-    pick = LoopbackDirectory.pick
-
-    async def skipping(self, stage: int, exclude=frozenset()) -> str:
-        return await pick(self, stage, set(exclude) | IDLE)
-    monkeypatch.setattr(LoopbackDirectory, "pick", skipping)
+    routers_skip(monkeypatch, IDLE)
 
 
 async def test_four_idle_replicas_reporting_one_made_up_hash_take_no_working_replica_out(routers_skip_idle,
@@ -40,11 +32,7 @@ async def test_four_idle_replicas_reporting_one_made_up_hash_take_no_working_rep
     driver.votes.add = driver._commands.on_apply = made_up
     driver.votes.on_agreed = lambda steps, hashes: agreed.append((steps, dict(hashes)))
     driver.directory.report_failure = lambda peer, bad_data=False: reported.append((peer, bad_data))
-    try:
-        logs = await asyncio.wait_for(swarm.drive(STEPS), DEADLINE_S)
-        await swarm.applied()
-    finally:
-        await swarm.stop()
+    logs = await run_and_stop(swarm, STEPS)
     assert [log.step for log in logs] == list(range(1, STEPS + 1))
     assert_close([log.loss for log in logs], oracle_runs.losses(spec, STEPS), 1e-10)
     idle = [swarm.peers[p] for p in sorted(IDLE)]
