@@ -109,15 +109,17 @@ class ReduceSeats:
         for p, s in sorted(members.items()):
             by_stage.setdefault(s, []).append(p)
         seating = Seating({})
+        asked = [p for s, peers in by_stage.items() if self.needs_status(s, peers, lease) for p in peers
+                 if p != self.leader]  # every stage's at once: one round trip (at most STATUS_TIMEOUT_S) a step
+        replies = dict(zip(asked, await asyncio.gather(*(status(p, step, attempt) for p in asked))))
         for stage, peers in sorted(by_stage.items()):
             if not self.needs_status(stage, peers, lease):
                 seating.groups[stage], self._left[stage] = peers, 0
                 continue
-            asked = [p for p in peers if p != self.leader]
-            replies = dict(zip(asked, await asyncio.gather(*(status(p, step, attempt) for p in asked))))
-            seating.unreachable += [p for p, r in replies.items() if r.reason.startswith(UNREACHABLE)
+            seating.unreachable += [p for p in peers if p in replies and replies[p].reason.startswith(UNREACHABLE)
                                     and p not in self.worked]  # an id that never worked here and nobody reaches
-            seats, left_out = self.choose(stage, peers, replies, attempt, lease, draw_key)
+            seats, left_out = self.choose(stage, peers, {p: replies[p] for p in peers if p in replies}, attempt,
+                                          lease, draw_key)
             seating.groups[stage] = seats
             seating.left_out.update({p: stage for p in left_out})
             if len(left_out) != self._left.get(stage, 0):
