@@ -12,7 +12,7 @@ leading head seats, per stage s at step t,
     L: stage 0 only: the heads the leader lease names (each did checked work to be named), and the leader
     P: the proven: members that did a step's work (`ReduceVerdict.workers`) in the last `PROVEN_STEPS` steps
        this head committed, most recent first
-    D: up to `probation` other members at step t, ranked by sha256(record | attempt | peer id), which nobody
+    D: up to `probation` other members at step t, ranked by sha256(record | t | attempt | peer id), which nobody
        knows before the step's record is signed: a newcomer's way in beside the microbatches routers give it
 
 only where the stage has more members than H ∪ L ∪ P ∪ D could hold (no status query then: every member is
@@ -109,6 +109,7 @@ class ReduceSeats:
         for p, s in sorted(members.items()):
             by_stage.setdefault(s, []).append(p)
         seating = Seating({})
+        key = draw_key + step.to_bytes(8, "big")  # the step too: a swarm without a coordinator signs no record
         asked = [p for s, peers in by_stage.items() if self.needs_status(s, peers, lease) for p in peers
                  if p != self.leader]  # every stage's at once: one round trip (at most STATUS_TIMEOUT_S) a step
         replies = dict(zip(asked, await asyncio.gather(*(status(p, step, attempt) for p in asked))))
@@ -119,7 +120,7 @@ class ReduceSeats:
             seating.unreachable += [p for p in peers if p in replies and replies[p].reason.startswith(UNREACHABLE)
                                     and p not in self.worked]  # an id that never worked here and nobody reaches
             seats, left_out = self.choose(stage, peers, {p: replies[p] for p in peers if p in replies}, attempt,
-                                          lease, draw_key)
+                                          lease, key)
             seating.groups[stage] = seats
             seating.left_out.update({p: stage for p in left_out})
             if len(left_out) != self._left.get(stage, 0):

@@ -51,6 +51,18 @@ def test_a_small_stage_is_seated_whole_without_a_status_query_and_stage_0_keeps_
     assert {"lead", "h1", "h2"} <= set(seated) and len(seated) == 3 + 4
 
 
+async def test_without_a_step_record_the_probation_seats_are_still_drawn_anew_every_step():
+    """A swarm without a coordinator signs no step record: the step itself keeps the draw moving."""
+    seats = ReduceSeats("lead", probation=2)
+    seats.remember(1, {1: ["a"]})
+    members = {"lead": 0, "a": 1} | {f"x{i:02d}": 1 for i in range(30)}
+
+    async def status(peer: str, step: int, attempt: int) -> CommandReply:
+        return CommandReply(step, attempt, "ok", [0] if peer == "a" else [])
+    drawn = [set((await seats.seat(members, step, 0, status, [], b"")).groups[1]) - {"a"} for step in range(1, 6)]
+    assert all(len(d) == 2 for d in drawn) and len(set(map(frozenset, drawn))) > 1, drawn
+
+
 def test_more_holders_than_a_reduce_seats_fail_the_attempt():
     seats = ReduceSeats("lead", max_group=4)
     members = ["a", "b", "c", "d", "e"]
