@@ -110,11 +110,11 @@ class ReduceSeats:
             by_stage.setdefault(s, []).append(p)
         seating = Seating({})
         key = draw_key + step.to_bytes(8, "big")  # the step too: a swarm without a coordinator signs no record
-        asked = [p for s, peers in by_stage.items() if self.needs_status(s, peers, lease) for p in peers
-                 if p != self.leader]  # every stage's at once: one round trip (at most STATUS_TIMEOUT_S) a step
-        replies = dict(zip(asked, await asyncio.gather(*(status(p, step, attempt) for p in asked))))
+        crowded = {s for s, peers in by_stage.items() if self.needs_status(s, peers, lease)}
+        asked = [p for s in crowded for p in by_stage[s] if p != self.leader]  # every crowded stage's at once: one
+        replies = dict(zip(asked, await asyncio.gather(*(status(p, step, attempt) for p in asked))))  # round trip
         for stage, peers in sorted(by_stage.items()):
-            if not self.needs_status(stage, peers, lease):
+            if stage not in crowded:
                 seating.groups[stage], self._left[stage] = peers, 0
                 continue
             seating.unreachable += [p for p in peers if p in replies and replies[p].reason.startswith(UNREACHABLE)

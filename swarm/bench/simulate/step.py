@@ -282,10 +282,11 @@ class StepDriverModel:
 
     # ------------------------------------------------------------------ commit
     async def _commit(self, leader: SimPeer) -> None:
-        groups: dict[int, list[SimPeer]] = {}
+        ready: dict[int, list[SimPeer]] = {}
         for s in range(self.spec.n_stages):
             found = [self.swarm.peers[m.peer_id] for m in await leader.router.members(s)]
-            groups[s] = await self._seated(leader, s, [p for p in found if p.ready] or [leader])
+            ready[s] = [p for p in found if p.ready]
+        groups = await self._seated(leader, ready)
         self._involved |= {p.peer_id for g in groups.values() for p in g}
         await _all(self._reduce(leader, s, g) for s, g in groups.items())
         apply = self.swarm.cfg.work.apply
@@ -296,17 +297,19 @@ class StepDriverModel:
                 if p is not leader:
                     asyncio.ensure_future(self._apply(leader, p, apply[s] if apply is not None else 0.0))
 
-    async def _seated(self, leader: SimPeer, stage: int, members: list[SimPeer]) -> list[SimPeer]:
-        """The stage's seats in the reduce (`ReduceSeats`); a status round trip first where some may be left out."""
-        ids = [p.peer_id for p in members]
-        if self._seats is None or not self._seats.needs_status(stage, ids, self.swarm.order):
-            return members
-        asked = [p for p in members if p is not leader]
-        answered = await asyncio.gather(*(self.swarm.send(leader, p, self.wire.command) for p in asked))
-        replies = {p.peer_id: CommandReply(self.step, 0, "ok" if ok else "failed", [0] if p.microbatches else [])
-                   for p, ok in zip(asked, answered)}
-        seats, _ = self._seats.choose(stage, ids, replies, 0, self.swarm.order, self.step.to_bytes(8, "big"))
-        return [p for p in members if p.peer_id in seats]
+    async def _seated(self, leader: SimPeer, ready: dict[int, list[SimPeer]]) -> dict[int, list[SimPeer]]:
+        """Each stage's seats in the reduce, by the driver's own `ReduceSeats.seat` (its status round trip a send
+        to each member of a crowded stage); a stage with no ready peer reduces at the leader, as before."""
+        seats = None
+        if self._seats is not None:
+            async def status(pid: str, step: int, attempt: int) -> CommandReply:
+                p = self.swarm.peers[pid]
+                ok = await self.swarm.send(leader, p, self.wire.command)
+                return CommandReply(step, attempt, "ok" if ok else "failed", [0] if p.microbatches else [])
+            seating = await self._seats.seat({p.peer_id: s for s, g in ready.items() for p in g}, self.step, 0,
+                                             status, self.swarm.order, b"")
+            seats = {p for g in seating.groups.values() for p in g}
+        return {s: [p for p in g if seats is None or p.peer_id in seats] or [leader] for s, g in ready.items()}
 
     async def _apply(self, leader: SimPeer, peer: SimPeer, seconds: float) -> None:
         if await self.swarm.send(leader, peer, self.wire.command):
